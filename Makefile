@@ -1,0 +1,56 @@
+# moepack: `make demo` runs the whole toolkit on the shipped model; `make test` runs the tests.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+TORCH_VERSION := 2.13.0
+C_SOURCES := $(wildcard runtime/src/*.c runtime/src/*.h runtime/include/*.h)
+
+.PHONY: all install test test-slow lint demo bench bench-quant fuzz asan clean
+
+all: install
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip setuptools wheel
+
+# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+$(VENV)/.deps: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install --quiet torch==$(TORCH_VERSION)
+	$(PIP) install --quiet "setuptools>=68" wheel
+	$(PIP) install --quiet -e '.[test]' --no-build-isolation
+	touch $@
+
+$(STAMP): $(VENV)/.deps setup.py $(C_SOURCES)
+	$(PIP) install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
+
+test-slow: install
+	$(PY) -m pytest -q -m slow -p no:cacheprovider
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+demo: install
+	$(PY) -m demo.run_demo
+
+bench: install
+	$(PY) -m bench.run_all
+
+bench-quant: install
+	$(PY) -m bench.quant
+
+fuzz: install
+	MOEPACK_FUZZ_EXAMPLES=20000 $(PY) -m pytest -q tests/test_fuzz.py -p no:cacheprovider
+
+asan:
+	$(MAKE) -C runtime asan
+
+clean:
+	rm -rf build $(VENV) runtime/_engine*.so *.egg-info

@@ -1,0 +1,1 @@
+"""moepack.convert"""

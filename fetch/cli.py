@@ -1,0 +1,9 @@
+"""Subcommands of `moepack` provided by moepack.fetch."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this package's subcommands to the `moepack` app."""

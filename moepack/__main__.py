@@ -1,0 +1,3 @@
+from moepack.cli import app
+
+app()

@@ -1,0 +1,1 @@
+"""The C engine (runtime/src) and its thin ctypes binding."""
