@@ -1,0 +1,1 @@
+"""The shipped demo model and the `make demo` driver."""
