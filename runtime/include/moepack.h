@@ -1,4 +1,9 @@
-/* Public C API of the moepack engine. */
+/* Public C API of the moepack engine.
+ *
+ * Open a container with a config, plan memory, feed tokens and get logits (or sample tokens),
+ * read stats, close.  One engine = one sequence (one KV cache); not thread-safe per engine
+ * (the engine runs its own worker threads internally).
+ */
 #ifndef MOEPACK_H
 #define MOEPACK_H
 
@@ -15,8 +20,114 @@ extern "C" {
 #define MP_API
 #endif
 
+/* Error codes shared by every part of the engine (negative = failure). */
+enum {
+    MP_OK = 0,
+    MP_EINVAL = -1,       /* bad argument */
+    MP_EFORMAT = -2,      /* container violates spec/FORMAT.md */
+    MP_EIO = -3,          /* read/open failed */
+    MP_ENOMEM = -4,       /* allocation failed */
+    MP_EBUDGET = -5,      /* memory budget below the floor */
+    MP_EUNSUPPORTED = -6, /* architecture/codec this engine does not run */
+    MP_ECORRUPT = -7,     /* data does not match its hash (verify_reads) */
+    MP_ECTX = -8          /* context (KV cache) full */
+};
+
+/* Expert cache replacement policy. */
+enum { MP_CACHE_LRU = 0, MP_CACHE_LFU = 1 };
+
+typedef struct mp_engine mp_engine;
+
+typedef struct mp_config {
+    uint64_t budget_bytes; /* total memory budget; 0 = default from usable RAM */
+    int threads;           /* compute threads; 0 = number of online CPUs */
+    int ctx;               /* max tokens in the KV cache; 0 = min(max_position_embeddings, 4096) */
+    int prefetch;          /* 1 = router look-ahead prefetch of the next layer's experts */
+    int o_direct;          /* -1 = probe and use if possible, 0 = off, 1 = require */
+    int cache_policy;      /* MP_CACHE_LRU or MP_CACHE_LFU */
+    int verify_reads;      /* 1 = check each expert record's BLAKE3 on read */
+    int io_threads;        /* reader threads; 0 = default */
+    int cache_experts;     /* -1 = size the cache from the budget; >= 0 = at most this many */
+} mp_config;
+
+/* Memory plan for a container and context length (all bytes). */
+typedef struct mp_plan_info {
+    uint64_t trunk_bytes;      /* resident weights (trunk + codebooks) */
+    uint64_t kv_bytes;         /* KV / latent cache for ctx tokens */
+    uint64_t scratch_bytes;    /* activations, lookup tables, I/O buffers */
+    uint64_t step_expert_bytes;/* one token's routed experts over all MoE layers */
+    uint64_t floor_bytes;      /* trunk + kv + scratch + step experts */
+    uint64_t recommended_bytes;/* floor + room for a useful expert cache */
+    uint64_t default_bytes;    /* what budget_bytes = 0 picks on this machine */
+    uint64_t usable_ram_bytes; /* min(physical RAM, cgroup limits) */
+    uint64_t expert_record_bytes; /* largest record stride */
+    int ctx;
+    int moe_layers;
+    int top_k;
+} mp_plan_info;
+
+typedef struct mp_stats {
+    uint64_t prompt_tokens, decode_tokens;
+    double prompt_seconds, decode_seconds;
+    uint64_t cache_hits, cache_misses, bytes_read;
+    double io_wait_seconds; /* compute thread blocked waiting for expert reads */
+    double read_seconds;    /* time reader threads spent in pread */
+    double compute_seconds;
+    uint64_t prefetches;
+    int o_direct;           /* 1 if expert reads use O_DIRECT */
+    uint64_t budget_bytes, floor_bytes, cache_capacity_bytes;
+    int cache_capacity_experts;
+} mp_stats;
+
+typedef struct mp_sampler {
+    float temperature; /* <= 0: greedy */
+    int top_k;         /* <= 0: off */
+    float top_p;       /* >= 1 or <= 0: off */
+    uint64_t seed;
+} mp_sampler;
+
 /* Version of the engine library, "MAJOR.MINOR.PATCH". */
 MP_API const char *mp_version(void);
+
+MP_API void mp_config_default(mp_config *cfg);
+
+/* Memory plan without opening an engine.  err gets a message on failure. */
+MP_API int mp_plan(const char *path, int ctx, mp_plan_info *out, char *err, size_t errlen);
+
+/* Open a container.  Refuses with MP_EBUDGET (and a message giving the floor) when the budget
+ * is below the floor. */
+MP_API int mp_open(const char *path, const mp_config *cfg, mp_engine **out, char *err,
+                   size_t errlen);
+MP_API void mp_close(mp_engine *e);
+
+/* Last error message of this engine ("" if none). */
+MP_API const char *mp_error(const mp_engine *e);
+
+MP_API int mp_vocab_size(const mp_engine *e);
+MP_API int mp_context_size(const mp_engine *e);
+MP_API int mp_position(const mp_engine *e); /* tokens currently in the KV cache */
+
+/* Drop the KV cache (new sequence). */
+MP_API void mp_reset(mp_engine *e);
+
+/* Append n tokens to the sequence.  logits: NULL, or room for vocab floats (all_positions = 0:
+ * logits of the last token) or n*vocab floats (all_positions = 1). */
+MP_API int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits,
+                   int all_positions);
+
+/* Pick a token from logits (vocab floats; not modified).  *rng holds the RNG state; seed it with
+ * mp_rng_seed. */
+MP_API int32_t mp_sample(const float *logits, int vocab, const mp_sampler *s, uint64_t *rng);
+MP_API uint64_t mp_rng_seed(uint64_t seed);
+
+/* Generate up to n_new tokens after the prompt; calls cb for each (return non-zero to stop).
+ * Stops after an EOS token (which is passed to cb).  Returns the number generated or < 0. */
+typedef int (*mp_token_cb)(int32_t token, void *user);
+MP_API int mp_generate(mp_engine *e, const int32_t *prompt, size_t n_prompt, int n_new,
+                       const mp_sampler *s, mp_token_cb cb, void *user);
+
+MP_API void mp_get_stats(const mp_engine *e, mp_stats *out);
+MP_API void mp_reset_stats(mp_engine *e);
 
 #ifdef __cplusplus
 }
