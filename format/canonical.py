@@ -1,0 +1,71 @@
+"""Canonical JSON (FORMAT.md section 3): one encoder for writers, a strict parser for readers."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+from moepack.format.errors import FormatError
+from moepack.format.limits import MAX_JSON_DEPTH
+
+# A JSON string token: used only to blank strings out before counting brackets.
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_OPEN = np.frombuffer(b"[{", dtype=np.uint8)
+_CLOSE = np.frombuffer(b"]}", dtype=np.uint8)
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The canonical encoding: sorted keys, no whitespace, raw UTF-8, Python float repr."""
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def _max_depth(data: bytes) -> int:
+    # Counted before parsing so a deeply nested document cannot exhaust Python's stack.
+    stripped = np.frombuffer(_STRING.sub(b'""', data), dtype=np.uint8)
+    delta = np.isin(stripped, _OPEN).astype(np.int64) - np.isin(stripped, _CLOSE).astype(np.int64)
+    return int(np.cumsum(delta).max(initial=0))
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise FormatError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise FormatError(f"forbidden constant {name}")
+
+
+def parse_canonical(data: bytes, where: str) -> Any:
+    """Parse `data` as canonical JSON; `where` names the field and offset for error messages."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FormatError(f"{where}: invalid UTF-8 at byte {e.start}") from None
+    depth = _max_depth(data)
+    if depth > MAX_JSON_DEPTH:
+        raise FormatError(f"{where}: JSON nesting depth {depth} exceeds {MAX_JSON_DEPTH}")
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except FormatError as e:
+        raise FormatError(f"{where}: bad JSON: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise FormatError(f"{where}: bad JSON: {e}") from None
+    try:
+        again = json.dumps(
+            obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except ValueError as e:  # e.g. 1e400 parsed as infinity
+        raise FormatError(f"{where}: not canonical JSON: {e}") from None
+    if again != text:
+        pairs = enumerate(zip(again, text, strict=False))
+        at = next((i for i, (a, b) in pairs if a != b), min(len(again), len(text)))
+        raise FormatError(f"{where}: not canonical JSON (first difference at character {at})")
+    return obj

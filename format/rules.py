@@ -1,0 +1,113 @@
+"""Validity rules shared by the planner (never plan a bad file) and the reader (never open one)."""
+
+from __future__ import annotations
+
+import re
+from math import prod
+from typing import Any
+
+from moepack.format import codecs
+from moepack.format.errors import FormatError
+from moepack.format.limits import MAX_DIM, MAX_DIMS, MAX_ELEMENTS, MAX_NAME_BYTES, MAX_U63
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_NAME = re.compile(r"[\x21-\x7e]+")
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(value: Any, where: str, lo: int = 0, hi: int = MAX_U63) -> int:
+    if not is_int(value):
+        raise FormatError(f"{where}: expected an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise FormatError(f"{where}: {value} outside {lo}..{hi}")
+    return value
+
+
+def check_str(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise FormatError(f"{where}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def check_obj(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise FormatError(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def check_list(value: Any, where: str) -> list:
+    if not isinstance(value, list):
+        raise FormatError(f"{where}: expected an array, got {type(value).__name__}")
+    return value
+
+
+def check_name(value: Any, where: str) -> str:
+    name = check_str(value, where)
+    if not 1 <= len(name) <= MAX_NAME_BYTES or not _NAME.fullmatch(name):
+        raise FormatError(f"{where}: name must be 1-{MAX_NAME_BYTES} printable ASCII characters")
+    return name
+
+
+def check_hex_hash(value: Any, where: str) -> bytes:
+    text = check_str(value, where)
+    if not _HEX64.fullmatch(text):
+        raise FormatError(f"{where}: bad hash string (want 64 lowercase hex characters)")
+    return bytes.fromhex(text)
+
+
+def check_shape(value: Any, where: str) -> tuple[int, ...]:
+    dims = check_list(value, where)
+    if not 1 <= len(dims) <= MAX_DIMS:
+        raise FormatError(f"{where}: shape must have 1..{MAX_DIMS} dimensions, has {len(dims)}")
+    shape = tuple(check_int(d, f"{where}[{i}]", 1, MAX_DIM) for i, d in enumerate(dims))
+    if prod(shape) > MAX_ELEMENTS:
+        raise FormatError(f"{where}: shape has more than {MAX_ELEMENTS} elements")
+    return shape
+
+
+def codec_nbytes(codec: Any, shape: tuple[int, ...], where: str) -> int:
+    """Encoded size of `shape` under `codec`; any problem with the codec object is a FormatError."""
+    codec = check_obj(codec, f"{where}.codec")
+    check_str(codec.get("name"), f"{where}.codec.name")
+    try:
+        validate = getattr(codecs, "validate_codec", None)
+        if validate is not None:
+            validate(codec, shape)
+        n = codecs.encoded_nbytes(codec, shape)
+    except (ValueError, KeyError, TypeError, ZeroDivisionError, OverflowError) as e:
+        raise FormatError(f"{where}.codec: {e}") from None
+    return check_int(n, f"{where}.codec size")
+
+
+def validate_manifest(manifest: Any, where: str = "index.manifest") -> dict:
+    """Check the manifest keys of FORMAT.md section 6 (unknown keys are allowed and ignored)."""
+    m = check_obj(manifest, where)
+    for key in ("model", "source", "converter", "codecs"):
+        if key not in m:
+            raise FormatError(f"{where}: missing key {key!r}")
+        check_obj(m[key], f"{where}.{key}")
+    check_str(m["model"].get("arch"), f"{where}.model.arch")
+    src = m["source"]
+    check_str(src.get("architecture"), f"{where}.source.architecture")
+    check_obj(src.get("config"), f"{where}.source.config")
+    files = check_list(src.get("files"), f"{where}.source.files")
+    names = []
+    for i, f in enumerate(files):
+        fw = f"{where}.source.files[{i}]"
+        check_obj(f, fw)
+        names.append(check_str(f.get("name"), f"{fw}.name"))
+        check_int(f.get("size"), f"{fw}.size")
+        check_hex_hash(f.get("sha256"), f"{fw}.sha256")
+    if names != sorted(names) or len(set(names)) != len(names):
+        raise FormatError(f"{where}.source.files: not sorted by name or names repeat")
+    conv = m["converter"]
+    check_str(conv.get("name"), f"{where}.converter.name")
+    check_str(conv.get("version"), f"{where}.converter.version")
+    check_obj(conv.get("settings"), f"{where}.converter.settings")
+    for cls, codec in m["codecs"].items():
+        cw = f"{where}.codecs.{cls}"
+        check_str(check_obj(codec, cw).get("name"), f"{cw}.name")
+    return m

@@ -1,0 +1,198 @@
+"""Validation of the index's `sections` array (spec/FORMAT.md sections 4 and 5), in spec order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from moepack.format.errors import FormatError
+from moepack.format.header import Header
+from moepack.format.limits import (
+    BANK_PARTS,
+    MAX_BLOB_RAW,
+    MAX_EXPERTS,
+    MAX_LAYER,
+    MAX_SECTIONS,
+    SECTION_ALIGNMENT,
+    align_up,
+)
+from moepack.format.rules import (
+    check_hex_hash,
+    check_int,
+    check_list,
+    check_name,
+    check_obj,
+    check_shape,
+    check_str,
+    codec_nbytes,
+)
+
+KNOWN_TYPES = ("tensor", "blob", "expert_hashes", "expert_bank")
+
+
+@dataclass(frozen=True)
+class Sections:
+    """The validated sections, with lookups the reader needs."""
+
+    all: list[dict[str, Any]]
+    by_name: dict[str, dict[str, Any]]
+    banks: dict[int, dict[str, Any]]  # layer -> expert_bank entry
+
+
+def _where(i: int, s: dict[str, Any]) -> str:
+    name = s.get("name")
+    label = f" ({name!r})" if isinstance(name, str) and len(name) <= 128 else ""
+    return f"index.sections[{i}]{label}"
+
+
+def _check_common(i: int, s: Any, h: Header) -> tuple[str, int, int]:
+    w = f"index.sections[{i}]"
+    s = check_obj(s, w)
+    w = _where(i, s)
+    kind = check_str(s.get("type"), f"{w}.type")
+    check_name(s.get("name"), f"{w}.name")
+    offset = check_int(s.get("offset"), f"{w}.offset")
+    length = check_int(s.get("length"), f"{w}.length", 1)
+    need = h.alignment if kind == "expert_bank" else SECTION_ALIGNMENT
+    if offset % need:
+        raise FormatError(f"{w}.offset: {offset} is not a multiple of {need}")
+    if offset < h.alignment:
+        raise FormatError(f"{w}.offset: {offset} lies in the header region (< {h.alignment})")
+    if offset + length > h.index_offset:  # Python ints: no overflow; both are <= 2^63-1
+        raise FormatError(
+            f"{w}: extent {offset}+{length} runs past the index at offset {h.index_offset}"
+        )
+    if kind == "expert_bank":
+        if "hash" in s:
+            raise FormatError(f"{w}.hash: expert banks carry no section hash")
+    else:
+        check_hex_hash(s.get("hash"), f"{w}.hash")
+    return kind, offset, length
+
+
+def _check_extents(sections: list[dict[str, Any]], h: Header) -> None:
+    """Sorted, non-overlapping, packed as tightly as alignment allows (no hidden bytes)."""
+    end = h.alignment
+    for i, s in enumerate(sections):
+        w = _where(i, s)
+        if s["offset"] < end:
+            raise FormatError(
+                f"{w}.offset: {s['offset']} overlaps the previous extent (ending at {end})"
+            )
+        need = h.alignment if s["type"] == "expert_bank" else SECTION_ALIGNMENT
+        if s["offset"] - end >= need:
+            raise FormatError(
+                f"{w}.offset: gap of {s['offset'] - end} bytes before it (must be < {need})"
+            )
+        end = s["offset"] + s["length"]
+    if h.index_offset - end >= SECTION_ALIGNMENT:
+        raise FormatError(
+            f"header.index_offset at offset 32: gap of {h.index_offset - end} bytes before the "
+            f"index (must be < {SECTION_ALIGNMENT})"
+        )
+
+
+def _check_tensor(w: str, s: dict[str, Any]) -> None:
+    cls = check_str(s.get("class"), f"{w}.class")
+    if not cls:
+        raise FormatError(f"{w}.class: empty")
+    shape = check_shape(s.get("shape"), f"{w}.shape")
+    n = codec_nbytes(s.get("codec"), shape, w)
+    if n != s["length"]:
+        raise FormatError(f"{w}.length: {s['length']} != {n} bytes for shape × codec")
+
+
+def _check_blob(w: str, s: dict[str, Any]) -> None:
+    comp = s.get("compression")
+    if comp not in ("none", "zstd"):
+        raise FormatError(f"{w}.compression: {comp!r} is not 'none' or 'zstd'")
+    raw = check_int(s.get("raw_length"), f"{w}.raw_length", 0, MAX_BLOB_RAW)
+    if comp == "none" and raw != s["length"]:
+        raise FormatError(f"{w}.raw_length: {raw} != length {s['length']} for compression 'none'")
+
+
+def _check_parts(w: str, s: dict[str, Any]) -> int:
+    parts = check_list(s.get("parts"), f"{w}.parts")
+    names = [check_obj(p, f"{w}.parts[{j}]").get("name") for j, p in enumerate(parts)]
+    if tuple(names) != BANK_PARTS:
+        raise FormatError(f"{w}.parts: names must be {list(BANK_PARTS)} in order")
+    pos = 0
+    for j, p in enumerate(parts):
+        pw = f"{w}.parts[{j}]"
+        shape = check_shape(p.get("shape"), f"{pw}.shape")
+        n = codec_nbytes(p.get("codec"), shape, pw)
+        off = check_int(p.get("offset"), f"{pw}.offset")
+        length = check_int(p.get("length"), f"{pw}.length", 1)
+        if off != align_up(pos, SECTION_ALIGNMENT):
+            raise FormatError(f"{pw}.offset: {off} != {align_up(pos, SECTION_ALIGNMENT)}")
+        if length != n:
+            raise FormatError(f"{pw}.length: {length} != {n} bytes for shape × codec")
+        pos = off + length
+    return pos
+
+
+def _check_bank(w: str, s: dict[str, Any], alignment: int) -> None:
+    check_int(s.get("layer"), f"{w}.layer", 0, MAX_LAYER)
+    count = check_int(s.get("count"), f"{w}.count", 1, MAX_EXPERTS)
+    stride = check_int(s.get("stride"), f"{w}.stride", 1)
+    record_length = check_int(s.get("record_length"), f"{w}.record_length", 1)
+    check_name(s.get("hashes"), f"{w}.hashes")
+    if stride % alignment:
+        raise FormatError(f"{w}.stride: {stride} is not a multiple of the alignment {alignment}")
+    if count * stride != s["length"]:
+        raise FormatError(f"{w}.length: {s['length']} != count {count} × stride {stride}")
+    end = _check_parts(w, s)
+    if record_length != end:
+        raise FormatError(f"{w}.record_length: {record_length} != end of last part {end}")
+    if stride != align_up(record_length, alignment):
+        raise FormatError(
+            f"{w}.stride: {stride} != record_length rounded up to the alignment "
+            f"({align_up(record_length, alignment)})"
+        )
+
+
+def validate_sections(value: Any, h: Header) -> Sections:
+    """Check every section's keys, types and extents, then the cross-references."""
+    sections = check_list(value, "index.sections")
+    if len(sections) > MAX_SECTIONS:
+        raise FormatError(f"index.sections: {len(sections)} entries exceed {MAX_SECTIONS}")
+    by_name: dict[str, dict[str, Any]] = {}
+    for i, s in enumerate(sections):
+        kind, _, _ = _check_common(i, s, h)
+        w = _where(i, s)
+        if s["name"] in by_name:
+            raise FormatError(f"{w}.name: duplicate section name")
+        by_name[s["name"]] = s
+        if kind == "tensor":
+            _check_tensor(w, s)
+        elif kind == "blob":
+            _check_blob(w, s)
+        elif kind == "expert_hashes" and s["length"] % 32:
+            raise FormatError(f"{w}.length: {s['length']} is not a multiple of 32")
+        elif kind == "expert_bank":
+            _check_bank(w, s, h.alignment)
+    _check_extents(sections, h)
+    banks: dict[int, dict[str, Any]] = {}
+    users: dict[str, str] = {}
+    for i, s in enumerate(sections):
+        if s["type"] != "expert_bank":
+            continue
+        w = _where(i, s)
+        if s["layer"] in banks:
+            raise FormatError(f"{w}.layer: a second bank for layer {s['layer']}")
+        banks[s["layer"]] = s
+        table = by_name.get(s["hashes"])
+        if table is None or table["type"] != "expert_hashes":
+            raise FormatError(f"{w}.hashes: no expert_hashes section named {s['hashes']!r}")
+        if s["hashes"] in users:
+            raise FormatError(f"{w}.hashes: {s['hashes']!r} already used by {users[s['hashes']]}")
+        users[s["hashes"]] = s["name"]
+        if table["length"] != 32 * s["count"]:
+            raise FormatError(
+                f"{w}.hashes: {s['hashes']!r} has length {table['length']}, "
+                f"expected count × 32 = {32 * s['count']}"
+            )
+    for i, s in enumerate(sections):
+        if s["type"] == "expert_hashes" and s["name"] not in users:
+            raise FormatError(f"{_where(i, s)}: no expert bank refers to this hash table")
+    return Sections(sections, by_name, banks)
