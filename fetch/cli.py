@@ -1,9 +1,96 @@
-"""Subcommands of `moepack` provided by moepack.fetch."""
+"""Subcommands of `moepack` provided by moepack.fetch: `fetch`, `torrent create`, `seed`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, NoReturn
+
 import typer
+from moepack.fetch.errors import FetchError
+
+torrent_app = typer.Typer(help="Make torrents of containers.", no_args_is_help=True)
+
+Source = Annotated[str, typer.Argument(
+    help="hf:ORG/REPO\\[@REV], magnet:?…, FILE.torrent or https://…/FILE.torrent")]
+Dest = Annotated[Path, typer.Option("--dest", help="Destination directory.")]
+Include = Annotated[list[str] | None, typer.Option(
+    "--include", help="hf: only files matching this glob (repeatable).")]
+Jobs = Annotated[int, typer.Option("--jobs", min=1, max=64, help="hf: parallel downloads.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Sizes and free space only; 1 if short.")]
+Out = Annotated[Path | None, typer.Option(
+    "--out", help="hf: the FILE.moepack convert will write (its filesystem is checked too).")]
+Peers = Annotated[list[str] | None, typer.Option(
+    "--peer", help="torrent: HOST:PORT to connect to (repeatable).")]
+FetchListen = Annotated[str | None, typer.Option("--listen", help="torrent: HOST:PORT.")]
+Stall = Annotated[float, typer.Option(
+    "--stall-timeout", help="Give up after this many seconds without data (rerun resumes).")]
+Output = Annotated[Path | None, typer.Option(
+    "-o", "--output", help="Default: FILE.torrent next to FILE.")]
+PieceSize = Annotated[str | None, typer.Option(
+    "--piece-size", help="Power of two ≥ 16KiB, e.g. 16MiB. Default: automatic (docs/FETCH.md).")]
+Trackers = Annotated[list[str] | None, typer.Option("--tracker", help="Tracker URL (repeatable).")]
+WebSeeds = Annotated[list[str] | None, typer.Option(
+    "--web-seed", help="HTTP(S) URL of the same file (repeatable).")]
+SeedListen = Annotated[str, typer.Option("--listen", help="HOST:PORT to listen on.")]
+FullVerify = Annotated[bool, typer.Option(
+    "--full-verify", help="Hash every byte before seeding (default: quick verify + lazy checks).")]
+Duration = Annotated[float, typer.Option(
+    "--duration", help="Stop after this many seconds (0 = until Ctrl-C or SIGTERM).")]
+
+
+def _fail(e: Exception) -> NoReturn:
+    from moepack.fetch.display import console
+
+    console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def fetch(source: Source, dest: Dest, include: Include = None, jobs: Jobs = 4,
+          dry_run: DryRun = False, out: Out = None, peer: Peers = None,
+          listen: FetchListen = None, stall_timeout: Stall = 600.0) -> None:
+    """Download raw weights from the Hugging Face hub, or a container over BitTorrent."""
+    try:
+        if source.startswith("hf:"):
+            from moepack.fetch.hub_cli import run_hub
+
+            code = run_hub(source, dest, include or [], jobs, dry_run, out, stall_timeout)
+        else:
+            from moepack.fetch.torrent_cli import run_torrent_fetch
+
+            code = run_torrent_fetch(source, dest, dry_run, peer or [], listen, stall_timeout)
+    except FetchError as e:
+        _fail(e)
+    raise typer.Exit(code)
+
+
+@torrent_app.command("create")
+def torrent_create(file: Annotated[Path, typer.Argument(help="The container (NAME.moepack).")],
+                   output: Output = None, piece_size: PieceSize = None,
+                   tracker: Trackers = None, web_seed: WebSeeds = None) -> None:
+    """Make a reproducible hybrid v1+v2 torrent of one container."""
+    from moepack.fetch.torrent_cli import run_create
+
+    try:
+        run_create(file, output, piece_size, tracker or [], web_seed or [])
+    except FetchError as e:
+        _fail(e)
+
+
+def seed(torrent: Annotated[Path, typer.Argument(help="FILE.torrent")],
+         path: Annotated[Path, typer.Option("--path", help="The container the torrent describes.")],
+         listen: SeedListen = "0.0.0.0:6881", full_verify: FullVerify = False,
+         duration: Duration = 0.0) -> None:
+    """Seed a container, showing peers and upload rate."""
+    from moepack.fetch.torrent_cli import run_seed
+
+    try:
+        run_seed(torrent, path, listen, full_verify, duration)
+    except FetchError as e:
+        _fail(e)
 
 
 def register(app: typer.Typer) -> None:
     """Add this package's subcommands to the `moepack` app."""
+    app.command("fetch")(fetch)
+    app.command("seed")(seed)
+    app.add_typer(torrent_app, name="torrent")

@@ -1,0 +1,113 @@
+"""libtorrent sessions configured the way moepack uses them, and alert handling.
+
+Gotchas encoded here: several loopback peers share one IP, so multiple connections per IP
+must be allowed; alert objects die at the next pop_alerts(), so only copied values leave
+`drain()`; on a loopback listen address DHT/LSD/UPnP/NAT-PMP are pointless and are switched off.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from dataclasses import dataclass, field
+
+import libtorrent as lt
+from moepack.fetch.errors import FetchError
+
+_ALERTS = (
+    lt.alert.category_t.error_notification
+    | lt.alert.category_t.status_notification
+    | lt.alert.category_t.storage_notification
+    | lt.alert.category_t.piece_progress_notification
+)
+
+
+def parse_endpoint(text: str, what: str) -> tuple[str, int]:
+    """'HOST:PORT' or '[v6]:PORT' -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise FetchError(f"{what} {text!r}: expected HOST:PORT")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def make_session(listen: str, *, discovery: bool | None = None) -> lt.session:
+    """A session listening on `listen` (HOST:PORT). Discovery defaults to off on loopback."""
+    host, port = parse_endpoint(listen, "listen address")
+    if discovery is None:
+        discovery = not is_loopback(host)
+    iface = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    settings = {
+        "listen_interfaces": iface,
+        "enable_dht": discovery,
+        "enable_lsd": discovery,
+        "enable_upnp": discovery,
+        "enable_natpmp": discovery,
+        "allow_multiple_connections_per_ip": True,
+        "alert_mask": _ALERTS,
+        "user_agent": "moepack",
+        "peer_fingerprint": "-MP0100-",
+    }
+    return lt.session(settings)
+
+
+def listen_port(ses: lt.session, timeout: float = 10.0) -> int:
+    """The bound port (known only once the listen socket is open)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        port = ses.listen_port()
+        if port:
+            return int(port)
+        for a in drain(ses).errors:
+            raise FetchError(f"cannot listen: {a}")
+        time.sleep(0.05)
+    raise FetchError(f"no listening socket after {timeout:.0f} s")
+
+
+@dataclass
+class Alerts:
+    """Copied facts from one pop_alerts() batch."""
+
+    errors: list[str] = field(default_factory=list)
+    resume_data: list[bytes] = field(default_factory=list)
+    resume_failed: list[str] = field(default_factory=list)
+    pieces_finished: int = 0
+    hash_failures: int = 0
+    metadata: bool = False
+    checked: bool = False
+    removed: bool = False
+
+
+def drain(ses: lt.session) -> Alerts:
+    out = Alerts()
+    for a in ses.pop_alerts():
+        if isinstance(a, lt.save_resume_data_alert):
+            out.resume_data.append(bytes(lt.write_resume_data_buf(a.params)))
+        elif isinstance(a, lt.save_resume_data_failed_alert):
+            out.resume_failed.append(a.message())
+        elif isinstance(a, lt.piece_finished_alert):
+            out.pieces_finished += 1
+        elif isinstance(a, lt.hash_failed_alert):
+            out.hash_failures += 1
+        elif isinstance(a, lt.metadata_received_alert):
+            out.metadata = True
+        elif isinstance(a, lt.torrent_checked_alert):
+            out.checked = True
+        elif isinstance(a, lt.torrent_removed_alert):
+            out.removed = True
+        elif isinstance(a, (lt.file_error_alert, lt.torrent_error_alert, lt.metadata_failed_alert,
+                            lt.listen_failed_alert)):
+            out.errors.append(a.message())
+    return out
+
+
+def connect_peers(handle: lt.torrent_handle, peers: list[tuple[str, int]]) -> None:
+    for host, port in peers:
+        handle.connect_peer((host, port))

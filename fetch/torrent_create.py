@@ -1,0 +1,83 @@
+"""`moepack torrent create`: reproducible hybrid v1+v2 torrents of one container."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import libtorrent as lt
+from moepack.fetch.container import read_container_id
+from moepack.fetch.errors import FetchError
+
+MIN_PIECE = 16 << 10        # BitTorrent v2 minimum
+BIG_FILE = 1 << 30          # from here on pieces are at least BIG_PIECE
+BIG_PIECE = 1 << 20
+MAX_PIECES = 1 << 16        # kept below this up to MAX_PIECE × MAX_PIECES = 4 TiB
+MAX_PIECE = 64 << 20
+CREATOR = "moepack"          # fixed: no version or date, so bytes do not vary between runs
+COMMENT_PREFIX = "moepack:"
+ID_KEY = b"moepack id"      # inside the info dict: covered by the info-hash, survives magnets
+
+
+def auto_piece_size(file_size: int, alignment: int = 4096) -> int:
+    """Smallest power of two ≥ max(alignment, 16 KiB, size/2^16, 1 MiB if ≥ 1 GiB), ≤ 64 MiB."""
+    floor = max(alignment, MIN_PIECE, -(-file_size // MAX_PIECES))
+    if file_size >= BIG_FILE:
+        floor = max(floor, BIG_PIECE)
+    # FORMAT.md caps alignment at 16 MiB, so the cap never undercuts it.
+    return min(1 << (floor - 1).bit_length(), MAX_PIECE)
+
+
+def check_piece_size(piece: int) -> None:
+    if piece < MIN_PIECE or piece & (piece - 1):
+        raise FetchError(f"--piece-size {piece}: must be a power of two ≥ 16 KiB")
+
+
+def create_torrent(
+    path: Path,
+    *,
+    piece_size: int | None = None,
+    trackers: Sequence[str] = (),
+    web_seeds: Sequence[str] = (),
+    progress: Callable[[int, int], None] | None = None,
+) -> bytes:
+    """Bencoded torrent of one container. Same file and options → same bytes, same info-hash."""
+    path = Path(path).absolute()
+    if not path.is_file():
+        raise FetchError(f"{path}: not a regular file")
+    cid, alignment = read_container_id(path)
+    size = path.stat().st_size
+    piece = piece_size if piece_size is not None else auto_piece_size(size, alignment)
+    check_piece_size(piece)
+    ct = lt.create_torrent(lt.list_files(str(path)), piece)
+    for tier, url in enumerate(trackers):
+        ct.add_tracker(url, tier)
+    for url in web_seeds:
+        ct.add_url_seed(url)
+    ct.set_creator(CREATOR)
+    ct.set_comment(COMMENT_PREFIX + cid)
+    num = ct.num_pieces()
+    done = [0]
+
+    def tick(_piece: int) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], num)
+
+    try:
+        # libtorrent wants the directory that holds what list_files() was given.
+        lt.set_piece_hashes(ct, str(path.parent), tick)
+    except RuntimeError as e:
+        raise FetchError(f"{path}: hashing for the torrent failed: {e}") from e
+    entry = ct.generate()
+    entry.pop(b"creation date", None)
+    entry[b"info"][ID_KEY] = cid.encode()
+    return lt.bencode(entry)
+
+
+def write_torrent(data: bytes, out: Path) -> None:
+    """Atomic: a half-written .torrent never replaces a good one."""
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, out)

@@ -1,0 +1,281 @@
+"""`moepack fetch` for torrents and magnets: download, resume, repair, verify, publish."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import libtorrent as lt
+from moepack.fetch.container import check_container, peek_container_id
+from moepack.fetch.errors import FetchError
+from moepack.fetch.lt_session import connect_peers, drain, is_loopback, make_session
+from moepack.fetch.space import SpaceNeed, SpaceVerdict, verdicts
+from moepack.fetch.staging import Staging
+from moepack.fetch.torrent_source import TorrentMeta, describe, load_params
+
+POLL_S = 0.2
+RESUME_EVERY_S = 30.0
+RECONNECT_EVERY_S = 3.0
+_CHECKING = (lt.torrent_status.checking_files, lt.torrent_status.checking_resume_data,
+             lt.torrent_status.queued_for_checking, lt.torrent_status.allocating)
+_DONE = (lt.torrent_status.seeding, lt.torrent_status.finished)
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    total: int
+    rate: float          # bytes/s, payload
+    peers: int
+    state: str
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass(frozen=True)
+class TorrentPlan:
+    """Dry run: what the torrent holds and whether it fits."""
+
+    meta: TorrentMeta
+    final: Path
+    present: int          # bytes already allocated by a partial or damaged copy
+    verdict: SpaceVerdict
+
+
+@dataclass(frozen=True)
+class TorrentFetchResult:
+    path: Path
+    container_id: str
+    size: int
+    downloaded_bytes: int     # payload received in this run
+    pieces: int
+    pieces_at_start: int      # valid pieces found (resume data or recheck) before downloading
+    seconds: float
+    already_complete: bool = False
+
+
+@dataclass(frozen=True)
+class FetchOptions:
+    peers: Sequence[tuple[str, int]] = ()
+    listen: str | None = None
+    discovery: bool | None = None
+    stall_timeout: float = 600.0       # no byte for this long -> error (rerun resumes)
+    metadata_timeout: float = 120.0
+    progress: ProgressFn | None = None
+
+
+def fetch_torrent(source: str, dest: Path, *, dry_run: bool = False,
+                  opts: FetchOptions = FetchOptions()) -> TorrentFetchResult | TorrentPlan:
+    dest = Path(dest).absolute()
+    params = load_params(source)
+    listen = opts.listen or _default_listen(opts.peers)
+    ses = make_session(listen, discovery=opts.discovery)
+    if params.ti is None:
+        params.ti = _metadata_from_peers(ses, params, dest, opts)
+    meta = describe(params.ti, source)
+    stage = Staging(dest, meta.name, meta.info_hash)
+    if dry_run:
+        return plan(meta, stage)
+    return _Download(ses, params, meta, stage, opts).run()
+
+
+def plan(meta: TorrentMeta, stage: Staging) -> TorrentPlan:
+    present = max(_allocated(stage.file), _allocated(stage.final))
+    need = SpaceNeed("download", stage.dest, max(0, meta.size - present))
+    return TorrentPlan(meta, stage.final, present, verdicts([need])[0])
+
+
+def _allocated(path: Path) -> int:
+    try:
+        return path.stat().st_blocks * 512
+    except OSError:
+        return 0
+
+
+def _default_listen(peers: Sequence[tuple[str, int]]) -> str:
+    # Only loopback peers given: stay on loopback (no discovery, nothing exposed).
+    if peers and all(is_loopback(h) for h, _ in peers):
+        return "127.0.0.1:0"
+    return "0.0.0.0:6881"
+
+
+def _metadata_from_peers(ses: lt.session, params: lt.add_torrent_params, dest: Path,
+                         opts: FetchOptions) -> lt.torrent_info:
+    """A magnet has no metadata: get the info dict from peers, writing no payload."""
+    key = str(params.info_hashes.get_best())
+    scratch = Staging(dest, "metadata", key).dir
+    scratch.mkdir(parents=True, exist_ok=True)
+    params.save_path = str(scratch)
+    params.flags |= lt.torrent_flags.upload_mode
+    params.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused)
+    h = ses.add_torrent(params)
+    deadline = time.monotonic() + opts.metadata_timeout
+    last_connect = 0.0
+    try:
+        while time.monotonic() < deadline:
+            a = drain(ses)
+            if a.errors:
+                raise FetchError(f"magnet {key}: {a.errors[0]}")
+            if h.status().has_metadata:
+                return lt.torrent_info(h.torrent_file())
+            if time.monotonic() - last_connect > RECONNECT_EVERY_S:
+                connect_peers(h, list(opts.peers))
+                last_connect = time.monotonic()
+            time.sleep(POLL_S)
+        raise FetchError(f"magnet {key}: no metadata from peers within "
+                         f"{opts.metadata_timeout:.0f} s")
+    finally:
+        ses.remove_torrent(h)
+        params.flags &= ~lt.torrent_flags.upload_mode
+        try:
+            scratch.rmdir()
+        except OSError:
+            pass
+
+
+class _Download:
+    """One fetch: adopt what is at the destination, download, verify, publish."""
+
+    def __init__(self, ses: lt.session, params: lt.add_torrent_params, meta: TorrentMeta,
+                 stage: Staging, opts: FetchOptions) -> None:
+        self.ses, self.params, self.meta, self.stage, self.opts = ses, params, meta, stage, opts
+        self.t0 = time.monotonic()
+        self.downloaded = 0
+
+    def run(self) -> TorrentFetchResult:
+        done = self._already_there()
+        if done is not None:
+            return done
+        self.stage.prepare()
+        adopted = self.stage.adopt_final()
+        try:
+            at_start = self._transfer(recheck=False)
+            checked = check_container(self.stage.file)
+            if not checked.ok and self._is_container(checked):
+                # Resume data can vouch for pieces that changed on disk since: rehash, refetch.
+                self._transfer(recheck=True)
+                checked = check_container(self.stage.file)
+            self._require_valid(checked)
+        except BaseException:
+            if adopted:
+                self.stage.give_back()
+            raise
+        path = self.stage.publish()
+        return TorrentFetchResult(path, checked.container_id or "", self.meta.size, self.downloaded,
+                                  self.meta.num_pieces, at_start, time.monotonic() - self.t0)
+
+    def _already_there(self) -> TorrentFetchResult | None:
+        final, expected = self.stage.final, self.meta.container_id
+        if not final.exists():
+            return None
+        if not final.is_file():
+            raise FetchError(f"{final} exists and is not a regular file")
+        claimed = peek_container_id(final)
+        if expected is None:
+            raise FetchError(f"{final} exists and the torrent names no container ID to compare "
+                             "it with; move it away first")
+        if claimed is not None and claimed != expected:
+            raise FetchError(f"{final} exists and is another container ({claimed}); the torrent "
+                             f"holds {expected}. Not touching it.")
+        checked = check_container(final)
+        if checked.ok and checked.container_id == expected:
+            return TorrentFetchResult(final, expected, self.meta.size, 0, self.meta.num_pieces,
+                                      self.meta.num_pieces, time.monotonic() - self.t0, True)
+        return None   # damaged copy of this container: repair it
+
+    def _is_container(self, checked) -> bool:
+        return checked.container_id is not None
+
+    def _require_valid(self, checked) -> None:
+        where = f"{self.meta.source} (kept at {self.stage.file})"
+        if checked.container_id is None:
+            raise FetchError(f"content of torrent {where} is not a moepack container: "
+                             f"{checked.problem}")
+        if not checked.ok:
+            raise FetchError(f"content of torrent {where} does not verify: {checked.problem}")
+        if self.meta.container_id and checked.container_id != self.meta.container_id:
+            raise FetchError(f"content of torrent {where} has container ID {checked.container_id}, "
+                             f"the torrent promises {self.meta.container_id}")
+
+    def _add(self, recheck: bool) -> lt.torrent_handle:
+        params = self.params
+        resume = None if recheck else self.stage.read_resume()
+        if resume is not None:
+            try:
+                loaded = lt.read_resume_data(resume)
+                if str(loaded.info_hashes.get_best()) == self.meta.info_hash:
+                    loaded.ti = self.meta.ti
+                    params = loaded
+            except RuntimeError:
+                pass   # unreadable resume data: libtorrent rechecks the file instead
+        if recheck:
+            self.stage.drop_resume()
+        params.save_path = str(self.stage.dir)
+        params.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused
+                          | lt.torrent_flags.seed_mode | lt.torrent_flags.upload_mode)
+        return self.ses.add_torrent(params)
+
+    def _transfer(self, recheck: bool) -> int:
+        """Run libtorrent until every piece is there; returns pieces valid before downloading."""
+        h = self._add(recheck)
+        at_start: int | None = None
+        last_done, last_connect = -1, 0.0
+        last_change = last_save = time.monotonic()
+        try:
+            while True:
+                a = drain(self.ses)
+                if a.errors:
+                    raise FetchError(f"torrent {self.meta.source}: {a.errors[0]}")
+                self._keep_resume(a.resume_data)
+                st = h.status()
+                now = time.monotonic()
+                if st.state not in _CHECKING and at_start is None:
+                    at_start = st.num_pieces
+                if st.is_seeding or st.state in _DONE:
+                    self.downloaded += st.total_payload_download
+                    return at_start if at_start is not None else st.num_pieces
+                if st.total_done != last_done or st.state in _CHECKING:
+                    last_done, last_change = st.total_done, now
+                elif now - last_change > self.opts.stall_timeout:
+                    raise FetchError(f"torrent {self.meta.source}: no data for "
+                                     f"{self.opts.stall_timeout:.0f} s (peers: {st.num_peers}); "
+                                     "run again to resume")
+                if st.num_peers == 0 and now - last_connect > RECONNECT_EVERY_S:
+                    connect_peers(h, list(self.opts.peers))
+                    last_connect = now
+                if now - last_save > RESUME_EVERY_S:
+                    h.save_resume_data(lt.save_resume_flags_t.flush_disk_cache)
+                    last_save = now
+                self._report(st)
+                time.sleep(POLL_S)
+        finally:
+            self._close(h)
+
+    def _report(self, st: lt.torrent_status) -> None:
+        if self.opts.progress is not None:
+            self.opts.progress(Progress(st.total_wanted_done, self.meta.size,
+                                        float(st.download_payload_rate), st.num_peers,
+                                        str(st.state)))
+
+    def _keep_resume(self, blobs: list[bytes]) -> None:
+        for b in blobs:
+            self.stage.write_resume(b)
+
+    def _close(self, h: lt.torrent_handle) -> None:
+        """Save resume data, then remove the torrent so its file is closed before verify."""
+        if h.is_valid():
+            h.save_resume_data(lt.save_resume_flags_t.flush_disk_cache)
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                a = drain(self.ses)
+                self._keep_resume(a.resume_data)
+                if a.resume_data or a.resume_failed:
+                    break
+                time.sleep(0.05)
+            self.ses.remove_torrent(h)
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline and not drain(self.ses).removed:
+                time.sleep(0.05)

@@ -1,0 +1,119 @@
+"""Turn `magnet:?…`, `FILE.torrent` or `https://…/FILE.torrent` into checked torrent metadata.
+
+Everything here is untrusted input: each failure is a FetchError naming the source.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import libtorrent as lt
+from moepack.fetch.errors import FetchError
+from moepack.fetch.torrent_create import COMMENT_PREFIX, ID_KEY
+
+MAX_TORRENT_BYTES = 64 << 20   # a 4 TiB container with 64 MiB pieces needs ~3.5 MB
+URL_TIMEOUT_S = 60.0
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class TorrentMeta:
+    """A single-file torrent of (what claims to be) a moepack container."""
+
+    ti: lt.torrent_info
+    name: str
+    size: int
+    container_id: str | None      # None: the torrent does not say (made by another tool)
+    info_hash: str                # hex; v2 (truncated to 40) when present, else v1
+    source: str
+
+    @property
+    def piece_length(self) -> int:
+        return self.ti.piece_length()
+
+    @property
+    def num_pieces(self) -> int:
+        return self.ti.num_pieces()
+
+
+def is_magnet(source: str) -> bool:
+    return source.startswith("magnet:")
+
+
+def is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
+def is_torrent_source(source: str) -> bool:
+    return is_magnet(source) or is_url(source) or source.endswith(".torrent")
+
+
+def load_params(source: str) -> lt.add_torrent_params:
+    """add_torrent_params for a magnet (no metadata yet) or a torrent (metadata in `.ti`)."""
+    if is_magnet(source):
+        try:
+            return lt.parse_magnet_uri(source)
+        except RuntimeError as e:
+            raise FetchError(f"malformed magnet link {source[:80]!r}: {e}") from e
+    data = _download(source) if is_url(source) else _read(Path(source))
+    try:
+        return lt.load_torrent_buffer(data)
+    except RuntimeError as e:
+        raise FetchError(f"malformed torrent {source}: {e}") from e
+
+
+def describe(ti: lt.torrent_info, source: str) -> TorrentMeta:
+    """Check the shape moepack needs (one plain file) and read the container ID it claims."""
+    layout = ti.layout()
+    if ti.num_files() != 1:
+        raise FetchError(f"torrent {source}: holds {ti.num_files()} files; "
+                         "a moepack torrent holds one")
+    name = layout.file_path(0)
+    if not name or "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
+        raise FetchError(f"torrent {source}: unusable file name {name!r}")
+    ih = ti.info_hashes()
+    best = str(ih.v2) if ih.has_v2() else str(ih.v1)
+    return TorrentMeta(ti, name, ti.total_size(), _claimed_id(ti, source), best, source)
+
+
+def _claimed_id(ti: lt.torrent_info, source: str) -> str | None:
+    """The ID from the info dict (covered by the info-hash), else from the comment."""
+    claimed: str | None = None
+    try:
+        info = lt.bdecode(ti.info_section())
+        raw = info.get(ID_KEY) if isinstance(info, dict) else None
+        if isinstance(raw, bytes):
+            claimed = raw.decode("ascii", "replace")
+    except RuntimeError:
+        pass
+    comment = ti.comment() or ""
+    if claimed is None and comment.startswith(COMMENT_PREFIX):
+        claimed = comment[len(COMMENT_PREFIX):].strip()
+    if claimed is not None and not _HEX64.fullmatch(claimed):
+        raise FetchError(f"torrent {source}: malformed container ID {claimed[:80]!r}")
+    return claimed
+
+
+def _read(path: Path) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > MAX_TORRENT_BYTES:
+            raise FetchError(f"{path}: {size} bytes is too large for a .torrent")
+        return path.read_bytes()
+    except OSError as e:
+        raise FetchError(f"cannot read torrent {path}: {e.strerror or e}") from e
+
+
+def _download(url: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as r:
+            data = r.read(MAX_TORRENT_BYTES + 1)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise FetchError(f"cannot download torrent {url}: {e}") from e
+    if len(data) > MAX_TORRENT_BYTES:
+        raise FetchError(f"{url}: more than {MAX_TORRENT_BYTES} bytes; not a .torrent")
+    return data
