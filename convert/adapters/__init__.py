@@ -1,0 +1,33 @@
+"""Architecture adapters: `adapter_for(config)` picks the one for a config.json."""
+
+from __future__ import annotations
+
+from moepack.convert.adapters.base import EXPERT_PARTS, Adapter, TrunkTensor
+from moepack.convert.adapters.deepseek_v3 import DeepseekV3Adapter
+from moepack.convert.adapters.mixtral import MixtralAdapter
+from moepack.convert.adapters.qwen3_moe import Qwen3MoeAdapter
+from moepack.convert.errors import UnsupportedArchitecture
+
+ADAPTERS: tuple[type[Adapter], ...] = (MixtralAdapter, Qwen3MoeAdapter, DeepseekV3Adapter)
+_BY_ARCH = {a.hf_architecture: a for a in ADAPTERS}
+_BY_MODEL_TYPE = {a.arch: a for a in ADAPTERS}
+
+
+def supported() -> list[str]:
+    return [a.hf_architecture for a in ADAPTERS]
+
+
+def adapter_for(config: dict) -> Adapter:
+    """The adapter for config.json's `architectures` (or `model_type` when that is absent)."""
+    archs = config.get("architectures") or []
+    for name in archs:
+        if name in _BY_ARCH:
+            return _BY_ARCH[name](config)
+    if not archs and config.get("model_type") in _BY_MODEL_TYPE:
+        return _BY_MODEL_TYPE[config["model_type"]](config)
+    got = ", ".join(map(str, archs)) or f"model_type {config.get('model_type')!r}"
+    raise UnsupportedArchitecture(
+        f"config.json: unsupported architecture {got}; supported: {', '.join(supported())}")
+
+
+__all__ = ["ADAPTERS", "EXPERT_PARTS", "Adapter", "TrunkTensor", "adapter_for", "supported"]

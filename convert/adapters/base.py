@@ -1,0 +1,186 @@
+"""What every architecture adapter provides, and the parts the three decoders share."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, ClassVar
+
+from moepack.convert.errors import SourceError
+from moepack.convert.source import SourceRef
+
+EXPERT_PARTS = ("gate", "up", "down")
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class TrunkTensor:
+    """A canonical RAM-resident tensor (FORMAT.md §7) and where a checkpoint may hold it.
+
+    `sources[0]` is the architecture's native Hugging Face name (what `export` writes); later
+    entries are alternative spellings other savers use."""
+
+    name: str
+    cls: str
+    shape: tuple[int, ...]
+    sources: tuple[str, ...]
+
+
+class Adapter:
+    """Maps one architecture's config.json and tensor names to the canonical layout."""
+
+    arch: ClassVar[str]
+    hf_architecture: ClassVar[str]
+    # Native per-expert projection names: part -> suffix under `<prefix>.experts.N.`.
+    expert_names: ClassVar[dict[str, str]] = {"gate": "gate_proj", "up": "up_proj",
+                                              "down": "down_proj"}
+
+    def __init__(self, config: dict) -> None:
+        self.config = config
+
+    # -- config access ---------------------------------------------------------------------
+    def cfg(self, *keys: str, default: Any = _MISSING) -> Any:
+        """First of `keys` present (and not null) in config.json."""
+        for k in keys:
+            if self.config.get(k) is not None:
+                return self.config[k]
+        if default is _MISSING:
+            raise SourceError(f"config.json: missing {keys[0]!r} (needed for {self.arch})")
+        return default
+
+    def rope(self) -> tuple[float, dict | None]:
+        """(rope_theta, rope_scaling) from either the classic keys or transformers 5's
+        `rope_parameters`."""
+        params = self.config.get("rope_parameters") or {}
+        theta = self.cfg("rope_theta", default=params.get("rope_theta", 10000.0))
+        scaling = self.config.get("rope_scaling")
+        if scaling is None and params.get("rope_type", "default") != "default":
+            scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        return float(theta), scaling
+
+    def common_model(self) -> dict:
+        theta, scaling = self.rope()
+        return {
+            "arch": self.arch,
+            "vocab_size": int(self.cfg("vocab_size")),
+            "hidden_size": int(self.cfg("hidden_size")),
+            "num_layers": int(self.cfg("num_hidden_layers")),
+            "rms_norm_eps": float(self.cfg("rms_norm_eps", default=1e-6)),
+            "rope_theta": theta,
+            "rope_scaling": scaling,
+            "max_position_embeddings": int(self.cfg("max_position_embeddings")),
+            "tie_word_embeddings": bool(self.cfg("tie_word_embeddings", default=False)),
+            "bos_token_id": self.config.get("bos_token_id"),
+            "eos_token_id": self.config.get("eos_token_id"),
+        }
+
+    # -- per architecture ------------------------------------------------------------------
+    @cached_property
+    def model(self) -> dict:
+        """The normalised model description (FORMAT.md §7)."""
+        raise NotImplementedError
+
+    def attention(self, layer: int) -> list[TrunkTensor]:
+        raise NotImplementedError
+
+    def moe_prefixes(self, layer: int) -> tuple[str, ...]:
+        """Module prefixes of layer's MoE block; the first is the native one."""
+        return (f"model.layers.{layer}.mlp",)
+
+    def moe_extra(self, layer: int) -> list[TrunkTensor]:
+        """Router bias and shared experts (DeepSeek-V3)."""
+        return []
+
+    # -- shared structure ------------------------------------------------------------------
+    @property
+    def hidden(self) -> int:
+        return int(self.model["hidden_size"])
+
+    def moe_layers(self) -> list[int]:
+        return [i for i, k in enumerate(self.model["layer_kinds"]) if k == "moe"]
+
+    def expert_shape(self, part: str) -> tuple[int, int]:
+        inter = int(self.model["moe"]["moe_intermediate_size"])
+        return (self.hidden, inter) if part == "down" else (inter, self.hidden)
+
+    def trunk(self) -> list[TrunkTensor]:
+        """Canonical trunk tensors in file order (FORMAT.md §7), codebooks excluded."""
+        m = self.model
+        vocab, h = int(m["vocab_size"]), self.hidden
+        out = [TrunkTensor("embed", "embed", (vocab, h), ("model.embed_tokens.weight",))]
+        for layer, kind in enumerate(m["layer_kinds"]):
+            p = f"model.layers.{layer}"
+            out += [
+                TrunkTensor(f"layers.{layer}.attn_norm", "norm", (h,),
+                            (f"{p}.input_layernorm.weight",)),
+                TrunkTensor(f"layers.{layer}.ffn_norm", "norm", (h,),
+                            (f"{p}.post_attention_layernorm.weight",)),
+            ]
+            out += self.attention(layer)
+            if kind == "moe":
+                out.append(TrunkTensor(f"layers.{layer}.router", "router",
+                                       (int(m["moe"]["num_experts"]), h),
+                                       tuple(f"{q}.gate.weight" for q in self.moe_prefixes(layer))))
+                out += self.moe_extra(layer)
+            else:
+                out += self.mlp(f"layers.{layer}.ffn", "dense_ffn", f"{p}.mlp",
+                                int(m["dense_intermediate_size"]))
+        out.append(TrunkTensor("final_norm", "norm", (h,), ("model.norm.weight",)))
+        if not m["tie_word_embeddings"]:
+            out.append(TrunkTensor("lm_head", "lm_head", (vocab, h), ("lm_head.weight",)))
+        return out
+
+    def mlp(self, name: str, cls: str, prefix: str, inter: int) -> list[TrunkTensor]:
+        h = self.hidden
+        return [TrunkTensor(f"{name}.{part}", cls, shape, (f"{prefix}.{part}_proj.weight",))
+                for part, shape in (("gate", (inter, h)), ("up", (inter, h)), ("down", (h, inter)))]
+
+    def linear(self, name: str, shape: tuple[int, ...], src: str, cls: str = "attn") -> TrunkTensor:
+        return TrunkTensor(name, cls, shape, (src,))
+
+    # -- experts ---------------------------------------------------------------------------
+    def native_expert_names(self, layer: int, expert: int) -> dict[str, str]:
+        """The per-expert checkpoint names `export` writes."""
+        base = f"{self.moe_prefixes(layer)[0]}.experts.{expert}"
+        return {part: f"{base}.{self.expert_names[part]}.weight" for part in EXPERT_PARTS}
+
+    def expert_refs(self, layer: int, expert: int, names: Collection[str]) -> dict[str, SourceRef]:
+        """Where expert `expert` of `layer` lives in a checkpoint holding `names`: per-expert
+        tensors (the Hub layout) or fused `experts.gate_up_proj [E, 2I, H]` +
+        `experts.down_proj [E, H, I]` (transformers ≥ 5 in-memory layout)."""
+        inter = int(self.model["moe"]["moe_intermediate_size"])
+        for prefix in self.moe_prefixes(layer):
+            per = {part: f"{prefix}.experts.{expert}.{self.expert_names[part]}.weight"
+                   for part in EXPERT_PARTS}
+            if per["gate"] in names:
+                return {part: SourceRef(n) for part, n in per.items()}
+            fused = f"{prefix}.experts.gate_up_proj"
+            if fused in names:
+                return {"gate": SourceRef(fused, expert, (0, inter)),
+                        "up": SourceRef(fused, expert, (inter, 2 * inter)),
+                        "down": SourceRef(f"{prefix}.experts.down_proj", expert)}
+        native = self.native_expert_names(layer, expert)["gate"]
+        raise SourceError(f"tensor {native!r} missing from the checkpoint (nor a fused "
+                          f"{self.moe_prefixes(layer)[0]}.experts.gate_up_proj)")
+
+    def resolve(self, t: TrunkTensor, names: Collection[str]) -> SourceRef:
+        for s in t.sources:
+            if s in names:
+                return SourceRef(s)
+        raise SourceError(f"tensor {t.sources[0]!r} ({t.name}) missing from the checkpoint")
+
+    def gqa(self, layer: int, qk_norm: bool) -> list[TrunkTensor]:
+        m, h = self.model, self.hidden
+        p, c = f"model.layers.{layer}.self_attn", f"layers.{layer}.attn"
+        q = int(m["num_attention_heads"]) * int(m["head_dim"])
+        kv = int(m["num_key_value_heads"]) * int(m["head_dim"])
+        out = [self.linear(f"{c}.q", (q, h), f"{p}.q_proj.weight"),
+               self.linear(f"{c}.k", (kv, h), f"{p}.k_proj.weight"),
+               self.linear(f"{c}.v", (kv, h), f"{p}.v_proj.weight"),
+               self.linear(f"{c}.o", (h, q), f"{p}.o_proj.weight")]
+        if qk_norm:
+            d = (int(m["head_dim"]),)
+            out += [self.linear(f"{c}.q_norm", d, f"{p}.q_norm.weight", "norm"),
+                    self.linear(f"{c}.k_norm", d, f"{p}.k_norm.weight", "norm")]
+        return out

@@ -1,0 +1,88 @@
+"""DeepSeek-V3 / Kimi-K2 (`DeepseekV3ForCausalLM`): MLA attention, `first_k_dense_replace`
+dense layers, shared experts, sigmoid routing with `e_score_correction_bias` and group-limited
+top-k. Multi-token-prediction layers (index >= num_hidden_layers) are not converted."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from moepack.convert.adapters.base import Adapter, TrunkTensor
+
+
+class DeepseekV3Adapter(Adapter):
+    arch = "deepseek_v3"
+    hf_architecture = "DeepseekV3ForCausalLM"
+
+    def _kinds(self, n: int) -> list[str]:
+        first = int(self.cfg("first_k_dense_replace", default=0))
+        freq = int(self.cfg("moe_layer_freq", default=1))
+        return ["moe" if (i >= first and i % freq == 0) else "dense" for i in range(n)]
+
+    @cached_property
+    def model(self) -> dict:
+        m = self.common_model()
+        heads = int(self.cfg("num_attention_heads"))
+        nope, rope = int(self.cfg("qk_nope_head_dim")), int(self.cfg("qk_rope_head_dim"))
+        q_lora = self.config.get("q_lora_rank")
+        kinds = self._kinds(m["num_layers"])
+        inter = int(self.cfg("moe_intermediate_size"))
+        shared = int(self.cfg("n_shared_experts", default=0))
+        m.update({
+            "num_attention_heads": heads,
+            "num_key_value_heads": heads,
+            "head_dim": nope + rope,
+            "qk_norm": False,
+            "attention": {"kind": "mla", "q_lora_rank": int(q_lora) if q_lora else None,
+                          "kv_lora_rank": int(self.cfg("kv_lora_rank")),
+                          "qk_nope_head_dim": nope, "qk_rope_head_dim": rope,
+                          "v_head_dim": int(self.cfg("v_head_dim"))},
+            "layer_kinds": kinds,
+            "dense_intermediate_size": (int(self.cfg("intermediate_size"))
+                                        if "dense" in kinds else None),
+            "moe": {
+                "num_experts": int(self.cfg("n_routed_experts", "num_local_experts")),
+                "top_k": int(self.cfg("num_experts_per_tok")),
+                "moe_intermediate_size": inter,
+                "scoring": str(self.cfg("scoring_func", default="sigmoid")),
+                "norm_topk_prob": bool(self.cfg("norm_topk_prob", default=True)),
+                "n_group": int(self.cfg("n_group", default=1)),
+                "topk_group": int(self.cfg("topk_group", default=1)),
+                "routed_scaling_factor": float(self.cfg("routed_scaling_factor", default=1.0)),
+                "num_shared_experts": shared,
+                "shared_intermediate_size": inter * shared if shared else None,
+            },
+        })
+        return m
+
+    def attention(self, layer: int) -> list[TrunkTensor]:
+        a, h = self.model["attention"], self.hidden
+        heads = int(self.model["num_attention_heads"])
+        qk = a["qk_nope_head_dim"] + a["qk_rope_head_dim"]
+        p, c = f"model.layers.{layer}.self_attn", f"layers.{layer}.attn"
+        out = []
+        if a["q_lora_rank"]:
+            r = a["q_lora_rank"]
+            out += [self.linear(f"{c}.q_a", (r, h), f"{p}.q_a_proj.weight"),
+                    self.linear(f"{c}.q_a_norm", (r,), f"{p}.q_a_layernorm.weight", "norm"),
+                    self.linear(f"{c}.q_b", (heads * qk, r), f"{p}.q_b_proj.weight")]
+        else:
+            out.append(self.linear(f"{c}.q", (heads * qk, h), f"{p}.q_proj.weight"))
+        kv = a["kv_lora_rank"]
+        out += [self.linear(f"{c}.kv_a", (kv + a["qk_rope_head_dim"], h),
+                            f"{p}.kv_a_proj_with_mqa.weight"),
+                self.linear(f"{c}.kv_a_norm", (kv,), f"{p}.kv_a_layernorm.weight", "norm"),
+                self.linear(f"{c}.kv_b", (heads * (a["qk_nope_head_dim"] + a["v_head_dim"]), kv),
+                            f"{p}.kv_b_proj.weight"),
+                self.linear(f"{c}.o", (h, heads * a["v_head_dim"]), f"{p}.o_proj.weight")]
+        return out
+
+    def moe_extra(self, layer: int) -> list[TrunkTensor]:
+        moe, p = self.model["moe"], f"model.layers.{layer}.mlp"
+        out = []
+        if moe["scoring"] == "sigmoid":
+            out.append(TrunkTensor(f"layers.{layer}.router_bias", "bias", (moe["num_experts"],),
+                                   (f"{p}.gate.e_score_correction_bias",)))
+        if moe["num_shared_experts"]:
+            out += self.mlp(f"layers.{layer}.shared", "shared_expert", f"{p}.shared_experts",
+                            moe["shared_intermediate_size"])
+        return out

@@ -1,0 +1,48 @@
+"""Mixtral (`MixtralForCausalLM`): GQA attention, every layer MoE, softmax top-k routing."""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from moepack.convert.adapters.base import Adapter, TrunkTensor
+
+
+class MixtralAdapter(Adapter):
+    arch = "mixtral"
+    hf_architecture = "MixtralForCausalLM"
+    expert_names = {"gate": "w1", "up": "w3", "down": "w2"}
+
+    @cached_property
+    def model(self) -> dict:
+        m = self.common_model()
+        heads = int(self.cfg("num_attention_heads"))
+        n = m["num_layers"]
+        m.update({
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(self.cfg("num_key_value_heads", default=heads)),
+            "head_dim": int(self.cfg("head_dim", default=m["hidden_size"] // heads)),
+            "qk_norm": False,
+            "attention": {"kind": "gqa"},
+            "layer_kinds": ["moe"] * n,
+            "dense_intermediate_size": None,
+            "moe": {
+                "num_experts": int(self.cfg("num_local_experts", "num_experts")),
+                "top_k": int(self.cfg("num_experts_per_tok")),
+                "moe_intermediate_size": int(self.cfg("intermediate_size")),
+                "scoring": "softmax",
+                "norm_topk_prob": True,
+                "n_group": 1,
+                "topk_group": 1,
+                "routed_scaling_factor": 1.0,
+                "num_shared_experts": 0,
+                "shared_intermediate_size": None,
+            },
+        })
+        return m
+
+    def moe_prefixes(self, layer: int) -> tuple[str, ...]:
+        # Hub checkpoints say block_sparse_moe; transformers >= 5 in memory says mlp.
+        return (f"model.layers.{layer}.block_sparse_moe", f"model.layers.{layer}.mlp")
+
+    def attention(self, layer: int) -> list[TrunkTensor]:
+        return self.gqa(layer, qk_norm=False)

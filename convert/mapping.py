@@ -1,0 +1,38 @@
+"""Bind an adapter's canonical tensors to a checkpoint's tensors, checking every shape up front
+(header reads only), so a bad source fails before anything is written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moepack.convert.adapters import EXPERT_PARTS, Adapter, TrunkTensor
+from moepack.convert.source import Checkpoint, SourceRef
+
+
+@dataclass(frozen=True)
+class SourceMap:
+    trunk: tuple[tuple[TrunkTensor, SourceRef], ...]
+    experts: dict[tuple[int, int], dict[str, SourceRef]]  # (layer, expert) -> part -> ref
+
+    def expert(self, layer: int, expert: int, part: str) -> SourceRef:
+        return self.experts[(layer, expert)][part]
+
+
+def bind(ck: Checkpoint, adapter: Adapter) -> SourceMap:
+    """Resolve and shape-check every tensor; raises SourceError naming file and tensor."""
+    names = ck.tensors.keys()
+    trunk = []
+    for t in adapter.trunk():
+        ref = adapter.resolve(t, names)
+        ck.check_shape(ref, t.shape, t.name)
+        trunk.append((t, ref))
+    experts = {}
+    count = int(adapter.model["moe"]["num_experts"])
+    for layer in adapter.moe_layers():
+        for e in range(count):
+            refs = adapter.expert_refs(layer, e, names)
+            for part in EXPERT_PARTS:
+                ck.check_shape(refs[part], adapter.expert_shape(part),
+                               f"layers.{layer} expert {e} {part}")
+            experts[(layer, e)] = refs
+    return SourceMap(tuple(trunk), experts)

@@ -1,0 +1,164 @@
+"""A Hugging Face checkpoint directory, read one tensor (or one expert slice) at a time."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from moepack.convert.errors import SourceError
+from moepack.convert.fp8 import dequant_blocks, scale_grid
+from moepack.convert.st_header import TensorInfo, read_header
+from safetensors import SafetensorError, safe_open
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+FLOAT_DTYPES = ("F32", "F16", "BF16")
+FP8 = "F8_E4M3"
+# Files carried into the container as blobs (FORMAT.md §4.2), when present.
+BLOB_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
+              "special_tokens_map.json", "chat_template.jinja")
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """Where a canonical tensor's values live: a checkpoint tensor, optionally one expert of a
+    fused `[experts, rows, cols]` tensor and a row range of it (fused gate_up)."""
+
+    name: str
+    index: int | None = None
+    rows: tuple[int, int] | None = None
+
+
+def load_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise SourceError(f"{path.name}: missing from {path.parent}") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SourceError(f"{path.name}: not readable JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise SourceError(f"{path.name}: expected a JSON object")
+    return data
+
+
+class Checkpoint:
+    """Validated view of a checkpoint: config, tensor table, blob files; no tensor data loaded."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.dir = Path(directory)
+        if not self.dir.is_dir():
+            raise SourceError(f"{self.dir}: not a directory")
+        self.config = load_json(self.dir / "config.json")
+        self.files = self._weight_files()
+        self.tensors: dict[str, TensorInfo] = {}
+        for fname in self.files:
+            for tname, info in read_header(self.dir / fname).items():
+                if tname in self.tensors:
+                    other = self.tensors[tname].file
+                    raise SourceError(f"{fname}: tensor {tname!r} also in {other}")
+                self.tensors[tname] = info
+        self._check_index()
+        block = (self.config.get("quantization_config") or {}).get("weight_block_size")
+        self.fp8_block: tuple[int, int] | None = tuple(block) if block else None  # type: ignore[assignment]
+
+    # -- discovery -------------------------------------------------------------------------
+    def _weight_files(self) -> list[str]:
+        index = self.dir / INDEX_NAME
+        if index.exists():
+            wmap = load_json(index).get("weight_map")
+            if not isinstance(wmap, dict) or not wmap:
+                raise SourceError(f"{INDEX_NAME}: no weight_map")
+            self._weight_map: dict[str, str] | None = wmap
+            files = sorted(set(wmap.values()))
+            for f in files:
+                if not (self.dir / f).is_file():
+                    raise SourceError(f"{f}: listed in {INDEX_NAME} but missing from {self.dir}")
+            return files
+        self._weight_map = None
+        if (self.dir / SINGLE_NAME).is_file():
+            return [SINGLE_NAME]
+        raise SourceError(f"{self.dir}: no {SINGLE_NAME} and no {INDEX_NAME}")
+
+    def _check_index(self) -> None:
+        if self._weight_map is None:
+            return
+        for tname, fname in self._weight_map.items():
+            info = self.tensors.get(tname)
+            if info is None or info.file != fname:
+                raise SourceError(f"{fname}: has no tensor {tname!r} although {INDEX_NAME} says so")
+
+    def blob_files(self) -> list[str]:
+        return [n for n in BLOB_FILES if (self.dir / n).is_file()]
+
+    # -- shapes ----------------------------------------------------------------------------
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise SourceError(
+                f"tensor {name!r} missing from the checkpoint in {self.dir}") from None
+
+    def ref_shape(self, ref: SourceRef) -> tuple[int, ...]:
+        """Shape of the array `read(ref)` returns, from the header alone."""
+        shape = self.info(ref.name).shape
+        if ref.index is not None:
+            if len(shape) < 1 or ref.index >= shape[0]:
+                raise SourceError(f"{self.info(ref.name).file}: tensor {ref.name!r} {list(shape)} "
+                                  f"has no expert {ref.index}")
+            shape = shape[1:]
+        if ref.rows is not None:
+            lo, hi = ref.rows
+            if not shape or hi > shape[0]:
+                raise SourceError(f"{self.info(ref.name).file}: tensor {ref.name!r} has "
+                                  f"{shape[0] if shape else 0} rows, need {hi}")
+            shape = (hi - lo, *shape[1:])
+        return shape
+
+    def check_shape(self, ref: SourceRef, expected: tuple[int, ...], what: str) -> None:
+        got = self.ref_shape(ref)
+        if tuple(got) != tuple(expected):
+            raise SourceError(f"{self.info(ref.name).file}: tensor {ref.name!r} has shape "
+                              f"{list(got)}, but config.json implies {list(expected)} for {what}")
+
+    # -- data ------------------------------------------------------------------------------
+    def read(self, ref: SourceRef) -> np.ndarray:
+        """The referenced values as a C-contiguous float32 array."""
+        info = self.info(ref.name)
+        if info.dtype not in FLOAT_DTYPES + (FP8,):
+            raise SourceError(
+                f"{info.file}: tensor {ref.name!r} has unsupported dtype {info.dtype}")
+        t = self._slice(info, ref)
+        if info.dtype == FP8:
+            return self._dequant(info, ref, t)
+        return np.ascontiguousarray(t.to(torch.float32).numpy())
+
+    def _slice(self, info: TensorInfo, ref: SourceRef) -> torch.Tensor:
+        # Opened per read: an open handle keeps its mmap'd pages in our RSS (bounded memory).
+        try:
+            with safe_open(self.dir / info.file, framework="pt") as f:
+                if ref.index is None and ref.rows is None:
+                    return f.get_tensor(ref.name)
+                sl = f.get_slice(ref.name)
+                lo, hi = ref.rows if ref.rows is not None else (0, self.ref_shape(ref)[0])
+                return sl[ref.index, lo:hi] if ref.index is not None else sl[lo:hi]
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise SourceError(f"{info.file}: cannot read tensor {ref.name!r}: {e}") from e
+
+    def _dequant(self, info: TensorInfo, ref: SourceRef, t: torch.Tensor) -> np.ndarray:
+        where = f"{info.file}: tensor {ref.name!r}"
+        if self.fp8_block is None:
+            raise SourceError(f"{where} is fp8 but config.json has no "
+                              "quantization_config.weight_block_size")
+        if ref.index is not None or ref.rows is not None or len(info.shape) != 2:
+            raise SourceError(f"{where}: fp8 is supported for 2-D per-tensor weights only")
+        sname = ref.name.removesuffix("weight") + "weight_scale_inv"
+        sinfo = self.info(sname)
+        need = scale_grid(info.shape, self.fp8_block)
+        if sinfo.shape != need:
+            raise SourceError(f"{sinfo.file}: tensor {sname!r} has shape {list(sinfo.shape)}, "
+                              f"block size {list(self.fp8_block)} needs {list(need)}")
+        scale = self._slice(sinfo, SourceRef(sname))
+        return dequant_blocks(t, scale, self.fp8_block)

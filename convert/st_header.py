@@ -1,0 +1,94 @@
+"""Strict validation of a safetensors file header (read without touching the tensor data).
+
+safetensors' own checks report a damaged shard without naming the tensor; these name file and
+tensor, so a user knows which download to repeat.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+
+from moepack.convert.errors import SourceError
+
+DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "I64": 8, "I32": 4,
+               "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+MAX_HEADER = 100_000_000  # safetensors' own cap
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    file: str          # file name inside the checkpoint directory
+    dtype: str
+    shape: tuple[int, ...]
+    start: int         # absolute file offsets of the tensor bytes
+    end: int
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """Tensor table of one safetensors file, validated against the file's real size."""
+    name = path.name
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            raw_len = f.read(8)
+            if len(raw_len) < 8:
+                raise SourceError(f"{name}: truncated safetensors file ({size} bytes, no header)")
+            (hlen,) = struct.unpack("<Q", raw_len)
+            if hlen > MAX_HEADER or 8 + hlen > size:
+                raise SourceError(
+                    f"{name}: corrupt safetensors header: header length {hlen} does not fit "
+                    f"in the {size}-byte file")
+            raw = f.read(hlen)
+    except OSError as e:
+        raise SourceError(f"{name}: cannot read: {e.strerror or e}") from e
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SourceError(f"{name}: corrupt safetensors header: not valid JSON ({e})") from e
+    if not isinstance(header, dict):
+        raise SourceError(f"{name}: corrupt safetensors header: not a JSON object")
+    base = 8 + hlen
+    table: dict[str, TensorInfo] = {}
+    for tname, meta in header.items():
+        if tname == "__metadata__":
+            continue
+        table[tname] = _entry(name, tname, meta, base)
+    _check_extents(name, table, base, size)
+    return table
+
+
+def _entry(fname: str, tname: str, meta: object, base: int) -> TensorInfo:
+    where = f"{fname}: tensor {tname!r}"
+    if not isinstance(meta, dict):
+        raise SourceError(f"{where}: corrupt safetensors header entry")
+    dtype, shape, offs = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
+    if dtype not in DTYPE_SIZES:
+        raise SourceError(f"{where}: unknown dtype {dtype!r}")
+    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        raise SourceError(f"{where}: corrupt shape {shape!r}")
+    if not (isinstance(offs, list) and len(offs) == 2
+            and all(isinstance(o, int) and o >= 0 for o in offs) and offs[0] <= offs[1]):
+        raise SourceError(f"{where}: corrupt data_offsets {offs!r}")
+    if offs[1] - offs[0] != prod(shape) * DTYPE_SIZES[dtype]:
+        raise SourceError(f"{where}: data_offsets {offs} disagree with shape {shape} {dtype}")
+    return TensorInfo(fname, dtype, tuple(shape), base + offs[0], base + offs[1])
+
+
+def _check_extents(fname: str, table: dict[str, TensorInfo], base: int, size: int) -> None:
+    pos = base
+    for t_name, t in sorted(table.items(), key=lambda kv: (kv[1].start, kv[1].end)):
+        if t.start != pos:
+            raise SourceError(f"{fname}: corrupt safetensors header: tensor {t_name!r} starts at "
+                              f"{t.start}, expected {pos} (gap or overlap)")
+        if t.end > size:
+            raise SourceError(f"{fname}: truncated: tensor {t_name!r} needs bytes up to {t.end} "
+                              f"but the file has {size} bytes (download it again)")
+        pos = t.end
+    if pos != size:
+        raise SourceError(f"{fname}: {size - pos} unexpected bytes after the last tensor "
+                          f"(file is {size} bytes, tensors end at {pos})")

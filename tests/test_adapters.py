@@ -1,0 +1,130 @@
+"""Adapters: canonical names, shapes and model descriptions for each architecture and layout."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from moepack.convert.adapters import EXPERT_PARTS, adapter_for, supported
+from moepack.convert.errors import SourceError, UnsupportedArchitecture
+from moepack.convert.mapping import bind
+from moepack.convert.source import Checkpoint
+from tiny_models import ARCHS, make_checkpoint
+
+MODEL_KEYS = {"arch", "vocab_size", "hidden_size", "num_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
+              "max_position_embeddings", "tie_word_embeddings", "qk_norm", "attention",
+              "layer_kinds", "dense_intermediate_size", "moe", "bos_token_id", "eos_token_id"}
+MOE_KEYS = {"num_experts", "top_k", "moe_intermediate_size", "scoring", "norm_topk_prob",
+            "n_group", "topk_group", "routed_scaling_factor", "num_shared_experts",
+            "shared_intermediate_size"}
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapters")
+    return {(arch, layout): make_checkpoint(arch, root / f"{arch}-{layout}", layout=layout)
+            for arch in ARCHS for layout in ("hub", "fused")}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_model_description_complete(ckpts, arch):
+    a = adapter_for(Checkpoint(ckpts[(arch, "hub")]).config)
+    assert set(a.model) == MODEL_KEYS
+    assert set(a.model["moe"]) == MOE_KEYS
+    assert a.model["arch"] == arch
+    json.dumps(a.model, allow_nan=False)  # must be canonical-JSON serialisable
+
+
+def test_layer_kinds_and_routing(ckpts):
+    mix = adapter_for(Checkpoint(ckpts[("mixtral", "hub")]).config).model
+    assert mix["layer_kinds"] == ["moe", "moe"] and mix["moe"]["top_k"] == 1
+    assert mix["moe"]["num_experts"] == 3 and mix["head_dim"] == 5
+    qwen = adapter_for(Checkpoint(ckpts[("qwen3_moe", "hub")]).config).model
+    assert qwen["layer_kinds"] == ["moe", "dense", "moe"]  # mlp_only_layers=[1]
+    assert qwen["qk_norm"] and qwen["moe"]["top_k"] == 8 and qwen["moe"]["num_experts"] == 9
+    ds = adapter_for(Checkpoint(ckpts[("deepseek_v3", "hub")]).config).model
+    assert ds["layer_kinds"] == ["dense", "moe", "moe"]  # first_k_dense_replace=1
+    assert ds["attention"]["kind"] == "mla" and ds["head_dim"] == 6
+    assert ds["moe"]["scoring"] == "sigmoid" and ds["moe"]["n_group"] == 4
+    assert ds["moe"]["routed_scaling_factor"] == 2.5 and ds["moe"]["shared_intermediate_size"] == 12
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("layout", ["hub", "fused"])
+def test_every_tensor_resolves(ckpts, arch, layout):
+    ck = Checkpoint(ckpts[(arch, layout)])
+    a = adapter_for(ck.config)
+    smap = bind(ck, a)
+    names = [t.name for t, _ in smap.trunk]
+    assert names[0] == "embed" and names[-2:] == ["final_norm", "lm_head"]
+    assert len(set(names)) == len(names)
+    n_exp = a.model["moe"]["num_experts"]
+    assert len(smap.experts) == n_exp * len(a.moe_layers())
+    if arch == "deepseek_v3":
+        assert {"layers.1.router_bias", "layers.1.shared.down", "layers.0.ffn.gate",
+                "layers.1.attn.kv_b", "layers.1.attn.q_a_norm"} <= set(names)
+    if arch == "qwen3_moe":
+        assert {"layers.0.attn.q_norm", "layers.1.ffn.up"} <= set(names)
+        assert "layers.1.router" not in names
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_and_hub_layouts_read_same_values(ckpts, arch):
+    hub, fused = Checkpoint(ckpts[(arch, "hub")]), Checkpoint(ckpts[(arch, "fused")])
+    a = adapter_for(hub.config)
+    mh, mf = bind(hub, a), bind(fused, a)
+    layer = a.moe_layers()[-1]
+    for e in (0, a.model["moe"]["num_experts"] - 1):
+        for part in EXPERT_PARTS:
+            x, y = hub.read(mh.expert(layer, e, part)), fused.read(mf.expert(layer, e, part))
+            assert x.shape == a.expert_shape(part)
+            np.testing.assert_array_equal(x, y)
+    if arch == "mixtral":  # fused spells the block `mlp`, the Hub `block_sparse_moe`
+        assert mf.expert(0, 0, "gate").name == "model.layers.0.mlp.experts.gate_up_proj"
+        assert mh.expert(0, 0, "gate").name == "model.layers.0.block_sparse_moe.experts.0.w1.weight"
+
+
+def test_native_names_are_what_save_pretrained_writes(ckpts):
+    for arch in ARCHS:
+        ck = Checkpoint(ckpts[(arch, "hub")])
+        a = adapter_for(ck.config)
+        written = set(n for n in ck.tensors)
+        native = {t.sources[0] for t in a.trunk()}
+        for layer in a.moe_layers():
+            for e in range(a.model["moe"]["num_experts"]):
+                native |= set(a.native_expert_names(layer, e).values())
+        assert native == written, arch
+
+
+def test_unsupported_architecture_lists_supported():
+    with pytest.raises(UnsupportedArchitecture) as e:
+        adapter_for({"architectures": ["LlamaForCausalLM"]})
+    for name in supported():
+        assert name in str(e.value)
+    assert "LlamaForCausalLM" in str(e.value)
+
+
+def test_rope_from_classic_keys_and_missing_key():
+    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 10, "hidden_size": 8,
+           "num_hidden_layers": 1, "num_attention_heads": 2, "qk_nope_head_dim": 2,
+           "qk_rope_head_dim": 2, "kv_lora_rank": 4, "v_head_dim": 2, "q_lora_rank": None,
+           "moe_intermediate_size": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+           "max_position_embeddings": 32, "rope_theta": 50000,
+           "rope_scaling": {"type": "yarn", "factor": 40}}
+    m = adapter_for(cfg).model
+    assert m["rope_theta"] == 50000.0 and m["rope_scaling"]["factor"] == 40
+    assert m["attention"]["q_lora_rank"] is None
+    assert "layers.0.attn.q" in [t.name for t in adapter_for(cfg).trunk()]
+    del cfg["kv_lora_rank"]
+    with pytest.raises(SourceError, match="kv_lora_rank"):
+        _ = adapter_for(cfg).model
+
+
+def test_qwen_decoder_sparse_step(tmp_path):
+    ck = Checkpoint(make_checkpoint("qwen3_moe", tmp_path, decoder_sparse_step=2,
+                                    mlp_only_layers=[], num_hidden_layers=4, tokenizer=False))
+    a = adapter_for(ck.config)
+    assert a.model["layer_kinds"] == ["dense", "moe", "dense", "moe"]
+    bind(ck, a)

@@ -1,0 +1,176 @@
+"""Tiny random-weight Hugging Face MoE checkpoints for tests (convert, verify, runtime).
+
+    make_checkpoint("mixtral", tmp_path / "src")                  # Hub layout, several shards
+    make_checkpoint("qwen3_moe", d, layout="fused")                # transformers-5 fused experts
+    make_checkpoint("deepseek_v3", d, fp8_block=(8, 8))            # fp8 e4m3 + weight_scale_inv
+
+Sizes are deliberately awkward (hidden not a multiple of 8, odd expert counts, top-k 1 and 8) and
+tiny, so a checkpoint takes well under a second to build.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3")
+
+_TINY: dict[str, dict[str, Any]] = {
+    "mixtral": dict(vocab_size=67, hidden_size=20, intermediate_size=12, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, num_local_experts=3,
+                    num_experts_per_tok=1, max_position_embeddings=64),
+    "qwen3_moe": dict(vocab_size=67, hidden_size=36, intermediate_size=28,
+                      moe_intermediate_size=12, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=6, num_experts=9, num_experts_per_tok=8,
+                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+                      max_position_embeddings=64),
+    "deepseek_v3": dict(vocab_size=67, hidden_size=28, intermediate_size=24,
+                        moe_intermediate_size=12, num_hidden_layers=3, num_attention_heads=4,
+                        num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1,
+                        num_experts_per_tok=3, n_group=4, topk_group=2, first_k_dense_replace=1,
+                        q_lora_rank=10, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=2,
+                        v_head_dim=4, max_position_embeddings=64),
+}
+
+
+def tiny_config(arch: str, **overrides: Any):
+    """The transformers config object for a tiny `arch` model."""
+    from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
+
+    cls = {"mixtral": MixtralConfig, "qwen3_moe": Qwen3MoeConfig,
+           "deepseek_v3": DeepseekV3Config}[arch]
+    return cls(**{**_TINY[arch], "bos_token_id": 1, "eos_token_id": 2, **overrides})
+
+
+def make_checkpoint(arch: str, out_dir: str | Path, *, seed: int = 0,
+                    shard_size: str | int | None = None, layout: str = "hub",
+                    fp8_block: tuple[int, int] | None = None, tokenizer: bool = True,
+                    **overrides: Any) -> Path:
+    """Write a random-weight checkpoint of `arch` to `out_dir` and return `out_dir`.
+
+    layout: "hub" (per-expert tensors, what `save_pretrained` writes) or "fused"
+    (`mlp.experts.gate_up_proj` / `mlp.experts.down_proj`, transformers 5 in-memory names).
+    fp8_block: store 2-D projection weights as fp8 e4m3 with `weight_scale_inv` block scales.
+    shard_size: `max_shard_size` for save_pretrained (default: small enough for several shards).
+    """
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out_dir)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **overrides))
+    with torch.no_grad():  # norms start at exactly 1.0; make them random too
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    shard = shard_size or "24KB"
+    if layout == "hub" and fp8_block is None:
+        model.save_pretrained(out, max_shard_size=shard)
+    else:
+        model.config.save_pretrained(out)
+        model.generation_config.save_pretrained(out)
+        tensors = _hub_state(model) if layout == "hub" else dict(model.state_dict())
+        if fp8_block is not None:
+            tensors = _to_fp8(tensors, fp8_block)
+            _set_quant_config(out, fp8_block)
+        _save_sharded(tensors, out, _parse_size(shard))
+    if tokenizer:
+        write_tokenizer(out, int(model.config.vocab_size))
+    return out
+
+
+def _hub_state(model) -> dict[str, torch.Tensor]:
+    """Per-expert Hub names, taken from save_pretrained's own output (ground truth)."""
+    import tempfile
+
+    from safetensors import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        for f in sorted(Path(tmp).glob("*.safetensors")):
+            with safe_open(f, framework="pt") as s:
+                for k in s.keys():
+                    out[k] = s.get_tensor(k)
+    return out
+
+
+def _to_fp8(tensors: dict[str, torch.Tensor], block: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """DeepSeek-V3 style: projection weights fp8 e4m3 with f32 `weight_scale_inv` per block;
+    embeddings, norms, router and lm_head stay in high precision (as in the real checkpoint)."""
+    out: dict[str, torch.Tensor] = {}
+    b0, b1 = block
+    for name, w in tensors.items():
+        keep = (w.dim() != 2 or "embed_tokens" in name or name == "lm_head.weight"
+                or name.endswith("mlp.gate.weight") or "layernorm" in name)
+        if keep:
+            out[name] = w
+            continue
+        rows, cols = w.shape
+        gr, gc = -(-rows // b0), -(-cols // b1)
+        pad = torch.zeros(gr * b0, gc * b1)
+        pad[:rows, :cols] = w.float()
+        amax = pad.reshape(gr, b0, gc, b1).abs().amax(dim=(1, 3)).clamp(min=1e-12)
+        scale = amax / 448.0
+        full = scale.repeat_interleave(b0, 0).repeat_interleave(b1, 1)[:rows, :cols]
+        out[name] = (w.float() / full).to(torch.float8_e4m3fn)
+        out[name.removesuffix("weight") + "weight_scale_inv"] = scale.contiguous()
+    return out
+
+
+def _set_quant_config(out: Path, block: tuple[int, int]) -> None:
+    path = out / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                  "activation_scheme": "dynamic",
+                                  "weight_block_size": list(block)}
+    path.write_text(json.dumps(cfg, indent=2))
+
+
+def _parse_size(size: str | int) -> int:
+    if isinstance(size, int):
+        return size
+    units = {"KB": 1000, "MB": 1000**2, "GB": 1000**3}
+    return int(float(size[:-2]) * units[size[-2:].upper()])
+
+
+def _save_sharded(tensors: dict[str, torch.Tensor], out: Path, limit: int) -> None:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    used = 0
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        n = t.numel() * t.element_size()
+        if shards[-1] and used + n > limit:
+            shards.append({})
+            used = 0
+        shards[-1][name] = t
+        used += n
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, out / fname, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, fname))
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size()
+                                            for t in tensors.values())},
+             "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def write_tokenizer(out: Path, vocab_size: int) -> None:
+    """A word-level tokenizer with exactly `vocab_size` tokens plus a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for i in range(3, vocab_size):
+        vocab[f"w{i}"] = i
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}",
+    }, indent=2))
