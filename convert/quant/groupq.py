@@ -1,0 +1,101 @@
+"""Group quantisers for trunk weights: q8 and q4 (spec/FORMAT.md §8.2, spec/CODECS.md §2).
+
+Groups of G consecutive weights of a row share an f16 scale (q4 with zero point: also an f16
+offset). Quantisation uses the f16-rounded parameters, so codes match what decoders see.
+Rounding: np.rint (half to even). Padding columns (cols..cols_p-1) are zero weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from moepack.format.codecs import encoded_nbytes, validate_codec
+
+F16_MAX = 65504.0
+# q4 symmetric: candidate divisors of the group's signed extreme value m (d = m / c); the one with
+# the least squared error wins. c = -8 maps m onto code 0 (value -8·d) and uses all 16 levels.
+Q4_DIVISORS = (-8.0, -7.5, -7.0, -6.5, 7.0, 7.5)
+
+
+def _groups(w: np.ndarray, g: int) -> tuple[np.ndarray, int]:
+    w = np.asarray(w, dtype=np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"group codecs need a 2-D weight, got shape {list(w.shape)}")
+    rows, cols = w.shape
+    cp = -(-cols // g) * g
+    wp = np.zeros((rows, cp), np.float32)
+    wp[:, :cols] = w
+    if not np.all(np.isfinite(wp)):
+        raise ValueError("weights are not finite")
+    return wp.reshape(rows, cp // g, g), cp
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    if np.any(np.abs(x) > F16_MAX):
+        raise ValueError("group scale does not fit in f16")
+    return x.astype(np.float16)
+
+
+def _codes(wg: np.ndarray, d: np.ndarray, lo: int, hi: int, offset=0.0) -> np.ndarray:
+    """rint((w - offset) / d) clipped to [lo, hi]; 0 where d == 0."""
+    d32 = d.astype(np.float32)[..., None]
+    safe = np.where(d32 != 0, d32, np.float32(1))
+    q = np.rint((wg - offset) / safe)
+    return np.where(d32 != 0, np.clip(q, lo, hi), 0)
+
+
+def encode_q8(w: np.ndarray, group_size: int = 32) -> bytes:
+    """q8: symmetric int8, d = f16(max|w| / 127)."""
+    codec = {"name": "q8", "group_size": group_size}
+    validate_codec(codec, np.shape(w))
+    wg, _ = _groups(w, group_size)
+    d = _f16(np.max(np.abs(wg), axis=2) / np.float32(127))
+    q = _codes(wg, d, -127, 127).astype(np.int8)
+    return d.astype("<f2").tobytes() + q.tobytes()
+
+
+def _pack_nibbles(q: np.ndarray) -> bytes:
+    rows = q.shape[0]
+    flat = q.reshape(rows, -1).astype(np.uint8)
+    return (flat[:, 0::2] | (flat[:, 1::2] << 4)).tobytes()  # even column in the low nibble
+
+
+def _q4_symmetric(wg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    idx = np.argmax(np.abs(wg), axis=2)
+    m = np.take_along_axis(wg, idx[..., None], axis=2)[..., 0]
+    best_d = best_q = best_err = None
+    for c in Q4_DIVISORS:
+        d = _f16(m / np.float32(c))
+        q = _codes(wg, d, -8, 7)
+        err = np.sum(np.square(wg - q * d.astype(np.float32)[..., None]), axis=2)
+        if best_err is None:
+            best_d, best_q, best_err = d, q, err
+            continue
+        better = err < best_err  # strict: ties keep the earlier divisor
+        best_d = np.where(better, d, best_d)
+        best_q = np.where(better[..., None], q, best_q)
+        best_err = np.where(better, err, best_err)
+    return best_d, best_q + 8
+
+
+def _q4_zero_point(wg: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    lo = np.min(wg, axis=2)
+    hi = np.max(wg, axis=2)
+    m = _f16(lo)
+    d = _f16((hi - m.astype(np.float32)) / np.float32(15))
+    q = _codes(wg, d, 0, 15, offset=m.astype(np.float32)[..., None])
+    return d, m, q
+
+
+def encode_q4(w: np.ndarray, group_size: int = 32, *, zero_point: bool = False) -> bytes:
+    """q4: 4-bit codes; symmetric (d·(q-8)) or with zero point (d·q + m)."""
+    codec = {"name": "q4", "group_size": group_size, "zero_point": zero_point}
+    validate_codec(codec, np.shape(w))
+    wg, _ = _groups(w, group_size)
+    if zero_point:
+        d, m, q = _q4_zero_point(wg)
+        out = d.astype("<f2").tobytes() + m.astype("<f2").tobytes() + _pack_nibbles(q)
+    else:
+        d, q = _q4_symmetric(wg)
+        out = d.astype("<f2").tobytes() + _pack_nibbles(q)
+    assert len(out) == encoded_nbytes(codec, np.shape(w))
+    return out

@@ -1,0 +1,58 @@
+"""Named codec presets: expert presets (for `--expert-codec`) and trunk codecs per tensor class.
+
+The choice of defaults is measured: see docs/QUANTIZATION.md (bench/quant.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from moepack.convert.quant.rvq import RvqSettings
+
+_BASELINE = RvqSettings(stages=3, rotation="none", scale="absmax", refit_scale=False, beam=1,
+                        iters=10, sample=300_000, refine=0)
+_BEST = RvqSettings(stages=3, rotation="hadamard", scale="rms", refit_scale=True, beam=4,
+                    iters=10, sample=300_000, refine=2)
+
+# name -> full encoder settings (RvqSettings fields); the codec object per part comes from
+# moepack.convert.quant.rvq.codec_for(settings, shape).
+EXPERT_PRESETS: dict[str, dict] = {
+    "rvq3": vars(_BEST).copy(),
+    "rvq3-baseline": vars(_BASELINE).copy(),
+    "rvq2": vars(replace(_BEST, stages=2)).copy(),
+    "rvq4": vars(replace(_BEST, stages=4)).copy(),
+}
+DEFAULT_EXPERT_PRESET = "rvq3"
+
+TRUNK_CODECS: dict[str, dict] = {
+    "q8": {"name": "q8", "group_size": 32},
+    "q4": {"name": "q4", "group_size": 32, "zero_point": False},
+    "q4-zp": {"name": "q4", "group_size": 32, "zero_point": True},
+    "q4-g64": {"name": "q4", "group_size": 64, "zero_point": False},
+    "f16": {"name": "f16"},
+    "bf16": {"name": "bf16"},
+    "f32": {"name": "f32"},
+}
+
+# tensor class (spec/FORMAT.md §7) -> TRUNK_CODECS name
+TRUNK_DEFAULTS: dict[str, str] = {
+    "attn": "q8",
+    "shared_expert": "q8",
+    "dense_ffn": "q8",
+    "embed": "q8",
+    "lm_head": "q8",
+    "norm": "f32",
+    "router": "f32",
+    "bias": "f32",
+    "codebook": "f32",
+}
+
+
+def expert_settings(preset: str) -> RvqSettings:
+    """RvqSettings of a named expert preset (ValueError listing the names otherwise)."""
+    try:
+        return RvqSettings(**EXPERT_PRESETS[preset])
+    except KeyError:
+        raise ValueError(
+            f"unknown expert codec {preset!r}; choose one of {sorted(EXPERT_PRESETS)}"
+        ) from None

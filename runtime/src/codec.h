@@ -1,0 +1,51 @@
+/* Codec hot loops: nearest-codeword search, k-means steps, RVQ encoding (greedy and beam), and the
+ * reference decoders of spec/CODECS.md. Every loop runs in a fixed order with plain f32 ops
+ * (no FMA contraction, no fast-math), so results are bit-identical across thread counts and
+ * x86-64 machines. Vectors are 8-dimensional (the rvq `dim`); codebooks have `k` entries. */
+#ifndef MP_CODEC_H
+#define MP_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moepack.h"
+
+#define MP_VQ_DIM 8
+
+/* Exact IEEE binary16 -> binary32 (subnormals, inf, NaN preserved). */
+float mp_f16_to_f32(uint16_t h);
+
+/* For each of n vectors x[n][8], the index of the nearest codeword of cb[k][8] (squared L2,
+ * ties -> lowest index) and, if dist != NULL, that squared distance. k <= 256; returns 0 or -1. */
+MP_API int mp_vq_assign(const float *x, size_t n, const float *cb, int k, int32_t *idx,
+                         float *dist);
+
+/* d[i] = min(d[i], |x_i - c|^2) for one centre c[8] (k-means++ seeding). */
+MP_API void mp_vq_mindist_update(const float *x, size_t n, const float *c, float *d);
+
+/* Lloyd update: cb[j] = mean of the x_i with idx[i] == j, summed in f64 in index order; an empty
+ * cluster keeps its old centre. k <= 256. Returns the number of empty clusters, or -1. */
+MP_API int mp_vq_update(const float *x, size_t n, const int32_t *idx, int k, float *cb);
+
+/* RVQ encoding of n vectors x[n][8] against cb[stages][k][8]: codes[n][stages]. beam == 1 is
+ * greedy stage by stage; beam > 1 keeps the `beam` best partial code paths (total squared
+ * error, ties -> earlier path, then lower code). beam <= MP_VQ_MAX_BEAM. */
+#define MP_VQ_MAX_BEAM 16
+MP_API int mp_rvq_encode(const float *x, size_t n, const float *cb, int stages, int k, int beam,
+                         uint8_t *codes);
+
+/* Reference decoders (spec/CODECS.md), writing f32 [rows][cols]. f16 fields are raw bit patterns.
+ * rvq: codes [rows][nv][stages], scales [rows]; signs (NULL when rotation is "none") [cols],
+ * block = rotation block size (power of two dividing cols). Returns 0, or -1 on bad args. */
+MP_API int mp_rvq_decode(const uint8_t *codes, const uint16_t *scales, size_t rows, size_t cols,
+                         const float *cb, int stages, int k, const float *signs, size_t block,
+                         float *out);
+MP_API int mp_q8_decode(const uint8_t *data, size_t rows, size_t cols, size_t group, float *out);
+MP_API int mp_q4_decode(const uint8_t *data, size_t rows, size_t cols, size_t group,
+                        int zero_point, float *out);
+
+/* In-place unnormalised fast Walsh-Hadamard transform of each `block`-sized block of x[n]
+ * (butterfly order h = 1, 2, 4, ...; pairs (j, j+h): a+b then a-b). */
+MP_API void mp_fwht(float *x, size_t n, size_t block);
+
+#endif
