@@ -1,9 +1,67 @@
-"""Subcommands of `moepack` provided by moepack.format."""
+"""Subcommands of `moepack` provided by moepack.format: `info`."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from moepack.format.errors import FormatError
+from moepack.format.info import container_info
+from moepack.format.reader import Container
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3f} GiB" if n >= 2**30 else f"{n / 2**20:.3f} MiB"
+
+
+def _show(path: Path, info: dict) -> None:
+    console = Console()
+    t = Table(show_header=False, box=None)
+    bpw, par = info["bits_per_weight"], info["parameters"]
+    rows = [
+        ("container", str(path)),
+        ("format", info["format_version"]),
+        ("id", info["container_id"]),
+        ("architecture", f"{info['architecture']} ({info['arch']})"),
+        ("converter", info["converter"]),
+        ("parameters", f"{par['total']:,} (trunk {par['trunk']:,}, experts {par['experts']:,})"),
+        ("file size", f"{info['file_size']:,} B ({_gib(info['file_size'])})"),
+        *[(f"  {k}", f"{v:,} B ({_gib(v)})") for k, v in info["bytes"].items()],
+        ("bits/weight",
+         f"experts {bpw['experts']}, trunk {bpw['trunk']}, overall {bpw['overall']}"),
+        ("tensors", str(info["counts"]["tensors"])),
+        ("experts", f"{info['counts']['experts']} in {info['counts']['expert_banks']} banks"),
+        ("alignment", str(info["alignment"])),
+    ]
+    for k, v in rows:
+        t.add_row(f"[bold]{k}[/bold]", v)
+    console.print(t)
+
+
+def info(
+    file: Annotated[Path, typer.Argument(help="A .moepack container.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Show a container's version, ID, architecture, sizes and bits per weight."""
+    try:
+        with Container.open(file) as c:
+            data = container_info(c)
+    except (FormatError, OSError) as e:
+        Console(stderr=True, soft_wrap=True).print(
+            f"[red]error:[/red] {escape(str(file))}: {escape(str(e))}", highlight=False
+        )
+        raise typer.Exit(1) from None
+    if as_json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        _show(file, data)
 
 
 def register(app: typer.Typer) -> None:
     """Add this package's subcommands to the `moepack` app."""
+    app.command("info")(info)

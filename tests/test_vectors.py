@@ -1,0 +1,79 @@
+"""spec/vectors: regenerating gives identical bytes, valid ones open with the expected info, every
+invalid one is rejected with its expected error (the C runtime runs the same files)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from moepack.format import Container, FormatError
+from moepack.format.info import container_info
+from typer.testing import CliRunner
+
+from moepack.cli import app
+
+VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
+VALID = sorted((VECTORS / "valid").glob("*.moepack"))
+INVALID = sorted((VECTORS / "invalid").glob("*.moepack"))
+
+
+def load_generator():
+    spec = importlib.util.spec_from_file_location("make_vectors", VECTORS / "make_vectors.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("make_vectors", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_regenerating_gives_identical_bytes(tmp_path: Path) -> None:
+    written = load_generator().generate(tmp_path)
+    committed = {p.relative_to(VECTORS) for p in VECTORS.rglob("*") if p.is_file()
+                 and p.parent != VECTORS}
+    assert {p.relative_to(tmp_path) for p in written} == committed
+    for p in written:
+        rel = p.relative_to(tmp_path)
+        assert p.read_bytes() == (VECTORS / rel).read_bytes(), f"{rel} differs when regenerated"
+
+
+def test_vectors_are_small() -> None:
+    assert sum(p.stat().st_size for p in VECTORS.rglob("*") if p.is_file()) < 2_000_000
+    assert len(VALID) >= 3 and len(INVALID) >= 30
+
+
+@pytest.mark.parametrize("path", VALID, ids=lambda p: p.stem)
+def test_valid_vector_opens_and_reads(path: Path) -> None:
+    expected = json.loads(path.with_suffix(".info.json").read_text())
+    with Container.open(path) as c:
+        assert container_info(c) == expected
+        for s in c.sections:
+            if s["type"] == "tensor":
+                assert len(c.tensor_bytes(s["name"])) == s["length"]
+            elif s["type"] == "blob":
+                assert len(c.blob(s["name"])) == s["raw_length"]
+        for b in c.banks():
+            for e in range(b["count"]):
+                assert len(c.expert_record(b["layer"], e)) == b["stride"]
+
+
+@pytest.mark.parametrize("path", VALID, ids=lambda p: p.stem)
+def test_info_command_json_matches(path: Path) -> None:
+    result = CliRunner().invoke(app, ["info", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == path.with_suffix(".info.json").read_text()
+
+
+@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
+def test_invalid_vector_is_rejected(path: Path) -> None:
+    expected = json.loads(path.with_suffix(".expected.json").read_text())["error"]
+    with pytest.raises(FormatError) as err:
+        Container.open(path)
+    assert expected in str(err.value)
+
+
+def test_info_command_reports_errors() -> None:
+    result = CliRunner().invoke(app, ["info", str(VECTORS / "invalid" / "bad_magic.moepack")])
+    assert result.exit_code == 1
+    assert "bad magic" in result.output
