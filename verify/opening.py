@@ -1,0 +1,142 @@
+"""Open a container for verification, tolerating a damaged header or index.
+
+`Container.open` rejects a file at its first problem; verification must instead tell *which*
+part is damaged and still check the rest when it can. The rules (docs/VERIFY.md):
+- Not interpretable at all (too short, all-zero header, wrong magic, unknown major, a header
+  whose hash is right but whose fields are invalid or disagree with the file size, an index
+  authenticated by the root hash yet invalid) -> `Unverifiable` (exit 2).
+- Header hash wrong but its fields still describe the file -> damage `header`; the index is
+  then authenticated by the root hash stored in that header, or used unauthenticated (noted).
+- Header intact but the index's BLAKE3 differs from the root hash -> damage `index`; the index
+  cannot be trusted, so no item is checked against it.
+Parsing reuses moepack.format's checks (parse_header, parse_canonical, validate_manifest,
+validate_sections); only the order of checks differs from the reader.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import blake3
+from moepack.format.canonical import parse_canonical
+from moepack.format.errors import FormatError
+from moepack.format.header import Header, parse_header
+from moepack.format.limits import HEADER_SIZE
+from moepack.format.rules import check_obj, validate_manifest
+from moepack.format.sections import validate_sections
+from moepack.verify.report import Damage
+
+_HASHED = 96  # the header hash covers bytes 0..95 (FORMAT.md section 2)
+
+
+class Unverifiable(Exception):
+    """The file cannot be interpreted as a container; the message says why."""
+
+
+@dataclass
+class Opened:
+    header: Header | None  # None: the header is damaged beyond use
+    index: bytes
+    root_ok: bool  # BLAKE3(index) == header.root_hash
+    sections: list[dict[str, Any]] | None  # None: the index cannot be used to check items
+    damage: list[Damage] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _read_exact(fd: int, n: int, offset: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = os.pread(fd, n - len(out), offset + len(out))
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
+def _parse_index(data: bytes, h: Header) -> list[dict[str, Any]]:
+    doc = check_obj(parse_canonical(data, f"index at offset {h.index_offset}"), "index")
+    for key in ("manifest", "sections"):
+        if key not in doc:
+            raise FormatError(f"index: missing key {key!r}")
+    validate_manifest(doc["manifest"])
+    return validate_sections(doc["sections"], h).all
+
+
+def _header(head: bytes, size: int) -> tuple[Header, list[Damage]]:
+    try:
+        return parse_header(head, size), []
+    except FormatError as e:
+        first = str(e)
+        if not first.startswith("header.header_hash"):
+            if first.startswith("header.file_size") and size < _declared_size(head):
+                first = f"truncated: {first}"
+            raise Unverifiable(first) from None
+    # Re-seal the header so the reader's own field checks run on the damaged bytes.
+    resealed = head[:_HASHED] + blake3.blake3(head[:_HASHED]).digest()
+    try:
+        h = parse_header(resealed, size)
+    except FormatError as e:
+        raise _HeaderUnusable(f"{first}; its fields are unusable too ({e})") from None
+    return h, [Damage("header", "header", 0, HEADER_SIZE, first)]
+
+
+def _declared_size(head: bytes) -> int:
+    # file_size is the u64 at offset 24 (FORMAT.md section 2); only used to word the message.
+    return int.from_bytes(head[24:32], "little")
+
+
+class _HeaderUnusable(Exception):
+    pass
+
+
+def open_for_verify(path: str | Path) -> Opened:
+    """What could be opened, and the damage found on the way; raises Unverifiable."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise Unverifiable(f"cannot open: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise Unverifiable("not a regular file")
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise Unverifiable(f"cannot open: {e.strerror or e}") from None
+    try:
+        head = _read_exact(fd, HEADER_SIZE, 0)
+        try:
+            h, damage = _header(head, st.st_size)
+        except _HeaderUnusable as e:
+            return Opened(None, b"", False, None, [Damage("header", "header", 0, HEADER_SIZE,
+                                                         str(e))],
+                          ["items not checked: the damaged header does not locate the index"])
+        index = _read_exact(fd, h.index_length, h.index_offset)
+    except OSError as e:
+        raise Unverifiable(f"cannot read: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    return _open_index(h, index, damage)
+
+
+def _open_index(h: Header, index: bytes, damage: list[Damage]) -> Opened:
+    root_ok = blake3.blake3(index).digest() == h.root_hash
+    opened = Opened(h, index, root_ok, None, damage)
+    if not root_ok and not damage:
+        opened.damage.append(Damage("index", "index", h.index_offset, h.index_length,
+                                    "BLAKE3 differs from the root hash in the header"))
+        opened.notes.append("items not checked: the index that holds their hashes is damaged")
+        return opened
+    try:
+        opened.sections = _parse_index(index, h)
+    except FormatError as e:
+        if root_ok and not damage:
+            raise Unverifiable(str(e)) from None
+        opened.notes.append(f"items not checked: the index cannot be used ({e})")
+        return opened
+    if not root_ok:
+        opened.notes.append("the root hash in the damaged header does not match the index; "
+                            "items were checked against the unauthenticated index")
+    return opened

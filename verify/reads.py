@@ -1,0 +1,166 @@
+"""Large aligned sequential reads of a byte range, with reads in flight while the caller hashes.
+
+O_DIRECT skips the page cache (a cold multi-hundred-GB file would otherwise evict everything
+else and be copied twice); it needs aligned offsets, lengths and buffers, so every read starts at
+a multiple of the chunk size, lands in an mmap'd (page-aligned) buffer, and the caller gets a
+slice of it. Filesystems without O_DIRECT (tmpfs, some FUSE) fail the open or the first read with
+EINVAL: then the file is re-read through the page cache with POSIX_FADV_SEQUENTIAL.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+IoMode = Literal["auto", "direct", "buffered"]
+
+CHUNK = 8 << 20  # bytes per read: large enough for full device speed, a multiple of any block size
+DEPTH = 2  # reads in flight besides the chunk being hashed (os.preadv releases the GIL)
+# "auto" uses O_DIRECT only for files that cannot stay in the page cache anyway.
+_DIRECT_FRACTION_OF_RAM = 0.5
+
+
+@dataclass
+class Chunk:
+    """File bytes [offset, offset + len(data)); `error` says why the rest could not be read."""
+
+    offset: int
+    data: memoryview
+    error: OSError | None = None
+
+
+def _available_ram() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def choose_direct(mode: IoMode, size: int) -> bool:
+    """Whether to try O_DIRECT: asked for, or "auto" and the file is too big to stay cached."""
+    if mode == "direct":
+        return True
+    if mode == "buffered":
+        return False
+    ram = _available_ram()
+    return ram > 0 and size > ram * _DIRECT_FRACTION_OF_RAM
+
+
+class RangeReader:
+    """Reads [start, end) of a file in aligned chunks; iterate with `chunks()`; then `close()`."""
+
+    def __init__(self, path: str | Path, start: int, end: int, *, mode: IoMode = "auto",
+                 chunk: int = CHUNK, depth: int = DEPTH) -> None:
+        if chunk <= 0 or chunk % mmap.PAGESIZE:
+            raise ValueError(f"chunk {chunk} must be a positive multiple of {mmap.PAGESIZE}")
+        self.path = Path(path)
+        self.start, self.end, self.chunk, self.depth = start, end, chunk, max(1, depth)
+        self._buffered_fd = os.open(self.path, os.O_RDONLY)
+        self._direct_fd: int | None = None
+        if choose_direct(mode, end - start) and hasattr(os, "O_DIRECT"):
+            try:
+                self._direct_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+            except OSError:
+                self._direct_fd = None
+        if self._direct_fd is None:
+            self._advise_sequential()
+
+    @property
+    def direct(self) -> bool:
+        """True while reads bypass the page cache."""
+        return self._direct_fd is not None
+
+    def _advise_sequential(self) -> None:
+        if hasattr(os, "posix_fadvise"):
+            try:
+                os.posix_fadvise(self._buffered_fd, self.start, self.end - self.start,
+                                 os.POSIX_FADV_SEQUENTIAL)
+            except OSError:
+                pass  # advice only
+
+    def _fall_back_to_buffered(self) -> None:
+        if self._direct_fd is not None:
+            os.close(self._direct_fd)
+            self._direct_fd = None
+            self._advise_sequential()
+
+    def _read(self, buf: mmap.mmap, offset: int, want: int) -> Chunk:
+        """Fill buf with up to `want` bytes at `offset`; short only at end of file."""
+        view = memoryview(buf)
+        got = 0
+        while got < want:
+            fd = self._direct_fd if self._direct_fd is not None else self._buffered_fd
+            try:
+                # O_DIRECT reads whole aligned blocks; the caller slices what it asked for.
+                n = os.preadv(fd, [view[got:self.chunk]], offset + got)
+            except OSError as e:
+                if e.errno == errno.EINVAL and fd == self._direct_fd:
+                    self._fall_back_to_buffered()
+                    continue
+                return Chunk(offset, view[:0], e)
+            if n == 0:
+                break
+            got += n
+            if fd == self._direct_fd and got % mmap.PAGESIZE:
+                break  # a short O_DIRECT read ends at end of file
+        return Chunk(offset, view[:min(got, want)])
+
+    def chunks(self) -> Iterator[Chunk]:
+        """Chunks covering [start, end) in order; each is valid until the next one is requested."""
+        first = self.start - self.start % self.chunk
+        offsets = range(first, self.end, self.chunk)
+        buffers = [mmap.mmap(-1, self.chunk) for _ in range(self.depth + 1)]
+        free = deque(buffers)
+        pending: deque[tuple[Future[Chunk], mmap.mmap]] = deque()
+        it = iter(offsets)
+        with ThreadPoolExecutor(self.depth, thread_name_prefix="moepack-read") as pool:
+            try:
+                while True:
+                    while free and len(pending) < self.depth:
+                        off = next(it, None)
+                        if off is None:
+                            break
+                        buf = free.popleft()
+                        want = min(self.chunk, self.end - off)
+                        pending.append((pool.submit(self._read, buf, off, want), buf))
+                    if not pending:
+                        return
+                    fut, buf = pending.popleft()
+                    got = fut.result()
+                    lo = max(self.start - got.offset, 0)  # only the first chunk starts early
+                    yield Chunk(got.offset + lo, got.data[lo:], got.error)
+                    free.append(buf)
+            finally:
+                for fut, _ in pending:
+                    fut.cancel()
+                for fut, _ in pending:
+                    if not fut.cancelled():
+                        fut.exception()  # wait: a buffer must not be unmapped under a read
+                for b in buffers:
+                    try:
+                        b.close()
+                    except BufferError:
+                        pass  # a caller still holds a view; the GC frees it later
+
+    def close(self) -> None:
+        if self._direct_fd is not None:
+            os.close(self._direct_fd)
+            self._direct_fd = None
+        os.close(self._buffered_fd)
+
+    def __enter__(self) -> RangeReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
