@@ -1,0 +1,44 @@
+"""verify() against spec/vectors: valid files pass; no invalid file passes.
+
+An invalid vector is either not verifiable (exit 2, with the reader's message) or, when the
+file is still recognisable, reported as damage of the item that breaks it (docs/VERIFY.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from moepack.verify import verify
+
+VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
+VALID = sorted((VECTORS / "valid").glob("*.moepack"))
+INVALID = sorted((VECTORS / "invalid").glob("*.moepack"))
+
+# Invalid vectors that verify classifies as damage (exit 1) rather than "not verifiable".
+AS_DAMAGE = {
+    "bad_header_hash": "header",
+    "header_padding": "padding",
+    "wrong_root_hash": "index",
+}
+
+
+@pytest.mark.skipif(not VALID, reason="spec/vectors/valid not generated")
+@pytest.mark.parametrize("path", VALID, ids=lambda p: p.stem)
+def test_valid_vectors_are_intact(path: Path) -> None:
+    r = verify(path)
+    assert r.exit_code == 0, (r.error, r.damaged)
+
+
+@pytest.mark.skipif(not INVALID, reason="spec/vectors/invalid not generated")
+@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
+def test_invalid_vectors_never_pass(path: Path) -> None:
+    expected = json.loads(path.with_suffix(".expected.json").read_text())["error"]
+    r = verify(path)
+    if path.stem in AS_DAMAGE:
+        assert r.exit_code == 1
+        assert [d.name for d in r.damaged] == [AS_DAMAGE[path.stem]]
+    else:
+        assert r.exit_code == 2
+        assert expected in (r.error or ""), r.error
