@@ -1,0 +1,60 @@
+"""What `moepack fetch hf:…` prints; the work is in hub.py."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from moepack.fetch.display import console, transfer_bar, verdict_table
+from moepack.fetch.errors import FetchError
+from moepack.fetch.hub import HubPlan, fetch_hub, plan_hub
+from moepack.fetch.hub_download import DownloadPolicy
+from moepack.fetch.units import human
+from rich.table import Table
+
+
+def files_table(plan: HubPlan) -> Table:
+    lst = plan.listing
+    t = Table(title=f"{lst.repo} @ {lst.revision} → {plan.dest}")
+    for col, just in (("file", "left"), ("size", "right"), ("on disk", "left"),
+                      ("to fetch", "right")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for s in plan.files:
+        on_disk = {"complete": "[green]complete[/]", "unverified": "present, hashed at fetch",
+                   "partial": f"partial ({human(s.present)})", "missing": "—"}[s.status]
+        fetch = human(s.to_fetch) if s.to_fetch else "0"
+        t.add_row(s.file.name, human(s.file.size), on_disk, fetch)
+    t.add_section()
+    t.add_row(f"{len(plan.files)} files", human(lst.total), "", human(plan.to_fetch))
+    return t
+
+
+def print_plan(plan: HubPlan) -> None:
+    console.print(files_table(plan))
+    if plan.conversion is not None:
+        console.print(f"conversion output: {human(plan.conversion)} ({plan.conversion} bytes; "
+                      f"{plan.conversion_note})", highlight=False)
+    else:
+        console.print(f"conversion output: unknown — {plan.conversion_note}", highlight=False)
+    console.print(verdict_table(list(plan.verdicts)))
+
+
+def run_hub(source: str, dest: Path, includes: list[str], jobs: int, dry_run: bool,
+            out: Path | None, stall_timeout: float) -> int:
+    plan = plan_hub(source, dest, includes, out)
+    print_plan(plan)
+    if dry_run:
+        return 0 if plan.ok else 1
+    if not plan.ok:
+        raise FetchError("not enough free space (see the table above); nothing downloaded")
+    lock = threading.Lock()
+    with transfer_bar("fetch", plan.listing.total) as (bar, task):
+        def on_bytes(n: int) -> None:
+            with lock:
+                bar.advance(task, n)
+
+        result = fetch_hub(plan, jobs=jobs, policy=DownloadPolicy(read_timeout=stall_timeout),
+                           on_bytes=on_bytes)
+    console.print(f"{result.files} files verified by size and hash; wrote {result.manifest}",
+                  highlight=False)
+    return 0

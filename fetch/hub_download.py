@@ -1,0 +1,170 @@
+"""One hub file to disk: resumable, size- and SHA-256-checked, atomic.
+
+Bytes go to NAME.incomplete (hashed as they arrive, so a 1 TB repository is read once) and
+are renamed to NAME only after size and hash match. A dropped connection resumes with a Range
+request; a stalled one times out after `read_timeout`; a hash mismatch restarts the file, and
+after `attempts` mismatches the download fails naming the file, both hashes and the URL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from moepack.fetch.errors import FetchError
+from moepack.fetch.hub_listing import RemoteFile, endpoint
+
+CHUNK = 1 << 20
+NET_RETRIES = 5        # consecutive network failures without a byte of progress
+
+
+@dataclass(frozen=True)
+class DownloadPolicy:
+    read_timeout: float = 120.0
+    attempts: int = 3          # full downloads allowed when the hash does not match
+    backoff: float = 1.0       # seconds, doubled per consecutive network failure (max 8)
+
+
+def resolve_url(repo: str, revision: str, name: str) -> str:
+    from huggingface_hub import hf_hub_url
+
+    return hf_hub_url(repo, name, revision=revision, endpoint=endpoint())
+
+
+def sha256_of(path: Path, limit: int | None = None) -> hashlib._Hash:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        left = limit
+        while left is None or left > 0:
+            chunk = f.read(CHUNK if left is None else min(CHUNK, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+    return h
+
+
+def git_blob_sha1(path: Path) -> str:
+    """The hash git (and the hub's ETag) gives a plain file."""
+    h = hashlib.sha1(b"blob %d\x00" % path.stat().st_size)
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def content_problem(f: RemoteFile, path: Path, sha256: str) -> str | None:
+    """None when `path` (whose SHA-256 is `sha256`) is the hub's file, else what differs."""
+    size = path.stat().st_size
+    if size != f.size:
+        return f"{size} bytes, the hub lists {f.size}"
+    if f.sha256 is not None and sha256 != f.sha256:
+        return f"SHA-256 {sha256} does not match the hub's {f.sha256}"
+    if f.sha256 is None and git_blob_sha1(path) != f.blob_id:
+        return f"git blob hash does not match the hub's {f.blob_id}"
+    return None
+
+
+def incomplete_path(target: Path) -> Path:
+    return target.with_name(target.name + ".incomplete")
+
+
+def download(f: RemoteFile, url: str, target: Path, policy: DownloadPolicy,
+             on_bytes: Callable[[int], None] | None = None) -> str:
+    """Download `f` to `target`; returns its SHA-256 hex (checked against the hub's if LFS)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = incomplete_path(target)
+    for attempt in range(1, policy.attempts + 1):
+        digest = _fill(f, url, part, policy, on_bytes)
+        problem = content_problem(f, part, digest)
+        if problem is None:
+            os.replace(part, target)
+            return digest
+        part.unlink()
+        if attempt == policy.attempts:
+            raise FetchError(f"{f.name}: {problem} after {attempt} downloads from {url}")
+    raise AssertionError("unreachable")
+
+
+class _Partial:
+    """NAME.incomplete and the running SHA-256 of the bytes it holds."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.have = path.stat().st_size if path.exists() else 0
+        if self.have > size:        # not ours or from another revision: start over
+            path.unlink()
+            self.have = 0
+        self.h = sha256_of(path) if self.have else hashlib.sha256()
+
+    def restart(self) -> None:
+        self.have, self.h = 0, hashlib.sha256()
+
+
+def _fill(f: RemoteFile, url: str, part_path: Path, policy: DownloadPolicy,
+          on_bytes: Callable[[int], None] | None) -> str:
+    """Bring NAME.incomplete to f.size bytes, resuming; returns the SHA-256 of its content."""
+    import httpx2
+
+    part = _Partial(part_path, f.size)
+    if on_bytes and part.have:
+        on_bytes(part.have)
+    failures = 0
+    while part.have < f.size:
+        before = part.have
+        problem: Exception | None = None
+        try:
+            _stream(f, url, part, policy, on_bytes)
+        except (httpx2.TransportError, httpx2.TimeoutException) as e:
+            problem = e
+        if part.have > before:
+            failures = 0
+            continue
+        failures += 1   # no progress: a stall, a refused connection, or a short body
+        if failures > NET_RETRIES:
+            why = type(problem).__name__ if problem else "no data"
+            raise FetchError(f"{f.name}: {why} from {url} after {failures} tries "
+                             f"({part.have} of {f.size} bytes kept in {part_path}; "
+                             "rerun resumes)") from problem
+        time.sleep(min(policy.backoff * 2 ** (failures - 1), 8.0))
+    return part.h.hexdigest()
+
+
+def _stream(f: RemoteFile, url: str, part: _Partial, policy: DownloadPolicy,
+            on_bytes: Callable[[int], None] | None) -> None:
+    """One GET from part.have on, appending to the file. Network errors propagate."""
+    import httpx2
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    headers = build_hf_headers(token=os.environ.get("HF_TOKEN") or None)
+    headers["Accept-Encoding"] = "identity"    # sizes and Range refer to the stored bytes
+    if part.have:
+        headers["Range"] = f"bytes={part.have}-"
+    timeout = httpx2.Timeout(30.0, read=policy.read_timeout)
+    with get_session().stream("GET", url, headers=headers, timeout=timeout) as r:
+        if r.status_code == 404:
+            raise FetchError(f"{f.name}: not found at {url} (404)")
+        if r.status_code not in (200, 206):
+            raise FetchError(f"{f.name}: HTTP {r.status_code} from {url}")
+        if part.have and r.status_code == 200:   # Range ignored: the body starts at byte 0
+            part.restart()
+        elif part.have and not r.headers.get("Content-Range", "").startswith(
+                f"bytes {part.have}-"):
+            raise FetchError(f"{f.name}: asked {url} for bytes {part.have}-, got "
+                             f"{r.headers.get('Content-Range')!r}")
+        with open(part.path, "r+b" if part.have else "wb") as out:
+            out.seek(part.have)
+            out.truncate()
+            for chunk in r.iter_bytes():   # as received: a drop loses no buffered bytes
+                if part.have + len(chunk) > f.size:
+                    raise FetchError(f"{f.name}: {url} sent more than the listed {f.size} bytes")
+                out.write(chunk)
+                part.h.update(chunk)
+                part.have += len(chunk)
+                if on_bytes:
+                    on_bytes(len(chunk))

@@ -1,0 +1,155 @@
+"""`moepack fetch hf:…` against tests/hub_server.py (HF_ENDPOINT): plan, download, faults."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from hub_server import Fault, HubRepo, HubServer
+from moepack.fetch import space
+from moepack.fetch.errors import FetchError
+from moepack.fetch.hub import COMPLETE, MISSING, PARTIAL, fetch_hub, plan_hub
+from moepack.fetch.hub_download import DownloadPolicy
+from typer.testing import CliRunner
+
+from moepack.cli import app
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(60)]
+
+REPO = "org/tiny-moe"
+FAST = DownloadPolicy(read_timeout=0.5, attempts=2, backoff=0.01)
+
+
+def _files() -> dict[str, bytes]:
+    rnd = hashlib.blake2b
+    big = b"".join(rnd(b"%d" % i, digest_size=64).digest() for i in range(4096))   # 256 KiB
+    mid = b"".join(rnd(b"m%d" % i, digest_size=64).digest() for i in range(1600))  # 100 KiB
+    return {"config.json": json.dumps({"model_type": "mixtral"}).encode(),
+            "model-00001-of-00002.safetensors": big,
+            "model-00002-of-00002.safetensors": mid,
+            "tokenizer.json": b'{"version": "1.0"}'}
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch):
+    with HubServer({REPO: HubRepo(_files())}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.base)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        yield server
+
+
+def test_dry_run_counts_partial_and_missing(hub: HubServer, tmp_path: Path) -> None:
+    files = _files()
+    part = tmp_path / "model-00002-of-00002.safetensors.incomplete"
+    part.write_bytes(files["model-00002-of-00002.safetensors"][:30_000])
+    plan = plan_hub(f"hf:{REPO}", tmp_path, [])
+    states = {s.file.name: s for s in plan.files}
+    assert plan.listing.revision == hub.repos[REPO].commit
+    assert states["model-00002-of-00002.safetensors"].status == PARTIAL
+    assert states["model-00001-of-00002.safetensors"].status == MISSING
+    assert plan.to_fetch == sum(len(b) for b in files.values()) - 30_000
+    big = states["model-00001-of-00002.safetensors"].file
+    assert big.sha256 == hashlib.sha256(files[big.name]).hexdigest()
+    download = plan.verdicts[0]
+    assert download.need >= plan.to_fetch and download.need_with_margin > download.need
+
+
+def test_dry_run_exit_code_follows_free_space(hub: HubServer, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = CliRunner()
+    ok = runner.invoke(app, ["fetch", f"hf:{REPO}", "--dest", str(tmp_path), "--dry-run"])
+    assert ok.exit_code == 0, ok.output
+    assert "to fetch" in ok.output and "fits" in ok.output
+    monkeypatch.setattr(space, "free_bytes", lambda path: 1000)
+    short = runner.invoke(app, ["fetch", f"hf:{REPO}", "--dest", str(tmp_path), "--dry-run"])
+    assert short.exit_code == 1
+    assert "short by" in short.output
+    assert not any(tmp_path.iterdir()), "a dry run writes nothing"
+
+
+def test_download_writes_files_and_manifest(hub: HubServer, tmp_path: Path) -> None:
+    files = _files()
+    result = fetch_hub(plan_hub(f"hf:{REPO}", tmp_path, []), jobs=3, policy=FAST)
+    for name, data in files.items():
+        assert (tmp_path / name).read_bytes() == data
+    manifest = json.loads(result.manifest.read_text())
+    assert manifest["repo"] == REPO and manifest["revision"] == hub.repos[REPO].commit
+    assert manifest["files"] == [{"name": n, "size": len(files[n]),
+                                  "sha256": hashlib.sha256(files[n]).hexdigest()}
+                                 for n in sorted(files)]
+    assert not list(tmp_path.glob("*.incomplete"))
+    again = plan_hub(f"hf:{REPO}", tmp_path, [])
+    assert {s.status for s in again.files} == {COMPLETE} and again.to_fetch == 0
+
+
+def test_include_glob_selects_files(hub: HubServer, tmp_path: Path) -> None:
+    plan = plan_hub(f"hf:{REPO}", tmp_path, ["*.json"])
+    assert sorted(s.file.name for s in plan.files) == ["config.json", "tokenizer.json"]
+
+
+def test_dropped_connection_resumes_with_range(hub: HubServer, tmp_path: Path) -> None:
+    name = "model-00001-of-00002.safetensors"
+    hub.inject(REPO, name, Fault("drop", times=1, at=100_000))
+    fetch_hub(plan_hub(f"hf:{REPO}", tmp_path, []), jobs=1, policy=FAST)
+    assert (tmp_path / name).read_bytes() == _files()[name]
+    cdn = hub.fault_path(REPO, name)
+    ranges = [r for (m, p, r) in hub.requests if p == cdn and m == "GET"]
+    assert ranges == [None, "bytes=100000-"]
+
+
+def test_sha_mismatch_is_retried(hub: HubServer, tmp_path: Path) -> None:
+    name = "model-00002-of-00002.safetensors"
+    hub.inject(REPO, name, Fault("corrupt", times=1, at=5000))
+    fetch_hub(plan_hub(f"hf:{REPO}", tmp_path, []), jobs=2, policy=FAST)
+    assert (tmp_path / name).read_bytes() == _files()[name]
+    gets = [p for (m, p, _) in hub.requests if p == hub.fault_path(REPO, name) and m == "GET"]
+    assert len(gets) == 2
+
+
+def test_persistent_sha_mismatch_is_a_clear_error(hub: HubServer, tmp_path: Path) -> None:
+    name = "model-00002-of-00002.safetensors"
+    hub.inject(REPO, name, Fault("corrupt", times=-1, at=5000))
+    with pytest.raises(FetchError, match=rf"{name}: SHA-256 [0-9a-f]{{64}} does not match"):
+        fetch_hub(plan_hub(f"hf:{REPO}", tmp_path, []), jobs=2, policy=FAST)
+    assert not (tmp_path / name).exists()
+    assert not (tmp_path / "moepack-source.json").exists()
+
+
+def test_plain_file_checked_by_git_blob_hash(hub: HubServer, tmp_path: Path) -> None:
+    hub.inject(REPO, "config.json", Fault("corrupt", times=-1, at=3))
+    with pytest.raises(FetchError, match="config.json: git blob hash does not match"):
+        fetch_hub(plan_hub(f"hf:{REPO}", tmp_path, ["config.json"]), policy=FAST)
+
+
+def test_404_and_unknown_repo(hub: HubServer, tmp_path: Path) -> None:
+    hub.inject(REPO, "tokenizer.json", Fault("404", times=-1))
+    with pytest.raises(FetchError, match=r"tokenizer.json: not found at .* \(404\)"):
+        fetch_hub(plan_hub(f"hf:{REPO}", tmp_path, ["tokenizer.json"]), policy=FAST)
+    with pytest.raises(FetchError, match="org/nope@main"):
+        plan_hub("hf:org/nope", tmp_path, [])
+    with pytest.raises(FetchError, match="expected hf:ORG/REPO"):
+        plan_hub("hf:../etc", tmp_path, [])
+
+
+def test_never_finishing_file_times_out(hub: HubServer, tmp_path: Path) -> None:
+    name = "model-00001-of-00002.safetensors"
+    hub.inject(REPO, name, Fault("stall", times=-1, at=70_000))
+    t0 = time.monotonic()
+    with pytest.raises(FetchError, match=rf"{name}: ReadTimeout .* rerun resumes"):
+        fetch_hub(plan_hub(f"hf:{REPO}", tmp_path, [name]), policy=FAST)
+    assert time.monotonic() - t0 < 20
+    part = tmp_path / f"{name}.incomplete"
+    assert part.stat().st_size == 70_000 and not (tmp_path / name).exists()
+
+
+def test_existing_complete_file_is_hashed_not_downloaded(hub: HubServer, tmp_path: Path) -> None:
+    files = _files()
+    name = "model-00001-of-00002.safetensors"
+    (tmp_path / name).write_bytes(files[name])
+    fetch_hub(plan_hub(f"hf:{REPO}", tmp_path, []), policy=FAST)
+    assert not [p for (m, p, _) in hub.requests if p == hub.fault_path(REPO, name) and m == "GET"]
+    assert os.path.getsize(tmp_path / "moepack-source.json") > 0
