@@ -1,0 +1,19 @@
+/* Internal: the per-ISA kernel table (scalar in kernels.c, AVX2 in kernels_avx2.c). */
+#ifndef MP_KERNELS_IMPL_H
+#define MP_KERNELS_IMPL_H
+
+#include "kernels.h"
+
+typedef struct mpk_impl {
+    float (*row_dot)(const mpk_mat *w, int64_t r, const float *x);
+    void (*rvq_lut_block)(const float *cbt, int stages, const float *x, int64_t cols, int64_t v,
+                          float *lut);
+    float (*rvq_row)(const uint8_t *codes, int64_t n, const float *lut);
+} mpk_impl;
+
+extern const mpk_impl mpk_scalar_impl;
+extern const mpk_impl mpk_avx2_impl;
+
+float mpk_red8(const float l[8]);
+
+#endif

@@ -1,0 +1,111 @@
+/* Worker pool: condition-variable wake-up (no spinning: cores are often shared), tasks claimed
+ * from an atomic counter.  Every task writes a disjoint output, so the claim order is free. */
+#define _POSIX_C_SOURCE 200809L
+#include "kernels_pool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+struct mpk_pool {
+    int nthreads; /* including the caller */
+    pthread_t *tids;
+    pthread_mutex_t mu;
+    pthread_cond_t wake, done;
+    unsigned long generation; /* bumped per job */
+    int stopping;
+    int active;               /* workers still inside the current job */
+    mpk_task_fn fn;
+    void *ctx;
+    size_t ntasks;
+    atomic_size_t next;
+};
+
+static void drain(mpk_pool *p, mpk_task_fn fn, void *ctx, size_t ntasks) {
+    for (;;) {
+        size_t t = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
+        if (t >= ntasks) break;
+        fn(ctx, t);
+    }
+}
+
+static void *worker(void *arg) {
+    mpk_pool *p = arg;
+    unsigned long seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->stopping && p->generation == seen) pthread_cond_wait(&p->wake, &p->mu);
+        if (p->stopping) break;
+        seen = p->generation;
+        mpk_task_fn fn = p->fn;
+        void *ctx = p->ctx;
+        size_t n = p->ntasks;
+        pthread_mutex_unlock(&p->mu);
+        drain(p, fn, ctx, n);
+        pthread_mutex_lock(&p->mu);
+        if (--p->active == 0) pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+mpk_pool *mpk_pool_create(int threads) {
+    if (threads < 1) threads = 1;
+    if (threads > 256) threads = 256;
+    mpk_pool *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->nthreads = 1;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->wake, NULL);
+    pthread_cond_init(&p->done, NULL);
+    atomic_init(&p->next, 0);
+    if (threads > 1) {
+        p->tids = calloc((size_t)threads - 1, sizeof *p->tids);
+        if (!p->tids) {
+            mpk_pool_destroy(p);
+            return NULL;
+        }
+        for (int i = 0; i < threads - 1; i++) {
+            if (pthread_create(&p->tids[i], NULL, worker, p) != 0) break;
+            p->nthreads++;
+        }
+    }
+    return p;
+}
+
+void mpk_pool_destroy(mpk_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->stopping = 1;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->nthreads - 1; i++) pthread_join(p->tids[i], NULL);
+    free(p->tids);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->wake);
+    pthread_cond_destroy(&p->done);
+    free(p);
+}
+
+int mpk_pool_threads(const mpk_pool *p) { return p ? p->nthreads : 1; }
+
+void mpk_pool_run(mpk_pool *p, size_t ntasks, mpk_task_fn fn, void *ctx) {
+    if (ntasks == 0) return;
+    if (!p || p->nthreads == 1 || ntasks == 1) {
+        for (size_t t = 0; t < ntasks; t++) fn(ctx, t);
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->fn = fn;
+    p->ctx = ctx;
+    p->ntasks = ntasks;
+    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    p->active = p->nthreads - 1;
+    p->generation++;
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+    drain(p, fn, ctx, ntasks);
+    pthread_mutex_lock(&p->mu);
+    while (p->active > 0) pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}

@@ -1,0 +1,21 @@
+/* Fixed-size worker pool for the compute kernels.
+ *
+ * mpk_pool_run splits work into tasks identified by index; which thread runs a task never changes
+ * what the task computes, so results are bit-identical for any thread count. */
+#ifndef MP_KERNELS_POOL_H
+#define MP_KERNELS_POOL_H
+
+#include <stddef.h>
+
+typedef struct mpk_pool mpk_pool;
+typedef void (*mpk_task_fn)(void *ctx, size_t task);
+
+/* threads >= 1 (the caller counts as one); returns NULL on failure. */
+mpk_pool *mpk_pool_create(int threads);
+void mpk_pool_destroy(mpk_pool *p);
+int mpk_pool_threads(const mpk_pool *p);
+/* Runs fn(ctx, 0 .. ntasks-1) on all threads and returns when all are done.  p may be NULL
+ * (runs inline). */
+void mpk_pool_run(mpk_pool *p, size_t ntasks, mpk_task_fn fn, void *ctx);
+
+#endif

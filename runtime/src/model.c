@@ -1,0 +1,411 @@
+/* Model loading (trunk into RAM, KV cache allocation) and the per-token layer loop. */
+#define _POSIX_C_SOURCE 200809L
+#include "model_internal.h"
+#include "moepack.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double mpm_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int failf(char *err, size_t errlen, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* Checked a*b for sizes (all our operands are < 2^40, so overflow means corrupt input). */
+static int mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
+    if (a && b > UINT64_MAX / a) return 0;
+    *out = a * b;
+    return 1;
+}
+
+static void *xcalloc(uint64_t n, uint64_t size) {
+    uint64_t total;
+    if (!mul_ok(n, size, &total) || total > (uint64_t)SIZE_MAX) return NULL;
+    return calloc(total ? (size_t)total : 1, 1);
+}
+
+typedef struct {
+    mpm_tensor_fn fn;
+    void *user;
+    char *err;
+    size_t errlen;
+} loader;
+
+static int codec_of(const mp_json *codec, int *id, int64_t *group, int *zp) {
+    const char *n = mp_json_as_str(mp_json_get(codec, "name"), NULL);
+    *group = 0;
+    *zp = 0;
+    if (!n) return -1;
+    if (!strcmp(n, "f32")) *id = MPK_F32;
+    else if (!strcmp(n, "f16")) *id = MPK_F16;
+    else if (!strcmp(n, "bf16")) *id = MPK_BF16;
+    else if (!strcmp(n, "q8") || !strcmp(n, "q4")) {
+        *id = n[1] == '8' ? MPK_Q8 : MPK_Q4;
+        if (mp_json_as_i64(mp_json_get(codec, "group_size"), group)) return -1;
+        int b = 0;
+        if (*id == MPK_Q4 && mp_json_as_bool(mp_json_get(codec, "zero_point"), &b) == 0) *zp = b;
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+/* A 2-D matrix kept in its encoding.  required = 0: absent is fine (returns 1). */
+static int load_mat(loader *L, const char *name, int64_t rows, int64_t cols, mpk_mat *out,
+                    int required) {
+    mpm_src s;
+    int rc = L->fn(L->user, name, &s);
+    if (rc < 0) return failf(L->err, L->errlen, rc, "tensor %s: cannot read", name);
+    if (rc == 1) {
+        if (required) return failf(L->err, L->errlen, MP_EFORMAT, "tensor %s missing", name);
+        return 1;
+    }
+    if (s.ndim != 2 || s.shape[0] != rows || s.shape[1] != cols)
+        return failf(L->err, L->errlen, MP_EFORMAT, "tensor %s: shape must be [%lld, %lld]", name,
+                     (long long)rows, (long long)cols);
+    int id, zp;
+    int64_t g;
+    if (codec_of(s.codec, &id, &g, &zp) || mpk_mat_init(out, id, rows, cols, g, zp, s.data))
+        return failf(L->err, L->errlen, MP_EUNSUPPORTED, "tensor %s: unsupported codec", name);
+    if (mpk_mat_nbytes(out) != s.length)
+        return failf(L->err, L->errlen, MP_EFORMAT, "tensor %s: length %llu != codec size %llu",
+                     name, (unsigned long long)s.length, (unsigned long long)mpk_mat_nbytes(out));
+    return 0;
+}
+
+/* Any tensor decoded to f32 (norms, biases, codebooks, rotation signs). */
+static int load_f32(loader *L, const char *name, uint64_t numel, float **out, int required) {
+    mpm_src s;
+    *out = NULL;
+    int rc = L->fn(L->user, name, &s);
+    if (rc < 0) return failf(L->err, L->errlen, rc, "tensor %s: cannot read", name);
+    if (rc == 1) {
+        if (required) return failf(L->err, L->errlen, MP_EFORMAT, "tensor %s missing", name);
+        return 1;
+    }
+    uint64_t n = 1;
+    for (int i = 0; i < s.ndim; i++)
+        if (!mul_ok(n, (uint64_t)s.shape[i], &n)) n = 0;
+    if (n != numel) return failf(L->err, L->errlen, MP_EFORMAT, "tensor %s: expected %llu elements", name, (unsigned long long)numel);
+    int id, zp;
+    int64_t g;
+    mpk_mat m;
+    int64_t rows = s.ndim == 1 ? 1 : s.shape[0], cols = (int64_t)(numel / (uint64_t)rows);
+    if (codec_of(s.codec, &id, &g, &zp) || mpk_mat_init(&m, id, rows, cols, g, zp, s.data))
+        return failf(L->err, L->errlen, MP_EUNSUPPORTED, "tensor %s: unsupported codec", name);
+    if (mpk_mat_nbytes(&m) != s.length) return failf(L->err, L->errlen, MP_EFORMAT, "tensor %s: bad length", name);
+    float *f = xcalloc(numel, sizeof(float));
+    if (!f) return failf(L->err, L->errlen, MP_ENOMEM, "out of memory");
+    for (int64_t r = 0; r < rows; r++) mpk_row(&m, r, f + r * cols);
+    *out = f;
+    return 0;
+}
+
+uint64_t mpm_kv_bytes(const mpm_config *c, int ctx) {
+    uint64_t per = c->mla ? (uint64_t)(c->kv_lora_rank + c->qk_rope_dim)
+                          : 2u * (uint64_t)(c->n_kv_heads * c->head_dim);
+    return per * (uint64_t)c->n_layers * (uint64_t)ctx * 4u;
+}
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+uint64_t mpm_scratch_bytes(const mpm_config *c) {
+    int64_t H = c->hidden, I = max64(c->moe_inter, max64(c->dense_inter, c->shared_inter));
+    uint64_t lut = (uint64_t)mpk_rvq_lut_floats(max64(H, c->moe_inter), 8) * 3;
+    uint64_t q = (uint64_t)(c->n_heads * max64(c->head_dim, c->kv_lora_rank + c->qk_rope_dim));
+    return 4u * (lut + 3 * q + 16 * (uint64_t)max64(H, I) + (uint64_t)c->vocab +
+                 2 * (uint64_t)c->n_experts);
+}
+
+static int alloc_scratch(mpm_model *m) {
+    const mpm_config *c = &m->c;
+    int64_t H = c->hidden, I = max64(c->moe_inter, max64(c->dense_inter, c->shared_inter));
+    int64_t qdim = c->mla ? c->n_heads * (c->qk_nope_dim + c->qk_rope_dim) : c->n_heads * c->head_dim;
+    int64_t odim = c->mla ? c->n_heads * c->v_head_dim : c->n_heads * c->head_dim;
+    int64_t kvdim = c->mla ? c->kv_lora_rank + c->qk_rope_dim : c->n_kv_heads * c->head_dim;
+    int64_t big = max64(H, max64(I, odim));
+    m->x = xcalloc((uint64_t)H, 4);
+    m->xn = xcalloc((uint64_t)H, 4);
+    m->tmp = xcalloc((uint64_t)big, 4);
+    m->q = xcalloc((uint64_t)qdim, 4);
+    m->kbuf = xcalloc((uint64_t)max64(kvdim, 1), 4);
+    m->vbuf = xcalloc((uint64_t)max64(kvdim, 1), 4);
+    m->att = xcalloc((uint64_t)odim, 4);
+    m->scores = xcalloc((uint64_t)c->n_heads * (uint64_t)m->ctx, 4);
+    m->cosb = xcalloc((uint64_t)m->rope_dim, 4);
+    m->sinb = xcalloc((uint64_t)m->rope_dim, 4);
+    if (c->mla) {
+        m->qlat = xcalloc((uint64_t)(c->n_heads * (c->kv_lora_rank + c->qk_rope_dim)), 4);
+        m->olat = xcalloc((uint64_t)(c->n_heads * c->kv_lora_rank), 4);
+        m->lat = xcalloc((uint64_t)max64(c->q_lora_rank, kvdim), 4);
+    }
+    m->router_logits = xcalloc((uint64_t)c->n_experts, 4);
+    m->moe_out = xcalloc((uint64_t)H, 4);
+    m->eo = xcalloc((uint64_t)big, 4);
+    m->g = xcalloc((uint64_t)I, 4);
+    m->u = xcalloc((uint64_t)I, 4);
+    m->xr = xcalloc((uint64_t)big, 4);
+    m->ar = xcalloc((uint64_t)big, 4);
+    m->sel = xcalloc((uint64_t)c->top_k, 4);
+    m->selw = xcalloc((uint64_t)c->top_k, 4);
+    m->ahead = xcalloc((uint64_t)c->top_k, 4);
+    m->recs = xcalloc((uint64_t)c->top_k, sizeof *m->recs);
+    m->aheadw = xcalloc((uint64_t)c->top_k, 4);
+    m->choice = xcalloc((uint64_t)c->n_experts, 4);
+    m->allowed = xcalloc((uint64_t)c->n_experts, 1);
+    for (int p = 0; p < 3; p++) {
+        int64_t cols = p == 2 ? c->moe_inter : H;
+        m->lut[p] = xcalloc(mpk_rvq_lut_floats(cols, 8), 4);
+        if (!m->lut[p]) return -1;
+    }
+    if (!m->x || !m->xn || !m->tmp || !m->q || !m->kbuf || !m->vbuf || !m->att || !m->scores ||
+        !m->cosb || !m->sinb || !m->router_logits || !m->moe_out || !m->eo || !m->g || !m->u ||
+        !m->xr || !m->ar || !m->sel || !m->selw || !m->ahead || !m->recs || !m->aheadw || !m->choice ||
+        !m->allowed ||
+        (c->mla && (!m->qlat || !m->olat || !m->lat)))
+        return -1;
+    return 0;
+}
+
+static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int l) {
+    const mpm_config *c = &m->c;
+    mpm_layer *ly = &m->layers[l];
+    const int64_t H = c->hidden;
+    char n[160];
+    int rc;
+#define NAME(...) snprintf(n, sizeof n, __VA_ARGS__)
+#define TRY(x) if ((rc = (x)) < 0 || rc > 1) return rc < 0 ? rc : MP_EFORMAT
+    NAME("layers.%d.attn_norm", l);
+    TRY(load_f32(L, n, (uint64_t)H, &ly->attn_norm, 1));
+    NAME("layers.%d.ffn_norm", l);
+    TRY(load_f32(L, n, (uint64_t)H, &ly->ffn_norm, 1));
+    if (!c->mla) {
+        int64_t qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
+        NAME("layers.%d.attn.q", l); TRY(load_mat(L, n, qd, H, &ly->q, 1));
+        NAME("layers.%d.attn.k", l); TRY(load_mat(L, n, kd, H, &ly->k, 1));
+        NAME("layers.%d.attn.v", l); TRY(load_mat(L, n, kd, H, &ly->v, 1));
+        NAME("layers.%d.attn.o", l); TRY(load_mat(L, n, H, qd, &ly->o, 1));
+        if (c->qk_norm) {
+            NAME("layers.%d.attn.q_norm", l); TRY(load_f32(L, n, (uint64_t)c->head_dim, &ly->q_norm, 1));
+            NAME("layers.%d.attn.k_norm", l); TRY(load_f32(L, n, (uint64_t)c->head_dim, &ly->k_norm, 1));
+        }
+    } else {
+        int64_t qk = c->qk_nope_dim + c->qk_rope_dim;
+        if (c->q_lora_rank) {
+            NAME("layers.%d.attn.q_a", l); TRY(load_mat(L, n, c->q_lora_rank, H, &ly->q_a, 1));
+            NAME("layers.%d.attn.q_a_norm", l); TRY(load_f32(L, n, (uint64_t)c->q_lora_rank, &ly->q_a_norm, 1));
+            NAME("layers.%d.attn.q_b", l); TRY(load_mat(L, n, c->n_heads * qk, c->q_lora_rank, &ly->q_b, 1));
+        } else {
+            NAME("layers.%d.attn.q", l); TRY(load_mat(L, n, c->n_heads * qk, H, &ly->q, 1));
+        }
+        NAME("layers.%d.attn.kv_a", l); TRY(load_mat(L, n, c->kv_lora_rank + c->qk_rope_dim, H, &ly->kv_a, 1));
+        NAME("layers.%d.attn.kv_a_norm", l); TRY(load_f32(L, n, (uint64_t)c->kv_lora_rank, &ly->kv_a_norm, 1));
+        NAME("layers.%d.attn.kv_b", l); TRY(load_mat(L, n, c->n_heads * (c->qk_nope_dim + c->v_head_dim), c->kv_lora_rank, &ly->kv_b, 1));
+        NAME("layers.%d.attn.o", l); TRY(load_mat(L, n, H, c->n_heads * c->v_head_dim, &ly->o, 1));
+    }
+    ly->moe = c->layer_is_moe[l];
+    if (!ly->moe) {
+        ly->dense.inter = c->dense_inter;
+        NAME("layers.%d.ffn.gate", l); TRY(load_mat(L, n, c->dense_inter, H, &ly->dense.gate, 1));
+        NAME("layers.%d.ffn.up", l); TRY(load_mat(L, n, c->dense_inter, H, &ly->dense.up, 1));
+        NAME("layers.%d.ffn.down", l); TRY(load_mat(L, n, H, c->dense_inter, &ly->dense.down, 1));
+        return 0;
+    }
+    NAME("layers.%d.router", l); TRY(load_mat(L, n, c->n_experts, H, &ly->router, 1));
+    if (c->sigmoid) {
+        NAME("layers.%d.router_bias", l);
+        TRY(load_f32(L, n, (uint64_t)c->n_experts, &ly->router_bias, 0));
+        if (!ly->router_bias && !(ly->router_bias = xcalloc((uint64_t)c->n_experts, 4)))
+            return failf(L->err, L->errlen, MP_ENOMEM, "out of memory");
+    }
+    if (c->n_shared) {
+        ly->has_shared = 1;
+        ly->shared.inter = c->shared_inter;
+        NAME("layers.%d.shared.gate", l); TRY(load_mat(L, n, c->shared_inter, H, &ly->shared.gate, 1));
+        NAME("layers.%d.shared.up", l); TRY(load_mat(L, n, c->shared_inter, H, &ly->shared.up, 1));
+        NAME("layers.%d.shared.down", l); TRY(load_mat(L, n, H, c->shared_inter, &ly->shared.down, 1));
+    }
+    mpm_bank_info bi;
+    memset(&bi, 0, sizeof bi);
+    if ((rc = bank(user, l, &bi)) != 0)
+        return failf(L->err, L->errlen, rc < 0 ? rc : MP_EFORMAT, "expert bank of layer %d missing or invalid", l);
+    if (bi.count != c->n_experts)
+        return failf(L->err, L->errlen, MP_EFORMAT, "experts.%d: count %lld != num_experts %lld", l, (long long)bi.count, (long long)c->n_experts);
+    static const char *parts[3] = {"gate", "up", "down"};
+    for (int p = 0; p < 3; p++) {
+        int64_t rows = p == 2 ? H : c->moe_inter, cols = p == 2 ? c->moe_inter : H;
+        if (bi.rows[p] != rows || bi.cols[p] != cols || bi.stages[p] < 1 || bi.stages[p] > 8)
+            return failf(L->err, L->errlen, MP_EFORMAT, "experts.%d: part %s has the wrong shape or stages", l, parts[p]);
+        ly->stages[p] = bi.stages[p];
+        ly->part_off[p] = bi.part_offset[p];
+        ly->rot_block[p] = bi.rotation_block[p];
+        float *cb;
+        NAME("layers.%d.experts.%s.codebook", l, parts[p]);
+        TRY(load_f32(L, n, (uint64_t)bi.stages[p] * 256 * 8, &cb, 1));
+        ly->cbt[p] = xcalloc((uint64_t)bi.stages[p] * 256 * 8, 4);
+        if (!ly->cbt[p]) {
+            free(cb);
+            return failf(L->err, L->errlen, MP_ENOMEM, "out of memory");
+        }
+        mpk_rvq_transpose_cb(cb, bi.stages[p], ly->cbt[p]);
+        free(cb);
+        if (bi.rotation_block[p]) {
+            NAME("layers.%d.experts.%s.rotation", l, parts[p]);
+            TRY(load_f32(L, n, (uint64_t)cols, &ly->signs[p], 1));
+        }
+    }
+    return 0;
+#undef TRY
+#undef NAME
+}
+
+int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void *user, int ctx,
+             mpm_model **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (ctx < 1) return failf(err, errlen, MP_EINVAL, "context size must be >= 1");
+    mpm_model *m = calloc(1, sizeof *m);
+    if (!m) return failf(err, errlen, MP_ENOMEM, "out of memory");
+    m->c = *cfg;
+    m->c.layer_is_moe = malloc((size_t)cfg->n_layers);
+    m->ctx = ctx;
+    m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
+    int rc = MP_ENOMEM;
+    if (!m->c.layer_is_moe || !m->layers) {
+        failf(err, errlen, rc, "out of memory");
+        goto fail;
+    }
+    memcpy(m->c.layer_is_moe, cfg->layer_is_moe, (size_t)cfg->n_layers);
+    loader L = {tensor, user, err, errlen};
+    const mpm_config *c = &m->c;
+    if ((rc = load_mat(&L, "embed", c->vocab, c->hidden, &m->embed, 1))) goto fail;
+    for (int l = 0; l < c->n_layers; l++)
+        if ((rc = load_layer(m, &L, bank, user, l))) goto fail;
+    if ((rc = load_f32(&L, "final_norm", (uint64_t)c->hidden, &m->final_norm, 1))) goto fail;
+    if (c->tie_embeddings) {
+        m->lm_head = m->embed;
+    } else if ((rc = load_mat(&L, "lm_head", c->vocab, c->hidden, &m->lm_head, 1))) {
+        goto fail;
+    }
+    if ((rc = mpm_rope_init(m))) {
+        failf(err, errlen, rc, "rope setup failed");
+        goto fail;
+    }
+    uint64_t per = mpm_kv_bytes(c, ctx) / 4u;
+    if (c->mla) {
+        m->kc = xcalloc(per, 4);
+        m->vc = m->kc;
+    } else {
+        m->kc = xcalloc(per / 2, 4);
+        m->vc = xcalloc(per / 2, 4);
+    }
+    if (!m->kc || !m->vc || alloc_scratch(m)) {
+        rc = failf(err, errlen, MP_ENOMEM, "out of memory allocating the KV cache / scratch");
+        goto fail;
+    }
+    *out = m;
+    return 0;
+fail:
+    mpm_free(m);
+    return rc ? rc : MP_EFORMAT;
+}
+
+void mpm_free(mpm_model *m) {
+    if (!m) return;
+    for (int64_t l = 0; m->layers && l < m->c.n_layers; l++) {
+        mpm_layer *ly = &m->layers[l];
+        free(ly->attn_norm);
+        free(ly->ffn_norm);
+        free(ly->q_norm);
+        free(ly->k_norm);
+        free(ly->q_a_norm);
+        free(ly->kv_a_norm);
+        free(ly->router_bias);
+        for (int p = 0; p < 3; p++) {
+            free(ly->cbt[p]);
+            free(ly->signs[p]);
+        }
+    }
+    free(m->layers);
+    free(m->final_norm);
+    free(m->inv_freq);
+    if (m->vc != m->kc) free(m->vc);
+    free(m->kc);
+    float *bufs[] = {m->x, m->xn, m->tmp, m->q, m->kbuf, m->vbuf, m->att, m->scores, m->cosb,
+                     m->sinb, m->qlat, m->olat, m->lat, m->router_logits, m->moe_out, m->eo,
+                     m->g, m->u, m->xr, m->ar, m->selw, m->lut[0], m->lut[1], m->lut[2]};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    free(m->sel);
+    free(m->ahead);
+    free((void *)m->recs);
+    free(m->aheadw);
+    free(m->choice);
+    free(m->allowed);
+    free(m->c.layer_is_moe);
+    free(m);
+}
+
+void mpm_set_io(mpm_model *m, const mpm_expert_io *io) { m->io = *io; }
+void mpm_set_pool(mpm_model *m, mpk_pool *pool) { m->pool = pool; }
+void mpm_set_lookahead(mpm_model *m, int on) { m->lookahead = on; }
+const char *mpm_error(const mpm_model *m) { return m->err; }
+int mpm_ctx(const mpm_model *m) { return m->ctx; }
+double mpm_io_wait_seconds(const mpm_model *m) { return m->io_wait; }
+uint64_t mpm_prefetches(const mpm_model *m) { return m->prefetches; }
+
+/* Router look-ahead: predict the next MoE layer's experts from the current hidden state and ask
+ * the cache to start reading them.  Only a hint: the real routing is recomputed later. */
+static void lookahead(mpm_model *m, int l) {
+    int next = l + 1;
+    if (!m->lookahead || !m->io.prefetch || next >= m->c.n_layers || !m->layers[next].moe) return;
+    mpk_rmsnorm(m->ar, m->x, m->layers[next].ffn_norm, m->c.hidden, m->c.eps);
+    mpm_route(m, next, m->ar, m->router_logits, m->ahead, m->aheadw);
+    m->io.prefetch(m->io.user, next, m->ahead, (int)m->c.top_k);
+    m->prefetches += (uint64_t)m->c.top_k;
+}
+
+int mpm_forward(mpm_model *m, int32_t token, int pos, float *logits) {
+    const mpm_config *c = &m->c;
+    if (token < 0 || token >= c->vocab) {
+        snprintf(m->err, sizeof m->err, "token id %d out of range (vocab %lld)", token, (long long)c->vocab);
+        return MP_EINVAL;
+    }
+    if (pos < 0 || pos >= m->ctx) {
+        snprintf(m->err, sizeof m->err, "context full (%d tokens)", m->ctx);
+        return MP_ECTX;
+    }
+    m->err[0] = 0;
+    const int64_t H = c->hidden;
+    mpk_row(&m->embed, token, m->x);
+    for (int l = 0; l < c->n_layers; l++) {
+        mpm_layer *ly = &m->layers[l];
+        mpk_rmsnorm(m->xn, m->x, ly->attn_norm, H, c->eps);
+        mpm_attention(m, l, pos);
+        for (int64_t i = 0; i < H; i++) m->x[i] += m->tmp[i];
+        mpk_rmsnorm(m->xn, m->x, ly->ffn_norm, H, c->eps);
+        if (ly->moe) {
+            int rc = mpm_moe(m, l, m->xn, m->tmp);
+            if (rc) return rc;
+        } else {
+            mpm_ffn_dense(m, &ly->dense, m->xn, m->tmp);
+        }
+        for (int64_t i = 0; i < H; i++) m->x[i] += m->tmp[i];
+        lookahead(m, l);
+    }
+    if (logits) {
+        mpk_rmsnorm(m->xn, m->x, m->final_norm, H, c->eps);
+        mpk_matvec(m->pool, &m->lm_head, m->xn, logits);
+    }
+    return 0;
+}

@@ -1,0 +1,113 @@
+/* Forward pass of the supported MoE decoders (FORMAT.md §7): Mixtral, Qwen3-MoE, DeepSeek-V3.
+ *
+ * The model never touches files: trunk tensors come in through mpm_tensor_fn (bytes already in
+ * RAM), routed experts through mpm_expert_io (acquire/release/prefetch a record).  engine.c
+ * connects both to the container reader and the expert cache. */
+#ifndef MP_MODEL_H
+#define MP_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "json.h"
+#include "kernels.h"
+
+#define MPM_MAX_EOS 8
+#define MPM_MAX_GROUPS 1024
+
+enum { MPM_MIXTRAL = 0, MPM_QWEN3_MOE, MPM_DEEPSEEK_V3 };
+
+typedef struct mpm_config {
+    int arch;
+    int64_t vocab, hidden, n_layers, n_heads, n_kv_heads, head_dim, max_pos;
+    float eps;
+    double rope_theta;
+    int tie_embeddings, qk_norm;
+    /* YaRN (DeepSeek-V3); yarn = 0 means plain RoPE */
+    int yarn;
+    double yarn_attn_factor; /* explicit attention_factor, or 0 = derive from mscale */
+    double yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
+    int64_t yarn_orig_max_pos;
+    int rope_interleave; /* DeepSeek: rope dims stored interleaved (pairs 2i, 2i+1) */
+    /* attention */
+    int mla;
+    int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
+    /* layers */
+    uint8_t *layer_is_moe; /* [n_layers] */
+    int64_t dense_inter;
+    /* MoE */
+    int64_t n_experts, top_k, moe_inter, n_group, topk_group, n_shared, shared_inter;
+    int sigmoid, norm_topk;
+    float routed_scale;
+    int32_t eos[MPM_MAX_EOS];
+    int n_eos;
+    int32_t bos;
+} mpm_config;
+
+/* Parses manifest.model (and, for rope details, manifest.source.config, which may be NULL).
+ * Returns 0 or MP_EFORMAT/MP_EUNSUPPORTED with a message in err.  Call mpm_config_free after
+ * it either way. */
+int mpm_config_parse(const mp_json *model, const mp_json *source_config, mpm_config *c,
+                     char *err, size_t errlen);
+void mpm_config_free(mpm_config *c);
+int mpm_config_moe_layers(const mpm_config *c);
+
+/* A tensor as stored: codec + shape + bytes in RAM. */
+typedef struct mpm_src {
+    const mp_json *codec; /* codec object */
+    int ndim;
+    int64_t shape[4];
+    const uint8_t *data;
+    uint64_t length;
+} mpm_src;
+/* Looks up a canonical tensor name: 0 found, 1 absent, < 0 error. */
+typedef int (*mpm_tensor_fn)(void *user, const char *name, mpm_src *out);
+
+/* Routed-expert record access for one layer's selected experts at once: acquire blocks until
+ * all n records are in RAM (reads issued together) and pins them; returns 0 or an MP_E* code with
+ * a message in msg.  release unpins the same list.  prefetch is an asynchronous hint (may be
+ * NULL). */
+typedef struct mpm_expert_io {
+    void *user;
+    int (*acquire)(void *user, int layer, const int *experts, int n, const uint8_t **records,
+                   char *msg, size_t msglen);
+    void (*release)(void *user, int layer, const int *experts, int n);
+    void (*prefetch)(void *user, int layer, const int *experts, int n);
+} mpm_expert_io;
+
+/* Expert part layout within a record (from the bank's "parts"). */
+typedef struct mpm_bank_info {
+    int layer;
+    int64_t count, stride;
+    uint64_t part_offset[3];  /* gate, up, down */
+    int64_t rows[3], cols[3];
+    int stages[3];
+    int rotation_block[3];    /* 0 = no rotation */
+} mpm_bank_info;
+typedef int (*mpm_bank_fn)(void *user, int layer, mpm_bank_info *out);
+
+typedef struct mpm_model mpm_model;
+
+/* Loads the trunk (decoding norms/codebooks to f32, keeping matrices encoded) and allocates the
+ * KV cache for ctx tokens. */
+int mpm_load(const mpm_config *c, mpm_tensor_fn tensor, mpm_bank_fn bank, void *user, int ctx,
+             mpm_model **out, char *err, size_t errlen);
+void mpm_free(mpm_model *m);
+void mpm_set_io(mpm_model *m, const mpm_expert_io *io);
+void mpm_set_pool(mpm_model *m, mpk_pool *pool);
+void mpm_set_lookahead(mpm_model *m, int on);
+
+/* Bytes of KV/latent cache and scratch this model needs for ctx tokens (memory planning). */
+uint64_t mpm_kv_bytes(const mpm_config *c, int ctx);
+uint64_t mpm_scratch_bytes(const mpm_config *c);
+
+/* Runs one token at position pos (= number of tokens already cached); writes vocab logits if
+ * logits != NULL.  Returns 0 or an MP_E* code (message in mpm_error). */
+int mpm_forward(mpm_model *m, int32_t token, int pos, float *logits);
+const char *mpm_error(const mpm_model *m);
+double mpm_now(void); /* monotonic seconds */
+int mpm_ctx(const mpm_model *m);
+double mpm_io_wait_seconds(const mpm_model *m);
+uint64_t mpm_prefetches(const mpm_model *m);
+
+#endif

@@ -1,0 +1,192 @@
+/* Attention: RoPE (plain and YaRN), GQA with a KV cache (optional Qwen3 qk-norm), and MLA with
+ * the compressed latent cache and absorbed projections (DeepSeek-V3): per head, the query's
+ * no-position part is mapped into latent space through kv_b's key rows, scores are taken against
+ * the cached latents, and the value is read back through kv_b's value rows, so K and V are never
+ * expanded per token. */
+#include "model_internal.h"
+#include "moepack.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double yarn_get_mscale(double scale, double mscale) {
+    return scale <= 1.0 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
+}
+
+int mpm_rope_init(mpm_model *m) {
+    const mpm_config *c = &m->c;
+    int64_t dim = c->mla ? c->qk_rope_dim : c->head_dim, half = dim / 2;
+    m->rope_dim = dim;
+    m->inv_freq = calloc((size_t)half, sizeof(double));
+    if (!m->inv_freq) return MP_ENOMEM;
+    /* f32 like transformers: base ** (2i/dim) in f32, then 1/x */
+    for (int64_t i = 0; i < half; i++) {
+        float pf = powf((float)c->rope_theta, (float)(2 * i) / (float)dim);
+        m->inv_freq[i] = (double)(1.0f / pf);
+    }
+    m->rope_mscale = 1.0f;
+    double qk = c->mla ? (double)(c->qk_nope_dim + c->qk_rope_dim) : (double)c->head_dim;
+    m->attn_scale = (float)pow(qk, -0.5);
+    if (c->yarn) {
+        double f = c->yarn_factor, base = c->rope_theta, omp = (double)c->yarn_orig_max_pos;
+        double af = c->yarn_attn_factor;
+        if (!(af > 0)) af = (c->yarn_mscale != 0 && c->yarn_mscale_all_dim != 0)
+                                ? yarn_get_mscale(f, c->yarn_mscale) / yarn_get_mscale(f, c->yarn_mscale_all_dim)
+                                : yarn_get_mscale(f, 1.0);
+        m->rope_mscale = (float)af;
+        double lo = (double)dim * log(omp / (c->yarn_beta_fast * 2 * 3.14159265358979323846)) / (2 * log(base));
+        double hi = (double)dim * log(omp / (c->yarn_beta_slow * 2 * 3.14159265358979323846)) / (2 * log(base));
+        lo = floor(lo);
+        hi = ceil(hi);
+        if (lo < 0) lo = 0;
+        if (hi > (double)(dim - 1)) hi = (double)(dim - 1);
+        if (lo == hi) hi += 0.001;
+        for (int64_t i = 0; i < half; i++) {
+            float pf = powf((float)base, (float)(2 * i) / (float)dim);
+            float extra = 1.0f / pf, inter = 1.0f / ((float)f * pf);
+            float ramp = (float)(((double)i - lo) / (hi - lo));
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            float ef = 1.0f - ramp;
+            m->inv_freq[i] = (double)(inter * (1.0f - ef) + extra * ef);
+        }
+        if (c->yarn_mscale_all_dim != 0) {
+            double ms = yarn_get_mscale(f, c->yarn_mscale_all_dim);
+            m->attn_scale = (float)((double)m->attn_scale * ms * ms);
+        }
+    }
+    return 0;
+}
+
+static void rope_tables(mpm_model *m, int pos) {
+    int64_t half = m->rope_dim / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float a = (float)pos * (float)m->inv_freq[i];
+        m->cosb[i] = cosf(a) * m->rope_mscale;
+        m->sinb[i] = sinf(a) * m->rope_mscale;
+    }
+}
+
+/* v[dim] rotated in place; interleaved: pairs (2i, 2i+1) in, halves out (as transformers). */
+static void rope_apply(const mpm_model *m, float *v, int interleaved) {
+    int64_t half = m->rope_dim / 2;
+    float tmp[1024];
+    float *t = m->rope_dim <= 1024 ? tmp : NULL;
+    if (interleaved && t) {
+        for (int64_t i = 0; i < half; i++) {
+            float a = v[2 * i], b = v[2 * i + 1];
+            t[i] = a * m->cosb[i] - b * m->sinb[i];
+            t[half + i] = b * m->cosb[i] + a * m->sinb[i];
+        }
+        memcpy(v, t, (size_t)m->rope_dim * sizeof(float));
+        return;
+    }
+    for (int64_t i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * m->cosb[i] - b * m->sinb[i];
+        v[i + half] = b * m->cosb[i] + a * m->sinb[i];
+    }
+}
+
+static void rms_inplace(float *v, const float *w, int64_t n, float eps) { mpk_rmsnorm(v, v, w, n, eps); }
+
+typedef struct {
+    mpm_model *m;
+    int layer, pos;
+} head_job;
+
+static void gqa_head(void *ctx, size_t h) {
+    head_job *j = ctx;
+    mpm_model *m = j->m;
+    const mpm_config *c = &m->c;
+    int64_t hd = c->head_dim, kvd = c->n_kv_heads * hd, g = (int64_t)h / (c->n_heads / c->n_kv_heads);
+    const float *q = m->q + (int64_t)h * hd;
+    const float *K = m->kc + (size_t)j->layer * (size_t)m->ctx * (size_t)kvd + (size_t)(g * hd);
+    const float *V = m->vc + (size_t)j->layer * (size_t)m->ctx * (size_t)kvd + (size_t)(g * hd);
+    float *sc = m->scores + h * (size_t)m->ctx, *out = m->att + (int64_t)h * hd;
+    for (int t = 0; t <= j->pos; t++) sc[t] = mpk_dot(q, K + (size_t)t * (size_t)kvd, hd) * m->attn_scale;
+    mpk_softmax(sc, j->pos + 1);
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int t = 0; t <= j->pos; t++) mpk_axpy(out, sc[t], V + (size_t)t * (size_t)kvd, hd);
+}
+
+static void gqa(mpm_model *m, int l, int pos) {
+    const mpm_config *c = &m->c;
+    mpm_layer *ly = &m->layers[l];
+    int64_t hd = c->head_dim, kvd = c->n_kv_heads * hd;
+    mpk_matvec(m->pool, &ly->q, m->xn, m->q);
+    mpk_matvec(m->pool, &ly->k, m->xn, m->kbuf);
+    mpk_matvec(m->pool, &ly->v, m->xn, m->vbuf);
+    rope_tables(m, pos);
+    for (int64_t h = 0; h < c->n_heads; h++) {
+        if (c->qk_norm) rms_inplace(m->q + h * hd, ly->q_norm, hd, c->eps);
+        rope_apply(m, m->q + h * hd, 0);
+    }
+    for (int64_t h = 0; h < c->n_kv_heads; h++) {
+        if (c->qk_norm) rms_inplace(m->kbuf + h * hd, ly->k_norm, hd, c->eps);
+        rope_apply(m, m->kbuf + h * hd, 0);
+    }
+    size_t at = ((size_t)l * (size_t)m->ctx + (size_t)pos) * (size_t)kvd;
+    memcpy(m->kc + at, m->kbuf, (size_t)kvd * sizeof(float));
+    memcpy(m->vc + at, m->vbuf, (size_t)kvd * sizeof(float));
+    head_job j = {m, l, pos};
+    mpk_pool_run(pos < 64 ? NULL : m->pool, (size_t)c->n_heads, gqa_head, &j);
+    mpk_matvec(m->pool, &ly->o, m->att, m->tmp);
+}
+
+static void mla_head(void *ctx, size_t h) {
+    head_job *j = ctx;
+    mpm_model *m = j->m;
+    const mpm_config *c = &m->c;
+    const mpm_layer *ly = &m->layers[j->layer];
+    const int64_t R = c->kv_lora_rank, nope = c->qk_nope_dim, rope = c->qk_rope_dim;
+    const int64_t vd = c->v_head_dim, qk = nope + rope, lat = R + rope;
+    const float *q = m->q + (int64_t)h * qk;
+    float *ql = m->qlat + (int64_t)h * lat; /* [R] absorbed query + [rope] */
+    float *ol = m->olat + (int64_t)h * R;   /* row scratch, then the latent output */
+    /* absorbed query: ql = sum_j q_nope[j] * kv_b[h*(nope+vd) + j][:] */
+    memset(ql, 0, (size_t)R * sizeof(float));
+    for (int64_t jn = 0; jn < nope; jn++) {
+        mpk_row(&ly->kv_b, (int64_t)h * (nope + vd) + jn, ol);
+        mpk_axpy(ql, q[jn], ol, R);
+    }
+    memcpy(ql + R, q + nope, (size_t)rope * sizeof(float));
+    const float *C = m->kc + (size_t)j->layer * (size_t)m->ctx * (size_t)lat;
+    float *sc = m->scores + h * (size_t)m->ctx;
+    for (int t = 0; t <= j->pos; t++) {
+        const float *ct = C + (size_t)t * (size_t)lat;
+        sc[t] = (mpk_dot(ql, ct, R) + mpk_dot(ql + R, ct + R, rope)) * m->attn_scale;
+    }
+    mpk_softmax(sc, j->pos + 1);
+    memset(ol, 0, (size_t)R * sizeof(float));
+    for (int t = 0; t <= j->pos; t++) mpk_axpy(ol, sc[t], C + (size_t)t * (size_t)lat, R);
+    float *out = m->att + (int64_t)h * vd;
+    for (int64_t i = 0; i < vd; i++) out[i] = mpk_row_dot(&ly->kv_b, (int64_t)h * (nope + vd) + nope + i, ol);
+}
+
+static void mla(mpm_model *m, int l, int pos) {
+    const mpm_config *c = &m->c;
+    mpm_layer *ly = &m->layers[l];
+    const int64_t R = c->kv_lora_rank, rope = c->qk_rope_dim, qk = c->qk_nope_dim + rope;
+    if (c->q_lora_rank) {
+        mpk_matvec(m->pool, &ly->q_a, m->xn, m->lat);
+        rms_inplace(m->lat, ly->q_a_norm, c->q_lora_rank, c->eps);
+        mpk_matvec(m->pool, &ly->q_b, m->lat, m->q);
+    } else {
+        mpk_matvec(m->pool, &ly->q, m->xn, m->q);
+    }
+    rope_tables(m, pos);
+    for (int64_t h = 0; h < c->n_heads; h++) rope_apply(m, m->q + h * qk + c->qk_nope_dim, c->rope_interleave);
+    float *ct = m->kc + ((size_t)l * (size_t)m->ctx + (size_t)pos) * (size_t)(R + rope);
+    mpk_matvec(m->pool, &ly->kv_a, m->xn, ct);
+    rms_inplace(ct, ly->kv_a_norm, R, c->eps);
+    rope_apply(m, ct + R, c->rope_interleave);
+    head_job j = {m, l, pos};
+    mpk_pool_run(m->pool, (size_t)c->n_heads, mla_head, &j);
+    mpk_matvec(m->pool, &ly->o, m->att, m->tmp);
+}
+
+void mpm_attention(mpm_model *m, int layer, int pos) {
+    if (m->c.mla) mla(m, layer, pos);
+    else gqa(m, layer, pos);
+}

@@ -1,0 +1,74 @@
+/* Internal layout of a loaded model, shared by model.c, model_attn.c and model_moe.c. */
+#ifndef MP_MODEL_INTERNAL_H
+#define MP_MODEL_INTERNAL_H
+
+#include "model.h"
+
+typedef struct mpm_ffn {
+    mpk_mat gate, up, down;
+    int64_t inter;
+} mpm_ffn;
+
+typedef struct mpm_layer {
+    float *attn_norm, *ffn_norm;
+    /* GQA */
+    mpk_mat q, k, v, o;
+    float *q_norm, *k_norm; /* qk_norm */
+    /* MLA */
+    mpk_mat q_a, q_b, kv_a, kv_b;
+    float *q_a_norm, *kv_a_norm;
+    /* FFN */
+    int moe;
+    mpk_mat router;
+    float *router_bias; /* sigmoid scoring */
+    mpm_ffn dense, shared;
+    int has_shared;
+    /* routed experts: per part (gate, up, down) transposed codebook, optional rotation */
+    float *cbt[3];
+    int stages[3];
+    float *signs[3];
+    int rot_block[3];
+    uint64_t part_off[3];
+} mpm_layer;
+
+struct mpm_model {
+    mpm_config c;
+    int ctx;
+    mpm_layer *layers;
+    mpk_mat embed, lm_head;
+    float *final_norm;
+    mpk_pool *pool;
+    mpm_expert_io io;
+    int lookahead;
+    char err[256];
+    /* RoPE: inv_freq[rope_dim/2] and the cos/sin scale (YaRN attention factor) */
+    double *inv_freq;
+    float rope_mscale, attn_scale;
+    int64_t rope_dim;
+    /* caches: GQA k/v [L][ctx][kv*hd]; MLA latent [L][ctx][kv_lora] and k_rope [L][ctx][rope] */
+    float *kc, *vc;
+    /* scratch */
+    float *x, *xn, *tmp, *q, *kbuf, *vbuf, *att, *scores, *cosb, *sinb;
+    float *qlat, *olat, *lat;
+    float *router_logits, *moe_out, *eo, *g, *u, *xr, *ar;
+    float *lut[3];
+    int32_t *sel;
+    const uint8_t **recs;
+    float *selw;
+    int32_t *ahead; /* look-ahead predictions */
+    float *aheadw, *choice;
+    uint8_t *allowed;
+    double io_wait;
+    uint64_t prefetches;
+};
+
+/* model_attn.c */
+int mpm_rope_init(mpm_model *m);
+void mpm_attention(mpm_model *m, int layer, int pos);
+/* model_moe.c */
+int mpm_moe(mpm_model *m, int layer, const float *xn, float *out);
+void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, const float *xn, float *out);
+void mpm_route(const mpm_model *m, int layer, const float *xn, float *logits_scratch,
+               int32_t *sel, float *w);
+
+#endif

@@ -1,0 +1,145 @@
+/* Feed-forward blocks: routing (FORMAT.md §7), routed experts computed on their rvq codes with
+ * lookup tables, shared experts, dense FFN.  The gate and up tables are built once per layer per
+ * token from the (rotated) normalised input and shared by every routed expert of the layer; the
+ * down table is built per expert from its activation. */
+#include "model_internal.h"
+#include "moepack.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* indices of the k largest v[0..n) (ties: lower index first), in descending order */
+static void topk(const float *v, int64_t n, int64_t k, const uint8_t *allowed, int32_t *out) {
+    for (int64_t i = 0; i < k; i++) out[i] = -1;
+    for (int64_t e = 0; e < n; e++) {
+        if (allowed && !allowed[e]) continue;
+        int64_t pos = k;
+        while (pos > 0 && (out[pos - 1] < 0 || v[e] > v[out[pos - 1]])) pos--;
+        if (pos >= k) continue;
+        for (int64_t i = k - 1; i > pos; i--) out[i] = out[i - 1];
+        out[pos] = (int32_t)e;
+    }
+}
+
+void mpm_route(const mpm_model *m, int layer, const float *xn, float *logits, int32_t *sel,
+               float *w) {
+    const mpm_config *c = &m->c;
+    const mpm_layer *ly = &m->layers[layer];
+    const int64_t E = c->n_experts, K = c->top_k;
+    mpk_matvec(m->pool, &ly->router, xn, logits);
+    if (!c->sigmoid) {
+        mpk_softmax(logits, E);
+        topk(logits, E, K, NULL, sel);
+        float sum = 0.0f;
+        for (int64_t i = 0; i < K; i++) sum += (w[i] = logits[sel[i]]);
+        if (c->norm_topk)
+            for (int64_t i = 0; i < K; i++) w[i] /= sum;
+        return;
+    }
+    /* sigmoid scores s, choice scores s + bias, group-limited top-k */
+    float *sg = logits, *ch = m->choice; /* sigmoid in place; choice scores */
+    for (int64_t e = 0; e < E; e++) {
+        sg[e] = 1.0f / (1.0f + expf(-sg[e]));
+        ch[e] = sg[e] + ly->router_bias[e];
+    }
+    const int64_t G = c->n_group, per = E / G;
+    uint8_t *ok = m->allowed;
+    if (G > 1) {
+        float gs[MPM_MAX_GROUPS];
+        int32_t keep[MPM_MAX_GROUPS];
+        int64_t ng = G;
+        for (int64_t g = 0; g < ng; g++) {
+            float a = -INFINITY, b = -INFINITY;
+            for (int64_t e = g * per; e < (g + 1) * per; e++) {
+                if (ch[e] > a) {
+                    b = a;
+                    a = ch[e];
+                } else if (ch[e] > b) {
+                    b = ch[e];
+                }
+            }
+            gs[g] = per > 1 ? a + b : a;
+        }
+        topk(gs, ng, c->topk_group, NULL, keep);
+        memset(ok, 0, (size_t)E);
+        for (int64_t i = 0; i < c->topk_group; i++)
+            if (keep[i] >= 0) memset(ok + (int64_t)keep[i] * per, 1, (size_t)per);
+        topk(ch, E, K, ok, sel);
+    } else {
+        topk(ch, E, K, NULL, sel);
+    }
+    float sum = 0.0f;
+    for (int64_t i = 0; i < K; i++) sum += (w[i] = sg[sel[i]]);
+    for (int64_t i = 0; i < K; i++) {
+        if (c->norm_topk) w[i] /= sum + 1e-20f;
+        w[i] *= c->routed_scale;
+    }
+}
+
+void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, const float *xn, float *out) {
+    mpk_matvec(m->pool, &f->gate, xn, m->g);
+    mpk_matvec(m->pool, &f->up, xn, m->u);
+    for (int64_t i = 0; i < f->inter; i++) m->g[i] = mpk_silu(m->g[i]) * m->u[i];
+    mpk_matvec(m->pool, &f->down, m->g, out);
+}
+
+static void rvq_part(const mpm_layer *ly, int p, const uint8_t *rec, int64_t rows, int64_t cols,
+                     mpk_rvq *w) {
+    w->rows = rows;
+    w->cols = cols;
+    w->nv = (cols + 7) / 8;
+    w->stages = ly->stages[p];
+    w->codes = rec + ly->part_off[p];
+    uint64_t nc = (uint64_t)rows * (uint64_t)w->nv * (uint64_t)w->stages;
+    w->scales = w->codes + ((nc + 63) / 64) * 64;
+}
+
+/* lut[p] from x (rotated first when the part's codec says so) */
+static void build_lut(mpm_model *m, const mpm_layer *ly, int p, const float *x, int64_t n) {
+    const float *in = x;
+    if (ly->rot_block[p]) {
+        mpk_hadamard_rotate(x, ly->signs[p], n, ly->rot_block[p], m->xr);
+        in = m->xr;
+    }
+    mpk_rvq_lut(m->pool, ly->cbt[p], ly->stages[p], in, n, m->lut[p]);
+}
+
+int mpm_moe(mpm_model *m, int l, const float *xn, float *out) {
+    const mpm_config *c = &m->c;
+    const mpm_layer *ly = &m->layers[l];
+    const int64_t H = c->hidden, I = c->moe_inter, K = c->top_k;
+    mpm_route(m, l, xn, m->router_logits, m->sel, m->selw);
+    build_lut(m, ly, 0, xn, H);
+    build_lut(m, ly, 1, xn, H);
+    /* all of this layer's reads are issued together by acquire */
+    char msg[192] = "";
+    double t0 = mpm_now();
+    int rc = m->io.acquire(m->io.user, l, m->sel, (int)K, m->recs, msg, sizeof msg);
+    m->io_wait += mpm_now() - t0;
+    if (rc) {
+        snprintf(m->err, sizeof m->err, "%s", msg[0] ? msg : "expert records could not be read");
+        return rc;
+    }
+    memset(m->moe_out, 0, (size_t)H * sizeof(float));
+    for (int64_t i = 0; i < K; i++) {
+        mpk_rvq wg, wu, wd;
+        rvq_part(ly, 0, m->recs[i], I, H, &wg);
+        rvq_part(ly, 1, m->recs[i], I, H, &wu);
+        rvq_part(ly, 2, m->recs[i], H, I, &wd);
+        mpk_rvq_matvec(m->pool, &wg, m->lut[0], m->g);
+        mpk_rvq_matvec(m->pool, &wu, m->lut[1], m->u);
+        for (int64_t j = 0; j < I; j++) m->g[j] = mpk_silu(m->g[j]) * m->u[j];
+        build_lut(m, ly, 2, m->g, I);
+        mpk_rvq_matvec(m->pool, &wd, m->lut[2], m->eo);
+        mpk_axpy(m->moe_out, m->selw[i], m->eo, H);
+    }
+    m->io.release(m->io.user, l, m->sel, (int)K);
+    if (ly->has_shared) {
+        mpm_ffn_dense(m, &ly->shared, xn, out);
+        for (int64_t j = 0; j < H; j++) out[j] = m->moe_out[j] + out[j];
+    } else {
+        memcpy(out, m->moe_out, (size_t)H * sizeof(float));
+    }
+    return 0;
+}
