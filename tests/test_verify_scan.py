@@ -28,7 +28,7 @@ def blob(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("mode", ["direct", "buffered"])
-@pytest.mark.parametrize("depth", [1, 3])
+@pytest.mark.parametrize("depth", [0, 1, 3])
 @pytest.mark.parametrize("span", [(0, 10 * PAGE + 123), (128, 5 * PAGE + 7), (PAGE + 1, PAGE + 2)])
 def test_chunks_cover_exactly_the_range(blob: Path, mode: str, depth: int,
                                         span: tuple[int, int]) -> None:

@@ -22,7 +22,11 @@ from typing import Literal
 IoMode = Literal["auto", "direct", "buffered"]
 
 CHUNK = 8 << 20  # bytes per read: large enough for full device speed, a multiple of any block size
-DEPTH = 2  # reads in flight besides the chunk being hashed (os.preadv releases the GIL)
+# O_DIRECT reads kept in flight besides the chunk being hashed (os.preadv releases the GIL).
+# Buffered reads need none: the kernel's read-ahead already overlaps the disk with hashing, and
+# reading in the hashing thread keeps the copied chunk in that core's cache (measured: ~3.0 vs
+# ~2.3 GB hashed per CPU-second on a warm file).
+DEPTH = 2
 # "auto" uses O_DIRECT only for files that cannot stay in the page cache anyway.
 _DIRECT_FRACTION_OF_RAM = 0.5
 
@@ -61,11 +65,11 @@ class RangeReader:
     """Reads [start, end) of a file in aligned chunks; iterate with `chunks()`; then `close()`."""
 
     def __init__(self, path: str | Path, start: int, end: int, *, mode: IoMode = "auto",
-                 chunk: int = CHUNK, depth: int = DEPTH) -> None:
+                 chunk: int = CHUNK, depth: int | None = None) -> None:
         if chunk <= 0 or chunk % mmap.PAGESIZE:
             raise ValueError(f"chunk {chunk} must be a positive multiple of {mmap.PAGESIZE}")
         self.path = Path(path)
-        self.start, self.end, self.chunk, self.depth = start, end, chunk, max(1, depth)
+        self.start, self.end, self.chunk = start, end, chunk
         self._buffered_fd = os.open(self.path, os.O_RDONLY)
         self._direct_fd: int | None = None
         if choose_direct(mode, end - start) and hasattr(os, "O_DIRECT"):
@@ -75,6 +79,8 @@ class RangeReader:
                 self._direct_fd = None
         if self._direct_fd is None:
             self._advise_sequential()
+        # None: in flight only for O_DIRECT; 0: read in the caller's thread.
+        self.depth = max(0, depth) if depth is not None else (DEPTH if self.direct else 0)
 
     @property
     def direct(self) -> bool:
@@ -116,10 +122,25 @@ class RangeReader:
                 break  # a short O_DIRECT read ends at end of file
         return Chunk(offset, view[:min(got, want)])
 
+    def _trimmed(self, got: Chunk) -> Chunk:
+        lo = max(self.start - got.offset, 0)  # only the first chunk starts early
+        return Chunk(got.offset + lo, got.data[lo:], got.error)
+
     def chunks(self) -> Iterator[Chunk]:
         """Chunks covering [start, end) in order; each is valid until the next one is requested."""
         first = self.start - self.start % self.chunk
         offsets = range(first, self.end, self.chunk)
+        if self.depth == 0:
+            buf = mmap.mmap(-1, self.chunk)
+            try:
+                for off in offsets:
+                    yield self._trimmed(self._read(buf, off, min(self.chunk, self.end - off)))
+            finally:
+                try:
+                    buf.close()
+                except BufferError:
+                    pass  # a caller still holds a view; the GC frees it later
+            return
         buffers = [mmap.mmap(-1, self.chunk) for _ in range(self.depth + 1)]
         free = deque(buffers)
         pending: deque[tuple[Future[Chunk], mmap.mmap]] = deque()
@@ -137,9 +158,7 @@ class RangeReader:
                     if not pending:
                         return
                     fut, buf = pending.popleft()
-                    got = fut.result()
-                    lo = max(self.start - got.offset, 0)  # only the first chunk starts early
-                    yield Chunk(got.offset + lo, got.data[lo:], got.error)
+                    yield self._trimmed(fut.result())
                     free.append(buf)
             finally:
                 for fut, _ in pending:
