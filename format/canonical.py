@@ -10,6 +10,8 @@ import numpy as np
 from moepack.format.errors import FormatError
 from moepack.format.limits import MAX_JSON_DEPTH
 
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+
 # A JSON string token: used only to blank strings out before counting brackets.
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _OPEN = np.frombuffer(b"[{", dtype=np.uint8)
@@ -43,6 +45,19 @@ def _no_constant(name: str) -> Any:
     raise FormatError(f"forbidden constant {name}")
 
 
+def _check_ints(obj: Any, where: str) -> None:
+    """Every integer must fit a signed 64-bit value, so C readers parse the same documents."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+        elif isinstance(x, int) and not isinstance(x, bool) and not INT_MIN <= x <= INT_MAX:
+            raise FormatError(f"{where}: integer out of range: {x} (JSON integers must fit int64)")
+
+
 def parse_canonical(data: bytes, where: str) -> Any:
     """Parse `data` as canonical JSON; `where` names the field and offset for error messages."""
     try:
@@ -58,6 +73,7 @@ def parse_canonical(data: bytes, where: str) -> Any:
         raise FormatError(f"{where}: bad JSON: {e}") from None
     except (ValueError, RecursionError) as e:
         raise FormatError(f"{where}: bad JSON: {e}") from None
+    _check_ints(obj, where)
     try:
         again = json.dumps(
             obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False

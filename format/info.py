@@ -20,6 +20,7 @@ def container_info(c: Container) -> dict[str, Any]:
     size = {"trunk": 0, "experts": 0, "codebooks": 0, "other": 0}
     params = {"trunk": 0, "experts": 0}
     experts = 0
+    payload = 0  # expert bytes without the zero padding of each record up to its stride
     for s in c.sections:
         if s["type"] == "tensor":
             key = "codebooks" if s["class"] == "codebook" else "trunk"
@@ -33,6 +34,7 @@ def container_info(c: Container) -> dict[str, Any]:
         elif s["type"] == "expert_bank":
             size["experts"] += s["length"]
             experts += s["count"]
+            payload += s["count"] * s["record_length"]
             params["experts"] += s["count"] * sum(prod(p["shape"]) for p in s["parts"])
     size["other"] = c.file_size - size["trunk"] - size["experts"] - size["codebooks"]
     total = params["trunk"] + params["experts"]
@@ -50,6 +52,7 @@ def container_info(c: Container) -> dict[str, Any]:
         "bytes": size,
         "bits_per_weight": {
             "experts": _bpw(size["experts"], params["experts"]),
+            "experts_payload": _bpw(payload, params["experts"]),
             "trunk": _bpw(size["trunk"], params["trunk"]),
             "overall": _bpw(size["trunk"] + size["experts"] + size["codebooks"], total),
         },
