@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from moepack.format import Container
 from moepack.verify import verify
 
 VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
@@ -42,3 +43,22 @@ def test_invalid_vectors_never_pass(path: Path) -> None:
     else:
         assert r.exit_code == 2
         assert expected in (r.error or ""), r.error
+
+
+FUTURE_MINOR = VECTORS / "valid" / "future_minor.moepack"
+KNOWN = ("tensor", "blob", "expert_hashes", "expert_bank")
+
+
+@pytest.mark.skipif(not FUTURE_MINOR.exists(), reason="spec/vectors/valid not generated")
+def test_unknown_section_type_is_still_hashed(tmp_path: Path) -> None:
+    """A section type from a newer minor is checked by its common `hash` (FORMAT.md 4.5)."""
+    path = tmp_path / "f.moepack"
+    path.write_bytes(FUTURE_MINOR.read_bytes())
+    with Container.open(path) as c:
+        (s,) = [s for s in c.sections if s["type"] not in KNOWN]
+    data = bytearray(path.read_bytes())
+    data[s["offset"] + s["length"] // 2] ^= 0x10
+    path.write_bytes(data)
+    (d,) = verify(path).damaged
+    assert (d.kind, d.label, d.offset, d.length) == ("section", f"section {s['name']}",
+                                                     s["offset"], s["length"])
