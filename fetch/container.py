@@ -47,5 +47,5 @@ def check_container(path: Path, *, quick: bool = False) -> Checked:
     d = report.damaged[0] if report.damaged else None
     if d is None:
         return Checked(False, report.container_id, "damaged")
-    what = f"{len(report.damaged)} damaged item(s), first {d.kind} {d.name} at offset {d.offset}"
+    what = f"{len(report.damaged)} damaged item(s), first {d.label} at offset {d.offset}"
     return Checked(False, report.container_id, what)

@@ -1,0 +1,190 @@
+"""Real libtorrent sessions on 127.0.0.1: seed -> fetch, magnet, web seed, kill and resume,
+repair of a damaged copy, and refusal of malformed or foreign input (destination intact)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import libtorrent as lt
+import pytest
+from moepack.fetch.errors import FetchError
+from moepack.fetch.staging import STAGING_DIR
+from moepack.fetch.torrent import (
+    FetchOptions,
+    TorrentFetchResult,
+    TorrentPlan,
+    create_torrent,
+    fetch_torrent,
+    seed_in_background,
+    write_torrent,
+)
+from moepack.format.synthetic import mixtral_spec, write_synthetic
+from moepack.verify import verify
+from range_server import RangeServer, wait_for
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(90)]
+
+LOCAL = "127.0.0.1:0"
+
+
+def _opts(*ports: int, stall: float = 20.0) -> FetchOptions:
+    return FetchOptions(peers=[("127.0.0.1", p) for p in ports], listen=LOCAL,
+                        stall_timeout=stall, metadata_timeout=20.0)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """A ~0.5 MB container and its torrent (16 KiB pieces)."""
+    d = tmp_path_factory.mktemp("small")
+    path = d / "tiny.moepack"
+    cid = write_synthetic(path, mixtral_spec(layers=2, experts=8, hidden=128, inter=64))
+    write_torrent(create_torrent(path), d / "tiny.torrent")
+    return path, d / "tiny.torrent", cid
+
+
+def _fetched(result: TorrentFetchResult | TorrentPlan) -> TorrentFetchResult:
+    assert isinstance(result, TorrentFetchResult)
+    return result
+
+
+def test_seed_then_fetch_verifies_with_same_id(small, tmp_path: Path) -> None:
+    path, torrent, cid = small
+    with seed_in_background(torrent, path) as seeder:
+        r = _fetched(fetch_torrent(str(torrent), tmp_path, opts=_opts(seeder.port)))
+    assert r.path == tmp_path / path.name and r.container_id == cid
+    assert r.path.read_bytes() == path.read_bytes()
+    assert r.downloaded_bytes == path.stat().st_size and r.pieces_at_start == 0
+    rep = verify(r.path)
+    assert rep.ok and rep.container_id == cid
+    assert not (tmp_path / STAGING_DIR).exists(), "staging cleaned up"
+    again = _fetched(fetch_torrent(str(torrent), tmp_path, opts=_opts()))
+    assert again.already_complete and again.downloaded_bytes == 0
+
+
+def test_magnet_gets_metadata_from_peer(small, tmp_path: Path) -> None:
+    path, torrent, cid = small
+    magnet = lt.make_magnet_uri(lt.torrent_info(str(torrent)))
+    with seed_in_background(torrent, path) as seeder:
+        plan = fetch_torrent(magnet, tmp_path, dry_run=True, opts=_opts(seeder.port))
+        assert isinstance(plan, TorrentPlan)
+        assert plan.meta.size == path.stat().st_size and plan.meta.container_id == cid
+        assert plan.verdict.ok and plan.verdict.need == path.stat().st_size
+        assert not (tmp_path / path.name).exists()
+        r = _fetched(fetch_torrent(magnet, tmp_path, opts=_opts(seeder.port)))
+    assert r.container_id == cid and verify(r.path).ok
+
+
+def test_web_seed_alone_completes(small, tmp_path: Path) -> None:
+    path, _, cid = small
+    with RangeServer({path.name: path.read_bytes()}) as web:
+        t = tmp_path / "web.torrent"
+        write_torrent(create_torrent(path, web_seeds=[web.url(path.name)]), t)
+        r = _fetched(fetch_torrent(str(t), tmp_path / "dl", opts=_opts()))
+        assert any(rng for (_, p, rng) in web.requests if p == "/" + path.name), "ranged reads"
+    assert r.container_id == cid and r.path.read_bytes() == path.read_bytes()
+
+
+def test_repair_downloads_only_damaged_pieces(small, tmp_path: Path) -> None:
+    path, torrent, cid = small
+    with seed_in_background(torrent, path) as seeder:
+        first = _fetched(fetch_torrent(str(torrent), tmp_path, opts=_opts(seeder.port)))
+        piece = lt.torrent_info(str(torrent)).piece_length()
+        size = first.path.stat().st_size
+        with open(first.path, "r+b") as f:       # two bytes in two different pieces
+            for off in (size // 3, 2 * size // 3):
+                f.seek(off)
+                b = f.read(1)
+                f.seek(off)
+                f.write(bytes([b[0] ^ 0x5A]))
+        assert not verify(first.path).ok
+        r = _fetched(fetch_torrent(str(torrent), tmp_path, opts=_opts(seeder.port)))
+    assert r.pieces_at_start == r.pieces - 2
+    assert r.downloaded_bytes == 2 * piece
+    assert r.container_id == cid and verify(r.path).ok
+    assert r.path.read_bytes() == path.read_bytes()
+
+
+def test_killed_fetch_resumes(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    path = src / "mid.moepack"
+    cid = write_synthetic(path, mixtral_spec(layers=2, experts=24, hidden=256, inter=96))
+    torrent = src / "mid.torrent"
+    write_torrent(create_torrent(path), torrent)
+    size = path.stat().st_size
+    dest = tmp_path / "dest"
+    with seed_in_background(torrent, path, upload_limit=size // 8) as seeder:   # ~8 s in all
+        cmd = [sys.executable, "-m", "moepack", "fetch", str(torrent), "--dest", str(dest),
+               "--peer", f"127.0.0.1:{seeder.port}", "--listen", LOCAL]
+        child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            assert wait_for(lambda: seeder.status().uploaded > size // 3, timeout=30)
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=10)
+        assert not (dest / path.name).exists()
+        seeder.set_upload_limit(0)
+        r = _fetched(fetch_torrent(str(torrent), dest, opts=_opts(seeder.port)))
+    assert r.pieces_at_start > 0
+    assert r.downloaded_bytes < size
+    assert r.container_id == cid and verify(r.path).ok
+
+
+def test_malformed_inputs_leave_destination_intact(small, tmp_path: Path) -> None:
+    path, _, _ = small
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    keep = dest / "tiny.moepack"
+    keep.write_bytes(b"user data that must survive")
+    bad = tmp_path / "bad.torrent"
+    bad.write_bytes(b"d4:infod4:name3:abcee")
+    cases = [(str(bad), "malformed torrent"),
+             ("magnet:?xt=urn:btih:zz", "malformed magnet"),
+             (str(tmp_path / "missing.torrent"), "cannot read torrent"),
+             ("http://127.0.0.1:9/x.torrent", "cannot download torrent")]
+    for source, message in cases:
+        with pytest.raises(FetchError, match=message):
+            fetch_torrent(source, dest, opts=_opts())
+    assert os.listdir(dest) == ["tiny.moepack"]
+    assert keep.read_bytes() == b"user data that must survive"
+
+
+def test_foreign_content_is_refused_and_nothing_replaced(tmp_path: Path) -> None:
+    """A torrent of a file that is not a container, named like one already at the destination."""
+    src = tmp_path / "src"
+    src.mkdir()
+    junk = src / "tiny.moepack"
+    junk.write_bytes(os.urandom(100_000))
+    ct = lt.create_torrent(lt.list_files(str(junk)), 16384)
+    lt.set_piece_hashes(ct, str(src))
+    torrent = src / "junk.torrent"
+    torrent.write_bytes(lt.bencode(ct.generate()))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    seeding = lt.session({"listen_interfaces": LOCAL, "enable_dht": False, "enable_lsd": False,
+                          "enable_upnp": False, "enable_natpmp": False})
+    p = lt.load_torrent_buffer(torrent.read_bytes())
+    p.save_path, p.flags = str(src), p.flags | lt.torrent_flags.seed_mode
+    seeding.add_torrent(p)
+    assert wait_for(lambda: seeding.listen_port() > 0, timeout=10)
+    with pytest.raises(FetchError, match="is not a moepack container"):
+        fetch_torrent(str(torrent), dest, opts=_opts(seeding.listen_port()))
+    assert not (dest / "tiny.moepack").exists(), "unverified content never gets the final name"
+    # The same torrent against a destination that holds a file of that name: untouched.
+    (dest / "tiny.moepack").write_bytes(b"precious")
+    with pytest.raises(FetchError, match="names no container ID"):
+        fetch_torrent(str(torrent), dest, opts=_opts(seeding.listen_port()))
+    assert (dest / "tiny.moepack").read_bytes() == b"precious"
+
+
+def test_other_container_at_destination_is_not_touched(small, tmp_path: Path) -> None:
+    path, torrent, _ = small
+    other = tmp_path / path.name
+    other_id = write_synthetic(other, mixtral_spec(layers=1, experts=2))
+    with pytest.raises(FetchError, match=f"another container \\({other_id}\\)"):
+        fetch_torrent(str(torrent), tmp_path, opts=_opts())
+    assert verify(other).container_id == other_id
