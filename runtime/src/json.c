@@ -701,6 +701,40 @@ int mp_json_canonical(const mp_json_doc *d, const char *text, size_t len, size_t
     return same;
 }
 
+int mp_json_check_int64(const mp_json_doc *d, char *err, size_t errlen) {
+    if (!d) return -1;
+    size_t cap = 64, n = 0;
+    const mp_json **st = malloc(cap * sizeof *st);
+    if (!st) { if (err && errlen) snprintf(err, errlen, "out of memory"); return -1; }
+    st[n++] = &d->root;
+    int r = 0;
+    while (n && !r) {
+        const mp_json *x = st[--n];
+        if (x->type == MP_JSON_ARRAY || x->type == MP_JSON_OBJECT) {
+            if (cap - n < x->len) {
+                while (cap - n < x->len) cap *= 2;
+                const mp_json **ns = realloc(st, cap * sizeof *st);
+                if (!ns) { if (err && errlen) snprintf(err, errlen, "out of memory"); r = -1; break; }
+                st = ns;
+            }
+            for (size_t i = 0; i < x->len; i++)
+                st[n++] = x->type == MP_JSON_ARRAY ? &x->v.items[i] : &x->v.members[i].val;
+        } else if (x->type == MP_JSON_INT) {
+            int64_t v;
+            if (mp_json_as_i64(x, &v)) {
+                sbuf o = {0};
+                ser_int(&o, x);
+                if (err && errlen)
+                    snprintf(err, errlen, "integer out of range: %s (JSON integers must fit int64)", o.b ? o.b : "?");
+                free(o.b);
+                r = -1;
+            }
+        }
+    }
+    free(st);
+    return r;
+}
+
 /* ---- accessors ---- */
 mp_json_type mp_json_type_of(const mp_json *j) { return j ? (mp_json_type)j->type : MP_JSON_NULL; }
 int mp_json_is_null(const mp_json *j) { return j && j->type == MP_JSON_NULL; }

@@ -41,6 +41,11 @@ const mp_json *mp_json_root(const mp_json_doc *doc);
 int mp_json_canonical(const mp_json_doc *doc, const char *text, size_t len, size_t *char_at,
                       char *err, size_t errlen);
 
+/* Every integer must fit int64 (format/canonical.py:_check_ints, same LIFO walk so the same
+ * integer is named). Returns 0, or -1 with "integer out of range: X (JSON integers must fit
+ * int64)" in err. */
+int mp_json_check_int64(const mp_json_doc *doc, char *err, size_t errlen);
+
 /* Accessors: all accept NULL and return the "absent" answer for it. */
 mp_json_type mp_json_type_of(const mp_json *j);        /* NULL -> MP_JSON_NULL */
 int mp_json_is_null(const mp_json *j);                  /* 1 for JSON null (not for a NULL pointer) */
