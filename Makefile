@@ -18,7 +18,7 @@ $(VENV)/bin/python:
 # torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
 $(VENV)/.deps: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install --quiet torch==$(TORCH_VERSION)
-	$(PIP) install --quiet "setuptools>=68" wheel
+	$(PIP) install --quiet "setuptools>=77" wheel
 	$(PIP) install --quiet -e '.[test]' --no-build-isolation
 	touch $@
 
