@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import libtorrent as lt
-from moepack.fetch.container import check_container, peek_container_id
+from moepack.fetch.container import Checked, check_container, peek_container_id
 from moepack.fetch.errors import FetchError
 from moepack.fetch.lt_session import connect_peers, drain, is_loopback, make_session
 from moepack.fetch.space import SpaceNeed, SpaceVerdict, verdicts
@@ -71,15 +71,19 @@ def fetch_torrent(source: str, dest: Path, *, dry_run: bool = False,
                   opts: FetchOptions = FetchOptions()) -> TorrentFetchResult | TorrentPlan:
     dest = Path(dest).absolute()
     params = load_params(source)
-    listen = opts.listen or _default_listen(opts.peers)
-    ses = make_session(listen, discovery=opts.discovery)
+    ses: lt.session | None = None
     if params.ti is None:
+        ses = _session(opts)
         params.ti = _metadata_from_peers(ses, params, dest, opts)
     meta = describe(params.ti, source)
     stage = Staging(dest, meta.name, meta.info_hash)
     if dry_run:
         return plan(meta, stage)
-    return _Download(ses, params, meta, stage, opts).run()
+    return _Download(ses or _session(opts), params, meta, stage, opts).run()
+
+
+def _session(opts: FetchOptions) -> lt.session:
+    return make_session(opts.listen or _default_listen(opts.peers), discovery=opts.discovery)
 
 
 def plan(meta: TorrentMeta, stage: Staging) -> TorrentPlan:
@@ -186,10 +190,10 @@ class _Download:
                                       self.meta.num_pieces, time.monotonic() - self.t0, True)
         return None   # damaged copy of this container: repair it
 
-    def _is_container(self, checked) -> bool:
+    def _is_container(self, checked: Checked) -> bool:
         return checked.container_id is not None
 
-    def _require_valid(self, checked) -> None:
+    def _require_valid(self, checked: Checked) -> None:
         where = f"{self.meta.source} (kept at {self.stage.file})"
         if checked.container_id is None:
             raise FetchError(f"content of torrent {where} is not a moepack container: "

@@ -28,7 +28,7 @@ class TorrentMeta:
     name: str
     size: int
     container_id: str | None      # None: the torrent does not say (made by another tool)
-    info_hash: str                # hex; v2 (truncated to 40) when present, else v1
+    info_hash: str                # 40 hex: libtorrent's "best" (v2 truncated when present, else v1)
     source: str
 
     @property
@@ -75,8 +75,7 @@ def describe(ti: lt.torrent_info, source: str) -> TorrentMeta:
     name = layout.file_path(0)
     if not name or "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
         raise FetchError(f"torrent {source}: unusable file name {name!r}")
-    ih = ti.info_hashes()
-    best = str(ih.v2) if ih.has_v2() else str(ih.v1)
+    best = str(ti.info_hashes().get_best())
     return TorrentMeta(ti, name, ti.total_size(), _claimed_id(ti, source), best, source)
 
 

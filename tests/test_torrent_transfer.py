@@ -188,3 +188,35 @@ def test_other_container_at_destination_is_not_touched(small, tmp_path: Path) ->
     with pytest.raises(FetchError, match=f"another container \\({other_id}\\)"):
         fetch_torrent(str(torrent), tmp_path, opts=_opts())
     assert verify(other).container_id == other_id
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_interrupted_fetch_resumes_from_saved_resume_data(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    path = src / "mid.moepack"
+    cid = write_synthetic(path, mixtral_spec(layers=2, experts=16, hidden=256, inter=96))
+    torrent = src / "mid.torrent"
+    write_torrent(create_torrent(path), torrent)
+    size = path.stat().st_size
+    dest = tmp_path / "dest"
+
+    def stop_at_a_third(p) -> None:  # noqa: ANN001
+        if p.done > size // 3:
+            raise _Stop
+
+    with seed_in_background(torrent, path, upload_limit=size // 4) as seeder:
+        opts = _opts(seeder.port)
+        interrupted = FetchOptions(opts.peers, opts.listen, stall_timeout=20,
+                                   progress=stop_at_a_third)
+        with pytest.raises(_Stop):
+            fetch_torrent(str(torrent), dest, opts=interrupted)
+        resume = list((dest / STAGING_DIR).glob("*/resume.dat"))
+        assert len(resume) == 1 and resume[0].stat().st_size > 0
+        seeder.set_upload_limit(0)
+        r = _fetched(fetch_torrent(str(torrent), dest, opts=opts))
+    assert r.pieces_at_start > 0 and r.downloaded_bytes < size
+    assert r.container_id == cid and verify(r.path).ok
