@@ -284,3 +284,23 @@ def test_any_flip_is_found_where_it_is(pristine: Path, tmp_path: Path, data: st.
     assert len(r.damaged) == 1
     d = r.damaged[0]
     assert d.offset <= at < d.offset + d.length, (at, d)
+
+
+def test_nonzero_record_padding_under_a_matching_hash(copy: Path) -> None:
+    """A writer that hashed non-zero record padding: intact as written, but not conforming."""
+    with Container.open(copy) as c:
+        rec, stride = c.expert_range(0, 1)
+        table = next(s for s in c.sections if s["name"] == "expert_hashes.0")
+        h = c.header
+    data = bytearray(copy.read_bytes())
+    data[rec + stride - 1] = 7  # after record_length: must be zero
+    data[table["offset"] + 32:table["offset"] + 64] = blake3.blake3(data[rec:rec + stride]).digest()
+    new_table_hash = blake3.blake3(data[table["offset"]:table["offset"] + table["length"]])
+    index = bytes(data[h.index_offset:]).replace(table["hash"].encode(),
+                                                 new_table_hash.hexdigest().encode())
+    data[h.index_offset:] = index
+    copy.write_bytes(data)
+    _rewrite_header(copy, root_hash=blake3.blake3(index).digest())
+    r = verify(copy)
+    assert [(d.kind, d.offset, d.length) for d in r.damaged] == [("padding", rec + stride - 1, 1)]
+    assert "layer 0 expert 1" in r.damaged[0].detail

@@ -38,13 +38,40 @@ def _sections(items: list[Item], res: ScanResult) -> list[Damage]:
 Found = tuple[list[Damage], list[str]]  # damage, notes
 
 
+def _layer_records(layer: int, idx: list[int], t: int, items: list[Item],
+                   res: ScanResult) -> Found:
+    """Judge the records `idx` of one layer against hash table item `t`."""
+    table = bytes(res.kept.get(t, b""))
+    table_ok = res.digests.get(t) == items[t].expect
+    computed = [res.digests.get(i) for i in idx]
+    notes: list[str] = []
+    cleared = not table_ok and None not in computed and \
+        blake3.blake3(b"".join(computed)).digest() == items[t].expect  # type: ignore[arg-type]
+    if cleared:
+        notes.append(f"layer {layer}: hash table damaged, but all {len(idx)} records match the "
+                     "table's hash in the index")
+    detail = "BLAKE3 differs from expert_hashes" if table_ok else \
+        "judged against a damaged hash table"
+    out: list[Damage] = []
+    for e, i in enumerate(idx):
+        if i in res.unreadable:
+            continue  # reported with the sections
+        if not cleared and computed[e] != table[e * HASH:(e + 1) * HASH]:
+            out.append(_damage(items[i], detail))
+        elif i in res.nonzero:  # intact as written, but the writer broke the zero rule
+            lo, hi = res.nonzero[i]
+            out.append(Damage("padding", "padding", lo, hi - lo,
+                              f"non-zero record padding in {items[i].name}"))
+    return out, notes
+
+
 def _records(items: list[Item], res: ScanResult, tables: dict[int, str]) -> Found:
     """Damage among expert records, and notes about tables that could not be trusted."""
     by_name = {item.name: i for i, item in enumerate(items) if item.kind == "expert_hashes"}
     records: dict[int, list[int]] = {}
     for i, item in enumerate(items):
-        if item.check == "record":
-            records.setdefault(item.layer, []).append(i)  # type: ignore[arg-type]
+        if item.check == "record" and item.layer is not None:
+            records.setdefault(item.layer, []).append(i)
     out: list[Damage] = []
     notes: list[str] = []
     for layer, idx in records.items():
@@ -52,20 +79,9 @@ def _records(items: list[Item], res: ScanResult, tables: dict[int, str]) -> Foun
         if t is None or t in res.unreadable:
             notes.append(f"layer {layer}: hash table unreadable; records not verified")
             continue
-        table = bytes(res.kept.get(t, b""))
-        table_ok = res.digests.get(t) == items[t].expect
-        computed = [res.digests.get(i) for i in idx]
-        if not table_ok and None not in computed and \
-                blake3.blake3(b"".join(computed)).digest() == items[t].expect:  # type: ignore[arg-type]
-            notes.append(f"layer {layer}: hash table damaged, but all {len(idx)} records match "
-                         "the table's hash in the index")
-            continue
-        detail = "" if table_ok else "judged against a damaged hash table"
-        for e, i in enumerate(idx):
-            if i in res.unreadable:
-                continue  # reported with the sections
-            if computed[e] != table[e * HASH:(e + 1) * HASH]:
-                out.append(_damage(items[i], detail or "BLAKE3 differs from expert_hashes"))
+        damage, more = _layer_records(layer, idx, t, items, res)
+        out += damage
+        notes += more
     return out, notes
 
 

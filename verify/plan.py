@@ -30,6 +30,7 @@ class Item:
     layer: int | None = None
     expert: int | None = None
     keep: bool = False  # keep the bytes: hash tables are needed to judge records
+    zeros: tuple[tuple[int, int], ...] = ()  # record padding, [start, end) within the item
 
     @property
     def end(self) -> int:
@@ -47,14 +48,27 @@ def _hash_bytes(section: dict) -> bytes | None:
     return digest if len(digest) == 32 else None
 
 
+def _record_padding(bank: dict) -> tuple[tuple[int, int], ...]:
+    """Zero ranges of a record: between parts and after record_length (FORMAT.md section 9)."""
+    out, at = [], 0
+    for part in sorted(bank["parts"], key=lambda p: p["offset"]):
+        if part["offset"] > at:
+            out.append((at, part["offset"]))
+        at = part["offset"] + part["length"]
+    if bank["stride"] > at:
+        out.append((at, bank["stride"]))
+    return tuple(out)
+
+
 def _section_items(section: dict) -> list[Item]:
     kind, name = section["type"], section["name"]
     offset, length = section["offset"], section["length"]
     if kind == "expert_bank":
         layer, stride = section["layer"], section["stride"]
+        zeros = _record_padding(section)
         return [
             Item("expert", f"layer {layer} expert {e}", offset + e * stride, stride, "record",
-                 layer=layer, expert=e)
+                 layer=layer, expert=e, zeros=zeros)
             for e in range(section["count"])
         ]
     expect = _hash_bytes(section)

@@ -27,7 +27,8 @@ _MT_MIN = 1 << 20  # items at least this big get a multi-threaded hasher
 @dataclass
 class ScanResult:
     digests: dict[int, bytes] = field(default_factory=dict)  # item index -> BLAKE3
-    nonzero: dict[int, tuple[int, int]] = field(default_factory=dict)  # item -> [first, last+1)
+    # item index -> [first, last + 1) of non-zero bytes in its padding (gaps, record padding)
+    nonzero: dict[int, tuple[int, int]] = field(default_factory=dict)
     unreadable: dict[int, str] = field(default_factory=dict)  # item index -> why
     kept: dict[int, bytearray] = field(default_factory=dict)  # item index -> its bytes
     bytes_read: int = 0
@@ -56,20 +57,34 @@ class _Hashing:
         mt = self.threads if self.threads > 1 and item.length >= _MT_MIN else 1
         return blake3.blake3(max_threads=mt)
 
+    def _zero_check(self, index: int, data: memoryview, offset: int) -> None:
+        """Record in `nonzero` the range of non-zero bytes of `data` (at file `offset`)."""
+        arr = np.frombuffer(data, dtype=np.uint8)
+        if not np.count_nonzero(arr):
+            return
+        where = np.flatnonzero(arr)
+        lo, hi = offset + int(where[0]), offset + int(where[-1]) + 1
+        old = self.result.nonzero.get(index)
+        self.result.nonzero[index] = (min(lo, old[0]), max(hi, old[1])) if old else (lo, hi)
+
+    def _record_padding(self, seg: _Segment) -> None:
+        end = seg.offset + len(seg.data)
+        for a, b in seg.item.zeros:
+            lo, hi = max(seg.item.offset + a, seg.offset), min(seg.item.offset + b, end)
+            if lo < hi:
+                self._zero_check(seg.index, seg.data[lo - seg.offset:hi - seg.offset], lo)
+
     def run(self, seg: _Segment) -> None:
         item, res = seg.item, self.result
         if item.check == "zero":
-            arr = np.frombuffer(seg.data, dtype=np.uint8)
-            if np.count_nonzero(arr):
-                where = np.flatnonzero(arr)
-                lo, hi = seg.offset + int(where[0]), seg.offset + int(where[-1]) + 1
-                old = res.nonzero.get(seg.index)
-                res.nonzero[seg.index] = (min(lo, old[0]), max(hi, old[1])) if old else (lo, hi)
+            self._zero_check(seg.index, seg.data, seg.offset)
             return
         if item.check == "none":
             return
         if item.keep:
             res.kept.setdefault(seg.index, bytearray()).extend(seg.data)
+        if item.zeros:
+            self._record_padding(seg)
         if seg.first:
             h = self._hasher(item)
         else:
