@@ -90,7 +90,8 @@ class ContainerWriter:
         return self._write_extent(self.layout.blob(name), data)
 
     def write_expert(self, layer: int, expert: int, record: bytes | memoryview) -> bytes:
-        """Write one record (record_length bytes, or stride bytes with a zero tail).
+        """Write one record: at most record_length bytes (the rest of the stride is zeroed), or
+        exactly stride bytes whose tail past record_length is zero. pack_record() builds one.
 
         Returns the BLAKE3 digest of the whole stride, as stored in the hash table.
         """
@@ -101,13 +102,12 @@ class ContainerWriter:
             if any(record[bank.record_length :]):
                 raise ValueError(f"layer {layer} expert {expert}: bytes past record_length")
             record = record[: bank.record_length]
-        if len(record) != bank.record_length:
-            raise ValueError(
-                f"layer {layer} expert {expert}: {len(record)} bytes, planned {bank.record_length}"
-            )
-        pad = bytes(bank.stride - bank.record_length)
+        if len(record) > bank.record_length:
+            raise ValueError(f"layer {layer} expert {expert}: {len(record)} bytes, planned at most "
+                             f"{bank.record_length}")
+        pad = bytes(bank.stride - len(record))
         self._pwrite(record, offset)
-        self._pwrite(pad, offset + bank.record_length)  # a resumed write may overwrite old bytes
+        self._pwrite(pad, offset + len(record))  # a resumed write may overwrite old bytes
         hasher = blake3.blake3(record)
         hasher.update(pad)
         digest = hasher.digest()
