@@ -153,3 +153,52 @@ def test_existing_complete_file_is_hashed_not_downloaded(hub: HubServer, tmp_pat
     fetch_hub(plan_hub(f"hf:{REPO}", tmp_path, []), policy=FAST)
     assert not [p for (m, p, _) in hub.requests if p == hub.fault_path(REPO, name) and m == "GET"]
     assert os.path.getsize(tmp_path / "moepack-source.json") > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """A real tiny Mixtral checkpoint (tests/tiny_models.py)."""
+    from tiny_models import make_checkpoint
+
+    src = tmp_path_factory.mktemp("ckpt")
+    make_checkpoint("mixtral", src)
+    return {p.relative_to(src).as_posix(): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def tiny_hub(tiny_files: dict[str, bytes], monkeypatch: pytest.MonkeyPatch):
+    with HubServer({"org/tiny-mixtral": HubRepo(tiny_files)}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.base)
+        yield server
+
+
+def test_dry_run_conversion_size_is_the_planners(tiny_hub: HubServer, tmp_path: Path) -> None:
+    from moepack.convert.plan import plan_for_config
+    from moepack.convert.settings import Settings
+
+    files = tiny_hub.repos["org/tiny-mixtral"].files
+    out = tmp_path / "elsewhere" / "m.moepack"
+    plan = plan_hub("hf:org/tiny-mixtral", tmp_path / "raw", [], out)
+    weights = [{"name": n, "size": len(b), "sha256": hashlib.sha256(b).hexdigest()}
+               for n, b in sorted(files.items()) if n.endswith(".safetensors")]
+    blobs = {n: len(b) for n, b in files.items() if n in ("tokenizer.json",
+                                                         "tokenizer_config.json",
+                                                         "generation_config.json")}
+    expected = plan_for_config(json.loads(files["config.json"]), Settings(), files=weights,
+                               blobs=blobs).file_size
+    assert plan.conversion == expected and "exact" in plan.conversion_note
+    # Same filesystem for download and --out here, so one verdict adds both up.
+    (v,) = plan.verdicts
+    assert v.need == plan.to_fetch + expected and "conversion output" in v.label
+
+
+@pytest.mark.timeout(120)
+def test_fetched_checkpoint_converts_to_the_predicted_size(tiny_hub: HubServer,
+                                                           tmp_path: Path) -> None:
+    raw, out = tmp_path / "raw", tmp_path / "m.moepack"
+    plan = plan_hub("hf:org/tiny-mixtral", raw, [], out)
+    fetch_hub(plan, jobs=2, policy=FAST)
+    r = CliRunner().invoke(app, ["convert", str(raw), str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.stat().st_size == plan.conversion
+    assert CliRunner().invoke(app, ["verify", "--source", str(raw)]).exit_code == 0
