@@ -99,18 +99,25 @@ def test_assign_ties_go_to_lowest_index() -> None:
     assert idx[0] == 0  # equidistant from 0 and 10: lowest index
 
 
-def test_assign_matches_brute_force() -> None:
-    x = RNG.standard_normal((500, 8)).astype(np.float32)
-    cb = RNG.standard_normal((256, 8)).astype(np.float32)
-    diff = x[:, None, :] - cb[None]
-    d = np.zeros((500, 256), np.float32)
-    for k in range(8):  # same order as the C loop
-        d = d + diff[..., k] * diff[..., k]
+@pytest.mark.parametrize("k", [256, 100, 3])
+def test_assign_matches_reference_scores(k: int) -> None:
+    """Nearest = least |c|^2 - 2 x.c, each summed in dimension order in f32 (codec.h)."""
+    x = RNG.standard_normal((501, 8)).astype(np.float32)
+    cb = RNG.standard_normal((k, 8)).astype(np.float32)
+    dot = x[:, None, 0] * cb[None, :, 0]
+    cn = cb[:, 0] * cb[:, 0]
+    for d in range(1, 8):
+        dot = dot + x[:, None, d] * cb[None, :, d]
+        cn = cn + cb[:, d] * cb[:, d]
+    score = cn[None] - (dot + dot)
     idx, dist = native.assign(x, cb)
-    assert np.array_equal(idx, d.argmin(1)) and np.array_equal(dist, d.min(1))
+    assert np.array_equal(idx, score.argmin(1))
+    exact = np.sum((x - cb[idx]) ** 2, axis=1)
+    assert np.allclose(dist, exact, atol=1e-4)
 
 
-def test_beam_search_never_worse_than_greedy() -> None:
+def test_beam_search_beats_greedy() -> None:
+    """Not per vector (a pruned greedy path can win at the last stage), but on average."""
     x = RNG.standard_normal((2000, 8)).astype(np.float32)
     cb = (RNG.standard_normal((3, 256, 8)) * [[[1.0]], [[0.5]], [[0.25]]]).astype(np.float32)
 
@@ -120,7 +127,7 @@ def test_beam_search_never_worse_than_greedy() -> None:
 
     greedy = err(native.rvq_encode(x, cb, beam=1))
     beam = err(native.rvq_encode(x, cb, beam=8))
-    assert np.all(beam <= greedy + 1e-5) and beam.mean() < greedy.mean()
+    assert np.mean(beam <= greedy + 1e-6) > 0.9 and beam.mean() < 0.95 * greedy.mean()
 
 
 def test_rejects_bad_arguments() -> None:

@@ -17,12 +17,9 @@ def kmeans_pp_init(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarra
     cb[0] = x[rng.integers(n)]
     d = np.full(n, np.inf, np.float32)
     for j in range(1, k):
-        native.mindist_update(x, cb[j - 1], d)
-        cum = np.cumsum(d, dtype=np.float64)
-        total = cum[-1]
+        total = native.mindist_update(x, cb[j - 1], d)
         if total > 0:
-            i = int(np.searchsorted(cum, rng.random() * total, side="right"))
-            cb[j] = x[min(i, n - 1)]
+            cb[j] = x[native.pick(d, rng.random() * total)]
         else:  # fewer distinct vectors than entries: any choice is as good
             cb[j] = x[rng.integers(n)]
     return cb

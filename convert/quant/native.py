@@ -32,7 +32,8 @@ def lib() -> ctypes.CDLL:
     so = _lib.load()
     sigs = {
         "mp_vq_assign": (_int, [_f32p, _sz, _f32p, _int, _i32p, ctypes.c_void_p]),
-        "mp_vq_mindist_update": (None, [_f32p, _sz, _f32p, _f32p]),
+        "mp_vq_mindist_update": (ctypes.c_double, [_f32p, _sz, _f32p, _f32p]),
+        "mp_vq_pick": (_sz, [_f32p, _sz, ctypes.c_double]),
         "mp_vq_update": (_int, [_f32p, _sz, _i32p, _int, _f32p]),
         "mp_rvq_encode": (_int, [_f32p, _sz, _f32p, _int, _int, _int, _u8p]),
         "mp_rvq_decode": (
@@ -86,9 +87,14 @@ def assign(x: np.ndarray, cb: np.ndarray, *, threads: int = 1) -> tuple[np.ndarr
     return idx, dist
 
 
-def mindist_update(x: np.ndarray, c: np.ndarray, d: np.ndarray) -> None:
-    """d = min(d, |x - c|^2) in place (k-means++ seeding)."""
-    lib().mp_vq_mindist_update(x, x.shape[0], np.ascontiguousarray(c, np.float32), d)
+def mindist_update(x: np.ndarray, c: np.ndarray, d: np.ndarray) -> float:
+    """d = min(d, |x - c|^2) in place (k-means++ seeding); returns sum(d) (f64, in order)."""
+    return lib().mp_vq_mindist_update(x, x.shape[0], np.ascontiguousarray(c, np.float32), d)
+
+
+def pick(d: np.ndarray, target: float) -> int:
+    """First index whose running f64 sum of d exceeds target (D^2 sampling)."""
+    return int(lib().mp_vq_pick(d, d.shape[0], target))
 
 
 def update(x: np.ndarray, idx: np.ndarray, cb: np.ndarray) -> int:

@@ -2,6 +2,7 @@
 #include "codec.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define D MP_VQ_DIM
@@ -27,55 +28,127 @@ float mp_f16_to_f32(uint16_t h) {
     return f;
 }
 
-/* Codebooks are kept transposed to [D][KP] (KP = k rounded up to 4, padding entries far away) so
- * distances are computed 4 entries at a time with GCC/Clang vector extensions. Each lane runs the
- * same f32 operations in the same order as the scalar definition, so results do not change. */
-typedef float v4f __attribute__((vector_size(16)));
-#define KP(k) (((k) + 3) & ~3)
-#define FAR 1e30f
+/* Nearest-codeword search uses the expanded distance: score_j = |c_j|^2 - 2 (x . c_j), with
+ * dot = x0*c0, then + x1*c1, ... + x7*c7 (f32, in order from the first product) and
+ * |c_j|^2 summed the same way; |x - c_j|^2 = |x|^2 + score_j, so ranking by score is ranking by
+ * distance. Codebooks are transposed to [D][KP] (KP = k rounded up to 8; padding entries are zero
+ * with |c|^2 = +inf so they never win) and 4 vectors are scored against 8 entries at a time with
+ * GCC/Clang vector extensions. Every lane performs the scalar definition's operations in the
+ * scalar order, and there is no FMA (-ffp-contract=off, no "fma" target), so the AVX2 and the
+ * baseline SSE2 clone give identical bits. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+#define KP(k) (((k) + 7) & ~7)
+#define BLK 4 /* vectors scored together */
 
-static void transpose(const float *cb, int k, float *cbt) {
-    int kp = KP(k);
-    for (int d = 0; d < D; d++)
-        for (int j = 0; j < kp; j++) cbt[d * kp + j] = j < k ? cb[(size_t)j * D + d] : FAR;
-}
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MP_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define MP_CLONES
+#endif
 
-/* dist[j] = |r - cb[j]|^2: from 0.0f, add (r[d] - c[d])^2 for d = 0..7 in order. */
-static void all_dists(const float *r, const float *cbt, int k, float *dist) {
-    int kp = KP(k);
-    for (int j = 0; j < kp; j += 4) {
-        v4f acc = {0.0f, 0.0f, 0.0f, 0.0f};
+typedef struct {
+    int k, kp;
+    float cbt[D * 256]; /* [D][kp] */
+    float cn[256];      /* |c_j|^2, +inf for padding */
+} tcb_t;
+
+static void prepare_cb(const float *cb, int k, tcb_t *t) {
+    t->k = k;
+    t->kp = KP(k);
+    for (int j = 0; j < t->kp; j++) {
+        float n = 0.0f;
         for (int d = 0; d < D; d++) {
-            v4f c, t;
-            memcpy(&c, cbt + d * kp + j, sizeof c);
-            t = r[d] - c;
-            acc = acc + t * t;
+            float c = j < k ? cb[(size_t)j * D + d] : 0.0f;
+            t->cbt[d * t->kp + j] = c;
+            n = n + c * c;
         }
-        memcpy(dist + j, &acc, sizeof acc);
+        t->cn[j] = j < k ? n : (float)INFINITY;
     }
 }
 
-static int argmin(const float *dist, int k) {
-    int best = 0;
-    for (int j = 1; j < k; j++)
-        if (dist[j] < dist[best]) best = j; /* strict: ties keep the lowest index */
-    return best;
+/* scores[v][j] for BLK vectors x[BLK][D] (rows beyond the caller's count are ignored). */
+static inline void scores4(const float *x, const tcb_t *t, float *scores) {
+    const int kp = t->kp;
+    for (int j = 0; j < kp; j += 8) {
+        v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, c, n;
+        for (int d = 0; d < D; d++) {
+            memcpy(&c, t->cbt + d * kp + j, sizeof c);
+            a0 = a0 + x[d] * c;
+            a1 = a1 + x[D + d] * c;
+            a2 = a2 + x[2 * D + d] * c;
+            a3 = a3 + x[3 * D + d] * c;
+        }
+        memcpy(&n, t->cn + j, sizeof n);
+        a0 = n - (a0 + a0);
+        a1 = n - (a1 + a1);
+        a2 = n - (a2 + a2);
+        a3 = n - (a3 + a3);
+        memcpy(scores + j, &a0, sizeof a0);
+        memcpy(scores + kp + j, &a1, sizeof a1);
+        memcpy(scores + 2 * kp + j, &a2, sizeof a2);
+        memcpy(scores + 3 * kp + j, &a3, sizeof a3);
+    }
+}
+
+/* Index of the smallest score, ties -> lowest index (lane-wise strict minimum, then the lowest
+ * index among lanes holding the minimum: the same answer as a scalar left-to-right scan). */
+static inline int argmin(const float *sc, int kp) {
+    v8f best, v;
+    v8i bi = {0, 1, 2, 3, 4, 5, 6, 7}, ji = bi, eight = {8, 8, 8, 8, 8, 8, 8, 8};
+    memcpy(&best, sc, sizeof best);
+    for (int j = 8; j < kp; j += 8) {
+        ji = ji + eight;
+        memcpy(&v, sc + j, sizeof v);
+        v8i m = v < best;
+        best = (v8f)(((v8i)v & m) | ((v8i)best & ~m));
+        bi = (ji & m) | (bi & ~m);
+    }
+    int b = bi[0];
+    float bv = best[0];
+    for (int l = 1; l < 8; l++)
+        if (best[l] < bv || (best[l] == bv && bi[l] < b)) {
+            bv = best[l];
+            b = bi[l];
+        }
+    return b;
+}
+
+static float sqnorm(const float *r) {
+    float n = 0.0f;
+    for (int d = 0; d < D; d++) n = n + r[d] * r[d];
+    return n;
+}
+
+MP_CLONES
+static void assign_range(const float *x, size_t n, const tcb_t *t, int32_t *idx, float *dist) {
+    float xb[BLK * D], sc[BLK * 256];
+    for (size_t i = 0; i < n; i += BLK) {
+        size_t m = n - i < BLK ? n - i : BLK;
+        memset(xb, 0, sizeof xb);
+        memcpy(xb, x + i * D, m * D * sizeof(float));
+        scores4(xb, t, sc);
+        for (size_t v = 0; v < m; v++) {
+            int b = argmin(sc + v * t->kp, t->kp);
+            idx[i + v] = b;
+            if (dist) {
+                float e = sqnorm(xb + v * D) + sc[v * t->kp + b];
+                dist[i + v] = e > 0.0f ? e : 0.0f;
+            }
+        }
+    }
 }
 
 int mp_vq_assign(const float *x, size_t n, const float *cb, int k, int32_t *idx, float *dist) {
-    float dd[256], cbt[256 * D];
+    tcb_t t;
     if (k < 1 || k > 256) return -1;
-    transpose(cb, k, cbt);
-    for (size_t i = 0; i < n; i++) {
-        all_dists(x + i * D, cbt, k, dd);
-        int b = argmin(dd, k);
-        idx[i] = b;
-        if (dist) dist[i] = dd[b];
-    }
+    prepare_cb(cb, k, &t);
+    assign_range(x, n, &t, idx, dist);
     return 0;
 }
 
-void mp_vq_mindist_update(const float *x, size_t n, const float *c, float *d) {
+double mp_vq_mindist_update(const float *x, size_t n, const float *c, float *d) {
+    double total = 0.0;
     for (size_t i = 0; i < n; i++) {
         float acc = 0.0f;
         for (int j = 0; j < D; j++) {
@@ -83,7 +156,18 @@ void mp_vq_mindist_update(const float *x, size_t n, const float *c, float *d) {
             acc = acc + t * t;
         }
         if (acc < d[i]) d[i] = acc;
+        total += (double)d[i];
     }
+    return total;
+}
+
+size_t mp_vq_pick(const float *d, size_t n, double target) {
+    double cum = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        cum += (double)d[i];
+        if (cum > target) return i;
+    }
+    return n - 1;
 }
 
 int mp_vq_update(const float *x, size_t n, const int32_t *idx, int k, float *cb) {
@@ -94,6 +178,7 @@ int mp_vq_update(const float *x, size_t n, const int32_t *idx, int k, float *cb)
     memset(cnt, 0, sizeof(size_t) * (size_t)k);
     for (size_t i = 0; i < n; i++) {
         int j = idx[i];
+        if (j < 0 || j >= k) return -1;
         cnt[j]++;
         for (int d = 0; d < D; d++) sum[(size_t)j * D + d] += (double)x[i * D + d];
     }
@@ -103,27 +188,49 @@ int mp_vq_update(const float *x, size_t n, const int32_t *idx, int k, float *cb)
             empty++;
             continue;
         }
-        for (int d = 0; d < D; d++) cb[(size_t)j * D + d] = (float)(sum[(size_t)j * D + d] / (double)cnt[j]);
+        for (int d = 0; d < D; d++)
+            cb[(size_t)j * D + d] = (float)(sum[(size_t)j * D + d] / (double)cnt[j]);
     }
     return empty;
 }
 
-/* One path of the beam: total squared error so far, current residual, codes chosen so far. */
+/* Greedy RVQ: BLK vectors in lock-step, stage by stage, residual -= chosen codeword. */
+MP_CLONES
+static void greedy_range(const float *x, size_t n, const float *cb, const tcb_t *t, int stages,
+                         uint8_t *codes) {
+    float res[BLK * D], sc[BLK * 256];
+    for (size_t i = 0; i < n; i += BLK) {
+        size_t m = n - i < BLK ? n - i : BLK;
+        memset(res, 0, sizeof res);
+        memcpy(res, x + i * D, m * D * sizeof(float));
+        for (int s = 0; s < stages; s++) {
+            const float *cbs = cb + (size_t)s * t[s].k * D;
+            scores4(res, &t[s], sc);
+            for (size_t v = 0; v < BLK; v++) {
+                int b = argmin(sc + v * t[s].kp, t[s].kp);
+                if (v < m) codes[(i + v) * stages + s] = (uint8_t)b;
+                for (int d = 0; d < D; d++) res[v * D + d] = res[v * D + d] - cbs[b * D + d];
+            }
+        }
+    }
+}
+
+/* Beam search. A path: total squared error so far (|r|^2 of its residual, kept as
+ * |r_parent|^2 + score), residual, codes. Candidates (parent p, entry j) are offered in (p, j)
+ * order to a sorted list of the `beam` best; equal errors go after existing ones, so ties keep
+ * the earlier path, then the lower entry. */
 typedef struct {
     float err;
     float res[D];
     uint8_t code[8];
 } path_t;
 
-/* Insert candidate (err, parent, code) into the sorted list `top` of at most `beam` entries.
- * Candidates arrive in (parent, code) order and equal errors go after existing ones, so ties
- * keep the earlier path / lower code. */
 typedef struct {
     float err;
     int parent, code;
 } cand_t;
 
-static void push(cand_t *top, int *nt, int beam, float err, int parent, int code) {
+static inline void push(cand_t *top, int *nt, int beam, float err, int parent, int code) {
     if (*nt == beam && !(err < top[beam - 1].err)) return;
     int i = *nt < beam ? (*nt)++ : beam - 1;
     while (i > 0 && err < top[i - 1].err) {
@@ -135,48 +242,74 @@ static void push(cand_t *top, int *nt, int beam, float err, int parent, int code
     top[i].code = code;
 }
 
-/* cbt: the stages' codebooks, each transposed to [D][k]. */
-static void encode_one(const float *x, const float *cb, const float *cbt, int stages, int k,
-                       int beam, uint8_t *out) {
+/* push() every candidate (perr + sc[j], parent, j), j = 0..k-1 in order. Once the list is full,
+ * groups of 8 entries none of which beats the current worst are skipped: push() would reject
+ * each of them, so the result is the same. */
+static inline void offer(cand_t *top, int *nt, int beam, float perr, const float *sc, int k,
+                         int parent) {
+    for (int j0 = 0; j0 < k; j0 += 8) {
+        if (*nt == beam) {
+            v8f e, pe = {perr, perr, perr, perr, perr, perr, perr, perr};
+            memcpy(&e, sc + j0, sizeof e);
+            e = pe + e;
+            float w = top[beam - 1].err;
+            v8i m = e < (v8f){w, w, w, w, w, w, w, w};
+            if (!(m[0] | m[1] | m[2] | m[3] | m[4] | m[5] | m[6] | m[7])) continue;
+        }
+        int j1 = j0 + 8 < k ? j0 + 8 : k;
+        for (int j = j0; j < j1; j++) push(top, nt, beam, perr + sc[j], parent, j);
+    }
+}
+
+MP_CLONES
+static void beam_range(const float *x, size_t n, const float *cb, const tcb_t *t, int stages,
+                       int beam, uint8_t *codes) {
     path_t cur[MP_VQ_MAX_BEAM], nxt[MP_VQ_MAX_BEAM];
     cand_t top[MP_VQ_MAX_BEAM];
-    float dist[256];
-    int np = 1;
-    memcpy(cur[0].res, x, sizeof(float) * D);
-    cur[0].err = 0.0f;
-    for (int s = 0; s < stages; s++) {
-        const float *cbs = cb + (size_t)s * k * D;
-        int nt = 0;
-        for (int p = 0; p < np; p++) {
-            all_dists(cur[p].res, cbt + (size_t)s * KP(k) * D, k, dist);
-            if (beam == 1) {
-                int b = argmin(dist, k);
-                push(top, &nt, 1, dist[b], p, b);
-            } else {
-                for (int j = 0; j < k; j++) push(top, &nt, beam, dist[j], p, j);
+    float rb[BLK * D], sc[BLK * 256];
+    for (size_t i = 0; i < n; i++) {
+        int np = 1;
+        memcpy(cur[0].res, x + i * D, sizeof(float) * D);
+        cur[0].err = sqnorm(cur[0].res);
+        for (int s = 0; s < stages; s++) {
+            const float *cbs = cb + (size_t)s * t[s].k * D;
+            int nt = 0;
+            for (int p0 = 0; p0 < np; p0 += BLK) { /* score up to BLK paths at once */
+                int m = np - p0 < BLK ? np - p0 : BLK;
+                memset(rb, 0, sizeof rb);
+                for (int v = 0; v < m; v++) memcpy(rb + v * D, cur[p0 + v].res, sizeof(float) * D);
+                scores4(rb, &t[s], sc);
+                for (int v = 0; v < m; v++)
+                    offer(top, &nt, beam, cur[p0 + v].err, sc + v * t[s].kp, t[s].k, p0 + v);
             }
+            for (int q = 0; q < nt; q++) {
+                const path_t *par = &cur[top[q].parent];
+                const float *c = cbs + (size_t)top[q].code * D;
+                nxt[q] = *par;
+                nxt[q].err = top[q].err;
+                nxt[q].code[s] = (uint8_t)top[q].code;
+                for (int d = 0; d < D; d++) nxt[q].res[d] = par->res[d] - c[d];
+            }
+            memcpy(cur, nxt, sizeof(path_t) * (size_t)nt);
+            np = nt;
         }
-        for (int t = 0; t < nt; t++) {
-            const path_t *par = &cur[top[t].parent];
-            const float *c = cbs + (size_t)top[t].code * D;
-            nxt[t] = *par;
-            nxt[t].err = top[t].err;
-            nxt[t].code[s] = (uint8_t)top[t].code;
-            for (int d = 0; d < D; d++) nxt[t].res[d] = par->res[d] - c[d];
-        }
-        memcpy(cur, nxt, sizeof(path_t) * (size_t)nt);
-        np = nt;
+        memcpy(codes + i * stages, cur[0].code, (size_t)stages); /* path 0: least error */
     }
-    memcpy(out, cur[0].code, (size_t)stages); /* cur is sorted: path 0 has the least error */
 }
 
 int mp_rvq_encode(const float *x, size_t n, const float *cb, int stages, int k, int beam,
                   uint8_t *codes) {
-    if (stages < 1 || stages > 8 || k < 1 || k > 256 || beam < 1 || beam > MP_VQ_MAX_BEAM) return -1;
-    float cbt[8 * 256 * D];
-    for (int s = 0; s < stages; s++) transpose(cb + (size_t)s * k * D, k, cbt + (size_t)s * KP(k) * D);
-    for (size_t i = 0; i < n; i++)
-        encode_one(x + i * D, cb, cbt, stages, k, beam, codes + i * stages);
+    static const size_t tsz = sizeof(tcb_t);
+    if (stages < 1 || stages > 8 || k < 1 || k > 256 || beam < 1 || beam > MP_VQ_MAX_BEAM)
+        return -1;
+    tcb_t *t = malloc(tsz * (size_t)stages);
+    if (!t) return -1;
+    for (int s = 0; s < stages; s++) prepare_cb(cb + (size_t)s * k * D, k, &t[s]);
+    if (beam == 1)
+        greedy_range(x, n, cb, t, stages, codes);
+    else
+        beam_range(x, n, cb, t, stages, beam, codes);
+    free(t);
     return 0;
 }
 

@@ -15,13 +15,18 @@
 /* Exact IEEE binary16 -> binary32 (subnormals, inf, NaN preserved). */
 float mp_f16_to_f32(uint16_t h);
 
-/* For each of n vectors x[n][8], the index of the nearest codeword of cb[k][8] (squared L2,
- * ties -> lowest index) and, if dist != NULL, that squared distance. k <= 256; returns 0 or -1. */
+/* For each of n vectors x[n][8], the index of the nearest codeword of cb[k][8] and, if
+ * dist != NULL, the squared distance |x|^2 + score (clamped at 0). Nearest = least score
+ * |c|^2 - 2 x.c in the f32 order of codec.c, ties -> lowest index. k <= 256; returns 0 or -1. */
 MP_API int mp_vq_assign(const float *x, size_t n, const float *cb, int k, int32_t *idx,
                          float *dist);
 
-/* d[i] = min(d[i], |x_i - c|^2) for one centre c[8] (k-means++ seeding). */
-MP_API void mp_vq_mindist_update(const float *x, size_t n, const float *c, float *d);
+/* d[i] = min(d[i], |x_i - c|^2) for one centre c[8] (k-means++ seeding); returns sum of d
+ * (f64, in index order). */
+MP_API double mp_vq_mindist_update(const float *x, size_t n, const float *c, float *d);
+
+/* First i whose running f64 sum d[0] + ... + d[i] exceeds target (n-1 if none): D^2 sampling. */
+MP_API size_t mp_vq_pick(const float *d, size_t n, double target);
 
 /* Lloyd update: cb[j] = mean of the x_i with idx[i] == j, summed in f64 in index order; an empty
  * cluster keeps its old centre. k <= 256. Returns the number of empty clusters, or -1. */
