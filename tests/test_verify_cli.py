@@ -109,3 +109,20 @@ def test_source(tmp_path: Path) -> None:
     doc = json.loads(res.stdout)
     assert [(p["kind"], p["name"]) for p in doc["problems"]] == [
         ("missing", "model-2.safetensors")]
+
+
+def test_progress_bar_appears_only_on_long_runs() -> None:
+    import io
+
+    from moepack.verify.render import LazyProgress
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=100)
+    with LazyProgress(console, "verify") as bar:
+        bar(1, 10)
+        assert bar.bar is None  # a short run shows nothing
+        bar.t0 -= 5
+        bar(5 << 20, 10 << 20)
+        assert bar.bar is not None
+    assert "verify" in buf.getvalue()

@@ -77,7 +77,9 @@ class RangeReader:
                 self._direct_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
             except OSError:
                 self._direct_fd = None
-        if self._direct_fd is None:
+        # Falling back only flips this flag: reads in flight on the other fd stay valid.
+        self._use_direct = self._direct_fd is not None
+        if not self._use_direct:
             self._advise_sequential()
         # None: in flight only for O_DIRECT; 0: read in the caller's thread.
         self.depth = max(0, depth) if depth is not None else (DEPTH if self.direct else 0)
@@ -85,7 +87,7 @@ class RangeReader:
     @property
     def direct(self) -> bool:
         """True while reads bypass the page cache."""
-        return self._direct_fd is not None
+        return self._use_direct
 
     def _advise_sequential(self) -> None:
         if hasattr(os, "posix_fadvise"):
@@ -95,30 +97,27 @@ class RangeReader:
             except OSError:
                 pass  # advice only
 
-    def _fall_back_to_buffered(self) -> None:
-        if self._direct_fd is not None:
-            os.close(self._direct_fd)
-            self._direct_fd = None
-            self._advise_sequential()
-
     def _read(self, buf: mmap.mmap, offset: int, want: int) -> Chunk:
         """Fill buf with up to `want` bytes at `offset`; short only at end of file."""
         view = memoryview(buf)
         got = 0
         while got < want:
-            fd = self._direct_fd if self._direct_fd is not None else self._buffered_fd
+            direct = self._use_direct
+            fd = self._direct_fd if direct and self._direct_fd is not None else self._buffered_fd
             try:
                 # O_DIRECT reads whole aligned blocks; the caller slices what it asked for.
                 n = os.preadv(fd, [view[got:self.chunk]], offset + got)
             except OSError as e:
-                if e.errno == errno.EINVAL and fd == self._direct_fd:
-                    self._fall_back_to_buffered()
+                if e.errno == errno.EINVAL and direct:
+                    if self._use_direct:
+                        self._use_direct = False
+                        self._advise_sequential()
                     continue
                 return Chunk(offset, view[:0], e)
             if n == 0:
                 break
             got += n
-            if fd == self._direct_fd and got % mmap.PAGESIZE:
+            if direct and got % mmap.PAGESIZE:
                 break  # a short O_DIRECT read ends at end of file
         return Chunk(offset, view[:min(got, want)])
 
