@@ -140,3 +140,14 @@ def test_bad_json_expect_file(ckpt: Path) -> None:
     (ckpt / "moepack-source.json").write_text("{not json")
     r = verify_source(ckpt)
     assert r.exit_code == 2 and "not JSON" in (r.error or "")
+
+
+def test_reads_what_fetch_writes(tmp_path: Path) -> None:
+    from moepack.fetch.manifest import write_manifest
+
+    for name, data in SHARDS.items():
+        (tmp_path / name).write_bytes(data)
+    write_manifest(tmp_path, "org/model", "abc",
+                   [(n, len(d), hashlib.sha256(d).hexdigest()) for n, d in SHARDS.items()])
+    r = verify_source(tmp_path)
+    assert r.ok and r.files_checked == len(SHARDS), r
