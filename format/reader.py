@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,13 @@ class Container:
     def open(cls, path: str | os.PathLike) -> Container:
         """Open and fully validate the structure (no payload hashing except the index)."""
         path = Path(path)
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
         mm = None
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise FormatError("file: not a regular file (a directory, device or FIFO)")
+            size = st.st_size
             head = os.pread(fd, HEADER_SIZE, 0)
             header = parse_header(head, size)
             mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
