@@ -1,9 +1,144 @@
-"""Subcommands of `moepack` provided by moepack.convert."""
+"""Subcommands of `moepack` provided by moepack.convert: `convert` and `export`."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
 import typer
+from rich.console import Console
+
+QUANTISED_CLASSES = ("attn", "shared_expert", "dense_ffn", "embed", "lm_head")
+
+
+def _fail(msg: str) -> typer.Exit:
+    Console(stderr=True).print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    return typer.Exit(code=1)
+
+
+def _settings(expert_codec: str, trunk_codec: str | None, codec: list[str], seed: int,
+              alignment: int, sample: int | None, iters: int | None):
+    from moepack.convert.settings import Settings
+
+    trunk = [(cls, trunk_codec) for cls in QUANTISED_CLASSES] if trunk_codec else []
+    for item in codec:
+        cls, sep, name = item.partition("=")
+        if not sep:
+            raise _fail(f"--codec expects CLASS=CODEC, got {item!r}")
+        trunk = [t for t in trunk if t[0] != cls] + [(cls, name)]
+    return Settings(expert_preset=expert_codec, trunk=tuple(sorted(trunk)), seed=seed,
+                    alignment=alignment, sample=sample, iters=iters)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return str(n)
+
+
+# Module-level option objects (ruff B008); Optional[...] because typer parses annotations at
+# runtime and `X | None` is not understood on Python 3.10.
+_SRC = typer.Argument(..., help="Hugging Face checkpoint directory.", show_default=False)
+_OUT = typer.Argument(..., help="Output container, e.g. model.moepack.", show_default=False)
+_JOBS = typer.Option(1, "--jobs", "-j", min=1, help="Worker processes (one layer at a time each).")
+_EXPERT = typer.Option("rvq3", "--expert-codec", help="Expert codec preset (rvq2, rvq3, rvq4...).")
+_TRUNK = typer.Option(None, "--trunk-codec", help="Codec of all quantised trunk classes (q8, q4).")
+_CODEC = typer.Option(None, "--codec", help="Trunk codec of one class, CLASS=CODEC (repeatable).")
+_SEED = typer.Option(0, "--seed", help="Seed of codebook sampling and training.")
+_ALIGN = typer.Option(4096, "--alignment", help="Expert record alignment in bytes.")
+_SAMPLE = typer.Option(None, "--sample", help="Training vectors per projection (preset default).")
+_ITERS = typer.Option(None, "--iters", help="Lloyd iterations (preset default).")
+_DRY = typer.Option(False, "--dry-run", help="Print the plan and stop.")
+_FORCE = typer.Option(False, "--force", help="Replace an existing finished output.")
+_RESTART = typer.Option(False, "--restart", help="Discard an unfinished conversion of OUT.")
+_QUIET = typer.Option(False, "--quiet", "-q", help="No progress display.")
+_JSON = typer.Option(False, "--json", help="Print a JSON summary on stdout.")
+_FILE = typer.Argument(..., help="A .moepack container.", show_default=False)
+_OUTDIR = typer.Argument(..., help="Directory for the Hugging Face checkpoint.",
+                         show_default=False)
+_DTYPE = typer.Option("f32", "--dtype", help="Weight dtype of the export: f32, bf16 or f16.")
+_SHARD = typer.Option(4.0, "--shard-gb", help="Maximum safetensors shard size in GB.")
+
+
+def convert_cmd(
+    src: Path = _SRC,
+    out: Path = _OUT,
+    jobs: int = _JOBS,
+    expert_codec: str = _EXPERT,
+    trunk_codec: Optional[str] = _TRUNK,  # noqa: UP045
+    codec: Optional[list[str]] = _CODEC,  # noqa: UP045
+    seed: int = _SEED,
+    alignment: int = _ALIGN,
+    sample: Optional[int] = _SAMPLE,  # noqa: UP045
+    iters: Optional[int] = _ITERS,  # noqa: UP045
+    dry_run: bool = _DRY,
+    force: bool = _FORCE,
+    restart: bool = _RESTART,
+    quiet: bool = _QUIET,
+    as_json: bool = _JSON,
+) -> None:
+    """Convert a Hugging Face MoE checkpoint into a .moepack container (resumable)."""
+    from moepack.convert.errors import ConvertError
+    from moepack.convert.pipeline import convert
+    from moepack.convert.progress import Reporter, RichReporter
+    from moepack.format import FormatError
+
+    reporter = Reporter() if (quiet or as_json or dry_run) else RichReporter()
+    try:
+        settings = _settings(expert_codec, trunk_codec, codec or [], seed, alignment, sample, iters)
+        summary = convert(src, out, settings, jobs=jobs, force=force, restart=restart,
+                          dry_run=dry_run, reporter=reporter)
+    except (ConvertError, FormatError, OSError) as e:
+        raise _fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted; rerun the same command to continue") from None
+    if as_json:
+        typer.echo(json.dumps(asdict(summary), sort_keys=True))
+        return
+    p = summary.plan
+    if dry_run:
+        typer.echo(f"plan for {out}: {_human(p['file_size'])} ({p['file_size']:,} bytes), "
+                   f"{p['tensors']} tensors, {p['experts']} experts in {p['expert_banks']} banks")
+        typer.echo(f"free space: {_human(p['free_space'])}; peak memory estimate: "
+                   f"{_human(p['peak_memory_estimate'])} with {p['jobs']} worker(s) x "
+                   f"{p['threads_per_worker']} thread(s)")
+        typer.echo(f"bits per weight: {summary.bits_per_weight} overall, "
+                   f"{summary.expert_bits_per_weight} experts")
+        typer.echo("codecs: " + ", ".join(f"{k}={v['name']}" for k, v in p["codecs"].items()))
+    elif not quiet:
+        typer.echo(f"{out}: {_human(summary.file_size)}, container {summary.container_id}, "
+                   f"{summary.seconds:.1f} s, {summary.bits_per_weight} bits/weight")
+
+
+def export_cmd(
+    file: Path = _FILE,
+    outdir: Path = _OUTDIR,
+    dtype: str = _DTYPE,
+    shard_gb: float = _SHARD,
+    force: bool = _FORCE,
+    as_json: bool = _JSON,
+) -> None:
+    """Write a dequantised Hugging Face checkpoint that transformers loads as is."""
+    from moepack.convert.errors import ConvertError
+    from moepack.convert.export import export
+    from moepack.format import FormatError
+
+    try:
+        res = export(file, outdir, dtype=dtype, force=force, shard_bytes=int(shard_gb * 1e9))
+    except (ConvertError, FormatError, OSError) as e:
+        raise _fail(str(e)) from None
+    if as_json:
+        typer.echo(json.dumps(res, sort_keys=True))
+    else:
+        typer.echo(f"{outdir}: {res['tensors']} tensors, {_human(res['bytes'])} "
+                   f"in {len(res['files'])} file(s)")
 
 
 def register(app: typer.Typer) -> None:
     """Add this package's subcommands to the `moepack` app."""
+    app.command("convert")(convert_cmd)
+    app.command("export")(export_cmd)

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
+from math import prod
 from pathlib import Path
 
 import numpy as np
-import torch
 from moepack.convert.errors import SourceError
-from moepack.convert.fp8 import dequant_blocks, scale_grid
-from moepack.convert.st_header import TensorInfo, read_header
-from safetensors import SafetensorError, safe_open
+from moepack.convert.fp8 import dequant_blocks, scale_grid, to_f32
+from moepack.convert.st_header import DTYPE_SIZES, TensorInfo, read_header
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -130,24 +130,38 @@ class Checkpoint:
         if info.dtype not in FLOAT_DTYPES + (FP8,):
             raise SourceError(
                 f"{info.file}: tensor {ref.name!r} has unsupported dtype {info.dtype}")
-        t = self._slice(info, ref)
+        shape = self.ref_shape(ref)
+        w = to_f32(self._raw(info, ref, shape), info.dtype, shape)
         if info.dtype == FP8:
-            return self._dequant(info, ref, t)
-        return np.ascontiguousarray(t.to(torch.float32).numpy())
+            return self._dequant(info, ref, w)
+        return w
 
-    def _slice(self, info: TensorInfo, ref: SourceRef) -> torch.Tensor:
-        # Opened per read: an open handle keeps its mmap'd pages in our RSS (bounded memory).
+    def _raw(self, info: TensorInfo, ref: SourceRef, shape: tuple[int, ...]) -> bytes:
+        """The bytes of one tensor, or of one expert / row range of a fused one.
+
+        pread at offsets from the validated header instead of an mmap (safe_open): the mapped
+        pages would count in our RSS and memory must stay bounded; it also avoids importing
+        torch in every worker."""
+        item = DTYPE_SIZES[info.dtype]
+        row = prod(shape[1:]) * item if len(shape) > 1 else item
+        start = info.start
+        if ref.index is not None:
+            start += ref.index * prod(info.shape[1:]) * item
+        if ref.rows is not None:
+            start += ref.rows[0] * row
+        length = prod(shape) * item
+        path = self.dir / info.file
         try:
-            with safe_open(self.dir / info.file, framework="pt") as f:
-                if ref.index is None and ref.rows is None:
-                    return f.get_tensor(ref.name)
-                sl = f.get_slice(ref.name)
-                lo, hi = ref.rows if ref.rows is not None else (0, self.ref_shape(ref)[0])
-                return sl[ref.index, lo:hi] if ref.index is not None else sl[lo:hi]
-        except (SafetensorError, OSError, RuntimeError) as e:
+            with open(path, "rb", buffering=0) as f:
+                data = os.pread(f.fileno(), length, start)
+        except OSError as e:
             raise SourceError(f"{info.file}: cannot read tensor {ref.name!r}: {e}") from e
+        if len(data) != length:
+            raise SourceError(f"{info.file}: truncated while reading tensor {ref.name!r} "
+                              f"({len(data)} of {length} bytes)")
+        return data
 
-    def _dequant(self, info: TensorInfo, ref: SourceRef, t: torch.Tensor) -> np.ndarray:
+    def _dequant(self, info: TensorInfo, ref: SourceRef, w: np.ndarray) -> np.ndarray:
         where = f"{info.file}: tensor {ref.name!r}"
         if self.fp8_block is None:
             raise SourceError(f"{where} is fp8 but config.json has no "
@@ -157,8 +171,9 @@ class Checkpoint:
         sname = ref.name.removesuffix("weight") + "weight_scale_inv"
         sinfo = self.info(sname)
         need = scale_grid(info.shape, self.fp8_block)
-        if sinfo.shape != need:
-            raise SourceError(f"{sinfo.file}: tensor {sname!r} has shape {list(sinfo.shape)}, "
-                              f"block size {list(self.fp8_block)} needs {list(need)}")
-        scale = self._slice(sinfo, SourceRef(sname))
-        return dequant_blocks(t, scale, self.fp8_block)
+        if sinfo.shape != need or sinfo.dtype not in FLOAT_DTYPES:
+            raise SourceError(f"{sinfo.file}: tensor {sname!r} is {sinfo.dtype} "
+                              f"{list(sinfo.shape)}; block size {list(self.fp8_block)} needs "
+                              f"a float tensor of shape {list(need)}")
+        scale = to_f32(self._raw(sinfo, SourceRef(sname), sinfo.shape), sinfo.dtype, need)
+        return dequant_blocks(w, scale, self.fp8_block)

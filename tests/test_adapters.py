@@ -40,7 +40,7 @@ def test_model_description_complete(ckpts, arch):
 def test_layer_kinds_and_routing(ckpts):
     mix = adapter_for(Checkpoint(ckpts[("mixtral", "hub")]).config).model
     assert mix["layer_kinds"] == ["moe", "moe"] and mix["moe"]["top_k"] == 1
-    assert mix["moe"]["num_experts"] == 3 and mix["head_dim"] == 5
+    assert mix["moe"]["num_experts"] == 3 and mix["head_dim"] == 10
     qwen = adapter_for(Checkpoint(ckpts[("qwen3_moe", "hub")]).config).model
     assert qwen["layer_kinds"] == ["moe", "dense", "moe"]  # mlp_only_layers=[1]
     assert qwen["qk_norm"] and qwen["moe"]["top_k"] == 8 and qwen["moe"]["num_experts"] == 9

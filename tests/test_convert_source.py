@@ -180,3 +180,23 @@ def test_fingerprint_hashes_and_reuses_fetch_manifest(tmp_path):
     # journal-known hashes are reused when size and mtime match exactly
     known = {f["name"]: (f["size"], f["mtime_ns"], "cd" * 32) for f in again}
     assert all(f["sha256"] == "cd" * 32 for f in fingerprint(src, files, known))
+
+
+def test_e4m3_table_matches_torch_for_every_byte():
+    from moepack.convert.fp8 import to_f32
+
+    raw = bytes(range(256))
+    want = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    np.testing.assert_array_equal(to_f32(raw, "F8_E4M3", (256,)), want.numpy())
+
+
+def test_fused_expert_slices_read_the_right_rows(tmp_path):
+    from safetensors.torch import save_file
+
+    t = torch.arange(3 * 4 * 5, dtype=torch.float32).reshape(3, 4, 5).to(torch.bfloat16)
+    save_file({"x": t}, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text("{}")
+    ck = Checkpoint(tmp_path)
+    got = ck.read(SourceRef("x", 2, (1, 3)))
+    np.testing.assert_array_equal(got, t[2, 1:3].float().numpy())
+    np.testing.assert_array_equal(ck.read(SourceRef("x", 1)), t[1].float().numpy())

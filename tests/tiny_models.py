@@ -21,7 +21,7 @@ ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3")
 
 _TINY: dict[str, dict[str, Any]] = {
     "mixtral": dict(vocab_size=67, hidden_size=20, intermediate_size=12, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, num_local_experts=3,
+                    num_attention_heads=2, num_key_value_heads=1, num_local_experts=3,
                     num_experts_per_tok=1, max_position_embeddings=64),
     "qwen3_moe": dict(vocab_size=67, hidden_size=36, intermediate_size=28,
                       moe_intermediate_size=12, num_hidden_layers=3, num_attention_heads=4,

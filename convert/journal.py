@@ -1,0 +1,127 @@
+"""The conversion journal `OUT.moepack.journal`: append-only JSON lines, fsynced.
+
+Line 1 is the header: the fingerprint of what is being made (source files, settings, converter,
+planned layout). Every later line records one finished unit and its BLAKE3 digest:
+`{"u": "tensor:layers.0.attn.q", "h": "<hex>"}`. A unit is journaled only after its bytes are
+durable in the `.partial` file, so after a SIGKILL or power loss every journaled unit is on disk;
+a torn last line (killed mid-append) is dropped.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from moepack.convert.errors import ConvertError
+
+FORMAT = "moepack-convert-journal/1"
+
+
+def journal_path(out: Path) -> Path:
+    return out.with_name(out.name + ".journal")
+
+
+def differences(old: object, new: object, where: str = "") -> list[str]:
+    """Human-readable paths where two JSON values differ (first few only)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new), key=str):
+            out += differences(old.get(k), new.get(k), f"{where}.{k}" if where else str(k))
+        return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        out = []
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            out += differences(a, b, f"{where}[{i}]")
+        return out
+    return [] if old == new else [f"{where}: was {_short(old)}, now {_short(new)}"]
+
+
+def _short(v: object) -> str:
+    s = json.dumps(v, sort_keys=True)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+class Journal:
+    """Open with `Journal.open(path, header)`; holds an exclusive lock while open."""
+
+    def __init__(self, path: Path, fd: int, header: dict, done: dict[str, str]) -> None:
+        self.path, self._fd, self.header, self.done = path, fd, header, done
+
+    @staticmethod
+    def read_header(path: Path) -> dict | None:
+        try:
+            with open(path, "rb") as f:
+                first = f.readline()
+            head = json.loads(first)
+            return head if head.get("format") == FORMAT else None
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    @classmethod
+    def create(cls, path: Path, header: dict) -> Journal:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        cls._lock(fd, path)
+        j = cls(path, fd, {**header, "format": FORMAT}, {})
+        j._append([j.header])
+        return j
+
+    @classmethod
+    def resume(cls, path: Path) -> Journal:
+        fd = os.open(path, os.O_RDWR)
+        cls._lock(fd, path)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read()
+        lines = raw.split(b"\n")
+        good_end, header, done = 0, None, {}
+        pos = 0
+        for line in lines[:-1]:  # the part after the last newline is torn or empty
+            pos += len(line) + 1
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                break
+            if header is None:
+                header = rec
+            else:
+                done[rec["u"]] = rec["h"]
+            good_end = pos
+        if header is None or header.get("format") != FORMAT:
+            os.close(fd)
+            raise ConvertError(f"{path}: not a moepack conversion journal")
+        os.ftruncate(fd, good_end)  # drop a torn tail before appending
+        return cls(path, fd, header, done)
+
+    @staticmethod
+    def _lock(fd: int, path: Path) -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConvertError(f"{path}: another conversion of this output is running") from None
+
+    def _append(self, records: Iterable[dict]) -> None:
+        data = b"".join(json.dumps(r, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+                        for r in records)
+        os.lseek(self._fd, 0, os.SEEK_END)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+        os.fsync(self._fd)
+
+    def record(self, units: Iterable[tuple[str, str]]) -> None:
+        """Journal finished units (their bytes must already be durable)."""
+        units = list(units)
+        self._append({"u": u, "h": h} for u, h in units)
+        self.done.update(units)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def remove(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)

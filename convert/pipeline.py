@@ -1,0 +1,241 @@
+"""`moepack convert`: plan, check space, (re)start the journal, run the tasks, finalize.
+
+Crash safety: the output is built in `OUT.moepack.partial` (header all zero until the very end, so
+it never looks finished) and journaled in `OUT.moepack.journal`; rerunning the same command after
+any interruption skips journaled units and produces byte-identical output.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from math import prod
+from pathlib import Path
+
+import blake3
+from moepack.convert.errors import ConvertError
+from moepack.convert.fingerprint import fingerprint, manifest_files
+from moepack.convert.journal import Journal, differences, journal_path
+from moepack.convert.plan import PLACEHOLDER_SHA, Plan, checkpoint_plan, weight_counts
+from moepack.convert.progress import Reporter
+from moepack.convert.runner import run_tasks, threads_per_worker
+from moepack.convert.settings import Settings
+from moepack.convert.source import Checkpoint
+from moepack.convert.tasks import (
+    Task,
+    blob_unit,
+    codebook_names,
+    expert_unit,
+    make_tasks,
+    tensor_unit,
+)
+from moepack.convert.worker import WorkerConfig
+from moepack.format import ContainerWriter
+from moepack.format.writer import partial_path
+
+import moepack
+
+SPACE_MARGIN = 64 << 20           # journal, filesystem metadata
+BASE_RSS = 200 << 20              # interpreter + numpy + code (estimate; see docs/CONVERT.md)
+COMPARED = ("source", "settings", "converter", "layout")
+
+
+@dataclass
+class Summary:
+    container_id: str | None
+    path: str
+    file_size: int
+    seconds: float
+    weights: int
+    expert_weights: int
+    bits_per_weight: float
+    expert_bits_per_weight: float
+    resumed_units: int = 0
+    plan: dict = field(default_factory=dict)
+
+
+def peak_memory(plan: Plan, jobs: int) -> int:
+    """Estimated peak RSS of the whole conversion (all workers), in bytes.
+
+    Per worker: base interpreter, plus the larger of (a) the biggest trunk tensor in f32, ~3
+    copies (read, encode scratch, output) and (b) the layer's training sample (8-dim f32
+    vectors, ~4 copies in k-means) plus a few experts in f32."""
+    largest = max((prod(t.shape) for t in plan.spec.tensors), default=0) * 4 * 3
+    expert = sum(prod(p.shape) for p in plan.spec.banks[0].parts) * 4 if plan.spec.banks else 0
+    sample = int(plan.spec.manifest["converter"]["settings"]["expert"]["sample"]) * 8 * 4 * 4
+    per_worker = BASE_RSS + max(largest, sample + 4 * expert)
+    return per_worker * max(1, jobs)
+
+
+def _plan_summary(plan: Plan, out: Path, jobs: int, free: int, done: int, total: int) -> dict:
+    weights, _ = weight_counts(plan)
+    return {"output": str(out), "file_size": plan.layout.file_size,
+            "free_space": free, "peak_memory_estimate": peak_memory(plan, jobs),
+            "jobs": jobs, "threads_per_worker": threads_per_worker(jobs),
+            "tensors": len(plan.spec.tensors), "expert_banks": len(plan.spec.banks),
+            "experts": sum(b.count for b in plan.spec.banks), "weights": weights,
+            "units_done": done, "units_total": total,
+            "codecs": plan.spec.manifest["codecs"]}
+
+
+def _unit_lengths(plan: Plan) -> dict[str, int]:
+    out = {tensor_unit(e.name): e.length for e in plan.layout.sections if e.type == "tensor"}
+    out.update({blob_unit(e.name): e.length for e in plan.layout.sections if e.type == "blob"})
+    for b in plan.layout.banks():
+        out.update({expert_unit(b.layer, e): b.stride for e in range(b.count)})
+    return out
+
+
+def _journal_header(plan: Plan, fp: list[dict]) -> dict:
+    placeholder = plan.layout.index_bytes({e.name: PLACEHOLDER_SHA for e in plan.layout.sections})
+    m = plan.spec.manifest
+    return {"source": m["source"]["files"], "settings": m["converter"]["settings"],
+            "converter": moepack.__version__,
+            "layout": blake3.blake3(placeholder).hexdigest(), "file_size": plan.layout.file_size,
+            "file_stats": fp}
+
+
+def _known_hashes(jpath: Path) -> dict[str, tuple[int, int, str]]:
+    head = Journal.read_header(jpath) or {}
+    try:
+        return {f["name"]: (f["size"], f["mtime_ns"], f["sha256"])
+                for f in head.get("file_stats", [])}
+    except (KeyError, TypeError):
+        return {}
+
+
+def _check_same(old: dict, new: dict, partial: Path) -> None:
+    diffs = []
+    for key in COMPARED:
+        diffs += differences(old.get(key), new.get(key), key)
+    if diffs:
+        shown = "; ".join(diffs[:5]) + (f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else "")
+        raise ConvertError(
+            f"{partial} was started with a different source or settings: {shown}. Rerun with "
+            "the original settings to continue it, or pass --restart to discard it")
+
+
+def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int = 1,
+            force: bool = False, restart: bool = False, dry_run: bool = False,
+            reporter: Reporter | None = None) -> Summary:
+    """Convert checkpoint `src` into container `out` (see the module docstring)."""
+    rep = reporter or Reporter()
+    t0 = time.monotonic()
+    out = Path(out)
+    partial, jpath = partial_path(out), journal_path(out)
+    if out.exists() and not force:
+        raise ConvertError(f"{out} already exists; pass --force to replace it")
+    ck = Checkpoint(src)
+    if restart and not dry_run:
+        partial.unlink(missing_ok=True)
+        jpath.unlink(missing_ok=True)
+    resuming = partial.exists() and Journal.read_header(jpath) is not None
+    if dry_run:
+        fp = [{"name": f, "size": (ck.dir / f).stat().st_size, "sha256": PLACEHOLDER_SHA}
+              for f in ck.files]
+    else:
+        rep.hashing(sum((ck.dir / f).stat().st_size for f in ck.files))
+        fp = fingerprint(ck.dir, ck.files, _known_hashes(jpath) if resuming else None,
+                         rep.hashed)
+    plan, smap = checkpoint_plan(ck, settings, manifest_files(fp))
+    header = _journal_header(plan, fp)
+    tasks = make_tasks(plan, smap)
+    lengths = _unit_lengths(plan)
+    free = shutil.disk_usage(out.parent if out.parent.exists() else Path.cwd()).free
+    done: dict[str, str] = {}
+    if resuming:
+        jh = Journal.read_header(jpath) or {}
+        if not dry_run:
+            _check_same(jh, header, partial)
+    need = 0 if resuming else plan.layout.file_size + SPACE_MARGIN
+    summary_plan = _plan_summary(plan, out, jobs, free, 0, len(lengths))
+    if dry_run:
+        return _summary(plan, out, None, t0, 0, summary_plan)
+    if free < need:
+        raise ConvertError(f"not enough free space for {out}: need {need:,} bytes, "
+                           f"{free:,} free on {out.parent}; nothing was written")
+    if resuming:
+        journal = Journal.resume(jpath)
+        done = dict(journal.done)
+        rep.message(f"resuming {partial.name}: {len(done)} of {len(lengths)} units done")
+    else:
+        ContainerWriter(out, plan.layout, create=True, overwrite=force).close()
+        journal = Journal.create(jpath, header)
+    try:
+        cid = _run(ck, out, plan, tasks, done, journal, settings, jobs, force, lengths, rep)
+    finally:
+        journal.close()
+        rep.stop()
+    journal.remove()
+    return _summary(plan, out, cid, t0, len(done), summary_plan)
+
+
+def _run(ck: Checkpoint, out: Path, plan: Plan, tasks: list[Task], done: dict[str, str],
+         journal: Journal, settings: Settings, jobs: int, force: bool,
+         lengths: dict[str, int], rep: Reporter) -> str:
+    _write_blobs(ck, out, plan, journal, force)
+    todo = [t for t in tasks if any(u not in journal.done for u in t.units())]
+    n_exp = sum(b.count for b in plan.layout.banks())
+    done_exp = sum(1 for u in journal.done if u.startswith("expert:"))
+    done_bytes = sum(lengths.get(u, 0) for u in journal.done)
+    rep.start((len(tasks) - len(todo), len(tasks)), (done_exp, n_exp),
+              (done_bytes, sum(lengths.values())))
+
+    def on_message(msg: tuple) -> None:
+        if msg[0] == "units":
+            journal.record(msg[1])
+            rep.advance(experts=msg[3], nbytes=msg[2])
+        elif msg[0] == "task_done":
+            rep.advance(layers=1)
+
+    cfg = WorkerConfig(ck.dir, out, plan.layout, settings.rvq, settings.seed,
+                       threads_per_worker(jobs), force,
+                       {b.layer: codebook_names(plan, b.layer) for b in plan.layout.banks()})
+    run_tasks(cfg, todo, dict(journal.done), jobs, on_message)
+    missing = [u for u in lengths if u not in journal.done]
+    if missing:
+        raise ConvertError(f"internal error: {len(missing)} units never written ({missing[:3]})")
+    hashes: dict = {}
+    for unit, hexd in journal.done.items():
+        kind, _, rest = unit.partition(":")
+        key = (int(rest.split(":")[0]), int(rest.split(":")[1])) if kind == "expert" else rest
+        hashes[key] = bytes.fromhex(hexd)
+    writer = ContainerWriter(out, plan.layout, create=False, overwrite=force)
+    try:
+        return writer.finalize(hashes)
+    finally:
+        writer.close()
+
+
+def _write_blobs(ck: Checkpoint, out: Path, plan: Plan, journal: Journal, force: bool) -> None:
+    blobs = [e.name for e in plan.layout.sections
+             if e.type == "blob" and blob_unit(e.name) not in journal.done]
+    if not blobs:
+        return
+    writer = ContainerWriter(out, plan.layout, create=False, overwrite=force)
+    try:
+        units = [(blob_unit(n), writer.write_blob(n, (ck.dir / n).read_bytes()).hex())
+                 for n in blobs]
+    finally:
+        writer.close()
+    _fsync(partial_path(out))  # durable before journaled
+    journal.record(units)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _summary(plan: Plan, out: Path, cid: str | None, t0: float, resumed: int,
+             plan_info: dict) -> Summary:
+    weights, experts = weight_counts(plan)
+    bank_bytes = sum(b.count * b.stride for b in plan.layout.banks())
+    return Summary(cid, str(out), plan.layout.file_size, round(time.monotonic() - t0, 3),
+                   weights, experts, round(plan.layout.file_size * 8 / max(1, weights), 4),
+                   round(bank_bytes * 8 / max(1, experts), 4), resumed, plan_info)

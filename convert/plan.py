@@ -1,0 +1,131 @@
+"""Plan a conversion: the container spec and exact layout from a config alone (no weights read).
+
+`plan_for_config` serves `moepack fetch --dry-run` (exact output size before downloading);
+`plan_for_checkpoint` serves `convert` (also shape-checks every source tensor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+
+from moepack.convert.adapters import EXPERT_PARTS, Adapter, adapter_for
+from moepack.convert.mapping import SourceMap, bind
+from moepack.convert.quant import codec_for
+from moepack.convert.settings import Settings
+from moepack.convert.source import Checkpoint
+from moepack.format import BankSpec, BlobSpec, ContainerSpec, Layout, TensorSpec, plan_layout
+from moepack.format.codecs import codebook_shape, rotation_shape
+
+import moepack
+
+PLACEHOLDER_SHA = "0" * 64  # same width as a real hash: the layout does not change when known
+CONVERTER = "moepack-convert"
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: ContainerSpec
+    layout: Layout
+    adapter: Adapter
+
+    @property
+    def expert_codecs(self) -> dict[str, dict]:
+        return {p.name: p.codec for p in self.spec.banks[0].parts} if self.spec.banks else {}
+
+    def tensor(self, name: str) -> TensorSpec:
+        return next(t for t in self.spec.tensors if t.name == name)
+
+
+def codebook_specs(layer: int, codecs: Mapping[str, dict],
+                   shapes: Mapping[str, tuple[int, int]]) -> list[TensorSpec]:
+    out = []
+    for part in EXPERT_PARTS:
+        f32 = {"name": "f32"}
+        cb = f"layers.{layer}.experts.{part}.codebook"
+        out.append(TensorSpec(cb, "codebook", codebook_shape(codecs[part]), f32))
+        rot = rotation_shape(codecs[part], shapes[part])
+        if rot is not None:
+            out.append(TensorSpec(f"layers.{layer}.experts.{part}.rotation", "codebook", rot, f32))
+    return out
+
+
+def build_spec(adapter: Adapter, settings: Settings, files: list[dict],
+               blobs: Mapping[str, int]) -> ContainerSpec:
+    """The container description; `files` = manifest source files, `blobs` = name -> size."""
+    rvq = settings.rvq
+    shapes = {p: adapter.expert_shape(p) for p in EXPERT_PARTS}
+    codecs = {p: codec_for(rvq, shapes[p]) for p in EXPERT_PARTS}
+    moe = set(adapter.moe_layers())
+    tensors: list[TensorSpec] = []
+    used: dict[str, dict] = {}
+    trunk = adapter.trunk()
+    for i, t in enumerate(trunk):
+        codec = settings.trunk_codec(t.cls, len(t.shape))
+        used.setdefault(t.cls, codec)
+        tensors.append(TensorSpec(t.name, t.cls, t.shape, codec))
+        layer = _layer_of(t.name)
+        nxt = _layer_of(trunk[i + 1].name) if i + 1 < len(trunk) else None
+        if layer in moe and nxt != layer:  # codebooks close their layer (FORMAT.md §7 order)
+            tensors += codebook_specs(layer, codecs, shapes)
+    if moe:
+        used["codebook"] = {"name": "f32"}
+        used.update({f"expert.{p}": c for p, c in codecs.items()})
+    count = int(adapter.model["moe"]["num_experts"])
+    banks = tuple(
+        BankSpec(layer, count, tuple(TensorSpec(p, "expert", shapes[p], codecs[p])
+                                     for p in EXPERT_PARTS))
+        for layer in sorted(moe))
+    manifest = {
+        "model": adapter.model,
+        "source": {"architecture": adapter.hf_architecture, "config": adapter.config,
+                   "files": sorted(files, key=lambda f: f["name"])},
+        "converter": {"name": CONVERTER, "version": moepack.__version__,
+                      "settings": settings.as_manifest()},
+        "codecs": used,
+    }
+    blob_specs = tuple(BlobSpec(name, size) for name, size in blobs.items() if size > 0)
+    return ContainerSpec(manifest, tuple(tensors), banks, blob_specs, settings.alignment)
+
+
+def _layer_of(name: str) -> int | None:
+    parts = name.split(".")
+    return int(parts[1]) if parts[0] == "layers" else None
+
+
+def plan_for_config(config: dict, settings: Settings, files: list[dict] | None = None,
+                    blobs: Mapping[str, int] | None = None) -> Layout:
+    """Exact layout (and so `file_size`) of converting a checkpoint with this config.json.
+
+    `files`: `[{name, size, sha256}]` of the weight files (sha256 may be unknown: any 64-hex
+    placeholder gives the same size); `blobs`: sizes of tokenizer.json etc. to be embedded."""
+    files = [{"name": f["name"], "size": int(f["size"]),
+              "sha256": f.get("sha256") or PLACEHOLDER_SHA} for f in (files or [])]
+    return plan_layout(build_spec(adapter_for(config), settings, files, blobs or {}))
+
+
+def checkpoint_plan(ck: Checkpoint, settings: Settings,
+                    files: list[dict] | None = None) -> tuple[Plan, SourceMap]:
+    """Plan for an opened checkpoint; validates every source tensor against config.json."""
+    adapter = adapter_for(ck.config)
+    smap = bind(ck, adapter)
+    if files is None:
+        files = [{"name": f, "size": (ck.dir / f).stat().st_size, "sha256": PLACEHOLDER_SHA}
+                 for f in ck.files]
+    blobs = {n: (ck.dir / n).stat().st_size for n in ck.blob_files()}
+    spec = build_spec(adapter, settings, files, blobs)
+    return Plan(spec, plan_layout(spec), adapter), smap
+
+
+def plan_for_checkpoint(src: str | Path, settings: Settings) -> tuple[ContainerSpec, Layout]:
+    plan, _ = checkpoint_plan(Checkpoint(src), settings)
+    return plan.spec, plan.layout
+
+
+def weight_counts(plan: Plan) -> tuple[int, int]:
+    """(all weights, routed-expert weights) of the planned model."""
+    trunk = sum(prod(t.shape) for t in plan.spec.tensors if t.cls != "codebook")
+    experts = sum(b.count * sum(prod(p.shape) for p in b.parts) for b in plan.spec.banks)
+    return trunk + experts, experts

@@ -1,0 +1,214 @@
+"""`moepack convert`: every architecture, reproducibility across --jobs, resume after SIGKILL,
+refusals (settings/source changed, existing output, no space), damaged sources."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from moepack.convert import pipeline
+from moepack.convert.errors import ConvertError
+from moepack.convert.pipeline import convert
+from moepack.convert.plan import plan_for_config
+from moepack.convert.progress import Reporter
+from moepack.convert.settings import Settings
+from moepack.convert.source import Checkpoint, SourceRef
+from moepack.format import Container
+from tiny_models import ARCHS, make_checkpoint
+
+FAST = Settings(expert_preset="rvq3-baseline", iters=3)  # small k-means: the tests stay fast
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("conv-src")
+    return {arch: make_checkpoint(arch, root / arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="module")
+def reference(sources, tmp_path_factory):
+    """An uninterrupted --jobs 1 conversion of each architecture."""
+    root = tmp_path_factory.mktemp("conv-ref")
+    return {arch: (convert(src, root / f"{arch}.moepack", FAST), root / f"{arch}.moepack")
+            for arch, src in sources.items()}
+
+
+class StopAfter(Reporter):
+    """Interrupts the conversion (like Ctrl-C) once `n` experts are done."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def advance(self, layers: int = 0, experts: int = 0, nbytes: int = 0) -> None:
+        self.n -= experts
+        if self.n <= 0:
+            raise KeyboardInterrupt
+
+
+def _interrupted(src: Path, out: Path, n: int = 2, settings: Settings = FAST) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        convert(src, out, settings, reporter=StopAfter(n))
+    assert not out.exists() and out.with_name(out.name + ".partial").exists()
+    assert out.with_name(out.name + ".journal").exists()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_convert_each_architecture(sources, reference, arch):
+    summary, path = reference[arch]
+    with Container.open(path) as c:
+        assert c.id == summary.container_id and c.file_size == summary.file_size
+        m = c.manifest
+        assert m["model"]["arch"] == arch
+        assert m["source"]["config"] == json.loads((sources[arch] / "config.json").read_text())
+        assert [f["name"] for f in m["source"]["files"]] == Checkpoint(sources[arch]).files
+        assert m["converter"]["settings"]["expert"]["iters"] == 3
+        assert sorted(c.blob_names()) == ["generation_config.json", "tokenizer.json",
+                                          "tokenizer_config.json"]
+        assert c.blob("tokenizer.json") == (sources[arch] / "tokenizer.json").read_bytes()
+        # trunk and experts decode close to the source weights
+        ck = Checkpoint(sources[arch])
+        np.testing.assert_allclose(c.tensor("final_norm"),
+                                   ck.read(SourceRef("model.norm.weight")), rtol=0, atol=0)
+        bank = c.banks()[0]
+        w = c.expert_part(bank["layer"], 1, "down")
+        assert w.shape == tuple(bank["parts"][2]["shape"]) and np.all(np.isfinite(w))
+    assert not path.with_name(path.name + ".journal").exists()
+
+
+def test_plan_for_config_predicts_exact_size(sources, reference):
+    for arch, src in sources.items():
+        ck = Checkpoint(src)
+        files = [{"name": f, "size": (src / f).stat().st_size} for f in ck.files]
+        blobs = {n: (src / n).stat().st_size for n in ck.blob_files()}
+        assert plan_for_config(ck.config, FAST, files, blobs).file_size == \
+            reference[arch][1].stat().st_size
+
+
+def test_jobs_2_is_byte_identical(sources, reference, tmp_path):
+    out = tmp_path / "j2.moepack"
+    convert(sources["deepseek_v3"], out, FAST, jobs=2)
+    assert out.read_bytes() == reference["deepseek_v3"][1].read_bytes()
+
+
+def test_interrupted_then_resumed_is_byte_identical(sources, reference, tmp_path):
+    out = tmp_path / "r.moepack"
+    _interrupted(sources["qwen3_moe"], out, n=3)
+    summary = convert(sources["qwen3_moe"], out, FAST)
+    assert summary.resumed_units > 3
+    assert out.read_bytes() == reference["qwen3_moe"][1].read_bytes()
+    assert not out.with_name("r.moepack.journal").exists()
+    assert not out.with_name("r.moepack.partial").exists()
+
+
+def test_sigkill_then_resume_is_byte_identical(sources, reference, tmp_path):
+    """A real `moepack convert` process (and its workers) killed mid-way, then rerun."""
+    out = tmp_path / "k.moepack"
+    journal = tmp_path / "k.moepack.journal"
+    cmd = [sys.executable, "-m", "moepack", "convert", str(sources["mixtral"]), str(out),
+           "--expert-codec", "rvq3-baseline", "--iters", "3", "--quiet", "--jobs", "2"]
+    env = {**os.environ, "MOEPACK_CONVERT_THROTTLE": "0.2"}
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if journal.exists() and journal.read_bytes().count(b"\n") >= 8:
+                break
+            assert proc.poll() is None, "conversion finished before it could be killed"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    lines = journal.read_bytes().count(b"\n")
+    assert not out.exists() and 8 <= lines < 40
+    summary = convert(sources["mixtral"], out, FAST)  # the same command, run again
+    assert summary.resumed_units >= 7
+    assert out.read_bytes() == reference["mixtral"][1].read_bytes()
+
+
+def test_resume_with_other_settings_refuses_naming_them(sources, tmp_path):
+    out = tmp_path / "s.moepack"
+    _interrupted(sources["mixtral"], out)
+    other = Settings(expert_preset="rvq3-baseline", iters=3, seed=7)
+    with pytest.raises(ConvertError, match=r"settings\.seed: was 0, now 7.*--restart"):
+        convert(sources["mixtral"], out, other)
+    convert(sources["mixtral"], out, other, restart=True)  # discards the old partial
+    with Container.open(out) as c:
+        assert c.manifest["converter"]["settings"]["seed"] == 7
+
+
+def test_resume_with_changed_source_refuses(sources, tmp_path):
+    src = make_checkpoint("mixtral", tmp_path / "src")
+    out = tmp_path / "c.moepack"
+    _interrupted(src, out)
+    make_checkpoint("mixtral", tmp_path / "src", seed=1)  # same names and sizes, other weights
+    with pytest.raises(ConvertError, match=r"source\[0\]\.sha256: was"):
+        convert(src, out, FAST)
+
+
+def test_existing_output_needs_force(sources, reference, tmp_path):
+    out = tmp_path / "f.moepack"
+    out.write_bytes(b"precious")
+    with pytest.raises(ConvertError, match="already exists; pass --force"):
+        convert(sources["mixtral"], out, FAST)
+    assert out.read_bytes() == b"precious"
+    convert(sources["mixtral"], out, FAST, force=True)
+    assert out.read_bytes() == reference["mixtral"][1].read_bytes()
+
+
+def test_dry_run_and_short_space_write_nothing(sources, reference, tmp_path, monkeypatch):
+    out = tmp_path / "d.moepack"
+    s = convert(sources["deepseek_v3"], out, FAST, dry_run=True)
+    assert s.file_size == reference["deepseek_v3"][1].stat().st_size
+    assert s.plan["peak_memory_estimate"] > 0 and s.container_id is None
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(pipeline.shutil, "disk_usage",
+                        lambda p: type("U", (), {"free": 1000})())
+    with pytest.raises(ConvertError, match="not enough free space.*nothing was written"):
+        convert(sources["deepseek_v3"], out, FAST)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _cli(*args: str):
+    """Run `moepack ...` in this process (a subprocess would pay the import time again)."""
+    from typer.testing import CliRunner
+
+    from moepack.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_cli_json_and_damaged_source(tmp_path):
+    src = make_checkpoint("mixtral", tmp_path / "src")
+    out = tmp_path / "o.moepack"
+    r = _cli("convert", str(src), str(out), "--json", "--expert-codec", "rvq3-baseline",
+             "--iters", "2")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["file_size"] == out.stat().st_size and len(summary["container_id"]) == 64
+    assert summary["expert_bits_per_weight"] > 0
+    shard = sorted(src.glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:-50])
+    bad = tmp_path / "bad.moepack"
+    r = _cli("convert", str(src), str(bad))
+    assert r.exit_code == 1
+    assert shard.name in r.output and "truncated" in r.output and "tensor '" in r.output
+    assert not bad.exists() and not (tmp_path / "bad.moepack.partial").exists()
+
+
+def test_cli_dry_run_prints_plan(sources, tmp_path):
+    r = _cli("convert", str(sources["qwen3_moe"]), str(tmp_path / "x.moepack"), "--dry-run",
+             "--trunk-codec", "q4", "--codec", "embed=q8")
+    assert r.exit_code == 0, r.output
+    assert "plan for" in r.stdout and "peak memory estimate" in r.stdout
+    assert "attn=q4" in r.stdout and "embed=q8" in r.stdout
+    assert list(tmp_path.iterdir()) == []
+    r = _cli("convert", str(sources["qwen3_moe"]), str(tmp_path / "x.moepack"), "--dry-run",
+             "--expert-codec", "nope")
+    assert r.exit_code == 1 and "unknown expert codec 'nope'" in r.output
