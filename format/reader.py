@@ -35,10 +35,10 @@ def _validate_index(mm: mmap.mmap, h: Header) -> tuple[dict[str, Any], Sections]
 class Container:
     """A validated, memory-mapped container. Use Container.open(path); close() or `with`."""
 
-    def __init__(self, path: Path, fd: int, mm: mmap.mmap, header: Header,
-                 manifest: dict[str, Any], sections: Sections) -> None:
+    def __init__(self, path: Path, mm: mmap.mmap, header: Header, manifest: dict[str, Any],
+                 sections: Sections) -> None:
         self.path = path
-        self._fd = fd
+        self._open = True
         self._mm = mm
         self._view = memoryview(mm)
         self.header = header
@@ -75,9 +75,10 @@ class Container:
         except BaseException:
             if mm is not None:
                 mm.close()
-            os.close(fd)
             raise
-        return cls(path, fd, mm, header, manifest, sections)
+        finally:
+            os.close(fd)  # the map keeps its own reference to the file
+        return cls(path, mm, header, manifest, sections)
 
     # --- sections -------------------------------------------------------------------------
 
@@ -188,15 +189,14 @@ class Container:
     # --- lifetime -------------------------------------------------------------------------
 
     def close(self) -> None:
-        if self._fd < 0:
+        if not self._open:
             return
+        self._open = False
         self._view.release()
         try:
             self._mm.close()
         except BufferError:
             pass  # views handed out are still alive; the map goes when they do
-        os.close(self._fd)
-        self._fd = -1
 
     def __enter__(self) -> Container:
         return self
