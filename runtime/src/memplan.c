@@ -32,6 +32,7 @@ static void consider(mp_ram_info *o, const char *file) {
     char buf[128];
     if (read_line(file, buf, sizeof buf)) return;
     uint64_t v = parse_limit(buf);
+    if (v >= (1ull << 62)) return; /* v1 writes ~2^63 (PAGE_COUNTER_MAX pages) for "no limit" */
     if (v < o->cgroup_limit) {
         o->cgroup_limit = v;
         size_t n = strlen(file), cap = sizeof o->limit_file - 1;
