@@ -64,6 +64,12 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _parse_int(text: str) -> int:
+    if len(text) > 20:  # longer than any int64; refused before Python builds a huge integer
+        raise FormatError(f"integer out of range: {text[:24]}... (JSON integers must fit int64)")
+    return int(text)
+
+
 def _no_constant(name: str) -> Any:
     raise FormatError(f"forbidden constant {name}")
 
@@ -91,9 +97,11 @@ def parse_canonical(data: bytes, where: str) -> Any:
     if depth > MAX_JSON_DEPTH:
         raise FormatError(f"{where}: JSON nesting depth {depth} exceeds {MAX_JSON_DEPTH}")
     try:
-        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                         parse_int=_parse_int)
     except FormatError as e:
-        raise FormatError(f"{where}: bad JSON: {e}") from None
+        kind = "" if str(e).startswith("integer out of range") else "bad JSON: "
+        raise FormatError(f"{where}: {kind}{e}") from None
     except (ValueError, RecursionError) as e:
         raise FormatError(f"{where}: bad JSON: {e}") from None
     _check_ints(obj, where)

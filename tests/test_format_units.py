@@ -37,6 +37,7 @@ from moepack.format.synthetic import encode_synthetic, mixtral_spec, write_synth
         (b"[1e400]", "not canonical"),
         (b"[Infinity]", "forbidden constant"),
         (b"[9223372036854775808]", "integer out of range"),
+        (b"[" + b"9" * 5000 + b"]", "integer out of range"),
         (b"[" * 65 + b"]" * 65, "nesting depth 65"),
         (b'["\xed\xa0\x80"]', "invalid UTF-8"),  # an encoded surrogate
         (b"\xef\xbb\xbf{}", "bad JSON"),  # BOM
