@@ -2,7 +2,9 @@
 
 Gotchas encoded here: several loopback peers share one IP, so multiple connections per IP
 must be allowed; alert objects die at the next pop_alerts(), so only copied values leave
-`drain()`; on a loopback listen address DHT/LSD/UPnP/NAT-PMP are pointless and are switched off.
+`drain()`; on a loopback listen address DHT/LSD/UPnP/NAT-PMP are pointless and are switched off,
+and so is uTP: its delay-based congestion control crawls on loopback (150 MB with 128 KiB
+pieces: 26.7 s over uTP, 3.5 s over TCP, same run).
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ def is_loopback(host: str) -> bool:
 def make_session(listen: str, *, discovery: bool | None = None) -> lt.session:
     """A session listening on `listen` (HOST:PORT). Discovery defaults to off on loopback."""
     host, port = parse_endpoint(listen, "listen address")
+    loopback = is_loopback(host)
     if discovery is None:
-        discovery = not is_loopback(host)
+        discovery = not loopback
     iface = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     settings = {
         "listen_interfaces": iface,
@@ -51,6 +54,8 @@ def make_session(listen: str, *, discovery: bool | None = None) -> lt.session:
         "enable_upnp": discovery,
         "enable_natpmp": discovery,
         "allow_multiple_connections_per_ip": True,
+        "enable_outgoing_utp": not loopback,
+        "enable_incoming_utp": not loopback,
         "alert_mask": _ALERTS,
         "user_agent": "moepack",
         "peer_fingerprint": "-MP0100-",

@@ -11,21 +11,23 @@ from moepack.fetch.container import read_container_id
 from moepack.fetch.errors import FetchError
 
 MIN_PIECE = 16 << 10        # BitTorrent v2 minimum
-BIG_FILE = 1 << 30          # from here on pieces are at least BIG_PIECE
-BIG_PIECE = 1 << 20
-MAX_PIECES = 1 << 16        # kept below this up to MAX_PIECE × MAX_PIECES = 4 TiB
-MAX_PIECE = 64 << 20
+TARGET_PIECES = 1 << 11     # ~2,000 pieces: little metadata, fine-grained enough to repair
+USUAL_MAX_PIECE = 16 << 20  # what clients handle well; reached at 32 GiB
+MAX_PIECES = 1 << 16        # above 1 TiB pieces grow instead of the count ...
+MAX_PIECE = 64 << 20        # ... up to 64 MiB (4 TiB); beyond that the count grows
 CREATOR = "moepack"          # fixed: no version or date, so bytes do not vary between runs
 COMMENT_PREFIX = "moepack:"
 ID_KEY = b"moepack id"      # inside the info dict: covered by the info-hash, survives magnets
 
 
 def auto_piece_size(file_size: int, alignment: int = 4096) -> int:
-    """Smallest power of two ≥ max(alignment, 16 KiB, size/2^16, 1 MiB if ≥ 1 GiB), ≤ 64 MiB."""
-    floor = max(alignment, MIN_PIECE, -(-file_size // MAX_PIECES))
-    if file_size >= BIG_FILE:
-        floor = max(floor, BIG_PIECE)
-    # FORMAT.md caps alignment at 16 MiB, so the cap never undercuts it.
+    """Power of two ≥ max(alignment, 16 KiB, min(size/2^11, 16 MiB), size/2^16), ≤ 64 MiB.
+
+    1 GB -> 512 KiB (1,907 pieces), 100 GB -> 16 MiB (5,961), 1 TB -> 16 MiB (59,605),
+    4 TiB -> 64 MiB (65,536). FORMAT.md caps alignment at 16 MiB, so the cap never undercuts it.
+    """
+    floor = max(alignment, MIN_PIECE, min(-(-file_size // TARGET_PIECES), USUAL_MAX_PIECE),
+                -(-file_size // MAX_PIECES))
     return min(1 << (floor - 1).bit_length(), MAX_PIECE)
 
 

@@ -58,13 +58,12 @@ def test_options_change_only_what_they_name(container: tuple[Path, str]) -> None
 
 @pytest.mark.parametrize(("size", "alignment", "piece"), [
     (500 * KiB, 4096, 16 * KiB),
-    (100 * MiB, 4096, 16 * KiB),
-    (2 * GiB - 1, 4096, 1 * MiB),
-    (200 * GiB, 4096, 4 * MiB),
-    (1 * GiB, 4096, 1 * MiB),
-    (100 * GiB, 4096, 2 * MiB),
+    (100 * MiB, 4096, 64 * KiB),
+    (10**9, 4096, 512 * KiB),                # libtorrent's own default picks the same
+    (100 * 10**9, 4096, 16 * MiB),
     (982 * 10**9, 4096, 16 * MiB),           # the peer's 982 GB torrent: 58.5k pieces, not 4 M
     (1 * TiB, 4096, 16 * MiB),
+    (2 * TiB, 4096, 32 * MiB),
     (4 * TiB, 4096, 64 * MiB),
     (16 * TiB, 4096, 64 * MiB),              # capped: 262k pieces
     (10 * MiB, 2 * MiB, 2 * MiB),            # never below the container alignment
@@ -74,6 +73,7 @@ def test_auto_piece_size_rule(size: int, alignment: int, piece: int) -> None:
     assert got == piece
     assert got & (got - 1) == 0 and got >= max(alignment, 16 * KiB)
     assert -(-size // got) <= 1 << 16 or got == 64 * MiB
+    assert got <= 16 * MiB or -(-size // (got // 2)) > 1 << 16
 
 
 def test_bad_inputs_are_refused(container: tuple[Path, str], tmp_path: Path) -> None:
