@@ -16,7 +16,7 @@ Check = Literal["hash", "record", "zero", "none"]
 _SECTION_KINDS = {"tensor": "tensor", "blob": "blob", "expert_hashes": "expert_hashes"}
 
 
-@dataclass
+@dataclass(slots=True)  # one per expert record: tens of thousands in a big model
 class Item:
     """`check`: "hash" = BLAKE3 against `expect`; "record" = expert record, judged against its
     bank's hash table; "zero" = padding, must be zero; "none" = nothing to check."""

@@ -35,7 +35,7 @@ class ScanResult:
     direct: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class _Segment:
     index: int
     item: Item
