@@ -11,7 +11,8 @@ import typer
 from rich.console import Console
 
 # Typer needs Optional[...] at runtime on Python 3.10 (X | None annotations are not parsed there).
-_FILE = typer.Argument(None, help="Container to verify (NAME.moepack).", show_default=False)
+_FILE = typer.Argument(None, metavar="FILE", help="Container to verify (NAME.moepack).",
+                       show_default=False)
 _SOURCE = typer.Option(None, "--source", metavar="DIR",
                        help="Verify a Hugging Face checkpoint directory instead.")
 _EXPECT = typer.Option(None, "--expect", metavar="FILE",

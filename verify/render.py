@@ -53,7 +53,7 @@ class LazyProgress:
 
 
 def _range(offset: int, length: int) -> str:
-    return f"bytes {offset}..{offset + length} ({length:,} bytes)"
+    return f"bytes {offset}..{offset + length} ({length:,} byte{'' if length == 1 else 's'})"
 
 
 def print_report(r: Report, out: Console) -> None:
