@@ -354,12 +354,14 @@ static long htab_get(const htab *t, const char *const *names, const char *key) {
 /* ---------- sections.py ---------- */
 enum { K_TENSOR, K_BLOB, K_HASHES, K_BANK, K_OTHER };
 
+#define WHERE_CAP 600
+
 typedef struct {
     int kind;
     const char *name;
     uint64_t off, len;
     const mp_json *j;
-    char where[600];
+    const char *where; /* points at the caller's buffer while this section is being checked */
 } sec;
 
 static size_t utf8_chars(const char *s, size_t n) {
@@ -385,9 +387,10 @@ static void make_where(size_t i, const mp_json *s, char *out, size_t n) {
 
 static int check_common(E *e, mp_container *c, size_t i, const mp_json *s, sec *x) {
     char w[720];
-    snprintf(x->where, sizeof x->where, "index.sections[%zu]", i);
+    char *wb = (char *)x->where; /* WHERE_CAP bytes owned by validate_sections */
+    snprintf(wb, WHERE_CAP, "index.sections[%zu]", i);
     if (chk_obj(e, s, x->where)) return MP_EFORMAT;
-    make_where(i, s, x->where, sizeof x->where);
+    make_where(i, s, wb, WHERE_CAP);
     const char *W = x->where;
     x->j = s;
     wcat(w, sizeof w, W, ".type");
@@ -545,8 +548,10 @@ static int validate_sections(E *e, mp_container *c, const mp_json *value) {
         r = efail(e, MP_ENOMEM, "out of memory");
         goto out;
     }
+    char wbuf[WHERE_CAP];
     for (size_t i = 0; i < n; i++) {
         sec *x = &S[i];
+        x->where = wbuf;
         if ((r = check_common(e, c, i, mp_json_at(value, i), x))) goto out;
         names[i] = x->name;
         if (htab_put(&by_name, names, x->name, (uint32_t)i) >= 0) { r = FAIL("%s.name: duplicate section name", x->where); goto out; }
@@ -569,6 +574,8 @@ static int validate_sections(E *e, mp_container *c, const mp_json *value) {
     uint64_t end = c->alignment;
     for (size_t i = 0; i < n; i++) {
         sec *x = &S[i];
+        make_where(i, x->j, wbuf, sizeof wbuf);
+        x->where = wbuf;
         if (x->off < end) { r = FAIL("%s.offset: %llu overlaps the previous extent (ending at %llu)", x->where, U(x->off), U(end)); goto out; }
         uint64_t need = x->kind == K_BANK ? c->alignment : SECTION_ALIGNMENT;
         if (x->off - end >= need) { r = FAIL("%s.offset: gap of %llu bytes before it (must be < %llu)", x->where, U(x->off - end), U(need)); goto out; }
@@ -589,7 +596,8 @@ static int validate_sections(E *e, mp_container *c, const mp_json *value) {
     for (size_t i = 0; i < n; i++) {
         if (S[i].kind != K_BANK) continue;
         mp_bank_info *bk = &c->banks[bank_of[i]];
-        const char *W = S[i].where;
+        make_where(i, S[i].j, wbuf, sizeof wbuf);
+        const char *W = wbuf;
         snprintf(lkbuf[nb], 16, "%d", bk->layer);
         layer_keys[nb] = lkbuf[nb];
         if (htab_put(&layers, layer_keys, lkbuf[nb], (uint32_t)nb) >= 0) {
@@ -612,7 +620,11 @@ static int validate_sections(E *e, mp_container *c, const mp_json *value) {
     }
     free(lkbuf);
     for (size_t i = 0; i < n; i++)
-        if (S[i].kind == K_HASHES && users[i] < 0) { r = FAIL("%s: no expert bank refers to this hash table", S[i].where); goto out; }
+        if (S[i].kind == K_HASHES && users[i] < 0) {
+            make_where(i, S[i].j, wbuf, sizeof wbuf);
+            r = FAIL("%s: no expert bank refers to this hash table", wbuf);
+            goto out;
+        }
     /* lookup tables */
     c->tensors_by_name = malloc((c->ntensors ? c->ntensors : 1) * sizeof *c->tensors_by_name);
     c->banks_by_layer = malloc((c->nbanks ? c->nbanks : 1) * sizeof *c->banks_by_layer);
