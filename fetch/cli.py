@@ -22,8 +22,9 @@ Out = Annotated[Path | None, typer.Option(
 Peers = Annotated[list[str] | None, typer.Option(
     "--peer", help="torrent: HOST:PORT to connect to (repeatable).")]
 FetchListen = Annotated[str | None, typer.Option("--listen", help="torrent: HOST:PORT.")]
-Stall = Annotated[float, typer.Option(
-    "--stall-timeout", help="Give up after this many seconds without data (rerun resumes).")]
+Stall = Annotated[float | None, typer.Option(
+    "--stall-timeout", help="Seconds without data before giving up (rerun resumes). "
+    "hf: per read, 5 retries, default 120; torrent: in all, default 600.")]
 Output = Annotated[Path | None, typer.Option(
     "-o", "--output", help="Default: FILE.torrent next to FILE.")]
 PieceSize = Annotated[str | None, typer.Option(
@@ -47,17 +48,18 @@ def _fail(e: Exception) -> NoReturn:
 
 def fetch(source: Source, dest: Dest, include: Include = None, jobs: Jobs = 4,
           dry_run: DryRun = False, out: Out = None, peer: Peers = None,
-          listen: FetchListen = None, stall_timeout: Stall = 600.0) -> None:
+          listen: FetchListen = None, stall_timeout: Stall = None) -> None:
     """Download raw weights from the Hugging Face hub, or a container over BitTorrent."""
     try:
         if source.startswith("hf:"):
             from moepack.fetch.hub_cli import run_hub
 
-            code = run_hub(source, dest, include or [], jobs, dry_run, out, stall_timeout)
+            code = run_hub(source, dest, include or [], jobs, dry_run, out, stall_timeout or 120.0)
         else:
             from moepack.fetch.torrent_cli import run_torrent_fetch
 
-            code = run_torrent_fetch(source, dest, dry_run, peer or [], listen, stall_timeout)
+            code = run_torrent_fetch(source, dest, dry_run, peer or [], listen,
+                                     stall_timeout or 600.0)
     except FetchError as e:
         _fail(e)
     raise typer.Exit(code)

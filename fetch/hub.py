@@ -17,7 +17,13 @@ from moepack.fetch.hub_download import (
     resolve_url,
     sha256_of,
 )
-from moepack.fetch.hub_listing import RemoteFile, RepoListing, list_repo, parse_hf_source
+from moepack.fetch.hub_listing import (
+    LIST_TIMEOUT_S,
+    RemoteFile,
+    RepoListing,
+    list_repo,
+    parse_hf_source,
+)
 from moepack.fetch.hub_state import VerifiedRecord
 from moepack.fetch.manifest import write_manifest
 from moepack.fetch.space import SpaceNeed, SpaceVerdict, verdicts
@@ -75,10 +81,11 @@ def _state(f: RemoteFile, dest: Path, record: VerifiedRecord) -> FileState:
     return FileState(f, MISSING, 0)
 
 
-def plan_hub(source: str, dest: Path, includes: list[str], out: Path | None = None) -> HubPlan:
+def plan_hub(source: str, dest: Path, includes: list[str], out: Path | None = None, *,
+             list_timeout: float = LIST_TIMEOUT_S) -> HubPlan:
     repo, revision = parse_hf_source(source)
     dest = Path(dest).absolute()
-    listing = list_repo(repo, revision, includes)
+    listing = list_repo(repo, revision, includes, list_timeout)
     record = VerifiedRecord(dest)
     states = tuple(_state(f, dest, record) for f in listing.files)
     conv, note = conversion_size(listing, dest)

@@ -32,9 +32,11 @@ def conversion_size(listing: RepoListing, dest: Path) -> tuple[int | None, str]:
     """(bytes, how it was obtained) — or (None, why not) when it cannot be computed."""
     if not any(f.name == "config.json" for f in listing.files):
         return None, "no config.json in the selected files"
+    import httpx2
+
     try:
         config = _config(listing, dest)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, httpx2.HTTPError) as e:
         return None, f"config.json unreadable: {e}"
     try:
         from moepack.convert.plan import plan_for_config

@@ -5,6 +5,8 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -12,6 +14,7 @@ from moepack.fetch.errors import FetchError
 
 _REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+LIST_TIMEOUT_S = 120.0   # huggingface_hub lists trees with no timeout at all
 
 
 @dataclass(frozen=True)
@@ -62,20 +65,47 @@ def safe_name(name: str, repo: str) -> str:
     return str(p)
 
 
-def list_repo(repo: str, revision: str, includes: list[str]) -> RepoListing:
+def _bounded(fn: Callable[[], list], seconds: float, what: str) -> list:
+    """Run `fn` in a daemon thread; FetchError if it has not returned within `seconds`."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append(("ok", fn()))
+        except BaseException as e:  # noqa: BLE001 — handed to the caller's thread
+            box.append(("err", e))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    if not box:
+        raise FetchError(f"{what}: no answer from {endpoint()} within {seconds:.0f} s")
+    kind, value = box[0]
+    if kind == "err":
+        raise value
+    return value
+
+
+def list_repo(repo: str, revision: str, includes: list[str],
+              timeout: float = LIST_TIMEOUT_S) -> RepoListing:
     """Resolve `revision` to a commit and list its files (filtered by `includes` globs)."""
+    import httpx2
     from huggingface_hub.errors import HfHubHTTPError
     from huggingface_hub.hf_api import RepoFile
 
     api = hub_api()
-    try:
-        commit = api.model_info(repo, revision=revision).sha
+
+    def ask() -> list:
+        commit = api.model_info(repo, revision=revision, timeout=timeout).sha
         if not commit:
             raise FetchError(f"{repo}@{revision}: the hub did not say which commit it is")
-        entries = list(api.list_repo_tree(repo, revision=commit, recursive=True))
+        return [commit, list(api.list_repo_tree(repo, revision=commit, recursive=True))]
+
+    try:
+        commit, entries = _bounded(ask, timeout, f"listing {repo}@{revision}")
     except HfHubHTTPError as e:
         raise FetchError(f"{repo}@{revision} on {endpoint()}: {_first_line(e)}") from e
-    except OSError as e:
+    except (OSError, httpx2.HTTPError) as e:
         raise FetchError(f"{repo}@{revision}: cannot reach {endpoint()}: {e}") from e
     files = []
     for e in entries:

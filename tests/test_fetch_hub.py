@@ -202,3 +202,11 @@ def test_fetched_checkpoint_converts_to_the_predicted_size(tiny_hub: HubServer,
     assert r.exit_code == 0, r.output
     assert out.stat().st_size == plan.conversion
     assert CliRunner().invoke(app, ["verify", "--source", str(raw)]).exit_code == 0
+
+
+def test_stalled_listing_is_bounded(hub: HubServer, tmp_path: Path) -> None:
+    hub.faults[f"/api/models/{REPO}/tree/{hub.repos[REPO].commit}"] = Fault("stall", times=-1)
+    t0 = time.monotonic()
+    with pytest.raises(FetchError, match=f"{REPO}@main"):
+        plan_hub(f"hf:{REPO}", tmp_path, [], list_timeout=1.0)
+    assert time.monotonic() - t0 < 10
