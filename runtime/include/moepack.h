@@ -48,6 +48,8 @@ typedef struct mp_config {
     int verify_reads;      /* 1 = check each expert record's BLAKE3 on read */
     int io_threads;        /* reader threads; 0 = default */
     int cache_experts;     /* -1 = size the cache from the budget; >= 0 = at most this many */
+    int scalar_kernels;    /* 1 = portable scalar kernels even if the CPU has AVX2 (process-wide;
+                              results are bit-identical either way) */
 } mp_config;
 
 /* Memory plan for a container and context length (all bytes). */

@@ -1,0 +1,259 @@
+"""ctypes binding of the C engine (runtime/include/moepack.h).
+
+    with Engine("model.moepack", threads=2) as e:
+        logits = e.logits([1, 2, 3])              # np.float32 [3, vocab], teacher-forced
+        for tok in e.generate([1, 2, 3], n=32):   # streams token ids
+            ...
+        e.stats()
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import re
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from moepack.runtime import _lib
+
+MP_OK, MP_EINVAL, MP_EFORMAT, MP_EIO, MP_ENOMEM, MP_EBUDGET = 0, -1, -2, -3, -4, -5
+MP_EUNSUPPORTED, MP_ECORRUPT, MP_ECTX = -6, -7, -8
+POLICIES = {"lru": 0, "lfu": 1}
+
+
+class EngineError(RuntimeError):
+    """The engine refused or failed; `code` is the MP_E* value."""
+
+    def __init__(self, message: str, code: int = MP_EINVAL) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class BudgetError(EngineError):
+    """The memory budget is below the floor (the message says how much is needed)."""
+
+
+class CorruptError(EngineError):
+    """A record did not match its hash (verify_reads); the message names layer and expert."""
+
+
+class _Config(C.Structure):
+    _fields_ = [("budget_bytes", C.c_uint64), ("threads", C.c_int), ("ctx", C.c_int),
+                ("prefetch", C.c_int), ("o_direct", C.c_int), ("cache_policy", C.c_int),
+                ("verify_reads", C.c_int), ("io_threads", C.c_int), ("cache_experts", C.c_int),
+                ("scalar_kernels", C.c_int)]
+
+
+class _Plan(C.Structure):
+    _fields_ = [(n, C.c_uint64) for n in (
+        "trunk_bytes", "kv_bytes", "scratch_bytes", "step_expert_bytes", "floor_bytes",
+        "recommended_bytes", "default_bytes", "usable_ram_bytes", "expert_record_bytes")] + [
+        ("ctx", C.c_int), ("moe_layers", C.c_int), ("top_k", C.c_int)]
+
+
+class _Stats(C.Structure):
+    _fields_ = [("prompt_tokens", C.c_uint64), ("decode_tokens", C.c_uint64),
+                ("prompt_seconds", C.c_double), ("decode_seconds", C.c_double),
+                ("cache_hits", C.c_uint64), ("cache_misses", C.c_uint64),
+                ("bytes_read", C.c_uint64), ("io_wait_seconds", C.c_double),
+                ("read_seconds", C.c_double), ("compute_seconds", C.c_double),
+                ("prefetches", C.c_uint64), ("o_direct", C.c_int),
+                ("budget_bytes", C.c_uint64), ("floor_bytes", C.c_uint64),
+                ("cache_capacity_bytes", C.c_uint64), ("cache_capacity_experts", C.c_int)]
+
+
+class _Sampler(C.Structure):
+    _fields_ = [("temperature", C.c_float), ("top_k", C.c_int), ("top_p", C.c_float),
+                ("seed", C.c_uint64)]
+
+
+_P = C.c_void_p
+_ERRLEN = 1024
+
+
+def _library() -> C.CDLL:
+    lib = _lib.load()
+    if getattr(lib, "_mp_engine_typed", False):
+        return lib
+    lib.mp_config_default.argtypes = [C.POINTER(_Config)]
+    lib.mp_plan.argtypes = [C.c_char_p, C.c_int, C.POINTER(_Plan), C.c_char_p, C.c_size_t]
+    lib.mp_open.argtypes = [C.c_char_p, C.POINTER(_Config), C.POINTER(_P), C.c_char_p, C.c_size_t]
+    lib.mp_close.argtypes = [_P]
+    lib.mp_close.restype = None
+    lib.mp_error.argtypes = [_P]
+    lib.mp_error.restype = C.c_char_p
+    for f in ("mp_vocab_size", "mp_context_size", "mp_position"):
+        getattr(lib, f).argtypes = [_P]
+    lib.mp_reset.argtypes = [_P]
+    lib.mp_reset.restype = None
+    lib.mp_eval.argtypes = [_P, C.POINTER(C.c_int32), C.c_size_t, C.POINTER(C.c_float), C.c_int]
+    lib.mp_sample.argtypes = [C.POINTER(C.c_float), C.c_int, C.POINTER(_Sampler),
+                              C.POINTER(C.c_uint64)]
+    lib.mp_sample.restype = C.c_int32
+    lib.mp_rng_seed.argtypes = [C.c_uint64]
+    lib.mp_rng_seed.restype = C.c_uint64
+    lib.mp_get_stats.argtypes = [_P, C.POINTER(_Stats)]
+    lib.mp_get_stats.restype = None
+    lib.mp_reset_stats.argtypes = [_P]
+    lib.mp_reset_stats.restype = None
+    lib._mp_engine_typed = True
+    return lib
+
+
+def _raise(code: int, msg: str) -> None:
+    cls = {MP_EBUDGET: BudgetError, MP_ECORRUPT: CorruptError}.get(code, EngineError)
+    raise cls(msg or f"engine error {code}", code)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+          "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(v: int | str | None) -> int:
+    """"8G", "512MiB", "1.5gb" or an int -> bytes (0 for None)."""
+    if v is None:
+        return 0
+    if isinstance(v, int):
+        return v
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(v))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read {v!r} as a size (examples: 8G, 512MiB, 1.5GB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def plan(path: str, ctx: int | None = None) -> dict:
+    """Memory plan of a container (bytes): floor, recommended and default budgets."""
+    lib, p, err = _library(), _Plan(), C.create_string_buffer(_ERRLEN)
+    rc = lib.mp_plan(str(path).encode(), int(ctx or 0), C.byref(p), err, _ERRLEN)
+    if rc:
+        _raise(rc, err.value.decode(errors="replace"))
+    return {name: getattr(p, name) for name, _ in _Plan._fields_}
+
+
+class Engine:
+    def __init__(self, path: str, budget: int | str | None = None, threads: int | None = None,
+                 prefetch: bool = True, o_direct: bool | None = None,
+                 cache_policy: str = "lfu", verify_reads: bool = False, ctx: int | None = None,
+                 cache_experts: int | None = None, io_threads: int | None = None,
+                 scalar_kernels: bool = False) -> None:
+        self._lib = _library()
+        cfg = _Config()
+        self._lib.mp_config_default(C.byref(cfg))
+        cfg.budget_bytes = parse_bytes(budget)
+        cfg.threads = int(threads or 0)
+        cfg.ctx = int(ctx or 0)
+        cfg.prefetch = 1 if prefetch else 0
+        cfg.o_direct = -1 if o_direct is None else int(bool(o_direct))
+        if cache_policy not in POLICIES:
+            raise ValueError(f"cache_policy must be one of {sorted(POLICIES)}")
+        cfg.cache_policy = POLICIES[cache_policy]
+        cfg.verify_reads = 1 if verify_reads else 0
+        cfg.io_threads = int(io_threads or 0)
+        cfg.cache_experts = -1 if cache_experts is None else int(cache_experts)
+        cfg.scalar_kernels = 1 if scalar_kernels else 0
+        self._h = _P()
+        err = C.create_string_buffer(_ERRLEN)
+        rc = self._lib.mp_open(str(path).encode(), C.byref(cfg), C.byref(self._h), err, _ERRLEN)
+        if rc:
+            self._h = None
+            _raise(rc, err.value.decode(errors="replace"))
+        self.path = str(path)
+        self.vocab_size = self._lib.mp_vocab_size(self._h)
+        self.ctx = self._lib.mp_context_size(self._h)
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        if getattr(self, "_h", None):
+            self._lib.mp_close(self._h)
+            self._h = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _handle(self) -> _P:
+        if not self._h:
+            raise EngineError("engine is closed")
+        return self._h
+
+    # -- evaluation ---------------------------------------------------------------------------
+    @property
+    def position(self) -> int:
+        return self._lib.mp_position(self._handle())
+
+    def reset(self) -> None:
+        self._lib.mp_reset(self._handle())
+
+    def plan(self, ctx: int | None = None) -> dict:
+        return plan(self.path, ctx or self.ctx)
+
+    def _eval(self, tokens: Sequence[int], out: np.ndarray | None, all_pos: bool) -> None:
+        toks = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64))
+        if toks.size and (toks.min() < 0 or toks.max() >= self.vocab_size):
+            raise EngineError(f"token ids must be in 0..{self.vocab_size - 1}", MP_EINVAL)
+        arr = np.ascontiguousarray(toks.astype(np.int32))
+        ptr = out.ctypes.data_as(C.POINTER(C.c_float)) if out is not None else None
+        rc = self._lib.mp_eval(self._handle(), arr.ctypes.data_as(C.POINTER(C.c_int32)),
+                               arr.size, ptr, 1 if all_pos else 0)
+        if rc:
+            _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"))
+
+    def logits(self, tokens: Sequence[int], *, reset: bool = True) -> np.ndarray:
+        """Teacher-forced logits for every position: float32 [len(tokens), vocab]."""
+        if reset:
+            self.reset()
+        out = np.zeros((len(tokens), self.vocab_size), dtype=np.float32)
+        self._eval(tokens, out, True)
+        return out
+
+    def feed(self, tokens: Sequence[int]) -> np.ndarray:
+        """Append tokens to the sequence (KV cache kept); returns the last position's logits."""
+        out = np.zeros(self.vocab_size, dtype=np.float32)
+        self._eval(tokens, out, False)
+        return out
+
+    def sample(self, logits: np.ndarray, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, rng: C.c_uint64 | None = None) -> int:
+        s = _Sampler(float(temperature), int(top_k), float(top_p), 0)
+        lg = np.ascontiguousarray(logits, dtype=np.float32)
+        return int(self._lib.mp_sample(lg.ctypes.data_as(C.POINTER(C.c_float)), lg.size,
+                                       C.byref(s), C.byref(rng) if rng is not None else None))
+
+    def generate(self, prompt: Sequence[int], n: int = 32, *, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int = 0, reset: bool = True,
+                 stop: Sequence[int] | None = None) -> Iterator[int]:
+        """Stream up to n new tokens after prompt (stops after a token in `stop`)."""
+        if reset:
+            self.reset()
+        rng = C.c_uint64(self._lib.mp_rng_seed(int(seed) & (2**64 - 1)))
+        logits = self.feed(prompt)
+        stop_set = set(stop or ())
+        for i in range(n):
+            tok = self.sample(logits, temperature, top_k, top_p, rng)
+            yield tok
+            if tok in stop_set or i + 1 == n:
+                return
+            logits = self.feed([tok])
+
+    # -- statistics ---------------------------------------------------------------------------
+    def stats(self) -> dict:
+        s = _Stats()
+        self._lib.mp_get_stats(self._handle(), C.byref(s))
+        d = {name: getattr(s, name) for name, _ in _Stats._fields_}
+        d["o_direct"] = bool(d["o_direct"])
+        acc = d["cache_hits"] + d["cache_misses"]
+        d["hit_rate"] = d["cache_hits"] / acc if acc else 0.0
+        d["prompt_tok_s"] = d["prompt_tokens"] / d["prompt_seconds"] if d["prompt_seconds"] else 0.0
+        d["decode_tok_s"] = d["decode_tokens"] / d["decode_seconds"] if d["decode_seconds"] else 0.0
+        busy = d["prompt_seconds"] + d["decode_seconds"]
+        d["io_wait_share"] = d["io_wait_seconds"] / busy if busy else 0.0
+        return d
+
+    def reset_stats(self) -> None:
+        self._lib.mp_reset_stats(self._handle())

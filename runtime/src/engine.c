@@ -1,0 +1,361 @@
+/* Public API (moepack.h): ties the container reader, the expert cache and the model together,
+ * plans memory, and keeps timing statistics. */
+#define _POSIX_C_SOURCE 200809L
+#include "moepack.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "container.h"
+#include "memplan.h"
+#include "model.h"
+
+struct mp_engine {
+    mp_container *c;
+    mp_experts *ex;
+    mpm_config cfg;
+    mpm_model *model;
+    mpk_pool *pool;
+    uint8_t *arena; /* all trunk tensors, read once at open */
+    uint64_t arena_len;
+    int verify_reads;
+    int pos;
+    mp_plan_info plan;
+    uint64_t budget, cache_bytes;
+    int cache_experts;
+    double prompt_s, decode_s, io_wait0;
+    uint64_t prompt_tok, decode_tok;
+    char err[512];
+};
+
+static int setf(char *err, size_t errlen, int code, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static uint64_t align64(uint64_t x) { return (x + 63) & ~(uint64_t)63; }
+
+void mp_config_default(mp_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->prefetch = 1;
+    cfg->o_direct = -1;
+    cfg->cache_policy = MP_CACHE_LFU;
+    cfg->cache_experts = -1;
+}
+
+/* ---- planning ---- */
+
+static uint64_t trunk_bytes(const mp_container *c) {
+    uint64_t t = 0;
+    for (size_t i = 0; i < mpc_tensor_count(c); i++) t += align64(mpc_tensor_at(c, i)->length);
+    return t;
+}
+
+static int plan_for(const mp_container *c, const mpm_config *cfg, int ctx, mp_plan_info *p,
+                    char *err, size_t errlen) {
+    memset(p, 0, sizeof *p);
+    if (ctx <= 0) ctx = cfg->max_pos < 4096 ? (int)cfg->max_pos : 4096;
+    p->ctx = ctx;
+    p->top_k = (int)cfg->top_k;
+    p->trunk_bytes = trunk_bytes(c);
+    p->kv_bytes = mpm_kv_bytes(cfg, ctx);
+    p->scratch_bytes = mpm_scratch_bytes(cfg) + (uint64_t)cfg->n_heads * (uint64_t)ctx * 4u;
+    for (int64_t l = 0; l < cfg->n_layers; l++) {
+        if (!cfg->layer_is_moe[l]) continue;
+        const mp_bank_info *b = mpc_bank(c, (int)l);
+        if (!b) return setf(err, errlen, MP_EFORMAT, "layer %lld is a MoE layer but has no expert bank", (long long)l);
+        p->moe_layers++;
+        p->step_expert_bytes += (uint64_t)cfg->top_k * b->stride;
+        if (b->stride > p->expert_record_bytes) p->expert_record_bytes = b->stride;
+    }
+    p->floor_bytes = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + p->step_expert_bytes;
+    p->recommended_bytes = p->floor_bytes + 3 * p->step_expert_bytes;
+    mp_ram_info ri;
+    p->usable_ram_bytes = mp_usable_ram(&ri);
+    mp_budget_in in = {p->usable_ram_bytes, p->floor_bytes, p->step_expert_bytes,
+                       mp_default_headroom(p->usable_ram_bytes)};
+    mp_budget_out out;
+    if (mp_default_budget(&in, &out) == 0) p->default_bytes = out.total;
+    return 0;
+}
+
+static int parse_model(const mp_container *c, mpm_config *cfg, char *err, size_t errlen) {
+    const mp_json *src = mp_json_get(mp_json_get(mpc_manifest(c), "source"), "config");
+    return mpm_config_parse(mpc_model(c), src, cfg, err, errlen);
+}
+
+int mp_plan(const char *path, int ctx, mp_plan_info *out, char *err, size_t errlen) {
+    int rc = MP_OK;
+    mp_container *c = mpc_open_rc(path, &rc, err, errlen);
+    if (!c) return rc ? rc : MP_EFORMAT;
+    mpm_config cfg;
+    rc = parse_model(c, &cfg, err, errlen);
+    if (!rc) rc = plan_for(c, &cfg, ctx, out, err, errlen);
+    mpm_config_free(&cfg);
+    mpc_close(c);
+    return rc;
+}
+
+/* ---- container -> model adapters ---- */
+
+static int tensor_cb(void *user, const char *name, mpm_src *out) {
+    mp_engine *e = user;
+    const mp_tensor_info *t = mpc_tensor(e->c, name);
+    if (!t) return 1;
+    /* tensors sit in the arena in file order at 64-aligned offsets: find by the file offset */
+    uint64_t off = 0;
+    for (size_t i = 0; i < mpc_tensor_count(e->c); i++) {
+        const mp_tensor_info *u = mpc_tensor_at(e->c, i);
+        if (u == t) break;
+        off += align64(u->length);
+    }
+    out->codec = t->codec.json;
+    out->ndim = t->ndim;
+    memcpy(out->shape, t->shape, sizeof out->shape);
+    out->data = e->arena + off;
+    out->length = t->length;
+    return 0;
+}
+
+static int bank_cb(void *user, int layer, mpm_bank_info *out) {
+    mp_engine *e = user;
+    const mp_bank_info *b = mpc_bank(e->c, layer);
+    if (!b) return 1;
+    out->layer = layer;
+    out->count = b->count;
+    out->stride = (int64_t)b->stride;
+    for (int p = 0; p < 3; p++) {
+        const mp_part_info *pi = &b->parts[p];
+        if (pi->codec.kind != MP_CODEC_RVQ || pi->ndim != 2 || pi->codec.dim != 8 ||
+            pi->codec.entries != 256)
+            return MP_EUNSUPPORTED;
+        out->part_offset[p] = pi->offset;
+        out->rows[p] = pi->shape[0];
+        out->cols[p] = pi->shape[1];
+        out->stages[p] = (int)pi->codec.stages;
+        out->rotation_block[p] = pi->codec.hadamard ? (int)pi->codec.rotation_block : 0;
+    }
+    return 0;
+}
+
+static int io_acquire(void *user, int layer, const int *experts, int n, const uint8_t **records,
+                      char *msg, size_t msglen) {
+    mp_engine *e = user;
+    return mpe_acquire(e->ex, layer, experts, n, records, msg, msglen);
+}
+static void io_release(void *user, int layer, const int *experts, int n) {
+    mpe_release(((mp_engine *)user)->ex, layer, experts, n);
+}
+static void io_prefetch(void *user, int layer, const int *experts, int n) {
+    mpe_prefetch(((mp_engine *)user)->ex, layer, experts, n);
+}
+
+static int load_trunk(mp_engine *e, char *err, size_t errlen) {
+    e->arena_len = trunk_bytes(e->c);
+    e->arena = malloc(e->arena_len ? (size_t)e->arena_len : 1);
+    if (!e->arena) return setf(err, errlen, MP_ENOMEM, "out of memory for the trunk (%llu bytes)", (unsigned long long)e->arena_len);
+    uint64_t off = 0;
+    for (size_t i = 0; i < mpc_tensor_count(e->c); i++) {
+        const mp_tensor_info *t = mpc_tensor_at(e->c, i);
+        int rc = mpc_read_tensor(e->c, t, e->arena + off, t->length, e->verify_reads, err, errlen);
+        if (rc) return rc;
+        off += align64(t->length);
+    }
+    return 0;
+}
+
+static int online_cpus(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 256 ? 256 : (int)n;
+}
+
+static const char *fmt_gb(uint64_t b, char *buf, size_t n) {
+    snprintf(buf, n, "%.3f GB", (double)b / 1e9);
+    return buf;
+}
+
+int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *err,
+            size_t errlen) {
+    if (!out || !path) return setf(err, errlen, MP_EINVAL, "mp_open: NULL argument");
+    *out = NULL;
+    mp_config cfg;
+    if (cfg_in) cfg = *cfg_in;
+    else mp_config_default(&cfg);
+    mpk_init(cfg.scalar_kernels);
+    mp_engine *e = calloc(1, sizeof *e);
+    if (!e) return setf(err, errlen, MP_ENOMEM, "out of memory");
+    int rc = MP_OK;
+    e->verify_reads = cfg.verify_reads;
+    e->c = mpc_open_rc(path, &rc, err, errlen);
+    if (!e->c) {
+        free(e);
+        return rc ? rc : MP_EFORMAT;
+    }
+    if ((rc = parse_model(e->c, &e->cfg, err, errlen))) goto fail;
+    if ((rc = plan_for(e->c, &e->cfg, cfg.ctx, &e->plan, err, errlen))) goto fail;
+    const mp_plan_info *p = &e->plan;
+    char a[32], b[32];
+    uint64_t total = cfg.budget_bytes ? cfg.budget_bytes : p->default_bytes;
+    if (!total) {
+        rc = setf(err, errlen, MP_EBUDGET, "this model needs at least %s of memory (floor for ctx %d) but only %s is usable",
+                  fmt_gb(p->floor_bytes, a, sizeof a), p->ctx, fmt_gb(p->usable_ram_bytes, b, sizeof b));
+        goto fail;
+    }
+    if (total < p->floor_bytes) {
+        rc = setf(err, errlen, MP_EBUDGET, "budget %s is below the floor: this model needs at least %s (%llu bytes) for ctx %d",
+                  fmt_gb(total, a, sizeof a), fmt_gb(p->floor_bytes, b, sizeof b), (unsigned long long)p->floor_bytes, p->ctx);
+        goto fail;
+    }
+    e->budget = total;
+    /* the cache gets what is left after trunk, KV, scratch and one layer's pinned working set */
+    uint64_t fixed = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + (uint64_t)p->top_k * p->expert_record_bytes;
+    uint64_t cache = total > fixed ? total - fixed : 0;
+    if (cfg.cache_experts >= 0 && (uint64_t)cfg.cache_experts * p->expert_record_bytes < cache)
+        cache = (uint64_t)cfg.cache_experts * p->expert_record_bytes;
+    e->cache_bytes = cache;
+    e->cache_experts = p->expert_record_bytes ? (int)(cache / p->expert_record_bytes) : 0;
+
+    if ((rc = load_trunk(e, err, errlen))) goto fail;
+    mp_expert_options eo;
+    mpe_options_default(&eo);
+    eo.budget_bytes = cache;
+    eo.policy = cfg.cache_policy;
+    eo.reader_threads = cfg.io_threads;
+    eo.o_direct = cfg.o_direct;
+    eo.verify_reads = cfg.verify_reads;
+    if (p->moe_layers) {
+        e->ex = mpe_create(e->c, &eo, err, errlen);
+        if (!e->ex) {
+            rc = MP_EIO;
+            goto fail;
+        }
+    }
+    if ((rc = mpm_load(&e->cfg, tensor_cb, bank_cb, e, p->ctx, &e->model, err, errlen))) goto fail;
+    e->pool = mpk_pool_create(cfg.threads > 0 ? cfg.threads : online_cpus());
+    if (!e->pool) {
+        rc = setf(err, errlen, MP_ENOMEM, "cannot start compute threads");
+        goto fail;
+    }
+    mpm_set_pool(e->model, e->pool);
+    mpm_expert_io io = {e, io_acquire, io_release, cfg.prefetch ? io_prefetch : NULL};
+    mpm_set_io(e->model, &io);
+    mpm_set_lookahead(e->model, cfg.prefetch);
+    *out = e;
+    return MP_OK;
+fail:
+    mp_close(e);
+    return rc;
+}
+
+void mp_close(mp_engine *e) {
+    if (!e) return;
+    mpm_free(e->model);
+    mpk_pool_destroy(e->pool);
+    mpe_destroy(e->ex);
+    free(e->arena);
+    mpm_config_free(&e->cfg);
+    mpc_close(e->c);
+    free(e);
+}
+
+const char *mp_error(const mp_engine *e) { return e ? e->err : "no engine"; }
+int mp_vocab_size(const mp_engine *e) { return (int)e->cfg.vocab; }
+int mp_context_size(const mp_engine *e) { return e->plan.ctx; }
+int mp_position(const mp_engine *e) { return e->pos; }
+void mp_reset(mp_engine *e) { e->pos = 0; }
+
+int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int all_positions) {
+    if (!e || (!tokens && n)) return MP_EINVAL;
+    if (n > (size_t)(e->plan.ctx - e->pos)) {
+        snprintf(e->err, sizeof e->err, "context full: %d + %zu tokens > ctx %d", e->pos, n, e->plan.ctx);
+        return MP_ECTX;
+    }
+    int prompt = n > 1 || e->pos == 0;
+    double t0 = mpm_now();
+    const size_t V = (size_t)e->cfg.vocab;
+    for (size_t i = 0; i < n; i++) {
+        float *lo = NULL;
+        if (logits && all_positions) lo = logits + i * V;
+        else if (logits && i + 1 == n) lo = logits;
+        int rc = mpm_forward(e->model, tokens[i], e->pos, lo);
+        if (rc) {
+            snprintf(e->err, sizeof e->err, "%s", mpm_error(e->model));
+            return rc;
+        }
+        e->pos++;
+    }
+    double dt = mpm_now() - t0;
+    if (prompt) {
+        e->prompt_s += dt;
+        e->prompt_tok += n;
+    } else {
+        e->decode_s += dt;
+        e->decode_tok += n;
+    }
+    return MP_OK;
+}
+
+static int is_eos(const mp_engine *e, int32_t t) {
+    for (int i = 0; i < e->cfg.n_eos; i++)
+        if (e->cfg.eos[i] == t) return 1;
+    return 0;
+}
+
+int mp_generate(mp_engine *e, const int32_t *prompt, size_t n_prompt, int n_new,
+                const mp_sampler *s, mp_token_cb cb, void *user) {
+    if (!e || n_new < 0) return MP_EINVAL;
+    float *logits = malloc((size_t)e->cfg.vocab * sizeof(float));
+    if (!logits) return MP_ENOMEM;
+    uint64_t rng = mp_rng_seed(s ? s->seed : 0);
+    int rc = n_prompt ? mp_eval(e, prompt, n_prompt, logits, 0) : MP_EINVAL;
+    int made = 0;
+    while (rc == MP_OK && made < n_new) {
+        int32_t t = mp_sample(logits, (int)e->cfg.vocab, s, &rng);
+        made++;
+        if ((cb && cb(t, user)) || is_eos(e, t) || made == n_new) break;
+        rc = mp_eval(e, &t, 1, logits, 0);
+    }
+    free(logits);
+    return rc == MP_OK ? made : rc;
+}
+
+void mp_get_stats(const mp_engine *e, mp_stats *o) {
+    memset(o, 0, sizeof *o);
+    o->prompt_tokens = e->prompt_tok;
+    o->decode_tokens = e->decode_tok;
+    o->prompt_seconds = e->prompt_s;
+    o->decode_seconds = e->decode_s;
+    o->budget_bytes = e->budget;
+    o->floor_bytes = e->plan.floor_bytes;
+    o->cache_capacity_bytes = e->cache_bytes;
+    o->cache_capacity_experts = e->cache_experts;
+    o->prefetches = mpm_prefetches(e->model);
+    o->io_wait_seconds = mpm_io_wait_seconds(e->model) - e->io_wait0;
+    if (e->ex) {
+        mp_expert_stats es;
+        mpe_stats(e->ex, &es);
+        o->cache_hits = es.hits;
+        o->cache_misses = es.misses;
+        o->bytes_read = es.bytes_read;
+        o->read_seconds = (double)es.read_ns * 1e-9;
+        o->o_direct = es.o_direct_active;
+    }
+    double total = e->prompt_s + e->decode_s;
+    o->compute_seconds = total > o->io_wait_seconds ? total - o->io_wait_seconds : 0.0;
+}
+
+void mp_reset_stats(mp_engine *e) {
+    e->prompt_s = e->decode_s = 0;
+    e->prompt_tok = e->decode_tok = 0;
+    e->io_wait0 = mpm_io_wait_seconds(e->model);
+    if (e->ex) mpe_reset_stats(e->ex);
+}

@@ -1,0 +1,95 @@
+"""Tokenizer and chat template from a container's blobs (`tokenizer.json`,
+`tokenizer_config.json`), via the `tokenizers` library and jinja2 (as transformers renders
+chat templates: sandboxed, trim_blocks + lstrip_blocks)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from moepack.format.reader import Container
+
+
+class TokenizerError(RuntimeError):
+    pass
+
+
+def _token_text(v) -> str | None:
+    if isinstance(v, dict):  # {"content": "<s>", ...}
+        return v.get("content")
+    return v if isinstance(v, str) else None
+
+
+class Tokenizer:
+    def __init__(self, tokenizer_json: bytes, config: dict | None = None) -> None:
+        from tokenizers import Tokenizer as HfTokenizer
+
+        self._tok = HfTokenizer.from_str(tokenizer_json.decode("utf-8"))
+        self.config = config or {}
+        self.bos_token = _token_text(self.config.get("bos_token"))
+        self.eos_token = _token_text(self.config.get("eos_token"))
+        self.chat_template = self.config.get("chat_template")
+        if isinstance(self.chat_template, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in self.chat_template}
+            self.chat_template = named.get("default") or next(iter(named.values()), None)
+
+    @classmethod
+    def from_container(cls, path: str) -> Tokenizer:
+        with Container.open(path) as c:
+            names = {s["name"] for s in c.sections if s["type"] == "blob"}
+            if "tokenizer.json" not in names:
+                raise TokenizerError(f"{path} has no tokenizer.json blob; pass token ids instead")
+            cfg = (json.loads(c.blob("tokenizer_config.json"))
+                   if "tokenizer_config.json" in names else {})
+            return cls(bytes(c.blob("tokenizer.json")), cfg)
+
+    def token_id(self, text: str | None) -> int | None:
+        return None if text is None else self._tok.token_to_id(text)
+
+    @property
+    def eos_id(self) -> int | None:
+        return self.token_id(self.eos_token)
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def render_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise TokenizerError("the container's tokenizer_config.json has no chat_template")
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(msg):
+            raise TemplateError(msg)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, indent=indent,
+                                                                        ensure_ascii=False)
+        return env.from_string(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+    def encode_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
+        # the template writes special tokens (bos) itself
+        return self.encode(self.render_chat(messages, add_generation_prompt=add_generation_prompt),
+                           add_special_tokens=False)
+
+
+class StreamDecoder:
+    """Turns a token stream into text pieces (re-decodes the tail so multi-byte characters and
+    merged spaces come out right)."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok, self.ids, self.text = tok, [], ""
+
+    def push(self, tid: int) -> str:
+        self.ids.append(tid)
+        full = self.tok.decode(self.ids)
+        if full.endswith("\ufffd"):  # incomplete UTF-8 sequence: wait for more tokens
+            return ""
+        piece, self.text = full[len(self.text):], full
+        return piece

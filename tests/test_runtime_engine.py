@@ -1,0 +1,165 @@
+"""Engine behaviour that must not depend on configuration: bit-identical logits across thread
+counts, cache sizes and policies, prefetch, O_DIRECT and scalar vs AVX2 kernels; the budget floor;
+damaged expert records; stats; resident memory within the budget."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from tiny_models import make_checkpoint
+
+from moepack.runtime.engine import BudgetError, CorruptError, Engine, EngineError, plan
+
+N_POS = 70
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    from moepack.convert.pipeline import convert
+    from moepack.convert.settings import Settings
+
+    d = tmp_path_factory.mktemp("mixtral")
+    make_checkpoint("mixtral", d / "src", hidden_size=64, intermediate_size=40,
+                    num_local_experts=6, num_experts_per_tok=2, max_position_embeddings=128)
+    convert(d / "src", d / "m.moepack", Settings())
+    return d / "m.moepack"
+
+
+def _tokens(n: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 67, n).tolist()
+
+
+VARIANTS = {
+    "threads2": dict(threads=2),
+    "no_cache": dict(cache_experts=0),
+    "tiny_cache": dict(cache_experts=1),
+    "lru": dict(cache_policy="lru"),
+    "no_prefetch": dict(prefetch=False),
+    "buffered_io": dict(o_direct=False),
+    "scalar_kernels": dict(scalar_kernels=True),
+}
+
+
+def test_logits_bit_identical_across_configurations(mixtral):
+    toks = _tokens(N_POS)
+    with Engine(mixtral, threads=1) as e:  # large cache (default budget), prefetch, auto O_DIRECT
+        base = e.logits(toks)
+        s = e.stats()
+    assert s["cache_capacity_experts"] >= 12  # every expert fits: the "large" cache
+    for name, kw in VARIANTS.items():
+        with Engine(mixtral, **{"threads": 1, **kw}) as e:
+            got = e.logits(toks)
+        assert np.array_equal(got, base), name
+
+
+def test_o_direct_on_is_bit_identical_when_the_filesystem_allows_it(mixtral):
+    toks = _tokens(N_POS, seed=3)
+    with Engine(mixtral, o_direct=False, threads=2) as e:
+        base = e.logits(toks)
+    try:
+        e = Engine(mixtral, o_direct=True, threads=2)
+    except EngineError as err:  # tmpfs and some overlay filesystems refuse O_DIRECT
+        pytest.skip(f"O_DIRECT unavailable here: {err}")
+    with e:
+        got = e.logits(toks)
+        assert e.stats()["o_direct"] is True
+    assert np.array_equal(got, base)
+
+
+def test_cache_statistics(mixtral):
+    toks = _tokens(30, seed=4)
+    with Engine(mixtral, cache_experts=0, prefetch=False, threads=1) as e:
+        e.logits(toks)
+        s = e.stats()
+    # no cache: every routed expert of every token is one read (2 layers x top-2)
+    assert s["cache_hits"] == 0 and s["cache_misses"] == 30 * 2 * 2
+    assert s["bytes_read"] == s["cache_misses"] * plan(mixtral)["expert_record_bytes"]
+    with Engine(mixtral, prefetch=False, threads=1) as e:
+        e.logits(toks)
+        e.reset_stats()
+        e.logits(toks)  # everything is cached now
+        s = e.stats()
+    assert s["cache_misses"] == 0 and s["cache_hits"] == 30 * 2 * 2 and s["bytes_read"] == 0
+    assert s["prompt_tokens"] == 30 and s["hit_rate"] == 1.0
+
+
+def test_budget_below_floor_is_refused_with_the_floor(mixtral):
+    p = plan(mixtral)
+    assert p["floor_bytes"] == (p["trunk_bytes"] + p["kv_bytes"] + p["scratch_bytes"]
+                                + p["step_expert_bytes"])
+    assert p["step_expert_bytes"] == p["moe_layers"] * p["top_k"] * p["expert_record_bytes"]
+    with pytest.raises(BudgetError, match="needs at least") as ei:
+        Engine(mixtral, budget=p["floor_bytes"] - 1)
+    assert str(p["floor_bytes"]) in str(ei.value)
+    with Engine(mixtral, budget=p["floor_bytes"]) as e:  # exactly the floor runs
+        assert len(list(e.generate([1, 2, 3], 4))) == 4
+
+
+def test_damaged_expert_record_is_named_with_verify_reads(mixtral, tmp_path):
+    from moepack.format.reader import Container
+
+    bad = tmp_path / "bad.moepack"
+    bad.write_bytes(mixtral.read_bytes())
+    with Container.open(bad) as c:
+        ranges = [c.expert_range(1, e) for e in range(6)]
+    with open(bad, "r+b") as f:  # flip one code byte in every expert of layer 1
+        for off, _ in ranges:
+            f.seek(off + 5)
+            b = f.read(1)
+            f.seek(off + 5)
+            f.write(bytes([b[0] ^ 0xFF]))
+    with Engine(bad, verify_reads=True) as e, pytest.raises(CorruptError, match=r"layer 1 expert \d"):
+        e.logits([1, 2, 3])
+    with Engine(bad) as e:  # without the check the damage goes unnoticed
+        e.logits([1, 2, 3])
+
+
+def test_context_limit_and_bad_tokens(mixtral):
+    with Engine(mixtral, ctx=8) as e:
+        assert e.ctx == 8
+        e.feed(list(range(8)))
+        with pytest.raises(EngineError, match="context full"):
+            e.feed([1])
+        e.reset()
+        with pytest.raises(EngineError, match="token ids"):
+            e.feed([67])
+
+
+def test_sampling_is_seeded(mixtral):
+    with Engine(mixtral) as e:
+        a = list(e.generate([1, 2], 12, temperature=1.0, top_p=0.9, top_k=20, seed=7))
+        b = list(e.generate([1, 2], 12, temperature=1.0, top_p=0.9, top_k=20, seed=7))
+        c = list(e.generate([1, 2], 12, temperature=1.0, seed=8))
+    assert a == b and len(a) == 12 and a != c
+
+
+def test_resident_memory_stays_within_the_budget(tmp_path):
+    """Synthetic container with ~60 MB of experts; budget = floor + 4 records. Peak RSS growth of a
+    fresh process (no torch) while opening and generating stays under the budget."""
+    from moepack.format.synthetic import mixtral_spec, write_synthetic
+
+    path = tmp_path / "syn.moepack"
+    write_synthetic(path, mixtral_spec(layers=2, experts=32, hidden=512, inter=1024, vocab=256))
+    p = plan(path, 64)
+    budget = p["floor_bytes"] + 4 * p["expert_record_bytes"]
+    code = textwrap.dedent(f"""
+        import json, re
+        from moepack.runtime.engine import Engine
+        def kb(key):
+            return int(re.search(key + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+        base = kb("VmRSS")
+        with Engine({str(path)!r}, budget={budget}, ctx=64, threads=2) as e:
+            toks = list(e.generate([1, 2, 3, 4], 24))
+            s = e.stats()
+        print(json.dumps({{"peak": kb("VmHWM") * 1024, "base": base * 1024, "misses": s["cache_misses"]}}))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    m = json.loads(r.stdout)
+    assert m["misses"] > 0
+    assert m["peak"] - m["base"] <= budget, (m, budget)
