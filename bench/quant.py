@@ -173,6 +173,11 @@ def main() -> None:
             err, bits = run_group(attn, TRUNK_CODECS[cname])
             trunk.append(f"| {cname} | {100 * err:.2f}% | {bits:.3f} |")
         print("\n".join(trunk))
+    ppl: list[str] = []
+    if DEMO.exists() and (DEMO.parent / "config.json").exists() and not args.quick:
+        from bench.quant_ppl import heldout_table
+
+        ppl = heldout_table(DEMO.parent, ROOT / "demo" / "heldout.txt")
     rates = "\n".join(f"| {k} | {t:.1f} | {r / 1e6:.2f} M |" for k, (t, r) in speed.items())
     print(rates)
     if args.quick or args.no_write:
@@ -189,6 +194,9 @@ def main() -> None:
     if trunk:
         body += ["Demo model attention weights (q, k, v, o of all layers):", "",
                  "| codec | rel. error | bits/w |", "|---|---:|---:|", *trunk, ""]
+    if ppl:
+        body += ["Demo model held-out loss with quantised weights (bench/quant_ppl.py):", "",
+                 *ppl, ""]
     body += ["Throughput on the Gaussian set, 1 thread, CPU time (process_time, so other load "
              "on the machine inflates it less than wall time). Training cost is per layer × "
              "projection and independent of the expert count; encoding cost is per weight:", "",

@@ -41,7 +41,7 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 #define KP(k) (((k) + 7) & ~7)
 #define BLK 4 /* vectors scored together */
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MP_NO_CLONES)
 #define MP_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define MP_CLONES
@@ -261,39 +261,58 @@ static inline void offer(cand_t *top, int *nt, int beam, float perr, const float
     }
 }
 
+/* Replace the np paths in cur by the best children (parent path + entry of stage s); sc holds
+ * the paths' scores [np][kp] when precomputed (stage 0), else NULL. Returns the new count. */
+static inline __attribute__((always_inline)) int beam_stage(path_t *cur, int np, const float *cb, const tcb_t *t, int s,
+                             int beam, const float *sc0) {
+    path_t nxt[MP_VQ_MAX_BEAM];
+    cand_t top[MP_VQ_MAX_BEAM];
+    float rb[BLK * D], sc[BLK * 256];
+    const float *cbs = cb + (size_t)s * t->k * D;
+    int nt = 0;
+    for (int p0 = 0; p0 < np; p0 += BLK) { /* score up to BLK paths at once */
+        int m = np - p0 < BLK ? np - p0 : BLK;
+        const float *scp = sc0;
+        if (!sc0) {
+            memset(rb, 0, sizeof rb);
+            for (int v = 0; v < m; v++) memcpy(rb + v * D, cur[p0 + v].res, sizeof(float) * D);
+            scores4(rb, t, sc);
+            scp = sc;
+        }
+        for (int v = 0; v < m; v++)
+            offer(top, &nt, beam, cur[p0 + v].err, scp + v * t->kp, t->k, p0 + v);
+    }
+    for (int q = 0; q < nt; q++) {
+        const path_t *par = &cur[top[q].parent];
+        const float *c = cbs + (size_t)top[q].code * D;
+        nxt[q] = *par;
+        nxt[q].err = top[q].err;
+        nxt[q].code[s] = (uint8_t)top[q].code;
+        for (int d = 0; d < D; d++) nxt[q].res[d] = par->res[d] - c[d];
+    }
+    memcpy(cur, nxt, sizeof(path_t) * (size_t)nt);
+    return nt;
+}
+
+/* Beam search, BLK vectors at a time: their stage-0 scores are computed together (each vector
+ * starts with one path), later stages score each vector's paths together. */
 MP_CLONES
 static void beam_range(const float *x, size_t n, const float *cb, const tcb_t *t, int stages,
                        int beam, uint8_t *codes) {
-    path_t cur[MP_VQ_MAX_BEAM], nxt[MP_VQ_MAX_BEAM];
-    cand_t top[MP_VQ_MAX_BEAM];
-    float rb[BLK * D], sc[BLK * 256];
-    for (size_t i = 0; i < n; i++) {
-        int np = 1;
-        memcpy(cur[0].res, x + i * D, sizeof(float) * D);
-        cur[0].err = sqnorm(cur[0].res);
-        for (int s = 0; s < stages; s++) {
-            const float *cbs = cb + (size_t)s * t[s].k * D;
-            int nt = 0;
-            for (int p0 = 0; p0 < np; p0 += BLK) { /* score up to BLK paths at once */
-                int m = np - p0 < BLK ? np - p0 : BLK;
-                memset(rb, 0, sizeof rb);
-                for (int v = 0; v < m; v++) memcpy(rb + v * D, cur[p0 + v].res, sizeof(float) * D);
-                scores4(rb, &t[s], sc);
-                for (int v = 0; v < m; v++)
-                    offer(top, &nt, beam, cur[p0 + v].err, sc + v * t[s].kp, t[s].k, p0 + v);
-            }
-            for (int q = 0; q < nt; q++) {
-                const path_t *par = &cur[top[q].parent];
-                const float *c = cbs + (size_t)top[q].code * D;
-                nxt[q] = *par;
-                nxt[q].err = top[q].err;
-                nxt[q].code[s] = (uint8_t)top[q].code;
-                for (int d = 0; d < D; d++) nxt[q].res[d] = par->res[d] - c[d];
-            }
-            memcpy(cur, nxt, sizeof(path_t) * (size_t)nt);
-            np = nt;
+    path_t cur[MP_VQ_MAX_BEAM];
+    float xb[BLK * D], sc0[BLK * 256];
+    for (size_t i = 0; i < n; i += BLK) {
+        size_t m = n - i < BLK ? n - i : BLK;
+        memset(xb, 0, sizeof xb);
+        memcpy(xb, x + i * D, m * D * sizeof(float));
+        scores4(xb, &t[0], sc0);
+        for (size_t v = 0; v < m; v++) {
+            memcpy(cur[0].res, xb + v * D, sizeof(float) * D);
+            cur[0].err = sqnorm(cur[0].res);
+            int np = beam_stage(cur, 1, cb, &t[0], 0, beam, sc0 + v * t[0].kp);
+            for (int s = 1; s < stages; s++) np = beam_stage(cur, np, cb, &t[s], s, beam, NULL);
+            memcpy(codes + (i + v) * stages, cur[0].code, (size_t)stages); /* least error */
         }
-        memcpy(codes + i * stages, cur[0].code, (size_t)stages); /* path 0: least error */
     }
 }
 
