@@ -103,3 +103,14 @@ def test_bf16_rounds_to_nearest_even() -> None:
     w = np.array([[1.0 + 2**-8, 1.0 + 3 * 2**-8, -2.5, np.inf]], np.float32)
     out = decode({"name": "bf16"}, w.shape, encode({"name": "bf16"}, w))
     assert out.tolist() == [[1.0, 1.0 + 2**-6, -2.5, np.inf]]
+
+
+@pytest.mark.parametrize("name", ["q8", "q4", "q4-zp"])
+def test_group_encoders_reject_non_finite_and_huge(name: str) -> None:
+    codec = TRUNK_CODECS[name]
+    w = np.ones((2, 32), np.float32)
+    w[1, 3] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        encode(codec, w)
+    with pytest.raises(ValueError, match="f16"):
+        encode(codec, np.full((1, 32), 1e8, np.float32))

@@ -139,3 +139,33 @@ def test_codec_for_falls_back_without_even_columns() -> None:
     assert codec_for(st, (4, 13))["rotation"] == "none"
     assert codec_for(st, (4, 384))["rotation_block"] == 128
     assert codec_for(st, (4, 4096))["rotation_block"] == 256
+
+
+def test_rvq_rejects_non_finite_and_bad_codebook() -> None:
+    ws = experts(2, (8, 16))
+    codec, cb, signs = train_layer(lambda e: ws[e], 2, (8, 16), FAST, 1)
+    bad = ws[0].copy()
+    bad[0, 0] = np.inf
+    with pytest.raises(ValueError, match="finite"):
+        encode(codec, bad, codebook=cb, settings=FAST)
+    with pytest.raises(ValueError, match="codebook"):
+        encode(codec, ws[0], codebook=cb[:2], settings=FAST)
+    with pytest.raises(ValueError, match="codebook"):
+        encode(codec, ws[0], settings=FAST)
+
+
+def test_decode_rejects_bad_rotation_and_codebook() -> None:
+    from moepack.format import FormatError
+
+    ws = experts(2, (8, 16))
+    st = RvqSettings(iters=2, sample=5_000, rotation="hadamard")
+    codec, cb, signs = train_layer(lambda e: ws[e], 2, (8, 16), st, 1)
+    data = encode(codec, ws[0], codebook=cb, rotation=signs, settings=st)
+    with pytest.raises(FormatError, match="signs"):
+        decode(codec, (8, 16), data, codebook=cb, rotation=signs * 0.5)
+    with pytest.raises(FormatError, match="rotation tensor"):
+        decode(codec, (8, 16), data, codebook=cb)
+    with pytest.raises(FormatError, match="codebook shape"):
+        decode(codec, (8, 16), data, codebook=cb[:, :128], rotation=signs)
+    with pytest.raises(FormatError, match="needs the layer's codebook"):
+        decode(codec, (8, 16), data, rotation=signs)
