@@ -35,7 +35,7 @@ def test_multiprocess_round_trip(tmp_path: Path) -> None:
     main = ContainerWriter(path, layout)
     trunk = {t.name: encode_synthetic(t.codec, t.shape, f"s:{t.name}") for t in spec.tensors}
     digests: dict = {name: main.write_tensor(name, data) for name, data in trunk.items()}
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # fork is unsafe once other tests have started threads
     with ctx.Pool(2) as pool:
         jobs = [(str(path), spec, [0, 2]), (str(path), spec, [1, 3])]
         results = pool.starmap(_write_layers, jobs)
@@ -129,7 +129,7 @@ def test_writer_checks_lengths_and_attach(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="planned"):
             w.write_tensor("embed", b"short")
         with pytest.raises(ValueError, match="planned"):
-            w.write_expert(0, 0, b"x" * 10)
+            w.write_expert(0, 0, b"x" * (layout.bank(0).record_length + 1))
         with pytest.raises(IndexError):
             w.write_expert(0, 2, b"")
         with pytest.raises(KeyError):
