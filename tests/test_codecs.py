@@ -114,3 +114,19 @@ def test_group_encoders_reject_non_finite_and_huge(name: str) -> None:
         encode(codec, w)
     with pytest.raises(ValueError, match="f16"):
         encode(codec, np.full((1, 32), 1e8, np.float32))
+
+
+def test_presets_are_complete_and_valid() -> None:
+    from moepack.convert.quant import EXPERT_PRESETS, TRUNK_DEFAULTS, codec_for, expert_settings
+
+    assert {"rvq3", "rvq3-baseline", "rvq2", "rvq4"} <= set(EXPERT_PRESETS)
+    for name in EXPERT_PRESETS:
+        validate_codec(codec_for(expert_settings(name), (64, 256)), (64, 256))
+    assert set(TRUNK_DEFAULTS) == {"attn", "shared_expert", "dense_ffn", "embed", "lm_head", "norm",
+                                   "router", "bias", "codebook"}
+    for cls in ("norm", "router", "bias", "codebook"):
+        assert TRUNK_DEFAULTS[cls] == "f32"
+    for name in TRUNK_DEFAULTS.values():
+        validate_codec(TRUNK_CODECS[name], (4, 64))
+    with pytest.raises(ValueError, match="rvq3"):
+        expert_settings("rvq5")
