@@ -239,6 +239,7 @@ class _Download:
                 if st.state not in _CHECKING and at_start is None:
                     at_start = st.num_pieces
                 if st.is_seeding or st.state in _DONE:
+                    self._report(st)   # the caller sees done == total before verify starts
                     self.downloaded += st.total_payload_download
                     return at_start if at_start is not None else st.num_pieces
                 if st.total_done != last_done or st.state in _CHECKING:
