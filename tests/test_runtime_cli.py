@@ -1,0 +1,118 @@
+"""`moepack plan / run / eval / chat` on a tiny converted Mixtral (word-level tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from tiny_models import make_checkpoint
+from typer.testing import CliRunner
+
+from moepack.cli import app
+from moepack.runtime.engine import Engine
+from moepack.runtime.tokenizer import StreamDecoder, Tokenizer
+
+runner = CliRunner()
+STATS = re.compile(r"prompt \d+ tok @ [\d.]+ tok/s \| decode \d+ tok @ [\d.]+ tok/s \| "
+                   r"cache hits [\d.]+% \| read [\d.]+ GB \| I/O wait [\d.]+% \| O_DIRECT (on|off)")
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    from moepack.convert.pipeline import convert
+    from moepack.convert.settings import Settings
+
+    d = tmp_path_factory.mktemp("cli")
+    make_checkpoint("mixtral", d / "src", max_position_embeddings=128)
+    convert(d / "src", d / "m.moepack", Settings())
+    return d / "m.moepack"
+
+
+def _run(*args, input=None):
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+def test_plan_json_and_refusal(mixtral):
+    r = _run("plan", mixtral, "--ctx", 32, "--json")
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)
+    assert p["ctx"] == 32 and p["floor_bytes"] == (p["trunk_bytes"] + p["kv_bytes"] +
+                                                   p["scratch_bytes"] + p["step_expert_bytes"])
+    assert p["floor_bytes"] <= p["recommended_bytes"]
+    assert p["floor_bytes"] <= p["default_bytes"] <= p["usable_ram_bytes"]
+    r = _run("plan", mixtral, "--budget", "1K")
+    assert r.exit_code == 1 and "below the floor" in r.output
+    r = _run("plan", mixtral)
+    assert r.exit_code == 0 and "floor" in r.output and "default budget" in r.output
+
+
+def test_run_streams_text_then_stats(mixtral):
+    r = _run("run", mixtral, "w5 w9 w12", "-n", 8, "--threads", 1)
+    assert r.exit_code == 0, r.output
+    lines = r.output.strip().splitlines()
+    assert STATS.fullmatch(lines[-1]), lines[-1]
+    assert "prompt 3 tok" in lines[-1]
+
+
+def test_run_json_matches_engine_greedy(mixtral):
+    r = _run("run", mixtral, "--tokens", "5,9,12", "-n", 6, "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    with Engine(mixtral) as e:
+        want = list(e.generate([5, 9, 12], 6, stop=[2]))
+    assert out["tokens"] == want and out["prompt_tokens"] == [5, 9, 12]
+    assert {"decode_tok_s", "hit_rate", "bytes_read", "io_wait_share", "o_direct"} <= set(out["stats"])
+
+
+def test_run_refuses_budget_below_floor(mixtral):
+    r = _run("run", mixtral, "w5", "--budget", "1K")
+    assert r.exit_code == 1
+    assert "below the floor" in r.output and "needs at least" in r.output
+
+
+def test_run_names_damaged_expert_with_verify_reads(mixtral, tmp_path):
+    from moepack.format.reader import Container
+
+    bad = tmp_path / "bad.moepack"
+    bad.write_bytes(mixtral.read_bytes())
+    with Container.open(bad) as c:
+        offs = [c.expert_range(0, e)[0] for e in range(c.model["moe"]["num_experts"])]
+    with open(bad, "r+b") as f:
+        for off in offs:
+            f.seek(off)
+            b = f.read(1)
+            f.seek(off)
+            f.write(bytes([b[0] ^ 1]))
+    r = _run("run", bad, "w5 w6", "-n", 2, "--verify-reads")
+    assert r.exit_code == 1
+    assert re.search(r"layer 0 expert \d", r.output), r.output
+
+
+def test_eval_writes_logits(mixtral, tmp_path):
+    out = tmp_path / "l.npy"
+    toks = [3 + i % 64 for i in range(67)]  # 67 positions
+    r = _run("eval", mixtral, "--tokens", ",".join(map(str, toks)), "--logits", out,
+             "--threads", 2)
+    assert r.exit_code == 0, r.output
+    got = np.load(out)
+    assert got.dtype == np.float32 and got.shape == (67, 67)
+    with Engine(mixtral, threads=1) as e:
+        assert np.array_equal(got, e.logits(toks))
+
+
+def test_chat_two_turns(mixtral):
+    r = _run("chat", mixtral, "-n", 4, input="w5 w6\nw7\n\n")
+    assert r.exit_code == 0, r.output
+    assert r.output.count("> ") >= 3
+
+
+def test_tokenizer_and_chat_template(mixtral):
+    tok = Tokenizer.from_container(str(mixtral))
+    ids = tok.encode("w5 w9 w12")
+    assert ids == [5, 9, 12] and tok.decode(ids) == "w5 w9 w12" and tok.eos_id == 2
+    msgs = [{"role": "user", "content": "w5"}, {"role": "assistant", "content": "w6"}]
+    assert tok.render_chat(msgs) == "w5 w6 "
+    d = StreamDecoder(tok)
+    assert "".join(d.push(t) for t in ids) == "w5 w9 w12"
