@@ -131,3 +131,20 @@ def test_file_shrinking_during_scan(container: Path, monkeypatch: pytest.MonkeyP
     damage, _ = judge(items, res, tables_by_layer(sections))
     assert [d.label for d in damage][:2] == ["layer 1 expert 0", "layer 1 expert 1"]
     assert all("ended" in d.detail for d in damage)
+
+
+def test_auto_reads_cached_files_from_the_page_cache(blob: Path) -> None:
+    from moepack.verify.reads import choose_direct
+    from moepack.verify.residency import cached_fraction
+
+    from bench.disk import drop_cache
+
+    size = blob.stat().st_size
+    blob.read_bytes()
+    assert cached_fraction(blob, 0, size) == 1.0
+    assert not choose_direct("auto", blob, 0, size)
+    drop_cache(blob)
+    if (cached_fraction(blob, 0, size) or 0) > 0.5:
+        pytest.skip("this filesystem keeps the file cached (tmpfs?)")
+    assert choose_direct("auto", blob, 0, size)
+    assert choose_direct("direct", blob, 0, size) and not choose_direct("buffered", blob, 0, size)

@@ -22,7 +22,8 @@ _QUICK = typer.Option(False, "--quick", help="Header, index and root hash only (
 _JSON = typer.Option(False, "--json", help="Print the report as JSON on stdout.")
 _THREADS = typer.Option(None, "--threads", min=1, help="Hashing threads (default: all cores).")
 _IO = typer.Option("auto", "--io", metavar="auto|direct|buffered",
-                   help="O_DIRECT or page-cache reads (auto: O_DIRECT for files > RAM/2).")
+                   help="O_DIRECT or page-cache reads (auto: page cache if the file is "
+                        "mostly cached, else O_DIRECT).")
 
 
 def _usage(message: str) -> typer.Exit:

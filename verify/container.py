@@ -28,7 +28,7 @@ def verify(path: str | Path, *, quick: bool = False, threads: int | None = None,
 
     `threads`: hashing threads (default: usable cores). `progress(done, total)` is called after
     each chunk. `io`: "direct" (O_DIRECT, falls back when unsupported), "buffered", or "auto"
-    (O_DIRECT only for files larger than half the available RAM).
+    (page cache when the file is mostly cached, else O_DIRECT).
     """
     t0 = time.perf_counter()
     try:
