@@ -206,8 +206,9 @@ def decode(codec: dict, shape, data, *, codebook=None, rotation=None) -> np.ndar
     if name == "bf16":
         return (buf.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
     rows, cols = shape
-    if name == "rvq":
-        out = _decode_rvq(codec, rows, cols, buf, codebook, rotation)
-    else:
-        out = _decode_group(codec, rows, cols, buf)
+    with np.errstate(all="ignore"):  # inf/NaN scales decode to inf/NaN, as in C, silently
+        if name == "rvq":
+            out = _decode_rvq(codec, rows, cols, buf, codebook, rotation)
+        else:
+            out = _decode_group(codec, rows, cols, buf)
     return np.ascontiguousarray(out, dtype=np.float32)

@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from moepack.convert.quant import TRUNK_CODECS, encode
 from moepack.format import FormatError
 from moepack.format.codecs import decode, encoded_nbytes, validate_codec
@@ -130,3 +132,40 @@ def test_presets_are_complete_and_valid() -> None:
         validate_codec(TRUNK_CODECS[name], (4, 64))
     with pytest.raises(ValueError, match="rvq3"):
         expert_settings("rvq5")
+
+
+_junk = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 300) | st.text(max_size=4),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=3), c, max_size=3),
+    max_leaves=5,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    name=st.sampled_from(["f32", "q8", "q4", "rvq", "x"]),
+    extra=st.dictionaries(
+        st.sampled_from(["group_size", "zero_point", "stages", "dim", "entries", "rotation",
+                         "rotation_block", "bogus"]), _junk, max_size=4),
+    shape=st.lists(st.integers(-1, 40), min_size=0, max_size=3),
+)
+def test_validate_only_raises_format_error(name: str, extra: dict, shape: list) -> None:
+    try:
+        validate_codec({"name": name, **extra}, shape)
+    except FormatError:
+        return
+    assert encoded_nbytes({"name": name, **extra}, tuple(shape)) >= 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    codec=st.sampled_from([TRUNK_CODECS[k] for k in ("q8", "q4", "q4-zp", "q4-g16")]),
+    rows=st.integers(1, 5),
+    cols=st.integers(1, 70),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_decode_any_bytes_of_the_right_length(codec: dict, rows: int, cols: int,
+                                              seed: int) -> None:
+    n = encoded_nbytes(codec, (rows, cols))
+    data = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+    assert decode(codec, (rows, cols), data).shape == (rows, cols)
