@@ -62,8 +62,9 @@ class Journal:
 
     @classmethod
     def create(cls, path: Path, header: dict) -> Journal:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        cls._lock(fd, path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        cls._lock(fd, path)  # before truncating: never clobber a running conversion's journal
+        os.ftruncate(fd, 0)
         j = cls(path, fd, {**header, "format": FORMAT}, {})
         j._append([j.header])
         return j

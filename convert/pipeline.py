@@ -128,10 +128,8 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
     if out.exists() and not force:
         raise ConvertError(f"{out} already exists; pass --force to replace it")
     ck = Checkpoint(src)
-    if restart and not dry_run:
-        partial.unlink(missing_ok=True)
-        jpath.unlink(missing_ok=True)
-    resuming = partial.exists() and Journal.read_header(jpath) is not None
+    # --restart simply starts fresh: Journal.create locks before truncating anything.
+    resuming = not restart and partial.exists() and Journal.read_header(jpath) is not None
     if dry_run:
         fp = [{"name": f, "size": (ck.dir / f).stat().st_size, "sha256": PLACEHOLDER_SHA}
               for f in ck.files]
@@ -149,7 +147,9 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
         jh = Journal.read_header(jpath) or {}
         if not dry_run:
             _check_same(jh, header, partial)
-    need = 0 if resuming else plan.layout.file_size + SPACE_MARGIN
+    # A partial we are about to truncate and reuse already holds its blocks.
+    reusable = partial.stat().st_blocks * 512 if partial.exists() else 0
+    need = 0 if resuming else max(0, plan.layout.file_size + SPACE_MARGIN - reusable)
     summary_plan = _plan_summary(plan, out, jobs, free, 0, len(lengths))
     if dry_run:
         return _summary(plan, out, None, t0, 0, summary_plan)
@@ -160,11 +160,16 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
         journal = Journal.resume(jpath)
         done = dict(journal.done)
         rep.message(f"resuming {partial.name}: {len(done)} of {len(lengths)} units done")
-    else:
-        ContainerWriter(out, plan.layout, create=True, overwrite=force).close()
+    else:  # journal first: its lock keeps a second run from truncating our partial
         journal = Journal.create(jpath, header)
+        try:
+            ContainerWriter(out, plan.layout, create=True, overwrite=force).close()
+        except BaseException:  # e.g. the disk filled up while allocating: leave nothing
+            journal.remove()
+            partial.unlink(missing_ok=True)
+            raise
     try:
-        cid = _run(ck, out, plan, tasks, done, journal, settings, jobs, force, lengths, rep)
+        cid = _run(ck, out, plan, tasks, journal, settings, jobs, force, lengths, rep)
     finally:
         journal.close()
         rep.stop()
@@ -172,8 +177,8 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
     return _summary(plan, out, cid, t0, len(done), summary_plan)
 
 
-def _run(ck: Checkpoint, out: Path, plan: Plan, tasks: list[Task], done: dict[str, str],
-         journal: Journal, settings: Settings, jobs: int, force: bool,
+def _run(ck: Checkpoint, out: Path, plan: Plan, tasks: list[Task], journal: Journal,
+         settings: Settings, jobs: int, force: bool,
          lengths: dict[str, int], rep: Reporter) -> str:
     _write_blobs(ck, out, plan, journal, force)
     todo = [t for t in tasks if any(u not in journal.done for u in t.units())]

@@ -212,3 +212,20 @@ def test_cli_dry_run_prints_plan(sources, tmp_path):
     r = _cli("convert", str(sources["qwen3_moe"]), str(tmp_path / "x.moepack"), "--dry-run",
              "--expert-codec", "nope")
     assert r.exit_code == 1 and "unknown expert codec 'nope'" in r.output
+
+
+def test_second_concurrent_run_is_refused(sources, tmp_path):
+    from moepack.convert.journal import Journal
+
+    out = tmp_path / "l.moepack"
+    _interrupted(sources["mixtral"], out)
+    partial = (tmp_path / "l.moepack.partial").read_bytes()
+    holder = Journal.resume(tmp_path / "l.moepack.journal")  # a run in progress holds the lock
+    try:
+        with pytest.raises(ConvertError, match="another conversion of this output is running"):
+            convert(sources["mixtral"], out, FAST)
+        with pytest.raises(ConvertError, match="another conversion"):
+            convert(sources["mixtral"], out, FAST, restart=True)
+    finally:
+        holder.close()
+    assert (tmp_path / "l.moepack.partial").read_bytes() == partial

@@ -70,6 +70,7 @@ def make_checkpoint(arch: str, out_dir: str | Path, *, seed: int = 0,
     if layout == "hub" and fp8_block is None:
         model.save_pretrained(out, max_shard_size=shard)
     else:
+        model.config.architectures = [type(model).__name__]  # save_pretrained would add it
         model.config.save_pretrained(out)
         model.generation_config.save_pretrained(out)
         tensors = _hub_state(model) if layout == "hub" else dict(model.state_dict())
