@@ -304,3 +304,22 @@ def test_nonzero_record_padding_under_a_matching_hash(copy: Path) -> None:
     r = verify(copy)
     assert [(d.kind, d.offset, d.length) for d in r.damaged] == [("padding", rec + stride - 1, 1)]
     assert "layer 0 expert 1" in r.damaged[0].detail
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_truncation_or_smear_is_never_intact(pristine: Path, tmp_path: Path,
+                                                 data: st.DataObject) -> None:
+    """Truncations and runs of garbage: always a report (exit 1 or 2), never an exception."""
+    raw = bytearray(pristine.read_bytes())
+    if data.draw(st.booleans(), label="truncate"):
+        raw = raw[:data.draw(st.integers(0, len(raw) - 1), label="keep")]
+    else:
+        at = data.draw(st.integers(0, len(raw) - 1), label="offset")
+        masks = data.draw(st.lists(st.integers(1, 255), min_size=1, max_size=300), label="xor")
+        for i, m in enumerate(masks[:len(raw) - at]):  # every mask is non-zero: bytes change
+            raw[at + i] ^= m
+    path = tmp_path / "smear.moepack"
+    path.write_bytes(raw)
+    assert verify(path).exit_code in (1, 2)

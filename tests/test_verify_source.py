@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from moepack.verify import SourceReport, verify_source
 from moepack.verify.expect import ExpectError, parse_expectations
 
@@ -151,3 +153,23 @@ def test_reads_what_fetch_writes(tmp_path: Path) -> None:
                    [(n, len(d), hashlib.sha256(d).hexdigest()) for n, d in SHARDS.items()])
     r = verify_source(tmp_path)
     assert r.ok and r.files_checked == len(SHARDS), r
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 1 << 40) | st.text(max_size=80),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["files", "name", "size", "sha256", "path", "rfilename", "lfs", "oid",
+                         "blobId", "type", "siblings"]), inner, max_size=5),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(doc=_json)
+def test_any_expectation_document_parses_or_is_rejected_cleanly(doc: object) -> None:
+    try:
+        files = parse_expectations(doc)
+    except ExpectError:
+        return
+    for f in files:
+        assert f.name and not f.name.startswith("/") and ".." not in f.name.split("/")
