@@ -40,8 +40,6 @@ class Unverifiable(Exception):
 @dataclass
 class Opened:
     header: Header | None  # None: the header is damaged beyond use
-    index: bytes
-    root_ok: bool  # BLAKE3(index) == header.root_hash
     sections: list[dict[str, Any]] | None  # None: the index cannot be used to check items
     damage: list[Damage] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -110,8 +108,7 @@ def open_for_verify(path: str | Path) -> Opened:
         try:
             h, damage = _header(head, st.st_size)
         except _HeaderUnusable as e:
-            return Opened(None, b"", False, None, [Damage("header", "header", 0, HEADER_SIZE,
-                                                         str(e))],
+            return Opened(None, None, [Damage("header", "header", 0, HEADER_SIZE, str(e))],
                           ["items not checked: the damaged header does not locate the index"])
         index = _read_exact(fd, h.index_length, h.index_offset)
     except OSError as e:
@@ -123,7 +120,7 @@ def open_for_verify(path: str | Path) -> Opened:
 
 def _open_index(h: Header, index: bytes, damage: list[Damage]) -> Opened:
     root_ok = blake3.blake3(index).digest() == h.root_hash
-    opened = Opened(h, index, root_ok, None, damage)
+    opened = Opened(h, None, damage)
     if not root_ok and not damage:
         opened.damage.append(Damage("index", "index", h.index_offset, h.index_length,
                                     "BLAKE3 differs from the root hash in the header"))
