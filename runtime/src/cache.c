@@ -51,8 +51,39 @@ struct mp_experts {
     entry **cached;
     size_t ncached, capcached;
     uint64_t used, transient, tick;
+    /* recycled record buffers (already faulted in): a fresh multi-MB buffer per read costs page
+     * faults and zeroing. Kept to at most max(peak transient, one stride) bytes: memory the
+     * process has already held at once. */
+    void *spare;                  /* singly linked through the first bytes of each buffer */
+    uint64_t spare_bytes, peak_transient, max_stride;
     mp_expert_stats st;
 };
+
+typedef struct spare_hdr { void *next; uint64_t size; } spare_hdr;
+
+static uint8_t *get_buf(mp_experts *e, uint64_t size) {
+    void **link = &e->spare;
+    while (*link) {
+        spare_hdr *h = *link;
+        if (h->size == size) {
+            *link = h->next;
+            e->spare_bytes -= size;
+            return (uint8_t *)h;
+        }
+        link = &h->next;
+    }
+    return mp_aligned_alloc(e->balign, (size_t)size);
+}
+
+static void put_buf(mp_experts *e, uint8_t *buf, uint64_t size) {
+    uint64_t cap = e->peak_transient > e->max_stride ? e->peak_transient : e->max_stride;
+    if (size < sizeof(spare_hdr) || e->spare_bytes + size > cap) { mp_aligned_free(buf); return; }
+    spare_hdr *h = (spare_hdr *)(void *)buf;
+    h->next = e->spare;
+    h->size = size;
+    e->spare = h;
+    e->spare_bytes += size;
+}
 
 static int seterr(char *err, size_t errlen, int code, const char *fmt, ...) {
     if (err && errlen) {
@@ -105,7 +136,7 @@ static void free_entry(mp_experts *e, entry *en) {
     } else {
         e->transient -= en->size;
     }
-    mp_aligned_free(en->buf);
+    put_buf(e, en->buf, en->size);
     free(en);
 }
 
@@ -132,7 +163,7 @@ static int make_room(mp_experts *e, uint64_t size) {
 static entry *start_read(mp_experts *e, size_t bi, int ex, int pins, int may_cache, int *rc) {
     bankrt *b = &e->banks[bi];
     entry *en = calloc(1, sizeof *en);
-    uint8_t *buf = en ? mp_aligned_alloc(e->balign, (size_t)b->b->stride) : NULL;
+    uint8_t *buf = en ? get_buf(e, b->b->stride) : NULL;
     if (!buf) { free(en); *rc = MP_ENOMEM; return NULL; }
     en->owner = e; en->bank = bi; en->expert = ex; en->buf = buf; en->size = b->b->stride;
     en->state = ST_LOADING; en->pins = pins; en->last_use = e->tick;
@@ -149,6 +180,7 @@ static entry *start_read(mp_experts *e, size_t bi, int ex, int pins, int may_cac
         e->used += en->size;
     } else {
         e->transient += en->size;
+        if (e->transient > e->peak_transient) e->peak_transient = e->transient;
     }
     b->slot[ex] = en;
     en->req.dst = buf;
@@ -183,6 +215,7 @@ mp_experts *mpe_create(const mp_container *c, const mp_expert_options *opt, char
     for (size_t i = 0; i < e->nbanks; i++) {
         bankrt *b = &e->banks[i];
         b->b = mpc_bank_at(c, i);
+        if (b->b->stride > e->max_stride) e->max_stride = b->b->stride;
         b->slot = calloc(b->b->count, sizeof *b->slot);
         b->freq = calloc(b->b->count, sizeof *b->freq);
         if (!b->slot || !b->freq) { seterr(err, errlen, MP_ENOMEM, "out of memory"); goto fail; }
@@ -214,6 +247,11 @@ void mpe_destroy(mp_experts *e) {
             for (uint32_t x = 0; x < b->b->count; x++)
                 if (b->slot[x]) { mp_aligned_free(b->slot[x]->buf); free(b->slot[x]); }
         free(b->slot); free(b->freq); free(b->hashes);
+    }
+    while (e->spare) {
+        spare_hdr *h = e->spare;
+        e->spare = h->next;
+        mp_aligned_free(h);
     }
     free(e->banks);
     free(e->cached);
@@ -325,6 +363,7 @@ void mpe_stats(mp_experts *e, mp_expert_stats *out) {
     out->budget = e->opt.budget_bytes;
     out->used = e->used;
     out->transient = e->transient;
+    out->spare = e->spare_bytes;
     out->cached_records = (uint32_t)e->ncached;
     pthread_mutex_unlock(&e->mu);
 }

@@ -49,6 +49,7 @@ typedef struct {
     uint64_t used;          /* bytes of cached records now */
     uint64_t transient;     /* bytes of pinned records held outside the cache now */
     uint32_t cached_records;
+    uint64_t spare;         /* bytes of recycled record buffers kept for reuse (see cache.c) */
 } mp_expert_stats;
 
 typedef struct mp_experts mp_experts;

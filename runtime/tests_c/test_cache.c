@@ -110,6 +110,7 @@ static void test_pins_and_prefetch(void) {
     mpe_release(e, 1, all, 4);
     mpe_stats(e, &s);
     CHECK(s.transient == 0 && s.used == stride, "after release");
+    CHECK(s.spare <= 3 * stride, "recycled buffers bounded by the peak transient: %llu", (unsigned long long)s.spare);
     /* duplicates pin twice */
     int dup[3] = {2, 2, 2};
     CHECK(mpe_acquire(e, 0, dup, 3, r, err, sizeof err) == MP_OK && r[0] == r[1] && r[1] == r[2], "dups");
