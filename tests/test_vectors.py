@@ -77,3 +77,12 @@ def test_info_command_reports_errors() -> None:
     result = CliRunner().invoke(app, ["info", str(VECTORS / "invalid" / "bad_magic.moepack")])
     assert result.exit_code == 1
     assert "bad magic" in result.output
+
+
+def test_info_command_text() -> None:
+    path = VECTORS / "valid" / "mixtral2.moepack"
+    expected = json.loads(path.with_suffix(".info.json").read_text())
+    result = CliRunner().invoke(app, ["info", str(path)])
+    assert result.exit_code == 0, result.output
+    assert expected["container_id"] in result.output
+    assert "MixtralForCausalLM" in result.output and "bits/weight" in result.output
