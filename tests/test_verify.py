@@ -159,6 +159,13 @@ def test_header_flip_in_root_hash_still_checks_items(copy: Path) -> None:
     r = verify(copy)
     assert [d.name for d in r.damaged] == ["header", "layer 1 expert 2"]
     assert any("unauthenticated" in n for n in r.notes)
+    assert r.container_id is None  # neither the damaged header nor the index can vouch
+
+
+def test_header_flip_outside_root_hash_keeps_the_id(copy: Path, pristine: Path) -> None:
+    flip(copy, 100)
+    with Container.open(pristine) as c:
+        assert verify(copy).container_id == c.id
 
 
 def test_header_flip_in_index_offset_stops_item_checks(copy: Path) -> None:

@@ -36,11 +36,11 @@ def verify(path: str | Path, *, quick: bool = False, threads: int | None = None,
     except Unverifiable as e:
         return Report.unverifiable(path, str(e), quick=quick)
     h = opened.header
-    report = Report(str(path), quick, damaged=list(opened.damage), notes=list(opened.notes))
+    report = Report(str(path), quick, container_id=opened.container_id,
+                    damaged=list(opened.damage), notes=list(opened.notes))
     report.items_checked = 1
     report.bytes_checked = HEADER_SIZE
     if h is not None:
-        report.container_id = h.root_hash.hex()
         report.items_checked += 1
         report.bytes_checked += h.index_length
     if not quick and h is not None and opened.sections is not None:

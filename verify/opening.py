@@ -41,6 +41,7 @@ class Unverifiable(Exception):
 class Opened:
     header: Header | None  # None: the header is damaged beyond use
     sections: list[dict[str, Any]] | None  # None: the index cannot be used to check items
+    container_id: str | None = None  # None when neither header nor index can vouch for it
     damage: list[Damage] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -120,7 +121,10 @@ def open_for_verify(path: str | Path) -> Opened:
 
 def _open_index(h: Header, index: bytes, damage: list[Damage]) -> Opened:
     root_ok = blake3.blake3(index).digest() == h.root_hash
-    opened = Opened(h, None, damage)
+    # The ID is trusted from an intact header, or from a damaged one whose root hash the index
+    # matches; otherwise it is unknown.
+    opened = Opened(h, None, damage, container_id=h.root_hash.hex() if root_ok or not damage
+                    else None)
     if not root_ok and not damage:
         opened.damage.append(Damage("index", "index", h.index_offset, h.index_length,
                                     "BLAKE3 differs from the root hash in the header"))
