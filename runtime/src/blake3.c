@@ -12,8 +12,6 @@ enum { CHUNK_START = 1, CHUNK_END = 2, PARENT = 4, ROOT = 8 };
 static const uint32_t IV[8] = {0x6A09E667u, 0xBB67AE85u, 0x3C6EF372u, 0xA54FF53Au,
                                0x510E527Fu, 0x9B05688Cu, 0x1F83D9ABu, 0x5BE0CD19u};
 
-static const uint8_t PERM[16] = {2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8};
-
 static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
 static uint32_t load32(const uint8_t *p) {
@@ -24,33 +22,49 @@ static void store32(uint8_t *p, uint32_t v) {
     p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
 }
 
-static void g(uint32_t *s, int a, int b, int c, int d, uint32_t mx, uint32_t my) {
-    s[a] = s[a] + s[b] + mx; s[d] = rotr(s[d] ^ s[a], 16);
-    s[c] = s[c] + s[d];      s[b] = rotr(s[b] ^ s[c], 12);
-    s[a] = s[a] + s[b] + my; s[d] = rotr(s[d] ^ s[a], 8);
-    s[c] = s[c] + s[d];      s[b] = rotr(s[b] ^ s[c], 7);
-}
+/* Message word order for each of the 7 rounds (the permutation applied r times), so rounds read
+ * m[] in place instead of permuting it. */
+static const uint8_t SCHED[7][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+    {2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8},
+    {3, 4, 10, 12, 13, 2, 7, 14, 6, 5, 9, 0, 11, 15, 8, 1},
+    {10, 7, 12, 9, 14, 3, 13, 15, 4, 0, 11, 2, 5, 8, 1, 6},
+    {12, 13, 9, 11, 15, 10, 14, 8, 7, 2, 5, 3, 0, 1, 6, 4},
+    {9, 14, 11, 5, 8, 12, 15, 1, 13, 3, 0, 10, 2, 6, 4, 7},
+    {11, 15, 5, 0, 1, 9, 8, 6, 14, 10, 2, 12, 3, 4, 7, 13},
+};
 
-/* Full 16-word output of the compression function. */
+#define G(a, b, c, d, mx, my)                          \
+    do {                                               \
+        a = a + b + (mx); d = rotr(d ^ a, 16);         \
+        c = c + d;        b = rotr(b ^ c, 12);         \
+        a = a + b + (my); d = rotr(d ^ a, 8);          \
+        c = c + d;        b = rotr(b ^ c, 7);          \
+    } while (0)
+
+/* Full 16-word output of the compression function; state kept in locals (registers). */
 static void compress(const uint32_t cv[8], const uint8_t block[64], uint64_t counter,
                      uint32_t block_len, uint32_t flags, uint32_t out[16]) {
-    uint32_t m[16], t[16], s[16];
+    uint32_t m[16];
     for (int i = 0; i < 16; i++) m[i] = load32(block + 4 * i);
-    for (int i = 0; i < 8; i++) s[i] = cv[i];
-    for (int i = 0; i < 4; i++) s[8 + i] = IV[i];
-    s[12] = (uint32_t)counter; s[13] = (uint32_t)(counter >> 32);
-    s[14] = block_len; s[15] = flags;
+    uint32_t s0 = cv[0], s1 = cv[1], s2 = cv[2], s3 = cv[3], s4 = cv[4], s5 = cv[5], s6 = cv[6], s7 = cv[7];
+    uint32_t s8 = IV[0], s9 = IV[1], s10 = IV[2], s11 = IV[3];
+    uint32_t s12 = (uint32_t)counter, s13 = (uint32_t)(counter >> 32), s14 = block_len, s15 = flags;
     for (int r = 0; r < 7; r++) {
-        g(s, 0, 4, 8, 12, m[0], m[1]);   g(s, 1, 5, 9, 13, m[2], m[3]);
-        g(s, 2, 6, 10, 14, m[4], m[5]);  g(s, 3, 7, 11, 15, m[6], m[7]);
-        g(s, 0, 5, 10, 15, m[8], m[9]);  g(s, 1, 6, 11, 12, m[10], m[11]);
-        g(s, 2, 7, 8, 13, m[12], m[13]); g(s, 3, 4, 9, 14, m[14], m[15]);
-        if (r < 6) {
-            for (int i = 0; i < 16; i++) t[i] = m[PERM[i]];
-            memcpy(m, t, sizeof m);
-        }
+        const uint8_t *x = SCHED[r];
+        G(s0, s4, s8, s12, m[x[0]], m[x[1]]);
+        G(s1, s5, s9, s13, m[x[2]], m[x[3]]);
+        G(s2, s6, s10, s14, m[x[4]], m[x[5]]);
+        G(s3, s7, s11, s15, m[x[6]], m[x[7]]);
+        G(s0, s5, s10, s15, m[x[8]], m[x[9]]);
+        G(s1, s6, s11, s12, m[x[10]], m[x[11]]);
+        G(s2, s7, s8, s13, m[x[12]], m[x[13]]);
+        G(s3, s4, s9, s14, m[x[14]], m[x[15]]);
     }
-    for (int i = 0; i < 8; i++) { out[i] = s[i] ^ s[i + 8]; out[i + 8] = s[i + 8] ^ cv[i]; }
+    out[0] = s0 ^ s8; out[1] = s1 ^ s9; out[2] = s2 ^ s10; out[3] = s3 ^ s11;
+    out[4] = s4 ^ s12; out[5] = s5 ^ s13; out[6] = s6 ^ s14; out[7] = s7 ^ s15;
+    out[8] = s8 ^ cv[0]; out[9] = s9 ^ cv[1]; out[10] = s10 ^ cv[2]; out[11] = s11 ^ cv[3];
+    out[12] = s12 ^ cv[4]; out[13] = s13 ^ cv[5]; out[14] = s14 ^ cv[6]; out[15] = s15 ^ cv[7];
 }
 
 /* A node's inputs kept back until we know whether it is the root. */
