@@ -41,9 +41,9 @@ class Unverifiable(Exception):
 class Opened:
     header: Header | None  # None: the header is damaged beyond use
     sections: list[dict[str, Any]] | None  # None: the index cannot be used to check items
-    container_id: str | None = None  # None when neither header nor index can vouch for it
     damage: list[Damage] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    container_id: str | None = None  # None when neither header nor index can vouch for it
 
 
 def _read_exact(fd: int, n: int, offset: int) -> bytes:
