@@ -6,8 +6,10 @@ Bounded for `make test`; `make fuzz` sets MOEPACK_FUZZ_EXAMPLES for a long rando
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,8 @@ LONG = "MOEPACK_FUZZ_EXAMPLES" in os.environ
 gen = load_generator()
 BASES = {p.stem: p.read_bytes() for p in VALID}  # drawn by name: short failure reports
 bases = st.sampled_from(sorted(BASES))
-WORKDIR = Path(tempfile.mkdtemp(prefix="moepack-fuzz-"))
+WORKDIR = Path(tempfile.mkdtemp(prefix="moepack-fuzz-"))  # one file, rewritten per example
+atexit.register(shutil.rmtree, WORKDIR, True)
 
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not LONG, database=None,
                 suppress_health_check=list(HealthCheck))
