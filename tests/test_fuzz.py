@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from moepack.format import Container, FormatError
 from test_vectors import VALID, load_generator
 
-EXAMPLES = int(os.environ.get("MOEPACK_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("MOEPACK_FUZZ_EXAMPLES", "100"))
 LONG = "MOEPACK_FUZZ_EXAMPLES" in os.environ
 gen = load_generator()
 BASES = {p.stem: p.read_bytes() for p in VALID}  # drawn by name: short failure reports
