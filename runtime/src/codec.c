@@ -263,8 +263,9 @@ static inline void offer(cand_t *top, int *nt, int beam, float perr, const float
 
 /* Replace the np paths in cur by the best children (parent path + entry of stage s); sc holds
  * the paths' scores [np][kp] when precomputed (stage 0), else NULL. Returns the new count. */
-static inline __attribute__((always_inline)) int beam_stage(path_t *cur, int np, const float *cb, const tcb_t *t, int s,
-                             int beam, const float *sc0) {
+__attribute__((always_inline)) static inline int beam_stage(path_t *cur, int np, const float *cb,
+                                                            const tcb_t *t, int s, int beam,
+                                                            const float *sc0) {
     path_t nxt[MP_VQ_MAX_BEAM];
     cand_t top[MP_VQ_MAX_BEAM];
     float rb[BLK * D], sc[BLK * 256];
