@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,10 +26,15 @@ from moepack.fetch.hub_listing import (
     parse_hf_source,
 )
 from moepack.fetch.hub_state import VerifiedRecord
+from moepack.fetch.lock import dest_lock
 from moepack.fetch.manifest import write_manifest
 from moepack.fetch.space import SpaceNeed, SpaceVerdict, verdicts
 
 COMPLETE, UNVERIFIED, PARTIAL, MISSING = "complete", "unverified", "partial", "missing"
+
+
+class _Cancelled(Exception):
+    """Another file failed: this one stops where it is (its .incomplete is kept)."""
 
 
 @dataclass(frozen=True)
@@ -100,33 +106,49 @@ def fetch_hub(plan: HubPlan, *, jobs: int = 4, policy: DownloadPolicy | None = N
     """Download what the plan says is missing, check every file, then write the manifest."""
     policy = policy or DownloadPolicy()
     dest, listing = plan.dest, plan.listing
-    dest.mkdir(parents=True, exist_ok=True)
     record = VerifiedRecord(dest)
+    stop = threading.Event()
+
+    def count(n: int) -> None:
+        # Runs in the download loops: after the first failure (or Ctrl-C) the other files stop
+        # at their next chunk, keeping their .incomplete for the rerun, instead of running on.
+        if stop.is_set():
+            raise _Cancelled
+        if on_bytes:
+            on_bytes(n)
 
     def one(state: FileState) -> tuple[str, int, str]:
+        count(0)
         f = state.file
         path = dest / f.name
-        if state.status == COMPLETE:
-            sha = record.sha256(f.name)
-            if sha is not None:
-                if on_bytes:
-                    on_bytes(f.size)
-                return f.name, f.size, sha
-        if state.status in (COMPLETE, UNVERIFIED):
+        sha = record.sha256(f.name) if state.status == COMPLETE else None
+        if sha is None and state.status in (COMPLETE, UNVERIFIED):
             sha = sha256_of(path).hexdigest()
             if content_problem(f, path, sha) is None:
                 record.add(f.name, sha)
-                if on_bytes:
-                    on_bytes(f.size)
-                return f.name, f.size, sha
+            else:
+                sha = None
+        if sha is not None:
+            count(f.size)
+            return f.name, f.size, sha
         url = resolve_url(listing.repo, listing.revision, f.name)
-        sha = download(f, url, path, policy, on_bytes)
+        sha = download(f, url, path, policy, count)
         record.add(f.name, sha)
         return f.name, f.size, sha
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with dest_lock(dest), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(one, s) for s in plan.files]
-        errors = [fu.exception() for fu in futures if fu.exception() is not None]
+        try:
+            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:   # Ctrl-C: stop the workers too
+            stop.set()
+            raise
+        if any(fu.exception() is not None for fu in finished):
+            stop.set()
+            for fu in futures:
+                fu.cancel()
+    errors = [e for fu in futures if not fu.cancelled() and (e := fu.exception()) is not None
+              and not isinstance(e, _Cancelled)]
     if errors:
         first = errors[0]
         if isinstance(first, FetchError):

@@ -76,7 +76,10 @@ def incomplete_path(target: Path) -> Path:
 
 def download(f: RemoteFile, url: str, target: Path, policy: DownloadPolicy,
              on_bytes: Callable[[int], None] | None = None) -> str:
-    """Download `f` to `target`; returns its SHA-256 hex (checked against the hub's if LFS)."""
+    """Download `f` to `target`; returns its SHA-256 hex (checked against the hub's if LFS).
+
+    `on_bytes(n)` is told of every chunk (and of 0 before each request); raising from it aborts
+    the download and keeps NAME.incomplete for a later resume."""
     target.parent.mkdir(parents=True, exist_ok=True)
     part = incomplete_path(target)
     for attempt in range(1, policy.attempts + 1):
@@ -116,6 +119,8 @@ def _fill(f: RemoteFile, url: str, part_path: Path, policy: DownloadPolicy,
         on_bytes(part.have)
     failures = 0
     while part.have < f.size:
+        if on_bytes:
+            on_bytes(0)   # a cancellation point before each request (the callback may raise)
         before = part.have
         problem: Exception | None = None
         try:

@@ -10,6 +10,7 @@ from pathlib import Path
 import libtorrent as lt
 from moepack.fetch.container import Checked, check_container, peek_container_id
 from moepack.fetch.errors import FetchError
+from moepack.fetch.lock import dest_lock
 from moepack.fetch.lt_session import connect_peers, drain, is_loopback, make_session
 from moepack.fetch.space import SpaceNeed, SpaceVerdict, verdicts
 from moepack.fetch.staging import Staging
@@ -150,6 +151,10 @@ class _Download:
         self.downloaded = 0
 
     def run(self) -> TorrentFetchResult:
+        with dest_lock(self.stage.dest):
+            return self._run()
+
+    def _run(self) -> TorrentFetchResult:
         done = self._already_there()
         if done is not None:
             return done

@@ -210,3 +210,24 @@ def test_stalled_listing_is_bounded(hub: HubServer, tmp_path: Path) -> None:
     with pytest.raises(FetchError, match=f"{REPO}@main"):
         plan_hub(f"hf:{REPO}", tmp_path, [], list_timeout=1.0)
     assert time.monotonic() - t0 < 10
+
+
+def test_first_failure_stops_the_rest(hub: HubServer, tmp_path: Path) -> None:
+    first, second = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    hub.inject(REPO, first, Fault("404", times=-1))
+    hub.inject(REPO, second, Fault("stall", times=-1, at=50_000))
+    t0 = time.monotonic()
+    with pytest.raises(FetchError, match=f"{first}: not found") as err:
+        fetch_hub(plan_hub(f"hf:{REPO}", tmp_path, ["*.safetensors"]), jobs=2, policy=FAST)
+    # Without the stop, the stalled file would run its 5 retries and fail on its own.
+    assert "more failed" not in str(err.value) and time.monotonic() - t0 < 2.5
+    assert (tmp_path / f"{second}.incomplete").stat().st_size == 50_000, "kept for resume"
+
+
+def test_one_fetch_per_destination(hub: HubServer, tmp_path: Path) -> None:
+    from moepack.fetch.lock import dest_lock
+
+    plan = plan_hub(f"hf:{REPO}", tmp_path, ["*.json"])
+    with dest_lock(tmp_path), pytest.raises(FetchError, match="another moepack fetch"):
+        fetch_hub(plan, policy=FAST)
+    fetch_hub(plan, policy=FAST)   # released
