@@ -53,6 +53,7 @@ class Summary:
     bits_per_weight: float
     expert_bits_per_weight: float
     resumed_units: int = 0
+    peak_rss_worker: int = 0      # bytes; the largest of the workers (this process if --jobs 1)
     plan: dict = field(default_factory=dict)
 
 
@@ -169,17 +170,18 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
             partial.unlink(missing_ok=True)
             raise
     try:
-        cid = _run(ck, out, plan, tasks, journal, settings, jobs, force, lengths, rep)
+        stats: dict[str, int] = {}
+        cid = _run(ck, out, plan, tasks, journal, settings, jobs, force, lengths, rep, stats)
     finally:
         journal.close()
         rep.stop()
     journal.remove()
-    return _summary(plan, out, cid, t0, len(done), summary_plan)
+    return _summary(plan, out, cid, t0, len(done), summary_plan, stats.get("peak_rss_worker", 0))
 
 
 def _run(ck: Checkpoint, out: Path, plan: Plan, tasks: list[Task], journal: Journal,
          settings: Settings, jobs: int, force: bool,
-         lengths: dict[str, int], rep: Reporter) -> str:
+         lengths: dict[str, int], rep: Reporter, stats: dict[str, int]) -> str:
     _write_blobs(ck, out, plan, journal, force)
     todo = [t for t in tasks if any(u not in journal.done for u in t.units())]
     n_exp = sum(b.count for b in plan.layout.banks())
@@ -193,6 +195,7 @@ def _run(ck: Checkpoint, out: Path, plan: Plan, tasks: list[Task], journal: Jour
             journal.record(msg[1])
             rep.advance(experts=msg[3], nbytes=msg[2])
         elif msg[0] == "task_done":
+            stats["peak_rss_worker"] = max(stats.get("peak_rss_worker", 0), msg[2])
             rep.advance(layers=1)
 
     cfg = WorkerConfig(ck.dir, out, plan.layout, settings.rvq, settings.seed,
@@ -238,9 +241,9 @@ def _fsync(path: Path) -> None:
 
 
 def _summary(plan: Plan, out: Path, cid: str | None, t0: float, resumed: int,
-             plan_info: dict) -> Summary:
+             plan_info: dict, rss: int = 0) -> Summary:
     weights, experts = weight_counts(plan)
     bank_bytes = sum(b.count * b.stride for b in plan.layout.banks())
     return Summary(cid, str(out), plan.layout.file_size, round(time.monotonic() - t0, 3),
                    weights, experts, round(plan.layout.file_size * 8 / max(1, weights), 4),
-                   round(bank_bytes * 8 / max(1, experts), 4), resumed, plan_info)
+                   round(bank_bytes * 8 / max(1, experts), 4), resumed, rss, plan_info)

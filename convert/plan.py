@@ -31,13 +31,6 @@ class Plan:
     layout: Layout
     adapter: Adapter
 
-    @property
-    def expert_codecs(self) -> dict[str, dict]:
-        return {p.name: p.codec for p in self.spec.banks[0].parts} if self.spec.banks else {}
-
-    def tensor(self, name: str) -> TensorSpec:
-        return next(t for t in self.spec.tensors if t.name == name)
-
 
 def codebook_specs(layer: int, codecs: Mapping[str, dict],
                    shapes: Mapping[str, tuple[int, int]]) -> list[TensorSpec]:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 from moepack.convert.errors import ConvertError
 from moepack.convert.tasks import Task
-from moepack.convert.worker import Worker, WorkerConfig, process_main
+from moepack.convert.worker import Worker, WorkerConfig, describe, peak_rss, process_main
 
 OnMessage = Callable[[tuple], None]
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
@@ -61,8 +61,13 @@ def _run_inline(cfg: WorkerConfig, tasks: list[Task], done: dict[str, str],
     worker = Worker(cfg, on_message)
     try:
         for task in tasks:
-            worker.run(task, done)
-            on_message(("task_done", task.key))
+            try:
+                worker.run(task, done)
+            except (ConvertError, OSError, KeyboardInterrupt):
+                raise
+            except Exception as e:  # same report as from a worker process
+                raise ConvertError(f"{task.key}: {describe(e)}") from e
+            on_message(("task_done", task.key, peak_rss()))
     finally:
         worker.close()
 

@@ -4,6 +4,7 @@ pwrite everything at planned offsets, and report finished units only once they a
 from __future__ import annotations
 
 import os
+import resource
 import time
 import traceback
 from collections.abc import Callable
@@ -13,9 +14,9 @@ from pathlib import Path
 import blake3
 import numpy as np
 from moepack.convert.adapters import EXPERT_PARTS
-from moepack.convert.errors import ConvertError
+from moepack.convert.errors import ConvertError, SourceError
 from moepack.convert.quant import RvqSettings, encode, layer_seed, train_layer
-from moepack.convert.source import Checkpoint
+from moepack.convert.source import Checkpoint, SourceRef
 from moepack.convert.tasks import Task, expert_unit, tensor_unit
 from moepack.format import ContainerWriter, Layout, pack_record
 
@@ -24,8 +25,8 @@ FLUSH_SECONDS = 2.0
 # Test hook: flush after every unit and sleep this long, so a test can SIGKILL mid-conversion.
 THROTTLE = float(os.environ.get("MOEPACK_CONVERT_THROTTLE", "0") or 0)
 
-# Messages to the coordinator: ("units", [(unit, hex)], nbytes, experts) | ("task_done", key)
-#                              | ("error", key, text)
+# Messages to the coordinator: ("units", [(unit, hex)], nbytes, experts)
+#                              | ("task_done", key, peak_rss_bytes) | ("error", key, text)
 Emit = Callable[[tuple], None]
 
 
@@ -80,7 +81,7 @@ class Worker:
             unit = tensor_unit(job.name)
             if unit in done:
                 continue
-            data = encode(job.codec, self.ck.read(job.ref), threads=self.cfg.threads)
+            data = self._encode(job.codec, job.ref)
             self._done(unit, self.writer.write_tensor(job.name, data), len(data))
         if task.layer is not None:
             todo = [(e, refs) for e, refs in task.experts if expert_unit(task.layer, e) not in done]
@@ -98,11 +99,17 @@ class Worker:
             parts = {}
             for part in EXPERT_PARTS:
                 cb, signs = books[part]
-                parts[part] = encode(codecs[part], self.ck.read(refs[part]), codebook=cb,
-                                     rotation=signs, settings=self.cfg.rvq,
-                                     threads=self.cfg.threads)
+                parts[part] = self._encode(codecs[part], refs[part], codebook=cb, rotation=signs,
+                                           settings=self.cfg.rvq)
             digest = self.writer.write_expert(layer, e, pack_record(bank, parts))
             self._done(expert_unit(layer, e), digest, bank.stride, 1)
+
+    def _encode(self, codec: dict, ref: SourceRef, **kw) -> bytes:
+        w = self.ck.read(ref)
+        try:
+            return encode(codec, w, threads=self.cfg.threads, **kw)
+        except ValueError as e:  # e.g. inf/NaN weights: say which tensor of which file
+            raise SourceError(f"{self.ck.info(ref.name).file}: tensor {ref.name!r}: {e}") from e
 
     def _codebook(self, task: Task, part: str, codec: dict,
                   done: dict[str, str]) -> tuple[np.ndarray, np.ndarray | None]:
@@ -114,10 +121,13 @@ class Worker:
             return cb, (self._read_back(rot_name, done) if rot_name else None)
         refs = dict(task.experts)
         shape = tuple(self.cfg.layout.bank(layer).parts[EXPERT_PARTS.index(part)].shape)
-        trained, cb, signs = train_layer(lambda e: self.ck.read(refs[e][part]), len(refs),
-                                         shape, self.cfg.rvq,
-                                         layer_seed(self.cfg.seed, layer, part),
-                                         threads=self.cfg.threads)
+        try:
+            trained, cb, signs = train_layer(lambda e: self.ck.read(refs[e][part]), len(refs),
+                                             shape, self.cfg.rvq,
+                                             layer_seed(self.cfg.seed, layer, part),
+                                             threads=self.cfg.threads)
+        except ValueError as e:
+            raise SourceError(f"layer {layer} experts ({part}): {e}") from e
         if trained != codec:
             raise ConvertError(f"layer {layer} {part}: trained codec {trained} differs from the "
                                f"planned {codec}")
@@ -137,6 +147,11 @@ class Worker:
         return np.frombuffer(data, dtype="<f4").copy()
 
 
+def peak_rss() -> int:
+    """Peak resident memory of this process in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def describe(exc: BaseException) -> str:
     if isinstance(exc, (ConvertError, OSError)):
         return str(exc)
@@ -154,7 +169,7 @@ def process_main(cfg: WorkerConfig, done: dict[str, str], tasks, results) -> Non
         while (task := tasks.get()) is not None:
             key = task.key
             worker.run(task, done)
-            results.put(("task_done", key))
+            results.put(("task_done", key, peak_rss()))
     except BaseException as e:  # reported to the coordinator, which stops the run
         results.put(("error", key, describe(e)))
     finally:

@@ -93,7 +93,8 @@ def test_plan_for_config_predicts_exact_size(sources, reference):
 
 def test_jobs_2_is_byte_identical(sources, reference, tmp_path):
     out = tmp_path / "j2.moepack"
-    convert(sources["deepseek_v3"], out, FAST, jobs=2)
+    summary = convert(sources["deepseek_v3"], out, FAST, jobs=2)
+    assert 10 << 20 < summary.peak_rss_worker < 2 << 30
     assert out.read_bytes() == reference["deepseek_v3"][1].read_bytes()
 
 
@@ -229,3 +230,19 @@ def test_second_concurrent_run_is_refused(sources, tmp_path):
     finally:
         holder.close()
     assert (tmp_path / "l.moepack.partial").read_bytes() == partial
+
+
+def test_non_finite_source_weight_names_tensor(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    src = make_checkpoint("mixtral", tmp_path / "src")
+    name = "model.layers.1.self_attn.o_proj.weight"
+    fname = Checkpoint(src).info(name).file
+    with safe_open(src / fname, "pt") as f:
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    t[name][3, 4] = float("inf")
+    save_file(t, src / fname)
+    with pytest.raises(ConvertError, match=f"{fname}: tensor '{name}'"):
+        convert(src, tmp_path / "o.moepack", FAST)
+    assert not (tmp_path / "o.moepack").exists()
