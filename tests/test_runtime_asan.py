@@ -1,7 +1,7 @@
-"""`make -C runtime asan`: the C tests (blake3, json, vectors, io, cache, memplan) built with
+"""`make -C runtime asan`: the C tests (blake3, json, vectors, io, cache, memplan, fuzz) built with
 AddressSanitizer + UBSan over every runtime source, run against spec/vectors (plus a fuzz pass over
-resealed damaged variants of the valid vectors). Slow: a clean
-sanitizer build of all runtime sources takes ~35 s on 2 cores."""
+resealed damaged variants of the valid vectors). Slow: a clean sanitizer build of all runtime
+sources takes ~35 s on 2 shared cores."""
 
 from __future__ import annotations
 
@@ -26,5 +26,7 @@ def test_c_tests_under_asan_and_ubsan():
     assert proc.returncode == 0, out[-6000:]
     assert "ERROR: AddressSanitizer" not in out and "runtime error:" not in out, out[-6000:]
     results = dict(re.findall(r"^(test_\w+): \d+ checks, (\d+) failures$", out, re.M))
-    for name in ("test_blake3", "test_json", "test_vectors", "test_io", "test_cache", "test_memplan", "test_fuzz"):
+    names = ("test_blake3", "test_json", "test_vectors", "test_io", "test_cache", "test_memplan",
+             "test_fuzz")
+    for name in names:
         assert results.get(name) == "0", f"{name}: {results.get(name)}\n{out[-3000:]}"
