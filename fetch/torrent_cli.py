@@ -24,7 +24,13 @@ def run_create(file: Path, output: Path | None, piece_size: str | None, trackers
         raise FetchError(f"--piece-size: {e}") from e
     out = output or file.with_name(file.name + ".torrent")
     t0 = time.perf_counter()
-    data = create_torrent(file, piece_size=piece, trackers=trackers, web_seeds=web_seeds)
+    size = file.stat().st_size if file.is_file() else 0
+    with transfer_bar("hashing", size) as (bar, task):   # SHA-1 + SHA-256 of every byte
+        def show(done: int, num: int) -> None:
+            bar.update(task, completed=size * done // max(num, 1))
+
+        data = create_torrent(file, piece_size=piece, trackers=trackers, web_seeds=web_seeds,
+                              progress=show)
     write_torrent(data, out)
     ti = lt.torrent_info(data)
     ih = ti.info_hashes()
