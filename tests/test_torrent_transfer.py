@@ -78,14 +78,24 @@ def test_magnet_gets_metadata_from_peer(small, tmp_path: Path) -> None:
     assert r.container_id == cid and verify(r.path).ok
 
 
-def test_web_seed_alone_completes(small, tmp_path: Path) -> None:
+def test_web_seed_alone_completes_from_a_torrent_url(small, tmp_path: Path) -> None:
     path, _, cid = small
-    with RangeServer({path.name: path.read_bytes()}) as web:
-        t = tmp_path / "web.torrent"
-        write_torrent(create_torrent(path, web_seeds=[web.url(path.name)]), t)
-        r = _fetched(fetch_torrent(str(t), tmp_path / "dl", opts=_opts()))
+    files = {path.name: path.read_bytes()}
+    with RangeServer(files) as web:
+        files["web.torrent"] = create_torrent(path, web_seeds=[web.url(path.name)])
+        r = _fetched(fetch_torrent(web.url("web.torrent"), tmp_path / "dl", opts=_opts()))
         assert any(rng for (_, p, rng) in web.requests if p == "/" + path.name), "ranged reads"
     assert r.container_id == cid and r.path.read_bytes() == path.read_bytes()
+
+
+def test_seeding_a_file_under_another_name(small, tmp_path: Path) -> None:
+    path, torrent, cid = small
+    renamed = tmp_path / "src" / "renamed.bin"
+    renamed.parent.mkdir()
+    renamed.write_bytes(path.read_bytes())
+    with seed_in_background(torrent, renamed) as seeder:
+        r = _fetched(fetch_torrent(str(torrent), tmp_path / "dl", opts=_opts(seeder.port)))
+    assert r.path.name == path.name and r.container_id == cid
 
 
 def test_repair_downloads_only_damaged_pieces(small, tmp_path: Path) -> None:
