@@ -12,10 +12,11 @@ from moepack.fetch.container import Checked, check_container, peek_container_id
 from moepack.fetch.errors import FetchError
 from moepack.fetch.lock import dest_lock
 from moepack.fetch.lt_session import connect_peers, drain, is_loopback, make_session
-from moepack.fetch.space import SpaceNeed, SpaceVerdict, verdicts
+from moepack.fetch.space import SAFETY_MARGIN, SpaceNeed, SpaceVerdict, verdicts
 from moepack.fetch.staging import Staging
 from moepack.fetch.torrent_source import TorrentMeta, describe, load_params
 
+MAGIC = b"MOEPACK\x00"   # FORMAT.md §2
 POLL_S = 0.2
 RESUME_EVERY_S = 30.0
 RECONNECT_EVERY_S = 3.0
@@ -158,6 +159,11 @@ class _Download:
         done = self._already_there()
         if done is not None:
             return done
+        verdict = plan(self.meta, self.stage).verdict
+        if not verdict.ok:
+            raise FetchError(f"{self.stage.dest}: {verdict.free} bytes free, the download needs "
+                             f"{verdict.need_with_margin} (with a {SAFETY_MARGIN:.0%} margin); "
+                             "nothing written")
         self.stage.prepare()
         adopted = self.stage.adopt_final()
         try:
@@ -189,11 +195,20 @@ class _Download:
         if claimed is not None and claimed != expected:
             raise FetchError(f"{final} exists and is another container ({claimed}); the torrent "
                              f"holds {expected}. Not touching it.")
+        if claimed is None and not self._damaged_copy(final):
+            raise FetchError(f"{final} exists and is not a copy of this container (unreadable "
+                             "header, other size); move it away first")
         checked = check_container(final)
         if checked.ok and checked.container_id == expected:
             return TorrentFetchResult(final, expected, self.meta.size, 0, self.meta.num_pieces,
                                       self.meta.num_pieces, time.monotonic() - self.t0, True)
         return None   # damaged copy of this container: repair it
+
+    def _damaged_copy(self, path: Path) -> bool:
+        """Unreadable ID, but the torrent's size and moepack's magic: worth repairing."""
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC))
+        return path.stat().st_size == self.meta.size and head == MAGIC
 
     def _is_container(self, checked: Checked) -> bool:
         return checked.container_id is not None

@@ -191,13 +191,41 @@ def test_foreign_content_is_refused_and_nothing_replaced(tmp_path: Path) -> None
     assert (dest / "tiny.moepack").read_bytes() == b"precious"
 
 
-def test_other_container_at_destination_is_not_touched(small, tmp_path: Path) -> None:
+def test_other_files_at_destination_are_not_touched(small, tmp_path: Path) -> None:
     path, torrent, _ = small
     other = tmp_path / path.name
     other_id = write_synthetic(other, mixtral_spec(layers=1, experts=2))
     with pytest.raises(FetchError, match=f"another container \\({other_id}\\)"):
         fetch_torrent(str(torrent), tmp_path, opts=_opts())
     assert verify(other).container_id == other_id
+    other.write_bytes(b"not a container at all")
+    with pytest.raises(FetchError, match="is not a copy of this container"):
+        fetch_torrent(str(torrent), tmp_path, opts=_opts())
+    assert other.read_bytes() == b"not a container at all"
+
+
+def test_damaged_header_is_repaired(small, tmp_path: Path) -> None:
+    path, torrent, cid = small
+    copy = tmp_path / path.name
+    data = bytearray(path.read_bytes())
+    data[20] ^= 0xFF                      # header_size: the header hash no longer matches
+    copy.write_bytes(bytes(data))
+    with seed_in_background(torrent, path) as seeder:
+        r = _fetched(fetch_torrent(str(torrent), tmp_path, opts=_opts(seeder.port)))
+    assert r.pieces_at_start == r.pieces - 1 and r.container_id == cid
+
+
+def test_short_of_space_writes_nothing(small, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from moepack.fetch import space
+
+    _, torrent, _ = small
+    monkeypatch.setattr(space, "free_bytes", lambda p: 1000)
+    plan = fetch_torrent(str(torrent), tmp_path / "d", dry_run=True, opts=_opts())
+    assert isinstance(plan, TorrentPlan) and not plan.verdict.ok
+    with pytest.raises(FetchError, match="bytes free, the download needs"):
+        fetch_torrent(str(torrent), tmp_path / "d", opts=_opts())
+    assert not any((tmp_path / "d").rglob("*.moepack"))
 
 
 class _Stop(Exception):
