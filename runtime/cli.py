@@ -16,7 +16,8 @@ _err = Console(stderr=True, soft_wrap=True, highlight=False)
 FileArg = Annotated[Path, typer.Argument(help="A .moepack container.")]
 BudgetOpt = Annotated[str | None, typer.Option(
     "--budget", help="Total memory budget (e.g. 8G, 512MiB). Default: from usable RAM.")]
-ThreadsOpt = Annotated[int | None, typer.Option("--threads", help="Compute threads (default: all CPUs).")]
+ThreadsOpt = Annotated[int | None, typer.Option(
+    "--threads", help="Compute threads (default: all CPUs).")]
 CtxOpt = Annotated[int | None, typer.Option("--ctx", help="Context length (KV cache size).")]
 
 
@@ -184,7 +185,6 @@ def eval_cmd(
 ) -> None:
     """Teacher-forced logits for every position, saved as a float32 .npy."""
     import numpy as np
-
     from moepack.runtime.engine import EngineError
 
     try:

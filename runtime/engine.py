@@ -14,7 +14,6 @@ import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
-
 from moepack.runtime import _lib
 
 MP_OK, MP_EINVAL, MP_EFORMAT, MP_EIO, MP_ENOMEM, MP_EBUDGET = 0, -1, -2, -3, -4, -5

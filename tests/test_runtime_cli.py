@@ -7,12 +7,12 @@ import re
 
 import numpy as np
 import pytest
+from moepack.runtime.engine import Engine
+from moepack.runtime.tokenizer import StreamDecoder, Tokenizer
 from tiny_models import make_checkpoint
 from typer.testing import CliRunner
 
 from moepack.cli import app
-from moepack.runtime.engine import Engine
-from moepack.runtime.tokenizer import StreamDecoder, Tokenizer
 
 runner = CliRunner()
 STATS = re.compile(r"prompt \d+ tok @ [\d.]+ tok/s \| decode \d+ tok @ [\d.]+ tok/s \| "
@@ -63,7 +63,8 @@ def test_run_json_matches_engine_greedy(mixtral):
     with Engine(mixtral) as e:
         want = list(e.generate([5, 9, 12], 6, stop=[2]))
     assert out["tokens"] == want and out["prompt_tokens"] == [5, 9, 12]
-    assert {"decode_tok_s", "hit_rate", "bytes_read", "io_wait_share", "o_direct"} <= set(out["stats"])
+    keys = {"decode_tok_s", "hit_rate", "bytes_read", "io_wait_share", "o_direct"}
+    assert keys <= set(out["stats"])
 
 
 def test_run_refuses_budget_below_floor(mixtral):

@@ -11,9 +11,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from tiny_models import make_checkpoint
-
 from moepack.runtime.engine import BudgetError, CorruptError, Engine, EngineError, plan
+from tiny_models import make_checkpoint
 
 N_POS = 70
 
@@ -113,8 +112,9 @@ def test_damaged_expert_record_is_named_with_verify_reads(mixtral, tmp_path):
             b = f.read(1)
             f.seek(off + 5)
             f.write(bytes([b[0] ^ 0xFF]))
-    with Engine(bad, verify_reads=True) as e, pytest.raises(CorruptError, match=r"layer 1 expert \d"):
-        e.logits([1, 2, 3])
+    with Engine(bad, verify_reads=True) as e:
+        with pytest.raises(CorruptError, match=r"layer 1 expert \d"):
+            e.logits([1, 2, 3])
     with Engine(bad) as e:  # without the check the damage goes unnoticed
         e.logits([1, 2, 3])
 
@@ -156,7 +156,8 @@ def test_resident_memory_stays_within_the_budget(tmp_path):
         with Engine({str(path)!r}, budget={budget}, ctx=64, threads=2) as e:
             toks = list(e.generate([1, 2, 3, 4], 24))
             s = e.stats()
-        print(json.dumps({{"peak": kb("VmHWM") * 1024, "base": base * 1024, "misses": s["cache_misses"]}}))
+        print(json.dumps({{"peak": kb("VmHWM") * 1024, "base": base * 1024,
+                          "misses": s["cache_misses"]}}))
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

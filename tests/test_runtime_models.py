@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny_models import make_checkpoint
-
+from moepack.convert.quant import TRUNK_CODECS
+from moepack.format.reader import Container
 from moepack.runtime.engine import Engine
+from tiny_models import make_checkpoint
 
 # Larger than the defaults where it matters: top-2 routing for Mixtral (its real setting), and
 # max_position_embeddings 128 so that 80 positions fit. Qwen3/DeepSeek keep their awkward sizes
@@ -29,6 +30,16 @@ OVERRIDES = {
     "deepseek_v3_yarn": dict(max_position_embeddings=128, rope_scaling={
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}),
+    # every trunk codec the engine multiplies in place (the default is q8 + f32)
+    "mixtral_codecs": dict(max_position_embeddings=128, tie_word_embeddings=False),
+    "deepseek_v3_codecs": dict(max_position_embeddings=128),
+}
+TRUNK = {
+    "mixtral_codecs": (("attn", "q4-zp"), ("embed", "bf16"), ("lm_head", "f16"),
+                       ("norm", "bf16"), ("router", "f16")),
+    "deepseek_v3_codecs": (("attn", "q4-g16"), ("dense_ffn", "q4-zp-g64"),
+                           ("shared_expert", "q4"), ("embed", "f16"), ("lm_head", "bf16"),
+                           ("bias", "f16")),
 }
 N_POS = 80
 
@@ -38,10 +49,13 @@ def build(tmp_path_factory, name: str):
     from moepack.convert.pipeline import convert
     from moepack.convert.settings import Settings
 
-    arch = name.replace("_yarn", "")
+    arch = name.replace("_yarn", "").replace("_codecs", "")
     d = tmp_path_factory.mktemp(name)
     make_checkpoint(arch, d / "src", **OVERRIDES[name])
-    convert(d / "src", d / "m.moepack", Settings())
+    convert(d / "src", d / "m.moepack", Settings(trunk=TRUNK.get(name, ())))
+    with Container.open(d / "m.moepack") as c:  # the codecs asked for are the ones stored
+        for cls, codec in TRUNK.get(name, ()):
+            assert c.manifest["codecs"][cls] == TRUNK_CODECS[codec], (cls, codec)
     export(d / "m.moepack", d / "hf")
     return d
 

@@ -17,7 +17,8 @@ void mpk_init(int force_scalar) {
 #if defined(__x86_64__) || defined(__i386__)
     if (!force_scalar) {
         __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            __builtin_cpu_supports("f16c"))
             g_impl = &mpk_avx2_impl;
     }
 #else
