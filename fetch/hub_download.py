@@ -35,27 +35,21 @@ def resolve_url(repo: str, revision: str, name: str) -> str:
     return hf_hub_url(repo, name, revision=revision, endpoint=endpoint())
 
 
-def sha256_of(path: Path, limit: int | None = None) -> hashlib._Hash:
-    h = hashlib.sha256()
+def _feed(h: hashlib._Hash, path: Path) -> hashlib._Hash:
     with open(path, "rb") as f:
-        left = limit
-        while left is None or left > 0:
-            chunk = f.read(CHUNK if left is None else min(CHUNK, left))
-            if not chunk:
-                break
+        while chunk := f.read(CHUNK):
             h.update(chunk)
-            if left is not None:
-                left -= len(chunk)
     return h
+
+
+def sha256_of(path: Path) -> hashlib._Hash:
+    """The running SHA-256 of a file (a hash object: a resumed download keeps feeding it)."""
+    return _feed(hashlib.sha256(), path)
 
 
 def git_blob_sha1(path: Path) -> str:
     """The hash git (and the hub's ETag) gives a plain file."""
-    h = hashlib.sha1(b"blob %d\x00" % path.stat().st_size)
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    return _feed(hashlib.sha1(b"blob %d\x00" % path.stat().st_size), path).hexdigest()
 
 
 def content_problem(f: RemoteFile, path: Path, sha256: str) -> str | None:
