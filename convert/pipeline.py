@@ -20,6 +20,7 @@ from moepack.convert.fingerprint import fingerprint, manifest_files
 from moepack.convert.journal import Journal, differences, journal_path
 from moepack.convert.plan import PLACEHOLDER_SHA, Plan, checkpoint_plan, weight_counts
 from moepack.convert.progress import Reporter
+from moepack.convert.rowchunks import BAND_BYTES
 from moepack.convert.runner import run_tasks, threads_per_worker
 from moepack.convert.settings import Settings
 from moepack.convert.source import Checkpoint
@@ -33,12 +34,13 @@ from moepack.convert.tasks import (
 )
 from moepack.convert.worker import WorkerConfig
 from moepack.format import ContainerWriter
+from moepack.format.codecs import encoded_nbytes
 from moepack.format.writer import partial_path
 
 import moepack
 
 SPACE_MARGIN = 64 << 20           # journal, filesystem metadata
-BASE_RSS = 200 << 20              # interpreter + numpy + code (estimate; see docs/CONVERT.md)
+BASE_RSS = 120 << 20              # interpreter + numpy + code: ~90 MB measured (bench/convert.py)
 COMPARED = ("source", "settings", "converter", "layout")
 
 
@@ -60,13 +62,15 @@ class Summary:
 def peak_memory(plan: Plan, jobs: int) -> int:
     """Estimated peak RSS of the whole conversion (all workers), in bytes.
 
-    Per worker: base interpreter, plus the larger of (a) the biggest trunk tensor in f32, ~3
-    copies (read, encode scratch, output) and (b) the layer's training sample (8-dim f32
-    vectors, ~4 copies in k-means) plus a few experts in f32."""
-    largest = max((prod(t.shape) for t in plan.spec.tensors), default=0) * 4 * 3
+    Per worker: the base process, plus the larger of (a) the largest trunk tensor's encoded bytes
+    plus one row band in f32 with the encoder's scratch (~5 copies, measured for q8) and (b) the
+    layer's training sample (8-dim f32 vectors, ~4 copies in k-means) plus a few experts in f32.
+    """
+    trunk = max((encoded_nbytes(t.codec, t.shape) for t in plan.spec.tensors), default=0)
+    band = BAND_BYTES * 6
     expert = sum(prod(p.shape) for p in plan.spec.banks[0].parts) * 4 if plan.spec.banks else 0
     sample = int(plan.spec.manifest["converter"]["settings"]["expert"]["sample"]) * 8 * 4 * 4
-    per_worker = BASE_RSS + max(largest, sample + 4 * expert)
+    per_worker = BASE_RSS + max(trunk + band, sample + 4 * expert)
     return per_worker * max(1, jobs)
 
 

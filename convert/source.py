@@ -166,8 +166,11 @@ class Checkpoint:
         if self.fp8_block is None:
             raise SourceError(f"{where} is fp8 but config.json has no "
                               "quantization_config.weight_block_size")
-        if ref.index is not None or ref.rows is not None or len(info.shape) != 2:
-            raise SourceError(f"{where}: fp8 is supported for 2-D per-tensor weights only")
+        b0 = self.fp8_block[0]
+        lo, hi = ref.rows or (0, info.shape[0])
+        if ref.index is not None or len(info.shape) != 2 or lo % b0:
+            raise SourceError(f"{where}: fp8 is supported for 2-D per-tensor weights only "
+                              f"(row bands starting at multiples of {b0})")
         sname = ref.name.removesuffix("weight") + "weight_scale_inv"
         sinfo = self.info(sname)
         need = scale_grid(info.shape, self.fp8_block)
@@ -175,5 +178,7 @@ class Checkpoint:
             raise SourceError(f"{sinfo.file}: tensor {sname!r} is {sinfo.dtype} "
                               f"{list(sinfo.shape)}; block size {list(self.fp8_block)} needs "
                               f"a float tensor of shape {list(need)}")
-        scale = to_f32(self._raw(sinfo, SourceRef(sname), sinfo.shape), sinfo.dtype, need)
+        srows = (lo // b0, -(-hi // b0))  # the scale rows covering this band
+        sshape = (srows[1] - srows[0], need[1])
+        scale = to_f32(self._raw(sinfo, SourceRef(sname, rows=srows), sshape), sinfo.dtype, sshape)
         return dequant_blocks(w, scale, self.fp8_block)

@@ -16,6 +16,7 @@ import numpy as np
 from moepack.convert.adapters import EXPERT_PARTS
 from moepack.convert.errors import ConvertError, SourceError
 from moepack.convert.quant import RvqSettings, encode, layer_seed, train_layer
+from moepack.convert.rowchunks import encode_by_rows
 from moepack.convert.source import Checkpoint, SourceRef
 from moepack.convert.tasks import Task, expert_unit, tensor_unit
 from moepack.format import ContainerWriter, Layout, pack_record
@@ -81,7 +82,7 @@ class Worker:
             unit = tensor_unit(job.name)
             if unit in done:
                 continue
-            data = self._encode(job.codec, job.ref)
+            data = self._encode_trunk(job.codec, job.ref)
             self._done(unit, self.writer.write_tensor(job.name, data), len(data))
         if task.layer is not None:
             todo = [(e, refs) for e, refs in task.experts if expert_unit(task.layer, e) not in done]
@@ -108,6 +109,16 @@ class Worker:
         w = self.ck.read(ref)
         try:
             return encode(codec, w, threads=self.cfg.threads, **kw)
+        except ValueError as e:  # e.g. inf/NaN weights: say which tensor of which file
+            raise SourceError(f"{self.ck.info(ref.name).file}: tensor {ref.name!r}: {e}") from e
+
+    def _encode_trunk(self, codec: dict, ref: SourceRef) -> bytes | bytearray:
+        """Large 2-D tensors are read and encoded in row bands (bounded memory)."""
+        def band(lo: int, hi: int) -> np.ndarray:
+            return self.ck.read(SourceRef(ref.name, rows=(lo, hi)))
+
+        try:
+            return encode_by_rows(codec, self.ck.ref_shape(ref), band, threads=self.cfg.threads)
         except ValueError as e:  # e.g. inf/NaN weights: say which tensor of which file
             raise SourceError(f"{self.ck.info(ref.name).file}: tensor {ref.name!r}: {e}") from e
 

@@ -246,3 +246,13 @@ def test_non_finite_source_weight_names_tensor(tmp_path):
     with pytest.raises(ConvertError, match=f"{fname}: tensor '{name}'"):
         convert(src, tmp_path / "o.moepack", FAST)
     assert not (tmp_path / "o.moepack").exists()
+
+
+def test_banded_trunk_encoding_gives_same_bytes(sources, reference, tmp_path, monkeypatch):
+    from moepack.convert import rowchunks
+
+    monkeypatch.setattr(rowchunks, "ROW_MULTIPLE", 8)
+    monkeypatch.setattr(rowchunks, "BAND_BYTES", 8 * 36 * 4)  # 8-row bands even for the embed
+    out = tmp_path / "b.moepack"
+    convert(sources["qwen3_moe"], out, FAST)
+    assert out.read_bytes() == reference["qwen3_moe"][1].read_bytes()
