@@ -133,13 +133,17 @@ static void s_rvq_lut_block(const float *cbt, int stages, const float *x, int64_
     }
 }
 
-static float s_rvq_row(const uint8_t *codes, int64_t n, const float *lut) {
-    float l[8] = {0};
-    for (int64_t j = 0; j < n; j++) l[j & 7] += lut[(size_t)j * 256 + codes[j]];
-    return red8(l);
+static void s_rvq_rows(const uint8_t *codes, int64_t n, int64_t rows, const float *lut,
+                       float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *c = codes + r * n;
+        float l[8] = {0};
+        for (int64_t j = 0; j < n; j++) l[j & 7] += lut[(size_t)j * 256 + c[j]];
+        out[r] = red8(l);
+    }
 }
 
-const mpk_impl mpk_scalar_impl = {s_row_dot, s_rvq_lut_block, s_rvq_row};
+const mpk_impl mpk_scalar_impl = {s_row_dot, s_rvq_lut_block, s_rvq_rows};
 
 /* ---- shared helpers ---- */
 
@@ -282,10 +286,9 @@ static void rvq_task(void *ctx, size_t t) {
     const mpk_rvq *w = j->w;
     int64_t n = w->nv * w->stages, r0 = (int64_t)t * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK;
     if (r1 > w->rows) r1 = w->rows;
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *sp = w->scales + 2 * r;
-        j->y[r] = mpk_f16_to_f32(ld16(sp)) * g_impl->rvq_row(w->codes + (size_t)(r * n), n, j->lut);
-    }
+    float acc[ROWS_PER_TASK];
+    g_impl->rvq_rows(w->codes + (size_t)(r0 * n), n, r1 - r0, j->lut, acc);
+    for (int64_t r = r0; r < r1; r++) j->y[r] = mpk_f16_to_f32(ld16(w->scales + 2 * r)) * acc[r - r0];
 }
 
 void mpk_rvq_matvec(mpk_pool *pool, const mpk_rvq *w, const float *lut, float *y) {
