@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -76,7 +78,7 @@ def fetch_torrent(source: str, dest: Path, *, dry_run: bool = False,
     ses: lt.session | None = None
     if params.ti is None:
         ses = _session(opts)
-        params.ti = _metadata_from_peers(ses, params, dest, opts)
+        params.ti = _metadata_from_peers(ses, params, opts)
     meta = describe(params.ti, source)
     stage = Staging(dest, meta.name, meta.info_hash)
     if dry_run:
@@ -108,13 +110,12 @@ def _default_listen(peers: Sequence[tuple[str, int]]) -> str:
     return "0.0.0.0:6881"
 
 
-def _metadata_from_peers(ses: lt.session, params: lt.add_torrent_params, dest: Path,
+def _metadata_from_peers(ses: lt.session, params: lt.add_torrent_params,
                          opts: FetchOptions) -> lt.torrent_info:
     """A magnet has no metadata: get the info dict from peers, writing no payload."""
     key = str(params.info_hashes.get_best())
-    scratch = Staging(dest, "metadata", key).dir
-    scratch.mkdir(parents=True, exist_ok=True)
-    params.save_path = str(scratch)
+    scratch = tempfile.mkdtemp(prefix="moepack-magnet-")   # upload mode writes nothing there
+    params.save_path = scratch
     params.flags |= lt.torrent_flags.upload_mode
     params.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused)
     h = ses.add_torrent(params)
@@ -136,10 +137,7 @@ def _metadata_from_peers(ses: lt.session, params: lt.add_torrent_params, dest: P
     finally:
         ses.remove_torrent(h)
         params.flags &= ~lt.torrent_flags.upload_mode
-        try:
-            scratch.rmdir()
-        except OSError:
-            pass
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class _Download:

@@ -231,3 +231,13 @@ def test_one_fetch_per_destination(hub: HubServer, tmp_path: Path) -> None:
     with dest_lock(tmp_path), pytest.raises(FetchError, match="another moepack fetch"):
         fetch_hub(plan, policy=FAST)
     fetch_hub(plan, policy=FAST)   # released
+
+
+def test_cli_download(hub: HubServer, tmp_path: Path) -> None:
+    r = CliRunner().invoke(app, ["fetch", f"hf:{REPO}@main", "--dest", str(tmp_path),
+                                 "--jobs", "2", "--stall-timeout", "5"])
+    assert r.exit_code == 0, r.output
+    assert "4 files verified by size and hash" in r.output
+    assert json.loads((tmp_path / "moepack-source.json").read_text())["repo"] == REPO
+    bad = CliRunner().invoke(app, ["fetch", "hf:org/missing", "--dest", str(tmp_path)])
+    assert bad.exit_code == 1 and "org/missing@main" in bad.output
