@@ -132,6 +132,8 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
     partial, jpath = partial_path(out), journal_path(out)
     if out.exists() and not force:
         raise ConvertError(f"{out} already exists; pass --force to replace it")
+    if not out.parent.is_dir():
+        raise ConvertError(f"{out.parent}: no such directory")
     ck = Checkpoint(src)
     # --restart simply starts fresh: Journal.create locks before truncating anything.
     resuming = not restart and partial.exists() and Journal.read_header(jpath) is not None
@@ -146,7 +148,7 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
     header = _journal_header(plan, fp)
     tasks = make_tasks(plan, smap)
     lengths = _unit_lengths(plan)
-    free = shutil.disk_usage(out.parent if out.parent.exists() else Path.cwd()).free
+    free = shutil.disk_usage(out.parent).free
     done: dict[str, str] = {}
     if resuming:
         jh = Journal.read_header(jpath) or {}

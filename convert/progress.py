@@ -5,7 +5,6 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
     TaskID,
     TextColumn,
@@ -32,8 +31,8 @@ class RichReporter(Reporter):
     def __init__(self) -> None:
         self.console = Console(stderr=True)
         self.progress = Progress(
-            TextColumn("{task.description:<8}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[extra]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            TextColumn("{task.description:<8}"), BarColumn(), TextColumn("{task.fields[extra]}"),
+            TimeElapsedColumn(), TimeRemainingColumn(),
             console=self.console)
         self._ids: dict[str, TaskID] = {}
 
@@ -44,12 +43,23 @@ class RichReporter(Reporter):
         if not self.progress.live.is_started:
             self.progress.start()
         self._ids[key] = self.progress.add_task(desc, total=total, completed=done, extra="")
+        self._label(key)
+
+    def _label(self, key: str) -> None:
+        task = next(t for t in self.progress.tasks if t.id == self._ids[key])
+        if key in ("bytes", "source"):
+            text = (f"{task.completed / 1e6:,.1f}/{(task.total or 0) / 1e6:,.1f} MB "
+                    f"{(task.speed or 0.0) / 1e6:,.2f} MB/s")
+        else:
+            text = f"{int(task.completed)}/{int(task.total or 0)}"
+        self.progress.update(task.id, extra=text)
 
     def hashing(self, total: int) -> None:
         self._bar("source", "sha256", 0, total)
 
     def hashed(self, nbytes: int) -> None:
         self.progress.advance(self._ids["source"], nbytes)
+        self._label("source")
 
     def start(self, layers, experts, nbytes) -> None:
         self._bar("layers", "layers", *layers)
@@ -60,8 +70,7 @@ class RichReporter(Reporter):
         for key, n in (("layers", layers), ("experts", experts), ("bytes", nbytes)):
             if n:
                 self.progress.advance(self._ids[key], n)
-        task = next(t for t in self.progress.tasks if t.id == self._ids["bytes"])
-        self.progress.update(task.id, extra=f"{(task.speed or 0.0) / 1e6:,.2f} MB/s")
+                self._label(key)
 
     def stop(self) -> None:
         if self.progress.live.is_started:

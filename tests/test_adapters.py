@@ -128,3 +128,12 @@ def test_qwen_decoder_sparse_step(tmp_path):
     a = adapter_for(ck.config)
     assert a.model["layer_kinds"] == ["dense", "moe", "dense", "moe"]
     bind(ck, a)
+
+
+def test_tied_embeddings_have_no_lm_head(tmp_path):
+    ck = Checkpoint(make_checkpoint("qwen3_moe", tmp_path, tie_word_embeddings=True,
+                                    tokenizer=False))
+    a = adapter_for(ck.config)
+    assert a.model["tie_word_embeddings"] is True
+    assert "lm_head" not in [t.name for t in a.trunk()]
+    bind(ck, a)
