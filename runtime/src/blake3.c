@@ -208,12 +208,22 @@ __attribute__((target("avx2"))) static void hash8_chunks(const uint8_t *in, uint
         for (int i = 0; i < 8; i++) cvs[l][i] = t[i][l];
 }
 
+static int force_portable;
+
 static int have_avx2(void) {
     static int v = -1; /* benign race: every thread computes the same value */
     if (v < 0) v = __builtin_cpu_supports("avx2") ? 1 : 0;
-    return v;
+    return v && !force_portable;
 }
 #endif
+
+void mp_blake3_set_portable(int on) {
+#ifdef MP_B3_X86
+    force_portable = on;
+#else
+    (void)on;
+#endif
+}
 
 void mp_blake3_update(mp_blake3 *h, const void *data, size_t len) {
     const uint8_t *p = data;

@@ -27,6 +27,8 @@ void mp_blake3_update(mp_blake3 *h, const void *data, size_t len);
 void mp_blake3_final(const mp_blake3 *h, uint8_t out[MP_BLAKE3_OUT_LEN]);
 /* One-shot convenience. */
 void mp_blake3_hash(const void *data, size_t len, uint8_t out[MP_BLAKE3_OUT_LEN]);
+/* Tests: 1 = always use the portable code path (the AVX2 path is chosen at run time). */
+void mp_blake3_set_portable(int on);
 /* Lowercase hex of a 32-byte digest into out[65]. */
 void mp_blake3_hex(const uint8_t digest[MP_BLAKE3_OUT_LEN], char out[65]);
 
