@@ -1,7 +1,7 @@
 /* Expert read bandwidth: the disk's O_DIRECT random-read bandwidth at the record size and queue
  * depth T (T threads doing pread, no engine code) vs the same kind of reads through
  * mpe_acquire (cache off, T reader threads, T experts per acquire = one layer's misses).
- * Not a test: `make -C runtime bench BENCH_FILE=x.moepack`. Usage: bench_io FILE [T] [RECORDS] */
+ * Not a test: `make -C runtime bench BENCH_FILE=x.moepack`. Usage: bench_io FILE [T] [RECORDS] [VERIFY 0|1] */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -49,11 +49,13 @@ static double raw_bw(void) {
     return (double)bytes / (double)(mp_now_ns() - t0);
 }
 
+static int VERIFY;
+
 static double engine_bw(int direct, mp_expert_stats *s) {
     mp_expert_options o;
     char err[256];
     mpe_options_default(&o);
-    o.budget_bytes = 0; o.reader_threads = T; o.o_direct = direct;
+    o.budget_bytes = 0; o.reader_threads = T; o.o_direct = direct; o.verify_reads = VERIFY;
     mp_experts *e = mpe_create(C, &o, err, sizeof err);
     if (!e) { fprintf(stderr, "%s\n", err); return 0; }
     unsigned seed = 7;
@@ -80,6 +82,7 @@ int main(int argc, char **argv) {
     if (argc < 2) { fprintf(stderr, "usage: bench_io FILE [THREADS] [RECORDS]\n"); return 2; }
     T = argc > 2 ? atoi(argv[2]) : 4;
     long total = argc > 3 ? atol(argv[3]) : 512;
+    VERIFY = argc > 4 && atoi(argv[4]) == 1;
     if (T < 1 || T > 64) T = 4;
     char err[512];
     mp_container *c = mpc_open(argv[1], err, sizeof err);
@@ -94,7 +97,7 @@ int main(int argc, char **argv) {
     double e1 = engine_bw(MP_ODIRECT_AUTO, &s);
     double r2 = raw_bw();
     printf("raw O_DIRECT pread, %d threads:       %.3f GB/s, %.3f GB/s (before/after)\n", T, r1, r2);
-    printf("mpe_acquire (%s): %.3f GB/s  -> ratio %.2f of the mean raw\n", s.o_direct_note, e1, e1 / ((r1 + r2) / 2));
+    printf("mpe_acquire%s (%s): %.3f GB/s  -> ratio %.2f of the mean raw\n", VERIFY ? " verify-reads" : "", s.o_direct_note, e1, e1 / ((r1 + r2) / 2));
     printf("  wait %.3f s, reader time %.3f s over %llu reads\n", s.wait_ns / 1e9, s.read_ns / 1e9, (unsigned long long)s.reads);
     double e2 = engine_bw(MP_ODIRECT_OFF, &s);
     printf("mpe_acquire buffered (page cache may serve it): %.3f GB/s\n", e2);
