@@ -33,11 +33,13 @@ class Fault:
 
     kind: "drop" (close after `at` bytes of the body), "corrupt" (flip a byte at `at`),
     "stall" (send `at` bytes, then nothing until the server stops), "404".
+    `delay`: seconds to wait before answering at all.
     """
 
     kind: str
     times: int = 1
     at: int = 0
+    delay: float = 0.0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -60,6 +62,8 @@ class _Handler(BaseHTTPRequestHandler):
         rng = self.headers.get("Range")
         owner.requests.append((self.command, path, rng))
         fault = None if head else owner.take_fault(path)
+        if fault is not None and fault.delay:
+            owner.stopping.wait(fault.delay)
         if fault is not None and fault.kind == "404":
             body = Body(b"not found", 404, {"X-Error-Code": "EntryNotFound"}, "text/plain")
         else:

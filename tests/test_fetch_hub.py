@@ -214,7 +214,7 @@ def test_stalled_listing_is_bounded(hub: HubServer, tmp_path: Path) -> None:
 
 def test_first_failure_stops_the_rest(hub: HubServer, tmp_path: Path) -> None:
     first, second = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
-    hub.inject(REPO, first, Fault("404", times=-1))
+    hub.inject(REPO, first, Fault("404", times=-1, delay=0.3))   # let the other one start
     hub.inject(REPO, second, Fault("stall", times=-1, at=50_000))
     t0 = time.monotonic()
     with pytest.raises(FetchError, match=f"{first}: not found") as err:
