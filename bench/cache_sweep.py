@@ -1,0 +1,165 @@
+"""Expert-cache sweep: hit rate and decode speed as the moepack budget grows from the floor to
+past usable RAM, and the moepack child process used by every engine run of the benchmark.
+
+    python -m bench.cache_sweep --model M.moepack [--cap-frac 0.5] [--tokens 16]    # the sweep
+    python -m bench.cache_sweep --child --model M.moepack [--budget 3G] ...          # one run
+
+The sweep runs each point as a fresh process in its own memory cgroup (bench.cgroup) capped at
+`--cap-frac` of the container size, so "usable RAM" is the cap and budgets above it are really
+above it. Points: the floor, floor + k x (one token's experts) for the k the default rule
+considers, then fractions of all experts up to past the cap. Each point reports hit rate,
+decode tok/s, bytes read, peak memory, and whether the engine was refused or killed.
+Writes bench/results/cache_sweep.json and a PNG (matplotlib, if installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def child(model: str, prompt: list[int], tokens: int, threads: int, passes: int,
+          budget: int | None, cache_experts: int | None, ctx: int = 256) -> dict:
+    from moepack.runtime.engine import Engine
+
+    t0 = time.perf_counter()
+    e = Engine(model, budget=budget or None, threads=threads, ctx=ctx,
+               cache_experts=cache_experts)
+    load_s = time.perf_counter() - t0
+    runs = []
+    for _ in range(passes):
+        e.reset_stats()
+        out = list(e.generate(prompt, tokens))
+        s = e.stats()
+        s["tokens"] = out[:8]
+        runs.append(s)
+    plan = e.plan()
+    e.close()
+    return {"engine": "moepack", "load_s": load_s, "passes": runs, "plan": plan,
+            "threads": threads}
+
+
+def sweep_points(plan: dict, cap: int, every: int) -> list[tuple[str, int]]:
+    """(label, budget bytes) from the floor to past the cap; `every` = all expert records."""
+    floor, step = plan["floor_bytes"], plan["step_expert_bytes"]
+    pts = [("floor", floor)] + [(f"floor+{k}xstep", floor + k * step) for k in (1, 2, 3)]
+    for frac in (0.25, 0.5, 0.75, 1.0):
+        pts.append((f"floor+{frac:g}xall", floor + int(frac * every)))
+    pts += [("0.9xcap", int(0.9 * cap)), ("1.0xcap", cap), ("1.25xcap", int(1.25 * cap))]
+    seen, out = set(), []
+    for label, b in sorted(pts, key=lambda p: p[1]):
+        if b >= floor and b not in seen:
+            seen.add(b)
+            out.append((label, b))
+    return out
+
+
+def run_sweep(model: Path, *, cap: int, prompt: list[int], tokens: int, threads: int,
+              nice: int = 5, timeout: float = 900) -> dict:
+    from moepack.format.reader import Container
+    from moepack.runtime.engine import plan as mp_plan
+
+    from bench import cgroup
+    from bench.disk import drop_cache
+
+    p = mp_plan(str(model), 256)
+    with Container.open(model) as c:
+        every = sum(b["count"] * b["stride"] for b in c.banks())
+    points = []
+    for label, budget in sweep_points(p, cap, every):
+        drop_cache(model)
+        m = cgroup.run([sys.executable, "-m", "bench.cache_sweep", "--child", "--model",
+                        str(model), "--budget", str(budget), "--prompt",
+                        ",".join(map(str, prompt)), "--tokens", str(tokens), "--threads",
+                        str(threads), "--passes", "1"], cap, timeout=timeout, nice=nice)
+        r = m.json_out()
+        pt = {"label": label, "budget_bytes": budget, "budget_over_cap": budget / cap,
+              "rc": m.rc, "peak_cgroup_bytes": m.peak_cgroup_bytes, "read_bytes": m.read_bytes,
+              "wall_s": m.wall_s}
+        if r:
+            s = r["passes"][-1]
+            pt.update(decode_tok_s=s["decode_tok_s"], hit_rate=s["hit_rate"],
+                      cache_experts=s["cache_capacity_experts"],
+                      io_wait_share=s["io_wait_share"])
+        else:
+            pt["error"] = m.stderr_tail.strip().splitlines()[-1:] or [f"rc {m.rc}"]
+            pt["killed"] = m.rc < 0 or m.rc == 137
+        points.append(pt)
+        keys = ("budget_bytes", "hit_rate", "decode_tok_s", "rc")
+        print(f"  sweep {label:>16}: {json.dumps({k: pt.get(k) for k in keys})}", flush=True)
+    r = cgroup.run([sys.executable, "-c", "import json; from moepack.runtime.engine import "
+                    f"plan; print(json.dumps(plan({str(model)!r}, 256)))"], cap)
+    default_under_cap = (r.json_out() or {}).get("default_bytes")
+    return {"model": str(model), "cap_bytes": cap, "plan": p, "all_experts_bytes": every,
+            "default_budget_under_cap": default_under_cap, "tokens": tokens, "points": points}
+
+
+def plot(result: dict, png: Path) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # noqa: BLE001
+        return f"no plot: {e}"
+    pts = [p for p in result["points"] if "decode_tok_s" in p]
+    if not pts:
+        return "no plot: no successful point"
+    x = [p["budget_bytes"] / 1e9 for p in pts]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(x, [p["decode_tok_s"] for p in pts], "o-", label="decode tok/s")
+    ax.set_xlabel("expert budget (GB)")
+    ax.set_ylabel("decode tok/s")
+    ax2 = ax.twinx()
+    ax2.plot(x, [100 * p["hit_rate"] for p in pts], "s--", color="tab:orange",
+             label="cache hits %")
+    ax2.set_ylabel("cache hits %")
+    cap = result["cap_bytes"] / 1e9
+    ax.axvline(cap, color="red", lw=1, label=f"cgroup cap {cap:.2f} GB")
+    if result.get("default_budget_under_cap"):
+        ax.axvline(result["default_budget_under_cap"] / 1e9, color="green", lw=1, ls=":",
+                   label="default budget")
+    for p in result["points"]:
+        if "decode_tok_s" not in p:
+            ax.axvline(p["budget_bytes"] / 1e9, color="black", lw=1, ls="--")
+            ax.annotate("killed/refused", (p["budget_bytes"] / 1e9, 0), rotation=90, fontsize=7)
+    ax.legend(loc="upper left", fontsize=7)
+    ax2.legend(loc="lower right", fontsize=7)
+    ax.set_title("moepack expert cache sweep (synthetic model, random routing)")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--budget", type=int, default=0)
+    ap.add_argument("--cache-experts", type=int, default=None)
+    ap.add_argument("--prompt", default="1,2,3,4")
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--passes", type=int, default=1)
+    ap.add_argument("--cap-frac", type=float, default=0.5)
+    a = ap.parse_args()
+    prompt = [int(t) for t in a.prompt.split(",")]
+    if a.child:
+        print(json.dumps(child(a.model, prompt, a.tokens, a.threads, a.passes, a.budget,
+                               a.cache_experts)), flush=True)
+        return
+    cap = int(a.cap_frac * Path(a.model).stat().st_size)
+    res = run_sweep(Path(a.model), cap=cap, prompt=prompt, tokens=a.tokens, threads=a.threads)
+    out = Path("bench/results/cache_sweep.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
+    print(plot(res, out.with_suffix(".png")) or f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

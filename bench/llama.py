@@ -1,0 +1,71 @@
+"""The llama.cpp side of the benchmark: decode speed through llama-cpp-python, default mmap.
+
+    python -m bench.llama --model M.gguf --prompt 1,2,3 --tokens 16 --threads 2 [--passes 2]
+
+Run as a child (usually inside bench.cgroup): loads the GGUF with llama.cpp's defaults (mmap on,
+mlock off), feeds the prompt token ids, then decodes greedily one token at a time, `--passes`
+times from a fresh KV cache (pass 1 = what a cold start costs, later passes = steady state with
+whatever the page cache kept). Prints one JSON line with the timings of every pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+
+def available() -> str | None:
+    """None when llama-cpp-python imports, else why not."""
+    try:
+        import llama_cpp  # noqa: F401
+    except Exception as e:  # noqa: BLE001 (any import failure means: not available)
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def decode(model: str, prompt: list[int], tokens: int, threads: int, passes: int,
+           ctx: int = 256) -> dict:
+    import llama_cpp
+
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=model, n_ctx=ctx, n_threads=threads,
+                          n_threads_batch=threads, n_batch=max(32, len(prompt)), use_mmap=True,
+                          use_mlock=False, verbose=False, logits_all=False, n_gpu_layers=0)
+    load_s = time.perf_counter() - t0
+    runs = []
+    for _ in range(passes):
+        llm.reset()
+        t1 = time.perf_counter()
+        llm.eval(prompt)
+        t2 = time.perf_counter()
+        out = []
+        for _ in range(tokens):
+            logits = llm.scores[llm.n_tokens - 1]
+            tok = int(np.argmax(logits))
+            out.append(tok)
+            llm.eval([tok])
+        t3 = time.perf_counter()
+        runs.append({"prompt_tokens": len(prompt), "prompt_s": t2 - t1, "decode_tokens": tokens,
+                     "decode_s": t3 - t2, "decode_tok_s": tokens / (t3 - t2),
+                     "tokens": out[:8]})
+    return {"engine": "llama.cpp", "version": getattr(llama_cpp, "__version__", "?"),
+            "load_s": load_s, "passes": runs, "threads": threads}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompt", default="1,2,3,4")
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=1)
+    a = ap.parse_args()
+    prompt = [int(t) for t in a.prompt.split(",")]
+    print(json.dumps(decode(a.model, prompt, a.tokens, a.threads, a.passes)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

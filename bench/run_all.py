@@ -1,0 +1,507 @@
+"""`make bench`: moepack against the disk's physical limit and against llama.cpp, in one run.
+
+    python -m bench.run_all [--quick] [--size-gb 10] [--tokens 16] [--keep] [--no-others]
+
+1. Builds a synthetic Qwen3-235B-shaped model (bench.synthetic_model) as a moepack container and
+   its GGUF twin (IQ3_XXS experts) under bench/out/ (deleted at the end unless --keep).
+2. Disk limit: O_DIRECT random reads at the container's record size, queue depth 1/2/4/8.
+3. Each engine in its own memory cgroup (bench.cgroup) capped at 25%, 50% and 110% of the
+   container size: decode tok/s, peak memory, bytes read from disk; same prompt ids, same number
+   of tokens, same threads. Pass 1 starts with a dropped page cache; pass 2 repeats the same
+   generation in the same process (steady state). moepack runs with its default budget (which
+   it derives from the cgroup limit); at 110% also with an explicit budget of 0.9 x the cap.
+4. Warm compute: no cap, everything resident (moepack budget holds every expert; the GGUF is
+   read into the page cache first); the second pass is measured.
+5. Cold expert reads: moepack without an expert cache, O_DIRECT, vs the disk at the same depth.
+6. Cache sweep (bench.cache_sweep) under a 50% cap, with a PNG.
+7. The other helpers' benchmarks (bench/convert.py, verify.py, torrent.py, where present), at a
+   small size, so one command refreshes the whole table.
+Writes bench/results/run_all[-quick].json and regenerates BENCHMARKS.md. `--quick` (about 10 min
+on 2 cores) uses a ~3 GB model with a smaller vocabulary and fewer tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+PROMPT = [1, 306, 4966, 263, 1243, 310, 278, 3186]  # 8 fixed token ids, fed to both engines
+CAPS = (0.25, 0.5, 1.1)
+
+
+def lscpu() -> dict:
+    keep = ("Model name", "CPU(s)", "Thread(s) per core", "L3 cache", "Flags")
+    out = {}
+    try:
+        txt = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in txt.splitlines():
+            k, _, v = line.partition(":")
+            if k.strip() in keep:
+                v = v.strip()
+                if k.strip() == "Flags":
+                    v = " ".join(f for f in v.split() if f in ("avx2", "fma", "avx512f"))
+                out[k.strip()] = v
+    except (OSError, subprocess.SubprocessError):
+        pass
+    mem = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]
+    out["MemTotal GB"] = round(int(mem) * 1024 / 1e9, 1)
+    out["kernel"] = f"{platform.system()} {platform.release()}"
+    return out
+
+
+def git_commit() -> str:
+    try:
+        c = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                           text=True, timeout=10, cwd=ROOT).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, cwd=ROOT).stdout
+        return c + ("+dirty" if dirty.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def drop(*paths: Path) -> None:
+    from bench.disk import drop_cache
+    os.sync()
+    for p in paths:
+        if p and p.exists():
+            drop_cache(p)
+
+
+def read_through(path: Path) -> None:
+    with open(path, "rb", buffering=0) as f:
+        while f.read(64 << 20):
+            pass
+
+
+def engine_run(kind: str, model: Path, cap: int | None, *, tokens: int, threads: int,
+               passes: int, budget: int | None = None, cache_experts: int | None = None,
+               nice: int = 5, timeout: float = 1800) -> dict:
+    from bench import cgroup
+
+    if kind == "moepack":
+        cmd = [sys.executable, "-m", "bench.cache_sweep", "--child", "--model", str(model)]
+        if budget:
+            cmd += ["--budget", str(budget)]
+        if cache_experts is not None:
+            cmd += ["--cache-experts", str(cache_experts)]
+    else:
+        cmd = [sys.executable, "-m", "bench.llama", "--model", str(model)]
+    cmd += ["--prompt", ",".join(map(str, PROMPT)), "--tokens", str(tokens), "--threads",
+            str(threads), "--passes", str(passes)]
+    m = cgroup.run(cmd, cap, timeout=timeout, nice=nice)
+    r = m.json_out() or {}
+    out = {"engine": kind, "cap_bytes": cap, "rc": m.rc, "wall_s": m.wall_s,
+           "peak_cgroup_bytes": m.peak_cgroup_bytes, "max_rss_bytes": m.max_rss_bytes,
+           "read_bytes": m.read_bytes, "major_faults": m.major_faults, "cgroup_stat": m.stat,
+           "result": r}
+    if not r:
+        out["error"] = m.stderr_tail.strip().splitlines()[-3:] or [f"rc {m.rc}"]
+    else:
+        p = r["passes"]
+        out["tok_s"] = [x["decode_tok_s"] for x in p]
+        if kind == "moepack":
+            out["hit_rate"] = [x["hit_rate"] for x in p]
+            out["budget_bytes"] = p[-1]["budget_bytes"]
+    log(f"  {kind:8s} cap={cap and cap / 1e9:.2f}GB rc={m.rc} tok/s={out.get('tok_s')} "
+        f"read={m.read_bytes / 1e9:.2f}GB peak={(m.peak_cgroup_bytes or 0) / 1e9:.2f}GB")
+    return out
+
+
+def run_others(quick: bool) -> dict:
+    """The other helpers' benchmarks, small, as subprocesses; their markdown is kept verbatim."""
+    size = "0.5" if quick else "1.5"
+    jobs = {"convert": ["--quick"] if quick else [],
+            "verify": ["--size-gb", size, "--repeat", "1" if quick else "3"],
+            "torrent": ["--size-gb", size]}
+    out = {}
+    for name, args in jobs.items():
+        if not (ROOT / "bench" / f"{name}.py").exists():
+            out[name] = {"missing": True}
+            log(f"  bench/{name}.py does not exist: skipped")
+            continue
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run(["nice", "-n", "5", sys.executable, "-m", f"bench.{name}", *args],
+                               capture_output=True, text=True, timeout=1200, cwd=ROOT)
+            rc, so, se = p.returncode, p.stdout, p.stderr
+        except subprocess.TimeoutExpired:
+            rc, so, se = -1, "", "timeout after 1200 s"
+        out[name] = {"rc": rc, "seconds": time.perf_counter() - t0, "markdown": so.strip(),
+                     "stderr_tail": se[-1500:]}
+        log(f"  bench/{name}.py rc={rc} in {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--size-gb", type=float, default=None)
+    ap.add_argument("--tokens", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--dir", type=Path, default=ROOT / "bench" / "out")
+    ap.add_argument("--keep", action="store_true", help="keep the generated models")
+    ap.add_argument("--reuse", action="store_true", help="reuse models already in --dir")
+    ap.add_argument("--no-others", action="store_true")
+    ap.add_argument("--no-sweep", action="store_true")
+    a = ap.parse_args()
+    from moepack.runtime.engine import plan as mp_plan
+
+    from bench import cgroup, llama
+    from bench.cache_sweep import plot, run_sweep
+    from bench.disk import random_read
+    from bench.synthetic_model import build, shape_for_size, write_gguf
+
+    quick = a.quick
+    size_gb = a.size_gb or (2.8 if quick else 10.0)
+    tokens = a.tokens or (8 if quick else 16)
+    vocab = 8192 if quick else 32000
+    t_start = time.perf_counter()
+    res: dict = {"kind": "quick" if quick else "full", "date_utc": datetime.datetime.now(
+        datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"), "commit": git_commit(),
+        "hardware": lscpu(), "load_avg_start": os.getloadavg(), "threads": a.threads,
+        "prompt": PROMPT, "decode_tokens": tokens, "cgroup_version": cgroup.cgroup_version()}
+    why_no_llama = llama.available()
+    res["llama_cpp"] = why_no_llama or "available"
+    try:
+        import gguf  # noqa: F401
+        have_gguf = True
+    except ImportError:
+        have_gguf = False
+    if why_no_llama:
+        log(f"llama-cpp-python not available ({why_no_llama}): moepack side only")
+
+    # 1. model
+    shape = shape_for_size(size_gb, vocab=vocab)
+    mp, gg = a.dir / "synthetic.moepack", a.dir / "synthetic.gguf"
+    log(f"model: {shape} (~{shape.approx_bytes() / 1e9:.1f} GB) in {a.dir}")
+    if a.reuse and mp.exists():
+        res["model"] = {"shape": shape.__dict__, "moepack": {"path": str(mp),
+                        "bytes": mp.stat().st_size, "seconds": None}}
+    else:
+        res["model"] = build(a.dir, shape, gguf=False)
+    if have_gguf and not why_no_llama:
+        if not (a.reuse and gg.exists()):
+            res["model"]["gguf"] = write_gguf(gg, shape)
+        else:
+            res["model"]["gguf"] = {"path": str(gg), "bytes": gg.stat().st_size}
+    use_llama = "gguf" in res["model"]
+    size = mp.stat().st_size
+    p = mp_plan(str(mp), 256)
+    res["plan"] = p
+    rec = p["expert_record_bytes"]
+    log(f"  moepack {size / 1e9:.2f} GB, record {rec / 1e6:.2f} MB"
+        + (f"; gguf {gg.stat().st_size / 1e9:.2f} GB" if use_llama else ""))
+
+    try:
+        # 2. disk limit
+        drop(mp)
+        res["disk"] = {}
+        for qd in (1, 2, 4, 8):
+            bw = random_read(mp, rec, qd, seconds=3.0 if quick else 5.0)
+            res["disk"][str(qd)] = {"gb_s": bw.gb_per_s, "o_direct": bw.o_direct}
+            log(f"  disk O_DIRECT random {rec / 1e6:.1f} MB qd{qd}: {bw.gb_per_s:.2f} GB/s")
+
+        # 3. under memory caps
+        res["caps"] = []
+        for frac in CAPS:
+            cap = int(frac * size)
+            row = {"frac": frac, "cap_bytes": cap}
+            drop(mp, gg)
+            row["moepack"] = engine_run("moepack", mp, cap, tokens=tokens, threads=a.threads,
+                                        passes=2)
+            if frac > 1:
+                drop(mp, gg)
+                row["moepack_budget"] = engine_run("moepack", mp, cap, tokens=tokens,
+                                                   threads=a.threads, passes=2,
+                                                   budget=int(0.9 * cap))
+            if use_llama:
+                drop(mp, gg)
+                row["llama"] = engine_run("llama", gg, cap, tokens=tokens, threads=a.threads,
+                                          passes=2)
+            res["caps"].append(row)
+            _save(res, quick)
+
+        # 4. warm compute
+        every = sum(b.count * b.stride for b in _banks(mp))
+        res["warm"] = {"moepack": engine_run("moepack", mp, None, tokens=tokens,
+                                             threads=a.threads, passes=2,
+                                             budget=p["floor_bytes"] + every + (256 << 20))}
+        if use_llama:
+            read_through(gg)
+            res["warm"]["llama"] = engine_run("llama", gg, None, tokens=tokens,
+                                              threads=a.threads, passes=2)
+        _save(res, quick)
+
+        # 5. cold expert reads vs the disk
+        drop(mp)
+        cold = engine_run("moepack", mp, None, tokens=tokens, threads=a.threads, passes=1,
+                          cache_experts=0)
+        s = cold["result"]["passes"][0] if cold.get("result") else {}
+        bw = s["bytes_read"] / s["io_wait_seconds"] / 1e9 if s.get("io_wait_seconds") else None
+        res["cold"] = {"run": cold, "read_gb_s_while_waiting": bw,
+                       "read_gb_s_reader_threads": (s["bytes_read"] / s["read_seconds"] / 1e9
+                                                    if s.get("read_seconds") else None)}
+        _save(res, quick)
+
+        # 6. cache sweep
+        if not a.no_sweep:
+            log("cache sweep under a 50% cap")
+            sw = run_sweep(mp, cap=int(0.5 * size), prompt=PROMPT, tokens=tokens,
+                           threads=a.threads)
+            png = RESULTS / f"cache_sweep{'-quick' if quick else ''}.png"
+            sw["png"] = str(png.relative_to(ROOT))
+            sw["plot_error"] = plot(sw, png)
+            res["sweep"] = sw
+            _save(res, quick)
+    finally:
+        if not a.keep:
+            for f in (mp, gg):
+                f.unlink(missing_ok=True)
+
+    # 7. the other helpers' benchmarks
+    if not a.no_others:
+        log("other benchmarks")
+        res["others"] = run_others(quick)
+    res["load_avg_end"] = os.getloadavg()
+    res["total_s"] = time.perf_counter() - t_start
+    _save(res, quick)
+    write_markdown(ROOT / "BENCHMARKS.md")
+    log(f"done in {res['total_s'] / 60:.1f} min; BENCHMARKS.md regenerated")
+
+
+def _banks(path: Path):
+    from moepack.format.reader import Container
+    with Container.open(path) as c:
+        return [type("B", (), {"count": b["count"], "stride": b["stride"]}) for b in c.banks()]
+
+
+def _save(res: dict, quick: bool) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"run_all{'-quick' if quick else ''}.json").write_text(json.dumps(res, indent=1))
+
+
+# -- BENCHMARKS.md --------------------------------------------------------------------------------
+
+def _gb(n: float | None) -> str:
+    return "–" if n is None else f"{n / 1e9:.2f}"
+
+
+def _f(x: float | None, nd: int = 2) -> str:
+    return "–" if x is None else f"{x:.{nd}f}"
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def _tok(run: dict | None, i: int) -> float | None:
+    if not run or "tok_s" not in run or len(run["tok_s"]) <= i:
+        return None
+    return run["tok_s"][i]
+
+
+def _engine_row(label: str, cap: str, capgb: str, run: dict | None, ref: dict | None) -> str:
+    if not run:
+        return ""
+    if "tok_s" not in run:
+        err = " ".join(run.get("error", []))[-160:].replace("|", "/")
+        return f"| {cap} | {capgb} | {label} | failed (rc {run.get('rc')}): {err} |||||||\n"
+    hits = run.get("hit_rate")
+    r1, r2 = _ratio(_tok(run, 0), _tok(ref, 0)), _ratio(_tok(run, -1), _tok(ref, -1))
+    ratio = "–" if ref is None or run is ref else f"**{_f(r1)}** / **{_f(r2)}**"
+    return (f"| {cap} | {capgb} | {label} | {_gb(run.get('budget_bytes'))} | "
+            f"{_f(_tok(run, 0))} / {_f(_tok(run, -1))} | {_gb(run.get('peak_cgroup_bytes'))} | "
+            f"{_gb(run.get('max_rss_bytes'))} | {_gb(run.get('read_bytes'))} | "
+            f"{'–' if not hits else '/'.join(f'{100 * h:.0f}%' for h in hits)} | {ratio} |\n")
+
+
+def section(res: dict) -> str:
+    hw = res["hardware"]
+    m = res["model"]
+    sh = m["shape"]
+    mp_b = m["moepack"]["bytes"]
+    out = [f"## {'Quick' if res['kind'] == 'quick' else 'Full'} run: {res['date_utc']} UTC, "
+           f"commit {res['commit']}\n"]
+    out.append(f"- Hardware: {hw.get('Model name', '?')}, {hw.get('CPU(s)', '?')} CPUs "
+               f"({hw.get('Flags', '')}), {hw.get('MemTotal GB')} GB RAM, {hw.get('kernel')}; "
+               f"cgroup v{res.get('cgroup_version')}; {res['threads']} compute threads for both "
+               "engines.")
+    la0, la1 = res.get("load_avg_start", [0])[0], (res.get("load_avg_end") or [None])[0]
+    out.append(f"- Load average (1 min) at start / end: {la0:.1f} / "
+               f"{'–' if la1 is None else f'{la1:.1f}'} (the machine is shared; absolute times "
+               "are noisy, ratios come from runs minutes apart).")
+    gg = m.get("gguf")
+    out.append(f"- Model: synthetic, Qwen3-235B-A22B expert shapes (hidden {sh['hidden']}, "
+               f"moe_intermediate {sh['inter']}, {sh['experts']} experts/layer, top-{sh['top_k']}"
+               f"), {sh['layers']} MoE layers, vocab {sh['vocab']}, random weights. moepack "
+               f"container {_gb(mp_b)} GB (rvq 3 bpw experts, records of "
+               f"{res['plan']['expert_record_bytes'] / 1e6:.2f} MB; q8 trunk)"
+               + (f"; GGUF twin {_gb(gg['bytes'])} GB (IQ3_XXS experts, Q8_0 trunk)." if gg
+                  else "; no GGUF twin (gguf/llama-cpp-python not installed)."))
+    out.append(f"- Prompt: the same {len(res['prompt'])} token ids for both engines, then "
+               f"{res['decode_tokens']} greedy decode tokens; llama.cpp: "
+               f"{res.get('llama_cpp')}.")
+    p = res["plan"]
+    out.append(f"- moepack plan: trunk {_gb(p['trunk_bytes'])} GB, one token's experts "
+               f"{_gb(p['step_expert_bytes'])} GB, floor {_gb(p['floor_bytes'])} GB.\n")
+    if "disk" in res:
+        out.append(f"### Disk limit (O_DIRECT random reads of one record, "
+                   f"{res['plan']['expert_record_bytes'] / 1e6:.2f} MB)\n")
+        out.append("| queue depth | GB/s |\n|---|---|")
+        for qd, d in res["disk"].items():
+            out.append(f"| {qd} | {d['gb_s']:.2f} |")
+        out.append("")
+    if res.get("caps"):
+        out.append("### Under a memory cap (each engine alone in a memory cgroup)\n")
+        out.append("Decode tok/s as pass 1 (page cache dropped first) / pass 2 (same generation "
+                   "again, same process). *GB read* = block-device reads of the process "
+                   "(/proc io `read_bytes`, both passes and the load). Peak = cgroup "
+                   "max_usage (anonymous + page cache); RSS = ru_maxrss.\n")
+        out.append("| cap | cap GB | engine | budget GB | decode tok/s (1 / 2) | peak GB | "
+                   "RSS GB | GB read | expert hits | moepack / llama.cpp (1 / 2) |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        for row in res["caps"]:
+            cap, capgb = f"{100 * row['frac']:.0f}%", _gb(row["cap_bytes"])
+            ll = row.get("llama")
+            lref = ll if ll and "tok_s" in ll else None
+            out.append(_engine_row("moepack (default budget)", cap, capgb, row.get("moepack"),
+                                   lref).rstrip("\n"))
+            if row.get("moepack_budget"):
+                out.append(_engine_row("moepack (--budget 0.9 x cap)", cap, capgb,
+                                       row["moepack_budget"], lref).rstrip("\n"))
+            if ll:
+                out.append(_engine_row("llama.cpp (mmap)", cap, capgb, ll, ll).rstrip("\n"))
+        out.append("")
+    w = res.get("warm")
+    if w:
+        out.append("### Warm compute (no cap, everything resident; pass 2)\n")
+        mw, lw = _tok(w.get("moepack"), -1), _tok(w.get("llama"), -1)
+        out.append("| engine | decode tok/s | ratio to llama.cpp |\n|---|---|---|")
+        out.append(f"| moepack | {_f(mw)} | {_f(_ratio(mw, lw))} |")
+        if w.get("llama"):
+            out.append(f"| llama.cpp | {_f(lw)} | 1.00 |")
+        out.append("")
+    c = res.get("cold")
+    if c:
+        s = (c["run"].get("result") or {}).get("passes", [{}])[0]
+        d4 = res["disk"].get("4", {}).get("gb_s")
+        bw = c.get("read_gb_s_while_waiting")
+        out.append("### Cold expert reads (moepack, no expert cache, O_DIRECT)\n")
+        out.append(f"- decode {_f(s.get('decode_tok_s'))} tok/s; {_gb(s.get('bytes_read'))} GB "
+                   f"of records read; I/O wait {100 * s.get('io_wait_share', 0):.0f}% of "
+                   f"decode time; O_DIRECT {'on' if s.get('o_direct') else 'off'}.")
+        out.append(f"- Read rate while the compute thread waited: {_f(bw)} GB/s = "
+                   f"**{_f(_ratio(bw, d4))}** of the disk at queue depth 4 ({_f(d4)} GB/s; "
+                   f"goal >= 0.9). Reader threads' own pread rate: "
+                   f"{_f(c.get('read_gb_s_reader_threads'))} GB/s.\n")
+    sw = res.get("sweep")
+    if sw:
+        out.append(f"### Cache sweep (cgroup cap {_gb(sw['cap_bytes'])} GB = 50% of the model; "
+                   f"default budget under this cap: {_gb(sw.get('default_budget_under_cap'))} GB)"
+                   "\n")
+        if not sw.get("plot_error"):
+            out.append(f"![cache sweep]({sw['png']})\n")
+        out.append("| point | budget GB | budget / cap | cache experts | hits | decode tok/s | "
+                   "GB read | peak GB |\n|---|---|---|---|---|---|---|---|")
+        for pt in sw["points"]:
+            if "decode_tok_s" in pt:
+                out.append(f"| {pt['label']} | {_gb(pt['budget_bytes'])} | "
+                           f"{pt['budget_over_cap']:.2f} | {pt.get('cache_experts')} | "
+                           f"{100 * pt['hit_rate']:.0f}% | {pt['decode_tok_s']:.2f} | "
+                           f"{_gb(pt['read_bytes'])} | {_gb(pt['peak_cgroup_bytes'])} |")
+            else:
+                err = " ".join(pt.get("error", []))[-120:].replace("|", "/")
+                out.append(f"| {pt['label']} | {_gb(pt['budget_bytes'])} | "
+                           f"{pt['budget_over_cap']:.2f} | – | – | failed rc {pt['rc']}: {err} "
+                           "| – | – |")
+        out.append("")
+    out.append(goals(res))
+    oth = res.get("others")
+    if oth:
+        out.append("### Other benchmarks (run by the same command)\n")
+        for name, o in oth.items():
+            if o.get("missing"):
+                out.append(f"- `bench/{name}.py`: not present at this commit.")
+            elif o["rc"] != 0:
+                out.append(f"- `bench/{name}.py`: failed (rc {o['rc']}): "
+                           f"{o['stderr_tail'].strip().splitlines()[-1:] }")
+            else:
+                md = o["markdown"].replace("\n### ", "\n#### ")
+                out.append(md if md.startswith("#") else f"#### bench/{name}.py\n\n{md}")
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def goals(res: dict) -> str:
+    lines = ["### Goals (issue 9)\n", "| goal | measured | met? |", "|---|---|---|"]
+    row25 = next((r for r in res.get("caps", []) if r["frac"] == 0.25), None)
+    if row25 and row25.get("llama") and "tok_s" in row25["llama"]:
+        r = [_ratio(_tok(row25["moepack"], i), _tok(row25["llama"], i)) for i in (0, -1)]
+        lines.append(f"| 25% cap: >= 3x llama.cpp decode | {_f(r[0])}x (pass 1), "
+                     f"{_f(r[1])}x (pass 2) | {'yes' if r[0] and r[0] >= 3 else 'no'} |")
+    else:
+        lines.append("| 25% cap: >= 3x llama.cpp decode | not measured (no llama.cpp run) | – |")
+    w = res.get("warm") or {}
+    if w.get("llama") and "tok_s" in w["llama"]:
+        r = _ratio(_tok(w.get("moepack"), -1), _tok(w["llama"], -1))
+        lines.append(f"| warm: >= 1.0x llama.cpp | {_f(r)}x | "
+                     f"{'yes' if r and r >= 1 else 'no'} |")
+    else:
+        lines.append("| warm: >= 1.0x llama.cpp | not measured (no llama.cpp run) | – |")
+    c = res.get("cold")
+    if c:
+        r = _ratio(c.get("read_gb_s_while_waiting"), res["disk"].get("4", {}).get("gb_s"))
+        lines.append(f"| cold expert reads >= 0.9 of the disk | {_f(r)} | "
+                     f"{'yes' if r and r >= 0.9 else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+HEADER = """# Benchmarks
+
+Regenerated by `make bench` (`python -m bench.run_all`; `--quick` for the ~10 minute version)
+from `bench/results/run_all*.json`; do not edit by hand. Every comparison is a ratio of two
+figures measured in the same run; absolute times are shown but not relied on.
+
+"""
+
+NOTES = """## How to read this and known limits
+
+- Synthetic random weights route near-uniformly... not quite: a fixed random router over similar
+  hidden states keeps picking some experts more than others, so hit rates here are neither a real
+  model's nor the uniform worst case. Both engines see the same kind of routing; their token
+  streams differ (different random weights), so they touch different experts.
+- Without swap (this machine has none), a moepack budget above the cgroup cap is not paged: the
+  engine is refused or OOM-killed, so the "cliff" past usable RAM shows up as a failure, not as
+  the 8x slowdown a peer saw on macOS (which compresses and pages anonymous memory).
+- llama.cpp runs through llama-cpp-python with default settings (mmap on, no mlock); its pages
+  are charged to its cgroup, so under a cap the page cache thrashes exactly as on a small machine.
+- GB read counts block-device reads (O_DIRECT and page-fault read-ahead alike), not cache hits.
+"""
+
+
+def write_markdown(path: Path) -> None:
+    parts = [HEADER]
+    for name in ("run_all.json", "run_all-quick.json"):
+        f = RESULTS / name
+        if f.exists():
+            parts.append(section(json.loads(f.read_text())))
+    parts.append(NOTES)
+    path.write_text("\n".join(parts))
+
+
+if __name__ == "__main__":
+    main()

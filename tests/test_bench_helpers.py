@@ -1,0 +1,137 @@
+"""Fast tests of the benchmark helpers (bench/): cgroup parsing, generator shape math, sweep
+points, the BENCHMARKS.md renderer. No big files, no llama.cpp."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from bench import cgroup
+from bench.cache_sweep import sweep_points
+from bench.synthetic_model import IQ3_XXS_BLOCK, Shape, shape_for_size, write_moepack
+
+
+def test_parse_limit() -> None:
+    assert cgroup.parse_limit("max\n") is None
+    assert cgroup.parse_limit("9223372036854771712\n") is None  # v1 "unlimited"
+    assert cgroup.parse_limit("1073741824\n") == 1 << 30
+    assert cgroup.parse_limit("") is None
+
+
+def test_parse_kv_memory_stat_and_proc_io() -> None:
+    stat = cgroup.parse_kv("cache 4096\nrss 8192\nbogus line here\npgmajfault 3\n")
+    assert stat == {"cache": 4096, "rss": 8192, "pgmajfault": 3}
+    io = cgroup.parse_kv("rchar: 10\nwchar: 0\nread_bytes: 4096\n")
+    assert io["read_bytes"] == 4096 and io["rchar"] == 10
+    assert "read_bytes" in cgroup.io_counters()
+
+
+def test_measurement_json_out_takes_last_json_line() -> None:
+    m = cgroup.Measurement(cmd=[], limit_bytes=None, rc=0, wall_s=0, peak_cgroup_bytes=None,
+                           max_rss_bytes=0, read_bytes=0, major_faults=0, failcnt=None,
+                           stdout='noise\n{"a": 1}\n{"b": 2}\ntrailing\n', stderr_tail="",
+                           cgroup_version=None)
+    assert m.json_out() == {"b": 2}
+    m.stdout = "{broken\n"
+    assert m.json_out() is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or cgroup.cgroup_version() is None,
+                    reason="needs root and a writable memory cgroup")
+def test_run_in_cgroup_measures_and_cleans_up() -> None:
+    m = cgroup.run(["python3", "-c", "b = bytearray(32 << 20); print('{\"ok\": 1}')"], 256 << 20)
+    assert m.rc == 0 and m.json_out() == {"ok": 1}
+    assert m.max_rss_bytes >= 32 << 20
+    assert m.peak_cgroup_bytes is None or m.peak_cgroup_bytes >= 32 << 20
+    # over the limit: killed, not hung
+    m = cgroup.run(["python3", "-c", "b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096])"],
+                   64 << 20)
+    assert m.rc != 0
+
+
+def test_record_and_expert_bytes_match_the_planner() -> None:
+    from moepack.format.layout import plan_layout
+    from moepack.format.synthetic import Q8, RVQ3, mixtral_spec
+
+    for s in (Shape(hidden=256, inter=96, experts=4, layers=2, vocab=512, heads=4, kv_heads=2),
+              Shape(hidden=512, inter=256, experts=3, layers=1, vocab=300, heads=8, kv_heads=2)):
+        spec = mixtral_spec(layers=s.layers, experts=s.experts, hidden=s.hidden, inter=s.inter,
+                            vocab=s.vocab, heads=s.heads, kv_heads=s.kv_heads, attn=Q8, embed=Q8,
+                            expert=RVQ3)
+        assert plan_layout(spec).banks()[0].stride == s.rvq_record_bytes()
+    s = Shape()
+    assert s.gguf_expert_bytes() == 3 * 4096 * 1536 // IQ3_XXS_BLOCK[0] * IQ3_XXS_BLOCK[1]
+    # bits per weight: rvq ~3.0 (+ row scales + 4 KiB padding), IQ3_XXS 3.06
+    assert 3.0 <= 8 * s.rvq_record_bytes() / s.expert_params() < 3.05
+    assert 8 * s.gguf_expert_bytes() / s.expert_params() == pytest.approx(3.0625)
+
+
+def test_shape_for_size_scales_layers() -> None:
+    small, big = shape_for_size(3.0), shape_for_size(10.0)
+    assert big.layers > small.layers >= 2
+    assert abs(big.approx_bytes() / 1e9 - 10.0) < 1.0  # within one layer (~0.95 GB)
+    assert shape_for_size(0.01).layers == 2
+
+
+def test_tiny_container_written_by_the_generator(tmp_path) -> None:
+    from moepack.format.reader import Container
+
+    s = Shape(hidden=256, inter=96, experts=4, top_k=2, layers=2, vocab=512, heads=4,
+              kv_heads=2)
+    info = write_moepack(tmp_path / "t.moepack", s)
+    with Container.open(tmp_path / "t.moepack") as c:
+        assert c.manifest["model"]["moe"]["top_k"] == 2
+        assert [b["count"] for b in c.banks()] == [4, 4]
+        assert c.banks()[0]["stride"] == info["record_bytes"] == s.rvq_record_bytes()
+
+
+def test_gguf_twin_shapes(tmp_path) -> None:
+    gguf = pytest.importorskip("gguf")
+    from bench.synthetic_model import write_gguf
+
+    s = Shape(hidden=256, inter=256, experts=4, top_k=2, layers=1, vocab=300, heads=4,
+              kv_heads=2)
+    write_gguf(tmp_path / "t.gguf", s)
+    r = gguf.GGUFReader(str(tmp_path / "t.gguf"))
+    t = {x.name: x for x in r.tensors}
+    assert list(t["blk.0.ffn_gate_exps.weight"].shape) == [256, 256, 4]  # ne0 = hidden
+    assert list(t["blk.0.ffn_down_exps.weight"].shape) == [256, 256, 4]
+    assert t["blk.0.ffn_up_exps.weight"].tensor_type == gguf.GGMLQuantizationType.IQ3_XXS
+    assert list(t["token_embd.weight"].shape) == [256, 300]
+
+
+def test_sweep_points_span_floor_to_past_cap() -> None:
+    plan = {"floor_bytes": 1000, "step_expert_bytes": 100}
+    pts = sweep_points(plan, cap=5000, every=4000)
+    budgets = [b for _, b in pts]
+    assert budgets == sorted(budgets) and budgets[0] == 1000 and budgets[-1] == 6250
+    assert len(set(budgets)) == len(budgets)
+    assert all(b >= 1000 for b in budgets)
+
+
+def test_markdown_renders_partial_results(tmp_path, monkeypatch) -> None:
+    from bench import run_all
+
+    res = {"kind": "quick", "date_utc": "2026-01-01 00:00", "commit": "abc",
+           "hardware": {"Model name": "cpu", "CPU(s)": "2", "MemTotal GB": 24, "kernel": "k"},
+           "threads": 2, "load_avg_start": [1.0, 1, 1], "prompt": [1, 2], "decode_tokens": 4,
+           "llama_cpp": "available", "cgroup_version": 1,
+           "model": {"shape": Shape().__dict__, "moepack": {"bytes": 10**9},
+                     "gguf": {"bytes": 10**9}},
+           "plan": {"expert_record_bytes": 7 << 20, "trunk_bytes": 1, "step_expert_bytes": 1,
+                    "floor_bytes": 2},
+           "disk": {"1": {"gb_s": 0.5}, "4": {"gb_s": 0.8}},
+           "caps": [{"frac": 0.25, "cap_bytes": 250 * 10**6,
+                     "moepack": {"tok_s": [3.0, 3.0], "hit_rate": [0.1, 0.2],
+                                 "budget_bytes": 10**8, "read_bytes": 10**9},
+                     "llama": {"tok_s": [1.0, 0.5], "read_bytes": 10**10}}],
+           "warm": {"moepack": {"tok_s": [1, 2.0]}, "llama": {"rc": 1, "error": ["boom"]}}}
+    monkeypatch.setattr(run_all, "RESULTS", tmp_path)
+    (tmp_path / "run_all-quick.json").write_text(json.dumps(res))
+    run_all.write_markdown(tmp_path / "B.md")
+    md = (tmp_path / "B.md").read_text()
+    assert "**3.00** / **6.00**" in md  # moepack / llama ratio, pass 1 / pass 2
+    assert "| 25% cap: >= 3x llama.cpp decode | 3.00x (pass 1), 6.00x (pass 2) | yes |" in md
+    assert "warm: >= 1.0x llama.cpp | not measured" in md
