@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 import libtorrent as lt
 from moepack.fetch.errors import FetchError
 
+POLL_S = 0.2              # status / alert polling interval of the transfer loops
+RECONNECT_EVERY_S = 3.0   # re-dial --peer addresses while none is connected (seeder starting)
+
 _ALERTS = (
     lt.alert.category_t.error_notification
     | lt.alert.category_t.status_notification

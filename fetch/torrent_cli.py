@@ -98,6 +98,9 @@ def _seed_loop(torrent: Path, path: Path, listen: str, full_verify: bool, durati
                 st = s.status()
                 if st.error:
                     raise FetchError(f"seeding {path}: {st.error}")
+                # seed_mode checks each piece on first request; a failed one leaves the set.
+                bad = st.num_pieces - st.pieces
+                warn = f", [red]{bad} pieces failed their check (repair: fetch)[/]" if bad else ""
                 status.update(f"{st.peers} peers, up {human(st.upload_rate)}/s, "
-                              f"{human(st.uploaded)} sent")
+                              f"{human(st.uploaded)} sent{warn}")
                 time.sleep(1.0)

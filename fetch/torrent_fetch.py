@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -13,15 +11,21 @@ import libtorrent as lt
 from moepack.fetch.container import Checked, check_container, peek_container_id
 from moepack.fetch.errors import FetchError
 from moepack.fetch.lock import dest_lock
-from moepack.fetch.lt_session import connect_peers, drain, is_loopback, make_session
+from moepack.fetch.lt_session import (
+    POLL_S,
+    RECONNECT_EVERY_S,
+    connect_peers,
+    drain,
+    is_loopback,
+    make_session,
+)
+from moepack.fetch.magnet import metadata_from_peers
 from moepack.fetch.space import SAFETY_MARGIN, SpaceNeed, SpaceVerdict, verdicts
 from moepack.fetch.staging import Staging
 from moepack.fetch.torrent_source import TorrentMeta, describe, load_params
 
 MAGIC = b"MOEPACK\x00"   # FORMAT.md §2
-POLL_S = 0.2
 RESUME_EVERY_S = 30.0
-RECONNECT_EVERY_S = 3.0
 _CHECKING = (lt.torrent_status.checking_files, lt.torrent_status.checking_resume_data,
              lt.torrent_status.queued_for_checking, lt.torrent_status.allocating)
 _DONE = (lt.torrent_status.seeding, lt.torrent_status.finished)
@@ -78,7 +82,7 @@ def fetch_torrent(source: str, dest: Path, *, dry_run: bool = False,
     ses: lt.session | None = None
     if params.ti is None:
         ses = _session(opts)
-        params.ti = _metadata_from_peers(ses, params, opts)
+        params.ti = metadata_from_peers(ses, params, opts.peers, opts.metadata_timeout)
     meta = describe(params.ti, source)
     stage = Staging(dest, meta.name, meta.info_hash)
     if dry_run:
@@ -108,36 +112,6 @@ def _default_listen(peers: Sequence[tuple[str, int]]) -> str:
     if peers and all(is_loopback(h) for h, _ in peers):
         return "127.0.0.1:0"
     return "0.0.0.0:6881"
-
-
-def _metadata_from_peers(ses: lt.session, params: lt.add_torrent_params,
-                         opts: FetchOptions) -> lt.torrent_info:
-    """A magnet has no metadata: get the info dict from peers, writing no payload."""
-    key = str(params.info_hashes.get_best())
-    scratch = tempfile.mkdtemp(prefix="moepack-magnet-")   # upload mode writes nothing there
-    params.save_path = scratch
-    params.flags |= lt.torrent_flags.upload_mode
-    params.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused)
-    h = ses.add_torrent(params)
-    deadline = time.monotonic() + opts.metadata_timeout
-    last_connect = 0.0
-    try:
-        while time.monotonic() < deadline:
-            a = drain(ses)
-            if a.errors:
-                raise FetchError(f"magnet {key}: {a.errors[0]}")
-            if h.status().has_metadata:
-                return lt.torrent_info(h.torrent_file())
-            if time.monotonic() - last_connect > RECONNECT_EVERY_S:
-                connect_peers(h, list(opts.peers))
-                last_connect = time.monotonic()
-            time.sleep(POLL_S)
-        raise FetchError(f"magnet {key}: no metadata from peers within "
-                         f"{opts.metadata_timeout:.0f} s")
-    finally:
-        ses.remove_torrent(h)
-        params.flags &= ~lt.torrent_flags.upload_mode
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class _Download:
