@@ -258,3 +258,19 @@ def test_interrupted_fetch_resumes_from_saved_resume_data(tmp_path: Path) -> Non
         r = _fetched(fetch_torrent(str(torrent), dest, opts=opts))
     assert r.pieces_at_start > 0 and r.downloaded_bytes < size
     assert r.container_id == cid and verify(r.path).ok
+
+
+def test_seed_mode_never_serves_a_damaged_piece(small, tmp_path: Path) -> None:
+    """Quick verify passes on payload damage; seed_mode's lazy check must catch the piece."""
+    path, torrent, _ = small
+    damaged = tmp_path / "src" / path.name
+    damaged.parent.mkdir()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    with seed_in_background(torrent, damaged) as seeder:
+        with pytest.raises(FetchError, match="no data for 3 s"):
+            fetch_torrent(str(torrent), tmp_path / "dl", opts=_opts(seeder.port, stall=3.0))
+        st = seeder.status()
+    assert st.pieces == st.num_pieces - 1, "the damaged piece left the seed's set"
+    assert not (tmp_path / "dl" / path.name).exists()
