@@ -6,7 +6,7 @@ random-read bandwidth at the same record size and queue depth, measured in the s
 
 The container is synthetic (format.synthetic: random rvq codes, q8 attention, f16 embeddings)
 with realistic expert shapes (default hidden 4096, moe_intermediate 1536, top-8: Qwen3-235B-A22B
-experts, 7.1 MB records with 3-stage rvq); about 3 GB with the defaults. Random codes are fine for
+experts, 7.1 MB records with 3-stage rvq); about 2 GB with the defaults. Random codes are fine for
 speed. Prints a markdown block for docs/RUNTIME.md. The container is deleted unless --keep.
 """
 
@@ -41,22 +41,26 @@ def decode(path: Path, tokens: int, repeat: int, **kw) -> dict:
     with Engine(str(path), ctx=256, **kw) as e:
         for _ in range(repeat):
             e.reset_stats()
+            c0 = time.process_time()
             list(e.generate([1, 2, 3, 4], tokens))
-        return e.stats()
+            cpu = time.process_time() - c0
+        s = e.stats()
+    s["cpu_s_per_token"] = cpu / (s["prompt_tokens"] + s["decode_tokens"])
+    return s
 
 
 def row(name: str, s: dict) -> str:
     bw = s["bytes_read"] / s["io_wait_seconds"] / 1e9 if s["io_wait_seconds"] > 0 else 0.0
     return (f"| {name} | {s['decode_tok_s']:.2f} | {100 * s['hit_rate']:.0f}% | "
             f"{s['bytes_read'] / 1e9:.2f} | {100 * s['io_wait_share']:.0f}% | {bw:.2f} | "
-            f"{'on' if s['o_direct'] else 'off'} |")
+            f"{'on' if s['o_direct'] else 'off'} | {s['cpu_s_per_token']:.3f} |")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--experts", type=int, default=48)
+    ap.add_argument("--experts", type=int, default=32)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--inter", type=int, default=1536)
     ap.add_argument("--top-k", type=int, default=8)
@@ -107,8 +111,8 @@ def main() -> None:
     print(f"- Plan (ctx 256): trunk {p['trunk_bytes'] / 1e9:.3f} GB, floor "
           f"{p['floor_bytes'] / 1e9:.3f} GB.\n")
     print("| run | decode tok/s | cache hits | GB read | I/O wait | read GB/s while waiting |"
-          " O_DIRECT |")
-    print("|---|---|---|---|---|---|---|")
+          " O_DIRECT | CPU s/token (all threads) |")
+    print("|---|---|---|---|---|---|---|---|")
     print(row("warm (all cached)", warm))
     print(row("cold (no cache)", cold))
     print(row(f"small cache ({2 * a.top_k} records), look-ahead on", look))

@@ -33,6 +33,8 @@ OVERRIDES = {
     # every trunk codec the engine multiplies in place (the default is q8 + f32)
     "mixtral_codecs": dict(max_position_embeddings=128, tie_word_embeddings=False),
     "deepseek_v3_codecs": dict(max_position_embeddings=128),
+    # sliding-window attention (window 16 < 80 positions)
+    "mixtral_window": dict(max_position_embeddings=128, sliding_window=16),
 }
 TRUNK = {
     "mixtral_codecs": (("attn", "q4-zp"), ("embed", "bf16"), ("lm_head", "f16"),
@@ -49,7 +51,7 @@ def build(tmp_path_factory, name: str):
     from moepack.convert.pipeline import convert
     from moepack.convert.settings import Settings
 
-    arch = name.replace("_yarn", "").replace("_codecs", "")
+    arch = next(a for a in ("mixtral", "qwen3_moe", "deepseek_v3") if name.startswith(a))
     d = tmp_path_factory.mktemp(name)
     make_checkpoint(arch, d / "src", **OVERRIDES[name])
     convert(d / "src", d / "m.moepack", Settings(trunk=TRUNK.get(name, ())))

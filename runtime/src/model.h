@@ -29,6 +29,7 @@ typedef struct mpm_config {
     double yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
     int64_t yarn_orig_max_pos;
     int rope_interleave; /* DeepSeek: rope dims stored interleaved (pairs 2i, 2i+1) */
+    int64_t sliding_window; /* Mixtral: attend to the last `sliding_window` positions; 0 = all */
     /* attention */
     int mla;
     int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;

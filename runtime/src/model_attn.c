@@ -104,10 +104,12 @@ static void gqa_head(void *ctx, size_t h) {
     const float *K = m->kc + (size_t)j->layer * (size_t)m->ctx * (size_t)kvd + (size_t)(g * hd);
     const float *V = m->vc + (size_t)j->layer * (size_t)m->ctx * (size_t)kvd + (size_t)(g * hd);
     float *sc = m->scores + h * (size_t)m->ctx, *out = m->att + (int64_t)h * hd;
-    for (int t = 0; t <= j->pos; t++) sc[t] = mpk_dot(q, K + (size_t)t * (size_t)kvd, hd) * m->attn_scale;
-    mpk_softmax(sc, j->pos + 1);
+    int64_t w = c->sliding_window, t0 = w > 0 && j->pos + 1 > w ? j->pos + 1 - w : 0;
+    for (int64_t t = t0; t <= j->pos; t++)
+        sc[t - t0] = mpk_dot(q, K + (size_t)t * (size_t)kvd, hd) * m->attn_scale;
+    mpk_softmax(sc, j->pos + 1 - t0);
     memset(out, 0, (size_t)hd * sizeof(float));
-    for (int t = 0; t <= j->pos; t++) mpk_axpy(out, sc[t], V + (size_t)t * (size_t)kvd, hd);
+    for (int64_t t = t0; t <= j->pos; t++) mpk_axpy(out, sc[t - t0], V + (size_t)t * (size_t)kvd, hd);
 }
 
 static void gqa(mpm_model *m, int l, int pos) {

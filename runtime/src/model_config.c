@@ -98,6 +98,12 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
         }
     }
     c->rope_interleave = c->arch == MPM_DEEPSEEK_V3 ? get_bool(src, "rope_interleave", 1) : 0;
+    /* sliding-window attention lives only in the source config (not in manifest.model) */
+    if (c->arch == MPM_MIXTRAL &&
+        (rc = get_opt_int(src, "sliding_window", 1, INT64_MAX, 0, &c->sliding_window, err, errlen)))
+        return rc;
+    if (c->arch == MPM_QWEN3_MOE && get_bool(src, "use_sliding_window", 0))
+        FAIL(MP_EUNSUPPORTED, "qwen3_moe with use_sliding_window is not supported");
 
     const mp_json *at = mp_json_get(m, "attention");
     const char *kind = mp_json_as_str(mp_json_get(at, "kind"), NULL);
