@@ -27,7 +27,7 @@ def _fail(msg: str) -> None:
 
 
 def _gb(n: float) -> str:
-    return f"{n / 1e9:.3f} GB"
+    return f"{n / 1e9:.3f} GB" if n >= 1e9 else f"{n / 1e6:.3f} MB"
 
 
 def _check_budget(file: Path, budget: str | None, ctx: int | None) -> None:
@@ -94,6 +94,8 @@ def plan_cmd(
                 ("scratch", _gb(p["scratch_bytes"])),
                 ("one token's experts", f"{_gb(p['step_expert_bytes'])} "
                  f"({p['moe_layers']} MoE layers x top-{p['top_k']})"),
+                ("all experts (on disk)", f"{_gb(p['experts_bytes'])} "
+                 f"({p['expert_count']} records of {_gb(p['expert_record_bytes'])})"),
                 ("floor", _gb(p["floor_bytes"])),
                 ("recommended", _gb(p["recommended_bytes"])),
                 ("default budget", _gb(p["default_bytes"]) if p["default_bytes"]

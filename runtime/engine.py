@@ -48,7 +48,8 @@ class _Plan(C.Structure):
     _fields_ = [(n, C.c_uint64) for n in (
         "trunk_bytes", "kv_bytes", "scratch_bytes", "step_expert_bytes", "floor_bytes",
         "recommended_bytes", "default_bytes", "usable_ram_bytes", "expert_record_bytes")] + [
-        ("ctx", C.c_int), ("moe_layers", C.c_int), ("top_k", C.c_int)]
+        ("ctx", C.c_int), ("moe_layers", C.c_int), ("top_k", C.c_int),
+        ("experts_bytes", C.c_uint64), ("expert_count", C.c_uint64)]
 
 
 class _Stats(C.Structure):

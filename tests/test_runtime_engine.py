@@ -92,6 +92,8 @@ def test_budget_below_floor_is_refused_with_the_floor(mixtral):
     assert p["floor_bytes"] == (p["trunk_bytes"] + p["kv_bytes"] + p["scratch_bytes"]
                                 + p["step_expert_bytes"])
     assert p["step_expert_bytes"] == p["moe_layers"] * p["top_k"] * p["expert_record_bytes"]
+    assert p["expert_count"] == 2 * 6
+    assert p["experts_bytes"] == p["expert_count"] * p["expert_record_bytes"]
     with pytest.raises(BudgetError, match="needs at least") as ei:
         Engine(mixtral, budget=p["floor_bytes"] - 1)
     assert str(p["floor_bytes"]) in str(ei.value)

@@ -66,6 +66,8 @@ typedef struct mp_plan_info {
     int ctx;
     int moe_layers;
     int top_k;
+    uint64_t experts_bytes;    /* all routed-expert records (what streams from disk) */
+    uint64_t expert_count;     /* routed experts over all MoE layers */
 } mp_plan_info;
 
 typedef struct mp_stats {

@@ -75,6 +75,8 @@ static int plan_for(const mp_container *c, const mpm_config *cfg, int ctx, mp_pl
         if (!b) return setf(err, errlen, MP_EFORMAT, "layer %lld is a MoE layer but has no expert bank", (long long)l);
         p->moe_layers++;
         p->step_expert_bytes += (uint64_t)cfg->top_k * b->stride;
+        p->experts_bytes += (uint64_t)b->count * b->stride;
+        p->expert_count += b->count;
         if (b->stride > p->expert_record_bytes) p->expert_record_bytes = b->stride;
     }
     p->floor_bytes = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + p->step_expert_bytes;
