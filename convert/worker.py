@@ -7,7 +7,8 @@ import os
 import resource
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,22 +106,26 @@ class Worker:
             digest = self.writer.write_expert(layer, e, pack_record(bank, parts))
             self._done(expert_unit(layer, e), digest, bank.stride, 1)
 
+    @contextmanager
+    def _naming(self, ref: SourceRef) -> Iterator[None]:
+        """Encoder complaints (e.g. inf/NaN weights) name the tensor and its file."""
+        try:
+            yield
+        except ValueError as e:
+            raise SourceError(f"{self.ck.info(ref.name).file}: tensor {ref.name!r}: {e}") from e
+
     def _encode(self, codec: dict, ref: SourceRef, **kw) -> bytes:
         w = self.ck.read(ref)
-        try:
+        with self._naming(ref):
             return encode(codec, w, threads=self.cfg.threads, **kw)
-        except ValueError as e:  # e.g. inf/NaN weights: say which tensor of which file
-            raise SourceError(f"{self.ck.info(ref.name).file}: tensor {ref.name!r}: {e}") from e
 
     def _encode_trunk(self, codec: dict, ref: SourceRef) -> bytes | bytearray:
         """Large 2-D tensors are read and encoded in row bands (bounded memory)."""
         def band(lo: int, hi: int) -> np.ndarray:
             return self.ck.read(SourceRef(ref.name, rows=(lo, hi)))
 
-        try:
+        with self._naming(ref):
             return encode_by_rows(codec, self.ck.ref_shape(ref), band, threads=self.cfg.threads)
-        except ValueError as e:  # e.g. inf/NaN weights: say which tensor of which file
-            raise SourceError(f"{self.ck.info(ref.name).file}: tensor {ref.name!r}: {e}") from e
 
     def _codebook(self, task: Task, part: str, codec: dict,
                   done: dict[str, str]) -> tuple[np.ndarray, np.ndarray | None]:
