@@ -284,16 +284,17 @@ int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int al
     int prompt = n > 1 || e->pos == 0;
     double t0 = mpm_now();
     const size_t V = (size_t)e->cfg.vocab;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i += MPM_CHUNK) {
+        int k = n - i < MPM_CHUNK ? (int)(n - i) : MPM_CHUNK;
         float *lo = NULL;
         if (logits && all_positions) lo = logits + i * V;
-        else if (logits && i + 1 == n) lo = logits;
-        int rc = mpm_forward(e->model, tokens[i], e->pos, lo);
+        else if (logits && i + (size_t)k == n) lo = logits;
+        int rc = mpm_forward(e->model, tokens + i, k, e->pos, lo, all_positions);
         if (rc) {
             snprintf(e->err, sizeof e->err, "%s", mpm_error(e->model));
             return rc;
         }
-        e->pos++;
+        e->pos += k;
     }
     double dt = mpm_now() - t0;
     if (prompt) {

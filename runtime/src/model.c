@@ -125,8 +125,10 @@ uint64_t mpm_scratch_bytes(const mpm_config *c) {
     int64_t H = c->hidden, I = max64(c->moe_inter, max64(c->dense_inter, c->shared_inter));
     uint64_t lut = (uint64_t)mpk_rvq_lut_floats(max64(H, c->moe_inter), 8) * 3;
     uint64_t q = (uint64_t)(c->n_heads * max64(c->head_dim, c->kv_lora_rank + c->qk_rope_dim));
+    uint64_t chunk = (uint64_t)MPM_CHUNK * (uint64_t)H * (3u + (uint64_t)c->top_k) +
+                     3u * (uint64_t)MPM_CHUNK * (uint64_t)c->top_k;
     return 4u * (lut + 3 * q + 16 * (uint64_t)max64(H, I) + (uint64_t)c->vocab +
-                 2 * (uint64_t)c->n_experts);
+                 2 * (uint64_t)c->n_experts + chunk);
 }
 
 static int alloc_scratch(mpm_model *m) {
@@ -136,7 +138,6 @@ static int alloc_scratch(mpm_model *m) {
     int64_t odim = c->mla ? c->n_heads * c->v_head_dim : c->n_heads * c->head_dim;
     int64_t kvdim = c->mla ? c->kv_lora_rank + c->qk_rope_dim : c->n_kv_heads * c->head_dim;
     int64_t big = max64(H, max64(I, odim));
-    m->x = xcalloc((uint64_t)H, 4);
     m->xn = xcalloc((uint64_t)H, 4);
     m->tmp = xcalloc((uint64_t)big, 4);
     m->q = xcalloc((uint64_t)qdim, 4);
@@ -161,6 +162,13 @@ static int alloc_scratch(mpm_model *m) {
     m->sel = xcalloc((uint64_t)c->top_k, 4);
     m->selw = xcalloc((uint64_t)c->top_k, 4);
     m->ahead = xcalloc((uint64_t)c->top_k, 4);
+    m->bx = xcalloc((uint64_t)(MPM_CHUNK * H), 4);
+    m->bxn = xcalloc((uint64_t)(MPM_CHUNK * H), 4);
+    m->bout = xcalloc((uint64_t)(MPM_CHUNK * H), 4);
+    m->beo = xcalloc((uint64_t)(MPM_CHUNK * c->top_k * H), 4);
+    m->bsel = xcalloc((uint64_t)(MPM_CHUNK * c->top_k), 4);
+    m->bselw = xcalloc((uint64_t)(MPM_CHUNK * c->top_k), 4);
+    m->uniq = xcalloc((uint64_t)(MPM_CHUNK * c->top_k), 4);
     m->recs = xcalloc((uint64_t)c->top_k, sizeof *m->recs);
     m->aheadw = xcalloc((uint64_t)c->top_k, 4);
     m->choice = xcalloc((uint64_t)c->n_experts, 4);
@@ -170,10 +178,11 @@ static int alloc_scratch(mpm_model *m) {
         m->lut[p] = xcalloc(mpk_rvq_lut_floats(cols, 8), 4);
         if (!m->lut[p]) return -1;
     }
-    if (!m->x || !m->xn || !m->tmp || !m->q || !m->kbuf || !m->vbuf || !m->att || !m->scores ||
+    if (!m->xn || !m->tmp || !m->q || !m->kbuf || !m->vbuf || !m->att || !m->scores ||
         !m->cosb || !m->sinb || !m->router_logits || !m->moe_out || !m->eo || !m->g || !m->u ||
         !m->xr || !m->ar || !m->sel || !m->selw || !m->ahead || !m->recs || !m->aheadw || !m->choice ||
-        !m->allowed ||
+        !m->allowed || !m->bx || !m->bxn || !m->bout || !m->beo || !m->bsel || !m->bselw ||
+        !m->uniq ||
         (c->mla && (!m->qlat || !m->olat || !m->lat)))
         return -1;
     return 0;
@@ -342,11 +351,18 @@ void mpm_free(mpm_model *m) {
     free(m->inv_freq);
     if (m->vc != m->kc) free(m->vc);
     free(m->kc);
-    float *bufs[] = {m->x, m->xn, m->tmp, m->q, m->kbuf, m->vbuf, m->att, m->scores, m->cosb,
+    float *bufs[] = {m->xn, m->tmp, m->q, m->kbuf, m->vbuf, m->att, m->scores, m->cosb,
                      m->sinb, m->qlat, m->olat, m->lat, m->router_logits, m->moe_out, m->eo,
                      m->g, m->u, m->xr, m->ar, m->selw, m->lut[0], m->lut[1], m->lut[2]};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(m->sel);
+    free(m->bx);
+    free(m->bxn);
+    free(m->bout);
+    free(m->beo);
+    free(m->bsel);
+    free(m->bselw);
+    free(m->uniq);
     free(m->ahead);
     free((void *)m->recs);
     free(m->aheadw);
@@ -366,46 +382,56 @@ uint64_t mpm_prefetches(const mpm_model *m) { return m->prefetches; }
 
 /* Router look-ahead: predict the next MoE layer's experts from the current hidden state and ask
  * the cache to start reading them.  Only a hint: the real routing is recomputed later. */
-static void lookahead(mpm_model *m, int l) {
+static void lookahead(mpm_model *m, int l, const float *x) {
     int next = l + 1;
     if (!m->lookahead || !m->io.prefetch || next >= m->c.n_layers || !m->layers[next].moe) return;
-    mpk_rmsnorm(m->ar, m->x, m->layers[next].ffn_norm, m->c.hidden, m->c.eps);
+    mpk_rmsnorm(m->ar, x, m->layers[next].ffn_norm, m->c.hidden, m->c.eps);
     mpm_route(m, next, m->ar, m->router_logits, m->ahead, m->aheadw);
     m->io.prefetch(m->io.user, next, m->ahead, (int)m->c.top_k);
     m->prefetches += (uint64_t)m->c.top_k;
 }
 
-int mpm_forward(mpm_model *m, int32_t token, int pos, float *logits) {
+int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logits, int all) {
     const mpm_config *c = &m->c;
-    if (token < 0 || token >= c->vocab) {
-        snprintf(m->err, sizeof m->err, "token id %d out of range (vocab %lld)", token, (long long)c->vocab);
+    const int64_t H = c->hidden;
+    if (n < 1 || n > MPM_CHUNK) {
+        snprintf(m->err, sizeof m->err, "chunk of %d tokens (1..%d)", n, MPM_CHUNK);
         return MP_EINVAL;
     }
-    if (pos < 0 || pos >= m->ctx) {
+    for (int t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->vocab) {
+            snprintf(m->err, sizeof m->err, "token id %d out of range (vocab %lld)", tokens[t], (long long)c->vocab);
+            return MP_EINVAL;
+        }
+    if (pos < 0 || pos > m->ctx - n) {
         snprintf(m->err, sizeof m->err, "context full (%d tokens)", m->ctx);
         return MP_ECTX;
     }
     m->err[0] = 0;
-    const int64_t H = c->hidden;
-    mpk_row(&m->embed, token, m->x);
+    for (int t = 0; t < n; t++) mpk_row(&m->embed, tokens[t], m->bx + t * H);
     for (int l = 0; l < c->n_layers; l++) {
         mpm_layer *ly = &m->layers[l];
-        mpk_rmsnorm(m->xn, m->x, ly->attn_norm, H, c->eps);
-        mpm_attention(m, l, pos);
-        for (int64_t i = 0; i < H; i++) m->x[i] += m->tmp[i];
-        mpk_rmsnorm(m->xn, m->x, ly->ffn_norm, H, c->eps);
+        for (int t = 0; t < n; t++) { /* attention token by token: causal within the chunk */
+            float *x = m->bx + t * H;
+            mpk_rmsnorm(m->xn, x, ly->attn_norm, H, c->eps);
+            mpm_attention(m, l, pos + t);
+            for (int64_t i = 0; i < H; i++) x[i] += m->tmp[i];
+            mpk_rmsnorm(m->bxn + t * H, x, ly->ffn_norm, H, c->eps);
+        }
         if (ly->moe) {
-            int rc = mpm_moe(m, l, m->xn, m->tmp);
+            int rc = mpm_moe(m, l, n, m->bxn, m->bout);
             if (rc) return rc;
         } else {
-            mpm_ffn_dense(m, &ly->dense, m->xn, m->tmp);
+            for (int t = 0; t < n; t++) mpm_ffn_dense(m, &ly->dense, m->bxn + t * H, m->bout + t * H);
         }
-        for (int64_t i = 0; i < H; i++) m->x[i] += m->tmp[i];
-        lookahead(m, l);
+        for (int64_t i = 0; i < n * H; i++) m->bx[i] += m->bout[i];
+        if (n == 1) lookahead(m, l, m->bx);
     }
     if (logits) {
-        mpk_rmsnorm(m->xn, m->x, m->final_norm, H, c->eps);
-        mpk_matvec(m->pool, &m->lm_head, m->xn, logits);
+        for (int t = all ? 0 : n - 1; t < n; t++) {
+            mpk_rmsnorm(m->xn, m->bx + t * H, m->final_norm, H, c->eps);
+            mpk_matvec(m->pool, &m->lm_head, m->xn, logits + (all ? (size_t)t * (size_t)c->vocab : 0));
+        }
     }
     return 0;
 }

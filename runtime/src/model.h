@@ -14,6 +14,7 @@
 
 #define MPM_MAX_EOS 8
 #define MPM_MAX_GROUPS 1024
+#define MPM_CHUNK 16 /* tokens per forward chunk (prefill) */
 
 enum { MPM_MIXTRAL = 0, MPM_QWEN3_MOE, MPM_DEEPSEEK_V3 };
 
@@ -102,9 +103,10 @@ void mpm_set_lookahead(mpm_model *m, int on);
 uint64_t mpm_kv_bytes(const mpm_config *c, int ctx);
 uint64_t mpm_scratch_bytes(const mpm_config *c);
 
-/* Runs one token at position pos (= number of tokens already cached); writes vocab logits if
- * logits != NULL.  Returns 0 or an MP_E* code (message in mpm_error). */
-int mpm_forward(mpm_model *m, int32_t token, int pos, float *logits);
+/* Runs n <= MPM_CHUNK tokens at positions pos.. (pos = tokens already cached).  logits: NULL,
+ * or vocab floats for the last token (all = 0) or n x vocab (all = 1).  Each token's result is
+ * bit-identical whatever n is.  Returns 0 or an MP_E* code (message in mpm_error). */
+int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logits, int all);
 const char *mpm_error(const mpm_model *m);
 double mpm_now(void); /* monotonic seconds */
 int mpm_ctx(const mpm_model *m);

@@ -48,7 +48,7 @@ struct mpm_model {
     /* caches: GQA k/v [L][ctx][kv*hd]; MLA latent [L][ctx][kv_lora] and k_rope [L][ctx][rope] */
     float *kc, *vc;
     /* scratch */
-    float *x, *xn, *tmp, *q, *kbuf, *vbuf, *att, *scores, *cosb, *sinb;
+    float *xn, *tmp, *q, *kbuf, *vbuf, *att, *scores, *cosb, *sinb;
     float *qlat, *olat, *lat;
     float *router_logits, *moe_out, *eo, *g, *u, *xr, *ar;
     float *lut[3];
@@ -56,6 +56,10 @@ struct mpm_model {
     const uint8_t **recs;
     float *selw;
     int32_t *ahead; /* look-ahead predictions */
+    /* chunk buffers (MPM_CHUNK tokens): residual, normalised input, block output, per-token
+     * routing and per-rank expert outputs, distinct experts of the chunk */
+    float *bx, *bxn, *bout, *bselw, *beo;
+    int32_t *bsel, *uniq;
     float *aheadw, *choice;
     uint8_t *allowed;
     double io_wait;
@@ -66,7 +70,7 @@ struct mpm_model {
 int mpm_rope_init(mpm_model *m);
 void mpm_attention(mpm_model *m, int layer, int pos);
 /* model_moe.c */
-int mpm_moe(mpm_model *m, int layer, const float *xn, float *out);
+int mpm_moe(mpm_model *m, int layer, int T, const float *xn, float *out);
 void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, const float *xn, float *out);
 void mpm_route(const mpm_model *m, int layer, const float *xn, float *logits_scratch,
                int32_t *sel, float *w);

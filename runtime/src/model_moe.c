@@ -105,41 +105,71 @@ static void build_lut(mpm_model *m, const mpm_layer *ly, int p, const float *x, 
     mpk_rvq_lut(m->pool, ly->cbt[p], ly->stages[p], in, n, m->lut[p]);
 }
 
-int mpm_moe(mpm_model *m, int l, const float *xn, float *out) {
+/* MoE block for a chunk of T tokens (xn: T x hidden, normalised).  Routed experts are fetched
+ * in groups of at most top_k records (the pinned working set the memory plan allows), each group
+ * with one acquire, and computed for every token of the chunk routed to them; each token's
+ * outputs are kept per routing rank and summed in rank order at the end, so a token gets exactly
+ * the same arithmetic whatever the chunk size (chunked prefill == token by token, bit for bit). */
+int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
     const mpm_config *c = &m->c;
     const mpm_layer *ly = &m->layers[l];
     const int64_t H = c->hidden, I = c->moe_inter, K = c->top_k;
-    mpm_route(m, l, xn, m->router_logits, m->sel, m->selw);
-    build_lut(m, ly, 0, xn, H);
-    build_lut(m, ly, 1, xn, H);
-    /* all of this layer's reads are issued together by acquire */
-    char msg[192] = "";
-    double t0 = mpm_now();
-    int rc = m->io.acquire(m->io.user, l, m->sel, (int)K, m->recs, msg, sizeof msg);
-    m->io_wait += mpm_now() - t0;
-    if (rc) {
-        snprintf(m->err, sizeof m->err, "%s", msg[0] ? msg : "expert records could not be read");
-        return rc;
+    for (int t = 0; t < T; t++)
+        mpm_route(m, l, xn + t * H, m->router_logits, m->bsel + t * K, m->bselw + t * K);
+    /* distinct experts in order of first use */
+    int nu = 0;
+    for (int64_t i = 0; i < T * K; i++) {
+        int e = m->bsel[i], seen = 0;
+        for (int u = 0; u < nu && !seen; u++) seen = m->uniq[u] == e;
+        if (!seen) m->uniq[nu++] = e;
     }
-    memset(m->moe_out, 0, (size_t)H * sizeof(float));
-    for (int64_t i = 0; i < K; i++) {
-        mpk_rvq wg, wu, wd;
-        rvq_part(ly, 0, m->recs[i], I, H, &wg);
-        rvq_part(ly, 1, m->recs[i], I, H, &wu);
-        rvq_part(ly, 2, m->recs[i], H, I, &wd);
-        mpk_rvq_matvec(m->pool, &wg, m->lut[0], m->g);
-        mpk_rvq_matvec(m->pool, &wu, m->lut[1], m->u);
-        for (int64_t j = 0; j < I; j++) m->g[j] = mpk_silu(m->g[j]) * m->u[j];
-        build_lut(m, ly, 2, m->g, I);
-        mpk_rvq_matvec(m->pool, &wd, m->lut[2], m->eo);
-        mpk_axpy(m->moe_out, m->selw[i], m->eo, H);
+    for (int g0 = 0; g0 < nu; g0 += (int)K) {
+        int ng = nu - g0 < (int)K ? nu - g0 : (int)K;
+        const int *grp = m->uniq + g0;
+        char msg[192] = "";
+        double t0 = mpm_now();
+        int rc = m->io.acquire(m->io.user, l, grp, ng, m->recs, msg, sizeof msg);
+        m->io_wait += mpm_now() - t0;
+        if (rc) {
+            snprintf(m->err, sizeof m->err, "%s", msg[0] ? msg : "expert records could not be read");
+            return rc;
+        }
+        for (int t = 0; t < T; t++) {
+            const float *x = xn + t * H;
+            int luts = 0;
+            for (int64_t i = 0; i < K; i++) {
+                int gi = -1;
+                for (int u = 0; u < ng; u++)
+                    if (grp[u] == m->bsel[t * K + i]) gi = u;
+                if (gi < 0) continue;
+                if (!luts) { /* gate/up tables: once per token per group (once per token at T = 1) */
+                    build_lut(m, ly, 0, x, H);
+                    build_lut(m, ly, 1, x, H);
+                    luts = 1;
+                }
+                mpk_rvq wg, wu, wd;
+                rvq_part(ly, 0, m->recs[gi], I, H, &wg);
+                rvq_part(ly, 1, m->recs[gi], I, H, &wu);
+                rvq_part(ly, 2, m->recs[gi], H, I, &wd);
+                mpk_rvq_matvec(m->pool, &wg, m->lut[0], m->g);
+                mpk_rvq_matvec(m->pool, &wu, m->lut[1], m->u);
+                for (int64_t j = 0; j < I; j++) m->g[j] = mpk_silu(m->g[j]) * m->u[j];
+                build_lut(m, ly, 2, m->g, I);
+                mpk_rvq_matvec(m->pool, &wd, m->lut[2], m->beo + (t * K + i) * H);
+            }
+        }
+        m->io.release(m->io.user, l, grp, ng);
     }
-    m->io.release(m->io.user, l, m->sel, (int)K);
-    if (ly->has_shared) {
-        mpm_ffn_dense(m, &ly->shared, xn, out);
-        for (int64_t j = 0; j < H; j++) out[j] = m->moe_out[j] + out[j];
-    } else {
-        memcpy(out, m->moe_out, (size_t)H * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        float *o = out + t * H;
+        memset(m->moe_out, 0, (size_t)H * sizeof(float));
+        for (int64_t i = 0; i < K; i++) mpk_axpy(m->moe_out, m->bselw[t * K + i], m->beo + (t * K + i) * H, H);
+        if (ly->has_shared) {
+            mpm_ffn_dense(m, &ly->shared, xn + t * H, o);
+            for (int64_t j = 0; j < H; j++) o[j] = m->moe_out[j] + o[j];
+        } else {
+            memcpy(o, m->moe_out, (size_t)H * sizeof(float));
+        }
     }
     return 0;
 }
