@@ -1,0 +1,480 @@
+"""Quantisation quality measured against the original model on real text (issue 8).
+
+One container against its source checkpoint:
+
+    python -m bench.quality --container m.moepack --reference demo/model --text demo/heldout.txt \
+        [--ctx 256] [--first 128] [--windows N] [--json]
+
+runs the container in the moepack runtime (C engine, teacher-forced) and the original checkpoint
+in `transformers` (float32 arithmetic on the stored weights) over the same token ids and prints
+the statistics of bench/kl.py: mean / median / p99 KL(original ‖ container), top-1 agreement,
+perplexity of each and their ratio.
+
+Windows follow llama.cpp's `llama-perplexity --kl-divergence`: the text is tokenized once
+(without special tokens) and cut into consecutive non-overlapping windows of ctx tokens, each
+being BOS followed by ctx − 1 text tokens; only positions first … ctx − 2 are scored (each
+predicts the next token of the window), so every scored token has at least `first` tokens of
+context. Default first = ctx / 2, as llama.cpp.
+
+The whole matrix (every expert preset, trunk settings, llama.cpp's Q3_K_M / Q4_K_M) and
+docs/QUALITY.md:
+
+    python -m bench.quality --matrix --reference demo/model --text demo/heldout.txt \
+        [--workdir /tmp/moepack-quality] [--doc docs/QUALITY.md] [--no-llama]
+
+Results are kept in WORKDIR/results.json (a rerun skips the rows already there unless --redo);
+`--render` rewrites the doc from that file alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench import kl
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "QUALITY.md"
+
+
+# ------------------------------------------------------------------------------------ text
+@dataclass(frozen=True)
+class Windows:
+    tokens: np.ndarray   # int64 [W, ctx]: BOS + ctx-1 text tokens each
+    first: int           # first scored position
+    text_tokens: int     # tokens of the whole text
+
+    @property
+    def ctx(self) -> int:
+        return int(self.tokens.shape[1])
+
+    @property
+    def targets(self) -> np.ndarray:  # [W, ctx-1-first]: token that follows each scored position
+        return self.tokens[:, self.first + 1:]
+
+    @property
+    def positions(self) -> int:
+        return int(self.targets.size)
+
+
+def bos_id(src_dir: Path) -> int:
+    cfg = json.loads((Path(src_dir) / "config.json").read_text())
+    bos = cfg.get("bos_token_id")
+    if isinstance(bos, list):
+        bos = bos[0]
+    if bos is None:
+        raise SystemExit(f"{src_dir}/config.json has no bos_token_id")
+    return int(bos)
+
+
+def tokenize(src_dir: Path, text: str) -> list[int]:
+    """Token ids of `text` by the checkpoint's tokenizer.json, no special tokens added."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(src_dir) / "tokenizer.json"))
+    return tok.encode(text, add_special_tokens=False).ids
+
+
+def make_windows(ids: list[int], bos: int, ctx: int, first: int | None = None,
+                 max_windows: int | None = None) -> Windows:
+    """Consecutive windows [BOS, t_i … t_{i+ctx-2}] over `ids` (a partial last one is dropped)."""
+    if ctx < 4:
+        raise ValueError("ctx must be at least 4")
+    first = ctx // 2 if first is None else first
+    if not 0 <= first <= ctx - 2:
+        raise ValueError(f"first must be in 0..{ctx - 2}")
+    step = ctx - 1
+    n = len(ids) // step
+    if max_windows is not None:
+        n = min(n, max_windows)
+    if n == 0:
+        raise ValueError(f"text has {len(ids)} tokens, fewer than one window of {ctx}")
+    body = np.asarray(ids[: n * step], dtype=np.int64).reshape(n, step)
+    toks = np.concatenate([np.full((n, 1), bos, dtype=np.int64), body], axis=1)
+    return Windows(toks, first, len(ids))
+
+
+def load_windows(src_dir: Path, text_path: Path, ctx: int, first: int | None,
+                 max_windows: int | None) -> Windows:
+    ids = tokenize(src_dir, Path(text_path).read_text(encoding="utf-8"))
+    return make_windows(ids, bos_id(src_dir), ctx, first, max_windows)
+
+
+# ------------------------------------------------------------------------------------ models
+def reference_logits(src_dir: Path, win: Windows, batch: int = 4,
+                     threads: int | None = None) -> np.ndarray:
+    """float32 [W, ctx-1-first, vocab]: the original checkpoint in transformers, float32 math."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if threads:
+        torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(src_dir, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(win.tokens), batch):
+            t = torch.from_numpy(win.tokens[i:i + batch])
+            lg = model(t, use_cache=False).logits[:, win.first:win.ctx - 1]
+            out.append(lg.float().numpy())
+    return np.concatenate(out)
+
+
+def container_logits(path: Path, win: Windows, threads: int | None = None) -> np.ndarray:
+    """float32 [W, ctx-1-first, vocab]: the container in the moepack engine (all in RAM)."""
+    from moepack.runtime.engine import Engine
+
+    out = []
+    with Engine(str(path), threads=threads, ctx=win.ctx) as eng:
+        for row in win.tokens:
+            out.append(eng.logits(row.tolist())[win.first:win.ctx - 1])
+    return np.stack(out)
+
+
+def statistics(ref: np.ndarray, q: np.ndarray, win: Windows) -> dict:
+    parts = [kl.position_stats(ref[i], q[i], win.targets[i]) for i in range(len(ref))]
+    return kl.summarize(kl.concat(parts))
+
+
+def container_size(path: Path) -> dict:
+    from moepack.format.info import container_info
+    from moepack.format.reader import Container
+
+    with Container.open(path) as c:
+        info = container_info(c)
+        blobs = sum(s["length"] for s in c.sections if s["type"] == "blob")
+    w = info["bytes"]
+    weight_bytes = w["trunk"] + w["experts"] + w["codebooks"]
+    return {
+        "file_size": info["file_size"],
+        "weight_bytes": weight_bytes,
+        "blob_bytes": blobs,
+        "parameters": info["parameters"]["total"],
+        "bpw": info["bits_per_weight"]["overall"],
+        "bpw_experts": info["bits_per_weight"]["experts"],
+        "bpw_experts_payload": info["bits_per_weight"]["experts_payload"],
+        "bpw_trunk": info["bits_per_weight"]["trunk"],
+        "codecs": {k: v.get("name") + (f"/g{v['group_size']}" if "group_size" in v else "")
+                   + ("+zp" if v.get("zero_point") else "")
+                   + (f"x{v['stages']}" if "stages" in v else "")
+                   for k, v in info["codecs"].items()},
+    }
+
+
+# ------------------------------------------------------------------------------------ one
+def evaluate(container: Path, reference: Path, text: Path, ctx: int = 256,
+             first: int | None = None, max_windows: int | None = None,
+             threads: int | None = None) -> dict:
+    win = load_windows(reference, text, ctx, first, max_windows)
+    t0 = time.monotonic()
+    ref = reference_logits(reference, win, threads=threads)
+    t1 = time.monotonic()
+    q = container_logits(container, win, threads=threads)
+    t2 = time.monotonic()
+    res = statistics(ref, q, win)
+    res.update(container_size(container))
+    res.update(ctx=win.ctx, first=win.first, windows=len(win.tokens), text_tokens=win.text_tokens,
+               seconds_reference=round(t1 - t0, 2), seconds_container=round(t2 - t1, 2))
+    return res
+
+
+FMT_HEAD = ("| setting | file MB | weights bpw | experts bpw | mean KL ± se | median KL | p99 KL "
+            "| top-1 % | PPL orig | PPL quant | PPL ratio |")
+FMT_RULE = "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+
+
+def fmt_kl(v: float) -> str:
+    """4 decimals, or 2 significant digits below 0.001 (so ~0 does not read as 0.0000)."""
+    return f"{v:.4f}" if v >= 1e-3 or v == 0 else f"{v:.1e}"
+
+
+def fmt_row(name: str, r: dict) -> str:
+    def g(k, f):
+        v = r.get(k)
+        return "—" if v is None else format(v, f)
+
+    file_mb = "—" if r.get("file_size") is None else f"{r['file_size'] / 1e6:.2f}"
+    return (f"| {name} | {file_mb} | {g('bpw', '.2f')} | {g('bpw_experts', '.2f')} "
+            f"| {fmt_kl(r['kl_mean'])} ± {fmt_kl(r['kl_mean_se'])} | {fmt_kl(r['kl_median'])} "
+            f"| {fmt_kl(r['kl_p99'])} | {100 * r['top1']:.2f} | {r['ppl_ref']:.3f} "
+            f"| {r['ppl_q']:.3f} | {r['ppl_ratio']:.4f} |")
+
+
+# ------------------------------------------------------------------------------------ matrix
+# (name, expert preset, trunk overrides as Settings.trunk, group in the doc)
+QUANTISED_TRUNK = ("attn", "embed", "lm_head", "shared_expert", "dense_ffn")
+SETTINGS: list[tuple[str, str, tuple[tuple[str, str], ...], str]] = [
+    ("rvq3 (default)", "rvq3", (), "experts"),
+    ("rvq3-baseline", "rvq3-baseline", (), "experts"),
+    ("rvq3-hadamard", "rvq3-hadamard", (), "experts"),
+    ("rvq2", "rvq2", (), "experts"),
+    ("rvq4", "rvq4", (), "experts"),
+    ("rvq3, trunk f32 (experts' error alone)", "rvq3",
+     tuple((c, "f32") for c in QUANTISED_TRUNK), "trunk"),
+    ("rvq3, attn q8 (default)", "rvq3", (), "trunk"),
+    ("rvq3, attn q4", "rvq3", (("attn", "q4"),), "trunk"),
+    ("rvq3, attn q4-zp", "rvq3", (("attn", "q4-zp"),), "trunk"),
+    ("rvq3, all trunk q4 (`--trunk-codec q4`)", "rvq3",
+     tuple((c, "q4") for c in QUANTISED_TRUNK), "trunk"),
+]
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name).strip("_")[:60]
+
+
+def _convert(src: Path, out: Path, preset: str, trunk) -> float:
+    from moepack.convert.pipeline import convert
+    from moepack.convert.progress import Reporter
+    from moepack.convert.settings import Settings
+
+    t0 = time.monotonic()
+    convert(src, out, Settings(expert_preset=preset, trunk=tuple(sorted(trunk))), jobs=1,
+            force=True, restart=True, reporter=Reporter())
+    return time.monotonic() - t0
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def environment() -> dict:
+    cpu = "?"
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+        cpu = (f"{fields.get('Model name', '?').strip()}, {fields.get('CPU(s)', '?').strip()} "
+               f"CPU(s), flags avx2={'avx2' in fields.get('Flags', '')} "
+               f"avx512f={'avx512f' in fields.get('Flags', '')}")
+    except OSError:
+        pass
+    versions = {}
+    for mod in ("torch", "transformers", "numpy", "llama_cpp"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - absent or broken: say so
+            versions[mod] = "not installed"
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "commit": _git("rev-parse", "--short", "HEAD") + (" (+ uncommitted changes)"
+                                                              if dirty and dirty != "?" else ""),
+            "cpu": cpu, "python": platform.python_version(), "versions": versions}
+
+
+def _save(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def matrix(args) -> dict:
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    res_path = work / "results.json"
+    data = json.loads(res_path.read_text()) if res_path.exists() and not args.redo else {}
+    data.setdefault("rows", {})
+    src, text = Path(args.reference), Path(args.text)
+    win = load_windows(src, text, args.ctx, args.first, args.windows)
+    data["text"] = {"file": str(text), "bytes": text.stat().st_size,
+                    "text_tokens": win.text_tokens, "windows": len(win.tokens), "ctx": win.ctx,
+                    "first": win.first, "positions": win.positions}
+    data["env"] = environment()
+    ref_path = work / f"ref_logits_ctx{win.ctx}_f{win.first}_w{len(win.tokens)}.npy"
+    if ref_path.exists():
+        ref = np.load(ref_path, mmap_mode="r")
+    else:
+        t0 = time.monotonic()
+        ref = reference_logits(src, win, threads=args.threads)
+        np.save(ref_path, ref)
+        print(f"reference logits {ref.shape} in {time.monotonic() - t0:.0f} s", flush=True)
+    for name, preset, trunk, group in SETTINGS:
+        if args.only and not any(o in name for o in args.only):
+            continue
+        if name in data["rows"]:
+            continue
+        out = work / f"{_slug(name)}.moepack"
+        secs = _convert(src, out, preset, trunk)
+        t0 = time.monotonic()
+        q = container_logits(out, win, threads=args.threads)
+        row = statistics(ref, q, win)
+        row.update(container_size(out), group=group, convert_seconds=round(secs, 1),
+                   eval_seconds=round(time.monotonic() - t0, 1))
+        data["rows"][name] = row
+        print(fmt_row(name, row), flush=True)
+        _save(res_path, data)
+        out.unlink(missing_ok=True)
+    if args.llama and "llama" not in data:
+        from bench import llama_quality
+
+        data["llama"] = llama_quality.run(src, win, ref, work, threads=args.threads)
+        _save(res_path, data)
+    _save(res_path, data)
+    return data
+
+
+# ------------------------------------------------------------------------------------ doc
+def render(data: dict) -> str:
+    env, txt, rows = data["env"], data["text"], data["rows"]
+    lines = [
+        "# Quantisation quality against the original model",
+        "",
+        "Generated by `python -m bench.quality --matrix` (bench/quality.py, statistics in",
+        "bench/kl.py, llama.cpp side in bench/llama_quality.py); do not edit the tables by hand.",
+        "",
+        f"- **Date**: {env['date']}; **commit**: {env['commit']}",
+        f"- **Hardware**: {env['cpu']} (shared with other jobs; timings are not benchmarks)",
+        f"- **Software**: Python {env['python']}, "
+        + ", ".join(f"{k} {v}" for k, v in env["versions"].items()),
+        "- **Model**: the demo model (`demo/model`, Mixtral: 4 layers, 8 experts, top-2; "
+        "stored bf16, run by transformers in float32 arithmetic = \"original\").",
+        f"- **Text**: `{txt['file']}` ({txt['bytes']:,} bytes, {txt['text_tokens']:,} tokens, "
+        "held out from training), tokenized by the demo tokenizer; "
+        f"{txt['windows']} windows of {txt['ctx']} tokens (BOS + {txt['ctx'] - 1} text tokens), "
+        f"positions {txt['first']}…{txt['ctx'] - 2} of each scored: "
+        f"**{txt['positions']:,} positions**.",
+        "",
+        "Statistics (llama.cpp `--kl-divergence` methodology): KL(original ‖ quantised) of the",
+        "next-token distributions in nats, computed in float64 from full-vocabulary logits;",
+        "top-1 = share of positions where both models' most likely next token agree; PPL =",
+        "exp(mean negative log-likelihood of the actual next token); ratio = PPL quant / PPL",
+        "orig. ± is one",
+        "standard error of the mean over positions (positions are correlated within a window, so",
+        "it is a lower bound). *weights bpw* = 8 × (trunk + expert + codebook bytes) / parameters;",
+        "*experts bpw* = expert bytes (records incl. row scales and alignment padding) / expert",
+        "parameters. *file MB* includes the tokenizer blobs and the index.",
+        "",
+    ]
+
+    def table(group: str) -> list[str]:
+        out = [FMT_HEAD, FMT_RULE]
+        for name, r in rows.items():
+            if r.get("group") == group:
+                out.append(fmt_row(name, r))
+        return out
+
+    lines += ["## moepack: expert codec presets (trunk default: q8 attention/embeddings, f32 norms "
+              "and router)", ""]
+    lines += table("experts")
+    lines += ["", "## moepack: trunk settings (experts rvq3)", ""]
+    lines += table("trunk")
+    lines += [""]
+    lines += render_llama(data.get("llama"), rows)
+    return "\n".join(lines) + "\n"
+
+
+def render_llama(ll: dict | None, rows: dict) -> list[str]:
+    lines = ["## llama.cpp on the same model and token ids", ""]
+    if not ll:
+        return lines + ["Not measured (run with llama-cpp-python installed)."]
+    if ll.get("error"):
+        lines += [f"**Not measured**: {ll['error']}", ""]
+        if not ll.get("rows"):
+            return lines
+    lines += ll.get("notes", []) + [""]
+    lines += [FMT_HEAD.replace("experts bpw", "expert tensors bpw"), FMT_RULE]
+    for name, r in ll.get("rows", {}).items():
+        lines.append(fmt_row(name, r))
+    lines += ["", "## Side by side: does the default beat Q3_K_M?", ""]
+    d = rows.get("rvq3 (default)")
+    q3 = ll.get("rows", {}).get("Q3_K_M vs llama.cpp F32")
+    q4 = ll.get("rows", {}).get("Q4_K_M vs llama.cpp F32")
+    if d and q3:
+        lines += [FMT_HEAD, FMT_RULE, fmt_row("moepack rvq3 (default) vs original", d),
+                  fmt_row("llama.cpp Q3_K_M vs its F32", q3)]
+        if q4:
+            lines.append(fmt_row("llama.cpp Q4_K_M vs its F32", q4))
+        lines += [""] + verdict(d, q3, q4)
+    return lines
+
+
+def verdict(d: dict, q3: dict, q4: dict | None) -> list[str]:
+    def sig(a, b):  # a < b by more than 2 standard errors (combined)
+        se = math.hypot(a["kl_mean_se"], b["kl_mean_se"])
+        return a["kl_mean"] + 2 * se < b["kl_mean"]
+
+    better_kl = d["kl_mean"] < q3["kl_mean"]
+    better_top1 = d["top1"] > q3["top1"]
+    smaller_file = d["file_size"] < q3["file_size"]
+    smaller_w = d["weight_bytes"] < q3["weight_bytes"]
+    out = [
+        f"- Mean KL: rvq3 {d['kl_mean']:.4f} vs Q3_K_M {q3['kl_mean']:.4f} → "
+        + ("**lower**" if better_kl else "**higher**")
+        + (" (by more than 2 s.e.)" if sig(d, q3) or sig(q3, d) else " (within 2 s.e.)") + ".",
+        f"- Top-1 agreement: {100 * d['top1']:.2f} % vs {100 * q3['top1']:.2f} %.",
+        f"- File: {d['file_size'] / 1e6:.2f} MB vs {q3['file_size'] / 1e6:.2f} MB → "
+        + ("smaller" if smaller_file else "**larger**") + "; weights alone "
+        f"{d['weight_bytes'] / 1e6:.2f} MB vs {q3['weight_bytes'] / 1e6:.2f} MB → "
+        + ("smaller" if smaller_w else "**larger**") + ".",
+        "- Goal (track the original better than Q3_K_M tracks its F32, with a smaller file): **"
+        + ("met" if better_kl and better_top1 and smaller_file else "not met") + "**.",
+    ]
+    if q4:
+        out.append("- Moonshot (Q4_K_M quality at 3 bits): mean KL "
+                   f"{d['kl_mean']:.4f} vs Q4_K_M {q4['kl_mean']:.4f} → **"
+                   + ("met" if d["kl_mean"] <= q4["kl_mean"] else "not met") + "**.")
+    return out
+
+
+def write_doc(data: dict, doc: Path) -> None:
+    doc.write_text(render(data))
+    print(f"wrote {doc}")
+
+
+# ------------------------------------------------------------------------------------ cli
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n")[0])
+    ap.add_argument("--container", type=Path, help="container to evaluate")
+    ap.add_argument("--reference", type=Path, required=True,
+                    help="the original Hugging Face checkpoint directory")
+    ap.add_argument("--text", type=Path, required=True, help="held-out text (UTF-8)")
+    ap.add_argument("--ctx", type=int, default=256, help="window length in tokens (incl. BOS)")
+    ap.add_argument("--first", type=int, default=None, help="first scored position (ctx/2)")
+    ap.add_argument("--windows", type=int, default=None, help="at most this many windows")
+    ap.add_argument("--threads", type=int, default=None, help="threads (engine and torch)")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    ap.add_argument("--matrix", action="store_true", help="run every setting, write the doc")
+    ap.add_argument("--render", action="store_true", help="only rewrite the doc from results")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/moepack-quality"))
+    ap.add_argument("--doc", type=Path, default=DOC)
+    ap.add_argument("--no-llama", dest="llama", action="store_false")
+    ap.add_argument("--only", nargs="*", help="matrix rows whose name contains one of these")
+    ap.add_argument("--redo", action="store_true", help="ignore earlier results.json")
+    args = ap.parse_args(argv)
+    if args.render:
+        write_doc(json.loads((args.workdir / "results.json").read_text()), args.doc)
+        return 0
+    if args.matrix:
+        data = matrix(args)
+        write_doc(data, args.doc)
+        return 0
+    if not args.container:
+        ap.error("--container is required (or --matrix)")
+    r = evaluate(args.container, args.reference, args.text, args.ctx, args.first, args.windows,
+                 args.threads)
+    if args.json:
+        print(json.dumps(r, sort_keys=True))
+    else:
+        print(f"{r['windows']} windows × ctx {r['ctx']}, {r['positions']} positions scored "
+              f"(from position {r['first']})")
+        print(FMT_HEAD)
+        print(FMT_RULE)
+        print(fmt_row(args.container.name, r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
