@@ -120,7 +120,7 @@ def _prompt_ids(file: Path, prompt: str, tokens: str | None):
         tok = Tokenizer.from_container(str(file))
     except (TokenizerError, OSError) as e:
         _fail(str(e))
-    return tok.encode(prompt), tok
+    return tok.encode_prompt(prompt), tok
 
 
 def run_cmd(

@@ -53,6 +53,20 @@ class Tokenizer:
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
+    @property
+    def bos_id(self) -> int | None:
+        return self.token_id(self.bos_token)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt as the model saw documents in training: the tokenizer's own special tokens,
+        plus the BOS token in front when the tokenizer has one and did not add it (some
+        tokenizer.json post-processors add no BOS; `add_bos_token: false` turns this off)."""
+        ids = self.encode(text)
+        bos = self.bos_id
+        if self.config.get("add_bos_token", True) and bos is not None and ids[:1] != [bos]:
+            ids = [bos, *ids]
+        return ids
+
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

@@ -53,7 +53,7 @@ def test_run_streams_text_then_stats(mixtral):
     assert r.exit_code == 0, r.output
     lines = r.output.strip().splitlines()
     assert STATS.fullmatch(lines[-1]), lines[-1]
-    assert "prompt 3 tok" in lines[-1]
+    assert "prompt 4 tok" in lines[-1]  # <s> w5 w9 w12: BOS added (the tokenizer adds none)
 
 
 def test_run_json_matches_engine_greedy(mixtral):
@@ -113,6 +113,9 @@ def test_tokenizer_and_chat_template(mixtral):
     tok = Tokenizer.from_container(str(mixtral))
     ids = tok.encode("w5 w9 w12")
     assert ids == [5, 9, 12] and tok.decode(ids) == "w5 w9 w12" and tok.eos_id == 2
+    assert tok.encode_prompt("w5 w9 w12") == [1, 5, 9, 12]
+    tok.config["add_bos_token"] = False
+    assert tok.encode_prompt("w5") == [5]
     msgs = [{"role": "user", "content": "w5"}, {"role": "assistant", "content": "w6"}]
     assert tok.render_chat(msgs) == "w5 w6 "
     d = StreamDecoder(tok)
