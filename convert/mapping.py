@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moepack.convert.adapters import EXPERT_PARTS, Adapter, TrunkTensor
+from moepack.convert.errors import SourceError
 from moepack.convert.source import Checkpoint, SourceRef
 
 
@@ -31,8 +32,20 @@ def bind(ck: Checkpoint, adapter: Adapter) -> SourceMap:
     for layer in adapter.moe_layers():
         for e in range(count):
             refs = adapter.expert_refs(layer, e, names)
+            if e == 0:
+                _check_fused_count(ck, refs, count)
             for part in EXPERT_PARTS:
                 ck.check_shape(refs[part], adapter.expert_shape(part),
                                f"layers.{layer} expert {e} {part}")
             experts[(layer, e)] = refs
     return SourceMap(tuple(trunk), experts)
+
+
+def _check_fused_count(ck: Checkpoint, refs: dict[str, SourceRef], count: int) -> None:
+    """A fused `[E, ...]` expert tensor must hold exactly the config's number of experts."""
+    for ref in refs.values():
+        if ref.index is not None:
+            info = ck.info(ref.name)
+            if info.shape[0] != count:
+                raise SourceError(f"{info.file}: tensor {ref.name!r} holds {info.shape[0]} "
+                                  f"experts, but config.json says {count}")

@@ -137,3 +137,21 @@ def test_tied_embeddings_have_no_lm_head(tmp_path):
     assert a.model["tie_word_embeddings"] is True
     assert "lm_head" not in [t.name for t in a.trunk()]
     bind(ck, a)
+
+
+def test_fused_expert_count_must_match_config(ckpts, tmp_path):
+    import shutil
+
+    src = tmp_path / "q"
+    shutil.copytree(ckpts[("qwen3_moe", "fused")], src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["num_experts"] = 8  # the file holds 9
+    (src / "config.json").write_text(json.dumps(cfg))
+    ck = Checkpoint(src)
+    with pytest.raises(SourceError, match=r"\[9, 36\], but config.json implies \[8, 36\]"):
+        bind(ck, adapter_for(ck.config))  # the router notices first
+    from moepack.convert.mapping import _check_fused_count
+
+    refs = adapter_for(ck.config).expert_refs(0, 0, ck.tensors.keys())
+    with pytest.raises(SourceError, match="gate_up_proj' holds 9 experts, but config.json says 8"):
+        _check_fused_count(ck, refs, 8)
