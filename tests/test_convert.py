@@ -256,3 +256,23 @@ def test_banded_trunk_encoding_gives_same_bytes(sources, reference, tmp_path, mo
     out = tmp_path / "b.moepack"
     convert(sources["qwen3_moe"], out, FAST)
     assert out.read_bytes() == reference["qwen3_moe"][1].read_bytes()
+
+
+def test_journal_drops_a_torn_last_line(tmp_path):
+    from moepack.convert.journal import Journal, differences
+
+    path = tmp_path / "x.journal"
+    j = Journal.create(path, {"settings": {"seed": 0}})
+    j.record([("tensor:embed", "aa"), ("expert:0:1", "bb")])
+    j.close()
+    with open(path, "ab") as f:
+        f.write(b'{"u": "expert:0:2", "h"')  # killed in the middle of an append
+    j = Journal.resume(path)
+    assert j.done == {"tensor:embed": "aa", "expert:0:1": "bb"}
+    j.record([("expert:0:2", "cc")])
+    j.close()
+    j = Journal.resume(path)
+    assert j.done["expert:0:2"] == "cc"
+    j.close()
+    assert differences({"a": {"b": 1, "c": [1, 2]}}, {"a": {"b": 2, "c": [1, 3]}}) == \
+        ["a.b: was 1, now 2", "a.c[1]: was 2, now 3"]
