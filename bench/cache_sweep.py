@@ -70,7 +70,13 @@ def run_sweep(model: Path, *, cap: int, prompt: list[int], tokens: int, threads:
     with Container.open(model) as c:
         every = sum(b["count"] * b["stride"] for b in c.banks())
     points = []
+    killed_at = None
     for label, budget in sweep_points(p, cap, every):
+        if killed_at is not None:  # a smaller budget already died: larger ones die the same way
+            points.append({"label": label, "budget_bytes": budget, "budget_over_cap":
+                           budget / cap, "rc": None, "skipped": f"killed at {killed_at}",
+                           "error": [f"not run: {killed_at / 1e9:.2f} GB was already killed"]})
+            continue
         drop_cache(model)
         m = cgroup.run([sys.executable, "-m", "bench.cache_sweep", "--child", "--model",
                         str(model), "--budget", str(budget), "--prompt",
@@ -88,6 +94,8 @@ def run_sweep(model: Path, *, cap: int, prompt: list[int], tokens: int, threads:
         else:
             pt["error"] = m.stderr_tail.strip().splitlines()[-1:] or [f"rc {m.rc}"]
             pt["killed"] = m.rc < 0 or m.rc == 137
+            if pt["killed"] and budget > cap:
+                killed_at = budget
         points.append(pt)
         keys = ("budget_bytes", "hit_rate", "decode_tok_s", "rc")
         print(f"  sweep {label:>16}: {json.dumps({k: pt.get(k) for k in keys})}", flush=True)

@@ -6,6 +6,12 @@ Run as a child (usually inside bench.cgroup): loads the GGUF with llama.cpp's de
 mlock off), feeds the prompt token ids, then decodes greedily one token at a time, `--passes`
 times from a fresh KV cache (pass 1 = what a cold start costs, later passes = steady state with
 whatever the page cache kept). Prints one JSON line with the timings of every pass.
+
+One deviation from llama.cpp's defaults, on purpose: `use_extra_bufts = False`. With extra buffer
+types on, a CPU that reports AMX makes llama.cpp copy weights into AMX/repacked anonymous buffers
+(no longer mmap), and on this VM the AMX tile instructions then die with SIGILL (the hypervisor
+advertises AMX but does not enable tile state). Without them the weights stay in the mmap, which
+is the GGUF + mmap behaviour the comparison is about.
 """
 
 from __future__ import annotations
@@ -29,12 +35,26 @@ def available() -> str | None:
 def decode(model: str, prompt: list[int], tokens: int, threads: int, passes: int,
            ctx: int = 256) -> dict:
     import llama_cpp
+    import llama_cpp.llama_cpp as C
 
+    default_params = C.llama_model_default_params
+
+    def params():  # see the module docstring
+        p = default_params()
+        if hasattr(p, "use_extra_bufts"):
+            p.use_extra_bufts = False
+        return p
+
+    C.llama_model_default_params = params
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(model_path=model, n_ctx=ctx, n_threads=threads,
                           n_threads_batch=threads, n_batch=max(32, len(prompt)), use_mmap=True,
                           use_mlock=False, verbose=False, logits_all=False, n_gpu_layers=0)
     load_s = time.perf_counter() - t0
+    n_vocab = llm.n_vocab()
+
+    def last_logits() -> np.ndarray:  # llm.scores is not filled without logits_all
+        return np.ctypeslib.as_array(C.llama_get_logits(llm._ctx.ctx), shape=(n_vocab,))
     runs = []
     for _ in range(passes):
         llm.reset()
@@ -43,8 +63,7 @@ def decode(model: str, prompt: list[int], tokens: int, threads: int, passes: int
         t2 = time.perf_counter()
         out = []
         for _ in range(tokens):
-            logits = llm.scores[llm.n_tokens - 1]
-            tok = int(np.argmax(logits))
+            tok = int(np.argmax(last_logits()))
             out.append(tok)
             llm.eval([tok])
         t3 = time.perf_counter()

@@ -116,7 +116,7 @@ def engine_run(kind: str, model: Path, cap: int | None, *, tokens: int, threads:
         if kind == "moepack":
             out["hit_rate"] = [x["hit_rate"] for x in p]
             out["budget_bytes"] = p[-1]["budget_bytes"]
-    log(f"  {kind:8s} cap={cap and cap / 1e9:.2f}GB rc={m.rc} tok/s={out.get('tok_s')} "
+    log(f"  {kind:8s} cap={'none' if cap is None else f'{cap / 1e9:.2f}GB'} rc={m.rc} tok/s={out.get('tok_s')} "
         f"read={m.read_bytes / 1e9:.2f}GB peak={(m.peak_cgroup_bytes or 0) / 1e9:.2f}GB")
     return out
 
@@ -124,7 +124,7 @@ def engine_run(kind: str, model: Path, cap: int | None, *, tokens: int, threads:
 def run_others(quick: bool) -> dict:
     """The other helpers' benchmarks, small, as subprocesses; their markdown is kept verbatim."""
     size = "0.5" if quick else "1.5"
-    jobs = {"convert": ["--quick"] if quick else [],
+    jobs = {"convert": ["--size-gb", "0.1" if quick else "0.25"],
             "verify": ["--size-gb", size, "--repeat", "1" if quick else "3"],
             "torrent": ["--size-gb", size]}
     out = {}
@@ -424,10 +424,15 @@ def section(res: dict) -> str:
                            f"{100 * pt['hit_rate']:.0f}% | {pt['decode_tok_s']:.2f} | "
                            f"{_gb(pt['read_bytes'])} | {_gb(pt['peak_cgroup_bytes'])} |")
             else:
-                err = " ".join(pt.get("error", []))[-120:].replace("|", "/")
+                if pt.get("skipped"):
+                    why = "not run (a smaller budget was already killed)"
+                elif pt["rc"] in (-9, 137):
+                    why = "**OOM-killed** by the cgroup (SIGKILL)"
+                else:
+                    err = " ".join(pt.get("error", []))[-120:].replace("|", "/")
+                    why = f"failed rc {pt['rc']}: {err}"
                 out.append(f"| {pt['label']} | {_gb(pt['budget_bytes'])} | "
-                           f"{pt['budget_over_cap']:.2f} | – | – | failed rc {pt['rc']}: {err} "
-                           "| – | – |")
+                           f"{pt['budget_over_cap']:.2f} | – | – | {why} | – | – |")
         out.append("")
     out.append(goals(res))
     oth = res.get("others")
