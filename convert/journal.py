@@ -118,6 +118,11 @@ class Journal:
         self._append({"u": u, "h": h} for u, h in units)
         self.done.update(units)
 
+    def forget(self, units: Iterable[str]) -> None:
+        """Treat units as not done (their bytes are damaged); recording them again wins."""
+        for u in units:
+            self.done.pop(u, None)
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

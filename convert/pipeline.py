@@ -86,11 +86,7 @@ def _plan_summary(plan: Plan, out: Path, jobs: int, free: int, done: int, total:
 
 
 def _unit_lengths(plan: Plan) -> dict[str, int]:
-    out = {tensor_unit(e.name): e.length for e in plan.layout.sections if e.type == "tensor"}
-    out.update({blob_unit(e.name): e.length for e in plan.layout.sections if e.type == "blob"})
-    for b in plan.layout.banks():
-        out.update({expert_unit(b.layer, e): b.stride for e in range(b.count)})
-    return out
+    return {u: n for u, (_, n) in _unit_extents(plan).items()}
 
 
 def _journal_header(plan: Plan, fp: list[dict]) -> dict:
@@ -165,8 +161,11 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
                            f"{free:,} free on {out.parent}; nothing was written")
     if resuming:
         journal = Journal.resume(jpath)
+        bad = _damaged_units(partial, plan, journal.done, rep)
+        journal.forget(bad)
         done = dict(journal.done)
-        rep.message(f"resuming {partial.name}: {len(done)} of {len(lengths)} units done")
+        rep.message(f"resuming {partial.name}: {len(done)} of {len(lengths)} units done"
+                    + (f"; {len(bad)} damaged, redoing them" if bad else ""))
     else:  # journal first: its lock keeps a second run from truncating our partial
         journal = Journal.create(jpath, header)
         try:
@@ -183,6 +182,36 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
         rep.stop()
     journal.remove()
     return _summary(plan, out, cid, t0, len(done), summary_plan, stats.get("peak_rss_worker", 0))
+
+
+def _unit_extents(plan: Plan) -> dict[str, tuple[int, int]]:
+    """unit -> (offset, length) of its bytes in the file."""
+    out = {tensor_unit(e.name): (e.offset, e.length)
+           for e in plan.layout.sections if e.type == "tensor"}
+    out.update({blob_unit(e.name): (e.offset, e.length)
+                for e in plan.layout.sections if e.type == "blob"})
+    for b in plan.layout.banks():
+        out.update({expert_unit(b.layer, e): (b.record_offset(e), b.stride)
+                    for e in range(b.count)})
+    return out
+
+
+def _damaged_units(partial: Path, plan: Plan, done: dict[str, str], rep: Reporter) -> list[str]:
+    """Journaled units whose bytes in the partial file no longer hash as journaled (a disk
+    error, a copied or edited file): they are redone, so the result is still exact."""
+    extents = _unit_extents(plan)
+    rep.hashing(sum(extents.get(u, (0, 0))[1] for u in done), "checking")
+    bad = []
+    fd = os.open(partial, os.O_RDONLY)
+    try:
+        for unit, hexd in done.items():
+            off, n = extents.get(unit, (0, 0))
+            if n == 0 or blake3.blake3(os.pread(fd, n, off)).hexdigest() != hexd:
+                bad.append(unit)
+            rep.hashed(n)
+    finally:
+        os.close(fd)
+    return bad
 
 
 def _run(ck: Checkpoint, out: Path, plan: Plan, tasks: list[Task], journal: Journal,

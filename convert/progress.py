@@ -17,7 +17,7 @@ class Reporter:
     """Silent base: the pipeline calls these hooks; subclasses show them."""
 
     def message(self, text: str) -> None: ...
-    def hashing(self, total: int) -> None: ...
+    def hashing(self, total: int, label: str = "sha256") -> None: ...
     def hashed(self, nbytes: int) -> None: ...
     def start(self, layers: tuple[int, int], experts: tuple[int, int],
               nbytes: tuple[int, int]) -> None: ...
@@ -54,8 +54,8 @@ class RichReporter(Reporter):
             text = f"{int(task.completed)}/{int(task.total or 0)}"
         self.progress.update(task.id, extra=text)
 
-    def hashing(self, total: int) -> None:
-        self._bar("source", "sha256", 0, total)
+    def hashing(self, total: int, label: str = "sha256") -> None:
+        self._bar("source", label, 0, total)
 
     def hashed(self, nbytes: int) -> None:
         self.progress.advance(self._ids["source"], nbytes)

@@ -276,3 +276,24 @@ def test_journal_drops_a_torn_last_line(tmp_path):
     j.close()
     assert differences({"a": {"b": 1, "c": [1, 2]}}, {"a": {"b": 2, "c": [1, 3]}}) == \
         ["a.b: was 1, now 2", "a.c[1]: was 2, now 3"]
+
+
+def test_damaged_partial_units_are_redone_on_resume(sources, reference, tmp_path):
+    out = tmp_path / "d.moepack"
+    _interrupted(sources["deepseek_v3"], out, n=4)
+    partial = tmp_path / "d.moepack.partial"
+    with Container.open(reference["deepseek_v3"][1]) as c:
+        layer = c.banks()[0]["layer"]
+        off, _ = c.expert_range(layer, 0)
+        emb = c.tensor_info("embed")
+    with open(partial, "r+b") as f:  # flip bytes of a finished expert and of the embedding
+        f.seek(off + 10)
+        f.write(b"\xff\xfe")
+        f.seek(emb["offset"])
+        f.write(b"\x00\x01\x02")
+    messages: list[str] = []
+    capture = Reporter()
+    capture.message = messages.append  # type: ignore[method-assign]
+    convert(sources["deepseek_v3"], out, FAST, reporter=capture)
+    assert any("; 2 damaged, redoing them" in m for m in messages), messages
+    assert out.read_bytes() == reference["deepseek_v3"][1].read_bytes()
