@@ -222,21 +222,28 @@ void mpk_row(const mpk_mat *w, int64_t r, float *out) {
 typedef struct {
     const mpk_mat *w;
     const float *x;
+    int64_t n;
     float *y;
 } mv_job;
 
 static void mv_task(void *ctx, size_t t) {
     mv_job *j = ctx;
+    const mpk_mat *w = j->w;
     int64_t r0 = (int64_t)t * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK;
-    if (r1 > j->w->rows) r1 = j->w->rows;
-    for (int64_t r = r0; r < r1; r++) j->y[r] = g_impl->row_dot(j->w, r, j->x);
+    if (r1 > w->rows) r1 = w->rows;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t i = 0; i < j->n; i++) j->y[i * w->rows + r] = g_impl->row_dot(w, r, j->x + i * w->cols);
+}
+
+void mpk_matmat(mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y) {
+    mv_job j = {w, x, n, y};
+    size_t ntasks = (size_t)((w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK);
+    /* tiny matrices: thread wake-up costs more than the work */
+    mpk_pool_run(w->rows * w->cols * n < 32768 ? NULL : pool, ntasks, mv_task, &j);
 }
 
 void mpk_matvec(mpk_pool *pool, const mpk_mat *w, const float *x, float *y) {
-    mv_job j = {w, x, y};
-    size_t ntasks = (size_t)((w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK);
-    /* tiny matrices: thread wake-up costs more than the work */
-    mpk_pool_run(w->rows * w->cols < 32768 ? NULL : pool, ntasks, mv_task, &j);
+    mpk_matmat(pool, w, x, 1, y);
 }
 
 size_t mpk_rvq_lut_floats(int64_t cols, int stages) {

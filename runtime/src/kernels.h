@@ -51,6 +51,9 @@ uint64_t mpk_mat_nbytes(const mpk_mat *m);
 
 /* y[rows] = W x.  */
 void mpk_matvec(mpk_pool *pool, const mpk_mat *w, const float *x, float *y);
+/* y[t][rows] = W x[t] for n inputs x[n][cols]: each row is read once for all n inputs (prefill);
+ * every y[t][r] is computed exactly as mpk_matvec computes it. */
+void mpk_matmat(mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y);
 /* dot(row r of w, x) (single-threaded). */
 float mpk_row_dot(const mpk_mat *w, int64_t r, const float *x);
 /* Decodes row r of w into out[cols] (embedding lookup, small vectors). */

@@ -127,8 +127,10 @@ uint64_t mpm_scratch_bytes(const mpm_config *c) {
     uint64_t q = (uint64_t)(c->n_heads * max64(c->head_dim, c->kv_lora_rank + c->qk_rope_dim));
     uint64_t chunk = (uint64_t)MPM_CHUNK * (uint64_t)H * (3u + (uint64_t)c->top_k) +
                      3u * (uint64_t)MPM_CHUNK * (uint64_t)c->top_k;
-    return 4u * (lut + 3 * q + 16 * (uint64_t)max64(H, I) + (uint64_t)c->vocab +
-                 2 * (uint64_t)c->n_experts + chunk);
+    /* per chunk token: q, k, v, attention output, MLA latents, FFN gate/up */
+    uint64_t per_tok = 4 * q + 2 * (uint64_t)max64(I, c->q_lora_rank);
+    return 4u * (lut + (uint64_t)MPM_CHUNK * per_tok + 16 * (uint64_t)max64(H, I) +
+                 (uint64_t)c->vocab + 2 * (uint64_t)c->n_experts + chunk);
 }
 
 static int alloc_scratch(mpm_model *m) {
@@ -139,24 +141,24 @@ static int alloc_scratch(mpm_model *m) {
     int64_t kvdim = c->mla ? c->kv_lora_rank + c->qk_rope_dim : c->n_kv_heads * c->head_dim;
     int64_t big = max64(H, max64(I, odim));
     m->xn = xcalloc((uint64_t)H, 4);
-    m->tmp = xcalloc((uint64_t)big, 4);
-    m->q = xcalloc((uint64_t)qdim, 4);
-    m->kbuf = xcalloc((uint64_t)max64(kvdim, 1), 4);
-    m->vbuf = xcalloc((uint64_t)max64(kvdim, 1), 4);
-    m->att = xcalloc((uint64_t)odim, 4);
+    const uint64_t T = MPM_CHUNK;
+    m->q = xcalloc(T * (uint64_t)qdim, 4);
+    m->kbuf = xcalloc(T * (uint64_t)max64(kvdim, 1), 4);
+    m->vbuf = xcalloc(T * (uint64_t)max64(kvdim, 1), 4);
+    m->att = xcalloc(T * (uint64_t)odim, 4);
     m->scores = xcalloc((uint64_t)c->n_heads * (uint64_t)m->ctx, 4);
     m->cosb = xcalloc((uint64_t)m->rope_dim, 4);
     m->sinb = xcalloc((uint64_t)m->rope_dim, 4);
     if (c->mla) {
         m->qlat = xcalloc((uint64_t)(c->n_heads * (c->kv_lora_rank + c->qk_rope_dim)), 4);
         m->olat = xcalloc((uint64_t)(c->n_heads * c->kv_lora_rank), 4);
-        m->lat = xcalloc((uint64_t)max64(c->q_lora_rank, kvdim), 4);
+        m->lat = xcalloc(T * (uint64_t)max64(c->q_lora_rank, kvdim), 4);
     }
     m->router_logits = xcalloc((uint64_t)c->n_experts, 4);
     m->moe_out = xcalloc((uint64_t)H, 4);
     m->eo = xcalloc((uint64_t)big, 4);
-    m->g = xcalloc((uint64_t)I, 4);
-    m->u = xcalloc((uint64_t)I, 4);
+    m->g = xcalloc(T * (uint64_t)I, 4);
+    m->u = xcalloc(T * (uint64_t)I, 4);
     m->xr = xcalloc((uint64_t)big, 4);
     m->ar = xcalloc((uint64_t)big, 4);
     m->sel = xcalloc((uint64_t)c->top_k, 4);
@@ -178,7 +180,7 @@ static int alloc_scratch(mpm_model *m) {
         m->lut[p] = xcalloc(mpk_rvq_lut_floats(cols, 8), 4);
         if (!m->lut[p]) return -1;
     }
-    if (!m->xn || !m->tmp || !m->q || !m->kbuf || !m->vbuf || !m->att || !m->scores ||
+    if (!m->xn || !m->q || !m->kbuf || !m->vbuf || !m->att || !m->scores ||
         !m->cosb || !m->sinb || !m->router_logits || !m->moe_out || !m->eo || !m->g || !m->u ||
         !m->xr || !m->ar || !m->sel || !m->selw || !m->ahead || !m->recs || !m->aheadw || !m->choice ||
         !m->allowed || !m->bx || !m->bxn || !m->bout || !m->beo || !m->bsel || !m->bselw ||
@@ -351,7 +353,7 @@ void mpm_free(mpm_model *m) {
     free(m->inv_freq);
     if (m->vc != m->kc) free(m->vc);
     free(m->kc);
-    float *bufs[] = {m->xn, m->tmp, m->q, m->kbuf, m->vbuf, m->att, m->scores, m->cosb,
+    float *bufs[] = {m->xn, m->q, m->kbuf, m->vbuf, m->att, m->scores, m->cosb,
                      m->sinb, m->qlat, m->olat, m->lat, m->router_logits, m->moe_out, m->eo,
                      m->g, m->u, m->xr, m->ar, m->selw, m->lut[0], m->lut[1], m->lut[2]};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
@@ -411,27 +413,23 @@ int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logi
     for (int t = 0; t < n; t++) mpk_row(&m->embed, tokens[t], m->bx + t * H);
     for (int l = 0; l < c->n_layers; l++) {
         mpm_layer *ly = &m->layers[l];
-        for (int t = 0; t < n; t++) { /* attention token by token: causal within the chunk */
-            float *x = m->bx + t * H;
-            mpk_rmsnorm(m->xn, x, ly->attn_norm, H, c->eps);
-            mpm_attention(m, l, pos + t);
-            for (int64_t i = 0; i < H; i++) x[i] += m->tmp[i];
-            mpk_rmsnorm(m->bxn + t * H, x, ly->ffn_norm, H, c->eps);
-        }
+        for (int t = 0; t < n; t++) mpk_rmsnorm(m->bxn + t * H, m->bx + t * H, ly->attn_norm, H, c->eps);
+        mpm_attention(m, l, pos, n, m->bxn, m->bout);
+        for (int64_t i = 0; i < n * H; i++) m->bx[i] += m->bout[i];
+        for (int t = 0; t < n; t++) mpk_rmsnorm(m->bxn + t * H, m->bx + t * H, ly->ffn_norm, H, c->eps);
         if (ly->moe) {
             int rc = mpm_moe(m, l, n, m->bxn, m->bout);
             if (rc) return rc;
         } else {
-            for (int t = 0; t < n; t++) mpm_ffn_dense(m, &ly->dense, m->bxn + t * H, m->bout + t * H);
+            mpm_ffn_dense(m, &ly->dense, n, m->bxn, m->bout);
         }
         for (int64_t i = 0; i < n * H; i++) m->bx[i] += m->bout[i];
         if (n == 1) lookahead(m, l, m->bx);
     }
     if (logits) {
-        for (int t = all ? 0 : n - 1; t < n; t++) {
-            mpk_rmsnorm(m->xn, m->bx + t * H, m->final_norm, H, c->eps);
-            mpk_matvec(m->pool, &m->lm_head, m->xn, logits + (all ? (size_t)t * (size_t)c->vocab : 0));
-        }
+        int t0 = all ? 0 : n - 1;
+        for (int t = t0; t < n; t++) mpk_rmsnorm(m->bxn + (t - t0) * H, m->bx + t * H, m->final_norm, H, c->eps);
+        mpk_matmat(m->pool, &m->lm_head, m->bxn, n - t0, logits);
     }
     return 0;
 }

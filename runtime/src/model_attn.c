@@ -93,6 +93,8 @@ static void rms_inplace(float *v, const float *w, int64_t n, float eps) { mpk_rm
 typedef struct {
     mpm_model *m;
     int layer, pos;
+    const float *q; /* this token's queries (all heads) */
+    float *out;     /* this token's head outputs */
 } head_job;
 
 static void gqa_head(void *ctx, size_t h) {
@@ -100,10 +102,10 @@ static void gqa_head(void *ctx, size_t h) {
     mpm_model *m = j->m;
     const mpm_config *c = &m->c;
     int64_t hd = c->head_dim, kvd = c->n_kv_heads * hd, g = (int64_t)h / (c->n_heads / c->n_kv_heads);
-    const float *q = m->q + (int64_t)h * hd;
+    const float *q = j->q + (int64_t)h * hd;
     const float *K = m->kc + (size_t)j->layer * (size_t)m->ctx * (size_t)kvd + (size_t)(g * hd);
     const float *V = m->vc + (size_t)j->layer * (size_t)m->ctx * (size_t)kvd + (size_t)(g * hd);
-    float *sc = m->scores + h * (size_t)m->ctx, *out = m->att + (int64_t)h * hd;
+    float *sc = m->scores + h * (size_t)m->ctx, *out = j->out + (int64_t)h * hd;
     int64_t w = c->sliding_window, t0 = w > 0 && j->pos + 1 > w ? j->pos + 1 - w : 0;
     for (int64_t t = t0; t <= j->pos; t++)
         sc[t - t0] = mpk_dot(q, K + (size_t)t * (size_t)kvd, hd) * m->attn_scale;
@@ -112,28 +114,35 @@ static void gqa_head(void *ctx, size_t h) {
     for (int64_t t = t0; t <= j->pos; t++) mpk_axpy(out, sc[t - t0], V + (size_t)t * (size_t)kvd, hd);
 }
 
-static void gqa(mpm_model *m, int l, int pos) {
+/* Projections for the whole chunk at once (rows read once), then RoPE and the cache write per
+ * token, then attention per token (causal: token t sees positions <= pos + t). */
+static void gqa(mpm_model *m, int l, int pos, int T, const float *xn, float *out) {
     const mpm_config *c = &m->c;
     mpm_layer *ly = &m->layers[l];
-    int64_t hd = c->head_dim, kvd = c->n_kv_heads * hd;
-    mpk_matvec(m->pool, &ly->q, m->xn, m->q);
-    mpk_matvec(m->pool, &ly->k, m->xn, m->kbuf);
-    mpk_matvec(m->pool, &ly->v, m->xn, m->vbuf);
-    rope_tables(m, pos);
-    for (int64_t h = 0; h < c->n_heads; h++) {
-        if (c->qk_norm) rms_inplace(m->q + h * hd, ly->q_norm, hd, c->eps);
-        rope_apply(m, m->q + h * hd, 0);
+    int64_t hd = c->head_dim, kvd = c->n_kv_heads * hd, qd = c->n_heads * hd;
+    mpk_matmat(m->pool, &ly->q, xn, T, m->q);
+    mpk_matmat(m->pool, &ly->k, xn, T, m->kbuf);
+    mpk_matmat(m->pool, &ly->v, xn, T, m->vbuf);
+    for (int t = 0; t < T; t++) {
+        float *q = m->q + t * qd, *k = m->kbuf + t * kvd;
+        rope_tables(m, pos + t);
+        for (int64_t h = 0; h < c->n_heads; h++) {
+            if (c->qk_norm) rms_inplace(q + h * hd, ly->q_norm, hd, c->eps);
+            rope_apply(m, q + h * hd, 0);
+        }
+        for (int64_t h = 0; h < c->n_kv_heads; h++) {
+            if (c->qk_norm) rms_inplace(k + h * hd, ly->k_norm, hd, c->eps);
+            rope_apply(m, k + h * hd, 0);
+        }
+        size_t at = ((size_t)l * (size_t)m->ctx + (size_t)(pos + t)) * (size_t)kvd;
+        memcpy(m->kc + at, k, (size_t)kvd * sizeof(float));
+        memcpy(m->vc + at, m->vbuf + t * kvd, (size_t)kvd * sizeof(float));
     }
-    for (int64_t h = 0; h < c->n_kv_heads; h++) {
-        if (c->qk_norm) rms_inplace(m->kbuf + h * hd, ly->k_norm, hd, c->eps);
-        rope_apply(m, m->kbuf + h * hd, 0);
+    for (int t = 0; t < T; t++) {
+        head_job j = {m, l, pos + t, m->q + t * qd, m->att + t * qd};
+        mpk_pool_run(pos + t < 64 ? NULL : m->pool, (size_t)c->n_heads, gqa_head, &j);
     }
-    size_t at = ((size_t)l * (size_t)m->ctx + (size_t)pos) * (size_t)kvd;
-    memcpy(m->kc + at, m->kbuf, (size_t)kvd * sizeof(float));
-    memcpy(m->vc + at, m->vbuf, (size_t)kvd * sizeof(float));
-    head_job j = {m, l, pos};
-    mpk_pool_run(pos < 64 ? NULL : m->pool, (size_t)c->n_heads, gqa_head, &j);
-    mpk_matvec(m->pool, &ly->o, m->att, m->tmp);
+    mpk_matmat(m->pool, &ly->o, m->att, T, out);
 }
 
 static void mla_head(void *ctx, size_t h) {
@@ -143,7 +152,7 @@ static void mla_head(void *ctx, size_t h) {
     const mpm_layer *ly = &m->layers[j->layer];
     const int64_t R = c->kv_lora_rank, nope = c->qk_nope_dim, rope = c->qk_rope_dim;
     const int64_t vd = c->v_head_dim, qk = nope + rope, lat = R + rope;
-    const float *q = m->q + (int64_t)h * qk;
+    const float *q = j->q + (int64_t)h * qk;
     float *ql = m->qlat + (int64_t)h * lat; /* [R] absorbed query + [rope] */
     float *ol = m->olat + (int64_t)h * R;   /* row scratch, then the latent output */
     /* absorbed query: ql = sum_j q_nope[j] * kv_b[h*(nope+vd) + j][:] */
@@ -162,33 +171,40 @@ static void mla_head(void *ctx, size_t h) {
     mpk_softmax(sc, j->pos + 1);
     memset(ol, 0, (size_t)R * sizeof(float));
     for (int t = 0; t <= j->pos; t++) mpk_axpy(ol, sc[t], C + (size_t)t * (size_t)lat, R);
-    float *out = m->att + (int64_t)h * vd;
+    float *out = j->out + (int64_t)h * vd;
     for (int64_t i = 0; i < vd; i++) out[i] = mpk_row_dot(&ly->kv_b, (int64_t)h * (nope + vd) + nope + i, ol);
 }
 
-static void mla(mpm_model *m, int l, int pos) {
+static void mla(mpm_model *m, int l, int pos, int T, const float *xn, float *out) {
     const mpm_config *c = &m->c;
     mpm_layer *ly = &m->layers[l];
     const int64_t R = c->kv_lora_rank, rope = c->qk_rope_dim, qk = c->qk_nope_dim + rope;
+    const int64_t qd = c->n_heads * qk, od = c->n_heads * c->v_head_dim, lat = R + rope;
     if (c->q_lora_rank) {
-        mpk_matvec(m->pool, &ly->q_a, m->xn, m->lat);
-        rms_inplace(m->lat, ly->q_a_norm, c->q_lora_rank, c->eps);
-        mpk_matvec(m->pool, &ly->q_b, m->lat, m->q);
+        mpk_matmat(m->pool, &ly->q_a, xn, T, m->lat);
+        for (int t = 0; t < T; t++) rms_inplace(m->lat + t * c->q_lora_rank, ly->q_a_norm, c->q_lora_rank, c->eps);
+        mpk_matmat(m->pool, &ly->q_b, m->lat, T, m->q);
     } else {
-        mpk_matvec(m->pool, &ly->q, m->xn, m->q);
+        mpk_matmat(m->pool, &ly->q, xn, T, m->q);
     }
-    rope_tables(m, pos);
-    for (int64_t h = 0; h < c->n_heads; h++) rope_apply(m, m->q + h * qk + c->qk_nope_dim, c->rope_interleave);
-    float *ct = m->kc + ((size_t)l * (size_t)m->ctx + (size_t)pos) * (size_t)(R + rope);
-    mpk_matvec(m->pool, &ly->kv_a, m->xn, ct);
-    rms_inplace(ct, ly->kv_a_norm, R, c->eps);
-    rope_apply(m, ct + R, c->rope_interleave);
-    head_job j = {m, l, pos};
-    mpk_pool_run(m->pool, (size_t)c->n_heads, mla_head, &j);
-    mpk_matvec(m->pool, &ly->o, m->att, m->tmp);
+    mpk_matmat(m->pool, &ly->kv_a, xn, T, m->kbuf);
+    for (int t = 0; t < T; t++) {
+        rope_tables(m, pos + t);
+        for (int64_t h = 0; h < c->n_heads; h++)
+            rope_apply(m, m->q + t * qd + h * qk + c->qk_nope_dim, c->rope_interleave);
+        float *ct = m->kc + ((size_t)l * (size_t)m->ctx + (size_t)(pos + t)) * (size_t)lat;
+        memcpy(ct, m->kbuf + t * lat, (size_t)lat * sizeof(float));
+        rms_inplace(ct, ly->kv_a_norm, R, c->eps);
+        rope_apply(m, ct + R, c->rope_interleave);
+    }
+    for (int t = 0; t < T; t++) {
+        head_job j = {m, l, pos + t, m->q + t * qd, m->att + t * od};
+        mpk_pool_run(m->pool, (size_t)c->n_heads, mla_head, &j);
+    }
+    mpk_matmat(m->pool, &ly->o, m->att, T, out);
 }
 
-void mpm_attention(mpm_model *m, int layer, int pos) {
-    if (m->c.mla) mla(m, layer, pos);
-    else gqa(m, layer, pos);
+void mpm_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out) {
+    if (m->c.mla) mla(m, layer, pos, T, xn, out);
+    else gqa(m, layer, pos, T, xn, out);
 }

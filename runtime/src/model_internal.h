@@ -48,7 +48,7 @@ struct mpm_model {
     /* caches: GQA k/v [L][ctx][kv*hd]; MLA latent [L][ctx][kv_lora] and k_rope [L][ctx][rope] */
     float *kc, *vc;
     /* scratch */
-    float *xn, *tmp, *q, *kbuf, *vbuf, *att, *scores, *cosb, *sinb;
+    float *xn, *q, *kbuf, *vbuf, *att, *scores, *cosb, *sinb;
     float *qlat, *olat, *lat;
     float *router_logits, *moe_out, *eo, *g, *u, *xr, *ar;
     float *lut[3];
@@ -68,10 +68,12 @@ struct mpm_model {
 
 /* model_attn.c */
 int mpm_rope_init(mpm_model *m);
-void mpm_attention(mpm_model *m, int layer, int pos);
+/* attention for T chunk tokens at positions pos..: xn T x hidden -> out T x hidden */
+void mpm_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out);
 /* model_moe.c */
 int mpm_moe(mpm_model *m, int layer, int T, const float *xn, float *out);
-void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, const float *xn, float *out);
+/* dense / shared FFN for T inputs (T x hidden -> T x hidden) */
+void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, int T, const float *xn, float *out);
 void mpm_route(const mpm_model *m, int layer, const float *xn, float *logits_scratch,
                int32_t *sel, float *w);
 

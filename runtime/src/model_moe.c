@@ -77,11 +77,11 @@ void mpm_route(const mpm_model *m, int layer, const float *xn, float *logits, in
     }
 }
 
-void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, const float *xn, float *out) {
-    mpk_matvec(m->pool, &f->gate, xn, m->g);
-    mpk_matvec(m->pool, &f->up, xn, m->u);
-    for (int64_t i = 0; i < f->inter; i++) m->g[i] = mpk_silu(m->g[i]) * m->u[i];
-    mpk_matvec(m->pool, &f->down, m->g, out);
+void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, int T, const float *xn, float *out) {
+    mpk_matmat(m->pool, &f->gate, xn, T, m->g);
+    mpk_matmat(m->pool, &f->up, xn, T, m->u);
+    for (int64_t i = 0; i < T * f->inter; i++) m->g[i] = mpk_silu(m->g[i]) * m->u[i];
+    mpk_matmat(m->pool, &f->down, m->g, T, out);
 }
 
 static void rvq_part(const mpm_layer *ly, int p, const uint8_t *rec, int64_t rows, int64_t cols,
@@ -160,12 +160,12 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
         }
         m->io.release(m->io.user, l, grp, ng);
     }
+    if (ly->has_shared) mpm_ffn_dense(m, &ly->shared, T, xn, out);
     for (int t = 0; t < T; t++) {
         float *o = out + t * H;
         memset(m->moe_out, 0, (size_t)H * sizeof(float));
         for (int64_t i = 0; i < K; i++) mpk_axpy(m->moe_out, m->bselw[t * K + i], m->beo + (t * K + i) * H, H);
         if (ly->has_shared) {
-            mpm_ffn_dense(m, &ly->shared, xn + t * H, o);
             for (int64_t j = 0; j < H; j++) o[j] = m->moe_out[j] + o[j];
         } else {
             memcpy(o, m->moe_out, (size_t)H * sizeof(float));
