@@ -40,8 +40,22 @@ import sys
 llama_dir, gguf_py, src, out = sys.argv[1:5]
 sys.path.insert(0, gguf_py)
 sys.path.insert(0, llama_dir)
+import transformers  # noqa: F401  (before the stub below: it probes for sentencepiece)
+try:
+    import sentencepiece  # noqa: F401
+except ImportError:  # the converter tries SentencePiece first and expects FileNotFoundError
+    import types
+    stub = types.ModuleType("sentencepiece")
+    class SentencePieceProcessor:
+        def __init__(self, *a, **k):
+            raise FileNotFoundError("sentencepiece not installed")
+    stub.SentencePieceProcessor = SentencePieceProcessor
+    sys.modules["sentencepiece"] = stub
 import convert_hf_to_gguf as c
-base = getattr(c, "TextModel", None) or c.Model
+try:
+    from conversion import TextModel as base  # llama.cpp since 2026: models in conversion/
+except ImportError:
+    base = getattr(c, "TextModel", None) or c.Model
 orig = base.get_vocab_base_pre
 def pre(self, tokenizer):
     try:
@@ -125,10 +139,25 @@ def gguf_size(path: Path) -> dict:
 
 def gguf_logits(path: Path, win, threads: int | None) -> np.ndarray:
     """float32 [W, ctx-1-first, vocab] of llama.cpp over the windows' token ids."""
+    import llama_cpp.llama_cpp as lc
     from llama_cpp import Llama
 
-    llm = Llama(str(path), n_ctx=win.ctx, n_batch=win.ctx, n_ubatch=win.ctx, logits_all=True,
-                n_threads=threads, n_threads_batch=threads, verbose=False)
+    # No "extra buffer types" (AMX, CPU repack): on a VM that advertises AMX without enabling it
+    # (this machine) the AMX buffer dies with SIGILL on the first K-quant matmul. Llama() has no
+    # option for it, so its default model params are patched for this one call.
+    orig = lc.llama_model_default_params
+
+    def params():
+        p = orig()
+        p.use_extra_bufts = False
+        return p
+
+    lc.llama_model_default_params = params
+    try:
+        llm = Llama(str(path), n_ctx=win.ctx, n_batch=win.ctx, n_ubatch=win.ctx,
+                    logits_all=True, n_threads=threads, n_threads_batch=threads, verbose=False)
+    finally:
+        lc.llama_model_default_params = orig
     try:
         out = []
         for row in win.tokens:
@@ -197,7 +226,9 @@ def run(src: Path, win, ref: np.ndarray | None, work: Path, threads: int | None 
             res["rows"][f"{ft} vs original"] = {**_stats(ref, logits[ft], win), **sizes[ft]}
     res["sizes"] = sizes
     res["notes"].append(f"- llama-cpp-python {res['version']} (its vendored llama.cpp), CPU, "
-                        "f16 KV cache (llama-perplexity's default), GGUF converted from "
+                        "f16 KV cache (llama-perplexity's default), extra buffer types (AMX, "
+                        "repack) off (AMX is advertised by this VM's CPU but SIGILLs), "
+                        "GGUF converted from "
                         f"`{src}` with `--outtype f32`.")
     for ft in FTYPES:
         kinds = ", ".join(f"{k} ×{n}" for k, n in sizes[ft]["tensor_types"].items()
