@@ -34,11 +34,11 @@ class Plan:
 
 def codebook_specs(layer: int, codecs: Mapping[str, dict],
                    shapes: Mapping[str, tuple[int, int]]) -> list[TensorSpec]:
-    out = []
+    # FORMAT.md §7 row order: the three codebooks, then the rotations.
+    f32 = {"name": "f32"}
+    out = [TensorSpec(f"layers.{layer}.experts.{part}.codebook", "codebook",
+                      codebook_shape(codecs[part]), f32) for part in EXPERT_PARTS]
     for part in EXPERT_PARTS:
-        f32 = {"name": "f32"}
-        cb = f"layers.{layer}.experts.{part}.codebook"
-        out.append(TensorSpec(cb, "codebook", codebook_shape(codecs[part]), f32))
         rot = rotation_shape(codecs[part], shapes[part])
         if rot is not None:
             out.append(TensorSpec(f"layers.{layer}.experts.{part}.rotation", "codebook", rot, f32))

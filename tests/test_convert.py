@@ -297,3 +297,19 @@ def test_damaged_partial_units_are_redone_on_resume(sources, reference, tmp_path
     convert(sources["deepseek_v3"], out, FAST, reporter=capture)
     assert any("; 2 damaged, redoing them" in m for m in messages), messages
     assert out.read_bytes() == reference["deepseek_v3"][1].read_bytes()
+
+
+def test_rotated_codec_resume_and_layout(sources, tmp_path):
+    """rvq3-hadamard adds `.rotation` tensors: planned after the codebooks, read back on resume."""
+    rot = Settings(expert_preset="rvq3-hadamard", iters=2, sample=2000)
+    ref = tmp_path / "ref.moepack"
+    convert(sources["qwen3_moe"], ref, rot)
+    with Container.open(ref) as c:
+        names = [s["name"] for s in c.sections if s["name"].startswith("layers.0.experts.")]
+        assert names == [f"layers.0.experts.{p}.{k}" for k in ("codebook", "rotation")
+                         for p in ("gate", "up", "down")]
+        assert c.bank(0)["parts"][0]["codec"]["rotation"] == "hadamard"
+    out = tmp_path / "r.moepack"
+    _interrupted(sources["qwen3_moe"], out, n=2, settings=rot)
+    convert(sources["qwen3_moe"], out, rot)
+    assert out.read_bytes() == ref.read_bytes()
