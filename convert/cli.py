@@ -103,12 +103,16 @@ def convert_cmd(
     if dry_run:
         typer.echo(f"plan for {out}: {_human(p['file_size'])} ({p['file_size']:,} bytes), "
                    f"{p['tensors']} tensors, {p['experts']} experts in {p['expert_banks']} banks")
+        avail = p["available_memory"]
         typer.echo(f"free space: {_human(p['free_space'])}; peak memory estimate: "
                    f"{_human(p['peak_memory_estimate'])} with {p['jobs']} worker(s) x "
-                   f"{p['threads_per_worker']} thread(s)")
+                   f"{p['threads_per_worker']} thread(s)"
+                   + (f" ({_human(avail)} available)" if avail else ""))
         typer.echo(f"bits per weight: {summary.bits_per_weight} overall, "
                    f"{summary.expert_bits_per_weight} experts")
         typer.echo("codecs: " + ", ".join(f"{k}={v['name']}" for k, v in p["codecs"].items()))
+        if p["output_exists"]:
+            typer.echo(f"note: {out} exists; converting needs --force")
     elif not quiet:
         typer.echo(f"{out}: {_human(summary.file_size)}, container {summary.container_id}, "
                    f"{summary.seconds:.1f} s, {summary.bits_per_weight} bits/weight")

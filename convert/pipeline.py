@@ -74,6 +74,18 @@ def peak_memory(plan: Plan, jobs: int) -> int:
     return per_worker * max(1, jobs)
 
 
+def _available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _plan_summary(plan: Plan, out: Path, jobs: int, free: int, done: int, total: int) -> dict:
     weights, _ = weight_counts(plan)
     return {"output": str(out), "file_size": plan.layout.file_size,
@@ -81,7 +93,8 @@ def _plan_summary(plan: Plan, out: Path, jobs: int, free: int, done: int, total:
             "jobs": jobs, "threads_per_worker": threads_per_worker(jobs),
             "tensors": len(plan.spec.tensors), "expert_banks": len(plan.spec.banks),
             "experts": sum(b.count for b in plan.spec.banks), "weights": weights,
-            "units_done": done, "units_total": total,
+            "units_done": done, "units_total": total, "output_exists": out.exists(),
+            "available_memory": _available_memory(),
             "codecs": plan.spec.manifest["codecs"]}
 
 
@@ -126,7 +139,7 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
     t0 = time.monotonic()
     out = Path(out)
     partial, jpath = partial_path(out), journal_path(out)
-    if out.exists() and not force:
+    if out.exists() and not force and not dry_run:
         raise ConvertError(f"{out} already exists; pass --force to replace it")
     if not out.parent.is_dir():
         raise ConvertError(f"{out.parent}: no such directory")
@@ -156,6 +169,10 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
     summary_plan = _plan_summary(plan, out, jobs, free, 0, len(lengths))
     if dry_run:
         return _summary(plan, out, None, t0, 0, summary_plan)
+    available = _available_memory()
+    if available and summary_plan["peak_memory_estimate"] > available:
+        rep.message(f"warning: estimated peak memory {summary_plan['peak_memory_estimate']:,} "
+                    f"bytes exceeds the {available:,} available; consider fewer --jobs")
     if free < need:
         raise ConvertError(f"not enough free space for {out}: need {need:,} bytes, "
                            f"{free:,} free on {out.parent}; nothing was written")
