@@ -229,6 +229,27 @@ SETTINGS: list[tuple[str, str, tuple[tuple[str, str], ...], str]] = [
 ]
 
 
+SANITY = "engine vs transformers on the rvq3 container's own f32 export (sanity)"
+
+
+def sanity_row(container: Path, work: Path, win: Windows, q: np.ndarray,
+               threads: int | None) -> dict:
+    """The engine's logits against transformers running `moepack export` of the same container:
+    the same weights, so any KL left is the runtime's arithmetic, not quantisation."""
+    import shutil
+
+    from moepack.convert.export import export
+
+    hf = work / "export-rvq3"
+    shutil.rmtree(hf, ignore_errors=True)
+    export(container, hf)
+    ref = reference_logits(hf, win, threads=threads)
+    shutil.rmtree(hf, ignore_errors=True)
+    row = statistics(ref, q, win)
+    row.update(container_size(container), group="sanity")
+    return row
+
+
 def _slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in name).strip("_")[:60]
 
@@ -275,6 +296,24 @@ def environment() -> dict:
             "cpu": cpu, "python": platform.python_version(), "versions": versions}
 
 
+def describe_model(src: Path) -> dict:
+    cfg = json.loads((Path(src) / "config.json").read_text())
+    from safetensors import safe_open
+
+    params, dtypes = 0, set()
+    for f in sorted(Path(src).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for k in st.keys():  # noqa: SIM118 - safe_open has no __iter__
+                t = st.get_slice(k)
+                params += int(np.prod(t.get_shape()))
+                dtypes.add(str(t.get_dtype()))
+    return {"dir": str(src), "architecture": (cfg.get("architectures") or ["?"])[0],
+            "layers": cfg.get("num_hidden_layers"), "experts": cfg.get("num_local_experts"),
+            "top_k": cfg.get("num_experts_per_tok"), "hidden": cfg.get("hidden_size"),
+            "intermediate": cfg.get("intermediate_size"), "vocab": cfg.get("vocab_size"),
+            "parameters": params, "dtypes": sorted(dtypes)}
+
+
 def _save(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
@@ -293,6 +332,7 @@ def matrix(args) -> dict:
                     "text_tokens": win.text_tokens, "windows": len(win.tokens), "ctx": win.ctx,
                     "first": win.first, "positions": win.positions}
     data["env"] = environment()
+    data["model"] = describe_model(src)
     ref_path = work / f"ref_logits_ctx{win.ctx}_f{win.first}_w{len(win.tokens)}.npy"
     if ref_path.exists():
         ref = np.load(ref_path, mmap_mode="r")
@@ -316,6 +356,10 @@ def matrix(args) -> dict:
         data["rows"][name] = row
         print(fmt_row(name, row), flush=True)
         _save(res_path, data)
+        if name == "rvq3 (default)" and SANITY not in data["rows"]:
+            data["rows"][SANITY] = sanity_row(out, work, win, q, args.threads)
+            print(fmt_row(SANITY, data["rows"][SANITY]), flush=True)
+            _save(res_path, data)
         out.unlink(missing_ok=True)
     if args.llama and "llama" not in data:
         from bench import llama_quality
@@ -328,7 +372,7 @@ def matrix(args) -> dict:
 
 # ------------------------------------------------------------------------------------ doc
 def render(data: dict) -> str:
-    env, txt, rows = data["env"], data["text"], data["rows"]
+    env, txt, rows, m = data["env"], data["text"], data["rows"], data["model"]
     lines = [
         "# Quantisation quality against the original model",
         "",
@@ -339,8 +383,11 @@ def render(data: dict) -> str:
         f"- **Hardware**: {env['cpu']} (shared with other jobs; timings are not benchmarks)",
         f"- **Software**: Python {env['python']}, "
         + ", ".join(f"{k} {v}" for k, v in env["versions"].items()),
-        "- **Model**: the demo model (`demo/model`, Mixtral: 4 layers, 8 experts, top-2; "
-        "stored bf16, run by transformers in float32 arithmetic = \"original\").",
+        f"- **Model**: `{m['dir']}` ({m['architecture']}: {m['layers']} layers, {m['experts']} "
+        f"experts, top-{m['top_k']}, hidden {m['hidden']}, expert FFN {m['intermediate']}, "
+        f"vocabulary {m['vocab']}; {m['parameters']:,} parameters stored as "
+        f"{'/'.join(m['dtypes'])}), run by transformers in float32 arithmetic: the "
+        "**original**.",
         f"- **Text**: `{txt['file']}` ({txt['bytes']:,} bytes, {txt['text_tokens']:,} tokens, "
         "held out from training), tokenized by the demo tokenizer; "
         f"{txt['windows']} windows of {txt['ctx']} tokens (BOS + {txt['ctx'] - 1} text tokens), "
@@ -351,11 +398,11 @@ def render(data: dict) -> str:
         "next-token distributions in nats, computed in float64 from full-vocabulary logits;",
         "top-1 = share of positions where both models' most likely next token agree; PPL =",
         "exp(mean negative log-likelihood of the actual next token); ratio = PPL quant / PPL",
-        "orig. ± is one",
-        "standard error of the mean over positions (positions are correlated within a window, so",
-        "it is a lower bound). *weights bpw* = 8 × (trunk + expert + codebook bytes) / parameters;",
-        "*experts bpw* = expert bytes (records incl. row scales and alignment padding) / expert",
-        "parameters. *file MB* includes the tokenizer blobs and the index.",
+        "orig. ± is one standard error of the mean over positions (positions are correlated",
+        "within a window, so it is a lower bound). *weights bpw* = 8 × (trunk + expert +",
+        "codebook bytes) / parameters; *experts bpw* = expert bytes (records incl. row scales",
+        "and alignment padding) / expert parameters. *file MB* includes the tokenizer blobs",
+        "and the index.",
         "",
     ]
 
@@ -371,6 +418,10 @@ def render(data: dict) -> str:
     lines += table("experts")
     lines += ["", "## moepack: trunk settings (experts rvq3)", ""]
     lines += table("trunk")
+    lines += ["", "## Sanity check of the runtime", "",
+              "The engine against transformers on the *same* (dequantised) weights: what is left",
+              "is the runtime's arithmetic, so the KL above is quantisation error.", ""]
+    lines += table("sanity")
     lines += [""]
     lines += render_llama(data.get("llama"), rows)
     return "\n".join(lines) + "\n"
@@ -411,7 +462,7 @@ def verdict(d: dict, q3: dict, q4: dict | None) -> list[str]:
     smaller_file = d["file_size"] < q3["file_size"]
     smaller_w = d["weight_bytes"] < q3["weight_bytes"]
     out = [
-        f"- Mean KL: rvq3 {d['kl_mean']:.4f} vs Q3_K_M {q3['kl_mean']:.4f} → "
+        f"- Mean KL: rvq3 {fmt_kl(d['kl_mean'])} vs Q3_K_M {fmt_kl(q3['kl_mean'])} → "
         + ("**lower**" if better_kl else "**higher**")
         + (" (by more than 2 s.e.)" if sig(d, q3) or sig(q3, d) else " (within 2 s.e.)") + ".",
         f"- Top-1 agreement: {100 * d['top1']:.2f} % vs {100 * q3['top1']:.2f} %.",
@@ -424,13 +475,19 @@ def verdict(d: dict, q3: dict, q4: dict | None) -> list[str]:
     ]
     if q4:
         out.append("- Moonshot (Q4_K_M quality at 3 bits): mean KL "
-                   f"{d['kl_mean']:.4f} vs Q4_K_M {q4['kl_mean']:.4f} → **"
+                   f"{fmt_kl(d['kl_mean'])} vs Q4_K_M {fmt_kl(q4['kl_mean'])} → **"
                    + ("met" if d["kl_mean"] <= q4["kl_mean"] else "not met") + "**.")
     return out
 
 
+END = "<!-- quality:end (text below this line is kept by reruns) -->"
+
+
 def write_doc(data: dict, doc: Path) -> None:
-    doc.write_text(render(data))
+    tail = ""
+    if doc.exists() and END in doc.read_text():
+        tail = doc.read_text().split(END, 1)[1]
+    doc.write_text(render(data) + "\n" + END + (tail or "\n"))
     print(f"wrote {doc}")
 
 
@@ -438,9 +495,9 @@ def write_doc(data: dict, doc: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n")[0])
     ap.add_argument("--container", type=Path, help="container to evaluate")
-    ap.add_argument("--reference", type=Path, required=True,
+    ap.add_argument("--reference", type=Path,
                     help="the original Hugging Face checkpoint directory")
-    ap.add_argument("--text", type=Path, required=True, help="held-out text (UTF-8)")
+    ap.add_argument("--text", type=Path, help="held-out text (UTF-8)")
     ap.add_argument("--ctx", type=int, default=256, help="window length in tokens (incl. BOS)")
     ap.add_argument("--first", type=int, default=None, help="first scored position (ctx/2)")
     ap.add_argument("--windows", type=int, default=None, help="at most this many windows")
@@ -457,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         write_doc(json.loads((args.workdir / "results.json").read_text()), args.doc)
         return 0
+    if not (args.reference and args.text):
+        ap.error("--reference and --text are required")
     if args.matrix:
         data = matrix(args)
         write_doc(data, args.doc)
