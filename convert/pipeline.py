@@ -14,12 +14,18 @@ from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
 
-import blake3
 from moepack.convert.errors import ConvertError
 from moepack.convert.fingerprint import fingerprint, manifest_files
-from moepack.convert.journal import Journal, differences, journal_path
+from moepack.convert.journal import Journal, journal_path
 from moepack.convert.plan import PLACEHOLDER_SHA, Plan, checkpoint_plan, weight_counts
 from moepack.convert.progress import Reporter
+from moepack.convert.resume import (
+    check_same,
+    damaged_units,
+    journal_header,
+    known_hashes,
+    unit_lengths,
+)
 from moepack.convert.rowchunks import BAND_BYTES
 from moepack.convert.runner import run_tasks, threads_per_worker
 from moepack.convert.settings import Settings
@@ -28,20 +34,15 @@ from moepack.convert.tasks import (
     Task,
     blob_unit,
     codebook_names,
-    expert_unit,
     make_tasks,
-    tensor_unit,
 )
 from moepack.convert.worker import WorkerConfig
 from moepack.format import ContainerWriter
 from moepack.format.codecs import encoded_nbytes
 from moepack.format.writer import partial_path
 
-import moepack
-
 SPACE_MARGIN = 64 << 20           # journal, filesystem metadata
 BASE_RSS = 120 << 20              # interpreter + numpy + code: ~90 MB measured (bench/convert.py)
-COMPARED = ("source", "settings", "converter", "layout")
 
 
 @dataclass
@@ -98,39 +99,6 @@ def _plan_summary(plan: Plan, out: Path, jobs: int, free: int, done: int, total:
             "codecs": plan.spec.manifest["codecs"]}
 
 
-def _unit_lengths(plan: Plan) -> dict[str, int]:
-    return {u: n for u, (_, n) in _unit_extents(plan).items()}
-
-
-def _journal_header(plan: Plan, fp: list[dict]) -> dict:
-    placeholder = plan.layout.index_bytes({e.name: PLACEHOLDER_SHA for e in plan.layout.sections})
-    m = plan.spec.manifest
-    return {"source": m["source"]["files"], "settings": m["converter"]["settings"],
-            "converter": moepack.__version__,
-            "layout": blake3.blake3(placeholder).hexdigest(), "file_size": plan.layout.file_size,
-            "file_stats": fp}
-
-
-def _known_hashes(jpath: Path) -> dict[str, tuple[int, int, str]]:
-    head = Journal.read_header(jpath) or {}
-    try:
-        return {f["name"]: (f["size"], f["mtime_ns"], f["sha256"])
-                for f in head.get("file_stats", [])}
-    except (KeyError, TypeError):
-        return {}
-
-
-def _check_same(old: dict, new: dict, partial: Path) -> None:
-    diffs = []
-    for key in COMPARED:
-        diffs += differences(old.get(key), new.get(key), key)
-    if diffs:
-        shown = "; ".join(diffs[:5]) + (f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else "")
-        raise ConvertError(
-            f"{partial} was started with a different source or settings: {shown}. Rerun with "
-            "the original settings to continue it, or pass --restart to discard it")
-
-
 def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int = 1,
             force: bool = False, restart: bool = False, dry_run: bool = False,
             reporter: Reporter | None = None) -> Summary:
@@ -151,18 +119,18 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
               for f in ck.files]
     else:
         rep.hashing(sum((ck.dir / f).stat().st_size for f in ck.files))
-        fp = fingerprint(ck.dir, ck.files, _known_hashes(jpath) if resuming else None,
+        fp = fingerprint(ck.dir, ck.files, known_hashes(jpath) if resuming else None,
                          rep.hashed)
     plan, smap = checkpoint_plan(ck, settings, manifest_files(fp))
-    header = _journal_header(plan, fp)
+    header = journal_header(plan, fp)
     tasks = make_tasks(plan, smap)
-    lengths = _unit_lengths(plan)
+    lengths = unit_lengths(plan)
     free = shutil.disk_usage(out.parent).free
     done: dict[str, str] = {}
     if resuming:
         jh = Journal.read_header(jpath) or {}
         if not dry_run:
-            _check_same(jh, header, partial)
+            check_same(jh, header, partial)
     # A partial we are about to truncate and reuse already holds its blocks.
     reusable = partial.stat().st_blocks * 512 if partial.exists() else 0
     need = 0 if resuming else max(0, plan.layout.file_size + SPACE_MARGIN - reusable)
@@ -178,7 +146,7 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
                            f"{free:,} free on {out.parent}; nothing was written")
     if resuming:
         journal = Journal.resume(jpath)
-        bad = _damaged_units(partial, plan, journal.done, rep)
+        bad = damaged_units(partial, plan, journal.done, rep)
         journal.forget(bad)
         done = dict(journal.done)
         rep.message(f"resuming {partial.name}: {len(done)} of {len(lengths)} units done"
@@ -199,36 +167,6 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
         rep.stop()
     journal.remove()
     return _summary(plan, out, cid, t0, len(done), summary_plan, stats.get("peak_rss_worker", 0))
-
-
-def _unit_extents(plan: Plan) -> dict[str, tuple[int, int]]:
-    """unit -> (offset, length) of its bytes in the file."""
-    out = {tensor_unit(e.name): (e.offset, e.length)
-           for e in plan.layout.sections if e.type == "tensor"}
-    out.update({blob_unit(e.name): (e.offset, e.length)
-                for e in plan.layout.sections if e.type == "blob"})
-    for b in plan.layout.banks():
-        out.update({expert_unit(b.layer, e): (b.record_offset(e), b.stride)
-                    for e in range(b.count)})
-    return out
-
-
-def _damaged_units(partial: Path, plan: Plan, done: dict[str, str], rep: Reporter) -> list[str]:
-    """Journaled units whose bytes in the partial file no longer hash as journaled (a disk
-    error, a copied or edited file): they are redone, so the result is still exact."""
-    extents = _unit_extents(plan)
-    rep.hashing(sum(extents.get(u, (0, 0))[1] for u in done), "checking")
-    bad = []
-    fd = os.open(partial, os.O_RDONLY)
-    try:
-        for unit, hexd in done.items():
-            off, n = extents.get(unit, (0, 0))
-            if n == 0 or blake3.blake3(os.pread(fd, n, off)).hexdigest() != hexd:
-                bad.append(unit)
-            rep.hashed(n)
-    finally:
-        os.close(fd)
-    return bad
 
 
 def _run(ck: Checkpoint, out: Path, plan: Plan, tasks: list[Task], journal: Journal,

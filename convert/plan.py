@@ -59,8 +59,8 @@ def build_spec(adapter: Adapter, settings: Settings, files: list[dict],
         codec = settings.trunk_codec(t.cls, len(t.shape))
         used.setdefault(t.cls, codec)
         tensors.append(TensorSpec(t.name, t.cls, t.shape, codec))
-        layer = _layer_of(t.name)
-        nxt = _layer_of(trunk[i + 1].name) if i + 1 < len(trunk) else None
+        layer = layer_of(t.name)
+        nxt = layer_of(trunk[i + 1].name) if i + 1 < len(trunk) else None
         if layer in moe and nxt != layer:  # codebooks close their layer (FORMAT.md §7 order)
             tensors += codebook_specs(layer, codecs, shapes)
     if moe:
@@ -83,7 +83,7 @@ def build_spec(adapter: Adapter, settings: Settings, files: list[dict],
     return ContainerSpec(manifest, tuple(tensors), banks, blob_specs, settings.alignment)
 
 
-def _layer_of(name: str) -> int | None:
+def layer_of(name: str) -> int | None:
     parts = name.split(".")
     return int(parts[1]) if parts[0] == "layers" else None
 

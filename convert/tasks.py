@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from moepack.convert.adapters import EXPERT_PARTS
 from moepack.convert.mapping import SourceMap
-from moepack.convert.plan import Plan, _layer_of
+from moepack.convert.plan import Plan, layer_of
 from moepack.convert.source import SourceRef
 
 
@@ -62,7 +62,7 @@ def make_tasks(plan: Plan, smap: SourceMap) -> list[Task]:
     for t in plan.spec.tensors:
         if t.cls == "codebook":
             continue
-        by_layer.setdefault(_layer_of(t.name), []).append(TrunkJob(t.name, t.codec, refs[t.name]))
+        by_layer.setdefault(layer_of(t.name), []).append(TrunkJob(t.name, t.codec, refs[t.name]))
     moe = set(plan.adapter.moe_layers())
     count = int(plan.adapter.model["moe"]["num_experts"])
     tasks = [Task("globals", tuple(by_layer.pop(None, [])))]

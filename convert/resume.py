@@ -1,0 +1,81 @@
+"""Resuming a conversion: what the journal header records, how a resumed run is checked
+against it, and which journaled units still hold the bytes the journal says."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import blake3
+from moepack.convert.errors import ConvertError
+from moepack.convert.journal import Journal, differences
+from moepack.convert.plan import PLACEHOLDER_SHA, Plan
+from moepack.convert.progress import Reporter
+from moepack.convert.tasks import blob_unit, expert_unit, tensor_unit
+
+import moepack
+
+COMPARED = ("source", "settings", "converter", "layout")  # header keys that must not change
+
+
+def unit_extents(plan: Plan) -> dict[str, tuple[int, int]]:
+    """unit -> (offset, length) of its bytes in the file."""
+    out = {tensor_unit(e.name): (e.offset, e.length)
+           for e in plan.layout.sections if e.type == "tensor"}
+    out.update({blob_unit(e.name): (e.offset, e.length)
+                for e in plan.layout.sections if e.type == "blob"})
+    for b in plan.layout.banks():
+        out.update({expert_unit(b.layer, e): (b.record_offset(e), b.stride)
+                    for e in range(b.count)})
+    return out
+
+
+def unit_lengths(plan: Plan) -> dict[str, int]:
+    return {u: n for u, (_, n) in unit_extents(plan).items()}
+
+
+def journal_header(plan: Plan, fp: list[dict]) -> dict:
+    placeholder = plan.layout.index_bytes({e.name: PLACEHOLDER_SHA for e in plan.layout.sections})
+    m = plan.spec.manifest
+    return {"source": m["source"]["files"], "settings": m["converter"]["settings"],
+            "converter": moepack.__version__,
+            "layout": blake3.blake3(placeholder).hexdigest(), "file_size": plan.layout.file_size,
+            "file_stats": fp}
+
+
+def known_hashes(jpath: Path) -> dict[str, tuple[int, int, str]]:
+    head = Journal.read_header(jpath) or {}
+    try:
+        return {f["name"]: (f["size"], f["mtime_ns"], f["sha256"])
+                for f in head.get("file_stats", [])}
+    except (KeyError, TypeError):
+        return {}
+
+
+def check_same(old: dict, new: dict, partial: Path) -> None:
+    diffs = []
+    for key in COMPARED:
+        diffs += differences(old.get(key), new.get(key), key)
+    if diffs:
+        shown = "; ".join(diffs[:5]) + (f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else "")
+        raise ConvertError(
+            f"{partial} was started with a different source or settings: {shown}. Rerun with "
+            "the original settings to continue it, or pass --restart to discard it")
+
+
+def damaged_units(partial: Path, plan: Plan, done: dict[str, str], rep: Reporter) -> list[str]:
+    """Journaled units whose bytes in the partial file no longer hash as journaled (a disk
+    error, a copied or edited file): they are redone, so the result is still exact."""
+    extents = unit_extents(plan)
+    rep.hashing(sum(extents.get(u, (0, 0))[1] for u in done), "checking")
+    bad = []
+    fd = os.open(partial, os.O_RDONLY)
+    try:
+        for unit, hexd in done.items():
+            off, n = extents.get(unit, (0, 0))
+            if n == 0 or blake3.blake3(os.pread(fd, n, off)).hexdigest() != hexd:
+                bad.append(unit)
+            rep.hashed(n)
+    finally:
+        os.close(fd)
+    return bad
