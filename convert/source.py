@@ -61,8 +61,19 @@ class Checkpoint:
                     raise SourceError(f"{fname}: tensor {tname!r} also in {other}")
                 self.tensors[tname] = info
         self._check_index()
-        block = (self.config.get("quantization_config") or {}).get("weight_block_size")
-        self.fp8_block: tuple[int, int] | None = tuple(block) if block else None  # type: ignore[assignment]
+        self.fp8_block = self._block_size()
+
+    def _block_size(self) -> tuple[int, int] | None:
+        """`quantization_config.weight_block_size` (fp8 scale blocks), validated."""
+        q = self.config.get("quantization_config")
+        block = q.get("weight_block_size") if isinstance(q, dict) else None
+        if block is None:
+            return None
+        if not (isinstance(block, list) and len(block) == 2
+                and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+            raise SourceError("config.json: quantization_config.weight_block_size must be two "
+                              f"positive integers, got {block!r}")
+        return block[0], block[1]
 
     # -- discovery -------------------------------------------------------------------------
     def _weight_files(self) -> list[str]:
@@ -74,6 +85,9 @@ class Checkpoint:
             self._weight_map: dict[str, str] | None = wmap
             files = sorted(set(wmap.values()))
             for f in files:
+                if not isinstance(f, str) or Path(f).name != f or f in (".", ".."):
+                    raise SourceError(f"{INDEX_NAME}: {f!r} is not a file name in the checkpoint "
+                                      "directory")
                 if not (self.dir / f).is_file():
                     raise SourceError(f"{f}: listed in {INDEX_NAME} but missing from {self.dir}")
             return files

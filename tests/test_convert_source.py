@@ -225,3 +225,21 @@ def test_fp8_row_bands_match_whole_read(tmp_path):
     np.testing.assert_array_equal(ck.read(SourceRef(name, rows=(16, 21))), whole[16:21])
     with pytest.raises(SourceError, match="multiples of 8"):
         ck.read(SourceRef(name, rows=(3, 9)))
+
+
+def test_index_cannot_point_outside_the_directory(tmp_path):
+    src = make_checkpoint("mixtral", tmp_path / "m")
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.norm.weight"] = "../elsewhere.safetensors"
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(SourceError, match="'../elsewhere.safetensors' is not a file name"):
+        Checkpoint(src)
+
+
+def test_bad_block_size(tmp_path):
+    src = make_checkpoint("deepseek_v3", tmp_path, fp8_block=(8, 8))
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"]["weight_block_size"] = [8]
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SourceError, match="weight_block_size must be two positive integers"):
+        Checkpoint(src)
