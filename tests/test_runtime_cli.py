@@ -103,10 +103,28 @@ def test_eval_writes_logits(mixtral, tmp_path):
         assert np.array_equal(got, e.logits(toks))
 
 
-def test_chat_two_turns(mixtral):
-    r = _run("chat", mixtral, "-n", 4, input="w5 w6\nw7\n\n")
+def test_chat_keeps_the_kv_cache_across_turns(mixtral, monkeypatch):
+    fed: list[int] = []
+    real_feed = Engine.feed
+
+    def feed(self, tokens):
+        fed.append(len(tokens))
+        return real_feed(self, tokens)
+
+    monkeypatch.setattr(Engine, "feed", feed)
+    r = _run("chat", mixtral, "-n", 4, input="w5 w6\nw7 w8\n\n")
     assert r.exit_code == 0, r.output
     assert r.output.count("> ") >= 3
+    prompts = [n for n in fed if n > 1]
+    assert prompts[0] == 2  # turn 1: "w5 w6"
+    # turn 2 evaluates only what is not cached: the last sampled token (never fed) + "w7 w8",
+    # not the whole re-rendered conversation (>= 2 + 1 + 2 tokens)
+    assert len(prompts) == 2 and prompts[1] <= 3
+
+
+def test_budget_above_usable_ram_warns(mixtral):
+    r = _run("plan", mixtral, "--budget", "1000T")
+    assert r.exit_code == 0 and "above usable RAM" in r.output
 
 
 def test_tokenizer_and_chat_template(mixtral):
