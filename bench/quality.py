@@ -298,10 +298,13 @@ def environment() -> dict:
 
 def describe_model(src: Path) -> dict:
     cfg = json.loads((Path(src) / "config.json").read_text())
+    import hashlib
+
     from safetensors import safe_open
 
-    params, dtypes = 0, set()
+    params, dtypes, digest = 0, set(), hashlib.sha256()
     for f in sorted(Path(src).glob("*.safetensors")):
+        digest.update(f.read_bytes())
         with safe_open(str(f), "pt") as st:
             for k in st.keys():  # noqa: SIM118 - safe_open has no __iter__
                 t = st.get_slice(k)
@@ -311,7 +314,8 @@ def describe_model(src: Path) -> dict:
             "layers": cfg.get("num_hidden_layers"), "experts": cfg.get("num_local_experts"),
             "top_k": cfg.get("num_experts_per_tok"), "hidden": cfg.get("hidden_size"),
             "intermediate": cfg.get("intermediate_size"), "vocab": cfg.get("vocab_size"),
-            "parameters": params, "dtypes": sorted(dtypes)}
+            "parameters": params, "dtypes": sorted(dtypes),
+            "sha256": digest.hexdigest()[:16]}
 
 
 def _save(path: Path, data: dict) -> None:
@@ -386,7 +390,8 @@ def render(data: dict) -> str:
         f"- **Model**: `{m['dir']}` ({m['architecture']}: {m['layers']} layers, {m['experts']} "
         f"experts, top-{m['top_k']}, hidden {m['hidden']}, expert FFN {m['intermediate']}, "
         f"vocabulary {m['vocab']}; {m['parameters']:,} parameters stored as "
-        f"{'/'.join(m['dtypes'])}), run by transformers in float32 arithmetic: the "
+        f"{'/'.join(m['dtypes'])}; safetensors sha256 {m.get('sha256', '?')}…), run by "
+        "transformers in float32 arithmetic: the "
         "**original**.",
         f"- **Text**: `{txt['file']}` ({txt['bytes']:,} bytes, {txt['text_tokens']:,} tokens, "
         "held out from training), tokenized by the demo tokenizer; "
