@@ -155,3 +155,24 @@ def test_fused_expert_count_must_match_config(ckpts, tmp_path):
     refs = adapter_for(ck.config).expert_refs(0, 0, ck.tensors.keys())
     with pytest.raises(SourceError, match="gate_up_proj' holds 9 experts, but config.json says 8"):
         _check_fused_count(ck, refs, 8)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("hidden_size", "wide", "'hidden_size' must be a non-negative integer"),
+    ("num_local_experts", -3, "'num_local_experts' must be a non-negative integer"),
+    ("rms_norm_eps", "tiny", "'rms_norm_eps' must be a number"),
+])
+def test_bad_config_values_are_named(ckpts, key, value, message):
+    cfg = dict(Checkpoint(ckpts[("mixtral", "hub")]).config)
+    cfg[key] = value
+    with pytest.raises(SourceError, match=message):
+        _ = adapter_for(cfg).model
+
+
+def test_bad_routing_config_values(ckpts):
+    ds = dict(Checkpoint(ckpts[("deepseek_v3", "hub")]).config, scoring_func="relu")
+    with pytest.raises(SourceError, match="scoring_func 'relu' is not supported"):
+        _ = adapter_for(ds).model
+    qw = dict(Checkpoint(ckpts[("qwen3_moe", "hub")]).config, mlp_only_layers=3)
+    with pytest.raises(SourceError, match="mlp_only_layers must be a list"):
+        _ = adapter_for(qw).model

@@ -49,27 +49,43 @@ class Adapter:
             raise SourceError(f"config.json: missing {keys[0]!r} (needed for {self.arch})")
         return default
 
+    def cfg_int(self, *keys: str, default: Any = _MISSING) -> int:
+        """An integer setting (JSON floats with integral values accepted), >= 0."""
+        v = self.cfg(*keys, default=default)
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise SourceError(f"config.json: {keys[0]!r} must be a non-negative integer, "
+                              f"got {v!r}")
+        return v
+
+    def cfg_float(self, *keys: str, default: Any = _MISSING) -> float:
+        v = self.cfg(*keys, default=default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+            raise SourceError(f"config.json: {keys[0]!r} must be a number, got {v!r}")
+        return float(v)
+
     def rope(self) -> tuple[float, dict | None]:
         """(rope_theta, rope_scaling) from either the classic keys or transformers 5's
         `rope_parameters`."""
         params = self.config.get("rope_parameters") or {}
-        theta = self.cfg("rope_theta", default=params.get("rope_theta", 10000.0))
+        theta = self.cfg_float("rope_theta", default=params.get("rope_theta", 10000.0))
         scaling = self.config.get("rope_scaling")
         if scaling is None and params.get("rope_type", "default") != "default":
             scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-        return float(theta), scaling
+        return theta, scaling
 
     def common_model(self) -> dict:
         theta, scaling = self.rope()
         return {
             "arch": self.arch,
-            "vocab_size": int(self.cfg("vocab_size")),
-            "hidden_size": int(self.cfg("hidden_size")),
-            "num_layers": int(self.cfg("num_hidden_layers")),
-            "rms_norm_eps": float(self.cfg("rms_norm_eps", default=1e-6)),
+            "vocab_size": self.cfg_int("vocab_size"),
+            "hidden_size": self.cfg_int("hidden_size"),
+            "num_layers": self.cfg_int("num_hidden_layers"),
+            "rms_norm_eps": self.cfg_float("rms_norm_eps", default=1e-6),
             "rope_theta": theta,
             "rope_scaling": scaling,
-            "max_position_embeddings": int(self.cfg("max_position_embeddings")),
+            "max_position_embeddings": self.cfg_int("max_position_embeddings"),
             "tie_word_embeddings": bool(self.cfg("tie_word_embeddings", default=False)),
             "bos_token_id": self.config.get("bos_token_id"),
             "eos_token_id": self.config.get("eos_token_id"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from moepack.convert.adapters.base import Adapter, TrunkTensor
+from moepack.convert.errors import SourceError
 
 
 class DeepseekV3Adapter(Adapter):
@@ -14,45 +15,52 @@ class DeepseekV3Adapter(Adapter):
     hf_architecture = "DeepseekV3ForCausalLM"
 
     def _kinds(self, n: int) -> list[str]:
-        first = int(self.cfg("first_k_dense_replace", default=0))
-        freq = int(self.cfg("moe_layer_freq", default=1))
+        first = self.cfg_int("first_k_dense_replace", default=0)
+        freq = self.cfg_int("moe_layer_freq", default=1)
         return ["moe" if (i >= first and i % freq == 0) else "dense" for i in range(n)]
 
     @cached_property
     def model(self) -> dict:
         m = self.common_model()
-        heads = int(self.cfg("num_attention_heads"))
-        nope, rope = int(self.cfg("qk_nope_head_dim")), int(self.cfg("qk_rope_head_dim"))
-        q_lora = self.config.get("q_lora_rank")
+        heads = self.cfg_int("num_attention_heads")
+        nope, rope = self.cfg_int("qk_nope_head_dim"), self.cfg_int("qk_rope_head_dim")
+        q_lora = self.cfg_int("q_lora_rank", default=0)
         kinds = self._kinds(m["num_layers"])
-        inter = int(self.cfg("moe_intermediate_size"))
-        shared = int(self.cfg("n_shared_experts", default=0))
+        inter = self.cfg_int("moe_intermediate_size")
+        shared = self.cfg_int("n_shared_experts", default=0)
         m.update({
             "num_attention_heads": heads,
             "num_key_value_heads": heads,
             "head_dim": nope + rope,
             "qk_norm": False,
-            "attention": {"kind": "mla", "q_lora_rank": int(q_lora) if q_lora else None,
-                          "kv_lora_rank": int(self.cfg("kv_lora_rank")),
+            "attention": {"kind": "mla", "q_lora_rank": q_lora or None,
+                          "kv_lora_rank": self.cfg_int("kv_lora_rank"),
                           "qk_nope_head_dim": nope, "qk_rope_head_dim": rope,
-                          "v_head_dim": int(self.cfg("v_head_dim"))},
+                          "v_head_dim": self.cfg_int("v_head_dim")},
             "layer_kinds": kinds,
-            "dense_intermediate_size": (int(self.cfg("intermediate_size"))
+            "dense_intermediate_size": (self.cfg_int("intermediate_size")
                                         if "dense" in kinds else None),
             "moe": {
-                "num_experts": int(self.cfg("n_routed_experts", "num_local_experts")),
-                "top_k": int(self.cfg("num_experts_per_tok")),
+                "num_experts": self.cfg_int("n_routed_experts", "num_local_experts"),
+                "top_k": self.cfg_int("num_experts_per_tok"),
                 "moe_intermediate_size": inter,
-                "scoring": str(self.cfg("scoring_func", default="sigmoid")),
+                "scoring": self._scoring(),
                 "norm_topk_prob": bool(self.cfg("norm_topk_prob", default=True)),
-                "n_group": int(self.cfg("n_group", default=1)),
-                "topk_group": int(self.cfg("topk_group", default=1)),
-                "routed_scaling_factor": float(self.cfg("routed_scaling_factor", default=1.0)),
+                "n_group": self.cfg_int("n_group", default=1),
+                "topk_group": self.cfg_int("topk_group", default=1),
+                "routed_scaling_factor": self.cfg_float("routed_scaling_factor", default=1.0),
                 "num_shared_experts": shared,
                 "shared_intermediate_size": inter * shared if shared else None,
             },
         })
         return m
+
+    def _scoring(self) -> str:
+        scoring = self.cfg("scoring_func", default="sigmoid")
+        if scoring not in ("sigmoid", "softmax"):
+            raise SourceError(f"config.json: scoring_func {scoring!r} is not supported "
+                              "(sigmoid or softmax)")
+        return scoring
 
     def attention(self, layer: int) -> list[TrunkTensor]:
         a, h = self.model["attention"], self.hidden

@@ -15,20 +15,20 @@ class MixtralAdapter(Adapter):
     @cached_property
     def model(self) -> dict:
         m = self.common_model()
-        heads = int(self.cfg("num_attention_heads"))
+        heads = self.cfg_int("num_attention_heads")
         n = m["num_layers"]
         m.update({
             "num_attention_heads": heads,
-            "num_key_value_heads": int(self.cfg("num_key_value_heads", default=heads)),
-            "head_dim": int(self.cfg("head_dim", default=m["hidden_size"] // heads)),
+            "num_key_value_heads": self.cfg_int("num_key_value_heads", default=heads),
+            "head_dim": self.cfg_int("head_dim", default=m["hidden_size"] // heads),
             "qk_norm": False,
             "attention": {"kind": "gqa"},
             "layer_kinds": ["moe"] * n,
             "dense_intermediate_size": None,
             "moe": {
-                "num_experts": int(self.cfg("num_local_experts", "num_experts")),
-                "top_k": int(self.cfg("num_experts_per_tok")),
-                "moe_intermediate_size": int(self.cfg("intermediate_size")),
+                "num_experts": self.cfg_int("num_local_experts", "num_experts"),
+                "top_k": self.cfg_int("num_experts_per_tok"),
+                "moe_intermediate_size": self.cfg_int("intermediate_size"),
                 "scoring": "softmax",
                 "norm_topk_prob": True,
                 "n_group": 1,

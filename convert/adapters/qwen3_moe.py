@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from moepack.convert.adapters.base import Adapter, TrunkTensor
+from moepack.convert.errors import SourceError
 
 
 class Qwen3MoeAdapter(Adapter):
@@ -14,30 +15,33 @@ class Qwen3MoeAdapter(Adapter):
 
     def _kinds(self, n: int, experts: int) -> list[str]:
         # Same rule as transformers' Qwen3MoeDecoderLayer.
-        only = set(self.cfg("mlp_only_layers", default=[]))
-        step = int(self.cfg("decoder_sparse_step", default=1))
+        only = self.cfg("mlp_only_layers", default=[])
+        if not (isinstance(only, list) and all(isinstance(i, int) for i in only)):
+            raise SourceError(f"config.json: mlp_only_layers must be a list of layer indices, "
+                              f"got {only!r}")
+        step = self.cfg_int("decoder_sparse_step", default=1)
         return ["moe" if (i not in only and experts > 0 and (i + 1) % step == 0) else "dense"
                 for i in range(n)]
 
     @cached_property
     def model(self) -> dict:
         m = self.common_model()
-        heads = int(self.cfg("num_attention_heads"))
-        experts = int(self.cfg("num_experts", "num_local_experts"))
+        heads = self.cfg_int("num_attention_heads")
+        experts = self.cfg_int("num_experts", "num_local_experts")
         kinds = self._kinds(m["num_layers"], experts)
         m.update({
             "num_attention_heads": heads,
-            "num_key_value_heads": int(self.cfg("num_key_value_heads", default=heads)),
-            "head_dim": int(self.cfg("head_dim", default=m["hidden_size"] // heads)),
+            "num_key_value_heads": self.cfg_int("num_key_value_heads", default=heads),
+            "head_dim": self.cfg_int("head_dim", default=m["hidden_size"] // heads),
             "qk_norm": True,
             "attention": {"kind": "gqa"},
             "layer_kinds": kinds,
-            "dense_intermediate_size": (int(self.cfg("intermediate_size"))
+            "dense_intermediate_size": (self.cfg_int("intermediate_size")
                                         if "dense" in kinds else None),
             "moe": {
                 "num_experts": experts,
-                "top_k": int(self.cfg("num_experts_per_tok")),
-                "moe_intermediate_size": int(self.cfg("moe_intermediate_size")),
+                "top_k": self.cfg_int("num_experts_per_tok"),
+                "moe_intermediate_size": self.cfg_int("moe_intermediate_size"),
                 "scoring": "softmax",
                 "norm_topk_prob": bool(self.cfg("norm_topk_prob", default=False)),
                 "n_group": 1,
