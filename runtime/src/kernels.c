@@ -124,7 +124,7 @@ static void s_rvq_lut_block(const float *cbt, int stages, const float *x, int64_
     for (int d = 0; d < 8; d++) xv[d] = 8 * v + d < cols ? x[8 * v + d] : 0.0f;
     for (int s = 0; s < stages; s++) {
         const float *cs = cbt + (size_t)s * 8 * 256;
-        float *out = lut + ((size_t)v * stages + s) * 256;
+        float *out = lut + ((size_t)v * (size_t)stages + (size_t)s) * 256;
         for (int e = 0; e < 256; e++) {
             float a = xv[0] * cs[e];
             for (int d = 1; d < 8; d++) a = a + xv[d] * cs[d * 256 + e];
@@ -279,7 +279,7 @@ void mpk_rvq_transpose_cb(const float *cb, int stages, float *cbt) {
     for (int s = 0; s < stages; s++)
         for (int e = 0; e < 256; e++)
             for (int d = 0; d < 8; d++)
-                cbt[((size_t)s * 8 + d) * 256 + e] = cb[((size_t)s * 256 + e) * 8 + d];
+                cbt[((size_t)s * 8 + (size_t)d) * 256 + (size_t)e] = cb[((size_t)s * 256 + (size_t)e) * 8 + (size_t)d];
 }
 
 typedef struct {

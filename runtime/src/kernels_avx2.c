@@ -127,7 +127,7 @@ AVX2 static void a_rvq_lut_block(const float *cbt, int stages, const float *x, i
     for (int d = 0; d < 8; d++) xv[d] = 8 * v + d < cols ? x[8 * v + d] : 0.0f;
     for (int s = 0; s < stages; s++) {
         const float *cs = cbt + (size_t)s * 8 * 256;
-        float *out = lut + ((size_t)v * stages + s) * 256;
+        float *out = lut + ((size_t)v * (size_t)stages + (size_t)s) * 256;
         for (int e = 0; e < 256; e += 8) {
             __m256 a = _mm256_mul_ps(_mm256_set1_ps(xv[0]), _mm256_loadu_ps(cs + e));
             for (int d = 1; d < 8; d++)
