@@ -17,7 +17,7 @@ from pathlib import Path
 from moepack.convert.errors import ConvertError
 from moepack.convert.fingerprint import fingerprint, manifest_files
 from moepack.convert.journal import Journal, journal_path
-from moepack.convert.plan import PLACEHOLDER_SHA, Plan, checkpoint_plan, weight_counts
+from moepack.convert.plan import Plan, checkpoint_plan, weight_counts
 from moepack.convert.progress import Reporter
 from moepack.convert.resume import (
     check_same,
@@ -112,29 +112,16 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
     if not out.parent.is_dir():
         raise ConvertError(f"{out.parent}: no such directory")
     ck = Checkpoint(src)
+    # Validate every tensor and size the output before the (long) SHA-256 pass; hashes have a
+    # fixed width, so the placeholder plan has the final size.
+    plan, _ = checkpoint_plan(ck, settings)
     # --restart simply starts fresh: Journal.create locks before truncating anything.
     resuming = not restart and partial.exists() and Journal.read_header(jpath) is not None
-    if dry_run:
-        fp = [{"name": f, "size": (ck.dir / f).stat().st_size, "sha256": PLACEHOLDER_SHA}
-              for f in ck.files]
-    else:
-        rep.hashing(sum((ck.dir / f).stat().st_size for f in ck.files))
-        fp = fingerprint(ck.dir, ck.files, known_hashes(jpath) if resuming else None,
-                         rep.hashed)
-    plan, smap = checkpoint_plan(ck, settings, manifest_files(fp))
-    header = journal_header(plan, fp)
-    tasks = make_tasks(plan, smap)
-    lengths = unit_lengths(plan)
     free = shutil.disk_usage(out.parent).free
-    done: dict[str, str] = {}
-    if resuming:
-        jh = Journal.read_header(jpath) or {}
-        if not dry_run:
-            check_same(jh, header, partial)
     # A partial we are about to truncate and reuse already holds its blocks.
     reusable = partial.stat().st_blocks * 512 if partial.exists() else 0
     need = 0 if resuming else max(0, plan.layout.file_size + SPACE_MARGIN - reusable)
-    summary_plan = _plan_summary(plan, out, jobs, free, 0, len(lengths))
+    summary_plan = _plan_summary(plan, out, jobs, free, 0, len(unit_lengths(plan)))
     if dry_run:
         return _summary(plan, out, None, t0, 0, summary_plan)
     available = _available_memory()
@@ -144,12 +131,17 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
     if free < need:
         raise ConvertError(f"not enough free space for {out}: need {need:,} bytes, "
                            f"{free:,} free on {out.parent}; nothing was written")
+    rep.hashing(sum((ck.dir / f).stat().st_size for f in ck.files))
+    fp = fingerprint(ck.dir, ck.files, known_hashes(jpath) if resuming else None, rep.hashed)
+    plan, smap = checkpoint_plan(ck, settings, manifest_files(fp))
+    header = journal_header(plan, fp)
+    lengths = unit_lengths(plan)
     if resuming:
+        check_same(Journal.read_header(jpath) or {}, header, partial)
         journal = Journal.resume(jpath)
         bad = damaged_units(partial, plan, journal.done, rep)
         journal.forget(bad)
-        done = dict(journal.done)
-        rep.message(f"resuming {partial.name}: {len(done)} of {len(lengths)} units done"
+        rep.message(f"resuming {partial.name}: {len(journal.done)} of {len(lengths)} units done"
                     + (f"; {len(bad)} damaged, redoing them" if bad else ""))
     else:  # journal first: its lock keeps a second run from truncating our partial
         journal = Journal.create(jpath, header)
@@ -159,14 +151,16 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
             journal.remove()
             partial.unlink(missing_ok=True)
             raise
+    resumed = len(journal.done)
+    stats: dict[str, int] = {}
     try:
-        stats: dict[str, int] = {}
-        cid = _run(ck, out, plan, tasks, journal, settings, jobs, force, lengths, rep, stats)
+        cid = _run(ck, out, plan, make_tasks(plan, smap), journal, settings, jobs, force,
+                   lengths, rep, stats)
     finally:
         journal.close()
         rep.stop()
     journal.remove()
-    return _summary(plan, out, cid, t0, len(done), summary_plan, stats.get("peak_rss_worker", 0))
+    return _summary(plan, out, cid, t0, resumed, summary_plan, stats.get("peak_rss_worker", 0))
 
 
 def _run(ck: Checkpoint, out: Path, plan: Plan, tasks: list[Task], journal: Journal,
