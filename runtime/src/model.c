@@ -129,8 +129,12 @@ uint64_t mpm_scratch_bytes(const mpm_config *c) {
                      3u * (uint64_t)MPM_CHUNK * (uint64_t)c->top_k;
     /* per chunk token: q, k, v, attention output, MLA latents, FFN gate/up */
     uint64_t per_tok = 4 * q + 2 * (uint64_t)max64(I, c->q_lora_rank);
+    /* f32 copies made at load: transposed codebooks (<= 8 stages), rotation signs, norms, bias */
+    uint64_t per_layer = 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +
+                                                          c->q_lora_rank + c->kv_lora_rank + c->n_experts);
     return 4u * (lut + (uint64_t)MPM_CHUNK * per_tok + 16 * (uint64_t)max64(H, I) +
-                 (uint64_t)c->vocab + 2 * (uint64_t)c->n_experts + chunk);
+                 (uint64_t)c->vocab + 2 * (uint64_t)c->n_experts + chunk +
+                 per_layer * (uint64_t)c->n_layers + (uint64_t)H);
 }
 
 static int alloc_scratch(mpm_model *m) {
