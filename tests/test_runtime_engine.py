@@ -201,3 +201,22 @@ def test_wide_synthetic_model_is_bit_identical_scalar_vs_simd_and_threads(tmp_pa
     assert np.isfinite(runs[0]).all() and np.abs(runs[0]).max() > 0
     for r in runs[1:]:
         assert np.array_equal(r, runs[0])
+
+
+def test_nan_router_weights_do_not_crash(tmp_path):
+    """Damaged trunk bytes (NaN router: every score compares false) still route to valid experts;
+    the NaN simply propagates to the logits."""
+    from moepack.format.reader import Container
+    from moepack.format.synthetic import mixtral_spec, write_synthetic
+
+    path = tmp_path / "nan.moepack"
+    write_synthetic(path, mixtral_spec(layers=2, experts=4, hidden=64, inter=32, vocab=40))
+    with Container.open(path) as c:
+        info = c.tensor_info("layers.0.router")
+        off, n = info["offset"], info["length"]
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(np.full(n // 4, np.nan, dtype="<f4").tobytes())
+    with Engine(path, ctx=8) as e:
+        out = e.logits([1, 2, 3])
+    assert out.shape == (3, 40) and np.isnan(out).all()

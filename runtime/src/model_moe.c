@@ -20,6 +20,17 @@ static void topk(const float *v, int64_t n, int64_t k, const uint8_t *allowed, i
         for (int64_t i = k - 1; i > pos; i--) out[i] = out[i - 1];
         out[pos] = (int32_t)e;
     }
+    /* NaN scores (damaged weights) compare false everywhere: fill any empty slot with the lowest
+     * unused allowed index so that callers never see -1 */
+    for (int64_t i = 0; i < k; i++) {
+        if (out[i] >= 0) continue;
+        for (int64_t e = 0; e < n && out[i] < 0; e++) {
+            int used = allowed && !allowed[e];
+            for (int64_t j = 0; j < k && !used; j++) used = out[j] == e;
+            if (!used) out[i] = (int32_t)e;
+        }
+        if (out[i] < 0) out[i] = 0;
+    }
 }
 
 void mpm_route(const mpm_model *m, int layer, const float *xn, float *logits, int32_t *sel,
