@@ -71,8 +71,9 @@ def plan_cmd(
     budget: BudgetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Memory plan: floor (trunk + KV + scratch + one token's experts), recommended and default
-    budgets for this machine."""
+    """Memory plan: floor, recommended and default budget for this machine.
+
+    floor = trunk + KV cache + scratch + one token's routed experts over all MoE layers."""
     from moepack.runtime.engine import EngineError, parse_bytes, plan
 
     try:
@@ -128,9 +129,9 @@ def run_cmd(
     prompt: Annotated[str, typer.Argument(help="Prompt text.")] = "",
     n: Annotated[int, typer.Option("-n", help="Tokens to generate.")] = 32,
     temp: Annotated[float, typer.Option("--temp", help="Temperature (0 = greedy).")] = 0.0,
-    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
-    top_k: Annotated[int, typer.Option("--top-k")] = 0,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus mass (1 = off).")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely (0 = off).")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
     budget: BudgetOpt = None,
     threads: ThreadsOpt = None,
     ctx: CtxOpt = None,
@@ -217,8 +218,10 @@ def chat_cmd(
     threads: ThreadsOpt = None,
     ctx: CtxOpt = None,
 ) -> None:
-    """Interactive chat with the container's chat template; the KV cache is kept across turns
-    (only the new part of the conversation is evaluated). Empty line or EOF ends."""
+    """Interactive chat with the container's chat template (KV cache kept across turns).
+
+    Each turn evaluates only the part of the conversation not already cached. An empty line or
+    EOF ends the chat."""
     from moepack.runtime.engine import EngineError
     from moepack.runtime.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 
