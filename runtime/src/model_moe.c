@@ -145,6 +145,8 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
             snprintf(m->err, sizeof m->err, "%s", msg[0] ? msg : "expert records could not be read");
             return rc;
         }
+        if (m->io.prefetch && g0 + ng < nu) /* next group's reads overlap this group's compute */
+            m->io.prefetch(m->io.user, l, m->uniq + g0 + ng, nu - g0 - ng < (int)K ? nu - g0 - ng : (int)K);
         for (int t = 0; t < T; t++) {
             const float *x = xn + t * H;
             int luts = 0;
