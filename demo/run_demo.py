@@ -65,15 +65,14 @@ def main() -> int:
     plan = json.loads(moepack("plan", str(copy), "--json", capture=True))
     moepack("plan", str(copy))
     budget = demo_budget(plan)
-    moepack("run", str(copy), PROMPT, "-n", "64", "--budget", str(budget), "--seed", "0")
+    moepack("run", str(copy), PROMPT, "-n", "64", "--budget", str(budget),
+            "--temp", "0.7", "--top-p", "0.9", "--seed", "1")
     return 0
 
 
 def demo_budget(plan: dict) -> int:
-    """A budget above the floor but below the experts' total, so experts stream from disk."""
-    floor = int(plan["floor_bytes"])
-    experts = int(plan["experts_bytes"])
-    return floor + experts // 4
+    """Just above the floor and far below the experts' total, so experts stream from disk."""
+    return int(plan["floor_bytes"]) + int(plan["experts_bytes"]) // 8
 
 
 if __name__ == "__main__":
