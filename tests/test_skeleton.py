@@ -8,7 +8,10 @@ def test_engine_library_loads():
     assert _lib.version() == "0.1.0"
 
 
-def test_cli_help_lists_app():
-    out = subprocess.run([sys.executable, "-m", "moepack", "--help"], capture_output=True, text=True)
+def test_cli_help_lists_every_command():
+    out = subprocess.run([sys.executable, "-m", "moepack", "--help"],
+                         capture_output=True, text=True)
     assert out.returncode == 0
-    assert "moepack" in out.stdout
+    for command in ("info", "convert", "export", "verify", "fetch", "torrent", "seed",
+                    "plan", "run", "chat", "eval"):
+        assert command in out.stdout, command
