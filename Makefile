@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 C_SOURCES := $(wildcard runtime/src/*.c runtime/src/*.h runtime/include/*.h)
 
-.PHONY: all install test test-slow lint demo bench bench-quant fuzz asan clean
+.PHONY: all install test test-slow lint demo bench bench-quant bench-convert bench-verify \
+	bench-torrent bench-runtime bench-quality fuzz asan clean
 
 all: install
 
@@ -45,6 +46,21 @@ bench: install
 
 bench-quant: install
 	$(PY) -m bench.quant
+
+bench-convert: install
+	nice $(PY) -m bench.convert
+
+bench-verify: install
+	nice $(PY) -m bench.verify
+
+bench-torrent: install
+	nice $(PY) -m bench.torrent
+
+bench-runtime: install
+	nice $(PY) -m bench.runtime
+
+bench-quality: install
+	nice $(PY) -m bench.quality --matrix --reference demo/model --text demo/heldout.txt
 
 fuzz: install
 	MOEPACK_FUZZ_EXAMPLES=20000 $(PY) -m pytest -q tests/test_fuzz.py -p no:cacheprovider
