@@ -20,16 +20,23 @@ from moepack.format.rules import check_obj, validate_manifest
 from moepack.format.sections import Sections, validate_sections
 
 
-def _validate_index(mm: mmap.mmap, h: Header) -> tuple[dict[str, Any], Sections]:
-    data = mm[h.index_offset : h.index_offset + h.index_length]
-    if blake3.blake3(data).digest() != h.root_hash:
-        raise FormatError("header.root_hash at offset 48: index hash mismatch (index damaged)")
+def parse_index(data: bytes, h: Header) -> tuple[dict[str, Any], Sections]:
+    """Parse and validate index bytes against header `h`: (manifest, sections).
+
+    Does not check the bytes against h.root_hash; callers that trust the header do that first.
+    """
     doc = check_obj(parse_canonical(data, f"index at offset {h.index_offset}"), "index")
     for key in ("manifest", "sections"):
         if key not in doc:
             raise FormatError(f"index: missing key {key!r}")
-    manifest = validate_manifest(doc["manifest"])
-    return manifest, validate_sections(doc["sections"], h)
+    return validate_manifest(doc["manifest"]), validate_sections(doc["sections"], h)
+
+
+def _validate_index(mm: mmap.mmap, h: Header) -> tuple[dict[str, Any], Sections]:
+    data = mm[h.index_offset : h.index_offset + h.index_length]
+    if blake3.blake3(data).digest() != h.root_hash:
+        raise FormatError("header.root_hash at offset 48: index hash mismatch (index damaged)")
+    return parse_index(data, h)
 
 
 class Container:

@@ -9,8 +9,8 @@ part is damaged and still check the rest when it can. The rules (docs/VERIFY.md)
   then authenticated by the root hash stored in that header, or used unauthenticated (noted).
 - Header intact but the index's BLAKE3 differs from the root hash -> damage `index`; the index
   cannot be trusted, so no item is checked against it.
-Parsing reuses moepack.format's checks (parse_header, parse_canonical, validate_manifest,
-validate_sections); only the order of checks differs from the reader.
+Parsing reuses moepack.format's checks (parse_header, parse_index); only the order of checks
+differs from the reader.
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import blake3
-from moepack.format.canonical import parse_canonical
 from moepack.format.errors import FormatError
 from moepack.format.header import Header, parse_header
 from moepack.format.limits import HEADER_SIZE
-from moepack.format.rules import check_obj, validate_manifest
-from moepack.format.sections import validate_sections
+from moepack.format.reader import parse_index
 from moepack.verify.report import Damage
 
 _HASHED = 96  # the header hash covers bytes 0..95 (FORMAT.md section 2)
@@ -54,15 +52,6 @@ def _read_exact(fd: int, n: int, offset: int) -> bytes:
             break
         out += chunk
     return bytes(out)
-
-
-def _parse_index(data: bytes, h: Header) -> list[dict[str, Any]]:
-    doc = check_obj(parse_canonical(data, f"index at offset {h.index_offset}"), "index")
-    for key in ("manifest", "sections"):
-        if key not in doc:
-            raise FormatError(f"index: missing key {key!r}")
-    validate_manifest(doc["manifest"])
-    return validate_sections(doc["sections"], h).all
 
 
 def _header(head: bytes, size: int) -> tuple[Header, list[Damage]]:
@@ -131,7 +120,7 @@ def _open_index(h: Header, index: bytes, damage: list[Damage]) -> Opened:
         opened.notes.append("items not checked: the index that holds their hashes is damaged")
         return opened
     try:
-        opened.sections = _parse_index(index, h)
+        opened.sections = parse_index(index, h)[1].all
     except FormatError as e:
         if root_ok and not damage:
             raise Unverifiable(str(e)) from None
