@@ -122,6 +122,21 @@ def engine_run(kind: str, model: Path, cap: int | None, *, tokens: int, threads:
     return out
 
 
+def warm_q3k(res: dict, dir_: Path, shape, tokens: int, threads: int) -> None:
+    """Warm llama.cpp again with a Q3_K twin (3.44 bpw): IQ3_XXS is one of llama.cpp's slower
+    CPU types, so the warm ratio is also given against the faster, larger Q3_K."""
+    from bench.synthetic_model import write_gguf
+
+    q = dir_ / "synthetic-q3k.gguf"
+    try:
+        res["model"]["gguf_q3k"] = write_gguf(q, shape, expert_type="Q3_K")
+        read_through(q)
+        res["warm"]["llama_q3k"] = engine_run("llama", q, None, tokens=tokens, threads=threads,
+                                              passes=2)
+    finally:
+        q.unlink(missing_ok=True)
+
+
 def run_others(quick: bool) -> dict:
     """The other helpers' benchmarks, small, as subprocesses; their markdown is kept verbatim."""
     size = "0.5" if quick else "1.5"
@@ -158,7 +173,18 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="reuse models already in --dir")
     ap.add_argument("--no-others", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--no-q3k", action="store_true", help="skip the warm Q3_K llama.cpp twin")
+    ap.add_argument("--only-q3k", action="store_true",
+                    help="only add the warm Q3_K run to an existing results file")
     a = ap.parse_args()
+    if a.only_q3k:
+        from bench.synthetic_model import Shape
+        f = RESULTS / f"run_all{'-quick' if a.quick else ''}.json"
+        res = json.loads(f.read_text())
+        warm_q3k(res, a.dir, Shape(**res["model"]["shape"]), res["decode_tokens"], a.threads)
+        _save(res, a.quick)
+        write_markdown(ROOT / "BENCHMARKS.md")
+        return
     from moepack.runtime.engine import plan as mp_plan
 
     from bench import cgroup, llama
@@ -245,6 +271,8 @@ def main() -> None:
             read_through(gg)
             res["warm"]["llama"] = engine_run("llama", gg, None, tokens=tokens,
                                               threads=a.threads, passes=2)
+        if use_llama and not a.no_q3k:
+            warm_q3k(res, a.dir, shape, tokens, a.threads)
         _save(res, quick)
 
         # 5. cold expert reads vs the disk
@@ -394,7 +422,11 @@ def section(res: dict) -> str:
         out.append("| engine | decode tok/s | ratio to llama.cpp |\n|---|---|---|")
         out.append(f"| moepack | {_f(mw)} | {_f(_ratio(mw, lw))} |")
         if w.get("llama"):
-            out.append(f"| llama.cpp | {_f(lw)} | 1.00 |")
+            out.append(f"| llama.cpp, IQ3_XXS twin (3.06 bpw) | {_f(lw)} | 1.00 |")
+        if w.get("llama_q3k"):
+            qw = _tok(w["llama_q3k"], -1)
+            out.append(f"| llama.cpp, Q3_K twin (3.44 bpw) | {_f(qw)} | "
+                       f"{_f(_ratio(qw, lw))} (moepack / this: {_f(_ratio(mw, qw))}) |")
         out.append("")
     c = res.get("cold")
     if c:
@@ -470,8 +502,10 @@ def goals(res: dict) -> str:
     w = res.get("warm") or {}
     if w.get("llama") and "tok_s" in w["llama"]:
         r = _ratio(_tok(w.get("moepack"), -1), _tok(w["llama"], -1))
-        lines.append(f"| warm: >= 1.0x llama.cpp | {_f(r)}x | "
-                     f"{'yes' if r and r >= 1 else 'no'} |")
+        q = _ratio(_tok(w.get("moepack"), -1), _tok(w.get("llama_q3k"), -1))
+        extra = f"; {_f(q)}x vs the Q3_K twin" if q else ""
+        lines.append(f"| warm: >= 1.0x llama.cpp | {_f(r)}x vs the IQ3_XXS twin{extra} | "
+                     f"{'yes' if r and r >= 1 and (q is None or q >= 1) else 'no'} |")
     else:
         lines.append("| warm: >= 1.0x llama.cpp | not measured (no llama.cpp run) | – |")
     c = res.get("cold")

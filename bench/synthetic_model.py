@@ -31,7 +31,10 @@ from moepack.format.layout import plan_layout
 from moepack.format.synthetic import Q8, RVQ3, mixtral_spec, write_synthetic
 
 IQ3_XXS_BLOCK = (256, 98)  # weights, bytes: f16 d + 64 grid indices + 32 bytes of signs/scales
+Q3_K_BLOCK = (256, 110)    # hmask[32] + qs[64] + scales[12] + f16 d (at byte 108)
 Q8_0_BLOCK = (32, 34)      # f16 d + 32 int8
+# expert type -> (block, offset of the f16 scale in a block, llama_ftype, bits per weight)
+EXPERT_TYPES = {"IQ3_XXS": (IQ3_XXS_BLOCK, 0, 23, 3.0625), "Q3_K": (Q3_K_BLOCK, 108, 11, 3.4375)}
 
 
 @dataclass(frozen=True)
@@ -110,10 +113,13 @@ def _blocks(rng: np.random.Generator, n_weights: int, block: tuple[int, int], d:
     return a.reshape(-1)
 
 
-def write_gguf(path: Path, s: Shape, seed: int = 0) -> dict:
-    """The llama.cpp twin: same shapes, IQ3_XXS experts, Q8_0 trunk, written tensor by tensor."""
+def write_gguf(path: Path, s: Shape, seed: int = 0, expert_type: str = "IQ3_XXS") -> dict:
+    """The llama.cpp twin: same shapes, IQ3_XXS (or Q3_K) experts, Q8_0 trunk, written tensor by
+    tensor."""
     import gguf
     from gguf import GGMLQuantizationType as T
+
+    eblock, e_d_at, ftype, _ = EXPERT_TYPES[expert_type]
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -131,7 +137,7 @@ def write_gguf(path: Path, s: Shape, seed: int = 0) -> dict:
     w.add_expert_count(s.experts)
     w.add_expert_used_count(s.top_k)
     w.add_vocab_size(s.vocab)
-    w.add_file_type(23)  # LLAMA_FTYPE_MOSTLY_IQ3_XXS
+    w.add_file_type(ftype)  # LLAMA_FTYPE_MOSTLY_IQ3_XXS / Q3_K_S
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
     tokens += [f"tok{i}" for i in range(len(tokens), s.vocab)]
     types = [2, 3, 3] + [6] * 256 + [1] * (s.vocab - 259)
@@ -160,7 +166,7 @@ def write_gguf(path: Path, s: Shape, seed: int = 0) -> dict:
                  (p + "ffn_up_exps.weight", (s.experts, s.inter, H), "iq3"),
                  (p + "ffn_down_exps.weight", (s.experts, H, s.inter), "iq3")]
     plan += [("output_norm.weight", (H,), "f32"), ("output.weight", (s.vocab, H), "q8")]
-    kinds = {"q8": (T.Q8_0, Q8_0_BLOCK), "iq3": (T.IQ3_XXS, IQ3_XXS_BLOCK)}
+    kinds = {"q8": (T.Q8_0, Q8_0_BLOCK), "iq3": (getattr(T, expert_type), eblock)}
     for name, shape, kind in plan:
         if kind == "f32":
             w.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
@@ -182,11 +188,12 @@ def write_gguf(path: Path, s: Shape, seed: int = 0) -> dict:
         elif kind == "q8":
             a = _blocks(rng, n, Q8_0_BLOCK, 2e-4)
         else:
-            a = _blocks(rng, n, IQ3_XXS_BLOCK, 1e-4)
+            a = _blocks(rng, n, eblock, 1e-4, d_at=e_d_at)
         w.write_tensor_data(a)
     w.close()
     return {"path": str(path), "bytes": path.stat().st_size, "seconds": time.perf_counter() - t0,
-            "expert_type": "IQ3_XXS", "expert_bytes": s.gguf_expert_bytes()}
+            "expert_type": expert_type,
+            "expert_bytes": s.expert_params() // eblock[0] * eblock[1]}
 
 
 def build(dir_: Path, s: Shape, *, gguf: bool = True) -> dict:
