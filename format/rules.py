@@ -26,22 +26,22 @@ def check_int(value: Any, where: str, lo: int = 0, hi: int = MAX_U63) -> int:
     return value
 
 
-def check_str(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise FormatError(f"{where}: expected a string, got {type(value).__name__}")
+def _check_type(value: Any, kind: type, what: str, where: str) -> Any:
+    if not isinstance(value, kind):
+        raise FormatError(f"{where}: expected {what}, got {type(value).__name__}")
     return value
+
+
+def check_str(value: Any, where: str) -> str:
+    return _check_type(value, str, "a string", where)
 
 
 def check_obj(value: Any, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise FormatError(f"{where}: expected an object, got {type(value).__name__}")
-    return value
+    return _check_type(value, dict, "an object", where)
 
 
 def check_list(value: Any, where: str) -> list:
-    if not isinstance(value, list):
-        raise FormatError(f"{where}: expected an array, got {type(value).__name__}")
-    return value
+    return _check_type(value, list, "an array", where)
 
 
 def check_name(value: Any, where: str) -> str:
