@@ -125,8 +125,11 @@ def mixtral_spec(*, layers: int = 2, experts: int = 4, hidden: int = 64, inter: 
 
 def write_synthetic(path: str | os.PathLike, spec: ContainerSpec,
                     blobs: Mapping[str, bytes] | None = None, *, seed: str = "moepack",
-                    overwrite: bool = False) -> str:
-    """Plan and write `spec` with deterministic payloads; blob bytes come from `blobs`."""
+                    overwrite: bool = False, random_experts: bool = False) -> str:
+    """Plan and write `spec` with deterministic payloads; blob bytes come from `blobs`.
+
+    random_experts: expert records get os.urandom bytes instead (much faster for large records;
+    for I/O tests and benchmarks that never decode them)."""
     layout = _plan(spec)
     with ContainerWriter(path, layout, overwrite=overwrite) as w:
         for t in spec.tensors:
@@ -135,7 +138,8 @@ def write_synthetic(path: str | os.PathLike, spec: ContainerSpec,
             w.write_blob(b.name, (blobs or {})[b.name])
         for bank in layout.banks():
             for e in range(bank.count):
-                parts = {p.name: encode_synthetic(p.codec, p.shape, f"{seed}:{bank.layer}:{e}:"
-                                                  f"{p.name}") for p in bank.parts}
+                parts = {p.name: os.urandom(p.length) if random_experts else
+                         encode_synthetic(p.codec, p.shape, f"{seed}:{bank.layer}:{e}:{p.name}")
+                         for p in bank.parts}
                 w.write_expert(bank.layer, e, pack_record(bank, parts))
         return w.finalize()

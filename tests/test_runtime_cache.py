@@ -4,14 +4,12 @@ and a real budget is actually used (the cache fills)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from moepack.format import ContainerWriter, pack_record, plan_layout
-from moepack.format.synthetic import encode_synthetic, mixtral_spec
+from moepack.format.synthetic import mixtral_spec, write_synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -32,15 +30,7 @@ def container(tmp_path_factory):
     path = tmp_path_factory.mktemp("rss") / "rss.moepack"
     spec = mixtral_spec(layers=1, experts=64, hidden=1024, inter=320, vocab=64,
                         expert={"name": "q8", "group_size": 32})
-    layout = plan_layout(spec)
-    with ContainerWriter(path, layout) as w:
-        for t in spec.tensors:
-            w.write_tensor(t.name, encode_synthetic(t.codec, t.shape, f"rss:{t.name}"))
-        for bank in layout.banks():
-            for e in range(bank.count):
-                parts = {p.name: os.urandom(p.length) for p in bank.parts}
-                w.write_expert(bank.layer, e, pack_record(bank, parts))
-        w.finalize()
+    write_synthetic(path, spec, seed="rss", random_experts=True)
     return path
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from moepack.format import ContainerWriter, pack_record, plan_layout
-from moepack.format.synthetic import encode_synthetic, mixtral_spec
+from moepack.format.synthetic import mixtral_spec, write_synthetic
 
 
 def main() -> None:
@@ -19,15 +18,7 @@ def main() -> None:
     experts = int(sys.argv[3]) if len(sys.argv) > 3 else 32
     spec = mixtral_spec(layers=layers, experts=experts, hidden=2048, inter=1024, vocab=256,
                         expert={"name": "q8", "group_size": 32})
-    layout = plan_layout(spec)
-    with ContainerWriter(out, layout) as w:
-        for t in spec.tensors:
-            w.write_tensor(t.name, encode_synthetic(t.codec, t.shape, f"bench:{t.name}"))
-        for bank in layout.banks():
-            for e in range(bank.count):
-                parts = {p.name: os.urandom(p.length) for p in bank.parts}
-                w.write_expert(bank.layer, e, pack_record(bank, parts))
-        w.finalize()
+    write_synthetic(out, spec, seed="bench", random_experts=True)
     print(out, os.path.getsize(out), "bytes")
 
 
