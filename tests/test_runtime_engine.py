@@ -11,6 +11,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from damage import flip
 from moepack.runtime.engine import BudgetError, CorruptError, Engine, EngineError, plan
 from tiny_models import make_checkpoint
 
@@ -125,12 +126,8 @@ def test_damaged_expert_record_is_named_with_verify_reads(mixtral, tmp_path):
     bad.write_bytes(mixtral.read_bytes())
     with Container.open(bad) as c:
         ranges = [c.expert_range(1, e) for e in range(6)]
-    with open(bad, "r+b") as f:  # flip one code byte in every expert of layer 1
-        for off, _ in ranges:
-            f.seek(off + 5)
-            b = f.read(1)
-            f.seek(off + 5)
-            f.write(bytes([b[0] ^ 0xFF]))
+    for off, _ in ranges:  # one code byte in every expert of layer 1
+        flip(bad, off + 5)
     with Engine(bad, verify_reads=True) as e:
         with pytest.raises(CorruptError, match=r"layer 1 expert \d"):
             e.logits([1, 2, 3])

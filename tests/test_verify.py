@@ -7,6 +7,7 @@ from pathlib import Path
 
 import blake3
 import pytest
+from damage import flip
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from moepack.format import Container
@@ -36,14 +37,6 @@ def copy(pristine: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "copy.moepack"
     shutil.copyfile(pristine, dst)
     return dst
-
-
-def flip(path: Path, offset: int, mask: int = 0xFF) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([b ^ mask]))
 
 
 def offsets(path: Path) -> dict[str, int]:

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from damage import flip
 from moepack.format import Container
 from moepack.format.synthetic import mixtral_spec, write_synthetic
 from typer.testing import CliRunner
@@ -34,11 +35,7 @@ def copy(pristine: Path, tmp_path: Path) -> Path:
 def _flip_expert(path: Path, layer: int, expert: int) -> tuple[int, int]:
     with Container.open(path) as c:
         off, stride = c.expert_range(layer, expert)
-    with open(path, "r+b") as f:
-        f.seek(off + 1)
-        b = f.read(1)
-        f.seek(off + 1)
-        f.write(bytes([b[0] ^ 0x55]))
+    flip(path, off + 1, 0x55)
     return off, stride
 
 

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from damage import flip
 from moepack.format import Container
 from moepack.format.limits import HEADER_SIZE
 from moepack.format.synthetic import mixtral_spec, write_synthetic
@@ -67,14 +68,6 @@ def container(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
-def _flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([b ^ 1]))
-
-
 def _scan_labels(path: Path, **kw: object) -> list[str]:
     with Container.open(path) as c:
         sections, end = c.sections, c.header.index_offset
@@ -91,8 +84,8 @@ def test_small_chunks_and_threads_agree(container: Path, tmp_path: Path, threads
     with Container.open(path) as c:
         embed = c.tensor_info("embed")
         rec = c.expert_range(1, 1)[0]
-    _flip(path, embed["offset"] + embed["length"] - 1)  # last byte of a multi-chunk item
-    _flip(path, rec)
+    flip(path, embed["offset"] + embed["length"] - 1, 1)  # last byte of a multi-chunk item
+    flip(path, rec, 1)
     want = ["tensor embed", "layer 1 expert 1"]
     assert [d.label for d in verify(path).damaged] == want
     assert _scan_labels(path, threads=threads, chunk=PAGE) == want
