@@ -11,6 +11,7 @@ from pathlib import Path
 
 import libtorrent as lt
 import pytest
+from damage import flip
 from moepack.fetch.errors import FetchError
 from moepack.fetch.staging import STAGING_DIR
 from moepack.fetch.torrent import (
@@ -104,12 +105,8 @@ def test_repair_downloads_only_damaged_pieces(small, tmp_path: Path) -> None:
         first = _fetched(fetch_torrent(str(torrent), tmp_path, opts=_opts(seeder.port)))
         piece = lt.torrent_info(str(torrent)).piece_length()
         size = first.path.stat().st_size
-        with open(first.path, "r+b") as f:       # two bytes in two different pieces
-            for off in (size // 3, 2 * size // 3):
-                f.seek(off)
-                b = f.read(1)
-                f.seek(off)
-                f.write(bytes([b[0] ^ 0x5A]))
+        for off in (size // 3, 2 * size // 3):   # two bytes in two different pieces
+            flip(first.path, off, 0x5A)
         assert not verify(first.path).ok
         r = _fetched(fetch_torrent(str(torrent), tmp_path, opts=_opts(seeder.port)))
     assert r.pieces_at_start == r.pieces - 2
@@ -118,14 +115,19 @@ def test_repair_downloads_only_damaged_pieces(small, tmp_path: Path) -> None:
     assert r.path.read_bytes() == path.read_bytes()
 
 
-def test_killed_fetch_resumes(tmp_path: Path) -> None:
+def _mid(tmp_path: Path, experts: int) -> tuple[Path, Path, str, int]:
+    """A container of a few MB (path, torrent, ID, size), for transfers slow enough to stop."""
     src = tmp_path / "src"
     src.mkdir()
     path = src / "mid.moepack"
-    cid = write_synthetic(path, mixtral_spec(layers=2, experts=24, hidden=256, inter=96))
+    cid = write_synthetic(path, mixtral_spec(layers=2, experts=experts, hidden=256, inter=96))
     torrent = src / "mid.torrent"
     write_torrent(create_torrent(path), torrent)
-    size = path.stat().st_size
+    return path, torrent, cid, path.stat().st_size
+
+
+def test_killed_fetch_resumes(tmp_path: Path) -> None:
+    path, torrent, cid, size = _mid(tmp_path, experts=24)
     dest = tmp_path / "dest"
     with seed_in_background(torrent, path, upload_limit=size // 8) as seeder:   # ~8 s in all
         cmd = [sys.executable, "-m", "moepack", "fetch", str(torrent), "--dest", str(dest),
@@ -233,13 +235,7 @@ class _Stop(Exception):
 
 
 def test_interrupted_fetch_resumes_from_saved_resume_data(tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
-    path = src / "mid.moepack"
-    cid = write_synthetic(path, mixtral_spec(layers=2, experts=16, hidden=256, inter=96))
-    torrent = src / "mid.torrent"
-    write_torrent(create_torrent(path), torrent)
-    size = path.stat().st_size
+    path, torrent, cid, size = _mid(tmp_path, experts=16)
     dest = tmp_path / "dest"
 
     def stop_at_a_third(p) -> None:  # noqa: ANN001
