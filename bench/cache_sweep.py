@@ -22,6 +22,19 @@ import time
 from pathlib import Path
 
 
+def engine_fingerprint() -> dict:
+    """Which build of the engine library ran (other sessions rebuild it while benches run)."""
+    import blake3
+    import moepack.runtime
+
+    libs = sorted(Path(moepack.runtime.__file__).parent.glob("_engine*.so"))
+    if not libs:
+        return {}
+    f = libs[0]
+    return {"lib": f.name, "mtime": int(f.stat().st_mtime),
+            "blake3": blake3.blake3(f.read_bytes()).hexdigest()[:16]}
+
+
 def child(model: str, prompt: list[int], tokens: int, threads: int, passes: int,
           budget: int | None, cache_experts: int | None, ctx: int = 256) -> dict:
     from moepack.runtime.engine import Engine
@@ -40,7 +53,7 @@ def child(model: str, prompt: list[int], tokens: int, threads: int, passes: int,
     plan = e.plan()
     e.close()
     return {"engine": "moepack", "load_s": load_s, "passes": runs, "plan": plan,
-            "threads": threads}
+            "threads": threads, "build": engine_fingerprint()}
 
 
 def sweep_points(plan: dict, cap: int, every: int) -> list[tuple[str, int]]:

@@ -358,6 +358,15 @@ def _engine_row(label: str, cap: str, capgb: str, run: dict | None, ref: dict | 
             f"{'–' if not hits else '/'.join(f'{100 * h:.0f}%' for h in hits)} | {ratio} |\n")
 
 
+def _moepack_runs(res: dict) -> list[dict]:
+    runs = []
+    for row in res.get("caps", []):
+        runs += [row[k] for k in ("moepack", "moepack_budget") if row.get(k)]
+    runs += [r for r in [(res.get("warm") or {}).get("moepack"),
+                         (res.get("cold") or {}).get("run")] if r]
+    return runs
+
+
 def section(res: dict) -> str:
     hw = res["hardware"]
     m = res["model"]
@@ -384,6 +393,12 @@ def section(res: dict) -> str:
     out.append(f"- Prompt: the same {len(res['prompt'])} token ids for both engines, then "
                f"{res['decode_tokens']} greedy decode tokens; llama.cpp: "
                f"{res.get('llama_cpp')}.")
+    builds = {r["result"]["build"]["blake3"] for r in _moepack_runs(res)
+              if (r.get("result") or {}).get("build")}
+    if len(builds) > 1:
+        out.append(f"- **Warning**: the moepack engine library was rebuilt by another session "
+                   f"during this run ({len(builds)} different builds ran); figures from "
+                   "different rows may come from different engine code.")
     p = res["plan"]
     out.append(f"- moepack plan: trunk {_gb(p['trunk_bytes'])} GB, one token's experts "
                f"{_gb(p['step_expert_bytes'])} GB, floor {_gb(p['floor_bytes'])} GB.\n")
