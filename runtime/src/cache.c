@@ -6,13 +6,13 @@
 #include "cache.h"
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "blake3.h"
 #include "io.h"
+#include "seterr.h"
 
 enum { ST_LOADING, ST_READY, ST_ERROR };
 
@@ -83,16 +83,6 @@ static void put_buf(mp_experts *e, uint8_t *buf, uint64_t size) {
     h->size = size;
     e->spare = h;
     e->spare_bytes += size;
-}
-
-static int seterr(char *err, size_t errlen, int code, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
 }
 
 void mpe_options_default(mp_expert_options *o) {
@@ -200,9 +190,9 @@ static long bank_index(const mp_experts *e, int layer) {
 }
 
 mp_experts *mpe_create(const mp_container *c, const mp_expert_options *opt, char *err, size_t errlen) {
-    if (!c) { seterr(err, errlen, MP_EINVAL, "mpe_create: no container"); return NULL; }
+    if (!c) { mp_seterr(err, errlen, MP_EINVAL, "mpe_create: no container"); return NULL; }
     mp_experts *e = calloc(1, sizeof *e);
-    if (!e) { seterr(err, errlen, MP_ENOMEM, "out of memory"); return NULL; }
+    if (!e) { mp_seterr(err, errlen, MP_ENOMEM, "out of memory"); return NULL; }
     if (opt) e->opt = *opt; else mpe_options_default(&e->opt);
     if (e->opt.reader_threads <= 0) e->opt.reader_threads = 4;
     if (e->opt.policy != MP_CACHE_LRU) e->opt.policy = MP_CACHE_LFU;
@@ -211,17 +201,17 @@ mp_experts *mpe_create(const mp_container *c, const mp_expert_options *opt, char
     pthread_cond_init(&e->cv, NULL);
     e->nbanks = mpc_bank_count(c);
     e->banks = calloc(e->nbanks ? e->nbanks : 1, sizeof *e->banks);
-    if (!e->banks) { seterr(err, errlen, MP_ENOMEM, "out of memory"); goto fail; }
+    if (!e->banks) { mp_seterr(err, errlen, MP_ENOMEM, "out of memory"); goto fail; }
     for (size_t i = 0; i < e->nbanks; i++) {
         bankrt *b = &e->banks[i];
         b->b = mpc_bank_at(c, i);
         if (b->b->stride > e->max_stride) e->max_stride = b->b->stride;
         b->slot = calloc(b->b->count, sizeof *b->slot);
         b->freq = calloc(b->b->count, sizeof *b->freq);
-        if (!b->slot || !b->freq) { seterr(err, errlen, MP_ENOMEM, "out of memory"); goto fail; }
+        if (!b->slot || !b->freq) { mp_seterr(err, errlen, MP_ENOMEM, "out of memory"); goto fail; }
         if (e->opt.verify_reads) {
             b->hashes = malloc(32ull * b->b->count);
-            if (!b->hashes) { seterr(err, errlen, MP_ENOMEM, "out of memory"); goto fail; }
+            if (!b->hashes) { mp_seterr(err, errlen, MP_ENOMEM, "out of memory"); goto fail; }
             if (mpc_read_expert_hashes(c, b->b, b->hashes, 32ull * b->b->count, err, errlen)) goto fail;
         }
     }
@@ -274,13 +264,13 @@ static void unpin(mp_experts *e, size_t bi, const int *experts, int n) {
 }
 
 int mpe_acquire(mp_experts *e, int layer, const int *experts, int n, const uint8_t **records, char *err, size_t errlen) {
-    if (!e || n < 0 || (n && (!experts || !records))) return seterr(err, errlen, MP_EINVAL, "mpe_acquire: bad arguments");
+    if (!e || n < 0 || (n && (!experts || !records))) return mp_seterr(err, errlen, MP_EINVAL, "mpe_acquire: bad arguments");
     long bi = bank_index(e, layer);
-    if (bi < 0) return seterr(err, errlen, MP_EINVAL, "no expert bank for layer %d", layer);
+    if (bi < 0) return mp_seterr(err, errlen, MP_EINVAL, "no expert bank for layer %d", layer);
     bankrt *b = &e->banks[bi];
     for (int i = 0; i < n; i++)
         if (experts[i] < 0 || (uint32_t)experts[i] >= b->b->count)
-            return seterr(err, errlen, MP_EINVAL, "layer %d: expert %d outside 0..%u", layer, experts[i], b->b->count - 1);
+            return mp_seterr(err, errlen, MP_EINVAL, "layer %d: expert %d outside 0..%u", layer, experts[i], b->b->count - 1);
     pthread_mutex_lock(&e->mu);
     int rc = MP_OK, pinned = 0;
     for (; pinned < n; pinned++) {
@@ -312,13 +302,13 @@ int mpe_acquire(mp_experts *e, int layer, const int *experts, int n, const uint8
             entry *en = b->slot[experts[i]];
             if (en->state == ST_ERROR) {
                 rc = en->status;
-                seterr(err, errlen, rc, "layer %d expert %d: %s", layer, experts[i], en->req.err);
+                mp_seterr(err, errlen, rc, "layer %d expert %d: %s", layer, experts[i], en->req.err);
             } else {
                 records[i] = en->buf;
             }
         }
     } else {
-        seterr(err, errlen, rc, "out of memory for expert records");
+        mp_seterr(err, errlen, rc, "out of memory for expert records");
         /* wait for reads already issued for this call, so their entries can be released */
         for (int i = 0; i < pinned; i++)
             while (b->slot[experts[i]]->state == ST_LOADING) pthread_cond_wait(&e->cv, &e->mu);

@@ -6,7 +6,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +13,7 @@
 #include <unistd.h>
 
 #include "blake3.h"
+#include "seterr.h"
 
 #define HEADER_SIZE 128
 #define SECTION_ALIGNMENT 64
@@ -53,16 +53,7 @@ struct mp_container {
 /* ---------- messages ---------- */
 typedef struct { char *err; size_t errlen; } E;
 
-static int efail(E *e, int code, const char *fmt, ...) {
-    if (e->err && e->errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(e->err, e->errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-#define FAIL(...) efail(e, MP_EFORMAT, __VA_ARGS__)
+#define FAIL(...) mp_seterr(e->err, e->errlen, MP_EFORMAT, __VA_ARGS__)
 
 typedef char rbuf[600];
 static const char *R(const mp_json *j, char *buf) { mp_json_pyrepr(j, buf, sizeof(rbuf)); return buf; }
@@ -240,7 +231,7 @@ static int codec_check(E *e, const mp_json *codec, int ndim, const int64_t *shap
     /* unknown keys, listed sorted like Python's sorted(set) */
     size_t nk = mp_json_len(codec), nextra = 0;
     const char **extra = malloc((nk ? nk : 1) * sizeof *extra);
-    if (!extra) return efail(e, MP_ENOMEM, "out of memory");
+    if (!extra) return mp_seterr(e->err, e->errlen, MP_ENOMEM, "out of memory");
     for (size_t i = 0; i < nk; i++) {
         const char *k = mp_json_key_at(codec, i);
         int known = strcmp(k, "name") == 0;
@@ -545,7 +536,7 @@ static int validate_sections(E *e, mp_container *c, const mp_json *value) {
     c->banks = calloc(n ? n : 1, sizeof *c->banks);
     long *bank_of = calloc(n ? n : 1, sizeof *bank_of); /* section index -> bank slot */
     if (!S || !names || !c->tensors || !c->blobs || !c->banks || !bank_of || htab_init(&by_name, n)) {
-        r = efail(e, MP_ENOMEM, "out of memory");
+        r = mp_seterr(e->err, e->errlen, MP_ENOMEM, "out of memory");
         goto out;
     }
     char wbuf[WHERE_CAP];
@@ -589,7 +580,7 @@ static int validate_sections(E *e, mp_container *c, const mp_json *value) {
     users = malloc((n ? n : 1) * sizeof *users); /* hash section index -> using section index, or -1 */
     layer_keys = calloc(c->nbanks ? c->nbanks : 1, sizeof *layer_keys);
     char (*lkbuf)[16] = calloc(c->nbanks ? c->nbanks : 1, 16);
-    if (!users || !layer_keys || !lkbuf || htab_init(&layers, c->nbanks)) { free(lkbuf); r = efail(e, MP_ENOMEM, "out of memory"); goto out; }
+    if (!users || !layer_keys || !lkbuf || htab_init(&layers, c->nbanks)) { free(lkbuf); r = mp_seterr(e->err, e->errlen, MP_ENOMEM, "out of memory"); goto out; }
     for (size_t i = 0; i < n; i++) users[i] = -1;
     rbuf b;
     size_t nb = 0;
@@ -628,7 +619,7 @@ static int validate_sections(E *e, mp_container *c, const mp_json *value) {
     /* lookup tables */
     c->tensors_by_name = malloc((c->ntensors ? c->ntensors : 1) * sizeof *c->tensors_by_name);
     c->banks_by_layer = malloc((c->nbanks ? c->nbanks : 1) * sizeof *c->banks_by_layer);
-    if (!c->tensors_by_name || !c->banks_by_layer) { r = efail(e, MP_ENOMEM, "out of memory"); goto out; }
+    if (!c->tensors_by_name || !c->banks_by_layer) { r = mp_seterr(e->err, e->errlen, MP_ENOMEM, "out of memory"); goto out; }
     for (size_t i = 0; i < c->ntensors; i++) c->tensors_by_name[i] = &c->tensors[i];
     for (size_t i = 0; i < c->nbanks; i++) c->banks_by_layer[i] = &c->banks[i];
     qsort(c->tensors_by_name, c->ntensors, sizeof *c->tensors_by_name, cmp_tensor_name);
@@ -759,11 +750,11 @@ static int pread_all(int fd, void *dst, uint64_t len, uint64_t off) {
 int mpc_read_at(const mp_container *c, uint64_t off, void *dst, uint64_t len, char *err, size_t errlen) {
     E ee = {err, errlen}, *e = &ee;
     uint64_t end;
-    if (!c || (!dst && len)) return efail(e, MP_EINVAL, "bad argument");
+    if (!c || (!dst && len)) return mp_seterr(e->err, e->errlen, MP_EINVAL, "bad argument");
     if (__builtin_add_overflow(off, len, &end) || end > c->file_size)
-        return efail(e, MP_EINVAL, "read of %llu bytes at offset %llu is outside the file (%llu bytes)", U(len), U(off), U(c->file_size));
+        return mp_seterr(e->err, e->errlen, MP_EINVAL, "read of %llu bytes at offset %llu is outside the file (%llu bytes)", U(len), U(off), U(c->file_size));
     if (pread_all(c->fd, dst, len, off))
-        return efail(e, MP_EIO, "%s: read of %llu bytes at offset %llu failed: %s", c->path, U(len), U(off),
+        return mp_seterr(e->err, e->errlen, MP_EIO, "%s: read of %llu bytes at offset %llu failed: %s", c->path, U(len), U(off),
                      errno ? strerror(errno) : "unexpected end of file");
     return MP_OK;
 }
@@ -771,59 +762,58 @@ int mpc_read_at(const mp_container *c, uint64_t off, void *dst, uint64_t len, ch
 static int read_verified(const mp_container *c, const char *what, const char *name, uint64_t off, uint64_t len,
                          const uint8_t *hash, void *dst, uint64_t dst_len, int verify, char *err, size_t errlen) {
     E ee = {err, errlen}, *e = &ee;
-    if (dst_len < len) return efail(e, MP_EINVAL, "%s '%s': buffer of %llu bytes < %llu", what, name, U(dst_len), U(len));
+    if (dst_len < len) return mp_seterr(e->err, e->errlen, MP_EINVAL, "%s '%s': buffer of %llu bytes < %llu", what, name, U(dst_len), U(len));
     int r = mpc_read_at(c, off, dst, len, err, errlen);
     if (r || !verify) return r;
     uint8_t d[32];
     mp_blake3_hash(dst, (size_t)len, d);
     if (memcmp(d, hash, 32) != 0)
-        return efail(e, MP_ECORRUPT, "%s '%s' at offset %llu: content hash mismatch (damaged)", what, name, U(off));
+        return mp_seterr(e->err, e->errlen, MP_ECORRUPT, "%s '%s' at offset %llu: content hash mismatch (damaged)", what, name, U(off));
     return MP_OK;
 }
 
 int mpc_read_tensor(const mp_container *c, const mp_tensor_info *t, void *dst, uint64_t dst_len, int verify, char *err, size_t errlen) {
-    if (!c || !t) { E ee = {err, errlen}; return efail(&ee, MP_EINVAL, "bad argument"); }
+    if (!c || !t) return mp_seterr(err, errlen, MP_EINVAL, "bad argument");
     return read_verified(c, "tensor", t->name, t->offset, t->length, t->hash, dst, dst_len, verify, err, errlen);
 }
 
 int mpc_read_blob(const mp_container *c, const mp_blob_info *b, void *dst, uint64_t dst_len, int verify, char *err, size_t errlen) {
-    if (!c || !b) { E ee = {err, errlen}; return efail(&ee, MP_EINVAL, "bad argument"); }
+    if (!c || !b) return mp_seterr(err, errlen, MP_EINVAL, "bad argument");
     return read_verified(c, "blob", b->name, b->offset, b->length, b->hash, dst, dst_len, verify, err, errlen);
 }
 
 int mpc_read_expert_hashes(const mp_container *c, const mp_bank_info *b, uint8_t *dst, uint64_t dst_len, char *err, size_t errlen) {
-    E ee = {err, errlen};
-    if (!c || !b) return efail(&ee, MP_EINVAL, "bad argument");
+    if (!c || !b) return mp_seterr(err, errlen, MP_EINVAL, "bad argument");
     uint64_t len = 32ull * b->count;
-    if (dst_len < len) return efail(&ee, MP_EINVAL, "hash table buffer too small");
+    if (dst_len < len) return mp_seterr(err, errlen, MP_EINVAL, "hash table buffer too small");
     return mpc_read_at(c, b->hashes_offset, dst, len, err, errlen);
 }
 
 /* ---------- open ---------- */
 static int open_checked(mp_container *c, E *e) {
     struct stat st;
-    if (fstat(c->fd, &st) != 0) return efail(e, MP_EIO, "%s: %s", c->path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) return efail(e, MP_EIO, "%s: not a regular file", c->path);
+    if (fstat(c->fd, &st) != 0) return mp_seterr(e->err, e->errlen, MP_EIO, "%s: %s", c->path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return mp_seterr(e->err, e->errlen, MP_EIO, "%s: not a regular file", c->path);
     uint64_t real = (uint64_t)st.st_size;
     uint8_t h[HEADER_SIZE] = {0};
     if (real && pread_all(c->fd, h, real < HEADER_SIZE ? real : HEADER_SIZE, 0))
-        return efail(e, MP_EIO, "%s: read failed: %s", c->path, errno ? strerror(errno) : "unexpected end of file");
+        return mp_seterr(e->err, e->errlen, MP_EIO, "%s: read failed: %s", c->path, errno ? strerror(errno) : "unexpected end of file");
     int r = parse_header(e, c, h, real);
     if (r) return r;
     /* header padding: bytes 128 .. alignment-1 are zero */
     size_t padn = c->alignment - HEADER_SIZE;
     uint8_t *pad = malloc(padn);
-    if (!pad) return efail(e, MP_ENOMEM, "out of memory");
-    if (pread_all(c->fd, pad, padn, HEADER_SIZE)) { free(pad); return efail(e, MP_EIO, "%s: read failed", c->path); }
+    if (!pad) return mp_seterr(e->err, e->errlen, MP_ENOMEM, "out of memory");
+    if (pread_all(c->fd, pad, padn, HEADER_SIZE)) { free(pad); return mp_seterr(e->err, e->errlen, MP_EIO, "%s: read failed", c->path); }
     int nz = 0;
     for (size_t i = 0; i < padn && !nz; i++) nz = pad[i] != 0;
     free(pad);
     if (nz) return FAIL("header padding at offset %d: bytes up to the alignment (%u) are not zero", HEADER_SIZE, c->alignment);
     /* index: root hash, canonical JSON */
     c->index_text = malloc((size_t)c->index_length + 1);
-    if (!c->index_text) return efail(e, MP_ENOMEM, "out of memory");
+    if (!c->index_text) return mp_seterr(e->err, e->errlen, MP_ENOMEM, "out of memory");
     if (pread_all(c->fd, c->index_text, c->index_length, c->index_offset))
-        return efail(e, MP_EIO, "%s: read of the index failed", c->path);
+        return mp_seterr(e->err, e->errlen, MP_EIO, "%s: read of the index failed", c->path);
     c->index_text[c->index_length] = 0;
     uint8_t d[32], root[32];
     mp_blake3_hash(c->index_text, (size_t)c->index_length, d);
@@ -855,16 +845,16 @@ mp_container *mpc_open_rc(const char *path, int *rc, char *err, size_t errlen) {
     E ee = {err, errlen};
     int r;
     if (err && errlen) err[0] = 0;
-    if (!path) { r = efail(&ee, MP_EINVAL, "no path"); if (rc) *rc = r; return NULL; }
+    if (!path) { r = mp_seterr(err, errlen, MP_EINVAL, "no path"); if (rc) *rc = r; return NULL; }
     mp_container *c = calloc(1, sizeof *c);
     if (!c || !(c->path = strdup(path))) {
         free(c);
-        r = efail(&ee, MP_ENOMEM, "out of memory");
+        r = mp_seterr(err, errlen, MP_ENOMEM, "out of memory");
         if (rc) *rc = r;
         return NULL;
     }
     c->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (c->fd < 0) r = efail(&ee, MP_EIO, "%s: %s", path, strerror(errno));
+    if (c->fd < 0) r = mp_seterr(err, errlen, MP_EIO, "%s: %s", path, strerror(errno));
     else r = open_checked(c, &ee);
     if (rc) *rc = r;
     if (r) { mpc_close(c); return NULL; }

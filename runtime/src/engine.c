@@ -3,7 +3,6 @@
 #define _POSIX_C_SOURCE 200809L
 #include "moepack.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +12,7 @@
 #include "container.h"
 #include "memplan.h"
 #include "model.h"
+#include "seterr.h"
 
 struct mp_engine {
     mp_container *c;
@@ -31,16 +31,6 @@ struct mp_engine {
     uint64_t prompt_tok, decode_tok;
     char err[512];
 };
-
-static int setf(char *err, size_t errlen, int code, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 static uint64_t align64(uint64_t x) { return (x + 63) & ~(uint64_t)63; }
 
@@ -72,7 +62,7 @@ static int plan_for(const mp_container *c, const mpm_config *cfg, int ctx, mp_pl
     for (int64_t l = 0; l < cfg->n_layers; l++) {
         if (!cfg->layer_is_moe[l]) continue;
         const mp_bank_info *b = mpc_bank(c, (int)l);
-        if (!b) return setf(err, errlen, MP_EFORMAT, "layer %lld is a MoE layer but has no expert bank", (long long)l);
+        if (!b) return mp_seterr(err, errlen, MP_EFORMAT, "layer %lld is a MoE layer but has no expert bank", (long long)l);
         p->moe_layers++;
         p->step_expert_bytes += (uint64_t)cfg->top_k * b->stride;
         p->experts_bytes += (uint64_t)b->count * b->stride;
@@ -164,7 +154,7 @@ static void io_prefetch(void *user, int layer, const int *experts, int n) {
 static int load_trunk(mp_engine *e, char *err, size_t errlen) {
     e->arena_len = trunk_bytes(e->c);
     e->arena = malloc(e->arena_len ? (size_t)e->arena_len : 1);
-    if (!e->arena) return setf(err, errlen, MP_ENOMEM, "out of memory for the trunk (%llu bytes)", (unsigned long long)e->arena_len);
+    if (!e->arena) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory for the trunk (%llu bytes)", (unsigned long long)e->arena_len);
     uint64_t off = 0;
     for (size_t i = 0; i < mpc_tensor_count(e->c); i++) {
         const mp_tensor_info *t = mpc_tensor_at(e->c, i);
@@ -187,14 +177,14 @@ static const char *fmt_gb(uint64_t b, char *buf, size_t n) {
 
 int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *err,
             size_t errlen) {
-    if (!out || !path) return setf(err, errlen, MP_EINVAL, "mp_open: NULL argument");
+    if (!out || !path) return mp_seterr(err, errlen, MP_EINVAL, "mp_open: NULL argument");
     *out = NULL;
     mp_config cfg;
     if (cfg_in) cfg = *cfg_in;
     else mp_config_default(&cfg);
     mpk_init(cfg.scalar_kernels);
     mp_engine *e = calloc(1, sizeof *e);
-    if (!e) return setf(err, errlen, MP_ENOMEM, "out of memory");
+    if (!e) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory");
     int rc = MP_OK;
     e->verify_reads = cfg.verify_reads;
     e->c = mpc_open_rc(path, &rc, err, errlen);
@@ -208,12 +198,12 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     char a[32], b[32];
     uint64_t total = cfg.budget_bytes ? cfg.budget_bytes : p->default_bytes;
     if (!total) {
-        rc = setf(err, errlen, MP_EBUDGET, "this model needs at least %s of memory (floor for ctx %d) but only %s is usable",
+        rc = mp_seterr(err, errlen, MP_EBUDGET, "this model needs at least %s of memory (floor for ctx %d) but only %s is usable",
                   fmt_gb(p->floor_bytes, a, sizeof a), p->ctx, fmt_gb(p->usable_ram_bytes, b, sizeof b));
         goto fail;
     }
     if (total < p->floor_bytes) {
-        rc = setf(err, errlen, MP_EBUDGET, "budget %s is below the floor: this model needs at least %s (%llu bytes) for ctx %d",
+        rc = mp_seterr(err, errlen, MP_EBUDGET, "budget %s is below the floor: this model needs at least %s (%llu bytes) for ctx %d",
                   fmt_gb(total, a, sizeof a), fmt_gb(p->floor_bytes, b, sizeof b), (unsigned long long)p->floor_bytes, p->ctx);
         goto fail;
     }
@@ -244,7 +234,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     if ((rc = mpm_load(&e->cfg, tensor_cb, bank_cb, e, p->ctx, &e->model, err, errlen))) goto fail;
     e->pool = mpk_pool_create(cfg.threads > 0 ? cfg.threads : online_cpus());
     if (!e->pool) {
-        rc = setf(err, errlen, MP_ENOMEM, "cannot start compute threads");
+        rc = mp_seterr(err, errlen, MP_ENOMEM, "cannot start compute threads");
         goto fail;
     }
     mpm_set_pool(e->model, e->pool);

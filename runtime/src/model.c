@@ -2,8 +2,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "model_internal.h"
 #include "moepack.h"
+#include "seterr.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,14 +13,6 @@ double mpm_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int failf(char *err, size_t errlen, int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return code;
 }
 
 /* Checked a*b for sizes (all our operands are < 2^40, so overflow means corrupt input). */
@@ -67,20 +59,20 @@ static int load_mat(loader *L, const char *name, int64_t rows, int64_t cols, mpk
                     int required) {
     mpm_src s;
     int rc = L->fn(L->user, name, &s);
-    if (rc < 0) return failf(L->err, L->errlen, rc, "tensor %s: cannot read", name);
+    if (rc < 0) return mp_seterr(L->err, L->errlen, rc, "tensor %s: cannot read", name);
     if (rc == 1) {
-        if (required) return failf(L->err, L->errlen, MP_EFORMAT, "tensor %s missing", name);
+        if (required) return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s missing", name);
         return 1;
     }
     if (s.ndim != 2 || s.shape[0] != rows || s.shape[1] != cols)
-        return failf(L->err, L->errlen, MP_EFORMAT, "tensor %s: shape must be [%lld, %lld]", name,
+        return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s: shape must be [%lld, %lld]", name,
                      (long long)rows, (long long)cols);
     int id, zp;
     int64_t g;
     if (codec_of(s.codec, &id, &g, &zp) || mpk_mat_init(out, id, rows, cols, g, zp, s.data))
-        return failf(L->err, L->errlen, MP_EUNSUPPORTED, "tensor %s: unsupported codec", name);
+        return mp_seterr(L->err, L->errlen, MP_EUNSUPPORTED, "tensor %s: unsupported codec", name);
     if (mpk_mat_nbytes(out) != s.length)
-        return failf(L->err, L->errlen, MP_EFORMAT, "tensor %s: length %llu != codec size %llu",
+        return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s: length %llu != codec size %llu",
                      name, (unsigned long long)s.length, (unsigned long long)mpk_mat_nbytes(out));
     return 0;
 }
@@ -90,24 +82,24 @@ static int load_f32(loader *L, const char *name, uint64_t numel, float **out, in
     mpm_src s;
     *out = NULL;
     int rc = L->fn(L->user, name, &s);
-    if (rc < 0) return failf(L->err, L->errlen, rc, "tensor %s: cannot read", name);
+    if (rc < 0) return mp_seterr(L->err, L->errlen, rc, "tensor %s: cannot read", name);
     if (rc == 1) {
-        if (required) return failf(L->err, L->errlen, MP_EFORMAT, "tensor %s missing", name);
+        if (required) return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s missing", name);
         return 1;
     }
     uint64_t n = 1;
     for (int i = 0; i < s.ndim; i++)
         if (!mul_ok(n, (uint64_t)s.shape[i], &n)) n = 0;
-    if (n != numel) return failf(L->err, L->errlen, MP_EFORMAT, "tensor %s: expected %llu elements", name, (unsigned long long)numel);
+    if (n != numel) return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s: expected %llu elements", name, (unsigned long long)numel);
     int id, zp;
     int64_t g;
     mpk_mat m;
     int64_t rows = s.ndim == 1 ? 1 : s.shape[0], cols = (int64_t)(numel / (uint64_t)rows);
     if (codec_of(s.codec, &id, &g, &zp) || mpk_mat_init(&m, id, rows, cols, g, zp, s.data))
-        return failf(L->err, L->errlen, MP_EUNSUPPORTED, "tensor %s: unsupported codec", name);
-    if (mpk_mat_nbytes(&m) != s.length) return failf(L->err, L->errlen, MP_EFORMAT, "tensor %s: bad length", name);
+        return mp_seterr(L->err, L->errlen, MP_EUNSUPPORTED, "tensor %s: unsupported codec", name);
+    if (mpk_mat_nbytes(&m) != s.length) return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s: bad length", name);
     float *f = xcalloc(numel, sizeof(float));
-    if (!f) return failf(L->err, L->errlen, MP_ENOMEM, "out of memory");
+    if (!f) return mp_seterr(L->err, L->errlen, MP_ENOMEM, "out of memory");
     for (int64_t r = 0; r < rows; r++) mpk_row(&m, r, f + r * cols);
     *out = f;
     return 0;
@@ -243,7 +235,7 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
         NAME("layers.%d.router_bias", l);
         TRY(load_f32(L, n, (uint64_t)c->n_experts, &ly->router_bias, 0));
         if (!ly->router_bias && !(ly->router_bias = xcalloc((uint64_t)c->n_experts, 4)))
-            return failf(L->err, L->errlen, MP_ENOMEM, "out of memory");
+            return mp_seterr(L->err, L->errlen, MP_ENOMEM, "out of memory");
     }
     if (c->n_shared) {
         ly->has_shared = 1;
@@ -255,14 +247,14 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
     mpm_bank_info bi;
     memset(&bi, 0, sizeof bi);
     if ((rc = bank(user, l, &bi)) != 0)
-        return failf(L->err, L->errlen, rc < 0 ? rc : MP_EFORMAT, "expert bank of layer %d missing or invalid", l);
+        return mp_seterr(L->err, L->errlen, rc < 0 ? rc : MP_EFORMAT, "expert bank of layer %d missing or invalid", l);
     if (bi.count != c->n_experts)
-        return failf(L->err, L->errlen, MP_EFORMAT, "experts.%d: count %lld != num_experts %lld", l, (long long)bi.count, (long long)c->n_experts);
+        return mp_seterr(L->err, L->errlen, MP_EFORMAT, "experts.%d: count %lld != num_experts %lld", l, (long long)bi.count, (long long)c->n_experts);
     static const char *parts[3] = {"gate", "up", "down"};
     for (int p = 0; p < 3; p++) {
         int64_t rows = p == 2 ? H : c->moe_inter, cols = p == 2 ? c->moe_inter : H;
         if (bi.rows[p] != rows || bi.cols[p] != cols || bi.stages[p] < 1 || bi.stages[p] > 8)
-            return failf(L->err, L->errlen, MP_EFORMAT, "experts.%d: part %s has the wrong shape or stages", l, parts[p]);
+            return mp_seterr(L->err, L->errlen, MP_EFORMAT, "experts.%d: part %s has the wrong shape or stages", l, parts[p]);
         ly->stages[p] = bi.stages[p];
         ly->part_off[p] = bi.part_offset[p];
         ly->rot_block[p] = bi.rotation_block[p];
@@ -272,7 +264,7 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
         ly->cbt[p] = xcalloc((uint64_t)bi.stages[p] * 256 * 8, 4);
         if (!ly->cbt[p]) {
             free(cb);
-            return failf(L->err, L->errlen, MP_ENOMEM, "out of memory");
+            return mp_seterr(L->err, L->errlen, MP_ENOMEM, "out of memory");
         }
         mpk_rvq_transpose_cb(cb, bi.stages[p], ly->cbt[p]);
         free(cb);
@@ -289,16 +281,16 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
 int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void *user, int ctx,
              mpm_model **out, char *err, size_t errlen) {
     *out = NULL;
-    if (ctx < 1) return failf(err, errlen, MP_EINVAL, "context size must be >= 1");
+    if (ctx < 1) return mp_seterr(err, errlen, MP_EINVAL, "context size must be >= 1");
     mpm_model *m = calloc(1, sizeof *m);
-    if (!m) return failf(err, errlen, MP_ENOMEM, "out of memory");
+    if (!m) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory");
     m->c = *cfg;
     m->c.layer_is_moe = malloc((size_t)cfg->n_layers);
     m->ctx = ctx;
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     int rc = MP_ENOMEM;
     if (!m->c.layer_is_moe || !m->layers) {
-        failf(err, errlen, rc, "out of memory");
+        mp_seterr(err, errlen, rc, "out of memory");
         goto fail;
     }
     memcpy(m->c.layer_is_moe, cfg->layer_is_moe, (size_t)cfg->n_layers);
@@ -314,7 +306,7 @@ int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void
         goto fail;
     }
     if ((rc = mpm_rope_init(m))) {
-        failf(err, errlen, rc, "rope setup failed");
+        mp_seterr(err, errlen, rc, "rope setup failed");
         goto fail;
     }
     uint64_t per = mpm_kv_bytes(c, ctx) / 4u;
@@ -326,7 +318,7 @@ int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void
         m->vc = xcalloc(per / 2, 4);
     }
     if (!m->kc || !m->vc || alloc_scratch(m)) {
-        rc = failf(err, errlen, MP_ENOMEM, "out of memory allocating the KV cache / scratch");
+        rc = mp_seterr(err, errlen, MP_ENOMEM, "out of memory allocating the KV cache / scratch");
         goto fail;
     }
     *out = m;
