@@ -54,54 +54,71 @@ static int codec_of(const mp_json *codec, int *id, int64_t *group, int *zp) {
     return 0;
 }
 
+/* Looks up a tensor: 0 found, 1 absent and not required, else an error code (message set). */
+static int find_src(loader *L, const char *name, int required, mpm_src *s) {
+    int rc = L->fn(L->user, name, s);
+    if (rc < 0) return mp_seterr(L->err, L->errlen, rc, "tensor %s: cannot read", name);
+    if (rc == 1 && required) return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s missing", name);
+    return rc;
+}
+
+/* Views s as a rows x cols matrix in its codec; the stored length must match the codec's size. */
+static int view_mat(loader *L, const char *name, const mpm_src *s, int64_t rows, int64_t cols,
+                    mpk_mat *out) {
+    int id, zp;
+    int64_t g;
+    if (codec_of(s->codec, &id, &g, &zp) || mpk_mat_init(out, id, rows, cols, g, zp, s->data))
+        return mp_seterr(L->err, L->errlen, MP_EUNSUPPORTED, "tensor %s: unsupported codec", name);
+    if (mpk_mat_nbytes(out) != s->length)
+        return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s: length %llu != codec size %llu",
+                         name, (unsigned long long)s->length, (unsigned long long)mpk_mat_nbytes(out));
+    return 0;
+}
+
 /* A 2-D matrix kept in its encoding.  required = 0: absent is fine (returns 1). */
 static int load_mat(loader *L, const char *name, int64_t rows, int64_t cols, mpk_mat *out,
                     int required) {
     mpm_src s;
-    int rc = L->fn(L->user, name, &s);
-    if (rc < 0) return mp_seterr(L->err, L->errlen, rc, "tensor %s: cannot read", name);
-    if (rc == 1) {
-        if (required) return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s missing", name);
-        return 1;
-    }
+    int rc = find_src(L, name, required, &s);
+    if (rc) return rc;
     if (s.ndim != 2 || s.shape[0] != rows || s.shape[1] != cols)
         return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s: shape must be [%lld, %lld]", name,
-                     (long long)rows, (long long)cols);
-    int id, zp;
-    int64_t g;
-    if (codec_of(s.codec, &id, &g, &zp) || mpk_mat_init(out, id, rows, cols, g, zp, s.data))
-        return mp_seterr(L->err, L->errlen, MP_EUNSUPPORTED, "tensor %s: unsupported codec", name);
-    if (mpk_mat_nbytes(out) != s.length)
-        return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s: length %llu != codec size %llu",
-                     name, (unsigned long long)s.length, (unsigned long long)mpk_mat_nbytes(out));
-    return 0;
+                         (long long)rows, (long long)cols);
+    return view_mat(L, name, &s, rows, cols, out);
 }
 
 /* Any tensor decoded to f32 (norms, biases, codebooks, rotation signs). */
 static int load_f32(loader *L, const char *name, uint64_t numel, float **out, int required) {
     mpm_src s;
     *out = NULL;
-    int rc = L->fn(L->user, name, &s);
-    if (rc < 0) return mp_seterr(L->err, L->errlen, rc, "tensor %s: cannot read", name);
-    if (rc == 1) {
-        if (required) return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s missing", name);
-        return 1;
-    }
+    int rc = find_src(L, name, required, &s);
+    if (rc) return rc;
     uint64_t n = 1;
     for (int i = 0; i < s.ndim; i++)
         if (!mul_ok(n, (uint64_t)s.shape[i], &n)) n = 0;
     if (n != numel) return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s: expected %llu elements", name, (unsigned long long)numel);
-    int id, zp;
-    int64_t g;
     mpk_mat m;
     int64_t rows = s.ndim == 1 ? 1 : s.shape[0], cols = (int64_t)(numel / (uint64_t)rows);
-    if (codec_of(s.codec, &id, &g, &zp) || mpk_mat_init(&m, id, rows, cols, g, zp, s.data))
-        return mp_seterr(L->err, L->errlen, MP_EUNSUPPORTED, "tensor %s: unsupported codec", name);
-    if (mpk_mat_nbytes(&m) != s.length) return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s: bad length", name);
+    if ((rc = view_mat(L, name, &s, rows, cols, &m))) return rc;
     float *f = xcalloc(numel, sizeof(float));
     if (!f) return mp_seterr(L->err, L->errlen, MP_ENOMEM, "out of memory");
     for (int64_t r = 0; r < rows; r++) mpk_row(&m, r, f + r * cols);
     *out = f;
+    return 0;
+}
+
+static const char *const PARTS[3] = {"gate", "up", "down"};
+
+/* gate/up/down of a dense or shared FFN: prefix is "ffn" or "shared". */
+static int load_ffn(loader *L, int l, const char *prefix, int64_t inter, int64_t H, mpm_ffn *f) {
+    mpk_mat *dst[3] = {&f->gate, &f->up, &f->down};
+    char n[160];
+    f->inter = inter;
+    for (int p = 0; p < 3; p++) {
+        snprintf(n, sizeof n, "layers.%d.%s.%s", l, prefix, PARTS[p]);
+        int rc = load_mat(L, n, p == 2 ? H : inter, p == 2 ? inter : H, dst[p], 1);
+        if (rc) return rc;
+    }
     return 0;
 }
 
@@ -193,7 +210,7 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
     char n[160];
     int rc;
 #define NAME(...) snprintf(n, sizeof n, __VA_ARGS__)
-#define TRY(x) if ((rc = (x)) < 0 || rc > 1) return rc < 0 ? rc : MP_EFORMAT
+#define TRY(x) if ((rc = (x)) < 0) return rc
     NAME("layers.%d.attn_norm", l);
     TRY(load_f32(L, n, (uint64_t)H, &ly->attn_norm, 1));
     NAME("layers.%d.ffn_norm", l);
@@ -224,11 +241,7 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
     }
     ly->moe = c->layer_is_moe[l];
     if (!ly->moe) {
-        ly->dense.inter = c->dense_inter;
-        NAME("layers.%d.ffn.gate", l); TRY(load_mat(L, n, c->dense_inter, H, &ly->dense.gate, 1));
-        NAME("layers.%d.ffn.up", l); TRY(load_mat(L, n, c->dense_inter, H, &ly->dense.up, 1));
-        NAME("layers.%d.ffn.down", l); TRY(load_mat(L, n, H, c->dense_inter, &ly->dense.down, 1));
-        return 0;
+        return load_ffn(L, l, "ffn", c->dense_inter, H, &ly->dense);
     }
     NAME("layers.%d.router", l); TRY(load_mat(L, n, c->n_experts, H, &ly->router, 1));
     if (c->sigmoid) {
@@ -239,10 +252,7 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
     }
     if (c->n_shared) {
         ly->has_shared = 1;
-        ly->shared.inter = c->shared_inter;
-        NAME("layers.%d.shared.gate", l); TRY(load_mat(L, n, c->shared_inter, H, &ly->shared.gate, 1));
-        NAME("layers.%d.shared.up", l); TRY(load_mat(L, n, c->shared_inter, H, &ly->shared.up, 1));
-        NAME("layers.%d.shared.down", l); TRY(load_mat(L, n, H, c->shared_inter, &ly->shared.down, 1));
+        TRY(load_ffn(L, l, "shared", c->shared_inter, H, &ly->shared));
     }
     mpm_bank_info bi;
     memset(&bi, 0, sizeof bi);
@@ -250,16 +260,15 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
         return mp_seterr(L->err, L->errlen, rc < 0 ? rc : MP_EFORMAT, "expert bank of layer %d missing or invalid", l);
     if (bi.count != c->n_experts)
         return mp_seterr(L->err, L->errlen, MP_EFORMAT, "experts.%d: count %lld != num_experts %lld", l, (long long)bi.count, (long long)c->n_experts);
-    static const char *parts[3] = {"gate", "up", "down"};
     for (int p = 0; p < 3; p++) {
         int64_t rows = p == 2 ? H : c->moe_inter, cols = p == 2 ? c->moe_inter : H;
         if (bi.rows[p] != rows || bi.cols[p] != cols || bi.stages[p] < 1 || bi.stages[p] > 8)
-            return mp_seterr(L->err, L->errlen, MP_EFORMAT, "experts.%d: part %s has the wrong shape or stages", l, parts[p]);
+            return mp_seterr(L->err, L->errlen, MP_EFORMAT, "experts.%d: part %s has the wrong shape or stages", l, PARTS[p]);
         ly->stages[p] = bi.stages[p];
         ly->part_off[p] = bi.part_offset[p];
         ly->rot_block[p] = bi.rotation_block[p];
         float *cb;
-        NAME("layers.%d.experts.%s.codebook", l, parts[p]);
+        NAME("layers.%d.experts.%s.codebook", l, PARTS[p]);
         TRY(load_f32(L, n, (uint64_t)bi.stages[p] * 256 * 8, &cb, 1));
         ly->cbt[p] = xcalloc((uint64_t)bi.stages[p] * 256 * 8, 4);
         if (!ly->cbt[p]) {
@@ -269,7 +278,7 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
         mpk_rvq_transpose_cb(cb, bi.stages[p], ly->cbt[p]);
         free(cb);
         if (bi.rotation_block[p]) {
-            NAME("layers.%d.experts.%s.rotation", l, parts[p]);
+            NAME("layers.%d.experts.%s.rotation", l, PARTS[p]);
             TRY(load_f32(L, n, (uint64_t)cols, &ly->signs[p], 1));
         }
     }
