@@ -358,24 +358,12 @@ void mpm_free(mpm_model *m) {
     free(m->inv_freq);
     if (m->vc != m->kc) free(m->vc);
     free(m->kc);
-    float *bufs[] = {m->xn, m->q, m->kbuf, m->vbuf, m->att, m->scores, m->cosb,
-                     m->sinb, m->qlat, m->olat, m->lat, m->router_logits, m->moe_out, m->eo,
-                     m->g, m->u, m->xr, m->ar, m->selw, m->lut[0], m->lut[1], m->lut[2]};
+    void *bufs[] = {m->xn, m->q, m->kbuf, m->vbuf, m->att, m->scores, m->cosb, m->sinb, m->qlat,
+                    m->olat, m->lat, m->router_logits, m->moe_out, m->eo, m->g, m->u, m->xr, m->ar,
+                    m->selw, m->lut[0], m->lut[1], m->lut[2], m->sel, m->bx, m->bxn, m->bout,
+                    m->beo, m->bsel, m->bselw, m->uniq, m->ahead, (void *)m->recs, m->aheadw,
+                    m->choice, m->allowed, m->c.layer_is_moe};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
-    free(m->sel);
-    free(m->bx);
-    free(m->bxn);
-    free(m->bout);
-    free(m->beo);
-    free(m->bsel);
-    free(m->bselw);
-    free(m->uniq);
-    free(m->ahead);
-    free((void *)m->recs);
-    free(m->aheadw);
-    free(m->choice);
-    free(m->allowed);
-    free(m->c.layer_is_moe);
     free(m);
 }
 
