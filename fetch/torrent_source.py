@@ -5,7 +5,9 @@ Everything here is untrusted input: each failure is a FetchError naming the sour
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -99,12 +101,19 @@ def _claimed_id(ti: lt.torrent_info, source: str) -> str | None:
 
 def _read(path: Path) -> bytes:
     try:
-        size = path.stat().st_size
-        if size > MAX_TORRENT_BYTES:
-            raise FetchError(f"{path}: {size} bytes is too large for a .torrent")
-        return path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
+        with open(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise FetchError(f"{path}: not a regular file")
+            if st.st_size > MAX_TORRENT_BYTES:
+                raise FetchError(f"{path}: {st.st_size} bytes is too large for a .torrent")
+            data = f.read(MAX_TORRENT_BYTES + 1)
     except OSError as e:
         raise FetchError(f"cannot read torrent {path}: {e.strerror or e}") from e
+    if len(data) > MAX_TORRENT_BYTES:  # grew since the fstat
+        raise FetchError(f"{path}: more than {MAX_TORRENT_BYTES} bytes is too large for a .torrent")
+    return data
 
 
 def _download(url: str) -> bytes:
