@@ -112,9 +112,16 @@ def plan_cmd(
                    f"{_gb(p['usable_ram_bytes'])}")
 
 
+def _token_ids(tokens: str) -> list[int]:
+    try:
+        return [int(t) for t in tokens.split(",") if t.strip()]
+    except ValueError:
+        _fail("--tokens must be comma-separated integers")
+
+
 def _prompt_ids(file: Path, prompt: str, tokens: str | None):
     if tokens:
-        return [int(t) for t in tokens.split(",") if t.strip()], None
+        return _token_ids(tokens), None
     from moepack.runtime.tokenizer import Tokenizer, TokenizerError
 
     try:
@@ -190,10 +197,7 @@ def eval_cmd(
     import numpy as np
     from moepack.runtime.engine import EngineError
 
-    try:
-        ids = [int(t) for t in tokens.split(",") if t.strip()]
-    except ValueError:
-        _fail("--tokens must be comma-separated integers")
+    ids = _token_ids(tokens)
     if not ids:
         _fail("--tokens is empty")
     eng = _open(file, budget=budget, threads=threads, ctx=max(ctx or 0, len(ids)))
