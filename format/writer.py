@@ -44,18 +44,21 @@ class ContainerWriter:
         self._digests: dict[str | tuple[int, int], bytes] = {}
         if self.path.exists() and not overwrite:
             raise FileExistsError(f"{self.path} exists; pass overwrite=True to replace it")
-        if create:
-            self._fd = os.open(self.partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            self._preallocate()
-        else:
-            self._fd = os.open(self.partial, os.O_RDWR)
-            size = os.fstat(self._fd).st_size
-            if size != layout.file_size:
-                os.close(self._fd)
-                raise FormatError(
-                    f"{self.partial}: size {size} != planned file size {layout.file_size} "
-                    "(made from a different plan?)"
-                )
+        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
+        self._fd = os.open(self.partial, flags, 0o644)
+        try:
+            if create:
+                self._preallocate()
+            else:
+                size = os.fstat(self._fd).st_size
+                if size != layout.file_size:
+                    raise FormatError(
+                        f"{self.partial}: size {size} != planned file size {layout.file_size} "
+                        "(made from a different plan?)"
+                    )
+        except BaseException:
+            self.close()  # e.g. the disk is too small for the planned size
+            raise
 
     def _preallocate(self) -> None:
         size = self.layout.file_size
