@@ -3,9 +3,9 @@
  *
  * O_DIRECT is probed at open against the FILE's granularity (the container alignment: record
  * offsets and strides are multiples of it), reading one alignment-sized block at offset 0 into a
- * buffer aligned like the real record buffers. (A peer engine probed with its 16 KiB buffer
- * alignment instead and silently ran without O_DIRECT for months.) The outcome is reported by
- * mp_io_direct_active / mp_io_direct_note. */
+ * buffer aligned like the real record buffers: a probe with any other size or alignment can
+ * fail where real reads would work, and the fallback to buffered reads is silent. The outcome is
+ * reported by mp_io_direct_active / mp_io_direct_note. */
 #ifndef MP_IO_H
 #define MP_IO_H
 
