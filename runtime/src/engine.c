@@ -22,6 +22,7 @@ struct mp_engine {
     mpk_pool *pool;
     uint8_t *arena; /* all trunk tensors, read once at open */
     uint64_t arena_len;
+    uint64_t *arena_off; /* [tensor index]: where each tensor starts in the arena */
     int verify_reads;
     int pos;
     mp_plan_info plan;
@@ -103,17 +104,10 @@ static int tensor_cb(void *user, const char *name, mpm_src *out) {
     mp_engine *e = user;
     const mp_tensor_info *t = mpc_tensor(e->c, name);
     if (!t) return 1;
-    /* tensors sit in the arena in file order at 64-aligned offsets: find by the file offset */
-    uint64_t off = 0;
-    for (size_t i = 0; i < mpc_tensor_count(e->c); i++) {
-        const mp_tensor_info *u = mpc_tensor_at(e->c, i);
-        if (u == t) break;
-        off += align64(u->length);
-    }
     out->codec = t->codec.json;
     out->ndim = t->ndim;
     memcpy(out->shape, t->shape, sizeof out->shape);
-    out->data = e->arena + off;
+    out->data = e->arena + e->arena_off[t - mpc_tensor_at(e->c, 0)];
     out->length = t->length;
     return 0;
 }
@@ -154,12 +148,14 @@ static void io_prefetch(void *user, int layer, const int *experts, int n) {
 static int load_trunk(mp_engine *e, char *err, size_t errlen) {
     e->arena_len = trunk_bytes(e->c);
     e->arena = malloc(e->arena_len ? (size_t)e->arena_len : 1);
-    if (!e->arena) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory for the trunk (%llu bytes)", (unsigned long long)e->arena_len);
+    e->arena_off = calloc(mpc_tensor_count(e->c) + 1, sizeof *e->arena_off);
+    if (!e->arena || !e->arena_off) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory for the trunk (%llu bytes)", (unsigned long long)e->arena_len);
     uint64_t off = 0;
     for (size_t i = 0; i < mpc_tensor_count(e->c); i++) {
         const mp_tensor_info *t = mpc_tensor_at(e->c, i);
         int rc = mpc_read_tensor(e->c, t, e->arena + off, t->length, e->verify_reads, err, errlen);
         if (rc) return rc;
+        e->arena_off[i] = off; /* file order, each at a 64-aligned offset */
         off += align64(t->length);
     }
     return 0;
@@ -254,6 +250,7 @@ void mp_close(mp_engine *e) {
     mpk_pool_destroy(e->pool);
     mpe_destroy(e->ex);
     free(e->arena);
+    free(e->arena_off);
     mpm_config_free(&e->cfg);
     mpc_close(e->c);
     free(e);
