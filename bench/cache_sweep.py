@@ -39,6 +39,9 @@ def child(model: str, prompt: list[int], tokens: int, threads: int, passes: int,
           budget: int | None, cache_experts: int | None, ctx: int = 256) -> dict:
     from moepack.runtime.engine import Engine
 
+    if budget == -1:  # "floor": this engine build's own floor (builds change while benches run)
+        from moepack.runtime.engine import plan as mp_plan
+        budget = mp_plan(model, ctx)["floor_bytes"]
     t0 = time.perf_counter()
     e = Engine(model, budget=budget or None, threads=threads, ctx=ctx,
                cache_experts=cache_experts)
@@ -92,7 +95,8 @@ def run_sweep(model: Path, *, cap: int, prompt: list[int], tokens: int, threads:
             continue
         drop_cache(model)
         m = cgroup.run([sys.executable, "-m", "bench.cache_sweep", "--child", "--model",
-                        str(model), "--budget", str(budget), "--prompt",
+                        str(model), "--budget", "-1" if label == "floor" else str(budget),
+                        "--prompt",
                         ",".join(map(str, prompt)), "--tokens", str(tokens), "--threads",
                         str(threads), "--passes", "1"], cap, timeout=timeout, nice=nice)
         r = m.json_out()
@@ -161,7 +165,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--child", action="store_true")
-    ap.add_argument("--budget", type=int, default=0)
+    ap.add_argument("--budget", type=int, default=0, help="bytes; 0 = default, -1 = the floor")
     ap.add_argument("--cache-experts", type=int, default=None)
     ap.add_argument("--prompt", default="1,2,3,4")
     ap.add_argument("--tokens", type=int, default=16)
