@@ -39,7 +39,7 @@ def _show(path: Path, info: dict) -> None:
         ("alignment", str(info["alignment"])),
     ]
     for k, v in rows:
-        t.add_row(f"[bold]{k}[/bold]", v)
+        t.add_row(f"[bold]{k}[/bold]", escape(v))
     console.print(t)
 
 
