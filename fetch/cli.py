@@ -7,6 +7,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from moepack.fetch.errors import FetchError
+from rich.markup import escape
 
 torrent_app = typer.Typer(help="Make torrents of containers.", no_args_is_help=True)
 
@@ -42,7 +43,7 @@ Duration = Annotated[float, typer.Option(
 def _fail(e: Exception) -> NoReturn:
     from moepack.fetch.display import console
 
-    console.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+    console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 

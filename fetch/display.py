@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from moepack.fetch.space import SAFETY_MARGIN, SpaceVerdict
 from moepack.fetch.units import human
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -27,7 +28,7 @@ def verdict_table(rows: list[SpaceVerdict]) -> Table:
         t.add_column(col)
     for v in rows:
         short = human(v.need_with_margin - v.free)
-        t.add_row(v.label, str(v.path), human(v.need_with_margin), human(v.free),
+        t.add_row(v.label, escape(str(v.path)), human(v.need_with_margin), human(v.free),
                   "[green]fits[/]" if v.ok else f"[red]short by {short}[/]")
     return t
 

@@ -10,12 +10,13 @@ from moepack.fetch.errors import FetchError
 from moepack.fetch.hub import HubPlan, fetch_hub, plan_hub
 from moepack.fetch.hub_download import DownloadPolicy
 from moepack.fetch.units import human
+from rich.markup import escape
 from rich.table import Table
 
 
 def files_table(plan: HubPlan) -> Table:
     lst = plan.listing
-    t = Table(title=f"{lst.repo} @ {lst.revision} → {plan.dest}")
+    t = Table(title=escape(f"{lst.repo} @ {lst.revision} → {plan.dest}"))
     for col, just in (("file", "left"), ("size", "right"), ("on disk", "left"),
                       ("to fetch", "right")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
@@ -23,7 +24,7 @@ def files_table(plan: HubPlan) -> Table:
         on_disk = {"complete": "[green]complete[/]", "unverified": "present, hashed at fetch",
                    "partial": f"partial ({human(s.present)})", "missing": "—"}[s.status]
         fetch = human(s.to_fetch) if s.to_fetch else "0"
-        t.add_row(s.file.name, human(s.file.size), on_disk, fetch)
+        t.add_row(escape(s.file.name), human(s.file.size), on_disk, fetch)
     t.add_section()
     t.add_row(f"{len(plan.files)} files", human(lst.total), "", human(plan.to_fetch))
     return t
@@ -33,9 +34,10 @@ def print_plan(plan: HubPlan) -> None:
     console.print(files_table(plan))
     if plan.conversion is not None:
         console.print(f"conversion output: {human(plan.conversion)} ({plan.conversion} bytes; "
-                      f"{plan.conversion_note})", highlight=False)
+                      f"{plan.conversion_note})", highlight=False, markup=False)
     else:
-        console.print(f"conversion output: unknown — {plan.conversion_note}", highlight=False)
+        console.print(f"conversion output: unknown — {plan.conversion_note}", highlight=False,
+                      markup=False)
     console.print(verdict_table(list(plan.verdicts)))
 
 
@@ -56,5 +58,5 @@ def run_hub(source: str, dest: Path, includes: list[str], jobs: int, dry_run: bo
         result = fetch_hub(plan, jobs=jobs, policy=DownloadPolicy(read_timeout=stall_timeout),
                            on_bytes=on_bytes)
     console.print(f"{result.files} files verified by size and hash; wrote {result.manifest}",
-                  highlight=False)
+                  highlight=False, markup=False)
     return 0

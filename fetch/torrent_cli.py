@@ -35,9 +35,10 @@ def run_create(file: Path, output: Path | None, piece_size: str | None, trackers
     ti = lt.torrent_info(data)
     ih = ti.info_hashes()
     console.print(f"wrote {out} in {time.perf_counter() - t0:.1f} s: {ti.num_pieces()} pieces of "
-                  f"{human(ti.piece_length())}, {ti.comment()}", highlight=False, soft_wrap=True)
+                  f"{human(ti.piece_length())}, {ti.comment()}", highlight=False, soft_wrap=True,
+                  markup=False)
     console.print(f"info-hash v1 {ih.v1}  v2 {ih.v2}", highlight=False, soft_wrap=True)
-    console.print(lt.make_magnet_uri(ti), highlight=False, soft_wrap=True)
+    console.print(lt.make_magnet_uri(ti), highlight=False, soft_wrap=True, markup=False)
 
 
 def run_torrent_fetch(source: str, dest: Path, dry_run: bool, peers: list[str],
@@ -56,12 +57,13 @@ def run_torrent_fetch(source: str, dest: Path, dry_run: bool, peers: list[str],
         result = fetch_torrent(source, dest, opts=opts)
     assert not isinstance(result, TorrentPlan)
     if result.already_complete:
-        console.print(f"{result.path} is already complete and verifies: {result.container_id}")
+        console.print(f"{result.path} is already complete and verifies: {result.container_id}",
+                      markup=False)
         return 0
     console.print(f"{result.path}: verified, container {result.container_id}; downloaded "
                   f"{human(result.downloaded_bytes)} in {result.seconds:.1f} s "
                   f"({result.pieces_at_start}/{result.pieces} pieces were already valid)",
-                  highlight=False, soft_wrap=True)
+                  highlight=False, soft_wrap=True, markup=False)
     return 0
 
 
@@ -69,7 +71,7 @@ def _print_plan(p: TorrentPlan) -> int:
     m = p.meta
     console.print(f"{m.source}: {m.name}, {human(m.size)} ({m.size} bytes), {m.num_pieces} pieces "
                   f"of {human(m.piece_length)}, container {m.container_id or 'not stated'}",
-                  highlight=False, soft_wrap=True)
+                  highlight=False, soft_wrap=True, markup=False)
     if p.present:
         console.print(f"already on disk (partial or damaged copy): {human(p.present)}")
     console.print(verdict_table([p.verdict]))
@@ -91,7 +93,7 @@ def run_seed(torrent: Path, path: Path, listen: str, full_verify: bool, duration
 def _seed_loop(torrent: Path, path: Path, listen: str, full_verify: bool, duration: float) -> None:
     with Seeder(torrent, path, listen=listen, full_verify=full_verify) as s:
         console.print(f"seeding {path} ({s.meta.container_id}) on port {s.port}", highlight=False,
-                      soft_wrap=True)
+                      soft_wrap=True, markup=False)
         t0 = time.monotonic()
         with console.status("") as status:
             while duration <= 0 or time.monotonic() - t0 < duration:
