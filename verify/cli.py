@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 # Typer needs Optional[...] at runtime on Python 3.10 (X | None annotations are not parsed there).
 _FILE = typer.Argument(None, metavar="FILE", help="Container to verify (NAME.moepack).",
@@ -27,7 +28,7 @@ _IO = typer.Option("auto", "--io", metavar="auto|direct|buffered",
 
 
 def _usage(message: str) -> typer.Exit:
-    Console(stderr=True).print(f"[red]usage:[/red] {message}")
+    Console(stderr=True).print(f"[red]usage:[/red] {escape(message)}")
     return typer.Exit(2)
 
 
