@@ -248,7 +248,10 @@ def chat_cmd(
             if not line.strip():
                 break
             messages.append({"role": "user", "content": line})
-            ids = tok.encode_chat(messages)
+            try:
+                ids = tok.encode_chat(messages)
+            except TokenizerError as e:
+                _fail(str(e))
             if cached and ids[:len(cached)] == cached:
                 new = ids[len(cached):]
             else:

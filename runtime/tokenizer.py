@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from moepack.format.errors import FormatError
 from moepack.format.reader import Container
 
 
 class TokenizerError(RuntimeError):
-    pass
+    """The container's tokenizer or chat template cannot be read or used."""
 
 
 def _token_text(v) -> str | None:
@@ -24,24 +25,39 @@ class Tokenizer:
     def __init__(self, tokenizer_json: bytes, config: dict | None = None) -> None:
         from tokenizers import Tokenizer as HfTokenizer
 
-        self._tok = HfTokenizer.from_str(tokenizer_json.decode("utf-8"))
+        try:
+            self._tok = HfTokenizer.from_str(tokenizer_json.decode("utf-8"))
+        except Exception as e:  # noqa: BLE001 (tokenizers raises plain Exception)
+            raise TokenizerError(f"tokenizer.json: {e}") from None
         self.config = config or {}
         self.bos_token = _token_text(self.config.get("bos_token"))
         self.eos_token = _token_text(self.config.get("eos_token"))
         self.chat_template = self.config.get("chat_template")
         if isinstance(self.chat_template, list):  # [{"name": "default", "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in self.chat_template}
+            named = {t.get("name"): t.get("template") for t in self.chat_template
+                     if isinstance(t, dict)}
             self.chat_template = named.get("default") or next(iter(named.values()), None)
 
     @classmethod
     def from_container(cls, path: str) -> Tokenizer:
-        with Container.open(path) as c:
-            names = {s["name"] for s in c.sections if s["type"] == "blob"}
-            if "tokenizer.json" not in names:
-                raise TokenizerError(f"{path} has no tokenizer.json blob; pass token ids instead")
-            cfg = (json.loads(c.blob("tokenizer_config.json"))
-                   if "tokenizer_config.json" in names else {})
-            return cls(bytes(c.blob("tokenizer.json")), cfg)
+        try:
+            with Container.open(path) as c:
+                names = {s["name"] for s in c.sections if s["type"] == "blob"}
+                if "tokenizer.json" not in names:
+                    raise TokenizerError(f"{path} has no tokenizer.json blob; "
+                                         "pass token ids instead")
+                raw_cfg = (c.blob("tokenizer_config.json")
+                           if "tokenizer_config.json" in names else b"{}")
+                tokenizer_json = bytes(c.blob("tokenizer.json"))
+        except FormatError as e:
+            raise TokenizerError(f"{path}: {e}") from None
+        try:
+            cfg = json.loads(raw_cfg)
+        except ValueError as e:
+            raise TokenizerError(f"{path}: tokenizer_config.json: {e}") from None
+        if not isinstance(cfg, dict):
+            raise TokenizerError(f"{path}: tokenizer_config.json is not a JSON object")
+        return cls(tokenizer_json, cfg)
 
     def token_id(self, text: str | None) -> int | None:
         return None if text is None else self._tok.token_to_id(text)
@@ -83,9 +99,12 @@ class Tokenizer:
         env.globals["raise_exception"] = raise_exception
         env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, indent=indent,
                                                                         ensure_ascii=False)
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except TemplateError as e:
+            raise TokenizerError(f"chat template: {e}") from None
 
     def encode_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
         # the template writes special tokens (bos) itself
