@@ -214,6 +214,8 @@ class Engine:
 
     def feed(self, tokens: Sequence[int]) -> np.ndarray:
         """Append tokens to the sequence (KV cache kept); returns the last position's logits."""
+        if len(tokens) == 0:  # there would be no last position: the logits would be all zero
+            raise EngineError("feed needs at least one token", MP_EINVAL)
         out = np.zeros(self.vocab_size, dtype=np.float32)
         self._eval(tokens, out, False)
         return out
