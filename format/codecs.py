@@ -11,7 +11,7 @@ from math import prod
 import numpy as np
 from moepack.format.errors import FormatError
 
-GROUP_SIZES = {"q8": (32, 64, 128, 256), "q4": (16, 32, 64, 128, 256)}  # FORMAT.md §8.2, CODECS §2
+GROUP_SIZES = (16, 32, 64, 128, 256)
 RVQ_DIM = 8
 RVQ_ENTRIES = 256
 RVQ_MAX_STAGES = 8
@@ -79,8 +79,8 @@ def validate_codec(codec: dict, shape) -> None:
         raise FormatError(f"codec {name!r} needs a 2-D shape, got {list(shape)}")
     if name in ("q8", "q4"):
         g = _int_field(codec, "group_size")
-        if g not in GROUP_SIZES[name]:
-            raise FormatError(f"codec {name!r}: group_size {g} not in {list(GROUP_SIZES[name])}")
+        if g not in GROUP_SIZES:
+            raise FormatError(f"codec {name!r}: group_size {g} not in {list(GROUP_SIZES)}")
         if name == "q4" and not isinstance(codec.get("zero_point", False), bool):
             raise FormatError("codec 'q4': zero_point must be true or false")
         return

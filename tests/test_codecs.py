@@ -169,9 +169,3 @@ def test_decode_any_bytes_of_the_right_length(codec: dict, rows: int, cols: int,
     n = encoded_nbytes(codec, (rows, cols))
     data = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
     assert decode(codec, (rows, cols), data).shape == (rows, cols)
-
-
-def test_group_size_sets_per_codec() -> None:
-    validate_codec({"name": "q4", "group_size": 16}, (2, 16))
-    with pytest.raises(FormatError, match="group_size 16"):
-        validate_codec({"name": "q8", "group_size": 16}, (2, 16))
