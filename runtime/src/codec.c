@@ -261,11 +261,60 @@ static inline void offer(cand_t *top, int *nt, int beam, float perr, const float
     }
 }
 
+/* offer() with the same result, faster: AVX2 only, for finite scores and beam <= 8 (the caller
+ * checks that no error can be NaN). The final list is the `beam` least candidates by (err, offer
+ * order), so candidates that cannot be among them may be left out as long as the rest are offered
+ * in order. The 8 lane minima of this path's errors belong to 8 distinct candidates; a candidate
+ * whose error exceeds the beam-th least of them has `beam` strictly better ones from this path and
+ * is dropped (ties are kept). When the list is full, candidates not below its worst are dropped
+ * too. The errors are the same f32 sums perr + sc[j] as offer()'s. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MP_NO_CLONES)
+#include <immintrin.h>
+#define MP_OFFER_AVX2 1
+__attribute__((target("avx2"), noinline)) static void offer_avx2(cand_t *top, int *nt, int beam,
+                                                                 float perr, const float *sc,
+                                                                 int kp, int k, int parent) {
+    float e[256] __attribute__((aligned(32)));
+    __m256 pe = _mm256_set1_ps(perr), mn = _mm256_add_ps(pe, _mm256_loadu_ps(sc));
+    _mm256_store_ps(e, mn);
+    for (int j0 = 8; j0 < kp; j0 += 8) {
+        __m256 v = _mm256_add_ps(pe, _mm256_loadu_ps(sc + j0));
+        _mm256_store_ps(e + j0, v);
+        mn = _mm256_min_ps(v, mn); /* only compared below, so -0/+0 makes no difference */
+    }
+    /* Halve the lane minima by pairwise min while at least `beam` remain: each is still a
+     * distinct candidate's error, so their max is >= the beam-th least error of this path. */
+    __m128 h = _mm256_castps256_ps128(mn), t;
+    if (beam <= 4) {
+        h = _mm_min_ps(h, _mm256_extractf128_ps(mn, 1));
+        if (beam <= 2) h = _mm_min_ps(h, _mm_movehl_ps(h, h));
+        if (beam <= 1) h = _mm_min_ss(h, _mm_shuffle_ps(h, h, 1));
+    } else {
+        h = _mm_max_ps(h, _mm256_extractf128_ps(mn, 1));
+    }
+    t = beam > 2 ? _mm_max_ps(h, _mm_movehl_ps(h, h)) : h;     /* lanes 0..3 -> 0,1 */
+    if (beam > 1) t = _mm_max_ps(t, _mm_shuffle_ps(t, t, 1)); /* lanes 0,1 -> 0 */
+    __m256 tv = _mm256_broadcastss_ps(t);
+    for (int j0 = 0; j0 < kp; j0 += 8) {
+        __m256 v = _mm256_load_ps(e + j0);
+        unsigned m = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, tv, _CMP_LE_OQ));
+        if (m && *nt == beam)
+            m &= (unsigned)_mm256_movemask_ps(
+                _mm256_cmp_ps(v, _mm256_set1_ps(top[beam - 1].err), _CMP_LT_OQ));
+        while (m) {
+            int j = j0 + __builtin_ctz(m);
+            m &= m - 1;
+            if (j < k) push(top, nt, beam, e[j], parent, j);
+        }
+    }
+}
+#endif
+
 /* Replace the np paths in cur by the best children (parent path + entry of stage s); sc holds
  * the paths' scores [np][kp] when precomputed (stage 0), else NULL. Returns the new count. */
 __attribute__((always_inline)) static inline int beam_stage(path_t *cur, int np, const float *cb,
                                                             const tcb_t *t, int s, int beam,
-                                                            const float *sc0) {
+                                                            const float *sc0, int fast) {
     path_t nxt[MP_VQ_MAX_BEAM];
     cand_t top[MP_VQ_MAX_BEAM];
     float rb[BLK * D], sc[BLK * 256];
@@ -281,7 +330,12 @@ __attribute__((always_inline)) static inline int beam_stage(path_t *cur, int np,
             scp = sc;
         }
         for (int v = 0; v < m; v++)
-            offer(top, &nt, beam, cur[p0 + v].err, scp + v * t->kp, t->k, p0 + v);
+#ifdef MP_OFFER_AVX2
+            if (fast)
+                offer_avx2(top, &nt, beam, cur[p0 + v].err, scp + v * t->kp, t->kp, t->k, p0 + v);
+            else
+#endif
+                offer(top, &nt, beam, cur[p0 + v].err, scp + v * t->kp, t->k, p0 + v);
     }
     for (int q = 0; q < nt; q++) {
         const path_t *par = &cur[top[q].parent];
@@ -295,11 +349,18 @@ __attribute__((always_inline)) static inline int beam_stage(path_t *cur, int np,
     return nt;
 }
 
+/* |v_d| < 2^40 for all d (so no score can be NaN or overflow); NaN fails the test. */
+static inline int finite_small(const float *v) {
+    for (int d = 0; d < D; d++)
+        if (!(fabsf(v[d]) < 0x1p40f)) return 0;
+    return 1;
+}
+
 /* Beam search, BLK vectors at a time: their stage-0 scores are computed together (each vector
  * starts with one path), later stages score each vector's paths together. */
 MP_CLONES
 static void beam_range(const float *x, size_t n, const float *cb, const tcb_t *t, int stages,
-                       int beam, uint8_t *codes) {
+                       int beam, int cb_ok, uint8_t *codes) {
     path_t cur[MP_VQ_MAX_BEAM];
     float xb[BLK * D], sc0[BLK * 256];
     for (size_t i = 0; i < n; i += BLK) {
@@ -310,8 +371,14 @@ static void beam_range(const float *x, size_t n, const float *cb, const tcb_t *t
         for (size_t v = 0; v < m; v++) {
             memcpy(cur[0].res, xb + v * D, sizeof(float) * D);
             cur[0].err = sqnorm(cur[0].res);
-            int np = beam_stage(cur, 1, cb, &t[0], 0, beam, sc0 + v * t[0].kp);
-            for (int s = 1; s < stages; s++) np = beam_stage(cur, np, cb, &t[s], s, beam, NULL);
+            /* Only the best final path is kept, and it is the same with a 1-wide last stage (the
+             * first offered of the least error either way, when no error is NaN). */
+            int fast = cb_ok && beam <= 8 && finite_small(cur[0].res);
+            int last = stages - 1;
+            int np = beam_stage(cur, 1, cb, &t[0], 0, last || !fast ? beam : 1, sc0 + v * t[0].kp,
+                                fast);
+            for (int s = 1; s < stages; s++)
+                np = beam_stage(cur, np, cb, &t[s], s, s < last || !fast ? beam : 1, NULL, fast);
             memcpy(codes + (i + v) * stages, cur[0].code, (size_t)stages); /* least error */
         }
     }
@@ -327,8 +394,15 @@ int mp_rvq_encode(const float *x, size_t n, const float *cb, int stages, int k, 
     for (int s = 0; s < stages; s++) prepare_cb(cb + (size_t)s * k * D, k, &t[s]);
     if (beam == 1)
         greedy_range(x, n, cb, t, stages, codes);
-    else
-        beam_range(x, n, cb, t, stages, beam, codes);
+    else {
+        int cb_ok = 0;
+#ifdef MP_OFFER_AVX2
+        __builtin_cpu_init();
+        cb_ok = __builtin_cpu_supports("avx2") != 0;
+#endif
+        for (size_t i = 0; i < (size_t)stages * k; i++) cb_ok &= finite_small(cb + i * D);
+        beam_range(x, n, cb, t, stages, beam, cb_ok, codes);
+    }
     free(t);
     return 0;
 }
