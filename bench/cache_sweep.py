@@ -36,7 +36,10 @@ def engine_fingerprint() -> dict:
 
 
 def child(model: str, prompt: list[int], tokens: int, threads: int, passes: int,
-          budget: int | None, cache_experts: int | None, ctx: int = 256) -> dict:
+          budget: int | None, cache_experts: int | None, ctx: int = 256,
+          forced: list[int] | None = None) -> dict:
+    """One engine run. `forced`: feed these ids one at a time after the prompt (decode steps on
+    a fixed token stream, the same for every engine) instead of greedy generation."""
     from moepack.runtime.engine import Engine
 
     if budget == -1:  # "floor": this engine build's own floor (builds change while benches run)
@@ -49,7 +52,14 @@ def child(model: str, prompt: list[int], tokens: int, threads: int, passes: int,
     runs = []
     for _ in range(passes):
         e.reset_stats()
-        out = list(e.generate(prompt, tokens))
+        if forced:
+            e.reset()
+            e.feed(prompt)
+            for t in forced:
+                e.feed([t])
+            out = list(forced)
+        else:
+            out = list(e.generate(prompt, tokens))
         s = e.stats()
         s["tokens"] = out[:8]
         runs.append(s)
@@ -75,7 +85,7 @@ def sweep_points(plan: dict, cap: int, every: int) -> list[tuple[str, int]]:
 
 
 def run_sweep(model: Path, *, cap: int, prompt: list[int], tokens: int, threads: int,
-              nice: int = 5, timeout: float = 900) -> dict:
+              nice: int = 5, timeout: float = 900, forced: list[int] | None = None) -> dict:
     from moepack.format.reader import Container
     from moepack.runtime.engine import plan as mp_plan
 
@@ -98,7 +108,9 @@ def run_sweep(model: Path, *, cap: int, prompt: list[int], tokens: int, threads:
                         str(model), "--budget", "-1" if label == "floor" else str(budget),
                         "--prompt",
                         ",".join(map(str, prompt)), "--tokens", str(tokens), "--threads",
-                        str(threads), "--passes", "1"], cap, timeout=timeout, nice=nice)
+                        str(threads), "--passes", "1"]
+                       + (["--forced", ",".join(map(str, forced))] if forced else []),
+                       cap, timeout=timeout, nice=nice)
         r = m.json_out()
         pt = {"label": label, "budget_bytes": budget, "budget_over_cap": budget / cap,
               "rc": m.rc, "peak_cgroup_bytes": m.peak_cgroup_bytes, "read_bytes": m.read_bytes,
@@ -172,11 +184,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--cap-frac", type=float, default=0.5)
+    ap.add_argument("--forced", default="", help="comma-separated decode token ids (no greedy)")
     a = ap.parse_args()
     prompt = [int(t) for t in a.prompt.split(",")]
+    forced = [int(t) for t in a.forced.split(",")] if a.forced else None
     if a.child:
         print(json.dumps(child(a.model, prompt, a.tokens, a.threads, a.passes, a.budget,
-                               a.cache_experts)), flush=True)
+                               a.cache_experts, forced=forced)), flush=True)
         return
     cap = int(a.cap_frac * Path(a.model).stat().st_size)
     res = run_sweep(Path(a.model), cap=cap, prompt=prompt, tokens=a.tokens, threads=a.threads)

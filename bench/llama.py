@@ -33,7 +33,8 @@ def available() -> str | None:
 
 
 def decode(model: str, prompt: list[int], tokens: int, threads: int, passes: int,
-           ctx: int = 256) -> dict:
+           ctx: int = 256, forced: list[int] | None = None) -> dict:
+    """`forced`: feed these ids one at a time after the prompt instead of greedy decoding."""
     import llama_cpp
     import llama_cpp.llama_cpp as C
 
@@ -62,13 +63,14 @@ def decode(model: str, prompt: list[int], tokens: int, threads: int, passes: int
         llm.eval(prompt)
         t2 = time.perf_counter()
         out = []
-        for _ in range(tokens):
-            tok = int(np.argmax(last_logits()))
+        for i in range(len(forced) if forced else tokens):
+            tok = forced[i] if forced else int(np.argmax(last_logits()))
             out.append(tok)
             llm.eval([tok])
         t3 = time.perf_counter()
-        runs.append({"prompt_tokens": len(prompt), "prompt_s": t2 - t1, "decode_tokens": tokens,
-                     "decode_s": t3 - t2, "decode_tok_s": tokens / (t3 - t2),
+        runs.append({"prompt_tokens": len(prompt), "prompt_s": t2 - t1,
+                     "decode_tokens": len(out), "decode_s": t3 - t2,
+                     "decode_tok_s": len(out) / (t3 - t2),
                      "tokens": out[:8]})
     return {"engine": "llama.cpp", "version": getattr(llama_cpp, "__version__", "?"),
             "load_s": load_s, "passes": runs, "threads": threads}
@@ -81,9 +83,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--passes", type=int, default=1)
+    ap.add_argument("--forced", default="", help="comma-separated decode token ids (no greedy)")
     a = ap.parse_args()
     prompt = [int(t) for t in a.prompt.split(",")]
-    print(json.dumps(decode(a.model, prompt, a.tokens, a.threads, a.passes)), flush=True)
+    forced = [int(t) for t in a.forced.split(",")] if a.forced else None
+    print(json.dumps(decode(a.model, prompt, a.tokens, a.threads, a.passes, forced=forced)),
+          flush=True)
 
 
 if __name__ == "__main__":
