@@ -135,3 +135,13 @@ def test_markdown_renders_partial_results(tmp_path, monkeypatch) -> None:
     assert "**3.00** / **6.00**" in md  # moepack / llama ratio, pass 1 / pass 2
     assert "| 25% cap: >= 3x llama.cpp decode | 3.00x (pass 1), 6.00x (pass 2) | yes |" in md
     assert "warm: >= 1.0x llama.cpp | not measured" in md
+
+
+def test_forced_token_stream_is_fixed_varied_and_in_range() -> None:
+    from bench.run_all import forced_tokens
+
+    a, b = forced_tokens(48, 8192), forced_tokens(48, 8192)
+    assert a == b and len(a) == 48
+    assert all(3 <= t < 8192 for t in a)  # never the special ids 0..2
+    assert len(set(a)) > 40
+    assert forced_tokens(16, 8192) == a[:16]  # shorter runs are a prefix: same ids everywhere
