@@ -30,10 +30,10 @@ def kmeans(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Codebook [k, 8] and final assignment of x [n, 8]; Lloyd stops early at a fixed point."""
     cb = kmeans_pp_init(x, k, rng)
-    idx, _ = native.assign(x, cb, threads=threads)
+    idx, _ = native.assign(x, cb, threads=threads, with_dist=False)
     for _ in range(iters):
         native.update(x, idx, cb)
-        new, _ = native.assign(x, cb, threads=threads)
+        new, _ = native.assign(x, cb, threads=threads, with_dist=False)
         if np.array_equal(new, idx):
             break
         idx = new

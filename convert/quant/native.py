@@ -69,17 +69,20 @@ def _chunked(n: int, threads: int, fn) -> None:
             f.result()
 
 
-def assign(x: np.ndarray, cb: np.ndarray, *, threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Nearest codeword index (ties -> lowest) and squared distance for each vector."""
+def assign(
+    x: np.ndarray, cb: np.ndarray, *, threads: int = 1, with_dist: bool = True
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Nearest codeword index (ties -> lowest) and squared distance (None unless with_dist) for
+    each vector."""
     x = _vectors(x)
     cb = _vectors(cb)
     n = x.shape[0]
     idx = np.empty(n, np.int32)
-    dist = np.empty(n, np.float32)
+    dist = np.empty(n, np.float32) if with_dist else None
 
     def run(lo: int, hi: int) -> None:
         rc = lib().mp_vq_assign(x[lo:hi], hi - lo, cb, cb.shape[0], idx[lo:hi],
-                                dist[lo:hi].ctypes.data)
+                                None if dist is None else dist[lo:hi].ctypes.data)
         if rc:
             raise ValueError(f"mp_vq_assign failed (k={cb.shape[0]})")
 

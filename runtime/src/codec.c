@@ -139,17 +139,148 @@ static void assign_range(const float *x, size_t n, const tcb_t *t, int32_t *idx,
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MP_NO_CLONES)
+#include <immintrin.h>
+#define MP_HAVE_AVX2_PATHS 1
+static int have_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+}
+
+/* assign_range() without storing the scores: the same scores4() arithmetic (0 + x0*c0 + x1*c1 ...
+ * in order, then |c|^2 - (a + a)), the same lane-wise strict minimum over groups of 8 starting
+ * from group 0, and the same final lane reduction as argmin(), so the same index and distance. */
+__attribute__((target("avx2"))) static void assign_avx2(const float *x, size_t n, const tcb_t *t,
+                                                       int32_t *idx, float *dist) {
+    const int kp = t->kp;
+    float xb[BLK * D], bv[BLK][8];
+    int32_t bj[BLK][8];
+    const __m256i eight = _mm256_set1_epi32(8);
+    for (size_t i = 0; i < n; i += BLK) {
+        size_t m = n - i < BLK ? n - i : BLK;
+        memset(xb, 0, sizeof xb);
+        memcpy(xb, x + i * D, m * D * sizeof(float));
+        __m256 b0 = _mm256_undefined_ps(), b1 = b0, b2 = b0, b3 = b0;
+        __m256i ji = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), i0 = ji, i1 = ji, i2 = ji, i3 = ji;
+        for (int j = 0; j < kp; j += 8) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < D; d++) {
+                __m256 c = _mm256_loadu_ps(t->cbt + d * kp + j);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_broadcast_ss(xb + d), c));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_broadcast_ss(xb + D + d), c));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_broadcast_ss(xb + 2 * D + d), c));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_broadcast_ss(xb + 3 * D + d), c));
+            }
+            __m256 cn = _mm256_loadu_ps(t->cn + j);
+            a0 = _mm256_sub_ps(cn, _mm256_add_ps(a0, a0));
+            a1 = _mm256_sub_ps(cn, _mm256_add_ps(a1, a1));
+            a2 = _mm256_sub_ps(cn, _mm256_add_ps(a2, a2));
+            a3 = _mm256_sub_ps(cn, _mm256_add_ps(a3, a3));
+            if (j == 0) {
+                b0 = a0, b1 = a1, b2 = a2, b3 = a3;
+                continue;
+            }
+            ji = _mm256_add_epi32(ji, eight);
+#define MP_TAKE(a, b, bi)                                                                          \
+    do {                                                                                           \
+        __m256 lt = _mm256_cmp_ps(a, b, _CMP_LT_OQ);                                               \
+        b = _mm256_blendv_ps(b, a, lt);                                                            \
+        bi = _mm256_castps_si256(                                                                  \
+            _mm256_blendv_ps(_mm256_castsi256_ps(bi), _mm256_castsi256_ps(ji), lt));               \
+    } while (0)
+            MP_TAKE(a0, b0, i0);
+            MP_TAKE(a1, b1, i1);
+            MP_TAKE(a2, b2, i2);
+            MP_TAKE(a3, b3, i3);
+#undef MP_TAKE
+        }
+        _mm256_storeu_ps(bv[0], b0);
+        _mm256_storeu_ps(bv[1], b1);
+        _mm256_storeu_ps(bv[2], b2);
+        _mm256_storeu_ps(bv[3], b3);
+        _mm256_storeu_si256((__m256i *)bj[0], i0);
+        _mm256_storeu_si256((__m256i *)bj[1], i1);
+        _mm256_storeu_si256((__m256i *)bj[2], i2);
+        _mm256_storeu_si256((__m256i *)bj[3], i3);
+        for (size_t v = 0; v < m; v++) {
+            int b = bj[v][0];
+            float best = bv[v][0];
+            for (int l = 1; l < 8; l++)
+                if (bv[v][l] < best || (bv[v][l] == best && bj[v][l] < b)) {
+                    best = bv[v][l];
+                    b = bj[v][l];
+                }
+            idx[i + v] = b;
+            if (dist) {
+                float e = sqnorm(xb + v * D) + best;
+                dist[i + v] = e > 0.0f ? e : 0.0f;
+            }
+        }
+    }
+}
+#endif
+
 int mp_vq_assign(const float *x, size_t n, const float *cb, int k, int32_t *idx, float *dist) {
     tcb_t t;
     if (k < 1 || k > 256) return -1;
     prepare_cb(cb, k, &t);
+#ifdef MP_HAVE_AVX2_PATHS
+    if (have_avx2()) {
+        assign_avx2(x, n, &t, idx, dist);
+        return 0;
+    }
+#endif
     assign_range(x, n, &t, idx, dist);
     return 0;
 }
 
+#ifdef MP_HAVE_AVX2_PATHS
+/* 8 vectors at a time: the squared differences are transposed so that lane l holds vector l's,
+ * then summed d = 0..7 in order from 0 (the scalar order); min(acc, d) is the scalar
+ * `acc < d ? acc : d`, NaN included. The f64 total is summed in index order as below. */
+__attribute__((target("avx2"))) static size_t mindist_avx2(const float *x, size_t n,
+                                                           const float *c, float *d,
+                                                           double *total) {
+    const __m256 cv = _mm256_loadu_ps(c);
+    double tot = 0.0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 r[8];
+        for (int l = 0; l < 8; l++) {
+            __m256 t = _mm256_sub_ps(_mm256_loadu_ps(x + (i + l) * D), cv);
+            r[l] = _mm256_mul_ps(t, t);
+        }
+        __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+        __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+        __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+        __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+        __m256 col[8] = {
+            _mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+            _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+            _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+            _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < D; j++) acc = _mm256_add_ps(acc, col[j]);
+        __m256 dv = _mm256_min_ps(acc, _mm256_loadu_ps(d + i));
+        _mm256_storeu_ps(d + i, dv);
+        for (int l = 0; l < 8; l++) tot += (double)d[i + l];
+    }
+    *total = tot;
+    return i;
+}
+#endif
+
 double mp_vq_mindist_update(const float *x, size_t n, const float *c, float *d) {
     double total = 0.0;
-    for (size_t i = 0; i < n; i++) {
+    size_t i0 = 0;
+#ifdef MP_HAVE_AVX2_PATHS
+    if (have_avx2()) i0 = mindist_avx2(x, n, c, d, &total);
+#endif
+    for (size_t i = i0; i < n; i++) {
         float acc = 0.0f;
         for (int j = 0; j < D; j++) {
             float t = x[i * D + j] - c[j];
@@ -268,8 +399,7 @@ static inline void offer(cand_t *top, int *nt, int beam, float perr, const float
  * whose error exceeds the beam-th least of them has `beam` strictly better ones from this path and
  * is dropped (ties are kept). When the list is full, candidates not below its worst are dropped
  * too. The errors are the same f32 sums perr + sc[j] as offer()'s. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MP_NO_CLONES)
-#include <immintrin.h>
+#ifdef MP_HAVE_AVX2_PATHS
 #define MP_OFFER_AVX2 1
 __attribute__((target("avx2"), noinline)) static void offer_avx2(cand_t *top, int *nt, int beam,
                                                                  float perr, const float *sc,
@@ -397,8 +527,7 @@ int mp_rvq_encode(const float *x, size_t n, const float *cb, int stages, int k, 
     else {
         int cb_ok = 0;
 #ifdef MP_OFFER_AVX2
-        __builtin_cpu_init();
-        cb_ok = __builtin_cpu_supports("avx2") != 0;
+        cb_ok = have_avx2();
 #endif
         for (size_t i = 0; i < (size_t)stages * k; i++) cb_ok &= finite_small(cb + i * D);
         beam_range(x, n, cb, t, stages, beam, cb_ok, codes);
