@@ -374,6 +374,8 @@ def matrix(args) -> dict:
             print(fmt_row(SANITY, data["rows"][SANITY]), flush=True)
             _save(res_path, data)
         out.unlink(missing_ok=True)
+    if "finished" in data["env"]:
+        data["env"]["finished"] = environment()["date"]
     if args.llama and "llama" not in data:
         from bench import llama_quality
 
