@@ -135,3 +135,33 @@ def test_container_against_original_and_own_export(tmp_path):
     assert s["kl_mean"] < 1e-7 and s["kl_max"] < 1e-6
     assert s["ppl_ratio"] == pytest.approx(1.0, abs=1e-5)
     assert s["top1"] >= 0.97  # a random tiny model may have near-ties
+
+
+def test_doc_render_and_verdict(tmp_path):
+    from bench.quality import END, write_doc
+
+    def row(kl_mean, top1, size, group="experts"):
+        return {"kl_mean": kl_mean, "kl_mean_se": 1e-5, "kl_median": kl_mean, "kl_p99": kl_mean,
+                "top1": top1, "ppl_ref": 10.0, "ppl_q": 10.1, "ppl_ratio": 1.01,
+                "file_size": size, "weight_bytes": size - 100, "bpw": 4.0, "bpw_experts": 3.0,
+                "group": group}
+
+    data = {"env": {"date": "D", "commit": "C", "cpu": "X", "python": "3", "versions": {}},
+            "text": {"file": "t", "bytes": 1, "text_tokens": 2, "windows": 1, "ctx": 8,
+                     "first": 4, "positions": 3},
+            "model": {"dir": "m", "architecture": "A", "layers": 1, "experts": 2, "top_k": 1,
+                      "hidden": 4, "intermediate": 4, "vocab": 9, "parameters": 5,
+                      "dtypes": ["BF16"]},
+            "rows": {"rvq3 (default)": row(0.001, 0.97, 1000)},
+            "llama": {"rows": {"Q3_K_M vs llama.cpp F32": row(0.002, 0.96, 2000),
+                               "Q4_K_M vs llama.cpp F32": row(0.0005, 0.98, 3000)},
+                      "notes": []}}
+    doc = tmp_path / "Q.md"
+    write_doc(data, doc)
+    text = doc.read_text()
+    assert "with a smaller file): **met**" in text and "Moonshot" in text and END in text
+    doc.write_text(text + "hand-written\n")
+    data["rows"]["rvq3 (default)"]["file_size"] = 5000
+    write_doc(data, doc)
+    text = doc.read_text()
+    assert "with a smaller file): **not met**" in text and text.endswith("hand-written\n")
