@@ -404,14 +404,12 @@ static inline void offer(cand_t *top, int *nt, int beam, float perr, const float
 __attribute__((target("avx2"), noinline)) static void offer_avx2(cand_t *top, int *nt, int beam,
                                                                  float perr, const float *sc,
                                                                  int kp, int k, int parent) {
-    float e[256] __attribute__((aligned(32)));
     __m256 pe = _mm256_set1_ps(perr), mn = _mm256_add_ps(pe, _mm256_loadu_ps(sc));
-    _mm256_store_ps(e, mn);
-    for (int j0 = 8; j0 < kp; j0 += 8) {
-        __m256 v = _mm256_add_ps(pe, _mm256_loadu_ps(sc + j0));
-        _mm256_store_ps(e + j0, v);
-        mn = _mm256_min_ps(v, mn); /* only compared below, so -0/+0 makes no difference */
-    }
+    for (int j0 = 8; j0 < kp; j0 += 8) /* -0/+0 make no difference: only compared below */
+        mn = _mm256_min_ps(_mm256_add_ps(pe, _mm256_loadu_ps(sc + j0)), mn);
+    if (*nt == beam && !_mm256_movemask_ps(_mm256_cmp_ps(mn, _mm256_set1_ps(top[beam - 1].err),
+                                                         _CMP_LT_OQ)))
+        return; /* nothing of this path beats the worst kept */
     /* Halve the lane minima by pairwise min while at least `beam` remain: each is still a
      * distinct candidate's error, so their max is >= the beam-th least error of this path. */
     __m128 h = _mm256_castps256_ps128(mn), t;
@@ -426,7 +424,7 @@ __attribute__((target("avx2"), noinline)) static void offer_avx2(cand_t *top, in
     if (beam > 1) t = _mm_max_ps(t, _mm_shuffle_ps(t, t, 1)); /* lanes 0,1 -> 0 */
     __m256 tv = _mm256_broadcastss_ps(t);
     for (int j0 = 0; j0 < kp; j0 += 8) {
-        __m256 v = _mm256_load_ps(e + j0);
+        __m256 v = _mm256_add_ps(pe, _mm256_loadu_ps(sc + j0));
         unsigned m = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, tv, _CMP_LE_OQ));
         if (m && *nt == beam)
             m &= (unsigned)_mm256_movemask_ps(
@@ -434,7 +432,7 @@ __attribute__((target("avx2"), noinline)) static void offer_avx2(cand_t *top, in
         while (m) {
             int j = j0 + __builtin_ctz(m);
             m &= m - 1;
-            if (j < k) push(top, nt, beam, e[j], parent, j);
+            if (j < k) push(top, nt, beam, perr + sc[j], parent, j);
         }
     }
 }
