@@ -220,11 +220,131 @@ __attribute__((target("avx2"))) static void assign_avx2(const float *x, size_t n
 }
 #endif
 
+#ifdef MP_HAVE_AVX2_PATHS
+static int have_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+}
+
+/* All |v| < 2^40 (so no score is NaN and the argmin is the first least score in any lane split). */
+static int all_finite_small(const float *v, size_t n) {
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) ok &= fabsf(v[i]) < 0x1p40f;
+    return ok;
+}
+
+/* scores4() 16 entries at a time (kp % 16 == 0): every score is the same f32 operations in the
+ * same order, so the same bits. */
+__attribute__((target("avx512f"), noinline)) static void scores4_avx512(const float *x,
+                                                                        const tcb_t *t,
+                                                                        float *scores) {
+    const int kp = t->kp;
+    for (int j = 0; j < kp; j += 16) {
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int d = 0; d < D; d++) {
+            __m512 c = _mm512_loadu_ps(t->cbt + d * kp + j);
+            a0 = _mm512_add_ps(a0, _mm512_mul_ps(_mm512_set1_ps(x[d]), c));
+            a1 = _mm512_add_ps(a1, _mm512_mul_ps(_mm512_set1_ps(x[D + d]), c));
+            a2 = _mm512_add_ps(a2, _mm512_mul_ps(_mm512_set1_ps(x[2 * D + d]), c));
+            a3 = _mm512_add_ps(a3, _mm512_mul_ps(_mm512_set1_ps(x[3 * D + d]), c));
+        }
+        __m512 cn = _mm512_loadu_ps(t->cn + j);
+        _mm512_storeu_ps(scores + j, _mm512_sub_ps(cn, _mm512_add_ps(a0, a0)));
+        _mm512_storeu_ps(scores + kp + j, _mm512_sub_ps(cn, _mm512_add_ps(a1, a1)));
+        _mm512_storeu_ps(scores + 2 * kp + j, _mm512_sub_ps(cn, _mm512_add_ps(a2, a2)));
+        _mm512_storeu_ps(scores + 3 * kp + j, _mm512_sub_ps(cn, _mm512_add_ps(a3, a3)));
+    }
+}
+#define SCORES4(x, t, sc, wide) ((wide) ? scores4_avx512(x, t, sc) : scores4(x, t, sc))
+#else
+#define SCORES4(x, t, sc, wide) ((void)(wide), scores4(x, t, sc))
+#endif
+
+#ifdef MP_HAVE_AVX2_PATHS
+/* assign_avx2() with 16 entries per lane group (kp % 16 == 0). Each score is the same f32 sum;
+ * with no NaN (checked by the caller), "least score, then lowest index" is the same answer for
+ * any split of the entries into lanes. */
+__attribute__((target("avx512f"))) static void assign_avx512(const float *x, size_t n,
+                                                             const tcb_t *t, int32_t *idx,
+                                                             float *dist) {
+    const int kp = t->kp;
+    float xb[BLK * D], bv[BLK][16];
+    int32_t bj[BLK][16];
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    for (size_t i = 0; i < n; i += BLK) {
+        size_t m = n - i < BLK ? n - i : BLK;
+        memset(xb, 0, sizeof xb);
+        memcpy(xb, x + i * D, m * D * sizeof(float));
+        __m512 b0 = _mm512_set1_ps(INFINITY), b1 = b0, b2 = b0, b3 = b0;
+        __m512i ji = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        __m512i i0 = ji, i1 = ji, i2 = ji, i3 = ji;
+        for (int j = 0; j < kp; j += 16) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < D; d++) {
+                __m512 c = _mm512_loadu_ps(t->cbt + d * kp + j);
+                a0 = _mm512_add_ps(a0, _mm512_mul_ps(_mm512_set1_ps(xb[d]), c));
+                a1 = _mm512_add_ps(a1, _mm512_mul_ps(_mm512_set1_ps(xb[D + d]), c));
+                a2 = _mm512_add_ps(a2, _mm512_mul_ps(_mm512_set1_ps(xb[2 * D + d]), c));
+                a3 = _mm512_add_ps(a3, _mm512_mul_ps(_mm512_set1_ps(xb[3 * D + d]), c));
+            }
+            __m512 cn = _mm512_loadu_ps(t->cn + j);
+            a0 = _mm512_sub_ps(cn, _mm512_add_ps(a0, a0));
+            a1 = _mm512_sub_ps(cn, _mm512_add_ps(a1, a1));
+            a2 = _mm512_sub_ps(cn, _mm512_add_ps(a2, a2));
+            a3 = _mm512_sub_ps(cn, _mm512_add_ps(a3, a3));
+            if (j == 0) {
+                b0 = a0, b1 = a1, b2 = a2, b3 = a3;
+                continue;
+            }
+            ji = _mm512_add_epi32(ji, sixteen);
+#define MP_TAKE(a, b, bi)                                                                          \
+    do {                                                                                           \
+        __mmask16 lt = _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ);                                       \
+        b = _mm512_mask_mov_ps(b, lt, a);                                                          \
+        bi = _mm512_mask_mov_epi32(bi, lt, ji);                                                    \
+    } while (0)
+            MP_TAKE(a0, b0, i0);
+            MP_TAKE(a1, b1, i1);
+            MP_TAKE(a2, b2, i2);
+            MP_TAKE(a3, b3, i3);
+#undef MP_TAKE
+        }
+        _mm512_storeu_ps(bv[0], b0);
+        _mm512_storeu_ps(bv[1], b1);
+        _mm512_storeu_ps(bv[2], b2);
+        _mm512_storeu_ps(bv[3], b3);
+        _mm512_storeu_si512(bj[0], i0);
+        _mm512_storeu_si512(bj[1], i1);
+        _mm512_storeu_si512(bj[2], i2);
+        _mm512_storeu_si512(bj[3], i3);
+        for (size_t v = 0; v < m; v++) {
+            int b = bj[v][0];
+            float best = bv[v][0];
+            for (int l = 1; l < 16; l++)
+                if (bv[v][l] < best || (bv[v][l] == best && bj[v][l] < b)) {
+                    best = bv[v][l];
+                    b = bj[v][l];
+                }
+            idx[i + v] = b;
+            if (dist) {
+                float e = sqnorm(xb + v * D) + best;
+                dist[i + v] = e > 0.0f ? e : 0.0f;
+            }
+        }
+    }
+}
+#endif
+
 int mp_vq_assign(const float *x, size_t n, const float *cb, int k, int32_t *idx, float *dist) {
     tcb_t t;
     if (k < 1 || k > 256) return -1;
     prepare_cb(cb, k, &t);
 #ifdef MP_HAVE_AVX2_PATHS
+    if (t.kp % 16 == 0 && have_avx512() && all_finite_small(cb, (size_t)k * D) &&
+        all_finite_small(x, n * D)) {
+        assign_avx512(x, n, &t, idx, dist);
+        return 0;
+    }
     if (have_avx2()) {
         assign_avx2(x, n, &t, idx, dist);
         return 0;
@@ -442,19 +562,21 @@ __attribute__((target("avx2"), noinline)) static void offer_avx2(cand_t *top, in
  * the paths' scores [np][kp] when precomputed (stage 0), else NULL. Returns the new count. */
 __attribute__((always_inline)) static inline int beam_stage(path_t *cur, int np, const float *cb,
                                                             const tcb_t *t, int s, int beam,
-                                                            const float *sc0, int fast) {
+                                                            const float *sc0, int fast,
+                                                            int wide) {
     path_t nxt[MP_VQ_MAX_BEAM];
     cand_t top[MP_VQ_MAX_BEAM];
     float rb[BLK * D], sc[BLK * 256];
     const float *cbs = cb + (size_t)s * t->k * D;
     int nt = 0;
+    (void)fast;
     for (int p0 = 0; p0 < np; p0 += BLK) { /* score up to BLK paths at once */
         int m = np - p0 < BLK ? np - p0 : BLK;
         const float *scp = sc0;
         if (!sc0) {
             memset(rb, 0, sizeof rb);
             for (int v = 0; v < m; v++) memcpy(rb + v * D, cur[p0 + v].res, sizeof(float) * D);
-            scores4(rb, t, sc);
+            SCORES4(rb, t, sc, wide);
             scp = sc;
         }
         for (int v = 0; v < m; v++)
@@ -488,14 +610,14 @@ static inline int finite_small(const float *v) {
  * starts with one path), later stages score each vector's paths together. */
 MP_CLONES
 static void beam_range(const float *x, size_t n, const float *cb, const tcb_t *t, int stages,
-                       int beam, int cb_ok, uint8_t *codes) {
+                       int beam, int cb_ok, int wide, uint8_t *codes) {
     path_t cur[MP_VQ_MAX_BEAM];
     float xb[BLK * D], sc0[BLK * 256];
     for (size_t i = 0; i < n; i += BLK) {
         size_t m = n - i < BLK ? n - i : BLK;
         memset(xb, 0, sizeof xb);
         memcpy(xb, x + i * D, m * D * sizeof(float));
-        scores4(xb, &t[0], sc0);
+        SCORES4(xb, &t[0], sc0, wide);
         for (size_t v = 0; v < m; v++) {
             memcpy(cur[0].res, xb + v * D, sizeof(float) * D);
             cur[0].err = sqnorm(cur[0].res);
@@ -504,9 +626,10 @@ static void beam_range(const float *x, size_t n, const float *cb, const tcb_t *t
             int fast = cb_ok && beam <= 8 && finite_small(cur[0].res);
             int last = stages - 1;
             int np = beam_stage(cur, 1, cb, &t[0], 0, last || !fast ? beam : 1, sc0 + v * t[0].kp,
-                                fast);
+                                fast, wide);
             for (int s = 1; s < stages; s++)
-                np = beam_stage(cur, np, cb, &t[s], s, s < last || !fast ? beam : 1, NULL, fast);
+                np = beam_stage(cur, np, cb, &t[s], s, s < last || !fast ? beam : 1, NULL, fast,
+                                wide);
             memcpy(codes + (i + v) * stages, cur[0].code, (size_t)stages); /* least error */
         }
     }
@@ -523,12 +646,13 @@ int mp_rvq_encode(const float *x, size_t n, const float *cb, int stages, int k, 
     if (beam == 1)
         greedy_range(x, n, cb, t, stages, codes);
     else {
-        int cb_ok = 0;
+        int cb_ok = 0, wide = 0;
 #ifdef MP_OFFER_AVX2
         cb_ok = have_avx2();
+        wide = KP(k) % 16 == 0 && have_avx512();
 #endif
         for (size_t i = 0; i < (size_t)stages * k; i++) cb_ok &= finite_small(cb + i * D);
-        beam_range(x, n, cb, t, stages, beam, cb_ok, codes);
+        beam_range(x, n, cb, t, stages, beam, cb_ok, wide, codes);
     }
     free(t);
     return 0;
