@@ -85,6 +85,8 @@ def _library() -> C.CDLL:
     lib.mp_error.restype = C.c_char_p
     for f in ("mp_vocab_size", "mp_context_size", "mp_position"):
         getattr(lib, f).argtypes = [_P]
+    lib.mp_kernels.argtypes = [_P]
+    lib.mp_kernels.restype = C.c_char_p
     lib.mp_reset.argtypes = [_P]
     lib.mp_reset.restype = None
     lib.mp_eval.argtypes = [_P, C.POINTER(C.c_int32), C.c_size_t, C.POINTER(C.c_float), C.c_int]
@@ -186,6 +188,12 @@ class Engine:
     @property
     def position(self) -> int:
         return self._lib.mp_position(self._handle())
+
+    @property
+    def kernels(self) -> str:
+        """Kernels this engine computes with: "avx2" or "scalar" (its own choice, made at open
+        from scalar_kernels and the CPU; other engines in the process do not change it)."""
+        return self._lib.mp_kernels(self._handle()).decode()
 
     def reset(self) -> None:
         self._lib.mp_reset(self._handle())

@@ -57,6 +57,45 @@ def test_logits_bit_identical_across_configurations(mixtral):
         assert np.array_equal(got, base), name
 
 
+def _cpu_has_avx2() -> bool:
+    try:
+        flags = open("/proc/cpuinfo").read().split()
+    except OSError:
+        return False
+    return all(f in flags for f in ("avx2", "fma", "f16c"))
+
+
+def test_kernel_choice_is_per_engine(mixtral):
+    """scalar_kernels applies to the engine opened with it only: opening a scalar engine does not
+    switch engines already open (or opened later) away from AVX2, even while they compute."""
+    import threading
+
+    if not _cpu_has_avx2():
+        pytest.skip("CPU without AVX2/FMA/F16C: every engine uses the scalar kernels")
+    toks = _tokens(40, seed=9)
+    with Engine(mixtral, threads=1) as a:
+        assert a.kernels == "avx2"
+        base = a.logits(toks)
+        with Engine(mixtral, threads=1, scalar_kernels=True) as b:
+            assert b.kernels == "scalar" and a.kernels == "avx2"
+            got = {}
+
+            def run(name, eng):
+                got[name] = eng.logits(toks)
+
+            ts = [threading.Thread(target=run, args=(n, x)) for n, x in (("a", a), ("b", b))]
+            for t in ts:
+                t.start()
+            with Engine(mixtral, threads=1, scalar_kernels=True) as c:  # opened mid-computation
+                assert c.kernels == "scalar"
+            for t in ts:
+                t.join()
+            with Engine(mixtral, threads=1) as d:
+                assert d.kernels == "avx2" and b.kernels == "scalar"
+        assert a.kernels == "avx2"
+    assert np.array_equal(got["a"], base) and np.array_equal(got["b"], base)
+
+
 def test_o_direct_on_is_bit_identical_when_the_filesystem_allows_it(mixtral):
     toks = _tokens(N_POS, seed=3)
     with Engine(mixtral, o_direct=False, threads=2) as e:

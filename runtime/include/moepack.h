@@ -48,8 +48,8 @@ typedef struct mp_config {
     int verify_reads;      /* 1 = check each expert record's BLAKE3 on read */
     int io_threads;        /* reader threads; 0 = default */
     int cache_experts;     /* -1 = size the cache from the budget; >= 0 = at most this many */
-    int scalar_kernels;    /* 1 = portable scalar kernels even if the CPU has AVX2 (process-wide;
-                              results are bit-identical either way) */
+    int scalar_kernels;    /* 1 = portable scalar kernels even if the CPU has AVX2 (this engine
+                              only; results are bit-identical either way) */
 } mp_config;
 
 /* Memory plan for a container and context length (all bytes). */
@@ -110,6 +110,8 @@ MP_API const char *mp_error(const mp_engine *e);
 MP_API int mp_vocab_size(const mp_engine *e);
 MP_API int mp_context_size(const mp_engine *e);
 MP_API int mp_position(const mp_engine *e); /* tokens currently in the KV cache */
+/* Kernels this engine computes with: "avx2" or "scalar" (chosen per engine at mp_open). */
+MP_API const char *mp_kernels(const mp_engine *e);
 
 /* Drop the KV cache (new sequence). */
 MP_API void mp_reset(mp_engine *e);

@@ -20,6 +20,7 @@ struct mp_engine {
     mpm_config cfg;
     mpm_model *model;
     mpk_pool *pool;
+    const mpk_impl *kern; /* this engine's kernels (mp_config.scalar_kernels) */
     uint8_t *arena; /* all trunk tensors, read once at open */
     uint64_t arena_len;
     uint64_t *arena_off; /* [tensor index]: where each tensor starts in the arena */
@@ -178,11 +179,11 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     mp_config cfg;
     if (cfg_in) cfg = *cfg_in;
     else mp_config_default(&cfg);
-    mpk_init(cfg.scalar_kernels);
     mp_engine *e = calloc(1, sizeof *e);
     if (!e) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory");
     int rc = MP_OK;
     e->verify_reads = cfg.verify_reads;
+    e->kern = mpk_select(cfg.scalar_kernels);
     e->c = mpc_open_rc(path, &rc, err, errlen);
     if (!e->c) {
         free(e);
@@ -234,6 +235,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
         goto fail;
     }
     mpm_set_pool(e->model, e->pool);
+    mpm_set_kernels(e->model, e->kern);
     mpm_expert_io io = {e, io_acquire, io_release, cfg.prefetch ? io_prefetch : NULL};
     mpm_set_io(e->model, &io);
     mpm_set_lookahead(e->model, cfg.prefetch);
@@ -260,6 +262,7 @@ const char *mp_error(const mp_engine *e) { return e ? e->err : "no engine"; }
 int mp_vocab_size(const mp_engine *e) { return (int)e->cfg.vocab; }
 int mp_context_size(const mp_engine *e) { return e->plan.ctx; }
 int mp_position(const mp_engine *e) { return e->pos; }
+const char *mp_kernels(const mp_engine *e) { return mpk_impl_name(e->kern); }
 void mp_reset(mp_engine *e) { e->pos = 0; }
 
 int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int all_positions) {

@@ -10,23 +10,23 @@
 #include <math.h>
 #include <string.h>
 
-static const mpk_impl *g_impl = &mpk_scalar_impl;
-
-void mpk_init(int force_scalar) {
-    g_impl = &mpk_scalar_impl;
+const mpk_impl *mpk_select(int force_scalar) {
 #if defined(__x86_64__) || defined(__i386__)
     if (!force_scalar) {
         __builtin_cpu_init();
         if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
             __builtin_cpu_supports("f16c"))
-            g_impl = &mpk_avx2_impl;
+            return &mpk_avx2_impl;
     }
 #else
     (void)force_scalar;
 #endif
+    return &mpk_scalar_impl;
 }
 
-int mpk_uses_avx2(void) { return g_impl != &mpk_scalar_impl; }
+const char *mpk_impl_name(const mpk_impl *k) { return k ? k->name : mpk_scalar_impl.name; }
+
+static const mpk_impl *impl_or_scalar(const mpk_impl *k) { return k ? k : &mpk_scalar_impl; }
 
 float mpk_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -143,7 +143,7 @@ static void s_rvq_rows(const uint8_t *codes, int64_t n, int64_t rows, const floa
     }
 }
 
-const mpk_impl mpk_scalar_impl = {s_row_dot, s_rvq_lut_block, s_rvq_rows};
+const mpk_impl mpk_scalar_impl = {"scalar", s_row_dot, s_rvq_lut_block, s_rvq_rows};
 
 /* ---- shared helpers ---- */
 
@@ -182,7 +182,9 @@ uint64_t mpk_mat_nbytes(const mpk_mat *m) {
     return 0;
 }
 
-float mpk_row_dot(const mpk_mat *w, int64_t r, const float *x) { return g_impl->row_dot(w, r, x); }
+float mpk_row_dot(const mpk_impl *k, const mpk_mat *w, int64_t r, const float *x) {
+    return impl_or_scalar(k)->row_dot(w, r, x);
+}
 
 void mpk_row(const mpk_mat *w, int64_t r, float *out) {
     /* Decode by dotting with unit vectors would be slow; decode directly. */
@@ -220,6 +222,7 @@ void mpk_row(const mpk_mat *w, int64_t r, float *out) {
 #define ROWS_PER_TASK 16
 
 typedef struct {
+    const mpk_impl *k;
     const mpk_mat *w;
     const float *x;
     int64_t n;
@@ -232,18 +235,19 @@ static void mv_task(void *ctx, size_t t) {
     int64_t r0 = (int64_t)t * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK;
     if (r1 > w->rows) r1 = w->rows;
     for (int64_t r = r0; r < r1; r++)
-        for (int64_t i = 0; i < j->n; i++) j->y[i * w->rows + r] = g_impl->row_dot(w, r, j->x + i * w->cols);
+        for (int64_t i = 0; i < j->n; i++) j->y[i * w->rows + r] = j->k->row_dot(w, r, j->x + i * w->cols);
 }
 
-void mpk_matmat(mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y) {
-    mv_job j = {w, x, n, y};
+void mpk_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n,
+                float *y) {
+    mv_job j = {impl_or_scalar(k), w, x, n, y};
     size_t ntasks = (size_t)((w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK);
     /* tiny matrices: thread wake-up costs more than the work */
     mpk_pool_run(w->rows * w->cols * n < 32768 ? NULL : pool, ntasks, mv_task, &j);
 }
 
-void mpk_matvec(mpk_pool *pool, const mpk_mat *w, const float *x, float *y) {
-    mpk_matmat(pool, w, x, 1, y);
+void mpk_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, float *y) {
+    mpk_matmat(k, pool, w, x, 1, y);
 }
 
 size_t mpk_rvq_lut_floats(int64_t cols, int stages) {
@@ -251,6 +255,7 @@ size_t mpk_rvq_lut_floats(int64_t cols, int stages) {
 }
 
 typedef struct {
+    const mpk_impl *k;
     const float *cbt;
     int stages;
     const float *x;
@@ -264,12 +269,12 @@ static void lut_task(void *ctx, size_t t) {
     lut_job *j = ctx;
     int64_t nv = (j->cols + 7) / 8, v0 = (int64_t)t * LUT_VECS_PER_TASK;
     int64_t v1 = v0 + LUT_VECS_PER_TASK < nv ? v0 + LUT_VECS_PER_TASK : nv;
-    for (int64_t v = v0; v < v1; v++) g_impl->rvq_lut_block(j->cbt, j->stages, j->x, j->cols, v, j->lut);
+    for (int64_t v = v0; v < v1; v++) j->k->rvq_lut_block(j->cbt, j->stages, j->x, j->cols, v, j->lut);
 }
 
-void mpk_rvq_lut(mpk_pool *pool, const float *cbt, int stages, const float *x, int64_t cols,
-                 float *lut) {
-    lut_job j = {cbt, stages, x, cols, lut};
+void mpk_rvq_lut(const mpk_impl *k, mpk_pool *pool, const float *cbt, int stages, const float *x,
+                 int64_t cols, float *lut) {
+    lut_job j = {impl_or_scalar(k), cbt, stages, x, cols, lut};
     int64_t nv = (cols + 7) / 8;
     mpk_pool_run(nv * stages < 64 ? NULL : pool, (size_t)((nv + LUT_VECS_PER_TASK - 1) / LUT_VECS_PER_TASK),
                  lut_task, &j);
@@ -283,6 +288,7 @@ void mpk_rvq_transpose_cb(const float *cb, int stages, float *cbt) {
 }
 
 typedef struct {
+    const mpk_impl *k;
     const mpk_rvq *w;
     const float *lut;
     float *y;
@@ -294,12 +300,13 @@ static void rvq_task(void *ctx, size_t t) {
     int64_t n = w->nv * w->stages, r0 = (int64_t)t * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK;
     if (r1 > w->rows) r1 = w->rows;
     float acc[ROWS_PER_TASK];
-    g_impl->rvq_rows(w->codes + (size_t)(r0 * n), n, r1 - r0, j->lut, acc);
+    j->k->rvq_rows(w->codes + (size_t)(r0 * n), n, r1 - r0, j->lut, acc);
     for (int64_t r = r0; r < r1; r++) j->y[r] = mpk_f16_to_f32(ld16(w->scales + 2 * r)) * acc[r - r0];
 }
 
-void mpk_rvq_matvec(mpk_pool *pool, const mpk_rvq *w, const float *lut, float *y) {
-    rvq_job j = {w, lut, y};
+void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const float *lut,
+                    float *y) {
+    rvq_job j = {impl_or_scalar(k), w, lut, y};
     mpk_pool_run(w->rows * w->nv < 4096 ? NULL : pool,
                  (size_t)((w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK), rvq_task, &j);
 }

@@ -2,8 +2,10 @@
  *
  * Trunk matrices (f32/f16/bf16/q8/q4) and routed-expert matrices (rvq codes + per-layer
  * codebooks) are multiplied in place.  Every output row is computed by one task with a fixed
- * summation order, so results are bit-identical for any thread count.  AVX2/FMA variants are
- * picked once at run time (mpk_init); the scalar code is the fallback. */
+ * summation order, so results are bit-identical for any thread count.  The implementation (AVX2/FMA
+ * or the portable scalar code) is a kernel table chosen by mpk_select and passed to every call
+ * that needs it: each engine holds its own table, so engines in one process never affect each
+ * other (there is no process-wide kernel state). */
 #ifndef MP_KERNELS_H
 #define MP_KERNELS_H
 
@@ -36,9 +38,13 @@ typedef struct mpk_rvq {
 #define MPK_VQ_DIM 8
 #define MPK_VQ_ENTRIES 256
 
-/* Selects AVX2/FMA kernels when the CPU has them (force_scalar = 1 disables them). */
-void mpk_init(int force_scalar);
-int mpk_uses_avx2(void);
+/* A kernel table (one per instruction set; static, never freed). */
+typedef struct mpk_impl mpk_impl;
+/* The AVX2/FMA table when the CPU has AVX2, FMA and F16C and force_scalar is 0, else the scalar
+ * one.  Both give bit-identical results.  Every `k` argument below takes one; NULL = scalar. */
+const mpk_impl *mpk_select(int force_scalar);
+/* "avx2" or "scalar". */
+const char *mpk_impl_name(const mpk_impl *k);
 
 float mpk_f16_to_f32(uint16_t h);
 float mpk_bf16_to_f32(uint16_t h);
@@ -50,12 +56,12 @@ int mpk_mat_init(mpk_mat *m, int codec, int64_t rows, int64_t cols, int64_t grou
 uint64_t mpk_mat_nbytes(const mpk_mat *m);
 
 /* y[rows] = W x.  */
-void mpk_matvec(mpk_pool *pool, const mpk_mat *w, const float *x, float *y);
+void mpk_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, float *y);
 /* y[t][rows] = W x[t] for n inputs x[n][cols]: each row is read once for all n inputs (prefill);
  * every y[t][r] is computed exactly as mpk_matvec computes it. */
-void mpk_matmat(mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y);
+void mpk_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y);
 /* dot(row r of w, x) (single-threaded). */
-float mpk_row_dot(const mpk_mat *w, int64_t r, const float *x);
+float mpk_row_dot(const mpk_impl *k, const mpk_mat *w, int64_t r, const float *x);
 /* Decodes row r of w into out[cols] (embedding lookup, small vectors). */
 void mpk_row(const mpk_mat *w, int64_t r, float *out);
 
@@ -63,11 +69,11 @@ void mpk_row(const mpk_mat *w, int64_t r, float *out);
 void mpk_rvq_transpose_cb(const float *cb, int stages, float *cbt);
 /* Lookup table for one input vector: lut[(v*stages + s)*256 + e] = dot(x[8v..8v+8], cb[s][e]),
  * x zero-padded to nv*8.  Built once per input and shared by every matrix using the codebook. */
-void mpk_rvq_lut(mpk_pool *pool, const float *cbt, int stages, const float *x, int64_t cols,
-                 float *lut);
+void mpk_rvq_lut(const mpk_impl *k, mpk_pool *pool, const float *cbt, int stages, const float *x,
+                 int64_t cols, float *lut);
 size_t mpk_rvq_lut_floats(int64_t cols, int stages);
 /* y[rows] = scale[r] * sum_v sum_s lut[v][s][code[r][v][s]]. */
-void mpk_rvq_matvec(mpk_pool *pool, const mpk_rvq *w, const float *lut, float *y);
+void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const float *lut, float *y);
 
 /* Input rotation for rvq codecs with rotation "hadamard": out = H_block(signs * x) / sqrt(block)
  * (H = unnormalised Walsh-Hadamard per block), so that W x = W_codes out (spec/CODECS.md). */

@@ -175,8 +175,8 @@ AVX2 static void a_rvq_rows(const uint8_t *codes, int64_t n, int64_t rows, const
     }
 }
 
-const mpk_impl mpk_avx2_impl = {a_row_dot, a_rvq_lut_block, a_rvq_rows};
+const mpk_impl mpk_avx2_impl = {"avx2", a_row_dot, a_rvq_lut_block, a_rvq_rows};
 
 #else
-const mpk_impl mpk_avx2_impl = {0};
+const mpk_impl mpk_avx2_impl = {"avx2", 0, 0, 0};
 #endif

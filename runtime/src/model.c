@@ -294,6 +294,7 @@ int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void
     mpm_model *m = calloc(1, sizeof *m);
     if (!m) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory");
     m->c = *cfg;
+    m->kern = mpk_select(0);
     m->c.layer_is_moe = malloc((size_t)cfg->n_layers);
     m->ctx = ctx;
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
@@ -369,6 +370,7 @@ void mpm_free(mpm_model *m) {
 
 void mpm_set_io(mpm_model *m, const mpm_expert_io *io) { m->io = *io; }
 void mpm_set_pool(mpm_model *m, mpk_pool *pool) { m->pool = pool; }
+void mpm_set_kernels(mpm_model *m, const mpk_impl *k) { m->kern = k; }
 void mpm_set_lookahead(mpm_model *m, int on) { m->lookahead = on; }
 const char *mpm_error(const mpm_model *m) { return m->err; }
 int mpm_ctx(const mpm_model *m) { return m->ctx; }
@@ -422,7 +424,7 @@ int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logi
     if (logits) {
         int t0 = all ? 0 : n - 1;
         for (int t = t0; t < n; t++) mpk_rmsnorm(m->bxn + (t - t0) * H, m->bx + t * H, m->final_norm, H, c->eps);
-        mpk_matmat(m->pool, &m->lm_head, m->bxn, n - t0, logits);
+        mpk_matmat(m->kern, m->pool, &m->lm_head, m->bxn, n - t0, logits);
     }
     return 0;
 }

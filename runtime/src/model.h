@@ -97,6 +97,8 @@ int mpm_load(const mpm_config *c, mpm_tensor_fn tensor, mpm_bank_fn bank, void *
 void mpm_free(mpm_model *m);
 void mpm_set_io(mpm_model *m, const mpm_expert_io *io);
 void mpm_set_pool(mpm_model *m, mpk_pool *pool);
+/* Kernel table for this model's matrix products (mpk_select; default: the best the CPU has). */
+void mpm_set_kernels(mpm_model *m, const mpk_impl *k);
 void mpm_set_lookahead(mpm_model *m, int on);
 
 /* Bytes of KV/latent cache and scratch this model needs for ctx tokens (memory planning). */

@@ -120,9 +120,9 @@ static void gqa(mpm_model *m, int l, int pos, int T, const float *xn, float *out
     const mpm_config *c = &m->c;
     mpm_layer *ly = &m->layers[l];
     int64_t hd = c->head_dim, kvd = c->n_kv_heads * hd, qd = c->n_heads * hd;
-    mpk_matmat(m->pool, &ly->q, xn, T, m->q);
-    mpk_matmat(m->pool, &ly->k, xn, T, m->kbuf);
-    mpk_matmat(m->pool, &ly->v, xn, T, m->vbuf);
+    mpk_matmat(m->kern, m->pool, &ly->q, xn, T, m->q);
+    mpk_matmat(m->kern, m->pool, &ly->k, xn, T, m->kbuf);
+    mpk_matmat(m->kern, m->pool, &ly->v, xn, T, m->vbuf);
     for (int t = 0; t < T; t++) {
         float *q = m->q + t * qd, *k = m->kbuf + t * kvd;
         rope_tables(m, pos + t);
@@ -142,7 +142,7 @@ static void gqa(mpm_model *m, int l, int pos, int T, const float *xn, float *out
         head_job j = {m, l, pos + t, m->q + t * qd, m->att + t * qd};
         mpk_pool_run(pos + t < 64 ? NULL : m->pool, (size_t)c->n_heads, gqa_head, &j);
     }
-    mpk_matmat(m->pool, &ly->o, m->att, T, out);
+    mpk_matmat(m->kern, m->pool, &ly->o, m->att, T, out);
 }
 
 static void mla_head(void *ctx, size_t h) {
@@ -172,7 +172,7 @@ static void mla_head(void *ctx, size_t h) {
     memset(ol, 0, (size_t)R * sizeof(float));
     for (int t = 0; t <= j->pos; t++) mpk_axpy(ol, sc[t], C + (size_t)t * (size_t)lat, R);
     float *out = j->out + (int64_t)h * vd;
-    for (int64_t i = 0; i < vd; i++) out[i] = mpk_row_dot(&ly->kv_b, (int64_t)h * (nope + vd) + nope + i, ol);
+    for (int64_t i = 0; i < vd; i++) out[i] = mpk_row_dot(m->kern, &ly->kv_b, (int64_t)h * (nope + vd) + nope + i, ol);
 }
 
 static void mla(mpm_model *m, int l, int pos, int T, const float *xn, float *out) {
@@ -181,13 +181,13 @@ static void mla(mpm_model *m, int l, int pos, int T, const float *xn, float *out
     const int64_t R = c->kv_lora_rank, rope = c->qk_rope_dim, qk = c->qk_nope_dim + rope;
     const int64_t qd = c->n_heads * qk, od = c->n_heads * c->v_head_dim, lat = R + rope;
     if (c->q_lora_rank) {
-        mpk_matmat(m->pool, &ly->q_a, xn, T, m->lat);
+        mpk_matmat(m->kern, m->pool, &ly->q_a, xn, T, m->lat);
         for (int t = 0; t < T; t++) rms_inplace(m->lat + t * c->q_lora_rank, ly->q_a_norm, c->q_lora_rank, c->eps);
-        mpk_matmat(m->pool, &ly->q_b, m->lat, T, m->q);
+        mpk_matmat(m->kern, m->pool, &ly->q_b, m->lat, T, m->q);
     } else {
-        mpk_matmat(m->pool, &ly->q, xn, T, m->q);
+        mpk_matmat(m->kern, m->pool, &ly->q, xn, T, m->q);
     }
-    mpk_matmat(m->pool, &ly->kv_a, xn, T, m->kbuf);
+    mpk_matmat(m->kern, m->pool, &ly->kv_a, xn, T, m->kbuf);
     for (int t = 0; t < T; t++) {
         rope_tables(m, pos + t);
         for (int64_t h = 0; h < c->n_heads; h++)
@@ -201,7 +201,7 @@ static void mla(mpm_model *m, int l, int pos, int T, const float *xn, float *out
         head_job j = {m, l, pos + t, m->q + t * qd, m->att + t * od};
         mpk_pool_run(m->pool, (size_t)c->n_heads, mla_head, &j);
     }
-    mpk_matmat(m->pool, &ly->o, m->att, T, out);
+    mpk_matmat(m->kern, m->pool, &ly->o, m->att, T, out);
 }
 
 void mpm_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out) {

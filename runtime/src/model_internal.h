@@ -38,6 +38,7 @@ struct mpm_model {
     mpk_mat embed, lm_head;
     float *final_norm;
     mpk_pool *pool;
+    const mpk_impl *kern; /* this model's kernel table (per engine, never process-wide) */
     mpm_expert_io io;
     int lookahead;
     char err[256];

@@ -38,7 +38,7 @@ void mpm_route(const mpm_model *m, int layer, const float *xn, float *logits, in
     const mpm_config *c = &m->c;
     const mpm_layer *ly = &m->layers[layer];
     const int64_t E = c->n_experts, K = c->top_k;
-    mpk_matvec(m->pool, &ly->router, xn, logits);
+    mpk_matvec(m->kern, m->pool, &ly->router, xn, logits);
     if (!c->sigmoid) {
         mpk_softmax(logits, E);
         topk(logits, E, K, NULL, sel);
@@ -89,10 +89,10 @@ void mpm_route(const mpm_model *m, int layer, const float *xn, float *logits, in
 }
 
 void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, int T, const float *xn, float *out) {
-    mpk_matmat(m->pool, &f->gate, xn, T, m->g);
-    mpk_matmat(m->pool, &f->up, xn, T, m->u);
+    mpk_matmat(m->kern, m->pool, &f->gate, xn, T, m->g);
+    mpk_matmat(m->kern, m->pool, &f->up, xn, T, m->u);
     for (int64_t i = 0; i < T * f->inter; i++) m->g[i] = mpk_silu(m->g[i]) * m->u[i];
-    mpk_matmat(m->pool, &f->down, m->g, T, out);
+    mpk_matmat(m->kern, m->pool, &f->down, m->g, T, out);
 }
 
 static void rvq_part(const mpm_layer *ly, int p, const uint8_t *rec, int64_t rows, int64_t cols,
@@ -113,7 +113,7 @@ static void build_lut(mpm_model *m, const mpm_layer *ly, int p, const float *x, 
         mpk_hadamard_rotate(x, ly->signs[p], n, ly->rot_block[p], m->xr);
         in = m->xr;
     }
-    mpk_rvq_lut(m->pool, ly->cbt[p], ly->stages[p], in, n, m->lut[p]);
+    mpk_rvq_lut(m->kern, m->pool, ly->cbt[p], ly->stages[p], in, n, m->lut[p]);
 }
 
 /* MoE block for a chunk of T tokens (xn: T x hidden, normalised).  Routed experts are fetched
@@ -164,11 +164,11 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
                 rvq_part(ly, 0, m->recs[gi], I, H, &wg);
                 rvq_part(ly, 1, m->recs[gi], I, H, &wu);
                 rvq_part(ly, 2, m->recs[gi], H, I, &wd);
-                mpk_rvq_matvec(m->pool, &wg, m->lut[0], m->g);
-                mpk_rvq_matvec(m->pool, &wu, m->lut[1], m->u);
+                mpk_rvq_matvec(m->kern, m->pool, &wg, m->lut[0], m->g);
+                mpk_rvq_matvec(m->kern, m->pool, &wu, m->lut[1], m->u);
                 for (int64_t j = 0; j < I; j++) m->g[j] = mpk_silu(m->g[j]) * m->u[j];
                 build_lut(m, ly, 2, m->g, I);
-                mpk_rvq_matvec(m->pool, &wd, m->lut[2], m->beo + (t * K + i) * H);
+                mpk_rvq_matvec(m->kern, m->pool, &wd, m->lut[2], m->beo + (t * K + i) * H);
             }
         }
         m->io.release(m->io.user, l, grp, ng);
