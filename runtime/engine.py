@@ -213,7 +213,10 @@ class Engine:
             _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"))
 
     def logits(self, tokens: Sequence[int], *, reset: bool = True) -> np.ndarray:
-        """Teacher-forced logits for every position: float32 [len(tokens), vocab]."""
+        """Teacher-forced logits for every position: float32 [len(tokens), vocab].
+
+        On failure (EngineError) nothing is appended: with reset=False the sequence is as before
+        the call; with reset=True it is empty."""
         if reset:
             self.reset()
         out = np.zeros((len(tokens), self.vocab_size), dtype=np.float32)
@@ -221,7 +224,9 @@ class Engine:
         return out
 
     def feed(self, tokens: Sequence[int]) -> np.ndarray:
-        """Append tokens to the sequence (KV cache kept); returns the last position's logits."""
+        """Append tokens to the sequence (KV cache kept); returns the last position's logits.
+
+        All or nothing: on failure (EngineError) the sequence is as it was before the call."""
         if len(tokens) == 0:  # there would be no last position: the logits would be all zero
             raise EngineError("feed needs at least one token", MP_EINVAL)
         out = np.zeros(self.vocab_size, dtype=np.float32)

@@ -174,6 +174,53 @@ def test_damaged_expert_record_is_named_with_verify_reads(mixtral, tmp_path):
         e.logits([1, 2, 3])
 
 
+def test_failed_call_leaves_the_sequence_as_it_was(mixtral, tmp_path):
+    """A call whose later chunk fails (a damaged expert record with verify_reads) rolls the
+    position back: feed() and logits(reset=False) leave the sequence as before the call, and the
+    engine goes on exactly as if the failed call had never been made."""
+    from moepack.format.reader import Container
+
+    bad = tmp_path / "bad.moepack"
+    with Container.open(mixtral) as c:
+        ranges = [c.expert_range(1, x) for x in range(6)]
+    rep = [5] * 16  # one repeated token: every position routes alike, so few experts are used
+    rest = _tokens(32, seed=11)
+    for off, _ in ranges:  # damage one layer-1 expert that the repeated chunk does not use
+        bad.write_bytes(mixtral.read_bytes())
+        flip(bad, off + 5)
+        with Engine(bad, verify_reads=True, cache_experts=0, threads=1) as e:
+            try:
+                e.feed(rep)
+            except CorruptError:
+                continue
+            e.reset()
+            try:
+                e.feed(rep + rest)  # first chunk fine, a later one reads the damaged expert
+            except CorruptError:
+                break
+    else:
+        pytest.skip("no damaged expert both spared by the first chunk and hit by a later one")
+    with Engine(mixtral, threads=1) as ok:
+        want = ok.logits(rep + rep[:3])
+    with Engine(bad, verify_reads=True, cache_experts=0, threads=1) as e:
+        with pytest.raises(CorruptError):
+            e.feed(rep + rest)
+        assert e.position == 0
+        e.feed(rep[:4])
+        with pytest.raises(CorruptError):
+            e.feed(rep[4:] + rest)
+        assert e.position == 4
+        with pytest.raises(CorruptError):
+            e.logits(rep[4:] + rest, reset=False)
+        assert e.position == 4
+        got = e.logits(rep[4:] + rep[:3], reset=False)
+        assert e.position == 19
+        assert np.array_equal(got, want[4:])
+        with pytest.raises(CorruptError):
+            e.logits(rep + rest)  # reset=True: the reset stays, the sequence is empty
+        assert e.position == 0
+
+
 def test_context_limit_and_bad_tokens(mixtral):
     with Engine(mixtral, ctx=8) as e:
         assert e.ctx == 8

@@ -117,7 +117,9 @@ MP_API const char *mp_kernels(const mp_engine *e);
 MP_API void mp_reset(mp_engine *e);
 
 /* Append n tokens to the sequence.  logits: NULL, or room for vocab floats (all_positions = 0:
- * logits of the last token) or n*vocab floats (all_positions = 1). */
+ * logits of the last token) or n*vocab floats (all_positions = 1).  All or nothing: on failure
+ * (e.g. MP_ECORRUPT in a later chunk of a long prompt) the position is what it was before the call
+ * and the sequence can go on as if the call had not been made; logits are then undefined. */
 MP_API int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits,
                    int all_positions);
 
@@ -127,7 +129,8 @@ MP_API int32_t mp_sample(const float *logits, int vocab, const mp_sampler *s, ui
 MP_API uint64_t mp_rng_seed(uint64_t seed);
 
 /* Generate up to n_new tokens after the prompt; calls cb for each (return non-zero to stop).
- * Stops after an EOS token (which is passed to cb).  Returns the number generated or < 0. */
+ * Stops after an EOS token (which is passed to cb).  Returns the number generated or < 0; on
+ * failure the sequence holds the tokens evaluated before the failing mp_eval (see mp_eval). */
 typedef int (*mp_token_cb)(int32_t token, void *user);
 MP_API int mp_generate(mp_engine *e, const int32_t *prompt, size_t n_prompt, int n_new,
                        const mp_sampler *s, mp_token_cb cb, void *user);

@@ -272,6 +272,7 @@ int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int al
         return MP_ECTX;
     }
     int prompt = n > 1 || e->pos == 0;
+    const int pos0 = e->pos; /* a failed call leaves the sequence as it was */
     double t0 = mpm_now();
     const size_t V = (size_t)e->cfg.vocab;
     for (size_t i = 0; i < n; i += MPM_CHUNK) {
@@ -281,6 +282,9 @@ int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int al
         else if (logits && i + (size_t)k == n) lo = logits;
         int rc = mpm_forward(e->model, tokens + i, k, e->pos, lo, all_positions);
         if (rc) {
+            /* roll back the chunks already run: their KV entries lie past pos0 and are simply
+             * overwritten by the next call (attention reads positions < pos only) */
+            e->pos = pos0;
             snprintf(e->err, sizeof e->err, "%s", mpm_error(e->model));
             return rc;
         }
