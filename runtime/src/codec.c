@@ -466,6 +466,36 @@ static void greedy_range(const float *x, size_t n, const float *cb, const tcb_t 
     }
 }
 
+#ifdef MP_HAVE_AVX2_PATHS
+/* greedy_range() with each stage's nearest entry found by assign_avx512() (the same scores and the
+ * same first least one) when the block's residuals are finite and small (so no NaN can arise),
+ * else by the baseline scores4() + argmin(). Residual updates are the same f32 subtractions. */
+static void greedy_avx512(const float *x, size_t n, const float *cb, const tcb_t *t, int stages,
+                          uint8_t *codes) {
+    float res[BLK * D], sc[BLK * 256];
+    int32_t b4[BLK];
+    for (size_t i = 0; i < n; i += BLK) {
+        size_t m = n - i < BLK ? n - i : BLK;
+        memset(res, 0, sizeof res);
+        memcpy(res, x + i * D, m * D * sizeof(float));
+        for (int s = 0; s < stages; s++) {
+            const float *cbs = cb + (size_t)s * t[s].k * D;
+            if (all_finite_small(res, BLK * D)) {
+                assign_avx512(res, BLK, &t[s], b4, NULL);
+            } else {
+                scores4(res, &t[s], sc);
+                for (int v = 0; v < BLK; v++) b4[v] = argmin(sc + v * t[s].kp, t[s].kp);
+            }
+            for (size_t v = 0; v < BLK; v++) {
+                int b = b4[v];
+                if (v < m) codes[(i + v) * stages + s] = (uint8_t)b;
+                for (int d = 0; d < D; d++) res[v * D + d] = res[v * D + d] - cbs[b * D + d];
+            }
+        }
+    }
+}
+#endif
+
 /* Beam search. A path: total squared error so far (|r|^2 of its residual, kept as
  * |r_parent|^2 + score), residual, codes. Candidates (parent p, entry j) are offered in (p, j)
  * order to a sorted list of the `beam` best; equal errors go after existing ones, so ties keep
@@ -524,8 +554,22 @@ static inline void offer(cand_t *top, int *nt, int beam, float perr, const float
 __attribute__((target("avx2"), noinline)) static void offer_avx2(cand_t *top, int *nt, int beam,
                                                                  float perr, const float *sc,
                                                                  int kp, int k, int parent) {
+    /* lane minima (-0/+0 make no difference: they are only compared), 4 independent chains */
     __m256 pe = _mm256_set1_ps(perr), mn = _mm256_add_ps(pe, _mm256_loadu_ps(sc));
-    for (int j0 = 8; j0 < kp; j0 += 8) /* -0/+0 make no difference: only compared below */
+    int j0 = 8;
+    if (kp >= 32) {
+        __m256 m1 = _mm256_add_ps(pe, _mm256_loadu_ps(sc + 8));
+        __m256 m2 = _mm256_add_ps(pe, _mm256_loadu_ps(sc + 16));
+        __m256 m3 = _mm256_add_ps(pe, _mm256_loadu_ps(sc + 24));
+        for (j0 = 32; j0 + 32 <= kp; j0 += 32) {
+            mn = _mm256_min_ps(_mm256_add_ps(pe, _mm256_loadu_ps(sc + j0)), mn);
+            m1 = _mm256_min_ps(_mm256_add_ps(pe, _mm256_loadu_ps(sc + j0 + 8)), m1);
+            m2 = _mm256_min_ps(_mm256_add_ps(pe, _mm256_loadu_ps(sc + j0 + 16)), m2);
+            m3 = _mm256_min_ps(_mm256_add_ps(pe, _mm256_loadu_ps(sc + j0 + 24)), m3);
+        }
+        mn = _mm256_min_ps(_mm256_min_ps(mn, m1), _mm256_min_ps(m2, m3));
+    }
+    for (; j0 < kp; j0 += 8)
         mn = _mm256_min_ps(_mm256_add_ps(pe, _mm256_loadu_ps(sc + j0)), mn);
     if (*nt == beam && !_mm256_movemask_ps(_mm256_cmp_ps(mn, _mm256_set1_ps(top[beam - 1].err),
                                                          _CMP_LT_OQ)))
@@ -543,18 +587,21 @@ __attribute__((target("avx2"), noinline)) static void offer_avx2(cand_t *top, in
     t = beam > 2 ? _mm_max_ps(h, _mm_movehl_ps(h, h)) : h;     /* lanes 0..3 -> 0,1 */
     if (beam > 1) t = _mm_max_ps(t, _mm_shuffle_ps(t, t, 1)); /* lanes 0,1 -> 0 */
     __m256 tv = _mm256_broadcastss_ps(t);
-    for (int j0 = 0; j0 < kp; j0 += 8) {
+    int n = *nt;
+    for (j0 = 0; j0 < kp; j0 += 8) {
         __m256 v = _mm256_add_ps(pe, _mm256_loadu_ps(sc + j0));
         unsigned m = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, tv, _CMP_LE_OQ));
-        if (m && *nt == beam)
+        if (!m) continue;
+        if (n == beam)
             m &= (unsigned)_mm256_movemask_ps(
                 _mm256_cmp_ps(v, _mm256_set1_ps(top[beam - 1].err), _CMP_LT_OQ));
         while (m) {
             int j = j0 + __builtin_ctz(m);
             m &= m - 1;
-            if (j < k) push(top, nt, beam, perr + sc[j], parent, j);
+            if (j < k) push(top, &n, beam, perr + sc[j], parent, j);
         }
     }
+    *nt = n;
 }
 #endif
 
@@ -643,9 +690,16 @@ int mp_rvq_encode(const float *x, size_t n, const float *cb, int stages, int k, 
     tcb_t *t = malloc(tsz * (size_t)stages);
     if (!t) return -1;
     for (int s = 0; s < stages; s++) prepare_cb(cb + (size_t)s * k * D, k, &t[s]);
-    if (beam == 1)
+    if (beam == 1) {
+#ifdef MP_HAVE_AVX2_PATHS
+        if (KP(k) % 16 == 0 && have_avx512() && all_finite_small(cb, (size_t)stages * k * D)) {
+            greedy_avx512(x, n, cb, t, stages, codes);
+            free(t);
+            return 0;
+        }
+#endif
         greedy_range(x, n, cb, t, stages, codes);
-    else {
+    } else {
         int cb_ok = 0, wide = 0;
 #ifdef MP_OFFER_AVX2
         cb_ok = have_avx2();
