@@ -7,7 +7,6 @@ any interruption skips journaled units and produces byte-identical output.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -40,6 +39,8 @@ from moepack.convert.worker import WorkerConfig
 from moepack.format import ContainerWriter
 from moepack.format.codecs import encoded_nbytes
 from moepack.format.writer import partial_path
+
+from moepack.durable import fsync_path
 
 SPACE_MARGIN = 64 << 20           # journal, filesystem metadata
 BASE_RSS = 120 << 20              # interpreter + numpy + code: ~90 MB measured (bench/convert.py)
@@ -212,16 +213,8 @@ def _write_blobs(ck: Checkpoint, out: Path, plan: Plan, journal: Journal, force:
                  for n in blobs]
     finally:
         writer.close()
-    _fsync(partial_path(out))  # durable before journaled
+    fsync_path(partial_path(out))  # durable before journaled
     journal.record(units)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _summary(plan: Plan, out: Path, cid: str | None, t0: float, resumed: int,

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from moepack.fetch.errors import FetchError
 
+from moepack.durable import fsync_path
+
 STAGING_DIR = ".moepack-partial"
 
 
@@ -75,7 +77,7 @@ class Staging:
 
     def publish(self) -> Path:
         os.replace(self.file, self.final)
-        _fsync_dir(self.dest)
+        fsync_path(self.dest)
         self.drop_resume()
         shutil.rmtree(self.dir, ignore_errors=True)
         try:
@@ -83,11 +85,3 @@ class Staging:
         except OSError:
             pass
         return self.final
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
