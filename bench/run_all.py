@@ -27,6 +27,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -577,19 +578,34 @@ def goals(res: dict) -> str:
                      f"{_f(r[1])}x (pass 2) | {'yes' if r[0] and r[0] >= 3 else 'no'} |")
     else:
         lines.append("| 25% cap: >= 3x llama.cpp decode | not measured (no llama.cpp run) | – |")
+    row110 = next((r for r in res.get("caps", []) if r["frac"] > 1), None)
+    if row110 and row110.get("llama") and "tok_s" in row110["llama"]:
+        r = [_ratio(_tok(row110["moepack"], i), _tok(row110["llama"], i)) for i in (0, -1)]
+        lines.append(f"| 110% cap (RAM plenty): not slower than llama.cpp | {_f(r[0])}x (pass 1)"
+                     f", {_f(r[1])}x (pass 2), default budget | "
+                     f"{'yes' if min(x or 0 for x in r) >= 1 else 'no'} |")
     w = res.get("warm") or {}
+    why_warm = ""
     if w.get("llama") and "tok_s" in w["llama"]:
         r = _ratio(_tok(w.get("moepack"), -1), _tok(w["llama"], -1))
         q = _ratio(_tok(w.get("moepack"), -1), _tok(w.get("llama_q3k"), -1))
         extra = f"; {_f(q)}x vs the Q3_K twin" if q else ""
         lines.append(f"| warm: >= 1.0x llama.cpp | {_f(r)}x vs the IQ3_XXS twin{extra} | "
                      f"{'yes' if r and r >= 1 and (q is None or q >= 1) else 'no'} |")
+        if q is not None and q < 1:
+            why_warm = ("\nWhy the warm goal is not met against Q3_K: with everything in RAM "
+                        "decode is compute-bound, and moepack's rvq kernels work by table "
+                        "lookups (per 8-weight vector, 3 stages, plus a per-row scale), whose "
+                        "load -> address -> load chains limit them; llama.cpp's Q3_K dot "
+                        "products are plain SIMD integer arithmetic (AVX-512 here). Against "
+                        "the byte-matched IQ3_XXS twin, whose kernel also goes through a grid "
+                        "lookup, moepack is ahead. Closing the gap needs faster rvq kernels "
+                        "(or a q4/q3 group codec for warm use), not I/O work.")
     else:
         lines.append("| warm: >= 1.0x llama.cpp | not measured (no llama.cpp run) | – |")
     c = res.get("cold")
     if c:
         r = _ratio(c.get("read_gb_s_while_waiting"), res["disk"].get("4", {}).get("gb_s"))
-        import statistics
         med = statistics.median(d["gb_s"] for d in res["disk"].values())
         rm = _ratio(c.get("read_gb_s_while_waiting"), med)
         lines.append(f"| cold expert reads >= 0.9 of the disk | {_f(r)} of depth 4 "
@@ -605,6 +621,8 @@ def goals(res: dict) -> str:
                          "itself is noisy; against the median probe the engine is above the "
                          "goal. Settling it needs an I/O-only read test through the engine, "
                          "interleaved with the probe; the public API has none.")
+    if why_warm:
+        lines.append(why_warm)
     return "\n".join(lines) + "\n"
 
 
@@ -645,6 +663,15 @@ NOTES = """## How to read this and known limits
   page cache hold them even under a 25% cap. Runs marked "fixed token stream" avoid this: both
   engines are fed the same pseudo-random ids one decode step at a time (same work per step as
   greedy decoding, minus one argmax).
+- Unexplained, recorded as measured: llama.cpp's "warm" runs (GGUF read into the page cache by
+  the parent first, no cap) were several times slower than its own runs under the 110% cap
+  (where it faulted the file in itself): quick run 1.6 vs 15-19 tok/s; the Q3_K twin's pass 1
+  and pass 2 differ 4x. A guess to test next: how the pages got mapped (large folios / PMD
+  mappings when llama.cpp's own faults and MADV_WILLNEED read the file, 4 KiB mappings of pages
+  someone else read). Until that is understood, read the warm ratio together with the 110% row:
+  there the quick run has moepack at 0.3-0.5x of llama.cpp and the full run at 0.4-2.6x (pass 1
+  / pass 2). "Not slower when RAM is plenty" is therefore NOT shown on this machine; the 25%
+  result (3-7x in every run, with 4-9x fewer bytes read) is the robust one.
 - GB read counts block-device reads (O_DIRECT and page-fault read-ahead alike), not cache hits.
 - moepack's default budget is deliberately small (a few tokens' experts), so at 110% of the
   model it still streams experts from disk; `--budget` near the cap turns pass 2 into all hits.
