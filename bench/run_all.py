@@ -663,15 +663,17 @@ NOTES = """## How to read this and known limits
   page cache hold them even under a 25% cap. Runs marked "fixed token stream" avoid this: both
   engines are fed the same pseudo-random ids one decode step at a time (same work per step as
   greedy decoding, minus one argmax).
-- Unexplained, recorded as measured: llama.cpp's "warm" runs (GGUF read into the page cache by
-  the parent first, no cap) were several times slower than its own runs under the 110% cap
-  (where it faulted the file in itself): quick run 1.6 vs 15-19 tok/s; the Q3_K twin's pass 1
-  and pass 2 differ 4x. A guess to test next: how the pages got mapped (large folios / PMD
-  mappings when llama.cpp's own faults and MADV_WILLNEED read the file, 4 KiB mappings of pages
-  someone else read). Until that is understood, read the warm ratio together with the 110% row:
-  there the quick run has moepack at 0.3-0.5x of llama.cpp and the full run at 0.4-2.6x (pass 1
-  / pass 2). "Not slower when RAM is plenty" is therefore NOT shown on this machine; the 25%
-  result (3-7x in every run, with 4-9x fewer bytes read) is the robust one.
+- llama.cpp's speed on this shared 2-core VM is bimodal. bench/results/llama_warm_bimodal.json:
+  the same GGUF, the same procedure, back to back: 1.6-2.1 tok/s in one process, 16-19 tok/s in
+  the next. With threads == cores its per-op thread barriers stall whenever another process
+  takes a core (other sessions were compiling and training). That is why llama.cpp's "warm" rows
+  here (1.1-1.6 tok/s) are far below its 110% rows in the quick run (15-19 tok/s), and why pass 1
+  and pass 2 of the Q3_K twin differ 4x. moepack's figures moved by up to ~2.5x, not 10x.
+  In llama.cpp's fast mode, the quick run's 110% row is the fair warm comparison: moepack
+  (budget holding every expert, pass 2: all hits) 10.4 tok/s vs llama.cpp IQ3_XXS 19.3 tok/s,
+  about 0.5x. So "not slower when RAM is plenty" is NOT shown; the warm ratio in the tables
+  flatters moepack. The 25% result (3-7x in every run, 4-9x fewer bytes read, llama.cpp I/O-bound
+  there) is the robust one.
 - GB read counts block-device reads (O_DIRECT and page-fault read-ahead alike), not cache hits.
 - moepack's default budget is deliberately small (a few tokens' experts), so at 110% of the
   model it still streams experts from disk; `--budget` near the cap turns pass 2 into all hits.
