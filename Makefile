@@ -41,7 +41,11 @@ lint: install
 demo: install
 	$(PY) -m demo.run_demo
 
-bench: install
+$(VENV)/.bench-deps: pyproject.toml | $(STAMP)
+	$(PIP) install --quiet -e '.[bench]' --no-build-isolation
+	touch $@
+
+bench: install $(VENV)/.bench-deps
 	$(PY) -m bench.run_all
 
 bench-quant: install
@@ -59,7 +63,7 @@ bench-torrent: install
 bench-runtime: install
 	nice $(PY) -m bench.runtime
 
-bench-quality: install
+bench-quality: install $(VENV)/.bench-deps
 	nice $(PY) -m bench.quality --matrix --reference demo/model --text demo/heldout.txt
 
 fuzz: install
