@@ -23,10 +23,10 @@ PROMPT = "def read_config(path):"
 
 def moepack(*args: str, capture: bool = False) -> str:
     cmd = [sys.executable, "-m", "moepack", *args]
-    print(f"\n$ moepack {shlex.join(args)}", flush=True)
-    if capture:
+    if capture:  # read by the driver, not shown
         done = subprocess.run(cmd, check=True, capture_output=True, text=True)
         return done.stdout
+    print(f"\n$ moepack {shlex.join(args)}", flush=True)
     subprocess.run(cmd, check=True)
     return ""
 
