@@ -91,6 +91,21 @@ class Adapter:
             "eos_token_id": self.config.get("eos_token_id"),
         }
 
+    def softmax_moe(self, experts: int, inter: int, norm_topk_prob: bool) -> dict:
+        """`moe` description of softmax top-k routing without shared experts (FORMAT.md §7)."""
+        return {
+            "num_experts": experts,
+            "top_k": self.cfg_int("num_experts_per_tok"),
+            "moe_intermediate_size": inter,
+            "scoring": "softmax",
+            "norm_topk_prob": norm_topk_prob,
+            "n_group": 1,
+            "topk_group": 1,
+            "routed_scaling_factor": 1.0,
+            "num_shared_experts": 0,
+            "shared_intermediate_size": None,
+        }
+
     # -- per architecture ------------------------------------------------------------------
     @cached_property
     def model(self) -> dict:

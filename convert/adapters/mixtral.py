@@ -25,18 +25,8 @@ class MixtralAdapter(Adapter):
             "attention": {"kind": "gqa"},
             "layer_kinds": ["moe"] * n,
             "dense_intermediate_size": None,
-            "moe": {
-                "num_experts": self.cfg_int("num_local_experts", "num_experts"),
-                "top_k": self.cfg_int("num_experts_per_tok"),
-                "moe_intermediate_size": self.cfg_int("intermediate_size"),
-                "scoring": "softmax",
-                "norm_topk_prob": True,
-                "n_group": 1,
-                "topk_group": 1,
-                "routed_scaling_factor": 1.0,
-                "num_shared_experts": 0,
-                "shared_intermediate_size": None,
-            },
+            "moe": self.softmax_moe(self.cfg_int("num_local_experts", "num_experts"),
+                                    self.cfg_int("intermediate_size"), norm_topk_prob=True),
         })
         return m
 

@@ -38,18 +38,9 @@ class Qwen3MoeAdapter(Adapter):
             "layer_kinds": kinds,
             "dense_intermediate_size": (self.cfg_int("intermediate_size")
                                         if "dense" in kinds else None),
-            "moe": {
-                "num_experts": experts,
-                "top_k": self.cfg_int("num_experts_per_tok"),
-                "moe_intermediate_size": self.cfg_int("moe_intermediate_size"),
-                "scoring": "softmax",
-                "norm_topk_prob": bool(self.cfg("norm_topk_prob", default=False)),
-                "n_group": 1,
-                "topk_group": 1,
-                "routed_scaling_factor": 1.0,
-                "num_shared_experts": 0,
-                "shared_intermediate_size": None,
-            },
+            "moe": self.softmax_moe(
+                experts, self.cfg_int("moe_intermediate_size"),
+                norm_topk_prob=bool(self.cfg("norm_topk_prob", default=False))),
         })
         return m
 

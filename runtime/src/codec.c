@@ -147,6 +147,28 @@ static int have_avx2(void) {
     return __builtin_cpu_supports("avx2") != 0;
 }
 
+/* Last step of a blocked argmin: per vector, the lowest lane score (ties to the lowest entry
+ * index), and its squared distance |x|^2 + score clamped at 0. bv/bj hold m rows of `lanes`. */
+static void finish_block(const float *bv, const int32_t *bj, int lanes, size_t m,
+                         const float *xb, int32_t *idx, float *dist) {
+    for (size_t v = 0; v < m; v++) {
+        const float *sv = bv + v * (size_t)lanes;
+        const int32_t *jv = bj + v * (size_t)lanes;
+        int b = jv[0];
+        float best = sv[0];
+        for (int l = 1; l < lanes; l++)
+            if (sv[l] < best || (sv[l] == best && jv[l] < b)) {
+                best = sv[l];
+                b = jv[l];
+            }
+        idx[v] = b;
+        if (dist) {
+            float e = sqnorm(xb + v * D) + best;
+            dist[v] = e > 0.0f ? e : 0.0f;
+        }
+    }
+}
+
 /* assign_range() without storing the scores: the same scores4() arithmetic (0 + x0*c0 + x1*c1 ...
  * in order, then |c|^2 - (a + a)), the same lane-wise strict minimum over groups of 8 starting
  * from group 0, and the same final lane reduction as argmin(), so the same index and distance. */
@@ -202,20 +224,7 @@ __attribute__((target("avx2"))) static void assign_avx2(const float *x, size_t n
         _mm256_storeu_si256((__m256i *)bj[1], i1);
         _mm256_storeu_si256((__m256i *)bj[2], i2);
         _mm256_storeu_si256((__m256i *)bj[3], i3);
-        for (size_t v = 0; v < m; v++) {
-            int b = bj[v][0];
-            float best = bv[v][0];
-            for (int l = 1; l < 8; l++)
-                if (bv[v][l] < best || (bv[v][l] == best && bj[v][l] < b)) {
-                    best = bv[v][l];
-                    b = bj[v][l];
-                }
-            idx[i + v] = b;
-            if (dist) {
-                float e = sqnorm(xb + v * D) + best;
-                dist[i + v] = e > 0.0f ? e : 0.0f;
-            }
-        }
+        finish_block(bv[0], bj[0], 8, m, xb, idx + i, dist ? dist + i : NULL);
     }
 }
 #endif
@@ -317,20 +326,7 @@ __attribute__((target("avx512f"))) static void assign_avx512(const float *x, siz
         _mm512_storeu_si512(bj[1], i1);
         _mm512_storeu_si512(bj[2], i2);
         _mm512_storeu_si512(bj[3], i3);
-        for (size_t v = 0; v < m; v++) {
-            int b = bj[v][0];
-            float best = bv[v][0];
-            for (int l = 1; l < 16; l++)
-                if (bv[v][l] < best || (bv[v][l] == best && bj[v][l] < b)) {
-                    best = bv[v][l];
-                    b = bj[v][l];
-                }
-            idx[i + v] = b;
-            if (dist) {
-                float e = sqnorm(xb + v * D) + best;
-                dist[i + v] = e > 0.0f ? e : 0.0f;
-            }
-        }
+        finish_block(bv[0], bj[0], 16, m, xb, idx + i, dist ? dist + i : NULL);
     }
 }
 #endif
