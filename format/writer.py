@@ -14,6 +14,8 @@ from moepack.format.header import Header
 from moepack.format.layout import BankLayout, Extent, Layout
 from moepack.format.limits import HASH_SIZE, MAJOR, MINOR
 
+from moepack.durable import fsync_path
+
 _PARALLEL_HASH_MIN = 1 << 20  # blake3 threads only pay on large inputs
 _CHUNK = 16 << 20
 
@@ -184,11 +186,7 @@ class ContainerWriter:
         if self.path.exists() and not self.overwrite:
             raise FileExistsError(f"{self.path} exists; pass overwrite=True to replace it")
         os.replace(self.partial, self.path)
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # make the rename itself durable
-        finally:
-            os.close(dir_fd)
+        fsync_path(self.path.parent)  # make the rename itself durable
         return root.hex()
 
     def close(self) -> None:
