@@ -50,7 +50,7 @@ def build_spec(adapter: Adapter, settings: Settings, files: list[dict],
     """The container description; `files` = manifest source files, `blobs` = name -> size."""
     rvq = settings.rvq
     shapes = {p: adapter.expert_shape(p) for p in EXPERT_PARTS}
-    codecs = {p: codec_for(rvq, shapes[p]) for p in EXPERT_PARTS}
+    codecs = {p: codec_for(rvq, shapes[p], p) for p in EXPERT_PARTS}
     moe = set(adapter.moe_layers())
     tensors: list[TensorSpec] = []
     used: dict[str, dict] = {}

@@ -60,6 +60,6 @@ class Settings:
     def as_manifest(self) -> dict:
         """Every byte-influencing setting (manifest.converter.settings)."""
         classes = {cls: dict(self.trunk).get(cls) or name for cls, name in TRUNK_DEFAULTS.items()}
-        return {"expert_codec": self.expert_preset, "expert": dict(vars(self.rvq)),
+        return {"expert_codec": self.expert_preset, "expert": self.rvq.manifest(),
                 "trunk": {c: TRUNK_CODECS[n] for c, n in sorted(classes.items())},
                 "seed": self.seed, "alignment": self.alignment}

@@ -141,7 +141,7 @@ class Worker:
             trained, cb, signs = train_layer(lambda e: self.ck.read(refs[e][part]), len(refs),
                                              shape, self.cfg.rvq,
                                              layer_seed(self.cfg.seed, layer, part),
-                                             threads=self.cfg.threads)
+                                             part=part, threads=self.cfg.threads)
         except ValueError as e:
             raise SourceError(f"layer {layer} experts ({part}): {e}") from e
         if trained != codec:

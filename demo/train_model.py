@@ -142,6 +142,9 @@ def save_tokenizer(tok, out: Path, max_len: int) -> None:
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
+    # Compact JSON: the same tokenizer in 0.23 MB instead of 0.55 MB pretty-printed; it travels
+    # inside every container as a blob
+    fast.backend_tokenizer.save(str(out / "tokenizer.json"), pretty=False)
     # Keep the chat template inside tokenizer_config.json too (transformers 5 may write it to a
     # separate chat_template.jinja); both places load the same template.
     cfg_path = out / "tokenizer_config.json"

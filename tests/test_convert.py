@@ -313,3 +313,22 @@ def test_rotated_codec_resume_and_layout(sources, tmp_path):
     _interrupted(sources["qwen3_moe"], out, n=2, settings=rot)
     convert(sources["qwen3_moe"], out, rot)
     assert out.read_bytes() == ref.read_bytes()
+
+
+def test_mixed_stage_codec_resume_and_manifest(sources, tmp_path):
+    """rvq3-m: 4 stages on down only; its 4-stage codebook is read back right on resume, and
+    a resume asking for plain rvq3 is refused (part_stages is a byte-influencing setting)."""
+    mixed = Settings(expert_preset="rvq3-m", iters=2, sample=2000)
+    ref = tmp_path / "ref.moepack"
+    convert(sources["mixtral"], ref, mixed)
+    with Container.open(ref) as c:
+        stages = {p["name"]: p["codec"]["stages"] for p in c.bank(0)["parts"]}
+        assert stages == {"gate": 3, "up": 3, "down": 4}
+        assert c.manifest["converter"]["settings"]["expert"]["part_stages"] == {"down": 4}
+        assert c.tensor("layers.0.experts.down.codebook").shape == (4, 256, 8)
+    out = tmp_path / "r.moepack"
+    _interrupted(sources["mixtral"], out, n=2, settings=mixed)
+    with pytest.raises(ConvertError, match="part_stages"):
+        convert(sources["mixtral"], out, Settings(expert_preset="rvq3", iters=2, sample=2000))
+    convert(sources["mixtral"], out, mixed)
+    assert out.read_bytes() == ref.read_bytes()

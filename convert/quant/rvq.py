@@ -32,11 +32,25 @@ class RvqSettings:
     iters: int = 10  # Lloyd iterations per stage
     sample: int = 300_000  # vectors sampled across the layer's experts for training
     refine: int = 0  # joint codebook refinement rounds after stage-wise training
+    # (projection, stages) overriding `stages` for that projection, e.g. (("down", 4),): spends
+    # bits where the error costs most, as llama.cpp's *_M mixes do
+    part_stages: tuple[tuple[str, int], ...] = ()
+
+    def stages_for(self, part: str | None) -> int:
+        return dict(self.part_stages).get(part, self.stages) if part else self.stages
+
+    def manifest(self) -> dict:
+        """JSON form (part_stages as an object; absent when empty, as before it existed)."""
+        d = dict(vars(self))
+        d.pop("part_stages")
+        if self.part_stages:
+            d["part_stages"] = dict(self.part_stages)
+        return d
 
 
-def codec_for(settings: RvqSettings, shape: tuple[int, int]) -> dict:
-    """The codec object of a [rows, cols] expert projection encoded with `settings`."""
-    codec = {"name": "rvq", "stages": settings.stages, "dim": RVQ_DIM, "entries": 256,
+def codec_for(settings: RvqSettings, shape: tuple[int, int], part: str | None = None) -> dict:
+    """The codec object of a [rows, cols] expert projection `part` encoded with `settings`."""
+    codec = {"name": "rvq", "stages": settings.stages_for(part), "dim": RVQ_DIM, "entries": 256,
              "rotation": "none"}
     if settings.rotation == "hadamard":
         block = pick_block(shape[1], settings.max_block)
@@ -112,13 +126,14 @@ def train_layer(
     settings: RvqSettings,
     seed: int,
     *,
+    part: str | None = None,
     threads: int = 1,
 ) -> tuple[dict, np.ndarray, np.ndarray | None]:
     """(codec, codebook [S, 256, 8] f32, rotation signs [cols] f32 or None) of one projection."""
-    codec = codec_for(settings, shape)
+    codec = codec_for(settings, shape, part)
     signs = make_signs(shape[1], seed) if codec["rotation"] == "hadamard" else None
     sample = sample_layer(get_expert, count, codec, settings, signs, seed)
-    cb = train_codebooks(sample, settings.stages, seed=seed, iters=settings.iters,
+    cb = train_codebooks(sample, codec["stages"], seed=seed, iters=settings.iters,
                          refine=settings.refine, beam=settings.beam, threads=threads)
     return codec, cb, signs
 
