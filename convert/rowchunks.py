@@ -24,12 +24,14 @@ def row_planes(codec: dict, cols: int) -> list[int] | None:
     name = codec["name"]
     if name in ("f32", "f16", "bf16"):
         return [cols * (4 if name == "f32" else 2)]
-    if name in ("q8", "q4"):
+    if name in ("q8", "q6", "q4"):
         g = codec["group_size"]
         cols_p = -(-cols // g) * g
         ng = cols_p // g
         if name == "q8":
             return [2 * ng, cols_p]
+        if name == "q6":
+            return [2 * ng, cols_p * 3 // 4]
         return [2 * ng, 2 * ng, cols_p // 2] if codec.get("zero_point") else [2 * ng, cols_p // 2]
     return None
 

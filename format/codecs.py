@@ -22,6 +22,7 @@ _CODEC_KEYS = {
     "bf16": set(),
     "q8": {"group_size"},
     "q4": {"group_size", "zero_point"},
+    "q6": {"group_size"},
     "rvq": {"stages", "dim", "entries", "rotation", "rotation_block"},
 }
 
@@ -47,6 +48,10 @@ def encoded_nbytes(codec: dict, shape: tuple[int, ...]) -> int:
         cols_p = _align_up(cols, g)
         planes = 2 if codec.get("zero_point") else 1
         return 2 * planes * rows * (cols_p // g) + rows * cols_p // 2
+    if name == "q6":
+        g = codec["group_size"]
+        cols_p = _align_up(cols, g)
+        return 2 * rows * (cols_p // g) + rows * cols_p * 3 // 4
     if name == "rvq":
         nv = -(-cols // codec["dim"])
         return _align_up(rows * nv * codec["stages"], 64) + 2 * rows
@@ -77,7 +82,7 @@ def validate_codec(codec: dict, shape) -> None:
         return
     if len(shape) != 2:
         raise FormatError(f"codec {name!r} needs a 2-D shape, got {list(shape)}")
-    if name in ("q8", "q4"):
+    if name in ("q8", "q4", "q6"):
         g = _int_field(codec, "group_size")
         if g not in GROUP_SIZES:
             raise FormatError(f"codec {name!r}: group_size {g} not in {list(GROUP_SIZES)}")
@@ -170,6 +175,16 @@ def _decode_rvq(codec, rows, cols, buf, codebook, rotation) -> np.ndarray:
     return out
 
 
+def _unpack_q6(packed: np.ndarray, rows: int, cols_p: int) -> np.ndarray:
+    """6-bit codes [rows][cols_p]: 4 per 3 bytes, u = b0 | b1<<8 | b2<<16 = k0 | k1<<6 | ..."""
+    b = packed.reshape(rows, cols_p // 4, 3).astype(np.uint32)
+    u = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+    k = np.empty((rows, cols_p // 4, 4), np.uint8)
+    for i in range(4):
+        k[..., i] = (u >> (6 * i)) & 63
+    return k.reshape(rows, cols_p)
+
+
 def _decode_group(codec, rows, cols, buf) -> np.ndarray:
     g = codec["group_size"]
     cp = _align_up(cols, g)
@@ -178,6 +193,9 @@ def _decode_group(codec, rows, cols, buf) -> np.ndarray:
     if codec["name"] == "q8":
         q = buf[2 * rows * ng :].view(np.int8).astype(np.float32).reshape(rows, ng, g)
         return (scales * q).reshape(rows, cp)[:, :cols]
+    if codec["name"] == "q6":
+        k = _unpack_q6(buf[2 * rows * ng :], rows, cp).astype(np.float32).reshape(rows, ng, g)
+        return (scales * (k - np.float32(32))).reshape(rows, cp)[:, :cols]
     zp = bool(codec.get("zero_point"))
     off = 2 * rows * ng * (2 if zp else 1)
     packed = buf[off:].reshape(rows, cp // 2)

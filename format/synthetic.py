@@ -32,7 +32,7 @@ def _floats(seed: str, n: int, scale: float) -> np.ndarray:
 
 
 def encode_synthetic(codec: dict, shape: tuple[int, ...], seed: str) -> bytes:
-    """Valid-looking bytes of `shape` under `codec` (f32, f16, bf16, q8, rvq)."""
+    """Valid-looking bytes of `shape` under `codec` (f32, f16, bf16, q8, q6, rvq)."""
     name, n = codec["name"], int(np.prod(shape))
     if name in ("f32", "f16"):
         return _floats(seed, n, 0.1).astype("<f4" if name == "f32" else "<f2").tobytes()
@@ -46,6 +46,16 @@ def encode_synthetic(codec: dict, shape: tuple[int, ...], seed: str) -> bytes:
         q = np.zeros((rows, cols_p), dtype=np.int8)
         q[:, :cols] = np.frombuffer(xof(seed, rows * cols), np.int8).reshape(rows, cols)
         return scales.tobytes() + q.tobytes()
+    if name == "q6":  # codes from the XOF, padding columns code 32 (weight 0)
+        g = codec["group_size"]
+        cols_p = align_up(cols, g)
+        scales = np.abs(_floats(seed + ":s", rows * (cols_p // g), 0.01)).astype("<f2")
+        k = np.full((rows, cols_p), 32, np.uint32)
+        k[:, :cols] = np.frombuffer(xof(seed, rows * cols), np.uint8).reshape(rows, cols) & 63
+        k = k.reshape(rows, cols_p // 4, 4)
+        u = k[..., 0] | k[..., 1] << 6 | k[..., 2] << 12 | k[..., 3] << 18
+        packed = np.stack([u & 255, u >> 8 & 255, u >> 16], axis=-1).astype(np.uint8)
+        return scales.tobytes() + packed.tobytes()
     if name == "rvq":
         ncodes = rows * -(-cols // codec["dim"]) * codec["stages"]
         scales = np.abs(_floats(seed + ":s", rows, 0.05)).astype("<f2")

@@ -17,6 +17,8 @@ def c_decode(codec: dict, shape: tuple[int, int], data: bytes, cb=None, signs=No
         rc = lib.mp_q8_decode(raw, rows, cols, codec["group_size"], out)
     elif codec["name"] == "q4":
         rc = lib.mp_q4_decode(raw, rows, cols, codec["group_size"], int(codec["zero_point"]), out)
+    elif codec["name"] == "q6":
+        rc = lib.mp_q6_decode(raw, rows, cols, codec["group_size"], out)
     else:
         nv = -(-cols // 8)
         n = rows * nv * codec["stages"]
@@ -36,6 +38,35 @@ def test_group_decode_bit_identical(name: str, shape: tuple[int, int]) -> None:
     w = (RNG.standard_t(3, shape) * 0.05).astype(np.float32)
     data = encode(codec, w)
     assert decode(codec, shape, data).tobytes() == c_decode(codec, shape, data).tobytes()
+
+
+@pytest.mark.parametrize("g", [16, 32, 256])
+@pytest.mark.parametrize("shape", [(5, 70), (3, 256), (1, 7), (4, 300)])
+def test_q6_decode_bit_identical(g: int, shape: tuple[int, int]) -> None:
+    codec = {"name": "q6", "group_size": g}
+    w = (RNG.standard_t(3, shape) * 0.05).astype(np.float32)
+    data = encode(codec, w)
+    assert decode(codec, shape, data).tobytes() == c_decode(codec, shape, data).tobytes()
+
+
+@pytest.mark.parametrize("g", [16, 64])
+def test_q6_decode_random_bytes_bit_identical(g: int) -> None:
+    """Any bytes (every code, f16 subnormal / inf / NaN scales, junk in padding columns)."""
+    from moepack.format.codecs import encoded_nbytes
+
+    codec, shape = {"name": "q6", "group_size": g}, (11, 45)
+    data = RNG.integers(0, 256, encoded_nbytes(codec, shape), dtype=np.uint8)
+    scales = data[: 2 * 11 * -(-45 // g)].view(np.uint16)
+    scales[:5] = [0x0001, 0x83FF, 0x7C00, 0xFC00, 0x7E01]
+    py = decode(codec, shape, data.tobytes())
+    c = c_decode(codec, shape, data.tobytes())
+    assert np.array_equal(py.view(np.uint32), c.view(np.uint32))
+
+
+def test_q6_decode_rejects_bad_group() -> None:
+    out = np.empty((1, 8), np.float32)
+    assert native.lib().mp_q6_decode(np.zeros(64, np.uint8), 1, 8, 0, out) == -1
+    assert native.lib().mp_q6_decode(np.zeros(64, np.uint8), 1, 8, 6, out) == -1
 
 
 @pytest.mark.parametrize("rotation, cols", [("none", 13), ("none", 64), ("hadamard", 20),

@@ -205,6 +205,7 @@ def test_fused_expert_slices_read_the_right_rows(tmp_path):
 @pytest.mark.parametrize("codec", [{"name": "q8", "group_size": 32},
                                    {"name": "q4", "group_size": 16, "zero_point": False},
                                    {"name": "q4", "group_size": 64, "zero_point": True},
+                                   {"name": "q6", "group_size": 32},
                                    {"name": "bf16"}, {"name": "f32"}])
 def test_row_band_encoding_is_byte_identical(codec):
     from moepack.convert.quant import encode

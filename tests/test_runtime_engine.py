@@ -286,6 +286,26 @@ def test_wide_synthetic_model_is_bit_identical_scalar_vs_simd_and_threads(tmp_pa
         assert np.array_equal(r, runs[0])
 
 
+def test_q6_trunk_is_bit_identical_scalar_vs_simd_and_threads(tmp_path):
+    """q6 attention (group 32) and q6 embedding / LM head (group 16: a row gather and a matvec)
+    over 260 columns: full 8-column blocks, a 4-column tail and padding in each row's last group."""
+    from moepack.format.synthetic import mixtral_spec, write_synthetic
+
+    path = tmp_path / "q6.moepack"
+    write_synthetic(path, mixtral_spec(layers=1, experts=4, hidden=260, inter=96, vocab=96,
+                                       heads=2, kv_heads=1, attn={"name": "q6", "group_size": 32},
+                                       embed={"name": "q6", "group_size": 16}))
+    toks = _tokens(12, seed=6)
+    runs = []
+    for kw in (dict(threads=1), dict(threads=2), dict(threads=1, scalar_kernels=True),
+               dict(threads=2, scalar_kernels=True)):
+        with Engine(path, ctx=16, **kw) as e:
+            runs.append(e.logits(toks))
+    assert np.isfinite(runs[0]).all() and np.abs(runs[0]).max() > 0
+    for r in runs[1:]:
+        assert np.array_equal(r, runs[0])
+
+
 def test_nan_router_weights_do_not_crash(tmp_path):
     """Damaged trunk bytes (NaN router: every score compares false) still route to valid experts;
     the NaN simply propagates to the logits."""

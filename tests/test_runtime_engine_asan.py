@@ -62,6 +62,10 @@ def test_engine_under_asan_and_ubsan(tmp_path):
         files.append(tmp_path / f"{arch}.moepack")
     write_synthetic(tmp_path / "wide.moepack", mixtral_spec(hidden=256, inter=192, vocab=80))
     files.append(tmp_path / "wide.moepack")
+    write_synthetic(tmp_path / "q6.moepack", mixtral_spec(  # q6 trunk, 4-column group tails
+        hidden=260, inter=96, vocab=80, heads=2, kv_heads=1,
+        attn={"name": "q6", "group_size": 32}, embed={"name": "q6", "group_size": 16}))
+    files.append(tmp_path / "q6.moepack")
     (tmp_path / "drv.c").write_text(DRIVER)
     exe = tmp_path / "drv"
     subprocess.run([cc, "-std=c11", "-g", "-O1", "-fsanitize=address,undefined",

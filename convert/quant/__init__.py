@@ -1,4 +1,4 @@
-"""Quantisation encoders: k-means/RVQ for experts, q8/q4 groups and float passthrough for trunk.
+"""Quantisation encoders: k-means/RVQ for experts, q8/q6/q4 groups and float passthrough for trunk.
 
 `encode(codec, w, ...)` is the one entry point per tensor; `train_layer` trains a layer's
 codebooks for one projection. Decoding lives in moepack.format.codecs.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 from moepack.convert.quant.dense import encode_float
-from moepack.convert.quant.groupq import encode_q4, encode_q8
+from moepack.convert.quant.groupq import encode_q4, encode_q6, encode_q8
 from moepack.convert.quant.kmeans import train_codebooks
 from moepack.convert.quant.presets import (
     DEFAULT_EXPERT_PRESET,
@@ -22,7 +22,7 @@ from moepack.format.codecs import validate_codec
 
 __all__ = [
     "DEFAULT_EXPERT_PRESET", "EXPERT_PRESETS", "TRUNK_CODECS", "TRUNK_DEFAULTS", "RvqSettings",
-    "codec_for", "encode", "encode_q4", "encode_q8", "encode_rvq", "expert_settings",
+    "codec_for", "encode", "encode_q4", "encode_q6", "encode_q8", "encode_rvq", "expert_settings",
     "layer_seed", "train_codebooks", "train_layer",
 ]
 
@@ -43,6 +43,8 @@ def encode(
         return encode_float(name, w)
     if name == "q8":
         return encode_q8(w, codec["group_size"])
+    if name == "q6":
+        return encode_q6(w, codec["group_size"])
     if name == "q4":
         return encode_q4(w, codec["group_size"], zero_point=bool(codec.get("zero_point")))
     if codebook is None:

@@ -1,4 +1,4 @@
-"""Group quantisers for trunk weights: q8 and q4 (spec/FORMAT.md §8.2, spec/CODECS.md §2).
+"""Group quantisers for trunk weights: q8, q6 and q4 (spec/FORMAT.md §8.2, spec/CODECS.md §2).
 
 Groups of G consecutive weights of a row share an f16 scale (q4 with zero point: also an f16
 offset). Quantisation uses the f16-rounded parameters, so codes match what decoders see.
@@ -14,6 +14,8 @@ F16_MAX = 65504.0
 # q4 symmetric: candidate divisors of the group's signed extreme value m (d = m / c); the one with
 # the least squared error wins. c = -8 maps m onto code 0 (value -8·d) and uses all 16 levels.
 Q4_DIVISORS = (-8.0, -7.5, -7.0, -6.5, 7.0, 7.5)
+# q6: the same search over 64 levels (spec/CODECS.md §2.3); -32 maps m onto code 0.
+Q6_DIVISORS = (-32.0, -31.5, -31.0, 31.0, 31.5)
 
 
 def _groups(w: np.ndarray, g: int) -> tuple[np.ndarray, int]:
@@ -97,5 +99,50 @@ def encode_q4(w: np.ndarray, group_size: int = 32, *, zero_point: bool = False) 
     else:
         d, q = _q4_symmetric(wg)
         out = d.astype("<f2").tobytes() + _pack_nibbles(q)
+    assert len(out) == encoded_nbytes(codec, np.shape(w))
+    return out
+
+
+def _pack_q6(k: np.ndarray) -> bytes:
+    """Codes 0..63 [rows, cols_p], 4 per 3 bytes: b0 | b1<<8 | b2<<16 = k0 | k1<<6 | ... k3<<18."""
+    rows = k.shape[0]
+    k = k.reshape(rows, -1, 4).astype(np.uint32)
+    u = k[..., 0] | (k[..., 1] << 6) | (k[..., 2] << 12) | (k[..., 3] << 18)
+    return np.stack([u & 255, (u >> 8) & 255, u >> 16], axis=-1).astype(np.uint8).tobytes()
+
+
+def _q6_symmetric(wg: np.ndarray, divisors=Q6_DIVISORS) -> tuple[np.ndarray, np.ndarray]:
+    """Best f16 scale among m / t (t in divisors) and its codes 0..63. Squared errors are summed
+    in column order by an explicit loop, so the choice (and the bytes) never depend on numpy's
+    reduction order."""
+    idx = np.argmax(np.abs(wg), axis=2)  # first of equal magnitudes
+    m = np.take_along_axis(wg, idx[..., None], axis=2)[..., 0]
+    wt = np.ascontiguousarray(np.moveaxis(wg, 2, 0))  # [G][rows][ng]: column j of every group
+    best_d = best_q = best_err = None
+    for t in divisors:
+        d = np.where(m == 0, np.float16(0), _f16(m / np.float32(t)))  # +0, never -0
+        d32 = d.astype(np.float32)
+        q = np.rint(wt / np.where(d32 != 0, d32, np.float32(1)))
+        q = np.where(d32 != 0, np.clip(q, -32, 31), np.float32(0))
+        err = np.zeros(d.shape, np.float32)
+        for j in range(wt.shape[0]):
+            err += np.square(wt[j] - q[j] * d32)
+        if best_err is None:
+            best_d, best_q, best_err = d, q, err
+            continue
+        better = err < best_err  # strict: ties keep the earlier divisor
+        best_d = np.where(better, d, best_d)
+        best_q = np.where(better, q, best_q)
+        best_err = np.where(better, err, best_err)
+    return best_d, np.moveaxis(best_q + np.float32(32), 0, 2).astype(np.uint8)
+
+
+def encode_q6(w: np.ndarray, group_size: int = 32) -> bytes:
+    """q6: symmetric 6-bit codes, w = d·(k - 32); a zero group gets d = 0 and code 32."""
+    codec = {"name": "q6", "group_size": group_size}
+    validate_codec(codec, np.shape(w))
+    wg, _ = _groups(w, group_size)
+    d, k = _q6_symmetric(wg)
+    out = d.astype("<f2").tobytes() + _pack_q6(k)
     assert len(out) == encoded_nbytes(codec, np.shape(w))
     return out

@@ -41,6 +41,7 @@ def lib() -> ctypes.CDLL:
         ),
         "mp_q8_decode": (_int, [_u8p, _sz, _sz, _sz, _f32p]),
         "mp_q4_decode": (_int, [_u8p, _sz, _sz, _sz, _int, _f32p]),
+        "mp_q6_decode": (_int, [_u8p, _sz, _sz, _sz, _f32p]),
         "mp_fwht": (None, [_f32p, _sz, _sz]),
     }
     for name, (res, args) in sigs.items():

@@ -786,3 +786,20 @@ int mp_q4_decode(const uint8_t *data, size_t rows, size_t cols, size_t group, in
         }
     return 0;
 }
+
+int mp_q6_decode(const uint8_t *data, size_t rows, size_t cols, size_t group, float *out) {
+    if (!group || group % 4) return -1;
+    size_t cp = align_up(cols, group), ng = cp / group;
+    const uint8_t *q = data + 2 * rows * ng;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) {
+            uint16_t h;
+            memcpy(&h, data + 2 * (r * ng + c / group), 2);
+            /* 4 codes per 3 bytes: u = b0 | b1<<8 | b2<<16 = k0 | k1<<6 | k2<<12 | k3<<18 */
+            const uint8_t *b = q + r * (cp / 4 * 3) + c / 4 * 3;
+            uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16;
+            int k = (int)((u >> (6 * (c & 3))) & 63);
+            out[r * cols + c] = mp_f16_to_f32(h) * (float)(k - 32);
+        }
+    return 0;
+}

@@ -48,6 +48,7 @@ MP_API int mp_rvq_decode(const uint8_t *codes, const uint16_t *scales, size_t ro
 MP_API int mp_q8_decode(const uint8_t *data, size_t rows, size_t cols, size_t group, float *out);
 MP_API int mp_q4_decode(const uint8_t *data, size_t rows, size_t cols, size_t group,
                         int zero_point, float *out);
+MP_API int mp_q6_decode(const uint8_t *data, size_t rows, size_t cols, size_t group, float *out);
 
 /* In-place unnormalised fast Walsh-Hadamard transform of each `block`-sized block of x[n]
  * (butterfly order h = 1, 2, 4, ...; pairs (j, j+h): a+b then a-b). */

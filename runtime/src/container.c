@@ -143,10 +143,12 @@ static int chk_shape(E *e, const mp_json *v, const char *where, int *ndim, int64
 }
 
 /* ---------- codecs.validate_codec + encoded_nbytes ---------- */
-static const char *const CODEC_NAMES[] = {"f32", "f16", "bf16", "q8", "q4", "rvq"};
-static const char *const CODEC_KEYS[6][5] = {
+/* indexed by mp_codec_kind */
+static const char *const CODEC_NAMES[] = {"f32", "f16", "bf16", "q8", "q4", "rvq", "q6"};
+#define N_CODECS ((int)(sizeof CODEC_NAMES / sizeof CODEC_NAMES[0]))
+static const char *const CODEC_KEYS[N_CODECS][5] = {
     {NULL}, {NULL}, {NULL}, {"group_size"}, {"group_size", "zero_point"},
-    {"stages", "dim", "entries", "rotation", "rotation_block"},
+    {"stages", "dim", "entries", "rotation", "rotation_block"}, {"group_size"},
 };
 
 static int strcmp_ptr(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
@@ -179,7 +181,7 @@ uint64_t mp_codec_nbytes(const mp_codec_info *c, int ndim, const int64_t *shape)
     }
     if (ndim != 2) return 0;
     rows = (uint64_t)shape[0]; cols = (uint64_t)shape[1];
-    if (c->kind == MP_CODEC_Q8 || c->kind == MP_CODEC_Q4) {
+    if (c->kind == MP_CODEC_Q8 || c->kind == MP_CODEC_Q4 || c->kind == MP_CODEC_Q6) {
         uint64_t g = c->group_size;
         if (!g) return 0;
         cp = align_up(cols, g); /* cols < 2^31 */
@@ -188,6 +190,8 @@ uint64_t mp_codec_nbytes(const mp_codec_info *c, int ndim, const int64_t *shape)
         if (__builtin_mul_overflow(2 * planes * rows, ng, &n)) return 0;
         if (c->kind == MP_CODEC_Q8) {
             if (__builtin_mul_overflow(rows, cp, &t)) return 0;
+        } else if (c->kind == MP_CODEC_Q6) {
+            if (__builtin_mul_overflow(rows, cp / 4 * 3, &t)) return 0; /* G | cp, 4 | G */
         } else {
             if (__builtin_mul_overflow(rows, cp, &t)) return 0;
             t /= 2;
@@ -225,7 +229,7 @@ static int codec_check(E *e, const mp_json *codec, int ndim, const int64_t *shap
     const mp_json *jn = mp_json_get(codec, "name");
     if (chk_str(e, jn, w, NULL, NULL)) return MP_EFORMAT;
     int kind = -1;
-    for (int k = 0; k < 6; k++) if (is_str(jn, CODEC_NAMES[k])) kind = k;
+    for (int k = 0; k < N_CODECS; k++) if (is_str(jn, CODEC_NAMES[k])) kind = k;
     R(jn, rn);
     if (kind < 0) return FAIL("%s: unknown codec %s", pre, rn);
     /* unknown keys, listed sorted like Python's sorted(set) */
@@ -261,7 +265,7 @@ static int codec_check(E *e, const mp_json *codec, int ndim, const int64_t *shap
     }
     const mp_json *v;
     int64_t x;
-    if (kind == MP_CODEC_Q8 || kind == MP_CODEC_Q4) {
+    if (kind == MP_CODEC_Q8 || kind == MP_CODEC_Q4 || kind == MP_CODEC_Q6) {
         if (int_field(e, pre, rn, codec, "group_size", &v)) return MP_EFORMAT;
         if (mp_json_as_i64(v, &x) || !(x == 16 || x == 32 || x == 64 || x == 128 || x == 256))
             return FAIL("%s: codec %s: group_size %s not in [16, 32, 64, 128, 256]", pre, rn, R(v, b));

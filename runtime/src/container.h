@@ -22,11 +22,12 @@ typedef enum {
     MP_CODEC_Q8,
     MP_CODEC_Q4,
     MP_CODEC_RVQ,
+    MP_CODEC_Q6,
 } mp_codec_kind;
 
 typedef struct {
     mp_codec_kind kind;
-    uint32_t group_size;     /* q8, q4 */
+    uint32_t group_size;     /* q8, q4, q6 */
     int zero_point;          /* q4: 1 = two f16 planes (scale, zero) */
     uint32_t stages, dim, entries; /* rvq */
     int hadamard;            /* rvq: rotation "hadamard" */

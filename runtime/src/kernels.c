@@ -61,6 +61,13 @@ float mpk_bf16_to_f32(uint16_t h) {
 
 static uint16_t ld16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
+/* q6 code of column c: 4 codes per 3 bytes, u = b0 | b1<<8 | b2<<16 = k0 | k1<<6 | ... */
+static int q6_code(const uint8_t *q, int64_t c) {
+    const uint8_t *b = q + (c >> 2) * 3;
+    uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16;
+    return (int)((u >> ((c & 3) * 6)) & 63);
+}
+
 /* ---- scalar implementations ---- */
 
 static float red8(const float l[8]) {
@@ -95,6 +102,16 @@ static float s_row_dot(const mpk_mat *w, int64_t r, const float *x) {
             int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
             float gl[8] = {0};
             for (int64_t c = c0; c < c1; c++) gl[(c - c0) & 7] += (float)q[c] * x[c];
+            acc += mpk_f16_to_f32(ld16(sc + 2 * g)) * red8(gl);
+        }
+        return acc;
+    }
+    if (w->codec == MPK_Q6) {
+        const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
+        for (int64_t g = 0; g < ng; g++) {
+            int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
+            float gl[8] = {0};
+            for (int64_t c = c0; c < c1; c++) gl[(c - c0) & 7] += (float)(q6_code(q, c) - 32) * x[c];
             acc += mpk_f16_to_f32(ld16(sc + 2 * g)) * red8(gl);
         }
         return acc;
@@ -156,7 +173,7 @@ int mpk_mat_init(mpk_mat *m, int codec, int64_t rows, int64_t cols, int64_t grou
     m->cols = cols;
     m->data = data;
     m->cols_p = cols;
-    if (codec == MPK_Q8 || codec == MPK_Q4) {
+    if (codec == MPK_Q8 || codec == MPK_Q4 || codec == MPK_Q6) {
         if (group < 8 || group % 8 || group > 4096) return -1;
         m->group = group;
         m->ngroups = (cols + group - 1) / group;
@@ -178,6 +195,7 @@ uint64_t mpk_mat_nbytes(const mpk_mat *m) {
     case MPK_Q4:
         return 2 * (m->zero_point ? 2u : 1u) * r * (uint64_t)m->ngroups +
                r * (uint64_t)m->cols_p / 2;
+    case MPK_Q6: return 2 * r * (uint64_t)m->ngroups + r * ((uint64_t)m->cols_p / 4 * 3);
     }
     return 0;
 }
@@ -204,6 +222,12 @@ void mpk_row(const mpk_mat *w, int64_t r, float *out) {
     if (w->codec == MPK_Q8) {
         const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
         for (int64_t c = 0; c < n; c++) out[c] = mpk_f16_to_f32(ld16(sc + 2 * (c / G))) * (float)q[c];
+        return;
+    }
+    if (w->codec == MPK_Q6) {
+        const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
+        for (int64_t c = 0; c < n; c++)
+            out[c] = mpk_f16_to_f32(ld16(sc + 2 * (c / G))) * (float)(q6_code(q, c) - 32);
         return;
     }
     const size_t planes = w->zero_point ? 2 : 1;

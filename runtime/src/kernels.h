@@ -1,6 +1,6 @@
 /* Compute kernels: matrix-vector products on the stored encodings (never a dequantised copy).
  *
- * Trunk matrices (f32/f16/bf16/q8/q4) and routed-expert matrices (rvq codes + per-layer
+ * Trunk matrices (f32/f16/bf16/q8/q6/q4) and routed-expert matrices (rvq codes + per-layer
  * codebooks) are multiplied in place.  Every output row is computed by one task with a fixed
  * summation order, so results are bit-identical for any thread count.  The implementation (AVX2/FMA
  * or the portable scalar code) is a kernel table chosen by mpk_select and passed to every call
@@ -14,13 +14,13 @@
 
 #include "kernels_pool.h"
 
-enum { MPK_F32 = 0, MPK_F16, MPK_BF16, MPK_Q8, MPK_Q4 };
+enum { MPK_F32 = 0, MPK_F16, MPK_BF16, MPK_Q8, MPK_Q4, MPK_Q6 };
 
 /* A 2-D (or 1-D: rows = 1) trunk matrix in its stored encoding. */
 typedef struct mpk_mat {
     int codec;        /* MPK_* */
     int64_t rows, cols;
-    int64_t group;    /* q8/q4 group size */
+    int64_t group;    /* q8/q6/q4 group size */
     int64_t ngroups;  /* groups per row (cols padded to a multiple of group) */
     int64_t cols_p;   /* padded cols */
     int zero_point;   /* q4: a second f16 plane with per-group minimum */

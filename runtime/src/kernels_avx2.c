@@ -85,6 +85,37 @@ AVX2 static float a_row_dot(const mpk_mat *w, int64_t r, const float *x) {
         }
         return acc;
     }
+    if (w->codec == MPK_Q6) { /* 8 codes = 6 bytes = two 24-bit words k0|k1<<6|k2<<12|k3<<18 */
+        const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
+        const __m256i shifts = _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18);
+        const __m256i pick = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+        for (int64_t g = 0; g < ng; g++) {
+            int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n, c = c0;
+            __m256 gl = _mm256_setzero_ps();
+            for (; c + 8 <= c1; c += 8) { /* c is a multiple of 8: c0 is a multiple of G */
+                uint32_t lo; /* bytes 0..3 and 4..5 (not one 8-byte load: the tensor may end) */
+                uint16_t hi;
+                memcpy(&lo, q + (c >> 2) * 3, 4);
+                memcpy(&hi, q + (c >> 2) * 3 + 4, 2);
+                uint64_t v = lo | (uint64_t)hi << 32;
+                uint64_t words = (v & 0xffffffu) | (v >> 24) << 32;
+                __m256i u = _mm256_permutevar8x32_epi32(
+                    _mm256_castsi128_si256(_mm_cvtsi64_si128((long long)words)), pick);
+                __m256i k = _mm256_and_si256(_mm256_srlv_epi32(u, shifts), _mm256_set1_epi32(63));
+                __m256 val = _mm256_cvtepi32_ps(_mm256_sub_epi32(k, _mm256_set1_epi32(32)));
+                gl = _mm256_add_ps(gl, _mm256_mul_ps(val, _mm256_loadu_ps(x + c)));
+            }
+            float l[8];
+            _mm256_storeu_ps(l, gl);
+            for (; c < c1; c++) {
+                const uint8_t *b = q + (c >> 2) * 3;
+                uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16;
+                l[(c - c0) & 7] += (float)((int)((u >> ((c & 3) * 6)) & 63) - 32) * x[c];
+            }
+            acc += mpk_f16_to_f32(ld16(sc + 2 * g)) * mpk_red8(l);
+        }
+        return acc;
+    }
     /* MPK_Q4: nibbles, low nibble = even column */
     const size_t planes = w->zero_point ? 2 : 1;
     const uint8_t *mins = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;

@@ -43,8 +43,8 @@ static int codec_of(const mp_json *codec, int *id, int64_t *group, int *zp) {
     if (!strcmp(n, "f32")) *id = MPK_F32;
     else if (!strcmp(n, "f16")) *id = MPK_F16;
     else if (!strcmp(n, "bf16")) *id = MPK_BF16;
-    else if (!strcmp(n, "q8") || !strcmp(n, "q4")) {
-        *id = n[1] == '8' ? MPK_Q8 : MPK_Q4;
+    else if (!strcmp(n, "q8") || !strcmp(n, "q4") || !strcmp(n, "q6")) {
+        *id = n[1] == '8' ? MPK_Q8 : n[1] == '6' ? MPK_Q6 : MPK_Q4;
         if (mp_json_as_i64(mp_json_get(codec, "group_size"), group)) return -1;
         int b = 0;
         if (*id == MPK_Q4 && mp_json_as_bool(mp_json_get(codec, "zero_point"), &b) == 0) *zp = b;

@@ -30,6 +30,7 @@ HEADER = struct.Struct("<8sHHIIIQQQ32s16s")
 FIELDS = ("magic", "major", "minor", "flags", "alignment", "header_size", "file_size",
           "index_offset", "index_length", "root_hash", "reserved")
 Q8_16 = {"name": "q8", "group_size": 16}
+Q6_16, Q6_32 = {"name": "q6", "group_size": 16}, {"name": "q6", "group_size": 32}
 
 
 # --- low-level forging helpers (also used by tests/test_fuzz.py) ----------------------------
@@ -132,6 +133,14 @@ def valid_blobs() -> bytes:
     spec = mixtral_spec(layers=1, experts=2, hidden=16, inter=16, vocab=32, heads=2,
                         kv_heads=1, alignment=512, attn=F16, embed=F16, expert=Q8_16, blobs=meta)
     return _write(spec, blobs)
+
+
+def valid_q6() -> bytes:
+    """1 layer, alignment 512: q6 attention (group 16), embed and lm_head (group 32), rows of 40
+    columns (padding columns in the last group), q8 experts."""
+    return _write(mixtral_spec(layers=1, experts=2, hidden=40, inter=16, vocab=32, heads=2,
+                               kv_heads=1, alignment=512, attn=Q6_16, embed=Q6_32,
+                               expert=Q8_16))
 
 
 def mini() -> bytes:
@@ -268,6 +277,8 @@ INVALID: dict[str, tuple[Callable[[bytes], bytes], str]] = {
     "zero_dim": (edit(_set("embed", shape=[32, 0])), "outside 1..2147483647"),
     "too_many_dims": (edit(_set("embed", shape=[1, 1, 1, 32, 16])), "1..4 dimensions"),
     "unknown_codec": (edit(_set("embed", codec={"name": "q3"})), "unknown codec"),
+    "q6_group_size": (edit(_set("embed", codec={"name": "q6", "group_size": 48})),
+                      "codec 'q6': group_size 48 not in"),
     "bad_hash_string": (edit(lambda doc: section(doc, "embed").update(
         hash=section(doc, "embed")["hash"].upper())), "bad hash string"),
     "duplicate_name": (edit(_dup_name), "duplicate section name"),
@@ -289,7 +300,7 @@ def generate(out: Path) -> list[Path]:
     """Write every vector under `out`; returns the files written."""
     written = []
     valid = {"mixtral2": valid_mixtral2(), "blobs": valid_blobs(),
-             "future_minor": valid_future_minor()}
+             "future_minor": valid_future_minor(), "q6": valid_q6()}
     base = mini()
     for sub in ("valid", "invalid"):
         (out / sub).mkdir(parents=True, exist_ok=True)
