@@ -211,30 +211,46 @@ def fmt_row(name: str, r: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------ matrix
-# (name, expert preset, trunk overrides as Settings.trunk, group in the doc)
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    preset: str                                # expert preset (--expert-codec)
+    trunk: tuple[tuple[str, str], ...] = ()    # Settings.trunk overrides
+    group: str = "experts"                     # table in the doc
+    seed: int = 0
+
+
 QUANTISED_TRUNK = ("attn", "embed", "lm_head", "shared_expert", "dense_ffn")
-SETTINGS: list[tuple[str, str, tuple[tuple[str, str], ...], str]] = [
-    ("rvq3 (default)", "rvq3", (), "experts"),
-    ("rvq3-baseline", "rvq3-baseline", (), "experts"),
-    ("rvq3-hadamard", "rvq3-hadamard", (), "experts"),
-    ("rvq2", "rvq2", (), "experts"),
-    ("rvq4", "rvq4", (), "experts"),
-    ("rvq3, trunk f32 (experts' error alone)", "rvq3",
-     tuple((c, "f32") for c in QUANTISED_TRUNK), "trunk"),
-    ("rvq3, attn q8 (default)", "rvq3", (), "trunk"),
-    ("rvq3, attn q4", "rvq3", (("attn", "q4"),), "trunk"),
-    ("rvq3, attn q4-zp", "rvq3", (("attn", "q4-zp"),), "trunk"),
-    ("rvq3, all trunk q4 (`--trunk-codec q4`)", "rvq3",
-     tuple((c, "q4") for c in QUANTISED_TRUNK), "trunk"),
-    # toward llama.cpp's byte split (its K-quants keep the tied embedding at Q6_K and, on this
-    # model, fall back to Q5_0 for the 384-wide ffn_down): trade embedding bits for expert bits
-    ("rvq3, embed q4", "rvq3", (("embed", "q4"),), "size"),
-    ("rvq4, embed q4", "rvq4", (("embed", "q4"),), "size"),
-    ("rvq4, all trunk q4", "rvq4", tuple((c, "q4") for c in QUANTISED_TRUNK), "size"),
+DEFAULT_ROW = "rvq3-l (default)"
+SETTINGS: list[Setting] = [
+    Setting(DEFAULT_ROW, "rvq3-l"),
+    Setting("rvq3-m", "rvq3-m"),
+    Setting("rvq3", "rvq3"),
+    Setting("rvq3-baseline", "rvq3-baseline"),
+    Setting("rvq3-hadamard", "rvq3-hadamard"),
+    Setting("rvq2", "rvq2"),
+    Setting("rvq4", "rvq4"),
+    # k-means starts from seeded samples: the spread over seeds says which differences are real
+    Setting("rvq3-l, seed 1", "rvq3-l", group="seeds", seed=1),
+    Setting("rvq3-l, seed 2", "rvq3-l", group="seeds", seed=2),
+    Setting("rvq3-l, trunk f32 (experts' error alone)", "rvq3-l",
+            tuple((c, "f32") for c in (*QUANTISED_TRUNK, "codebook")), "trunk"),
+    Setting("rvq3-l, embed + lm_head q8", "rvq3-l", (("embed", "q8"), ("lm_head", "q8")),
+            "trunk"),
+    Setting("rvq3-l, attn q8", "rvq3-l", (("attn", "q8"),), "trunk"),
+    Setting("rvq3-l, attn q4", "rvq3-l", (("attn", "q4"),), "trunk"),
+    Setting("rvq3-l, all trunk q4 (`--trunk-codec q4`)", "rvq3-l",
+            tuple((c, "q4") for c in QUANTISED_TRUNK), "trunk"),
+    Setting("rvq3-l, codebooks f32", "rvq3-l", (("codebook", "f32"),), "trunk"),
+    # the previous defaults (all trunk q8, f32 codebooks) with 3 and 3-or-4 stages
+    Setting("rvq3, trunk q8, codebooks f32", "rvq3",
+            tuple((c, "q8") for c in QUANTISED_TRUNK) + (("codebook", "f32"),), "size"),
+    Setting("rvq3-m, embed + lm_head q8", "rvq3-m", (("embed", "q8"), ("lm_head", "q8")),
+            "size"),
 ]
 
 
-SANITY = "engine vs transformers on the rvq3 container's own f32 export (sanity)"
+SANITY = "engine vs transformers on the default container's own f32 export (sanity)"
 
 
 def sanity_row(container: Path, work: Path, win: Windows, q: np.ndarray,
@@ -245,7 +261,7 @@ def sanity_row(container: Path, work: Path, win: Windows, q: np.ndarray,
 
     from moepack.convert.export import export
 
-    hf = work / "export-rvq3"
+    hf = work / "export-default"
     shutil.rmtree(hf, ignore_errors=True)
     export(container, hf)
     ref = reference_logits(hf, win, threads=threads)
@@ -259,14 +275,14 @@ def _slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in name).strip("_")[:60]
 
 
-def _convert(src: Path, out: Path, preset: str, trunk) -> float:
+def _convert(src: Path, out: Path, preset: str, trunk, seed: int = 0) -> float:
     from moepack.convert.pipeline import convert
     from moepack.convert.progress import Reporter
     from moepack.convert.settings import Settings
 
     t0 = time.monotonic()
-    convert(src, out, Settings(expert_preset=preset, trunk=tuple(sorted(trunk))), jobs=1,
-            force=True, restart=True, reporter=Reporter())
+    settings = Settings(expert_preset=preset, trunk=tuple(sorted(trunk)), seed=seed)
+    convert(src, out, settings, jobs=1, force=True, restart=True, reporter=Reporter())
     return time.monotonic() - t0
 
 
@@ -354,22 +370,23 @@ def matrix(args) -> dict:
         ref = reference_logits(src, win, threads=args.threads)
         np.save(ref_path, ref)
         print(f"reference logits {ref.shape} in {time.monotonic() - t0:.0f} s", flush=True)
-    for name, preset, trunk, group in SETTINGS:
+    for st in SETTINGS:
+        name = st.name
         if args.only and not any(o in name for o in args.only):
             continue
         if name in data["rows"]:
             continue
         out = work / f"{_slug(name)}.moepack"
-        secs = _convert(src, out, preset, trunk)
+        secs = _convert(src, out, st.preset, st.trunk, st.seed)
         t0 = time.monotonic()
         q = container_logits(out, win, threads=args.threads)
         row = statistics(ref, q, win)
-        row.update(container_size(out), group=group, convert_seconds=round(secs, 1),
+        row.update(container_size(out), group=st.group, convert_seconds=round(secs, 1),
                    eval_seconds=round(time.monotonic() - t0, 1))
         data["rows"][name] = row
         print(fmt_row(name, row), flush=True)
         _save(res_path, data)
-        if name == "rvq3 (default)" and SANITY not in data["rows"]:
+        if name == DEFAULT_ROW and SANITY not in data["rows"]:
             data["rows"][SANITY] = sanity_row(out, work, win, q, args.threads)
             print(fmt_row(SANITY, data["rows"][SANITY]), flush=True)
             _save(res_path, data)
@@ -431,14 +448,16 @@ def render(data: dict) -> str:
                 out.append(fmt_row(name, r))
         return out
 
-    lines += ["## moepack: expert codec presets (trunk default: q8 attention/embeddings, f32 norms "
-              "and router)", ""]
+    lines += ["## moepack: expert codec presets (default trunk: q6 attention, embedding and LM "
+              "head; f16 codebooks; f32 norms and router)", ""]
     lines += table("experts")
-    lines += ["", "## moepack: trunk settings (experts rvq3)", ""]
+    if any(r.get("group") == "seeds" for r in rows.values()):
+        lines += ["", "## moepack: the default with other k-means seeds (`--seed`)", ""]
+        lines += table("seeds")
+    lines += ["", "## moepack: trunk settings (experts rvq3-l)", ""]
     lines += table("trunk")
     if any(r.get("group") == "size" for r in rows.values()):
-        lines += ["", "## moepack: byte splits closer to llama.cpp's (embedding bits traded for "
-                  "expert bits)", ""]
+        lines += ["", "## moepack: other byte splits", ""]
         lines += table("size")
     lines += ["", "## Sanity check of the runtime", "",
               "The engine against transformers on the *same* (dequantised) weights: what is left",
@@ -462,11 +481,11 @@ def render_llama(ll: dict | None, rows: dict) -> list[str]:
     for name, r in ll.get("rows", {}).items():
         lines.append(fmt_row(name, r))
     lines += ["", "## Side by side: does the default beat Q3_K_M?", ""]
-    d = rows.get("rvq3 (default)")
+    d = rows.get(DEFAULT_ROW)
     q3 = ll.get("rows", {}).get("Q3_K_M vs llama.cpp F32")
     q4 = ll.get("rows", {}).get("Q4_K_M vs llama.cpp F32")
     if d and q3:
-        lines += [FMT_HEAD, FMT_RULE, fmt_row("moepack rvq3 (default) vs original", d),
+        lines += [FMT_HEAD, FMT_RULE, fmt_row(f"moepack {DEFAULT_ROW} vs original", d),
                   fmt_row("llama.cpp Q3_K_M vs its F32", q3)]
         if q4:
             lines.append(fmt_row("llama.cpp Q4_K_M vs its F32", q4))
@@ -484,7 +503,7 @@ def verdict(d: dict, q3: dict, q4: dict | None) -> list[str]:
     smaller_file = d["file_size"] < q3["file_size"]
     smaller_w = d["weight_bytes"] < q3["weight_bytes"]
     out = [
-        f"- Mean KL: rvq3 {fmt_kl(d['kl_mean'])} vs Q3_K_M {fmt_kl(q3['kl_mean'])} → "
+        f"- Mean KL: default {fmt_kl(d['kl_mean'])} vs Q3_K_M {fmt_kl(q3['kl_mean'])} → "
         + ("**lower**" if better_kl else "**higher**")
         + (" (by more than 2 s.e.)" if sig(d, q3) or sig(q3, d) else " (within 2 s.e.)") + ".",
         f"- Top-1 agreement: {100 * d['top1']:.2f} % vs {100 * q3['top1']:.2f} %.",

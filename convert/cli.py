@@ -18,7 +18,7 @@ def _fail(msg: str) -> typer.Exit:
     return typer.Exit(code=1)
 
 
-def _settings(expert_codec: str, trunk_codec: str | None, codec: list[str], seed: int,
+def _settings(expert_codec: str | None, trunk_codec: str | None, codec: list[str], seed: int,
               alignment: int, sample: int | None, iters: int | None):
     from moepack.convert.settings import Settings
 
@@ -28,8 +28,9 @@ def _settings(expert_codec: str, trunk_codec: str | None, codec: list[str], seed
         if not sep:
             raise _fail(f"--codec expects CLASS=CODEC, got {item!r}")
         trunk = [t for t in trunk if t[0] != cls] + [(cls, name)]
-    return Settings(expert_preset=expert_codec, trunk=tuple(sorted(trunk)), seed=seed,
-                    alignment=alignment, sample=sample, iters=iters)
+    preset = {"expert_preset": expert_codec} if expert_codec else {}  # else Settings' default
+    return Settings(**preset, trunk=tuple(sorted(trunk)), seed=seed, alignment=alignment,
+                    sample=sample, iters=iters)
 
 
 def _human(n: float) -> str:
@@ -45,8 +46,10 @@ def _human(n: float) -> str:
 _SRC = typer.Argument(..., help="Hugging Face checkpoint directory.", show_default=False)
 _OUT = typer.Argument(..., help="Output container, e.g. model.moepack.", show_default=False)
 _JOBS = typer.Option(1, "--jobs", "-j", min=1, help="Worker processes (one layer at a time each).")
-_EXPERT = typer.Option("rvq3", "--expert-codec", help="Expert codec preset (rvq2, rvq3, rvq4...).")
-_TRUNK = typer.Option(None, "--trunk-codec", help="Codec of all quantised trunk classes (q8, q4).")
+_EXPERT = typer.Option(None, "--expert-codec", show_default=False,
+                       help="Expert codec preset: rvq3-l (default), rvq3-m, rvq3, rvq4, rvq2...")
+_TRUNK = typer.Option(None, "--trunk-codec",
+                      help="Codec of all quantised trunk classes (q8, q6, q4...).")
 _CODEC = typer.Option(None, "--codec", help="Trunk codec of one class, CLASS=CODEC (repeatable).")
 _SEED = typer.Option(0, "--seed", help="Seed of codebook sampling and training.")
 _ALIGN = typer.Option(4096, "--alignment", help="Expert record alignment in bytes.")
@@ -68,7 +71,7 @@ def convert_cmd(
     src: Path = _SRC,
     out: Path = _OUT,
     jobs: int = _JOBS,
-    expert_codec: str = _EXPERT,
+    expert_codec: Optional[str] = _EXPERT,  # noqa: UP045
     trunk_codec: Optional[str] = _TRUNK,  # noqa: UP045
     codec: Optional[list[str]] = _CODEC,  # noqa: UP045
     seed: int = _SEED,

@@ -138,7 +138,7 @@ def test_container_against_original_and_own_export(tmp_path):
 
 
 def test_doc_render_and_verdict(tmp_path):
-    from bench.quality import END, write_doc
+    from bench.quality import DEFAULT_ROW, END, write_doc
 
     def row(kl_mean, top1, size, group="experts"):
         return {"kl_mean": kl_mean, "kl_mean_se": 1e-5, "kl_median": kl_mean, "kl_p99": kl_mean,
@@ -152,7 +152,7 @@ def test_doc_render_and_verdict(tmp_path):
             "model": {"dir": "m", "architecture": "A", "layers": 1, "experts": 2, "top_k": 1,
                       "hidden": 4, "intermediate": 4, "vocab": 9, "parameters": 5,
                       "dtypes": ["BF16"]},
-            "rows": {"rvq3 (default)": row(0.001, 0.97, 1000)},
+            "rows": {DEFAULT_ROW: row(0.001, 0.97, 1000)},
             "llama": {"rows": {"Q3_K_M vs llama.cpp F32": row(0.002, 0.96, 2000),
                                "Q4_K_M vs llama.cpp F32": row(0.0005, 0.98, 3000)},
                       "notes": []}}
@@ -161,7 +161,7 @@ def test_doc_render_and_verdict(tmp_path):
     text = doc.read_text()
     assert "with a smaller file): **met**" in text and "Moonshot" in text and END in text
     doc.write_text(text + "hand-written\n")
-    data["rows"]["rvq3 (default)"]["file_size"] = 5000
+    data["rows"][DEFAULT_ROW]["file_size"] = 5000
     write_doc(data, doc)
     text = doc.read_text()
     assert "with a smaller file): **not met**" in text and text.endswith("hand-written\n")
