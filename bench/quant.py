@@ -30,7 +30,7 @@ DOC = ROOT / "docs" / "QUANTIZATION.md"
 DEMO = ROOT / "demo" / "model" / "model.safetensors"
 BEGIN, END = "<!-- bench-quant:begin -->", "<!-- bench-quant:end -->"
 DEMO_CODECS = ("rvq3-baseline", "rvq3", "rvq3-hadamard", "rvq2", "rvq4")  # ablations: synthetic
-GROUP_CODECS = ("q8", "q4", "q4-zp", "q4-g16", "q4-g64", "q4-zp-g64")  # bits-matched pairs
+GROUP_CODECS = ("q8", "q6", "q4", "q4-zp", "q4-g16", "q4-g64", "q4-zp-g64")  # bits-matched pairs
 EXPERTS_AMORTISED = 128  # realistic routed-expert count per layer (DeepSeek-V3: 256, Qwen3: 128)
 
 

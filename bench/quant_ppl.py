@@ -90,7 +90,7 @@ VARIANTS: dict[str, tuple[str | None, tuple[tuple[str, tuple[str, ...]], ...]]] 
     "attn q4 only": (None, (("q4", ("attn",)),)),
     "attn q4-zp only": (None, (("q4-zp", ("attn",)),)),
     "attn q8 only": (None, (("q8", ("attn",)),)),
-    "rvq3 + attn q8 + embed q8 (defaults)": ("rvq3", (("q8", ("attn", "embed")),)),
+    "rvq3 + attn q8 + embed q8": ("rvq3", (("q8", ("attn", "embed")),)),
     "rvq3 + attn q4 + embed q8": ("rvq3", (("q4", ("attn",)), ("q8", ("embed",)))),
 }
 
