@@ -12,12 +12,14 @@ from math import prod
 from pathlib import Path
 
 from moepack.convert.adapters import EXPERT_PARTS, Adapter, adapter_for
+from moepack.convert.errors import ConvertError
 from moepack.convert.mapping import SourceMap, bind
 from moepack.convert.quant import codec_for
 from moepack.convert.settings import Settings
 from moepack.convert.source import Checkpoint
 from moepack.format import BankSpec, BlobSpec, ContainerSpec, Layout, TensorSpec, plan_layout
 from moepack.format.codecs import codebook_shape, rotation_shape
+from moepack.format.rules import CLASS_CODECS
 
 import moepack
 
@@ -32,12 +34,22 @@ class Plan:
     adapter: Adapter
 
 
-def codebook_specs(layer: int, codecs: Mapping[str, dict],
-                   shapes: Mapping[str, tuple[int, int]]) -> list[TensorSpec]:
-    # FORMAT.md §7 row order: the three codebooks, then the rotations.
+def codebook_codec(settings: Settings) -> dict:
+    """Codec of the rvq codebooks: the `codebook` class setting, f32 or f16 (CODECS.md §3)."""
+    # ndim 2: a group codec asked for must fail here, not fall back to f32 as 3-D tensors do
+    codec = settings.trunk_codec("codebook", 2)
+    if codec["name"] not in CLASS_CODECS["codebook"]:
+        raise ConvertError(f"codec {codec['name']!r} is not allowed for class 'codebook'; "
+                           f"choose one of {', '.join(CLASS_CODECS['codebook'])}")
+    return codec
+
+
+def codebook_specs(layer: int, codecs: Mapping[str, dict], shapes: Mapping[str, tuple[int, int]],
+                   cb_codec: dict) -> list[TensorSpec]:
+    # FORMAT.md §7 row order: the three codebooks, then the rotations (always f32).
     f32 = {"name": "f32"}
     out = [TensorSpec(f"layers.{layer}.experts.{part}.codebook", "codebook",
-                      codebook_shape(codecs[part]), f32) for part in EXPERT_PARTS]
+                      codebook_shape(codecs[part]), dict(cb_codec)) for part in EXPERT_PARTS]
     for part in EXPERT_PARTS:
         rot = rotation_shape(codecs[part], shapes[part])
         if rot is not None:
@@ -52,6 +64,7 @@ def build_spec(adapter: Adapter, settings: Settings, files: list[dict],
     shapes = {p: adapter.expert_shape(p) for p in EXPERT_PARTS}
     codecs = {p: codec_for(rvq, shapes[p], p) for p in EXPERT_PARTS}
     moe = set(adapter.moe_layers())
+    cb_codec = codebook_codec(settings)
     tensors: list[TensorSpec] = []
     used: dict[str, dict] = {}
     trunk = adapter.trunk()
@@ -62,9 +75,9 @@ def build_spec(adapter: Adapter, settings: Settings, files: list[dict],
         layer = layer_of(t.name)
         nxt = layer_of(trunk[i + 1].name) if i + 1 < len(trunk) else None
         if layer in moe and nxt != layer:  # codebooks close their layer (FORMAT.md §7 order)
-            tensors += codebook_specs(layer, codecs, shapes)
+            tensors += codebook_specs(layer, codecs, shapes, cb_codec)
     if moe:
-        used["codebook"] = {"name": "f32"}
+        used["codebook"] = cb_codec
         used.update({f"expert.{p}": c for p, c in codecs.items()})
     count = int(adapter.model["moe"]["num_experts"])
     banks = tuple(

@@ -20,7 +20,8 @@ from moepack.convert.quant import RvqSettings, encode, layer_seed, train_layer
 from moepack.convert.rowchunks import encode_by_rows
 from moepack.convert.source import Checkpoint, SourceRef
 from moepack.convert.tasks import Task, expert_unit, tensor_unit
-from moepack.format import ContainerWriter, Layout, pack_record
+from moepack.format import ContainerWriter, Layout, TensorSpec, pack_record
+from moepack.format.codecs import decode
 
 FLUSH_BYTES = 64 << 20   # fsync + journal at least this often (bounded redo after a crash)
 FLUSH_SECONDS = 2.0
@@ -147,11 +148,21 @@ class Worker:
         if trained != codec:
             raise ConvertError(f"layer {layer} {part}: trained codec {trained} differs from the "
                                f"planned {codec}")
-        for name, arr in ((cb_name, cb), (rot_name, signs)):
-            if name is not None:
-                data = encode({"name": "f32"}, np.asarray(arr, np.float32))
-                self._done(tensor_unit(name), self.writer.write_tensor(name, data), len(data))
+        cb_codec = self._spec(cb_name).codec
+        cb_data = encode(cb_codec, np.asarray(cb, np.float32))
+        # experts are encoded against the codebook as stored (f16: rounded), so codes and scales
+        # fit what decoders use
+        cb = decode(cb_codec, cb.shape, cb_data)
+        if not np.isfinite(cb).all():
+            raise ConvertError(f"layer {layer} {part}: codebook not finite in {cb_codec['name']}")
+        self._done(tensor_unit(cb_name), self.writer.write_tensor(cb_name, cb_data), len(cb_data))
+        if rot_name is not None:
+            data = encode({"name": "f32"}, np.asarray(signs, np.float32))
+            self._done(tensor_unit(rot_name), self.writer.write_tensor(rot_name, data), len(data))
         return cb, signs
+
+    def _spec(self, name: str) -> TensorSpec:
+        return next(t for t in self.cfg.layout.spec.tensors if t.name == name)
 
     def _read_back(self, name: str, done: dict[str, str]) -> np.ndarray:
         """A codebook written by an earlier (interrupted) run, checked against the journal."""
@@ -160,7 +171,8 @@ class Worker:
         if blake3.blake3(data).hexdigest() != done[tensor_unit(name)]:
             raise ConvertError(f"{self.writer.partial}: {name} differs from the journal; "
                                "rerun with --restart to start this conversion over")
-        return np.frombuffer(data, dtype="<f4").copy()
+        t = self._spec(name)
+        return decode(t.codec, t.shape, data)  # f16 codebooks: the f32 values experts used
 
 
 def peak_rss() -> int:

@@ -23,6 +23,7 @@ from moepack.format.limits import (
     align_up,
 )
 from moepack.format.rules import (
+    check_class_codec,
     check_int,
     check_name,
     check_shape,
@@ -210,6 +211,7 @@ def _tensor_entry(t: TensorSpec, pos: int) -> dict[str, Any]:
         raise FormatError(f"{where}.class: must be a non-empty string")
     shape = check_shape(list(t.shape), f"{where}.shape")
     length = codec_nbytes(t.codec, shape, where)
+    check_class_codec(t.cls, t.codec, where)
     return {"type": "tensor", "name": t.name, "class": t.cls, "shape": list(shape),
             "codec": dict(t.codec), "offset": align_up(pos, SECTION_ALIGNMENT), "length": length,
             "hash": PLACEHOLDER_HASH}

@@ -82,6 +82,17 @@ def codec_nbytes(codec: Any, shape: tuple[int, ...], where: str) -> int:
     return check_int(n, f"{where}.codec size")
 
 
+CLASS_CODECS = {"codebook": ("f32", "f16")}  # classes whose codec is restricted (CODECS.md §3)
+
+
+def check_class_codec(cls: str, codec: dict, where: str) -> None:
+    """A class in CLASS_CODECS takes only its listed codecs (call after the codec is valid)."""
+    allowed = CLASS_CODECS.get(cls)
+    if allowed is not None and codec["name"] not in allowed:
+        raise FormatError(f"{where}.codec: codec {codec['name']!r} not allowed for class "
+                          f"{cls!r} (must be 'f32' or 'f16')")
+
+
 def validate_manifest(manifest: Any, where: str = "index.manifest") -> dict:
     """Check the manifest keys of FORMAT.md section 6 (unknown keys are allowed and ignored)."""
     m = check_obj(manifest, where)

@@ -17,6 +17,7 @@ from moepack.format.limits import (
     align_up,
 )
 from moepack.format.rules import (
+    check_class_codec,
     check_hex_hash,
     check_int,
     check_list,
@@ -98,6 +99,7 @@ def _check_tensor(w: str, s: dict[str, Any]) -> None:
         raise FormatError(f"{w}.class: empty")
     shape = check_shape(s.get("shape"), f"{w}.shape")
     n = codec_nbytes(s.get("codec"), shape, w)
+    check_class_codec(cls, s["codec"], w)
     if n != s["length"]:
         raise FormatError(f"{w}.length: {s['length']} != {n} bytes for shape × codec")
 

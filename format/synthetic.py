@@ -100,11 +100,11 @@ def mixtral_manifest(*, layers: int, experts: int, hidden: int, inter: int, voca
 
 def mixtral_spec(*, layers: int = 2, experts: int = 4, hidden: int = 64, inter: int = 32,
                  vocab: int = 128, heads: int = 4, kv_heads: int = 2, alignment: int = 4096,
-                 attn: dict = Q8, embed: dict = F16, expert: dict = RVQ3,
+                 attn: dict = Q8, embed: dict = F16, expert: dict = RVQ3, codebook: dict = F32,
                  blobs: Mapping[str, tuple[int, str, int]] = ()) -> ContainerSpec:
     """ContainerSpec of a tiny Mixtral; `blobs` maps name -> (length, compression, raw_length)."""
     codecs = {"attn": attn, "embed": embed, "lm_head": embed, "norm": F32, "router": F32,
-              "expert": expert, "codebook": F32}
+              "expert": expert, "codebook": codebook}
     manifest = mixtral_manifest(layers=layers, experts=experts, hidden=hidden, inter=inter,
                                 vocab=vocab, heads=heads, kv_heads=kv_heads, codecs=codecs)
     manifest["converter"]["settings"]["alignment"] = alignment
@@ -121,7 +121,7 @@ def mixtral_spec(*, layers: int = 2, experts: int = 4, hidden: int = 64, inter: 
               TensorSpec(p + "router", "router", (experts, hidden), F32)]
         if expert["name"] == "rvq":
             cb = (expert["stages"], expert["entries"], expert["dim"])
-            t += [TensorSpec(f"{p}experts.{q}.codebook", "codebook", cb, F32)
+            t += [TensorSpec(f"{p}experts.{q}.codebook", "codebook", cb, codebook)
                   for q in ("gate", "up", "down")]
     t += [TensorSpec("final_norm", "norm", (hidden,), F32),
           TensorSpec("lm_head", "lm_head", (vocab, hidden), embed)]

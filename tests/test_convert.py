@@ -332,3 +332,46 @@ def test_mixed_stage_codec_resume_and_manifest(sources, tmp_path):
         convert(sources["mixtral"], out, Settings(expert_preset="rvq3", iters=2, sample=2000))
     convert(sources["mixtral"], out, mixed)
     assert out.read_bytes() == ref.read_bytes()
+
+
+def test_f16_codebooks_jobs_resume_and_codes(sources, tmp_path, monkeypatch):
+    """--codec codebook=f16: codebooks stored as f16 (rotations stay f32); experts are encoded
+    against the rounded codebook (re-encoding a source expert with the stored codebook gives the
+    stored bytes); --jobs 2 and a resume that reads the f16 codebooks back give the same bytes."""
+    from moepack.convert import worker
+    from moepack.convert.quant import encode
+
+    f16 = Settings(expert_preset="rvq3-hadamard", iters=2, sample=2000,
+                   trunk=(("codebook", "f16"),))
+    ref = tmp_path / "ref.moepack"
+    convert(sources["mixtral"], ref, f16)
+    with Container.open(ref) as c:
+        assert c.manifest["codecs"]["codebook"] == {"name": "f16"}
+        cb_info = c.tensor_info("layers.0.experts.down.codebook")
+        assert cb_info["codec"] == {"name": "f16"} and cb_info["length"] == 3 * 256 * 8 * 2
+        assert c.tensor_info("layers.0.experts.down.rotation")["codec"] == {"name": "f32"}
+        cb = c.tensor("layers.0.experts.down.codebook")
+        signs = c.tensor("layers.0.experts.down.rotation")
+        w = Checkpoint(sources["mixtral"]).read(
+            SourceRef("model.layers.0.block_sparse_moe.experts.1.w2.weight"))
+        codec = c.bank(0)["parts"][2]["codec"]
+        again = encode(codec, w, codebook=cb, rotation=signs, settings=f16.rvq)
+        assert again == bytes(c.expert_part_bytes(0, 1, "down"))
+    out = tmp_path / "j2.moepack"
+    convert(sources["mixtral"], out, f16, jobs=2)
+    assert out.read_bytes() == ref.read_bytes()
+    out = tmp_path / "r.moepack"
+    with monkeypatch.context() as m:  # journal every unit: stop inside layer 0 (3 experts)
+        m.setattr(worker, "THROTTLE", 1e-6)
+        _interrupted(sources["mixtral"], out, n=1, settings=f16)
+    done = out.with_name("r.moepack.journal").read_text()
+    assert '"tensor:layers.0.experts.down.codebook"' in done and '"expert:0:2"' not in done
+    convert(sources["mixtral"], out, f16)  # layer 0's codebooks come from the partial file
+    assert out.read_bytes() == ref.read_bytes()
+
+
+@pytest.mark.parametrize("codec", ["q8", "bf16"])
+def test_codebook_codec_other_than_f32_f16_is_refused(sources, codec):
+    ck = Checkpoint(sources["mixtral"])
+    with pytest.raises(ConvertError, match="not allowed for class 'codebook'.*f32, f16"):
+        plan_for_config(ck.config, Settings(trunk=(("codebook", codec),)))

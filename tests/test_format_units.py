@@ -103,6 +103,8 @@ def test_zstd_blob_round_trip(tmp_path: Path) -> None:
         ({"tensors": (TensorSpec("t", "norm", (4,), {"name": "q3"}),)}, "unknown codec"),
         ({"tensors": (TensorSpec("t", "attn", (4, 4), {"name": "q8"}),)}, "group_size"),
         ({"tensors": (TensorSpec("t", "", (4,), {"name": "f32"}),)}, "class"),
+        ({"tensors": (TensorSpec("c", "codebook", (1, 256, 8), {"name": "bf16"}),)},
+         "codec 'bf16' not allowed for class 'codebook'"),
         ({"tensors": (TensorSpec("x", "n", (4,), {"name": "f32"}),) * 2}, "repeat"),
         ({"blobs": (BlobSpec("b", 10, "none", 9),)}, "raw_length"),
         ({"blobs": (BlobSpec("b", 10, "lz4", 9),)}, "compression"),

@@ -306,6 +306,42 @@ def test_q6_trunk_is_bit_identical_scalar_vs_simd_and_threads(tmp_path):
         assert np.array_equal(r, runs[0])
 
 
+def test_f16_codebooks_give_the_logits_of_f32_codebooks_holding_the_same_values(tmp_path,
+                                                                                monkeypatch):
+    """An f16 codebook is widened to f32 at load (CODECS.md §3): logits are bit-identical to an
+    f32-codebook container with the same (f16-representable) entries, scalar and SIMD."""
+    from moepack.format import synthetic
+    from moepack.format.reader import Container
+    from moepack.format.synthetic import F16, F32, mixtral_spec, write_synthetic
+
+    plain = synthetic.encode_synthetic
+
+    def widened(codec, shape, seed):  # codebooks ([S, 256, 8]): the f16 entries, stored as f32
+        if len(shape) == 3:
+            return np.frombuffer(plain(F16, shape, seed), "<f2").astype("<f4").tobytes()
+        return plain(codec, shape, seed)
+
+    half, full = tmp_path / "f16.moepack", tmp_path / "f32.moepack"
+    kw = dict(layers=2, experts=4, hidden=64, inter=32, vocab=96)
+    write_synthetic(half, mixtral_spec(**kw, codebook=F16))
+    with monkeypatch.context() as m:
+        m.setattr(synthetic, "encode_synthetic", widened)
+        write_synthetic(full, mixtral_spec(**kw, codebook=F32))
+    cb = "layers.1.experts.down.codebook"
+    with Container.open(half) as a, Container.open(full) as b:
+        assert 2 * a.tensor_info(cb)["length"] == b.tensor_info(cb)["length"]
+        assert np.array_equal(a.tensor(cb), b.tensor(cb))
+        assert np.array_equal(a.expert_part(1, 2, "down"), b.expert_part(1, 2, "down"))
+    toks = _tokens(12, seed=7)
+    for kw in (dict(threads=1), dict(threads=2, scalar_kernels=True)):
+        with Engine(half, ctx=16, **kw) as e:
+            got = e.logits(toks)
+        with Engine(full, ctx=16, **kw) as e:
+            want = e.logits(toks)
+        assert np.isfinite(got).all() and np.abs(got).max() > 0
+        assert np.array_equal(got, want)
+
+
 def test_nan_router_weights_do_not_crash(tmp_path):
     """Damaged trunk bytes (NaN router: every score compares false) still route to valid experts;
     the NaN simply propagates to the logits."""

@@ -30,7 +30,7 @@ OVERRIDES = {
     "deepseek_v3_yarn": dict(max_position_embeddings=128, rope_scaling={
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}),
-    # every trunk codec the engine multiplies in place (the default is q8 + f32)
+    # every trunk codec the engine multiplies in place (the default is q8 + f32), f16 codebooks
     "mixtral_codecs": dict(max_position_embeddings=128, tie_word_embeddings=False),
     "deepseek_v3_codecs": dict(max_position_embeddings=128),
     # q6 trunk; the tied embedding is both the row gather and the LM head matvec (hidden 36: a
@@ -41,7 +41,7 @@ OVERRIDES = {
 }
 TRUNK = {
     "mixtral_codecs": (("attn", "q4-zp"), ("embed", "bf16"), ("lm_head", "f16"),
-                       ("norm", "bf16"), ("router", "f16")),
+                       ("norm", "bf16"), ("router", "f16"), ("codebook", "f16")),
     "deepseek_v3_codecs": (("attn", "q4-g16"), ("dense_ffn", "q4-zp-g64"),
                            ("shared_expert", "q4"), ("embed", "f16"), ("lm_head", "bf16"),
                            ("bias", "f16")),

@@ -425,6 +425,10 @@ static int check_tensor(E *e, sec *x, mp_tensor_info *t) {
     uint64_t nb;
     int r = codec_check(e, mp_json_get(x->j, "codec"), t->ndim, t->shape, W, &t->codec, &nb);
     if (r) return r;
+    /* length-checked compare: a class with an embedded NUL is not 'codebook' (as in Python) */
+    if (n == 8 && !memcmp(t->cls, "codebook", 8) && t->codec.kind != MP_CODEC_F32 && t->codec.kind != MP_CODEC_F16)
+        return FAIL("%s.codec: codec '%s' not allowed for class 'codebook' (must be 'f32' or 'f16')", W,
+                    CODEC_NAMES[t->codec.kind]);
     if (nb != x->len) return FAIL("%s.length: %llu != %llu bytes for shape \xc3\x97 codec", W, U(x->len), U(nb));
     t->name = x->name; t->offset = x->off; t->length = x->len;
     chk_hex(e, mp_json_get(x->j, "hash"), "", t->hash);

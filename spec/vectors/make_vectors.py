@@ -24,7 +24,7 @@ from moepack.format.canonical import canonical_json
 from moepack.format.info import container_info
 from moepack.format.limits import align_up
 from moepack.format.reader import Container
-from moepack.format.synthetic import F16, mixtral_spec, write_synthetic, xof
+from moepack.format.synthetic import F16, RVQ3, mixtral_spec, write_synthetic, xof
 
 HEADER = struct.Struct("<8sHHIIIQQQ32s16s")
 FIELDS = ("magic", "major", "minor", "flags", "alignment", "header_size", "file_size",
@@ -141,6 +141,19 @@ def valid_q6() -> bytes:
     return _write(mixtral_spec(layers=1, experts=2, hidden=40, inter=16, vocab=32, heads=2,
                                kv_heads=1, alignment=512, attn=Q6_16, embed=Q6_32,
                                expert=Q8_16))
+
+
+def valid_codebook_f16() -> bytes:
+    """1 MoE layer, alignment 512: rvq experts (2 stages) whose codebooks are stored as f16."""
+    return _write(mixtral_spec(layers=1, experts=2, hidden=16, inter=16, vocab=32, heads=2,
+                               kv_heads=1, alignment=512, attn=F16, embed=F16,
+                               expert=dict(RVQ3, stages=2), codebook=F16))
+
+
+def _codebook_bf16(data: bytes) -> bytes:
+    """The f16-codebook vector with one codebook relabelled bf16 (same length: only the class
+    rule fails)."""
+    return edit(_set("layers.0.experts.up.codebook", codec={"name": "bf16"}))(valid_codebook_f16())
 
 
 def mini() -> bytes:
@@ -293,6 +306,8 @@ INVALID: dict[str, tuple[Callable[[bytes], bytes], str]] = {
                         "for compression 'none'"),
     "blob_compression": (edit(_set("generation_config.json", compression="lz4")),
                          "is not 'none' or 'zstd'"),
+    # built from valid/codebook_f16 (mini() has no codebooks)
+    "codebook_codec": (_codebook_bf16, "codec 'bf16' not allowed for class 'codebook'"),
 }
 
 
@@ -300,7 +315,8 @@ def generate(out: Path) -> list[Path]:
     """Write every vector under `out`; returns the files written."""
     written = []
     valid = {"mixtral2": valid_mixtral2(), "blobs": valid_blobs(),
-             "future_minor": valid_future_minor(), "q6": valid_q6()}
+             "future_minor": valid_future_minor(), "q6": valid_q6(),
+             "codebook_f16": valid_codebook_f16()}
     base = mini()
     for sub in ("valid", "invalid"):
         (out / sub).mkdir(parents=True, exist_ok=True)
