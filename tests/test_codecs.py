@@ -182,13 +182,18 @@ def test_group_encoders_reject_non_finite_and_huge(name: str) -> None:
 def test_presets_are_complete_and_valid() -> None:
     from moepack.convert.quant import EXPERT_PRESETS, TRUNK_DEFAULTS, codec_for, expert_settings
 
-    assert {"rvq3", "rvq3-baseline", "rvq2", "rvq4"} <= set(EXPERT_PRESETS)
+    assert {"rvq3", "rvq3-m", "rvq3-l", "rvq3-baseline", "rvq2", "rvq4"} <= set(EXPERT_PRESETS)
     for name in EXPERT_PRESETS:
-        validate_codec(codec_for(expert_settings(name), (64, 256)), (64, 256))
+        for part in ("gate", "up", "down"):
+            validate_codec(codec_for(expert_settings(name), (64, 256), part), (64, 256))
+    stages = {p: codec_for(expert_settings("rvq3-l"), (64, 256), p)["stages"]
+              for p in ("gate", "up", "down")}
+    assert stages == {"gate": 4, "up": 3, "down": 4}
     assert set(TRUNK_DEFAULTS) == {"attn", "shared_expert", "dense_ffn", "embed", "lm_head", "norm",
                                    "router", "bias", "codebook"}
-    for cls in ("norm", "router", "bias", "codebook"):
+    for cls in ("norm", "router", "bias"):
         assert TRUNK_DEFAULTS[cls] == "f32"
+    assert TRUNK_DEFAULTS["codebook"] in ("f32", "f16")  # the only codebook codecs (CODECS.md §3)
     for name in TRUNK_DEFAULTS.values():
         validate_codec(TRUNK_CODECS[name], (4, 64))
     with pytest.raises(ValueError, match="rvq3"):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from moepack.convert import pipeline
+from moepack.convert import pipeline, worker
 from moepack.convert.errors import ConvertError
 from moepack.convert.pipeline import convert
 from moepack.convert.plan import plan_for_config
@@ -315,7 +315,7 @@ def test_rotated_codec_resume_and_layout(sources, tmp_path):
     assert out.read_bytes() == ref.read_bytes()
 
 
-def test_mixed_stage_codec_resume_and_manifest(sources, tmp_path):
+def test_mixed_stage_codec_resume_and_manifest(sources, tmp_path, monkeypatch):
     """rvq3-m: 4 stages on down only; its 4-stage codebook is read back right on resume, and
     a resume asking for plain rvq3 is refused (part_stages is a byte-influencing setting)."""
     mixed = Settings(expert_preset="rvq3-m", iters=2, sample=2000)
@@ -327,10 +327,14 @@ def test_mixed_stage_codec_resume_and_manifest(sources, tmp_path):
         assert c.manifest["converter"]["settings"]["expert"]["part_stages"] == {"down": 4}
         assert c.tensor("layers.0.experts.down.codebook").shape == (4, 256, 8)
     out = tmp_path / "r.moepack"
-    _interrupted(sources["mixtral"], out, n=2, settings=mixed)
+    with monkeypatch.context() as m:  # journal every unit: stop inside layer 0 (3 experts)
+        m.setattr(worker, "THROTTLE", 1e-6)
+        _interrupted(sources["mixtral"], out, n=1, settings=mixed)
+    done = out.with_name("r.moepack.journal").read_text()
+    assert '"tensor:layers.0.experts.down.codebook"' in done and '"expert:0:2"' not in done
     with pytest.raises(ConvertError, match="part_stages"):
         convert(sources["mixtral"], out, Settings(expert_preset="rvq3", iters=2, sample=2000))
-    convert(sources["mixtral"], out, mixed)
+    convert(sources["mixtral"], out, mixed)  # the 4-stage codebook comes from the partial file
     assert out.read_bytes() == ref.read_bytes()
 
 
@@ -338,7 +342,6 @@ def test_f16_codebooks_jobs_resume_and_codes(sources, tmp_path, monkeypatch):
     """--codec codebook=f16: codebooks stored as f16 (rotations stay f32); experts are encoded
     against the rounded codebook (re-encoding a source expert with the stored codebook gives the
     stored bytes); --jobs 2 and a resume that reads the f16 codebooks back give the same bytes."""
-    from moepack.convert import worker
     from moepack.convert.quant import encode
 
     f16 = Settings(expert_preset="rvq3-hadamard", iters=2, sample=2000,

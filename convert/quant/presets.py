@@ -62,7 +62,7 @@ TRUNK_DEFAULTS: dict[str, str] = {
     "norm": "f32",
     "router": "f32",
     "bias": "f32",
-    "codebook": "f32",
+    "codebook": "f16",  # f32 or f16 only (spec/CODECS.md §3)
 }
 
 
