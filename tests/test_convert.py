@@ -59,6 +59,16 @@ def _interrupted(src: Path, out: Path, n: int = 2, settings: Settings = FAST) ->
     assert out.with_name(out.name + ".journal").exists()
 
 
+def _interrupted_inside_layer0(src: Path, out: Path, settings: Settings, monkeypatch) -> None:
+    """Stopped after layer 0's codebooks but before its last expert (a journal entry per unit),
+    so the resume must read the codebooks back from the partial file."""
+    with monkeypatch.context() as m:
+        m.setattr(worker, "THROTTLE", 1e-6)
+        _interrupted(src, out, n=1, settings=settings)
+    done = out.with_name(out.name + ".journal").read_text()
+    assert '"tensor:layers.0.experts.down.codebook"' in done and '"expert:0:2"' not in done
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_convert_each_architecture(sources, reference, arch):
     summary, path = reference[arch]
@@ -327,11 +337,7 @@ def test_mixed_stage_codec_resume_and_manifest(sources, tmp_path, monkeypatch):
         assert c.manifest["converter"]["settings"]["expert"]["part_stages"] == {"down": 4}
         assert c.tensor("layers.0.experts.down.codebook").shape == (4, 256, 8)
     out = tmp_path / "r.moepack"
-    with monkeypatch.context() as m:  # journal every unit: stop inside layer 0 (3 experts)
-        m.setattr(worker, "THROTTLE", 1e-6)
-        _interrupted(sources["mixtral"], out, n=1, settings=mixed)
-    done = out.with_name("r.moepack.journal").read_text()
-    assert '"tensor:layers.0.experts.down.codebook"' in done and '"expert:0:2"' not in done
+    _interrupted_inside_layer0(sources["mixtral"], out, mixed, monkeypatch)
     with pytest.raises(ConvertError, match="part_stages"):
         convert(sources["mixtral"], out, Settings(expert_preset="rvq3", iters=2, sample=2000))
     convert(sources["mixtral"], out, mixed)  # the 4-stage codebook comes from the partial file
@@ -364,11 +370,7 @@ def test_f16_codebooks_jobs_resume_and_codes(sources, tmp_path, monkeypatch):
     convert(sources["mixtral"], out, f16, jobs=2)
     assert out.read_bytes() == ref.read_bytes()
     out = tmp_path / "r.moepack"
-    with monkeypatch.context() as m:  # journal every unit: stop inside layer 0 (3 experts)
-        m.setattr(worker, "THROTTLE", 1e-6)
-        _interrupted(sources["mixtral"], out, n=1, settings=f16)
-    done = out.with_name("r.moepack.journal").read_text()
-    assert '"tensor:layers.0.experts.down.codebook"' in done and '"expert:0:2"' not in done
+    _interrupted_inside_layer0(sources["mixtral"], out, f16, monkeypatch)
     convert(sources["mixtral"], out, f16)  # layer 0's codebooks come from the partial file
     assert out.read_bytes() == ref.read_bytes()
 
