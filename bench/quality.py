@@ -250,6 +250,12 @@ SETTINGS: list[Setting] = [
 ]
 
 
+def ordered(rows: dict) -> list[tuple[str, dict]]:
+    """Rows in SETTINGS order (results.json is saved with sorted keys), others after them."""
+    rank = {st.name: i for i, st in enumerate(SETTINGS)}
+    return sorted(rows.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+
+
 SANITY = "engine vs transformers on the default container's own f32 export (sanity)"
 
 
@@ -443,7 +449,7 @@ def render(data: dict) -> str:
 
     def table(group: str) -> list[str]:
         out = [FMT_HEAD, FMT_RULE]
-        for name, r in rows.items():
+        for name, r in ordered(rows):
             if r.get("group") == group:
                 out.append(fmt_row(name, r))
         return out
@@ -532,6 +538,43 @@ def write_doc(data: dict, doc: Path) -> None:
     print(f"wrote {doc}")
 
 
+SUMMARY = ("<!-- quality-summary:begin (bench/quality.py) -->", "<!-- quality-summary:end -->")
+QUANT_DOC = ROOT / "docs" / "QUANTIZATION.md"
+
+
+def render_summary(data: dict) -> str:
+    """The short form for docs/QUANTIZATION.md: every moepack row and llama.cpp's two quants."""
+    env = data["env"]
+    lines = [f"Measured {env['date']}, commit {env['commit']}, {env['cpu']}, by "
+             "`python -m bench.quality --matrix` (details, method and caveats: QUALITY.md). Demo "
+             "model against the original on held-out text:", "",
+             "| setting | file MB | experts bpw | mean KL | top-1 % | PPL ratio |",
+             "|---|---:|---:|---:|---:|---:|"]
+
+    def row(name: str, r: dict) -> str:
+        return (f"| {name} | {r['file_size'] / 1e6:.2f} | {r['bpw_experts']:.2f} "
+                f"| {fmt_kl(r['kl_mean'])} | {100 * r['top1']:.2f} | {r['ppl_ratio']:.4f} |")
+
+    lines += [row(n, r) for n, r in ordered(data["rows"]) if r.get("group") != "sanity"]
+    for name in ("Q3_K_M vs llama.cpp F32", "Q4_K_M vs llama.cpp F32"):
+        r = (data.get("llama") or {}).get("rows", {}).get(name)
+        if r:
+            lines.append(row(f"llama.cpp {name}", r))
+    return "\n".join(lines)
+
+
+def write_summary(data: dict, doc: Path = QUANT_DOC) -> None:
+    """Rewrites the block between the SUMMARY markers of `doc` (left alone without them)."""
+    text = doc.read_text() if doc.exists() else ""
+    if SUMMARY[0] not in text or SUMMARY[1] not in text:
+        print(f"{doc}: no {SUMMARY[0]} marker, summary not written")
+        return
+    head, rest = text.split(SUMMARY[0], 1)
+    doc.write_text(head + SUMMARY[0] + "\n" + render_summary(data) + "\n" + SUMMARY[1]
+                   + rest.split(SUMMARY[1], 1)[1])
+    print(f"wrote {doc}")
+
+
 # ------------------------------------------------------------------------------------ cli
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.quality", description=__doc__.split("\n")[0])
@@ -548,18 +591,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render", action="store_true", help="only rewrite the doc from results")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/moepack-quality"))
     ap.add_argument("--doc", type=Path, default=DOC)
+    ap.add_argument("--summary-doc", type=Path, default=QUANT_DOC,
+                    help="doc whose quality-summary block is rewritten too")
     ap.add_argument("--no-llama", dest="llama", action="store_false")
     ap.add_argument("--only", nargs="*", help="matrix rows whose name contains one of these")
     ap.add_argument("--redo", action="store_true", help="ignore earlier results.json")
     args = ap.parse_args(argv)
     if args.render:
-        write_doc(json.loads((args.workdir / "results.json").read_text()), args.doc)
+        data = json.loads((args.workdir / "results.json").read_text())
+        write_doc(data, args.doc)
+        write_summary(data, args.summary_doc)
         return 0
     if not (args.reference and args.text):
         ap.error("--reference and --text are required")
     if args.matrix:
         data = matrix(args)
         write_doc(data, args.doc)
+        write_summary(data, args.summary_doc)
         return 0
     if not args.container:
         ap.error("--container is required (or --matrix)")

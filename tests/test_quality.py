@@ -138,7 +138,7 @@ def test_container_against_original_and_own_export(tmp_path):
 
 
 def test_doc_render_and_verdict(tmp_path):
-    from bench.quality import DEFAULT_ROW, END, write_doc
+    from bench.quality import DEFAULT_ROW, END, write_doc, write_summary
 
     def row(kl_mean, top1, size, group="experts"):
         return {"kl_mean": kl_mean, "kl_mean_se": 1e-5, "kl_median": kl_mean, "kl_p99": kl_mean,
@@ -160,6 +160,14 @@ def test_doc_render_and_verdict(tmp_path):
     write_doc(data, doc)
     text = doc.read_text()
     assert "with a smaller file): **met**" in text and "Moonshot" in text and END in text
+    summary = tmp_path / "S.md"
+    summary.write_text("intro\n<!-- quality-summary:begin (bench/quality.py) -->\nold\n"
+                       "<!-- quality-summary:end -->\nafter\n")
+    write_summary(data, summary)
+    short = summary.read_text()
+    assert short.startswith("intro\n") and short.endswith("after\n") and "old" not in short
+    assert f"| {DEFAULT_ROW} | 0.00 | 3.00 | 0.0010 | 97.00 |" in short
+    assert "| llama.cpp Q3_K_M vs llama.cpp F32 | 0.00 | 3.00 | 0.0020 | 96.00 |" in short
     doc.write_text(text + "hand-written\n")
     data["rows"][DEFAULT_ROW]["file_size"] = 5000
     write_doc(data, doc)
