@@ -60,6 +60,8 @@ _FORCE = typer.Option(False, "--force", help="Replace an existing finished outpu
 _RESTART = typer.Option(False, "--restart", help="Discard an unfinished conversion of OUT.")
 _QUIET = typer.Option(False, "--quiet", "-q", help="No progress display.")
 _JSON = typer.Option(False, "--json", help="Print a JSON summary on stdout.")
+_PAUSE = typer.Option(0.0, "--pause-per-unit", hidden=True, min=0.0,
+                      help="Journal every unit and pause this many seconds (tests).")
 _FILE = typer.Argument(..., help="A .moepack container.", show_default=False)
 _OUTDIR = typer.Argument(..., help="Directory for the Hugging Face checkpoint.",
                          show_default=False)
@@ -83,6 +85,7 @@ def convert_cmd(
     restart: bool = _RESTART,
     quiet: bool = _QUIET,
     as_json: bool = _JSON,
+    pause_per_unit: float = _PAUSE,
 ) -> None:
     """Convert a Hugging Face MoE checkpoint into a .moepack container (resumable)."""
     from moepack.convert.errors import ConvertError
@@ -94,7 +97,7 @@ def convert_cmd(
     try:
         settings = _settings(expert_codec, trunk_codec, codec or [], seed, alignment, sample, iters)
         summary = convert(src, out, settings, jobs=jobs, force=force, restart=restart,
-                          dry_run=dry_run, reporter=reporter)
+                          dry_run=dry_run, reporter=reporter, pause_per_unit=pause_per_unit)
     except (ConvertError, FormatError, OSError) as e:
         raise _fail(str(e)) from None
     except KeyboardInterrupt:

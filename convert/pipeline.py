@@ -102,8 +102,11 @@ def _plan_summary(plan: Plan, out: Path, jobs: int, free: int, done: int, total:
 
 def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int = 1,
             force: bool = False, restart: bool = False, dry_run: bool = False,
-            reporter: Reporter | None = None) -> Summary:
-    """Convert checkpoint `src` into container `out` (see the module docstring)."""
+            reporter: Reporter | None = None, pause_per_unit: float = 0.0) -> Summary:
+    """Convert checkpoint `src` into container `out` (see the module docstring).
+
+    pause_per_unit > 0 journals every unit and pauses that long after it (for tests that
+    interrupt a conversion at a chosen point); it does not change the bytes."""
     rep = reporter or Reporter()
     t0 = time.monotonic()
     out = Path(out)
@@ -156,7 +159,7 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
     stats: dict[str, int] = {}
     try:
         cid = _run(ck, out, plan, make_tasks(plan, smap), journal, settings, jobs, force,
-                   lengths, rep, stats)
+                   lengths, rep, stats, pause_per_unit)
     finally:
         journal.close()
         rep.stop()
@@ -166,7 +169,8 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
 
 def _run(ck: Checkpoint, out: Path, plan: Plan, tasks: list[Task], journal: Journal,
          settings: Settings, jobs: int, force: bool,
-         lengths: dict[str, int], rep: Reporter, stats: dict[str, int]) -> str:
+         lengths: dict[str, int], rep: Reporter, stats: dict[str, int],
+         pause_per_unit: float = 0.0) -> str:
     _write_blobs(ck, out, plan, journal, force)
     todo = [t for t in tasks if any(u not in journal.done for u in t.units())]
     n_exp = sum(b.count for b in plan.layout.banks())
@@ -185,7 +189,8 @@ def _run(ck: Checkpoint, out: Path, plan: Plan, tasks: list[Task], journal: Jour
 
     cfg = WorkerConfig(ck.dir, out, plan.layout, settings.rvq, settings.seed,
                        threads_per_worker(jobs), force,
-                       {b.layer: codebook_names(plan, b.layer) for b in plan.layout.banks()})
+                       {b.layer: codebook_names(plan, b.layer) for b in plan.layout.banks()},
+                       pause_per_unit)
     run_tasks(cfg, todo, dict(journal.done), jobs, on_message)
     missing = [u for u in lengths if u not in journal.done]
     if missing:

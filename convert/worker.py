@@ -25,8 +25,6 @@ from moepack.format.codecs import decode
 
 FLUSH_BYTES = 64 << 20   # fsync + journal at least this often (bounded redo after a crash)
 FLUSH_SECONDS = 2.0
-# Test hook: flush after every unit and sleep this long, so a test can SIGKILL mid-conversion.
-THROTTLE = float(os.environ.get("MOEPACK_CONVERT_THROTTLE", "0") or 0)
 
 # Messages to the coordinator: ("units", [(unit, hex)], nbytes, experts)
 #                              | ("task_done", key, peak_rss_bytes) | ("error", key, text)
@@ -43,6 +41,9 @@ class WorkerConfig:
     threads: int
     overwrite: bool
     codebook_names: dict[int, dict[str, tuple[str, str | None]]]
+    # > 0: journal after every unit and pause this many seconds (lets tests interrupt at a
+    # chosen point; `moepack convert --pause-per-unit`, hidden)
+    pause_per_unit: float = 0.0
 
 
 class Worker:
@@ -65,10 +66,11 @@ class Worker:
         self._pending.append((unit, digest.hex()))
         self._pending_bytes += nbytes
         self._pending_experts += experts
-        if (THROTTLE or self._pending_bytes >= FLUSH_BYTES
+        pause = self.cfg.pause_per_unit
+        if (pause or self._pending_bytes >= FLUSH_BYTES
                 or time.monotonic() - self._last_flush >= FLUSH_SECONDS):
             self.flush()
-            time.sleep(THROTTLE)
+            time.sleep(pause)
 
     def flush(self) -> None:
         if not self._pending:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from moepack.convert import pipeline, worker
+from moepack.convert import pipeline
 from moepack.convert.errors import ConvertError
 from moepack.convert.pipeline import convert
 from moepack.convert.plan import plan_for_config
@@ -52,19 +52,18 @@ class StopAfter(Reporter):
             raise KeyboardInterrupt
 
 
-def _interrupted(src: Path, out: Path, n: int = 2, settings: Settings = FAST) -> None:
+def _interrupted(src: Path, out: Path, n: int = 2, settings: Settings = FAST,
+                 pause_per_unit: float = 0.0) -> None:
     with pytest.raises(KeyboardInterrupt):
-        convert(src, out, settings, reporter=StopAfter(n))
+        convert(src, out, settings, reporter=StopAfter(n), pause_per_unit=pause_per_unit)
     assert not out.exists() and out.with_name(out.name + ".partial").exists()
     assert out.with_name(out.name + ".journal").exists()
 
 
-def _interrupted_inside_layer0(src: Path, out: Path, settings: Settings, monkeypatch) -> None:
+def _interrupted_inside_layer0(src: Path, out: Path, settings: Settings) -> None:
     """Stopped after layer 0's codebooks but before its last expert (a journal entry per unit),
     so the resume must read the codebooks back from the partial file."""
-    with monkeypatch.context() as m:
-        m.setattr(worker, "THROTTLE", 1e-6)
-        _interrupted(src, out, n=1, settings=settings)
+    _interrupted(src, out, n=1, settings=settings, pause_per_unit=1e-6)
     done = out.with_name(out.name + ".journal").read_text()
     assert '"tensor:layers.0.experts.down.codebook"' in done and '"expert:0:2"' not in done
 
@@ -124,8 +123,8 @@ def test_sigkill_then_resume_is_byte_identical(sources, reference, tmp_path):
     journal = tmp_path / "k.moepack.journal"
     cmd = [sys.executable, "-m", "moepack", "convert", str(sources["mixtral"]), str(out),
            "--expert-codec", "rvq3-baseline", "--iters", "3", "--quiet", "--jobs", "2"]
-    env = {**os.environ, "MOEPACK_CONVERT_THROTTLE": "0.2"}
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    cmd += ["--pause-per-unit", "0.2"]
+    proc = subprocess.Popen(cmd, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -325,7 +324,7 @@ def test_rotated_codec_resume_and_layout(sources, tmp_path):
     assert out.read_bytes() == ref.read_bytes()
 
 
-def test_mixed_stage_codec_resume_and_manifest(sources, tmp_path, monkeypatch):
+def test_mixed_stage_codec_resume_and_manifest(sources, tmp_path):
     """rvq3-m: 4 stages on down only; its 4-stage codebook is read back right on resume, and
     a resume asking for plain rvq3 is refused (part_stages is a byte-influencing setting)."""
     mixed = Settings(expert_preset="rvq3-m", iters=2, sample=2000)
@@ -337,14 +336,14 @@ def test_mixed_stage_codec_resume_and_manifest(sources, tmp_path, monkeypatch):
         assert c.manifest["converter"]["settings"]["expert"]["part_stages"] == {"down": 4}
         assert c.tensor("layers.0.experts.down.codebook").shape == (4, 256, 8)
     out = tmp_path / "r.moepack"
-    _interrupted_inside_layer0(sources["mixtral"], out, mixed, monkeypatch)
+    _interrupted_inside_layer0(sources["mixtral"], out, mixed)
     with pytest.raises(ConvertError, match="part_stages"):
         convert(sources["mixtral"], out, Settings(expert_preset="rvq3", iters=2, sample=2000))
     convert(sources["mixtral"], out, mixed)  # the 4-stage codebook comes from the partial file
     assert out.read_bytes() == ref.read_bytes()
 
 
-def test_f16_codebooks_jobs_resume_and_codes(sources, tmp_path, monkeypatch):
+def test_f16_codebooks_jobs_resume_and_codes(sources, tmp_path):
     """--codec codebook=f16: codebooks stored as f16 (rotations stay f32); experts are encoded
     against the rounded codebook (re-encoding a source expert with the stored codebook gives the
     stored bytes); --jobs 2 and a resume that reads the f16 codebooks back give the same bytes."""
@@ -370,7 +369,7 @@ def test_f16_codebooks_jobs_resume_and_codes(sources, tmp_path, monkeypatch):
     convert(sources["mixtral"], out, f16, jobs=2)
     assert out.read_bytes() == ref.read_bytes()
     out = tmp_path / "r.moepack"
-    _interrupted_inside_layer0(sources["mixtral"], out, f16, monkeypatch)
+    _interrupted_inside_layer0(sources["mixtral"], out, f16)
     convert(sources["mixtral"], out, f16)  # layer 0's codebooks come from the partial file
     assert out.read_bytes() == ref.read_bytes()
 
