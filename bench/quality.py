@@ -591,8 +591,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render", action="store_true", help="only rewrite the doc from results")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/moepack-quality"))
     ap.add_argument("--doc", type=Path, default=DOC)
-    ap.add_argument("--summary-doc", type=Path, default=QUANT_DOC,
-                    help="doc whose quality-summary block is rewritten too")
+    ap.add_argument("--summary-doc", type=Path, default=None,
+                    help="doc whose quality-summary block is rewritten too (default: "
+                         "docs/QUANTIZATION.md when --doc is the default)")
     ap.add_argument("--no-llama", dest="llama", action="store_false")
     ap.add_argument("--only", nargs="*", help="matrix rows whose name contains one of these")
     ap.add_argument("--redo", action="store_true", help="ignore earlier results.json")
@@ -600,14 +601,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         data = json.loads((args.workdir / "results.json").read_text())
         write_doc(data, args.doc)
-        write_summary(data, args.summary_doc)
+        if args.summary_doc or args.doc == DOC:
+            write_summary(data, args.summary_doc or QUANT_DOC)
         return 0
     if not (args.reference and args.text):
         ap.error("--reference and --text are required")
     if args.matrix:
         data = matrix(args)
         write_doc(data, args.doc)
-        write_summary(data, args.summary_doc)
+        if args.summary_doc or args.doc == DOC:
+            write_summary(data, args.summary_doc or QUANT_DOC)
         return 0
     if not args.container:
         ap.error("--container is required (or --matrix)")

@@ -22,7 +22,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from moepack.convert.quant import TRUNK_CODECS, RvqSettings, encode, expert_settings, train_layer
+from moepack.convert.quant import (
+    TRUNK_CODECS,
+    TRUNK_DEFAULTS,
+    RvqSettings,
+    encode,
+    expert_settings,
+    train_layer,
+)
 from moepack.format.codecs import codebook_shape, decode, encoded_nbytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +110,9 @@ def run_rvq(groups: list[list[np.ndarray]], st: RvqSettings, amortise: int | Non
             t_enc += time.process_time() - t1
             pairs.append((decode(codec, shape, data, codebook=cb, rotation=signs), w))
         per = encoded_nbytes(codec, shape)
-        shared = 4 * np.prod(codebook_shape(codec)) + (4 * shape[1] if signs is not None else 0)
+        cb_bytes = 2 if TRUNK_DEFAULTS["codebook"] == "f16" else 4  # as the converter stores them
+        shared = (cb_bytes * np.prod(codebook_shape(codec))
+                  + (4 * shape[1] if signs is not None else 0))
         n = amortise or len(ws)
         nbytes += len(ws) * (per + shared / n)
         weights += len(ws) * shape[0] * shape[1]

@@ -60,10 +60,10 @@ def _expert_views(layer) -> dict[str, list[torch.Tensor]]:
 def _quantise_experts(model, preset: str) -> None:
     st = expert_settings(preset)
     for li, layer in enumerate(model.model.layers):
-        for pi, views in enumerate(_expert_views(layer).values()):
+        for pi, (part, views) in enumerate(_expert_views(layer).items()):
             ws = [v.numpy().astype(np.float32) for v in views]
             codec, cb, signs = train_layer(lambda e, ws=ws: ws[e], len(ws), ws[0].shape, st,
-                                           seed=li * 3 + pi)
+                                           seed=li * 3 + pi, part=part)
             for v, w in zip(views, ws, strict=True):
                 data = encode(codec, w, codebook=cb, rotation=signs, settings=st)
                 v.copy_(torch.from_numpy(decode(codec, w.shape, data, codebook=cb,

@@ -28,7 +28,7 @@ def _settings(expert_codec: str | None, trunk_codec: str | None, codec: list[str
         if not sep:
             raise _fail(f"--codec expects CLASS=CODEC, got {item!r}")
         trunk = [t for t in trunk if t[0] != cls] + [(cls, name)]
-    preset = {"expert_preset": expert_codec} if expert_codec else {}  # else Settings' default
+    preset = {} if expert_codec is None else {"expert_preset": expert_codec}  # None: the default
     return Settings(**preset, trunk=tuple(sorted(trunk)), seed=seed, alignment=alignment,
                     sample=sample, iters=iters)
 

@@ -9,8 +9,8 @@ from moepack.format import FormatError
 from moepack.format.codecs import decode, encoded_nbytes, validate_codec
 
 RNG = np.random.default_rng(7)
-Q6 = {"name": "q6", "group_size": 32}  # the trunk preset may not name it yet: use the dict
-GROUP = {**{k: TRUNK_CODECS[k] for k in ("q8", "q4", "q4-zp")}, "q6": Q6}
+Q6 = TRUNK_CODECS["q6"]
+GROUP = {k: TRUNK_CODECS[k] for k in ("q8", "q6", "q4", "q4-zp")}
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -193,7 +193,9 @@ def test_presets_are_complete_and_valid() -> None:
                                    "router", "bias", "codebook"}
     for cls in ("norm", "router", "bias"):
         assert TRUNK_DEFAULTS[cls] == "f32"
-    assert TRUNK_DEFAULTS["codebook"] in ("f32", "f16")  # the only codebook codecs (CODECS.md §3)
+    assert TRUNK_DEFAULTS["codebook"] == "f16"  # f32 or f16 only (CODECS.md §3); f16 documented
+    with pytest.raises(ValueError, match="projection name"):  # a mixed preset needs the part
+        codec_for(expert_settings("rvq3-l"), (64, 256))
     for name in TRUNK_DEFAULTS.values():
         validate_codec(TRUNK_CODECS[name], (4, 64))
     with pytest.raises(ValueError, match="rvq3"):

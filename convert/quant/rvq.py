@@ -37,7 +37,12 @@ class RvqSettings:
     part_stages: tuple[tuple[str, int], ...] = ()
 
     def stages_for(self, part: str | None) -> int:
-        return dict(self.part_stages).get(part, self.stages) if part else self.stages
+        if part is None:
+            if self.part_stages:  # a mixed preset cannot answer for "any projection"
+                raise ValueError(f"settings with part_stages {dict(self.part_stages)} need the "
+                                 "projection name (gate, up or down)")
+            return self.stages
+        return dict(self.part_stages).get(part, self.stages)
 
     def manifest(self) -> dict:
         """JSON form (part_stages as an object; absent when empty, as before it existed)."""
