@@ -27,12 +27,12 @@ EXPERT_PRESETS: dict[str, dict] = {
     "rvq2": vars(replace(_BEST, stages=2)).copy(),
     "rvq4": vars(replace(_BEST, stages=4)).copy(),
     # A 4th stage where the error costs most, as llama.cpp's Q3_K_M puts ffn_down one step up.
-    # Demo model, mean KL (docs/QUALITY.md): rvq3 0.0029; 4 stages on down 0.0017, on gate or up
-    # 0.0021; on gate and down 0.0012.
-    "rvq3-m": vars(replace(_BEST, part_stages=(("down", 4),))).copy(),  # 3.33 bpw payload
+    # Demo model, mean KL (exploratory runs with a q8 trunk, docs/QUALITY.md): rvq3 0.0029; 4
+    # stages on down 0.0017, on gate or up 0.0021; on gate and down 0.0012.
+    "rvq3-m": vars(replace(_BEST, part_stages=(("down", 4),))).copy(),  # codes: 3.33 bits/weight
     # The default: about Q3_K_M's expert bits on models whose FFN width is a multiple of 256
     # (Q3_K gate/up 3.44 bpw, Q4_K down 4.5), and it beat Q3_K_M on the demo with a smaller file.
-    "rvq3-l": vars(replace(_BEST, part_stages=(("down", 4), ("gate", 4)))).copy(),  # 3.67 bpw
+    "rvq3-l": vars(replace(_BEST, part_stages=(("down", 4), ("gate", 4)))).copy(),  # codes: 3.67
 }
 DEFAULT_EXPERT_PRESET = "rvq3-l"
 
@@ -51,9 +51,9 @@ TRUNK_CODECS: dict[str, dict] = {
 
 # tensor class (spec/FORMAT.md §7) -> TRUNK_CODECS name
 TRUNK_DEFAULTS: dict[str, str] = {
-    # q6 like llama.cpp's Q6_K output tensor: on the demo, q8 -> q6 cost mean KL +0.0004 on the
-    # tied embedding and +0.0001 on attention for -0.7 MB (of 7.3), which bought the gate's 4th
-    # stage (-0.0006); on real models it is a quarter less resident RAM for the trunk
+    # q6 like llama.cpp's Q6_K output tensor: on the demo, q8 -> q6 cost mean KL +0.0003 on the
+    # tied embedding and nothing measurable on attention for -0.7 MB (of 7.3), which paid for
+    # the gate's 4th stage (-0.0007); on real models a quarter less resident RAM for the trunk
     "attn": "q6",
     "shared_expert": "q6",
     "dense_ffn": "q6",
