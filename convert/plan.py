@@ -12,14 +12,12 @@ from math import prod
 from pathlib import Path
 
 from moepack.convert.adapters import EXPERT_PARTS, Adapter, adapter_for
-from moepack.convert.errors import ConvertError
 from moepack.convert.mapping import SourceMap, bind
 from moepack.convert.quant import codec_for
 from moepack.convert.settings import Settings
 from moepack.convert.source import Checkpoint
 from moepack.format import BankSpec, BlobSpec, ContainerSpec, Layout, TensorSpec, plan_layout
 from moepack.format.codecs import codebook_shape, rotation_shape
-from moepack.format.rules import CLASS_CODECS
 
 import moepack
 
@@ -32,16 +30,6 @@ class Plan:
     spec: ContainerSpec
     layout: Layout
     adapter: Adapter
-
-
-def codebook_codec(settings: Settings) -> dict:
-    """Codec of the rvq codebooks: the `codebook` class setting, f32 or f16 (CODECS.md §3)."""
-    # ndim 2: a group codec asked for must fail here, not fall back to f32 as 3-D tensors do
-    codec = settings.trunk_codec("codebook", 2)
-    if codec["name"] not in CLASS_CODECS["codebook"]:
-        raise ConvertError(f"codec {codec['name']!r} is not allowed for class 'codebook'; "
-                           f"choose one of {', '.join(CLASS_CODECS['codebook'])}")
-    return codec
 
 
 def codebook_specs(layer: int, codecs: Mapping[str, dict], shapes: Mapping[str, tuple[int, int]],
@@ -64,7 +52,7 @@ def build_spec(adapter: Adapter, settings: Settings, files: list[dict],
     shapes = {p: adapter.expert_shape(p) for p in EXPERT_PARTS}
     codecs = {p: codec_for(rvq, shapes[p], p) for p in EXPERT_PARTS}
     moe = set(adapter.moe_layers())
-    cb_codec = codebook_codec(settings)
+    cb_codec = settings.trunk_codec("codebook", 3)  # f32 or f16, checked by Settings
     tensors: list[TensorSpec] = []
     used: dict[str, dict] = {}
     trunk = adapter.trunk()

@@ -15,6 +15,7 @@ from moepack.convert.quant import (
     expert_settings,
 )
 from moepack.format.limits import DEFAULT_ALIGNMENT
+from moepack.format.rules import CLASS_CODECS
 
 EXPERT_PARTS_CLASS = "expert"
 FLOAT_ONLY = ("f32", "f16", "bf16")  # 1-D tensors (norms, biases) cannot take group codecs
@@ -40,6 +41,10 @@ class Settings:
             if cls not in TRUNK_DEFAULTS:
                 raise ConvertError(f"unknown tensor class {cls!r}; classes: "
                                    f"{', '.join(sorted(TRUNK_DEFAULTS))}")
+            allowed = CLASS_CODECS.get(cls)
+            if allowed is not None and TRUNK_CODECS[name]["name"] not in allowed:
+                raise ConvertError(f"codec {name!r} is not allowed for class {cls!r}; choose one "
+                                   f"of {', '.join(allowed)}")
 
     @property
     def rvq(self) -> RvqSettings:

@@ -90,7 +90,7 @@ def check_class_codec(cls: str, codec: dict, where: str) -> None:
     allowed = CLASS_CODECS.get(cls)
     if allowed is not None and codec["name"] not in allowed:
         raise FormatError(f"{where}.codec: codec {codec['name']!r} not allowed for class "
-                          f"{cls!r} (must be 'f32' or 'f16')")
+                          f"{cls!r} (must be {' or '.join(map(repr, allowed))})")
 
 
 def validate_manifest(manifest: Any, where: str = "index.manifest") -> dict:
