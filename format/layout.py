@@ -23,6 +23,7 @@ from moepack.format.limits import (
     align_up,
 )
 from moepack.format.rules import (
+    check_blob_name,
     check_class_codec,
     check_int,
     check_name,
@@ -219,7 +220,7 @@ def _tensor_entry(t: TensorSpec, pos: int) -> dict[str, Any]:
 
 def _blob_entry(b: BlobSpec, pos: int) -> dict[str, Any]:
     where = f"blob {b.name!r}"
-    check_name(b.name, where)
+    check_blob_name(check_name(b.name, where), f"{where}.name")
     check_int(b.length, f"{where}.length", 1)
     raw = b.length if b.raw_length is None else b.raw_length
     check_int(raw, f"{where}.raw_length", 0, MAX_BLOB_RAW)

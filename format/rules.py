@@ -10,6 +10,8 @@ from moepack.format import codecs
 from moepack.format.errors import FormatError
 from moepack.format.limits import MAX_DIM, MAX_DIMS, MAX_ELEMENTS, MAX_NAME_BYTES, MAX_U63
 
+from moepack.safefs import name_problem
+
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[\x21-\x7e]+")
 
@@ -48,6 +50,15 @@ def check_name(value: Any, where: str) -> str:
     name = check_str(value, where)
     if not 1 <= len(name) <= MAX_NAME_BYTES or not _NAME.fullmatch(name):
         raise FormatError(f"{where}: name must be 1-{MAX_NAME_BYTES} printable ASCII characters")
+    return name
+
+
+def check_blob_name(name: str, where: str) -> str:
+    """A blob's name becomes a file name on export (FORMAT.md §4.2): a single plain file name,
+    by the same rule as moepack.safefs.name_problem."""
+    problem = name_problem(name)
+    if problem:
+        raise FormatError(f"{where}: {problem}; a blob name must be a plain file name")
     return name
 
 

@@ -17,6 +17,7 @@ from moepack.format.limits import (
     align_up,
 )
 from moepack.format.rules import (
+    check_blob_name,
     check_class_codec,
     check_hex_hash,
     check_int,
@@ -105,6 +106,7 @@ def _check_tensor(w: str, s: dict[str, Any]) -> None:
 
 
 def _check_blob(w: str, s: dict[str, Any]) -> None:
+    check_blob_name(s["name"], f"{w}.name")
     comp = s.get("compression")
     if comp not in ("none", "zstd"):
         raise FormatError(f"{w}.compression: {comp!r} is not 'none' or 'zstd'")

@@ -24,6 +24,7 @@
 #define MAX_U63 ((uint64_t)INT64_MAX)
 #define MAX_SECTIONS 1000000u
 #define MAX_NAME_BYTES 512u
+#define MAX_FILE_NAME_BYTES 255u /* NAME_MAX: blob names become file names (moepack.safefs) */
 #define MAX_DIM ((uint64_t)INT32_MAX)
 #define MAX_ELEMENTS ((uint64_t)1 << 40)
 #define MAX_EXPERTS 65536u
@@ -435,11 +436,26 @@ static int check_tensor(E *e, sec *x, mp_tensor_info *t) {
     return 0;
 }
 
+/* Why `s` is not a single plain file name, or NULL: moepack.safefs.name_problem, same order and
+ * wording. chk_name already limits section names to printable ASCII; the control check stays so
+ * this function is the whole rule on its own. */
+static const char *file_name_problem(const char *s, size_t n) {
+    if (n == 0 || (n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
+        return "is empty, '.' or '..'";
+    if (memchr(s, '/', n) || memchr(s, '\\', n)) return "contains a path separator";
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] == 0x7F) return "contains a control or format character";
+    if (n > MAX_FILE_NAME_BYTES) return "is longer than 255 bytes";
+    return NULL;
+}
+
 static int check_blob(E *e, uint32_t i_unused, sec *x, mp_blob_info *bl) {
     (void)i_unused;
     char w[720];
     rbuf b;
     const char *W = x->where;
+    const char *why = file_name_problem(x->name, strlen(x->name));
+    if (why) return FAIL("%s.name: %s; a blob name must be a plain file name", W, why);
     const mp_json *comp = mp_json_get(x->j, "compression");
     int none = is_str(comp, "none"), zstd = is_str(comp, "zstd");
     if (!none && !zstd) return FAIL("%s.compression: %s is not 'none' or 'zstd'", W, R(comp, b));

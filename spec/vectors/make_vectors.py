@@ -306,6 +306,19 @@ INVALID: dict[str, tuple[Callable[[bytes], bytes], str]] = {
                         "for compression 'none'"),
     "blob_compression": (edit(_set("generation_config.json", compression="lz4")),
                          "is not 'none' or 'zstd'"),
+    # blob names become file names on export: only a plain file name (FORMAT.md §4.2)
+    "blob_name_parent": (edit(_set("generation_config.json", name="../x")),
+                         "contains a path separator; a blob name must be a plain file name"),
+    "blob_name_absolute": (edit(_set("generation_config.json", name="/etc/x")),
+                           "contains a path separator; a blob name must be a plain file name"),
+    "blob_name_backslash": (edit(_set("generation_config.json", name="..\\x")),
+                            "contains a path separator; a blob name must be a plain file name"),
+    "blob_name_dot": (edit(_set("generation_config.json", name=".")),
+                      "is empty, '.' or '..'; a blob name must be a plain file name"),
+    "blob_name_dotdot": (edit(_set("generation_config.json", name="..")),
+                         "is empty, '.' or '..'; a blob name must be a plain file name"),
+    "blob_name_long": (edit(_set("generation_config.json", name="a" * 256)),
+                       "is longer than 255 bytes; a blob name must be a plain file name"),
     # built from valid/codebook_f16 (mini() has no codebooks)
     "codebook_codec": (_codebook_bf16, "codec 'bf16' not allowed for class 'codebook'"),
 }
