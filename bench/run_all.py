@@ -651,8 +651,8 @@ NOTES = """## How to read this and known limits
 - Without swap (this machine has none), a moepack budget above the cgroup cap is not paged: the
   engine is OOM-killed as soon as the cache grows past the cap, so the "cliff" past usable RAM
   shows up as a kill, not as the 8x slowdown a peer saw on macOS (which compresses and pages
-  anonymous memory). The default budget (floor + up to 3 tokens' experts, under 3/4 of usable
-  RAM minus headroom) stays well before it.
+  anonymous memory). The default budget (usable RAM minus a 10 % headroom, at most every
+  expert) stays before it.
 - llama.cpp runs through llama-cpp-python with mmap on and no mlock, but with
   `use_extra_bufts = False`: on this VM llama.cpp's default AMX path dies with SIGILL (the CPU
   reports AMX, the hypervisor does not enable tile state), and extra buffer types would copy

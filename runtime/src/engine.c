@@ -75,7 +75,7 @@ static int plan_for(const mp_container *c, const mpm_config *cfg, int ctx, mp_pl
     p->recommended_bytes = p->floor_bytes + 3 * p->step_expert_bytes;
     mp_ram_info ri;
     p->usable_ram_bytes = mp_usable_ram(&ri);
-    mp_budget_in in = {p->usable_ram_bytes, p->floor_bytes, p->step_expert_bytes,
+    mp_budget_in in = {p->usable_ram_bytes, p->floor_bytes, p->experts_bytes,
                        mp_default_headroom(p->usable_ram_bytes)};
     mp_budget_out out;
     if (mp_default_budget(&in, &out) == 0) p->default_bytes = out.total;

@@ -73,10 +73,10 @@ uint64_t mp_usable_ram_at(const char *proc_root, const char *cg_root, mp_ram_inf
     if (f) {
         while (fgets(line, sizeof line, f)) {
             unsigned long long kb;
-            if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) {
-                if (!__builtin_mul_overflow((uint64_t)kb, 1024, &o.physical)) break;
-                o.physical = 0;
-            }
+            uint64_t *dst = NULL;
+            if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) dst = &o.physical;
+            else if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) dst = &o.available;
+            if (dst && __builtin_mul_overflow((uint64_t)kb, 1024, dst)) *dst = 0;
         }
         fclose(f);
     }
@@ -111,6 +111,7 @@ uint64_t mp_usable_ram_at(const char *proc_root, const char *cg_root, mp_ram_inf
     if (o.cgroup_limit == UINT64_MAX) o.limit_file[0] = 0;
     o.usable = o.physical;
     if (o.cgroup_limit < o.usable || o.usable == 0) o.usable = o.cgroup_limit == UINT64_MAX ? o.physical : o.cgroup_limit;
+    if (o.available && (o.available < o.usable || o.usable == 0)) o.usable = o.available;
     if (out) *out = o;
     return o.usable;
 }
@@ -118,31 +119,27 @@ uint64_t mp_usable_ram_at(const char *proc_root, const char *cg_root, mp_ram_inf
 uint64_t mp_usable_ram(mp_ram_info *out) { return mp_usable_ram_at("/proc", "/sys/fs/cgroup", out); }
 
 uint64_t mp_default_headroom(uint64_t usable) {
-    uint64_t h = usable / 16, gib = 1ull << 30;
-    return h < gib ? h : gib;
+    uint64_t h = usable / 10, lo = 256ull << 20, hi = 4ull << 30;
+    h = h < lo ? lo : h > hi ? hi : h;
+    return h < usable ? h : usable;
 }
 
 int mp_default_budget(const mp_budget_in *in, mp_budget_out *out) {
     mp_budget_out o;
     memset(&o, 0, sizeof o);
-    uint64_t three_q = in->usable / 4 * 3 + (in->usable % 4) * 3 / 4;
-    o.cap = three_q > in->headroom ? three_q - in->headroom : 0;
+    o.cap = in->usable > in->headroom ? in->usable - in->headroom : 0;
     if (in->floor > in->usable) {
         o.below_floor = 1;
         o.total = in->floor;
         if (out) *out = o;
         return -1;
     }
-    for (int k = 3; k >= 1; k--) {
-        uint64_t extra, total;
-        if (__builtin_mul_overflow(in->step_experts, (uint64_t)k, &extra) ||
-            __builtin_add_overflow(in->floor, extra, &total))
-            continue;
-        if (total <= o.cap) { o.k = k; o.total = total; break; }
-    }
-    if (!o.k) { /* even one extra step does not fit: run at the cap (or at the floor if above it) */
+    if (in->floor >= o.cap) {
         o.tight = 1;
-        o.total = in->floor > o.cap ? in->floor : o.cap;
+        o.total = in->floor;
+    } else {
+        uint64_t room = o.cap - in->floor;
+        o.total = in->floor + (in->all_experts < room ? in->all_experts : room);
     }
     o.cache = o.total - in->floor;
     if (out) *out = o;

@@ -82,25 +82,27 @@ int main(int argc, char **argv) {
            r.cgroup_limit == UINT64_MAX ? "none" : "", r.limit_file, (unsigned long long)u);
     CHECK(u > 0 && u <= r.physical, "real usable");
 
-    /* budget rule */
+    /* MemAvailable below the limits caps usable */
+    put("avail/proc/meminfo", "MemTotal:       16777216 kB\nMemAvailable:    4194304 kB\n");
+    put("avail/proc/self/cgroup", "0::/\n");
+    put("avail/cg/cgroup.controllers", "\n");
+    put("avail/cg/memory.max", "max\n");
+    CHECK(usable("avail", &r) == 4 * GiB && r.available == 4 * GiB && r.physical == 16 * GiB, "available");
+
+    /* budget rule: the cache takes usable - headroom - floor, up to every expert */
     mp_budget_out o;
-    mp_budget_in in = {64 * GiB, 10 * GiB, 4 * GiB, 1 * GiB};
-    CHECK(mp_default_budget(&in, &o) == 0 && o.k == 3 && o.total == 22 * GiB && o.cache == 12 * GiB && o.cap == 47 * GiB, "k=3");
-    in = (mp_budget_in){32 * GiB, 10 * GiB, 4 * GiB, 1 * GiB}; /* cap 23: 22 fits -> k = 3 */
-    CHECK(mp_default_budget(&in, &o) == 0 && o.k == 3, "k=3 at 32 GiB: k=%d", o.k);
-    in = (mp_budget_in){24 * GiB, 10 * GiB, 4 * GiB, 1 * GiB}; /* cap 17: 18 no, 14 yes */
-    CHECK(mp_default_budget(&in, &o) == 0 && o.k == 1 && o.total == 14 * GiB, "k=1: k=%d", o.k);
-    in = (mp_budget_in){28 * GiB, 10 * GiB, 4 * GiB, 1 * GiB}; /* cap 20: 22 no, 18 yes */
-    CHECK(mp_default_budget(&in, &o) == 0 && o.k == 2 && o.total == 18 * GiB, "k=2: k=%d", o.k);
-    in = (mp_budget_in){16 * GiB, 10 * GiB, 4 * GiB, 1 * GiB}; /* cap 11: tight, run at cap */
-    CHECK(mp_default_budget(&in, &o) == 0 && o.k == 0 && o.tight && o.total == 11 * GiB && o.cache == 1 * GiB, "tight");
-    in = (mp_budget_in){12 * GiB, 10 * GiB, 4 * GiB, 1 * GiB}; /* cap 8 < floor <= usable: floor, no cache */
+    mp_budget_in in = {64 * GiB, 10 * GiB, 100 * GiB, 4 * GiB}; /* cap 60: cache 50 of 100 */
+    CHECK(mp_default_budget(&in, &o) == 0 && !o.tight && o.total == 60 * GiB && o.cache == 50 * GiB && o.cap == 60 * GiB, "cap");
+    in = (mp_budget_in){64 * GiB, 10 * GiB, 20 * GiB, 4 * GiB}; /* all experts fit: no more */
+    CHECK(mp_default_budget(&in, &o) == 0 && o.total == 30 * GiB && o.cache == 20 * GiB, "all experts");
+    in = (mp_budget_in){12 * GiB, 10 * GiB, 20 * GiB, 3 * GiB}; /* cap 9 < floor <= usable */
     CHECK(mp_default_budget(&in, &o) == 0 && o.tight && o.total == 10 * GiB && o.cache == 0, "floor above cap");
     in = (mp_budget_in){8 * GiB, 10 * GiB, 4 * GiB, 1 * GiB};
     CHECK(mp_default_budget(&in, &o) == -1 && o.below_floor, "below floor refuses");
     in = (mp_budget_in){UINT64_MAX, 1, UINT64_MAX, 0};
-    CHECK(mp_default_budget(&in, &o) == 0, "overflow-safe");
-    CHECK(mp_default_headroom(64 * GiB) == 1 * GiB && mp_default_headroom(8 * GiB) == GiB / 2, "headroom");
+    CHECK(mp_default_budget(&in, &o) == 0 && o.total == UINT64_MAX, "overflow-safe");
+    CHECK(mp_default_headroom(64 * GiB) == 4 * GiB && mp_default_headroom(8 * GiB) == 8 * GiB / 10 &&
+          mp_default_headroom(1 * GiB) == 256ull << 20 && mp_default_headroom(100) == 100, "headroom");
     CHECK(mp_check_budget(5, 10, 100) == -1 && mp_check_budget(200, 10, 100) == 1 && mp_check_budget(50, 10, 100) == 0, "check");
     T_DONE("test_memplan");
 }
