@@ -89,6 +89,8 @@ def _library() -> C.CDLL:
     lib.mp_kernels.restype = C.c_char_p
     lib.mp_reset.argtypes = [_P]
     lib.mp_reset.restype = None
+    lib.mp_truncate.argtypes = [_P, C.c_int]
+    lib.mp_truncate.restype = None
     lib.mp_eval.argtypes = [_P, C.POINTER(C.c_int32), C.c_size_t, C.POINTER(C.c_float), C.c_int]
     lib.mp_sample.argtypes = [C.POINTER(C.c_float), C.c_int, C.POINTER(_Sampler),
                               C.POINTER(C.c_uint64)]
@@ -197,6 +199,12 @@ class Engine:
 
     def reset(self) -> None:
         self._lib.mp_reset(self._handle())
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n tokens in the KV cache (no-op when n >= position)."""
+        if n < 0:
+            raise EngineError("truncate needs n >= 0", MP_EINVAL)
+        self._lib.mp_truncate(self._handle(), int(n))
 
     def plan(self, ctx: int | None = None) -> dict:
         return plan(self.path, ctx or self.ctx)

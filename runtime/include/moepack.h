@@ -115,6 +115,9 @@ MP_API const char *mp_kernels(const mp_engine *e);
 
 /* Drop the KV cache (new sequence). */
 MP_API void mp_reset(mp_engine *e);
+/* Keep the first n tokens of the sequence (no-op when n >= position): a later mp_eval goes on
+ * from there, so a conversation that shares a prefix with the cached one reuses its KV. */
+MP_API void mp_truncate(mp_engine *e, int n);
 
 /* Append n tokens to the sequence.  logits: NULL, or room for vocab floats (all_positions = 0:
  * logits of the last token) or n*vocab floats (all_positions = 1).  All or nothing: on failure

@@ -264,6 +264,10 @@ int mp_context_size(const mp_engine *e) { return e->plan.ctx; }
 int mp_position(const mp_engine *e) { return e->pos; }
 const char *mp_kernels(const mp_engine *e) { return mpk_impl_name(e->kern); }
 void mp_reset(mp_engine *e) { e->pos = 0; }
+/* attention reads positions < pos only, so dropping the tail is just moving pos back */
+void mp_truncate(mp_engine *e, int n) {
+    if (n >= 0 && n < e->pos) e->pos = n;
+}
 
 int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int all_positions) {
     if (!e || (!tokens && n)) return MP_EINVAL;
