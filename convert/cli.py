@@ -57,6 +57,8 @@ _SAMPLE = typer.Option(None, "--sample", help="Training vectors per projection (
 _ITERS = typer.Option(None, "--iters", help="Lloyd iterations (preset default).")
 _DRY = typer.Option(False, "--dry-run", help="Print the plan and stop.")
 _FORCE = typer.Option(False, "--force", help="Replace an existing finished output.")
+_EXPORT_FORCE = typer.Option(False, "--force", help="Replace OUTDIR and remove OUTDIR.partial / "
+                             "OUTDIR.old, only if an earlier export made them.")
 _RESTART = typer.Option(False, "--restart", help="Discard an unfinished conversion of OUT.")
 _QUIET = typer.Option(False, "--quiet", "-q", help="No progress display.")
 _JSON = typer.Option(False, "--json", help="Print a JSON summary on stdout.")
@@ -93,12 +95,14 @@ def convert_cmd(
     from moepack.convert.progress import Reporter, RichReporter
     from moepack.format import FormatError
 
+    from moepack.safefs import UnsafePathError
+
     reporter = Reporter() if (quiet or as_json or dry_run) else RichReporter()
     try:
         settings = _settings(expert_codec, trunk_codec, codec or [], seed, alignment, sample, iters)
         summary = convert(src, out, settings, jobs=jobs, force=force, restart=restart,
                           dry_run=dry_run, reporter=reporter, pause_per_unit=pause_per_unit)
-    except (ConvertError, FormatError, OSError) as e:
+    except (ConvertError, FormatError, UnsafePathError, OSError) as e:
         raise _fail(str(e)) from None
     except KeyboardInterrupt:
         raise _fail("interrupted; rerun the same command to continue") from None
@@ -129,7 +133,7 @@ def export_cmd(
     outdir: Path = _OUTDIR,
     dtype: str = _DTYPE,
     shard_gb: float = _SHARD,
-    force: bool = _FORCE,
+    force: bool = _EXPORT_FORCE,
     as_json: bool = _JSON,
 ) -> None:
     """Write a dequantised Hugging Face checkpoint that transformers loads as is."""
@@ -137,10 +141,14 @@ def export_cmd(
     from moepack.convert.export import export
     from moepack.format import FormatError
 
+    from moepack.safefs import UnsafePathError
+
     try:
         res = export(file, outdir, dtype=dtype, force=force, shard_bytes=int(shard_gb * 1e9))
-    except (ConvertError, FormatError, OSError) as e:
+    except (ConvertError, FormatError, UnsafePathError, OSError) as e:
         raise _fail(str(e)) from None
+    except KeyboardInterrupt:
+        raise _fail("export interrupted") from None
     if as_json:
         typer.echo(json.dumps(res, sort_keys=True))
     else:

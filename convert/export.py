@@ -1,12 +1,18 @@
 """`moepack export FILE OUTDIR`: a dequantised Hugging Face checkpoint that `transformers` loads as
 is (config.json from the manifest, safetensors in native names and per-expert layout, tokenizer
-files from the container's blobs). Built in `OUTDIR.partial`, renamed into place when complete."""
+files from the container's blobs). Built in `OUTDIR.partial`, renamed into place when complete.
+
+Output folders are never deleted unless the user asked (`force`), and then only folders export
+made itself: each carries the marker `.moepack-export.json` listing the files export writes
+there, and a folder is removed only when it holds nothing else (no other file, folder or link).
+A symbolic link at OUTDIR, OUTDIR.partial or OUTDIR.old is refused, never followed or removed.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,9 +20,22 @@ import numpy as np
 from moepack.convert.adapters import EXPERT_PARTS, adapter_for
 from moepack.convert.errors import ConvertError
 from moepack.convert.st_writer import DTYPES, TORCH_NAMES, tensor_nbytes, write_safetensors
-from moepack.format import Container
+from moepack.format import Container, FormatError
+
+from moepack.safefs import (
+    UnsafePathError,
+    child,
+    name_problem,
+    open_existing,
+    plain_name,
+    printable,
+    write_file,
+)
 
 SHARD_BYTES = 4 << 30
+MARKER = ".moepack-export.json"
+MARKER_FORMAT = "moepack-export/1"
+MAX_MARKER_BYTES = 16 << 20  # a marker lists a few thousand names at most
 
 
 def _entries(c: Container) -> list[tuple[str, tuple[int, ...], Callable[[], np.ndarray]]]:
@@ -24,6 +43,7 @@ def _entries(c: Container) -> list[tuple[str, tuple[int, ...], Callable[[], np.n
     adapter = adapter_for(c.manifest["source"]["config"])
     out: list = []
     for t in adapter.trunk():
+        _check_trunk(c, t.name, tuple(t.shape))
         out.append((t.sources[0], t.shape, lambda n=t.name: c.tensor(n)))
     for bank in c.banks():
         layer = bank["layer"]
@@ -34,6 +54,26 @@ def _entries(c: Container) -> list[tuple[str, tuple[int, ...], Callable[[], np.n
                 out.append((names[part], shapes[part],
                             lambda L=layer, e=e, p=part: c.expert_part(L, e, p)))
     return out
+
+
+def _open(path: str | Path) -> Container:
+    try:
+        return Container.open(path)
+    except FormatError as e:  # the reader's message names the field, not the file
+        raise ConvertError(f"{path}: {e}") from None
+
+
+def _check_trunk(c: Container, name: str, shape: tuple[int, ...]) -> None:
+    """The model the manifest describes must match the container's tensors (a hostile or damaged
+    manifest would otherwise fail halfway through, after files were written)."""
+    try:
+        have = tuple(c.tensor_info(name)["shape"])
+    except KeyError:
+        raise ConvertError(f"{c.path}: the manifest's model needs tensor {printable(name)}, "
+                           "which the container does not have") from None
+    if have != shape:
+        raise ConvertError(f"{c.path}: tensor {printable(name)} has shape {list(have)}, the "
+                           f"manifest's model needs {list(shape)}")
 
 
 def _shards(entries: list, dtype: str, limit: int) -> list[list]:
@@ -49,6 +89,10 @@ def _shards(entries: list, dtype: str, limit: int) -> list[list]:
     return shards
 
 
+def _shard_name(i: int, n: int) -> str:
+    return "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+
+
 def _config(c: Container, dtype: str) -> dict:
     cfg = dict(c.manifest["source"]["config"])
     cfg.pop("quantization_config", None)  # the weights are plain floats now
@@ -57,38 +101,78 @@ def _config(c: Container, dtype: str) -> dict:
     return cfg
 
 
+def _planned_files(c: Container, nshards: int) -> list[str]:
+    """Every file export writes, blobs last; a blob may not take the name of export's own."""
+    own = [_shard_name(i, nshards) for i in range(nshards)]
+    own += ["model.safetensors.index.json"] if nshards > 1 else []
+    own += ["config.json", MARKER]
+    for name in c.blob_names():  # the reader allows only plain names (FORMAT.md §4.2): in depth
+        plain_name(name, f"{c.path}: blob name")
+        if name in own:
+            raise ConvertError(f"{c.path}: blob {printable(name)} has the name of a file export "
+                               "writes itself; refusing to export")
+    return own + c.blob_names()
+
+
 def export(path: str | Path, outdir: str | Path, *, dtype: str = "f32", force: bool = False,
            shard_bytes: int = SHARD_BYTES, on_tensor: Callable[[int], None] | None = None) -> dict:
-    """Export container `path` to `outdir`; returns {files, tensors, bytes}."""
+    """Export container `path` to `outdir`; returns {outdir, files, tensors, bytes}."""
     if dtype not in DTYPES:
         raise ConvertError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-    out = Path(outdir)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ConvertError(f"{out} exists and is not empty; pass --force to replace it")
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    with Container.open(path) as c:
+    out = Path(os.path.abspath(outdir))
+    if not out.name:
+        raise ConvertError(f"{outdir}: cannot export to the root folder")
+    tmp, old = _sibling(out, ".partial"), _sibling(out, ".old")
+    _check_outdir(out, force)
+    for leftover in (tmp, old):
+        _check_leftover(leftover, force)
+    with _open(path) as c:
         entries = _entries(c)
         shards = _shards(entries, dtype, shard_bytes)
-        weight_map: dict[str, str] = {}
-        for i, shard in enumerate(shards):
-            fname = ("model.safetensors" if len(shards) == 1
-                     else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
-            loaders = {name: load for name, _, load in shard}
-            write_safetensors(tmp / fname, [(n, s) for n, s, _ in shard], dtype,
-                              lambda n, ld=loaders: _report(ld[n](), on_tensor))
-            weight_map.update(dict.fromkeys(loaders, fname))
-        if len(shards) > 1:
-            total = sum(tensor_nbytes(s, dtype) for _, s, _ in entries)
-            (tmp / "model.safetensors.index.json").write_text(json.dumps(
-                {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-        (tmp / "config.json").write_text(json.dumps(_config(c, dtype), indent=2))
-        for name in c.blob_names():
-            (tmp / name).write_bytes(c.blob(name))
-    _replace_dir(tmp, out)
-    return {"outdir": str(out), "files": sorted(set(weight_map.values())),
+        files = _planned_files(c, len(shards))
+        for leftover in (tmp, old):  # ours (checked above): only export's own files
+            _remove_own(leftover)
+        _make_partial(tmp, files)
+        try:
+            weight_map = _write_files(c, tmp, entries, shards, dtype, on_tensor)
+        except BaseException:
+            _remove_own(tmp)  # this run's own folder: a failed export leaves nothing behind
+            raise
+    _replace_dir(tmp, out, old, force)
+    return {"outdir": str(outdir), "files": sorted(set(weight_map.values())),
             "tensors": len(entries), "bytes": sum(tensor_nbytes(s, dtype) for _, s, _ in entries)}
+
+
+def _write_files(c: Container, tmp: Path, entries: list, shards: list[list], dtype: str,
+                 on_tensor: Callable[[int], None] | None) -> dict[str, str]:
+    """Every planned file into tmp; returns the weight map (tensor name -> shard file)."""
+    weight_map = _write_weights(tmp, shards, dtype, on_tensor)
+    if len(shards) > 1:
+        total = sum(tensor_nbytes(s, dtype) for _, s, _ in entries)
+        _write_new(tmp, "model.safetensors.index.json", json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2).encode())
+    _write_new(tmp, "config.json", json.dumps(_config(c, dtype), indent=2).encode())
+    for name in c.blob_names():
+        _write_new(tmp, name, c.blob(name))
+    return weight_map
+
+
+def _write_weights(tmp: Path, shards: list[list], dtype: str,
+                   on_tensor: Callable[[int], None] | None) -> dict[str, str]:
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards):
+        fname = _shard_name(i, len(shards))
+        loaders = {name: load for name, _, load in shard}
+        # tmp is a folder this run created (exclusive mkdir): nothing can be planted inside it
+        write_safetensors(tmp / fname, [(n, s) for n, s, _ in shard], dtype,
+                          lambda n, ld=loaders: _report(ld[n](), on_tensor))
+        weight_map.update(dict.fromkeys(loaders, fname))
+    return weight_map
+
+
+def _write_new(folder: Path, name: str, data: bytes) -> None:
+    """A new file folder/name: a plain name, created exclusively, never through a link."""
+    write_file(child(folder, name, "blob name"), data, replace=False)
 
 
 def _report(w: np.ndarray, on_tensor: Callable[[int], None] | None) -> np.ndarray:
@@ -97,11 +181,130 @@ def _report(w: np.ndarray, on_tensor: Callable[[int], None] | None) -> np.ndarra
     return w
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Move the finished export into place; an old directory is removed only afterwards."""
-    old = out.with_name(out.name + ".old")
-    if out.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+# --- output folders: refuse what is not ours, remove only what we made --------------------------
+
+def _sibling(out: Path, suffix: str) -> Path:
+    return out.with_name(out.name + suffix)
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _is_empty(folder: Path) -> bool:
+    with os.scandir(folder) as it:
+        return next(it, None) is None
+
+
+def _check_outdir(out: Path, force: bool) -> None:
+    """OUTDIR may be missing or empty; a non-empty one is replaced only with force and only when
+    an earlier export made it."""
+    st = _lstat(out)
+    if st is None:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise ConvertError(f"{out} is a symbolic link; refusing to write through or replace it")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConvertError(f"{out} exists and is not a folder; refusing to replace it")
+    if _is_empty(out):
+        return
+    why = _not_ours(out)
+    if why:
+        raise ConvertError(f"{out} exists and was not made by moepack export ({why}); refusing "
+                           "to replace it, even with --force: choose another OUTDIR")
+    if not force:
+        raise ConvertError(f"{out} exists and is not empty; pass --force to replace it")
+
+
+def _check_leftover(path: Path, force: bool) -> None:
+    """OUTDIR.partial / OUTDIR.old: removed only with force and only when export made it."""
+    st = _lstat(path)
+    if st is None:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise ConvertError(f"{path} is a symbolic link; refusing to follow or remove it: "
+                           "move it away yourself")
+    why = _not_ours(path) if stat.S_ISDIR(st.st_mode) else "not a folder"
+    if why:
+        raise ConvertError(f"{path} exists and was not made by moepack export ({why}); refusing "
+                           "to remove it, even with --force: move it away yourself")
+    if not force:
+        raise ConvertError(f"{path} exists, left by an earlier export; pass --force to remove "
+                           "it")
+
+
+def _marker_files(folder: Path) -> set[str] | None:
+    """The file names folder's export marker lists, or None without a readable marker."""
+    try:  # never through a link, never blocking on a FIFO planted as the marker
+        with os.fdopen(open_existing(folder / MARKER, os.O_RDONLY), "rb") as f:
+            doc = json.loads(f.read(MAX_MARKER_BYTES + 1))
+    except (OSError, ValueError, RecursionError, UnsafePathError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != MARKER_FORMAT:
+        return None
+    files = doc.get("files")
+    if not isinstance(files, list) or any(name_problem(f) for f in files):
+        return None
+    return set(files) | {MARKER}
+
+
+def _not_ours(folder: Path) -> str | None:
+    """Why `folder` is not exactly what export made there (None when it is)."""
+    listed = _marker_files(folder)
+    if listed is None:
+        return f"no {MARKER} marker"
+    with os.scandir(folder) as it:
+        for entry in it:
+            if entry.name not in listed:
+                return f"{printable(entry.name)} is not one of its files"
+            if not entry.is_file(follow_symlinks=False):
+                return f"{printable(entry.name)} is not a regular file"
+    return None
+
+
+def _remove_own(folder: Path) -> None:
+    """Remove a folder export made (checked by _not_ours just before): its listed files only,
+    then the folder itself, which fails if anything else appeared meanwhile."""
+    if _lstat(folder) is None:
+        return
+    why = _not_ours(folder)
+    if why:  # changed since the check: still never remove what is not ours
+        raise ConvertError(f"{folder} was not made by moepack export ({why}); refusing to "
+                           "remove it")
+    listed = _marker_files(folder) or set()
+    for name in sorted(listed - {MARKER}) + [MARKER]:
+        try:
+            os.unlink(folder / name)
+        except FileNotFoundError:
+            pass
+    os.rmdir(folder)
+
+
+def _make_partial(tmp: Path, files: list[str]) -> None:
+    """Create OUTDIR.partial exclusively (never an existing folder or link) and mark it first."""
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(tmp, 0o755)
+    except FileExistsError:
+        raise ConvertError(f"{tmp} appeared while exporting (another export running?)") from None
+    marker = {"format": MARKER_FORMAT, "files": sorted(set(files) - {MARKER})}
+    write_file(tmp / MARKER, json.dumps(marker, indent=2).encode() + b"\n", replace=False)
+
+
+def _replace_dir(tmp: Path, out: Path, old: Path, force: bool) -> None:
+    """Move the finished export into place. An empty OUTDIR is removed (nothing is lost); an
+    earlier export is parked at OUTDIR.old and removed only once the new one is in place."""
+    _check_outdir(out, force)  # again: OUTDIR may have changed while exporting
+    st = _lstat(out)
+    parked = False
+    if st is not None and _is_empty(out):
+        os.rmdir(out)
+    elif st is not None:
+        os.rename(out, old)  # fails onto anything but a missing or empty folder
+        parked = True
+    os.rename(tmp, out)
+    if parked:
+        _remove_own(old)

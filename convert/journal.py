@@ -12,10 +12,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
 from moepack.convert.errors import ConvertError
+
+from moepack.safefs import UnsafePathError, open_existing
 
 FORMAT = "moepack-convert-journal/1"
 
@@ -52,26 +55,46 @@ class Journal:
 
     @staticmethod
     def read_header(path: Path) -> dict | None:
+        """The header of a journal at `path`; None when there is none (a link or a FIFO planted
+        there is not one: it is neither followed nor read)."""
         try:
-            with open(path, "rb") as f:
+            with os.fdopen(open_existing(path, os.O_RDONLY), "rb") as f:
                 first = f.readline()
             head = json.loads(first)
             return head if head.get("format") == FORMAT else None
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, UnsafePathError):
             return None
 
     @classmethod
     def create(cls, path: Path, header: dict) -> Journal:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = cls._open_or_create(path)
         cls._lock(fd, path)  # before truncating: never clobber a running conversion's journal
         os.ftruncate(fd, 0)
         j = cls(path, fd, {**header, "format": FORMAT}, {})
         j._append([j.header])
         return j
 
+    @staticmethod
+    def _open_or_create(path: Path) -> int:
+        """Open or create the journal without following a link. Not O_EXCL: a running
+        conversion's journal must be opened (not replaced) so that its lock is seen."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                         | os.O_NONBLOCK, 0o644)
+        except OSError as e:
+            if os.path.islink(path):
+                raise UnsafePathError(f"{path} is a symbolic link; refusing to write through "
+                                      "it") from e
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UnsafePathError(f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+        return fd
+
     @classmethod
     def resume(cls, path: Path) -> Journal:
-        fd = os.open(path, os.O_RDWR)
+        fd = open_existing(path, os.O_RDWR)
         cls._lock(fd, path)
         with os.fdopen(os.dup(fd), "rb") as f:
             raw = f.read()

@@ -7,7 +7,9 @@ any interruption skips journaled units and produces byte-identical output.
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 from math import prod
@@ -95,9 +97,25 @@ def _plan_summary(plan: Plan, out: Path, jobs: int, free: int, done: int, total:
             "jobs": jobs, "threads_per_worker": threads_per_worker(jobs),
             "tensors": len(plan.spec.tensors), "expert_banks": len(plan.spec.banks),
             "experts": sum(b.count for b in plan.spec.banks), "weights": weights,
-            "units_done": done, "units_total": total, "output_exists": out.exists(),
+            "units_done": done, "units_total": total, "output_exists": os.path.lexists(out),
             "available_memory": _available_memory(),
             "codecs": plan.spec.manifest["codecs"]}
+
+
+def _refuse_odd_entries(*paths: Path) -> None:
+    """OUT.partial and OUT.journal are convert's own names: a link or a non-file planted there
+    is refused before anything is written, never followed, truncated or removed."""
+    for p in paths:
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            raise ConvertError(f"{p} is a symbolic link; refusing to write through it or remove "
+                               "it: move it away yourself")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConvertError(f"{p} exists and is not a regular file; refusing to use it: move "
+                               "it away yourself")
 
 
 def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int = 1,
@@ -111,7 +129,7 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
     t0 = time.monotonic()
     out = Path(out)
     partial, jpath = partial_path(out), journal_path(out)
-    if out.exists() and not force and not dry_run:
+    if os.path.lexists(out) and not force and not dry_run:  # a dangling link is taken too
         raise ConvertError(f"{out} already exists; pass --force to replace it")
     if not out.parent.is_dir():
         raise ConvertError(f"{out.parent}: no such directory")
@@ -122,12 +140,13 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
     # --restart simply starts fresh: Journal.create locks before truncating anything.
     resuming = not restart and partial.exists() and Journal.read_header(jpath) is not None
     free = shutil.disk_usage(out.parent).free
-    # A partial we are about to truncate and reuse already holds its blocks.
-    reusable = partial.stat().st_blocks * 512 if partial.exists() else 0
+    # A partial we are about to replace frees its blocks (lstat: a link never counts).
+    reusable = partial.lstat().st_blocks * 512 if partial.exists() else 0
     need = 0 if resuming else max(0, plan.layout.file_size + SPACE_MARGIN - reusable)
     summary_plan = _plan_summary(plan, out, jobs, free, 0, len(unit_lengths(plan)))
     if dry_run:
         return _summary(plan, out, None, t0, 0, summary_plan)
+    _refuse_odd_entries(partial, jpath)
     available = _available_memory()
     if available and summary_plan["peak_memory_estimate"] > available:
         rep.message(f"warning: estimated peak memory {summary_plan['peak_memory_estimate']:,} "

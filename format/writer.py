@@ -15,6 +15,7 @@ from moepack.format.layout import BankLayout, Extent, Layout
 from moepack.format.limits import HASH_SIZE, MAJOR, MINOR
 
 from moepack.durable import fsync_path
+from moepack.safefs import open_existing, open_new
 
 _PARALLEL_HASH_MIN = 1 << 20  # blake3 threads only pay on large inputs
 _CHUNK = 16 << 20
@@ -44,10 +45,12 @@ class ContainerWriter:
         self.layout = layout
         self.overwrite = overwrite
         self._digests: dict[str | tuple[int, int], bytes] = {}
-        if self.path.exists() and not overwrite:
-            raise FileExistsError(f"{self.path} exists; pass overwrite=True to replace it")
-        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
-        self._fd = os.open(self.partial, flags, 0o644)
+        self._refuse_existing()
+        # Never through a link planted at the partial's name: a new partial replaces whatever
+        # entry is there (a link itself, never its target) with a fresh inode; attaching opens
+        # only an existing regular file (resume, and the worker processes of one conversion).
+        self._fd = (open_new(self.partial, os.O_RDWR, replace=True) if create
+                    else open_existing(self.partial, os.O_RDWR))
         try:
             if create:
                 self._preallocate()
@@ -61,6 +64,11 @@ class ContainerWriter:
         except BaseException:
             self.close()  # e.g. the disk is too small for the planned size
             raise
+
+    def _refuse_existing(self) -> None:
+        """The final name taken (by anything, a dangling link included) needs overwrite=True."""
+        if os.path.lexists(self.path) and not self.overwrite:
+            raise FileExistsError(f"{self.path} exists; pass overwrite=True to replace it")
 
     def _preallocate(self) -> None:
         size = self.layout.file_size
@@ -183,9 +191,8 @@ class ContainerWriter:
         self._pwrite(header.pack(), 0)
         os.fsync(self._fd)
         self.close()
-        if self.path.exists() and not self.overwrite:
-            raise FileExistsError(f"{self.path} exists; pass overwrite=True to replace it")
-        os.replace(self.partial, self.path)
+        self._refuse_existing()
+        os.replace(self.partial, self.path)  # replaces a link at path itself, never its target
         fsync_path(self.path.parent)  # make the rename itself durable
         return root.hex()
 

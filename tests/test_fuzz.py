@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from moepack.format import Container, FormatError
 from test_vectors import VALID, load_generator
 
+from moepack.safefs import name_problem
+
 EXAMPLES = int(os.environ.get("MOEPACK_FUZZ_EXAMPLES", "100"))
 LONG = "MOEPACK_FUZZ_EXAMPLES" in os.environ
 gen = load_generator()
@@ -149,3 +151,30 @@ def test_section_reorders(name: str, i: int, j: int, dup: bool) -> None:
     else:
         s[a], s[b] = s[b], s[a]
     check(gen.reseal(base, doc))
+
+
+WITH_BLOBS = sorted(n for n, d in BASES.items()
+                    if any(s["type"] == "blob" for s in gen.index_doc(d)["sections"]))
+# Names a hostile container could give a blob (export writes OUTDIR/NAME): paths, dots, controls.
+blob_names = st.one_of(
+    st.sampled_from(["..", ".", "", "/etc/passwd", "../x", "a/b", "a\\b", "x" * 255, "x" * 256,
+                     "\x00", "a\x1bb", "a\u202eb", "...", ".hidden"]),
+    st.text(alphabet="./\\ax\x00\x1b\x7f", max_size=8), st.text(max_size=300))
+
+
+@FUZZ
+@given(name=st.sampled_from(WITH_BLOBS), pick=st.integers(0, 100), new=blob_names)
+def test_blob_names(name: str, pick: int, new: str) -> None:
+    """A renamed blob, resealed: refused, or its name is a single plain file name."""
+    base = BASES[name]
+    doc = gen.index_doc(base)
+    blobs = [s for s in doc["sections"] if s["type"] == "blob"]
+    blobs[pick % len(blobs)]["name"] = new
+    path = WORKDIR / "fuzz.moepack"
+    path.write_bytes(gen.reseal(base, doc))
+    try:
+        with Container.open(path) as c:
+            assert all(name_problem(b) is None for b in c.blob_names()), c.blob_names()
+            read_everything(c)
+    except FormatError:
+        pass
