@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
     "moepack.verify.cli",
     "moepack.fetch.cli",
     "moepack.runtime.cli",
+    "moepack.serve.cli",
 )
 
 

@@ -1,0 +1,1 @@
+"""`moepack serve`: an OpenAI-compatible HTTP server and a chat page over one Engine."""

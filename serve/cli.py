@@ -1,0 +1,56 @@
+"""The `moepack serve` subcommand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+_err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def serve_cmd(
+    file: Annotated[Path, typer.Argument(help="A .moepack container.")],
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", help="Require 'Authorization: Bearer KEY' on /v1/* and /metrics.")] = None,
+    budget: Annotated[str | None, typer.Option(
+        "--budget", help="Total memory budget (e.g. 8G). Default: from usable RAM.")] = None,
+    ctx: Annotated[int | None, typer.Option("--ctx", help="Context length (KV cache).")] = None,
+    threads: Annotated[int | None, typer.Option(
+        "--threads", help="Compute threads (default: all CPUs).")] = None,
+    max_queue: Annotated[int, typer.Option(
+        "--max-queue", min=0, help="Requests waiting behind the running one; more get 429.")] = 16,
+    max_body: Annotated[int, typer.Option(
+        "--max-body", min=1024, help="Largest request body in bytes; larger get 413.")] = 4 << 20,
+    model_name: Annotated[str | None, typer.Option(
+        "--model-name", help="Model id in /v1/models (default: the file's stem).")] = None,
+) -> None:
+    """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models) and a chat
+    page at /. One sequence at a time; requests queue."""
+    import uvicorn
+
+    from moepack.runtime.engine import EngineError
+    from moepack.runtime.tokenizer import TokenizerError
+    from moepack.serve.app import ServeConfig, create_app
+
+    cfg = ServeConfig(path=str(file), model_id=model_name or file.stem, api_key=api_key,
+                      budget=budget, ctx=ctx, threads=threads, max_queue=max_queue,
+                      max_body=max_body)
+    try:
+        app = create_app(cfg)
+    except (EngineError, TokenizerError, ValueError, OSError) as e:
+        _err.print(f"[red]error:[/red] {escape(f'{file}: {e}')}")
+        raise typer.Exit(1) from None
+    # the worker thread owns the engine; uvicorn's loop only routes requests
+    print(f"moepack serve: {cfg.model_id} on http://{host}:{port}/", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `serve` to the `moepack` app."""
+    app.command("serve")(serve_cmd)
