@@ -86,7 +86,8 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def render_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
         if not self.chat_template:
             raise TokenizerError("the container's tokenizer_config.json has no chat_template")
         from jinja2.exceptions import TemplateError
@@ -101,15 +102,16 @@ class Tokenizer:
                                                                         ensure_ascii=False)
         try:
             return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
+                messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
                 bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         except TemplateError as e:
             raise TokenizerError(f"chat template: {e}") from None
 
-    def encode_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
         # the template writes special tokens (bos) itself
-        return self.encode(self.render_chat(messages, add_generation_prompt=add_generation_prompt),
-                           add_special_tokens=False)
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        return self.encode(text, add_special_tokens=False)
 
 
 class StreamDecoder:
