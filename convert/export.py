@@ -40,7 +40,10 @@ MAX_MARKER_BYTES = 16 << 20  # a marker lists a few thousand names at most
 
 def _entries(c: Container) -> list[tuple[str, tuple[int, ...], Callable[[], np.ndarray]]]:
     """(native name, shape, loader) for every weight, in the order transformers saves them."""
-    adapter = adapter_for(c.manifest["source"]["config"])
+    try:
+        adapter = adapter_for(c.manifest["source"]["config"])
+    except ConvertError as e:  # the config inside a container, not a config.json on disk
+        raise ConvertError(f"{c.path}: manifest source.config: {e}") from None
     out: list = []
     for t in adapter.trunk():
         _check_trunk(c, t.name, tuple(t.shape))

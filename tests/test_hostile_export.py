@@ -17,6 +17,7 @@ from test_hostile_snapshot import (
     assert_one_line_error,
     changes,
     cli,
+    gen,
     moepack,
     rename_blob,
     snapshot,
@@ -185,3 +186,19 @@ def test_failed_export_leaves_nothing(site, monkeypatch) -> None:
     with pytest.raises(FormatError, match="damaged"):
         export(path, out)
     assert changes(before, snapshot(out.parent)) == set()
+
+
+@pytest.mark.parametrize(("key", "value", "needle"), [
+    ("num_hidden_layers", 3, "which the container does not have"),
+    ("hidden_size", 8, "the manifest's model needs [32, 8]"),
+    ("architectures", ["EvilForCausalLM"], "manifest source.config: "),
+])
+def test_manifest_that_disagrees_with_the_tensors_is_refused(site, key: str, value: object,
+                                                            needle: str) -> None:
+    """A resealed container whose manifest describes another model: one line before any file
+    is written (not a traceback halfway through)."""
+    path, out = site
+    doc = gen.index_doc(path.read_bytes())
+    doc["manifest"]["source"]["config"][key] = value
+    path.write_bytes(gen.reseal(path.read_bytes(), doc))
+    _refused_both_ways(path, out, needle)
