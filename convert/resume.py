@@ -14,6 +14,7 @@ from moepack.convert.progress import Reporter
 from moepack.convert.tasks import blob_unit, expert_unit, tensor_unit
 
 import moepack
+from moepack.safefs import open_existing
 
 COMPARED = ("source", "settings", "converter", "layout")  # header keys that must not change
 
@@ -69,7 +70,7 @@ def damaged_units(partial: Path, plan: Plan, done: dict[str, str], rep: Reporter
     extents = unit_extents(plan)
     rep.hashing(sum(extents.get(u, (0, 0))[1] for u in done), "checking")
     bad = []
-    fd = os.open(partial, os.O_RDONLY)
+    fd = open_existing(partial, os.O_RDONLY)  # never hash through a planted link
     try:
         for unit, hexd in done.items():
             off, n = extents.get(unit, (0, 0))
