@@ -56,11 +56,10 @@ class Shape:
         return 3 * self.hidden * self.inter
 
     def rvq_record_bytes(self, align: int = 4096) -> int:
-        """One moepack expert record: codes (3 stages, 1 byte per 8 weights) padded to 64 bytes
+        """One moepack expert record: codes (3 stages, 1 byte per 8 weights) in 64-row tiles
         + f16 row scales, per part, parts 64-aligned, record aligned to `align`."""
         def part(rows: int, cols: int) -> int:
-            codes = rows * -(-cols // 8) * 3
-            return -(-codes // 64) * 64 + rows * 2
+            return -(-rows // 64) * 64 * -(-cols // 8) * 3 + rows * 2
         total = 0
         for rows, cols in ((self.inter, self.hidden), (self.inter, self.hidden),
                            (self.hidden, self.inter)):

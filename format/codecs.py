@@ -15,6 +15,7 @@ GROUP_SIZES = (16, 32, 64, 128, 256)
 RVQ_DIM = 8
 RVQ_ENTRIES = 256
 RVQ_MAX_STAGES = 8
+RVQ_TILE = 64  # rows per code tile (format 1.1): one lookup table serves 64 rows at once
 ROTATIONS = ("none", "hadamard")
 _CODEC_KEYS = {
     "f32": set(),
@@ -54,7 +55,7 @@ def encoded_nbytes(codec: dict, shape: tuple[int, ...]) -> int:
         return 2 * rows * (cols_p // g) + rows * cols_p * 3 // 4
     if name == "rvq":
         nv = -(-cols // codec["dim"])
-        return _align_up(rows * nv * codec["stages"], 64) + 2 * rows
+        return _align_up(rows, RVQ_TILE) * nv * codec["stages"] + 2 * rows
     raise FormatError(f"unknown codec {name!r}")
 
 
@@ -107,6 +108,13 @@ def validate_codec(codec: dict, shape) -> None:
         raise FormatError("codec 'rvq': rotation_block given without rotation 'hadamard'")
 
 
+def uses_rvq(entry: dict) -> bool:
+    """Whether an index section entry (a tensor, or a bank through its parts) holds rvq codes."""
+    codecs = [entry.get("codec")] + [p.get("codec") for p in entry.get("parts") or ()
+                                     if isinstance(p, dict)]
+    return any(isinstance(c, dict) and c.get("name") == "rvq" for c in codecs)
+
+
 def codebook_shape(codec: dict) -> tuple[int, int, int]:
     """Shape of the `layers.L.experts.P.codebook` tensor an rvq codec refers to."""
     return (codec["stages"], codec["entries"], codec["dim"])
@@ -148,6 +156,30 @@ def inv_sqrt_block(block: int) -> np.float32:
     return np.float32(1.0 / np.sqrt(np.float64(block)))
 
 
+def rvq_tile_codes(codes: np.ndarray) -> np.ndarray:
+    """Codes [rows, nv, S] -> the tiled code array [nt, nv*S, 64] of CODECS.md §3 (u8).
+
+    Padding rows of the last tile get code 0.
+    """
+    rows = codes.shape[0]
+    j = codes.shape[1] * codes.shape[2]
+    padded = np.zeros((_align_up(rows, RVQ_TILE), j), np.uint8)
+    padded[:rows] = codes.reshape(rows, j)
+    return np.ascontiguousarray(padded.reshape(-1, RVQ_TILE, j).transpose(0, 2, 1))
+
+
+def rvq_codes(codec: dict, shape, data) -> tuple[np.ndarray, np.ndarray]:
+    """(codes [rows, nv, S] u8, scales [rows] f32) of one rvq tensor's bytes (size-checked)."""
+    validate_codec(codec, shape)
+    rows, cols = shape
+    buf = _buffer(data, encoded_nbytes(codec, tuple(shape)), "rvq")
+    nv, s = -(-cols // RVQ_DIM), codec["stages"]
+    ncodes = _align_up(rows, RVQ_TILE) * nv * s
+    tiles = buf[:ncodes].reshape(-1, nv * s, RVQ_TILE)
+    codes = tiles.transpose(0, 2, 1).reshape(-1, nv, s)[:rows]
+    return codes, buf[ncodes:].view("<f2").astype(np.float32)
+
+
 def _decode_rvq(codec, rows, cols, buf, codebook, rotation) -> np.ndarray:
     s = codec["stages"]
     if codebook is None:
@@ -156,13 +188,11 @@ def _decode_rvq(codec, rows, cols, buf, codebook, rotation) -> np.ndarray:
     if cb.shape != codebook_shape(codec):
         want = list(codebook_shape(codec))
         raise FormatError(f"codec 'rvq': codebook shape {list(cb.shape)} != {want}")
-    nv = -(-cols // RVQ_DIM)
-    codes = buf[: rows * nv * s].reshape(rows, nv, s)
-    scales = buf[_align_up(rows * nv * s, 64) :].view("<f2").astype(np.float32)
+    codes, scales = rvq_codes(codec, (rows, cols), buf)
     acc = cb[0][codes[..., 0]]
     for st in range(1, s):  # stages summed in order, in f32
         acc = acc + cb[st][codes[..., st]]
-    out = np.ascontiguousarray(acc.reshape(rows, nv * RVQ_DIM)[:, :cols]) * scales[:, None]
+    out = np.ascontiguousarray(acc.reshape(rows, -1)[:, :cols]) * scales[:, None]
     if codec.get("rotation", "none") == "hadamard":
         if rotation is None:
             raise FormatError("codec 'rvq': rotation 'hadamard' needs the layer's rotation tensor")

@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from moepack.format.canonical import canonical_json
+from moepack.format.codecs import uses_rvq
 from moepack.format.errors import FormatError
 from moepack.format.limits import (
     BANK_PARTS,
     DEFAULT_ALIGNMENT,
+    FLAG_RVQ_TILED,
     MAX_ALIGNMENT,
     MAX_BLOB_RAW,
     MAX_EXPERTS,
@@ -161,6 +163,11 @@ class Layout:
                     e["layer"], e["offset"], e["stride"], e["count"], e["record_length"], parts,
                     e["hashes"],
                 )
+
+    @property
+    def flags(self) -> int:
+        """Header flags: bit 0 when any tensor or bank part is rvq (its codes are tiled, 1.1)."""
+        return FLAG_RVQ_TILED if any(map(uses_rvq, self.entries)) else 0
 
     def _get(self, name: str, kind: str) -> Extent:
         ext = self._by_name.get(name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 MAGIC = b"MOEPACK\x00"
 MAJOR = 1
-MINOR = 0
+MINOR = 1
 HEADER_SIZE = 128
 HASH_SIZE = 32
 
@@ -25,8 +25,9 @@ MAX_ELEMENTS = 1 << 40
 MAX_EXPERTS = 65_536
 MAX_LAYER = (1 << 31) - 1
 MAX_BLOB_RAW = 1 << 30
-REQUIRED_FLAGS_MASK = 0x0000FFFF  # bits 0-15: required features; none defined in 1.0
-KNOWN_REQUIRED_FLAGS = 0
+REQUIRED_FLAGS_MASK = 0x0000FFFF  # bits 0-15: required features
+FLAG_RVQ_TILED = 0x0001  # bit 0 (1.1): rvq codes in 64-row tiles; a file with rvq parts needs it
+KNOWN_REQUIRED_FLAGS = FLAG_RVQ_TILED
 BANK_PARTS = ("gate", "up", "down")
 
 

@@ -9,6 +9,7 @@ from moepack.format.errors import FormatError
 from moepack.format.header import Header
 from moepack.format.limits import (
     BANK_PARTS,
+    FLAG_RVQ_TILED,
     MAX_BLOB_RAW,
     MAX_EXPERTS,
     MAX_LAYER,
@@ -94,13 +95,21 @@ def _check_extents(sections: list[dict[str, Any]], h: Header) -> None:
         )
 
 
-def _check_tensor(w: str, s: dict[str, Any]) -> None:
+def _check_layout_flag(w: str, codec: dict, h: Header) -> None:
+    """rvq codes are tiled since 1.1 (CODECS.md §3); a 1.0 file's rows would be misread."""
+    if codec["name"] == "rvq" and not h.flags & FLAG_RVQ_TILED:
+        raise FormatError(f"{w}.codec: rvq codes without header flag bit 0 (64-row tiles): the "
+                          "file was made by format 1.0 and must be reconverted")
+
+
+def _check_tensor(w: str, s: dict[str, Any], h: Header) -> None:
     cls = check_str(s.get("class"), f"{w}.class")
     if not cls:
         raise FormatError(f"{w}.class: empty")
     shape = check_shape(s.get("shape"), f"{w}.shape")
     n = codec_nbytes(s.get("codec"), shape, w)
     check_class_codec(cls, s["codec"], w)
+    _check_layout_flag(w, s["codec"], h)
     if n != s["length"]:
         raise FormatError(f"{w}.length: {s['length']} != {n} bytes for shape × codec")
 
@@ -115,7 +124,7 @@ def _check_blob(w: str, s: dict[str, Any]) -> None:
         raise FormatError(f"{w}.raw_length: {raw} != length {s['length']} for compression 'none'")
 
 
-def _check_parts(w: str, s: dict[str, Any]) -> int:
+def _check_parts(w: str, s: dict[str, Any], h: Header) -> int:
     parts = check_list(s.get("parts"), f"{w}.parts")
     names = [check_obj(p, f"{w}.parts[{j}]").get("name") for j, p in enumerate(parts)]
     if tuple(names) != BANK_PARTS:
@@ -125,6 +134,7 @@ def _check_parts(w: str, s: dict[str, Any]) -> int:
         pw = f"{w}.parts[{j}]"
         shape = check_shape(p.get("shape"), f"{pw}.shape")
         n = codec_nbytes(p.get("codec"), shape, pw)
+        _check_layout_flag(pw, p["codec"], h)
         off = check_int(p.get("offset"), f"{pw}.offset")
         length = check_int(p.get("length"), f"{pw}.length", 1)
         if off != align_up(pos, SECTION_ALIGNMENT):
@@ -135,7 +145,8 @@ def _check_parts(w: str, s: dict[str, Any]) -> int:
     return pos
 
 
-def _check_bank(w: str, s: dict[str, Any], alignment: int) -> None:
+def _check_bank(w: str, s: dict[str, Any], h: Header) -> None:
+    alignment = h.alignment
     check_int(s.get("layer"), f"{w}.layer", 0, MAX_LAYER)
     count = check_int(s.get("count"), f"{w}.count", 1, MAX_EXPERTS)
     stride = check_int(s.get("stride"), f"{w}.stride", 1)
@@ -145,7 +156,7 @@ def _check_bank(w: str, s: dict[str, Any], alignment: int) -> None:
         raise FormatError(f"{w}.stride: {stride} is not a multiple of the alignment {alignment}")
     if count * stride != s["length"]:
         raise FormatError(f"{w}.length: {s['length']} != count {count} × stride {stride}")
-    end = _check_parts(w, s)
+    end = _check_parts(w, s, h)
     if record_length != end:
         raise FormatError(f"{w}.record_length: {record_length} != end of last part {end}")
     if stride != align_up(record_length, alignment):
@@ -168,13 +179,13 @@ def validate_sections(value: Any, h: Header) -> Sections:
             raise FormatError(f"{w}.name: duplicate section name")
         by_name[s["name"]] = s
         if kind == "tensor":
-            _check_tensor(w, s)
+            _check_tensor(w, s, h)
         elif kind == "blob":
             _check_blob(w, s)
         elif kind == "expert_hashes" and s["length"] % 32:
             raise FormatError(f"{w}.length: {s['length']} is not a multiple of 32")
         elif kind == "expert_bank":
-            _check_bank(w, s, h.alignment)
+            _check_bank(w, s, h)
     _check_extents(sections, h)
     banks: dict[int, dict[str, Any]] = {}
     users: dict[str, str] = {}

@@ -12,6 +12,7 @@ from typing import Any
 
 import blake3
 import numpy as np
+from moepack.format.codecs import rvq_tile_codes
 from moepack.format.layout import BankSpec, BlobSpec, ContainerSpec, TensorSpec, pack_record
 from moepack.format.layout import plan_layout as _plan
 from moepack.format.limits import align_up
@@ -56,10 +57,11 @@ def encode_synthetic(codec: dict, shape: tuple[int, ...], seed: str) -> bytes:
         u = k[..., 0] | k[..., 1] << 6 | k[..., 2] << 12 | k[..., 3] << 18
         packed = np.stack([u & 255, u >> 8 & 255, u >> 16], axis=-1).astype(np.uint8)
         return scales.tobytes() + packed.tobytes()
-    if name == "rvq":
-        ncodes = rows * -(-cols // codec["dim"]) * codec["stages"]
+    if name == "rvq":  # codes from the XOF in 64-row tiles (padding rows code 0)
+        nv, st = -(-cols // codec["dim"]), codec["stages"]
+        codes = np.frombuffer(xof(seed, rows * nv * st), np.uint8).reshape(rows, nv, st)
         scales = np.abs(_floats(seed + ":s", rows, 0.05)).astype("<f2")
-        return xof(seed, ncodes) + bytes(align_up(ncodes, 64) - ncodes) + scales.tobytes()
+        return rvq_tile_codes(codes).tobytes() + scales.tobytes()
     raise ValueError(f"synthetic bytes for codec {name!r} are not implemented")
 
 

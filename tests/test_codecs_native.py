@@ -20,8 +20,7 @@ def c_decode(codec: dict, shape: tuple[int, int], data: bytes, cb=None, signs=No
     elif codec["name"] == "q6":
         rc = lib.mp_q6_decode(raw, rows, cols, codec["group_size"], out)
     else:
-        nv = -(-cols // 8)
-        n = rows * nv * codec["stages"]
+        n = -(-rows // 64) * 64 * -(-cols // 8) * codec["stages"]  # the 64-row code tiles
         scales = raw[len(raw) - 2 * rows :].view(np.uint16).copy()
         block = codec.get("rotation_block", 0)
         sp = signs.ctypes.data if signs is not None else None
@@ -84,11 +83,11 @@ def test_rvq_decode_random_codes_and_scales_bit_identical() -> None:
     """Arbitrary bytes (incl. f16 subnormals, inf) decode identically in C and Python."""
     codec = {"name": "rvq", "stages": 4, "dim": 8, "entries": 256, "rotation": "hadamard",
              "rotation_block": 16}
-    shape = (9, 48)
+    shape = (70, 48)  # two code tiles, the second with 58 padding rows
     from moepack.format.codecs import encoded_nbytes
 
     data = RNG.integers(0, 256, encoded_nbytes(codec, shape), dtype=np.uint8)
-    scales = data[len(data) - 18 :].view(np.uint16)
+    scales = data[len(data) - 140 :].view(np.uint16)
     scales[:3] = [0x0001, 0x03FF, 0x8200]  # subnormals, negative subnormal
     cb = (RNG.standard_normal((4, 256, 8)) * 3).astype(np.float32)
     signs = np.where(RNG.random(48) < 0.5, -1.0, 1.0).astype(np.float32)

@@ -49,14 +49,33 @@ def test_round_trip_odd_shapes(cols: int, rotation: str) -> None:
         assert rel_err(out, w) < 0.3
 
 
-def test_layout_codes_then_aligned_scales() -> None:
-    ws = experts(2, (5, 13))
-    codec, cb, _, blobs, _ = round_trip(ws, FAST)
+def test_layout_64_row_tiles_then_scales() -> None:
+    """CODECS.md §3: codes[i][v·S + t][l] is stage t of vector v of row 64·i + l; padding rows
+    are code 0; the f16 scales follow at R·J. Decode is checked against that index formula."""
+    rows, cols, s = 70, 13, 3  # two tiles, 58 padding rows; nv = 2 with a partial vector
+    ws = experts(2, (rows, cols))
+    codec, cb, _, blobs, outs = round_trip(ws, FAST)
     raw = np.frombuffer(blobs[0], np.uint8)
-    ncodes = 5 * 2 * 3
-    assert np.all(raw[ncodes:64] == 0)  # zero gap up to align_up(rows*nv*S, 64)
-    scales = raw[64:].view("<f2")
-    assert scales.shape == (5,) and np.all(scales > 0)
+    nv, j, r_pad = 2, 2 * s, 128
+    assert raw.size == encoded_nbytes(codec, (rows, cols)) == r_pad * j + 2 * rows
+    tiles = raw[: r_pad * j].reshape(2, j, 64)
+    assert not tiles[1, :, rows - 64 :].any()  # padding rows of the last tile
+    scales = raw[r_pad * j :].view("<f2").astype(np.float32)
+    want = np.zeros((rows, nv * 8), np.float32)
+    for r in range(rows):
+        for v in range(nv):
+            acc = cb[0][tiles[r // 64, v * s, r % 64]]
+            for t in range(1, s):
+                acc = acc + cb[t][tiles[r // 64, v * s + t, r % 64]]
+            want[r, 8 * v : 8 * v + 8] = acc * scales[r]
+    assert np.array_equal(outs[0], want[:, :cols])
+
+
+def test_size_rule_example() -> None:
+    """The worked example of CODECS.md §3: rows 100, cols 20, S 2 -> 768 + 200 bytes."""
+    codec = {"name": "rvq", "stages": 2, "dim": 8, "entries": 256}
+    assert encoded_nbytes(codec, (100, 20)) == 968
+    assert encoded_nbytes(codec, (64, 8)) == 64 * 2 + 128  # a full tile has no padding rows
 
 
 def test_zero_expert_decodes_to_zero() -> None:

@@ -10,6 +10,7 @@ import blake3
 import numpy as np
 import pytest
 from moepack.format import Container, ContainerWriter, FormatError, codecs, pack_record, plan_layout
+from moepack.format.limits import FLAG_RVQ_TILED
 from moepack.format.synthetic import encode_synthetic, mixtral_spec, write_synthetic
 from moepack.format.writer import partial_path
 
@@ -47,7 +48,8 @@ def test_multiprocess_round_trip(tmp_path: Path) -> None:
     assert path.stat().st_size == layout.file_size
     with Container.open(path) as c:
         assert c.id == cid
-        assert c.version == (1, 0)
+        assert c.version == (1, 1)
+        assert c.header.flags == FLAG_RVQ_TILED  # rvq experts: codes in 64-row tiles
         assert c.model["arch"] == "mixtral"
         for name, data in trunk.items():
             assert bytes(c.tensor_bytes(name)) == data

@@ -21,7 +21,7 @@ from moepack.format import (
 )
 from moepack.format.blobs import decompress_blob
 from moepack.format.canonical import canonical_json, parse_canonical
-from moepack.format.synthetic import encode_synthetic, mixtral_spec, write_synthetic
+from moepack.format.synthetic import Q8, encode_synthetic, mixtral_spec, write_synthetic
 
 
 @pytest.mark.parametrize(
@@ -162,9 +162,10 @@ def test_finalize_with_same_length_manifest(tmp_path: Path) -> None:
 
 
 def test_short_records_are_zero_padded(tmp_path: Path) -> None:
-    spec = mixtral_spec(layers=1, experts=2, alignment=4096)
+    spec = mixtral_spec(layers=1, experts=2, alignment=4096, inter=24)
     layout = plan_layout(spec)
     bank = layout.bank(0)
+    assert bank.record_length < bank.stride  # room for a write past record_length
     path = tmp_path / "r.moepack"
     with ContainerWriter(path, layout) as w:
         digest = w.write_expert(0, 0, b"\x07" * 100)
@@ -207,3 +208,30 @@ def test_missing_codebook_is_a_format_error(tmp_path: Path) -> None:
     write_synthetic(tmp_path / "n.moepack", spec)
     with Container.open(tmp_path / "n.moepack") as c, pytest.raises(FormatError, match="codebook"):
         c.expert_part(0, 0, "gate")
+
+
+def _set_flags(path: Path, flags: int) -> None:
+    """Rewrite header.flags and reseal the header hash (the index is untouched)."""
+    data = bytearray(path.read_bytes())
+    data[12:16] = flags.to_bytes(4, "little")
+    data[96:128] = blake3.blake3(bytes(data[:96])).digest()
+    path.write_bytes(bytes(data))
+
+
+def test_rvq_files_carry_the_tile_flag_and_1_0_rvq_is_refused(tmp_path: Path) -> None:
+    """FORMAT.md §2/§10: writers set required flag bit 0 exactly when a part is rvq; a file with
+    rvq parts and without the bit was made by format 1.0 (other code layout) and is refused."""
+    rvq, q8 = tmp_path / "rvq.moepack", tmp_path / "q8.moepack"
+    write_synthetic(rvq, mixtral_spec(layers=1, experts=2, alignment=512))
+    write_synthetic(q8, mixtral_spec(layers=1, experts=2, alignment=512, expert=Q8))
+    with Container.open(rvq) as c, Container.open(q8) as d:
+        assert (c.version, c.header.flags, d.version, d.header.flags) == ((1, 1), 1, (1, 1), 0)
+    _set_flags(q8, 1)  # the flag on a file without rvq is harmless
+    Container.open(q8).close()
+    _set_flags(rvq, 0)
+    with pytest.raises(FormatError, match=r"parts\[0\].codec: rvq codes without header flag bit 0"
+                       r" .*made by format 1.0 and must be reconverted"):
+        Container.open(rvq)
+    _set_flags(rvq, 3)
+    with pytest.raises(FormatError, match="unknown required flag bits 0x0002"):
+        Container.open(rvq)

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from moepack.format import Container, FormatError
 from moepack.format.info import container_info
@@ -86,3 +87,17 @@ def test_info_command_text() -> None:
     assert result.exit_code == 0, result.output
     assert expected["container_id"] in result.output
     assert "MixtralForCausalLM" in result.output and "bits/weight" in result.output
+
+
+@pytest.mark.parametrize("path", VALID, ids=lambda p: p.stem)
+def test_valid_vector_experts_decode_and_carry_the_tile_flag(path: Path) -> None:
+    """Every expert part decodes (rvq: 64-row tiles); header flag bit 0 iff some part is rvq."""
+    with Container.open(path) as c:
+        rvq = False
+        for b in c.banks():
+            for p in b["parts"]:
+                rvq |= p["codec"]["name"] == "rvq"
+                for e in range(b["count"]):
+                    w = c.expert_part(b["layer"], e, p["name"])
+                    assert w.shape == tuple(p["shape"]) and np.isfinite(w).all()
+        assert bool(c.header.flags & 1) == rvq

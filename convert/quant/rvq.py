@@ -14,7 +14,7 @@ import numpy as np
 from moepack.convert.quant import native
 from moepack.convert.quant.kmeans import train_codebooks
 from moepack.convert.quant.rotation import make_signs, pick_block, rotate_rows
-from moepack.format.codecs import RVQ_DIM, encoded_nbytes, validate_codec
+from moepack.format.codecs import RVQ_DIM, encoded_nbytes, rvq_tile_codes, validate_codec
 
 F16_MAX = 65504.0
 
@@ -159,7 +159,8 @@ def encode_rvq(
     *,
     threads: int = 1,
 ) -> bytes:
-    """Encoded bytes of one expert projection w [rows, cols] (layout of spec/CODECS.md §3)."""
+    """Encoded bytes of one expert projection w [rows, cols]: codes in 64-row tiles, then the
+    f16 row scales (spec/CODECS.md §3)."""
     validate_codec(codec, w.shape)
     cb = np.ascontiguousarray(codebook, dtype=np.float32)
     if cb.shape != (codec["stages"], 256, RVQ_DIM):
@@ -173,8 +174,8 @@ def encode_rvq(
         wq = np.sum(q * wr.astype(np.float64), axis=1)
         s = np.where(qq > 0, wq / np.where(qq > 0, qq, 1.0), 0.0)
         s = np.clip(s, -F16_MAX, F16_MAX)
-    out = np.zeros(encoded_nbytes(codec, (rows, cols)), np.uint8)
-    n = codes.size
-    out[:n] = codes.reshape(-1)
-    out[out.size - 2 * rows :] = np.asarray(s, dtype="<f2").view(np.uint8)
-    return out.tobytes()
+    tiles = rvq_tile_codes(codes.reshape(rows, -1, codec["stages"]))  # 64-row tiles (1.1)
+    out = tiles.tobytes() + np.asarray(s, dtype="<f2").tobytes()
+    if len(out) != encoded_nbytes(codec, (rows, cols)):
+        raise AssertionError("rvq layout and encoded_nbytes disagree")
+    return out

@@ -729,15 +729,17 @@ int mp_rvq_decode(const uint8_t *codes, const uint16_t *scales, size_t rows, siz
     if (signs && (block == 0 || (block & (block - 1)) || cols % block)) return -1;
     /* f32(1/sqrt(block)), rounded once from double, as spec/CODECS.md defines it */
     float inv = signs ? (float)(1.0 / sqrt((double)block)) : 1.0f;
+    size_t j = nv * (size_t)stages; /* code positions per row */
     for (size_t r = 0; r < rows; r++) {
         float s = mp_f16_to_f32(scales[r]);
         float *o = out + r * cols;
+        const uint8_t *tile = codes + (r / 64) * j * 64 + r % 64; /* codes[r/64][.][r%64] */
         for (size_t v = 0; v < nv; v++) {
-            const uint8_t *c = codes + (r * nv + v) * (size_t)stages;
+            const uint8_t *c = tile + v * (size_t)stages * 64; /* stage st at c[st * 64] */
             float acc[D];
             memcpy(acc, cb + (size_t)c[0] * D, sizeof acc);
             for (int st = 1; st < stages; st++) {
-                const float *e = cb + ((size_t)st * k + c[st]) * D;
+                const float *e = cb + ((size_t)st * k + c[(size_t)st * 64]) * D;
                 for (int d = 0; d < D; d++) acc[d] = acc[d] + e[d];
             }
             for (int d = 0; d < D && v * D + d < cols; d++) o[v * D + d] = acc[d] * s;

@@ -40,7 +40,7 @@ MP_API int mp_rvq_encode(const float *x, size_t n, const float *cb, int stages, 
                          uint8_t *codes);
 
 /* Reference decoders (spec/CODECS.md), writing f32 [rows][cols]. f16 fields are raw bit patterns.
- * rvq: codes [rows][nv][stages], scales [rows]; signs (NULL when rotation is "none") [cols],
+ * rvq: codes in 64-row tiles [align_up(rows, 64) / 64][nv * stages][64], scales [rows]; signs (NULL when rotation is "none") [cols],
  * block = rotation block size (power of two dividing cols). Returns 0, or -1 on bad args. */
 MP_API int mp_rvq_decode(const uint8_t *codes, const uint16_t *scales, size_t rows, size_t cols,
                          const float *cb, int stages, int k, const float *signs, size_t block,

@@ -31,6 +31,8 @@
 #define MAX_LAYER ((uint64_t)INT32_MAX)
 #define MAX_BLOB_RAW ((uint64_t)1 << 30)
 #define REQUIRED_FLAGS_MASK 0x0000FFFFu
+#define FLAG_RVQ_TILED 0x0001u /* 1.1: rvq codes in 64-row tiles (FORMAT.md §2, CODECS.md §3) */
+#define KNOWN_REQUIRED_FLAGS FLAG_RVQ_TILED
 
 static const uint8_t MAGIC[8] = {'M', 'O', 'E', 'P', 'A', 'C', 'K', 0};
 
@@ -202,9 +204,9 @@ uint64_t mp_codec_nbytes(const mp_codec_info *c, int ndim, const int64_t *shape)
     if (c->kind == MP_CODEC_RVQ) {
         if (!c->dim || !c->stages) return 0;
         uint64_t nv = (cols + c->dim - 1) / c->dim;
-        if (__builtin_mul_overflow(rows, nv, &t) || __builtin_mul_overflow(t, (uint64_t)c->stages, &t)) return 0;
+        /* codes in 64-row tiles: align_up(rows, 64) * nv * S, then f16 scales (rows < 2^31) */
+        if (__builtin_mul_overflow(align_up(rows, 64), nv, &t) || __builtin_mul_overflow(t, (uint64_t)c->stages, &t)) return 0;
         if (t > MAX_U63) return 0;
-        t = align_up(t, 64);
         return __builtin_add_overflow(t, 2 * rows, &n) ? 0 : n;
     }
     return 0;
@@ -414,7 +416,14 @@ static int check_common(E *e, mp_container *c, size_t i, const mp_json *s, sec *
     return 0;
 }
 
-static int check_tensor(E *e, sec *x, mp_tensor_info *t) {
+/* rvq codes are tiled since 1.1; a 1.0 file (no flag bit 0) would be misread, so it is refused */
+static int check_layout_flag(E *e, uint32_t flags, const mp_codec_info *ci, const char *where) {
+    if (ci->kind == MP_CODEC_RVQ && !(flags & FLAG_RVQ_TILED))
+        return FAIL("%s.codec: rvq codes without header flag bit 0 (64-row tiles): the file was made by format 1.0 and must be reconverted", where);
+    return 0;
+}
+
+static int check_tensor(E *e, uint32_t flags, sec *x, mp_tensor_info *t) {
     char w[720];
     const char *W = x->where;
     size_t n;
@@ -430,6 +439,7 @@ static int check_tensor(E *e, sec *x, mp_tensor_info *t) {
     if (n == 8 && !memcmp(t->cls, "codebook", 8) && t->codec.kind != MP_CODEC_F32 && t->codec.kind != MP_CODEC_F16)
         return FAIL("%s.codec: codec '%s' not allowed for class 'codebook' (must be 'f32' or 'f16')", W,
                     CODEC_NAMES[t->codec.kind]);
+    if ((r = check_layout_flag(e, flags, &t->codec, W))) return r;
     if (nb != x->len) return FAIL("%s.length: %llu != %llu bytes for shape \xc3\x97 codec", W, U(x->len), U(nb));
     t->name = x->name; t->offset = x->off; t->length = x->len;
     chk_hex(e, mp_json_get(x->j, "hash"), "", t->hash);
@@ -471,7 +481,7 @@ static int check_blob(E *e, uint32_t i_unused, sec *x, mp_blob_info *bl) {
 
 static const char *const PARTS[3] = {"gate", "up", "down"};
 
-static int check_parts(E *e, sec *x, mp_bank_info *bk, uint64_t *end) {
+static int check_parts(E *e, uint32_t flags, sec *x, mp_bank_info *bk, uint64_t *end) {
     char w[720], pw[720];
     const char *W = x->where;
     const mp_json *parts = mp_json_get(x->j, "parts");
@@ -495,7 +505,7 @@ static int check_parts(E *e, sec *x, mp_bank_info *bk, uint64_t *end) {
         if (chk_shape(e, mp_json_get(p, "shape"), w, &pi->ndim, pi->shape)) return MP_EFORMAT;
         uint64_t nb, off, len;
         int r = codec_check(e, mp_json_get(p, "codec"), pi->ndim, pi->shape, pw, &pi->codec, &nb);
-        if (r) return r;
+        if (r || (r = check_layout_flag(e, flags, &pi->codec, pw))) return r;
         wcat(w, sizeof w, pw, ".offset");
         if (chk_int(e, mp_json_get(p, "offset"), w, 0, MAX_U63, &off)) return MP_EFORMAT;
         wcat(w, sizeof w, pw, ".length");
@@ -527,7 +537,7 @@ static int check_bank(E *e, mp_container *c, sec *x, mp_bank_info *bk) {
     if (stride % c->alignment) return FAIL("%s.stride: %llu is not a multiple of the alignment %u", W, U(stride), c->alignment);
     if (__builtin_mul_overflow(count, stride, &prod) || prod != x->len)
         return FAIL("%s.length: %llu != count %llu \xc3\x97 stride %llu", W, U(x->len), U(count), U(stride));
-    int r = check_parts(e, x, bk, &end);
+    int r = check_parts(e, c->flags, x, bk, &end);
     if (r) return r;
     if (rl != end) return FAIL("%s.record_length: %llu != end of last part %llu", W, U(rl), U(end));
     if (stride != align_up(rl, c->alignment))
@@ -572,7 +582,7 @@ static int validate_sections(E *e, mp_container *c, const mp_json *value) {
         if (htab_put(&by_name, names, x->name, (uint32_t)i) >= 0) { r = FAIL("%s.name: duplicate section name", x->where); goto out; }
         bank_of[i] = -1;
         if (x->kind == K_TENSOR) {
-            if ((r = check_tensor(e, x, &c->tensors[c->ntensors]))) goto out;
+            if ((r = check_tensor(e, c->flags, x, &c->tensors[c->ntensors]))) goto out;
             c->ntensors++;
         } else if (x->kind == K_BLOB) {
             if ((r = check_blob(e, 0, x, &c->blobs[c->nblobs]))) goto out;
@@ -735,7 +745,7 @@ static int parse_header(E *e, mp_container *c, const uint8_t *h, uint64_t real) 
     mp_blake3_hash(h, 96, d);
     if (memcmp(d, h + 96, 32) != 0) return FAIL("header.header_hash at offset 96: header hash mismatch (header damaged)");
     if (header_size != HEADER_SIZE) return FAIL("header.header_size at offset 20: header_size %u != %d", header_size, HEADER_SIZE);
-    uint32_t unknown = c->flags & REQUIRED_FLAGS_MASK;
+    uint32_t unknown = c->flags & REQUIRED_FLAGS_MASK & ~KNOWN_REQUIRED_FLAGS;
     if (unknown) return FAIL("header.flags at offset 12: unknown required flag bits 0x%04x", unknown);
     for (int i = 80; i < 96; i++)
         if (h[i]) return FAIL("header.reserved at offset 80: reserved bytes are not zero");

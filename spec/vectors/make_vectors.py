@@ -150,6 +150,31 @@ def valid_codebook_f16() -> bytes:
                                expert=dict(RVQ3, stages=2), codebook=F16))
 
 
+def valid_rvq_tiles() -> bytes:
+    """1 MoE layer, alignment 512: rvq experts (2 stages) whose code tiles have padding rows
+    (gate/up 20 rows, one tile) and span two tiles (down: 72 rows), with a partial 8-vector
+    (20 columns)."""
+    return _write(mixtral_spec(layers=1, experts=2, hidden=72, inter=20, vocab=32, heads=2,
+                               kv_heads=1, alignment=512, attn=F16, embed=F16,
+                               expert=dict(RVQ3, stages=2)))
+
+
+def _rvq_1_0_size(shape: list[int], codec: dict[str, Any]) -> int:
+    """Encoded size of an rvq part under format 1.0 ([rows][nv][S] codes, padded to 64)."""
+    rows, cols = shape
+    return align_up(rows * -(-cols // 8) * codec["stages"], 64) + 2 * rows
+
+
+def _format_1_0(data: bytes) -> bytes:
+    """valid/mixtral2 as a 1.0 writer labelled it: minor 0, no flag bit 0, rvq part lengths by
+    the 1.0 size rule (so a reader that checked lengths first would give another message)."""
+    doc = index_doc(data)
+    for s in doc["sections"]:
+        for p in s.get("parts", ()):
+            p["length"] = _rvq_1_0_size(p["shape"], p["codec"])
+    return reseal(data, doc, minor=0, flags=0)
+
+
 def _codebook_bf16(data: bytes) -> bytes:
     """The f16-codebook vector with one codebook relabelled bf16 (same length: only the class
     rule fails)."""
@@ -166,8 +191,8 @@ def mini() -> bytes:
 
 
 def valid_future_minor() -> bytes:
-    """Minor 1 with an optional flag, an unknown top-level key and an unknown section type,
-    which a 1.0 reader must check (common keys, extent, hash) and otherwise skip."""
+    """Minor 2 with an optional flag, an unknown top-level key and an unknown section type,
+    which a 1.1 reader must check (common keys, extent, hash) and otherwise skip."""
     data = mini()
     doc = index_doc(data)
     last = doc["sections"][-1]
@@ -178,7 +203,7 @@ def valid_future_minor() -> bytes:
                             "dtype": "f32"})
     doc["future_key"] = {"anything": [1, 2, 3]}
     body = data[: header_fields(data)["index_offset"]].ljust(off, b"\0") + extra
-    return reseal(body, doc, index_offset=align_up(len(body), 64), minor=1, flags=1 << 16)
+    return reseal(body, doc, index_offset=align_up(len(body), 64), minor=2, flags=1 << 16)
 
 
 # --- invalid vectors: name -> (mutation of mini(), expected error substring) ----------------
@@ -321,6 +346,9 @@ INVALID: dict[str, tuple[Callable[[bytes], bytes], str]] = {
                        "is longer than 255 bytes; a blob name must be a plain file name"),
     # built from valid/codebook_f16 (mini() has no codebooks)
     "codebook_codec": (_codebook_bf16, "codec 'bf16' not allowed for class 'codebook'"),
+    # built from valid/mixtral2: rvq codes in the 1.0 layout are refused, not misread
+    "rvq_format_1_0": (lambda d: _format_1_0(valid_mixtral2()),
+                       "was made by format 1.0 and must be reconverted"),
 }
 
 
@@ -329,7 +357,7 @@ def generate(out: Path) -> list[Path]:
     written = []
     valid = {"mixtral2": valid_mixtral2(), "blobs": valid_blobs(),
              "future_minor": valid_future_minor(), "q6": valid_q6(),
-             "codebook_f16": valid_codebook_f16()}
+             "codebook_f16": valid_codebook_f16(), "rvq_tiles": valid_rvq_tiles()}
     base = mini()
     for sub in ("valid", "invalid"):
         (out / sub).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,127 @@
+"""Reference of the integer lookup-table matvec of rvq codes (spec/CODECS.md §3.5), in numpy.
+
+Bit-exact by construction: every binary32 value the spec names (T, m, inv, d, q, n, acc, y) is
+computed as the spec rounds it, so an engine's result can be compared bit for bit. numpy has no
+fused multiply-add, so `fma_f32` emulates binary32 fma exactly (see there). Vectorised over a
+batch of activations; meant for tests and measurements, not speed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from moepack.format.codecs import RVQ_DIM, fwht_, inv_sqrt_block, rvq_codes
+
+GROUP = 32  # vectors per quantisation group of the tables
+QMAX = np.float32(127)
+TINY = np.float32(2.0**-96)  # below this a group's tables are all zero
+
+
+def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """binary32 fma(a, b, c) = a·b + c rounded once to nearest even, elementwise (broadcasts).
+
+    a·b of two binary32 values is exact in binary64 (48 significant bits), but the binary64 sum
+    with c is rounded, and rounding that again to binary32 can double-round when it lands on a
+    binary32 midpoint. TwoSum gives the exact error e of the binary64 sum s; when e ≠ 0, s is
+    replaced by its round-to-odd neighbour (of s and the next binary64 towards e, the one with
+    an odd significand), which keeps the true value's side of every binary32 midpoint
+    (53 ≥ 24 + 2 bits), so the final conversion rounds once, correctly. Infinities and NaN
+    follow IEEE (e is then NaN and ignored).
+    """
+    c64 = np.asarray(c, np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.asarray(a, np.float32).astype(np.float64) * np.asarray(b, np.float32)
+        s = p + c64
+        bb = s - p
+        e = (p - (s - bb)) + (c64 - bb)  # TwoSum: p + c = s + e exactly (finite s)
+        s = np.array(s, np.float64)  # own, writable copy even for 0-d results
+        even = (s.view(np.int64) & 1) == 0
+        fix = np.isfinite(s) & (e != 0) & even
+        s[fix] = np.nextafter(s[fix], np.copysign(np.inf, e[fix]))
+        return s.astype(np.float32)
+
+
+def tables(xv: np.ndarray, cb: np.ndarray) -> np.ndarray:
+    """§3.5 step 1: T[..., v, t, e] = x·cb[t][e] by a product and an fma chain (binary32).
+
+    xv: activations as vectors [..., nv, 8] (f32); cb: [S, 256, 8] (f32).
+    """
+    x = xv[..., :, None, None, :]  # [..., nv, 1, 1, 8]
+    t = x[..., 0] * cb[..., 0]
+    for d in range(1, RVQ_DIM):  # dimension order is part of the numerics
+        t = fma_f32(x[..., d], cb[..., d], t)
+    return t  # [..., nv, S, 256]
+
+
+def quantise(t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """§3.5 step 2: (q int8 [..., nv, S, 256], d f32 [..., ng, S], nan [...] bool).
+
+    nan marks the activations whose product is NaN (some group's max |T| is NaN or +inf).
+    """
+    *lead, nv, s, k = t.shape
+    ng = -(-nv // GROUP)
+    pad = np.zeros((*lead, ng * GROUP - nv, s, k), np.float32)  # zero vectors do not raise m
+    groups = np.concatenate([np.abs(t), pad], axis=-3).reshape(*lead, ng, GROUP, s, k)
+    m = groups.max(axis=(-3, -1))  # [..., ng, S]; max propagates NaN
+    nan = ~np.isfinite(m).all(axis=(-2, -1))
+    live = np.isfinite(m) & (m >= TINY)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = np.where(live, QMAX / m, np.float32(0)).astype(np.float32)
+        d = np.where(live, m / QMAX, np.float32(0)).astype(np.float32)
+        inv_v = np.repeat(inv, GROUP, axis=-2)[..., :nv, :, None]  # per vector [..., nv, S, 1]
+        q = np.rint((t * inv_v).astype(np.float32))  # product rounded to f32, then to even
+    q = np.where(np.isfinite(q), q, 0).astype(np.int8)  # rows of NaN products are NaN anyway
+    return q, d, nan
+
+
+def sums(q: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """§3.5 step 3: n[..., r, g, t] = Σ over the group's vectors of q[v][t][code] (exact, int32)."""
+    nv, s = codes.shape[1], codes.shape[2]
+    ng = -(-nv // GROUP)
+    idx = codes.astype(np.intp)[..., None]
+    idx = idx.reshape((1,) * (q.ndim - 3) + idx.shape)  # broadcast over the batch
+    picked = np.take_along_axis(q[..., None, :, :, :], idx, axis=-1)[..., 0]
+    picked = picked.astype(np.int32)  # [..., rows, nv, S]
+    pad = np.zeros((*picked.shape[:-2], ng * GROUP - nv, s), np.int32)
+    full = np.concatenate([picked, pad], axis=-2)
+    return full.reshape(*picked.shape[:-2], ng, GROUP, s).sum(axis=-2)
+
+
+def combine(n: np.ndarray, d: np.ndarray, scales: np.ndarray, nan: np.ndarray) -> np.ndarray:
+    """§3.5 step 4: acc = fma(f32(n), d, acc) over g, then t within g; y = acc × s_r."""
+    acc = np.zeros(n.shape[:-2], np.float32)  # [..., rows]
+    for g in range(n.shape[-2]):
+        for t in range(n.shape[-1]):
+            acc = fma_f32(n[..., g, t].astype(np.float32), d[..., None, g, t], acc)
+    y = acc * scales
+    y[nan] = np.float32(np.nan)
+    return y
+
+
+def rotate_activation(x: np.ndarray, signs: np.ndarray, block: int) -> np.ndarray:
+    """§3.2: x̃ = κ · FWHT(σ ⊙ x) per block, with §3.1's butterfly (binary32)."""
+    xt = np.ascontiguousarray(np.asarray(x, np.float32) * np.asarray(signs, np.float32))
+    return fwht_(xt, block) * inv_sqrt_block(block)
+
+
+def rvq_matvec(codec: dict, shape, data, codebook: np.ndarray, x: np.ndarray,
+               rotation: np.ndarray | None = None) -> np.ndarray:
+    """y = the §3.5 product of one rvq projection (bytes `data`, `shape` [rows, cols]) with x.
+
+    x: [..., cols] binary32 activations (before the rotation; it is applied here when the codec
+    has one). Returns [..., rows] binary32, bit-identical to a conforming engine.
+    """
+    rows, cols = shape
+    codes, scales = rvq_codes(codec, shape, data)
+    x = np.asarray(x, np.float32)
+    if x.shape[-1] != cols:
+        raise ValueError(f"activation has {x.shape[-1]} values, the projection {cols} columns")
+    if codec.get("rotation", "none") == "hadamard":
+        if rotation is None:
+            raise ValueError("codec 'rvq': rotation 'hadamard' needs the layer's rotation signs")
+        x = rotate_activation(x, rotation, codec["rotation_block"])
+    nv = codes.shape[1]
+    xp = np.zeros((*x.shape[:-1], nv * RVQ_DIM), np.float32)
+    xp[..., :cols] = x  # padding columns are 0
+    cb = np.asarray(codebook, np.float32)
+    q, d, nan = quantise(tables(xp.reshape(*x.shape[:-1], nv, RVQ_DIM), cb))
+    return combine(sums(q, codes), d, scales, nan)
