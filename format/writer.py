@@ -186,8 +186,9 @@ class ContainerWriter:
         self._pwrite(index, self.layout.index_offset)
         os.fsync(self._fd)  # everything else is durable before the header says "finished"
         root = blake3.blake3(index).digest()
-        header = Header(MAJOR, MINOR, 0, self.layout.alignment, self.layout.file_size,
-                        self.layout.index_offset, self.layout.index_length, root)
+        lay = self.layout
+        header = Header(MAJOR, MINOR, lay.flags, lay.alignment, lay.file_size, lay.index_offset,
+                        lay.index_length, root)
         self._pwrite(header.pack(), 0)
         os.fsync(self._fd)
         self.close()
