@@ -33,7 +33,6 @@ def serve_cmd(
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models) and a chat
     page at /. One sequence at a time; requests queue."""
     import uvicorn
-
     from moepack.runtime.engine import EngineError
     from moepack.runtime.tokenizer import TokenizerError
     from moepack.serve.app import ServeConfig, create_app

@@ -1,0 +1,271 @@
+"""The ASGI app: routes, auth, body limits, and the bridge from requests to the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from moepack.runtime.engine import MP_ECTX, Engine, EngineError
+from moepack.runtime.tokenizer import Tokenizer, TokenizerError
+from moepack.serve import sse
+from moepack.serve.errors import ApiError, from_validation
+from moepack.serve.job import Done, Job, Piece
+from moepack.serve.metrics import Metrics
+from moepack.serve.prepare import Preparer
+from moepack.serve.responses import ChatOutput, ChatResponder, CompletionResponder
+from moepack.serve.schemas import ChatRequest, CompletionRequest
+from moepack.serve.vocab import Vocab
+from moepack.serve.worker import Worker
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.types import ASGIApp
+
+PAGE = Path(__file__).parent / "static" / "index.html"
+_ENDPOINTS = {"/", "/health", "/metrics", "/v1/models", "/v1/chat/completions",
+              "/v1/completions"}
+
+
+@dataclass
+class ServeConfig:
+    path: str
+    model_id: str
+    api_key: str | None = None
+    budget: str | None = None
+    ctx: int | None = None
+    threads: int | None = None
+    max_queue: int = 16
+    max_body: int = 4 << 20
+
+
+class _CountRequests:
+    """Pure ASGI (no BaseHTTPMiddleware: it would get between SSE and the disconnect)."""
+
+    def __init__(self, app, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = 500
+
+        async def send_status(msg) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = msg["status"]
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            path = scope.get("path", "")
+            self.metrics.requests[(path if path in _ENDPOINTS else "other", status)] += 1
+
+
+class Server:
+    """Engine, tokenizer, worker and the request handlers' shared state."""
+
+    def __init__(self, cfg: ServeConfig) -> None:
+        self.cfg = cfg
+        self.tok = Tokenizer.from_container(cfg.path)
+        if not self.tok.chat_template:
+            raise TokenizerError("the container has no chat template")
+        self.engine = Engine(cfg.path, budget=cfg.budget, threads=cfg.threads, ctx=cfg.ctx)
+        self.vocab = Vocab(self.tok, self.engine.vocab_size)
+        self.prep = Preparer(self.tok, self.vocab, self.engine.ctx)
+        self.metrics = Metrics()
+        self.worker = Worker(self.engine, self.vocab, cfg.max_queue, self.metrics)
+        self.started = int(time.time())
+        self.page = PAGE.read_bytes()
+
+    def close(self) -> None:
+        self.worker.close()
+        self.engine.close()
+
+    def check_key(self, request: Request) -> None:
+        if self.cfg.api_key is None:
+            return
+        got = request.headers.get("authorization", "")
+        want = f"Bearer {self.cfg.api_key}"
+        if not hmac.compare_digest(got.encode(), want.encode()):
+            raise ApiError(401, "Incorrect API key provided" if got else
+                           "You didn't provide an API key (Authorization: Bearer KEY)",
+                           code="invalid_api_key")
+
+    async def body(self, request: Request) -> bytes:
+        limit = self.cfg.max_body
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"request body over {limit} bytes", code="request_too_large")
+        chunks, size = [], 0
+        async for c in request.stream():
+            size += len(c)
+            if size > limit:
+                raise ApiError(413, f"request body over {limit} bytes",
+                               code="request_too_large")
+            chunks.append(c)
+        return b"".join(chunks)
+
+    def submit(self, job: Job) -> None:
+        job.loop = asyncio.get_running_loop()
+        if not self.worker.submit(job):
+            self.metrics.rejected += 1
+            raise ApiError(429, f"the queue is full ({self.cfg.max_queue} waiting); retry "
+                           "later", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(self.worker.retry_after())})
+
+    async def collect(self, job: Job, request: Request) -> tuple[list[Piece], Done]:
+        """All of a job's events; a client that leaves cancels it (checked twice a second)."""
+        pieces: list[Piece] = []
+        getter: asyncio.Future | None = None
+        while True:
+            getter = getter or asyncio.ensure_future(job.events.get())
+            finished, _ = await asyncio.wait({getter}, timeout=0.5)
+            if not finished:
+                if await request.is_disconnected():
+                    job.cancel.set()
+                    getter.cancel()
+                    raise _ClientGone
+                continue
+            ev, getter = getter.result(), None
+            if isinstance(ev, BaseException):
+                raise _engine_error(ev)
+            if isinstance(ev, Done):
+                return pieces, ev
+            pieces.append(ev)
+
+    async def stream(self, job: Job, responder, first: dict | None,
+                     include_usage: bool) -> AsyncIterator[dict]:
+        try:
+            if first is not None:
+                yield sse.data(first)
+            while True:
+                ev = await job.events.get()
+                if isinstance(ev, BaseException):
+                    yield sse.data(_engine_error(ev).body())
+                    break
+                if isinstance(ev, Done):
+                    for c in responder.final_chunks(ev, include_usage):
+                        yield sse.data(c)
+                    break
+                chunk = responder.piece_chunk(ev)
+                if chunk is not None:
+                    yield sse.data(chunk)
+            yield sse.data("[DONE]")
+        finally:
+            job.cancel.set()  # the client left (or we are done): stop within one token
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _engine_error(e: BaseException) -> ApiError:
+    if isinstance(e, EngineError) and e.code == MP_ECTX:
+        return ApiError(400, str(e), code="context_length_exceeded")
+    return ApiError(500, f"generation failed: {e}", code="engine_error")
+
+
+def create_app(cfg: ServeConfig) -> ASGIApp:
+    srv = Server(cfg)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        srv.close()
+
+    app = FastAPI(title="moepack serve", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.server = srv
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError) -> JSONResponse:
+        return e.response()
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
+        return ApiError(e.status_code, str(e.detail)).response()
+
+    @app.exception_handler(Exception)
+    async def _any_error(request: Request, e: Exception) -> JSONResponse:
+        return ApiError(500, f"internal error: {type(e).__name__}").response()
+
+    @app.get("/")
+    async def page() -> Response:
+        return HTMLResponse(srv.page)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": cfg.model_id, "queue_depth": srv.worker.waiting,
+                "busy": srv.worker.pending > 0, "ctx": srv.engine.ctx}
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        srv.check_key(request)
+        text = srv.metrics.render(srv.worker.engine_stats, srv.worker.waiting,
+                                  srv.worker.pending > 0)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    def model_card() -> dict:
+        return {"id": cfg.model_id, "object": "model", "created": srv.started,
+                "owned_by": "moepack", "context_length": srv.engine.ctx}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict:
+        srv.check_key(request)
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> dict:
+        srv.check_key(request)
+        if model_id != cfg.model_id:
+            raise ApiError(404, f"The model {model_id!r} does not exist", param="model",
+                           code="model_not_found")
+        return model_card()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        srv.check_key(request)
+        try:
+            req = ChatRequest.model_validate_json(await srv.body(request))
+        except ValidationError as e:
+            raise from_validation(e) from None
+        job, mode = srv.prep.chat(req)
+        responder = ChatResponder(cfg.model_id, ChatOutput(mode.family, list(mode.names),
+                                                           mode.forced), bool(req.logprobs))
+        srv.submit(job)
+        if req.stream:
+            usage = bool(req.stream_options and req.stream_options.include_usage)
+            return sse.response(srv.stream(job, responder, responder.first_chunk(), usage))
+        try:
+            pieces, done = await srv.collect(job, request)
+        except _ClientGone:
+            return Response(status_code=499)
+        return JSONResponse(responder.whole(pieces, done))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        srv.check_key(request)
+        try:
+            req = CompletionRequest.model_validate_json(await srv.body(request))
+        except ValidationError as e:
+            raise from_validation(e) from None
+        job = srv.prep.completion(req)
+        responder = CompletionResponder(cfg.model_id, req.logprobs is not None)
+        srv.submit(job)
+        if req.stream:
+            usage = bool(req.stream_options and req.stream_options.include_usage)
+            return sse.response(srv.stream(job, responder, None, usage))
+        try:
+            pieces, done = await srv.collect(job, request)
+        except _ClientGone:
+            return Response(status_code=499)
+        return JSONResponse(responder.whole(pieces, done))
+
+    return _CountRequests(app, srv.metrics)

@@ -1,0 +1,121 @@
+"""One request on the engine: reuse the cached prefix, feed the rest, sample token by token
+(constraints, stop tokens and strings, logprobs), checking for cancellation every token."""
+
+from __future__ import annotations
+
+import ctypes as C
+import time
+
+import numpy as np
+from moepack.runtime.engine import Engine
+from moepack.runtime.tokenizer import StreamDecoder
+from moepack.serve.job import Done, Job, Piece, TokenLogprob
+from moepack.serve.stops import StopMatcher
+from moepack.serve.vocab import Vocab
+
+_MASKED = np.float32(-1e30)  # finite: softmax of a row with -inf max would be NaN
+_DELTA_KEYS = ("prompt_tokens", "decode_tokens", "prompt_seconds", "decode_seconds",
+               "cache_hits", "cache_misses", "bytes_read", "io_wait_seconds")
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def stats_delta(before: dict, after: dict) -> dict:
+    """Engine stats of the work between two snapshots, with the derived rates."""
+    d = {k: after[k] - before[k] for k in _DELTA_KEYS}
+    d["o_direct"] = after["o_direct"]
+    acc = d["cache_hits"] + d["cache_misses"]
+    d["hit_rate"] = d["cache_hits"] / acc if acc else 0.0
+    d["prompt_tok_s"] = d["prompt_tokens"] / d["prompt_seconds"] if d["prompt_seconds"] else 0.0
+    d["decode_tok_s"] = d["decode_tokens"] / d["decode_seconds"] if d["decode_seconds"] else 0.0
+    busy = d["prompt_seconds"] + d["decode_seconds"]
+    d["io_wait_share"] = d["io_wait_seconds"] / busy if busy else 0.0
+    return d
+
+
+def _logprob(vocab: Vocab, logits: np.ndarray, tid: int, top: int) -> TokenLogprob:
+    x = logits.astype(np.float64)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    tops: list[tuple[str, float]] = []
+    if top:
+        idx = np.argpartition(-x, top - 1)[:top]
+        idx = idx[np.argsort(-x[idx])]
+        tops = [(vocab.piece(int(i)), float(x[i] - lse)) for i in idx]
+    return TokenLogprob(vocab.piece(tid), float(x[tid] - lse), tops)
+
+
+class Generator:
+    """Owns the engine's sequence: `cached` mirrors the tokens in its KV cache."""
+
+    def __init__(self, engine: Engine, vocab: Vocab) -> None:
+        self.engine, self.vocab = engine, vocab
+        self.cached: list[int] = []
+
+    def _feed(self, ids: list[int]) -> np.ndarray:
+        logits = self.engine.feed(ids)  # all or nothing: on error the cache is as it was
+        self.cached.extend(ids)
+        return logits
+
+    def run(self, job: Job) -> Done:
+        t0 = time.monotonic()
+        eng, vocab = self.engine, self.vocab
+        before = eng.stats()
+        # keep at least one prompt token to feed: its logits start the reply
+        reuse = min(common_prefix(self.cached, job.prompt), len(job.prompt) - 1)
+        eng.truncate(reuse)
+        del self.cached[reuse:]
+        logits = self._feed(job.prompt[reuse:])
+        # the engine's own sampler and RNG, so a seed gives what `moepack run --seed` gives
+        rng = C.c_uint64(eng._lib.mp_rng_seed(int(job.seed) & (2**64 - 1)))
+        limit = min(job.max_tokens, eng.ctx - len(job.prompt))
+        dec, stop = StreamDecoder(vocab.tok), StopMatcher(job.stops)
+        out, n, finish, first = [], 0, "length", None
+        con = job.constraint
+        while n < limit:
+            if job.cancel.is_set():
+                finish = "cancelled"
+                break
+            tid = con.forced() if con is not None else None
+            if tid is None:
+                row = logits
+                allowed = con.allowed() if con is not None else None
+                if allowed is not None:
+                    if allowed.size == 0:
+                        finish = "stop"
+                        break
+                    row = np.full_like(logits, _MASKED)
+                    row[allowed] = logits[allowed]
+                tid = eng.sample(row, job.temperature, 0, job.top_p, rng)
+            n += 1
+            if first is None:
+                first = time.monotonic() - t0
+            lp = (_logprob(vocab, logits, tid, job.top_logprobs)
+                  if job.top_logprobs is not None else None)
+            if tid in vocab.stop_ids and con is None:
+                finish = "stop"
+                job.emit(Piece("", tid, lp))
+                break
+            if con is not None:
+                con.advance(tid)
+            text = stop.push(dec.push(tid))
+            out.append(text)
+            job.emit(Piece(text, tid, lp))
+            if stop.stopped or (con is not None and con.done):
+                finish = "stop"
+                break
+            if n < limit:
+                logits = self._feed([tid])
+        if not stop.stopped:  # held-back text that never became a stop string
+            tail = stop.flush()
+            if tail:
+                out.append(tail)
+                job.emit(Piece(tail, -1, None))
+        return Done(finish, len(job.prompt), reuse, n, "".join(out),
+                    stats_delta(before, eng.stats()), time.monotonic() - t0, first)

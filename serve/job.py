@@ -1,0 +1,61 @@
+"""A request as the worker sees it, and what it sends back."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+
+from moepack.serve.constraint import Constraint
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
+
+
+@dataclass
+class Piece:
+    """One generated token: the text it lets out (may be "" while a stop string or a split
+    character is pending) and, when asked for, its log-probability."""
+    text: str
+    token_id: int
+    logprob: TokenLogprob | None = None
+
+
+@dataclass
+class Done:
+    finish_reason: str  # stop | length | cancelled
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens whose KV came from the previous request
+    completion_tokens: int
+    text: str  # everything let out
+    stats: dict  # this request's engine stats (same keys as Engine.stats())
+    seconds: float
+    first_token_seconds: float | None
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    stops: list[str] = field(default_factory=list)
+    top_logprobs: int | None = None  # None: no logprobs; 0: the chosen token's only
+    constraint: Constraint | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def emit(self, ev: Piece | Done | BaseException) -> None:
+        """From the worker thread: hand an event to the request's event loop."""
+        if self.loop is None or self.loop.is_closed():
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, ev)
+        except RuntimeError:  # loop shut down under us: nobody is listening any more
+            pass
