@@ -3,6 +3,12 @@
 Hashing hundreds of GB takes minutes, so known hashes are reused: from `moepack-source.json`
 (written by `moepack fetch`) when the file is no newer than that manifest and its size matches,
 and from a previous run's journal when size and mtime match exactly.
+
+The same pass refuses non-finite weights (NaN/Inf in any F32/F16/BF16/F8_E4M3 tensor), naming
+tensor and file, before the output exists: fused with hashing it costs nothing measurable in a
+pass that reads every byte anyway (docs/CONVERT.md, "Non-finite weights"). A file whose hash
+fetch recorded is still scanned (without hashing); one a previous run of this conversion
+journaled was scanned then.
 """
 
 from __future__ import annotations
@@ -10,21 +16,68 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+
+import numpy as np
+from moepack.convert.errors import SourceError
+from moepack.convert.st_header import DTYPE_SIZES, read_header
 
 FETCH_MANIFEST = "moepack-source.json"
 CHUNK = 16 << 20
+# dtype -> (unsigned view, exponent mask): all exponent bits set is Inf or NaN (e4m3fn: NaN only)
+_EXPONENT = {"F32": ("<u4", 0x7F800000), "F16": ("<u2", 0x7C00), "BF16": ("<u2", 0x7F80),
+             "F8_E4M3": ("u1", 0x7F)}
+
+
+def first_nonfinite(data: bytes, dtype: str) -> int | None:
+    """Index of the first Inf/NaN element of little-endian `data` of `dtype`, else None."""
+    view, mask = _EXPONENT[dtype]
+    a = np.frombuffer(data, view)
+    bad = np.bitwise_and(a, mask) == mask
+    return int(np.argmax(bad)) if bad.any() else None
+
+
+def _segments(path: Path) -> Iterator[tuple[int, int, str | None, str]]:
+    """(start, end, dtype or None, tensor) covering the file in order: header, then tensors
+    (read_header validated that they are contiguous up to the end of the file)."""
+    table = sorted(read_header(path).items(), key=lambda kv: kv[1].start)
+    first = table[0][1].start if table else os.path.getsize(path)
+    yield 0, first, None, ""
+    for name, t in table:
+        yield t.start, t.end, t.dtype, name
+
+
+def scan_file(path: Path, on_bytes: Callable[[int], None] | None = None,
+              hashing: bool = True) -> str | None:
+    """One read of `path`: its SHA-256 (when `hashing`), refusing non-finite weights."""
+    h = hashlib.sha256() if hashing else None
+    with open(path, "rb", buffering=1 << 20) as f:
+        for start, end, dtype, name in _segments(path):
+            item = DTYPE_SIZES.get(dtype or "", 1)
+            pos = start
+            while pos < end:
+                chunk = f.read(min(CHUNK, end - pos))  # CHUNK is a multiple of every item
+                if not chunk:
+                    raise SourceError(f"{path.name}: truncated while reading tensor {name!r}")
+                if h is not None:
+                    h.update(chunk)
+                bad = first_nonfinite(chunk, dtype) if dtype in _EXPONENT else None
+                if bad is not None:
+                    at = (pos - start) // item + bad
+                    raise SourceError(f"{path.name}: tensor {name!r} holds non-finite values "
+                                      f"(NaN or Inf; first at element {at:,}); the checkpoint "
+                                      "is damaged")
+                pos += len(chunk)
+                if on_bytes:
+                    on_bytes(len(chunk))
+    return h.hexdigest() if h is not None else None
 
 
 def sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            if on_bytes:
-                on_bytes(len(chunk))
-    return h.hexdigest()
+    sha = scan_file(path, on_bytes)
+    assert sha is not None
+    return sha
 
 
 def _fetch_hashes(directory: Path) -> dict[str, tuple[int, str]]:
@@ -60,9 +113,10 @@ def fingerprint(directory: Path, files: list[str],
         size, mtime = stat_key(path)
         prev = (known or {}).get(name)
         if prev and prev[0] == size and prev[1] == mtime:
-            sha = prev[2]
+            sha = prev[2]  # scanned by the run that journaled it
         elif name in fetched and fetched[name][0] == size:
             sha = fetched[name][1]
+            scan_file(path, on_bytes, hashing=False)
         else:
             sha = sha256_file(path, on_bytes)
         out.append({"name": name, "size": size, "sha256": sha, "mtime_ns": mtime})

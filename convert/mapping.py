@@ -1,5 +1,5 @@
-"""Bind an adapter's canonical tensors to a checkpoint's tensors, checking every shape up front
-(header reads only), so a bad source fails before anything is written."""
+"""Bind an adapter's canonical tensors to a checkpoint's tensors, checking every shape and dtype
+up front (header reads only), so a bad source fails before anything is written."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ def bind(ck: Checkpoint, adapter: Adapter) -> SourceMap:
     for t in adapter.trunk():
         ref = adapter.resolve(t, names)
         ck.check_shape(ref, t.shape, t.name)
+        ck.check_readable(ref)
         trunk.append((t, ref))
     experts = {}
     count = int(adapter.model["moe"]["num_experts"])
@@ -37,6 +38,7 @@ def bind(ck: Checkpoint, adapter: Adapter) -> SourceMap:
             for part in EXPERT_PARTS:
                 ck.check_shape(refs[part], adapter.expert_shape(part),
                                f"layers.{layer} expert {e} {part}")
+                ck.check_readable(refs[part])
             experts[(layer, e)] = refs
     return SourceMap(tuple(trunk), experts)
 

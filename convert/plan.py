@@ -12,12 +12,14 @@ from math import prod
 from pathlib import Path
 
 from moepack.convert.adapters import EXPERT_PARTS, Adapter, adapter_for
+from moepack.convert.errors import SourceError
 from moepack.convert.mapping import SourceMap, bind
 from moepack.convert.quant import codec_for
 from moepack.convert.settings import Settings
 from moepack.convert.source import Checkpoint
 from moepack.format import BankSpec, BlobSpec, ContainerSpec, Layout, TensorSpec, plan_layout
 from moepack.format.codecs import codebook_shape, rotation_shape
+from moepack.format.model_desc import ModelDescError, validate_model
 
 import moepack
 
@@ -89,6 +91,32 @@ def layer_of(name: str) -> int | None:
     return int(parts[1]) if parts[0] == "layers" else None
 
 
+def described(config: dict) -> Adapter:
+    """The adapter for `config`, its model description checked by the engine's rules
+    (format/model_desc.py) before anything is sized by it or created; refusals name config.json
+    and the field."""
+    adapter = adapter_for(config)
+    try:
+        validate_model(adapter.model, adapter.config)
+    except ModelDescError as e:
+        raise SourceError(f"config.json: {config_field(adapter, e.field)} {e.reason}") from None
+    return adapter
+
+
+def config_field(adapter: Adapter, field: str) -> str:
+    """`field` of the description as the config.json key a user can edit."""
+    if field.startswith("source.config."):
+        return repr(field.removeprefix("source.config."))
+    path = field.split("[")[0]
+    parts = path.split(".")
+    for n in range(len(parts), 0, -1):  # rope_scaling.factor: from config.json's rope_scaling
+        prefix = ".".join(parts[:n])
+        if prefix in adapter.origin:
+            key = adapter.origin[prefix] + path[len(prefix):]
+            return repr(key) if key == field else f"{key!r} (model description {field})"
+    return f"(model description {field})"
+
+
 def plan_for_config(config: dict, settings: Settings, files: list[dict] | None = None,
                     blobs: Mapping[str, int] | None = None) -> Layout:
     """Exact layout (and so `file_size`) of converting a checkpoint with this config.json.
@@ -97,13 +125,13 @@ def plan_for_config(config: dict, settings: Settings, files: list[dict] | None =
     placeholder gives the same size); `blobs`: sizes of tokenizer.json etc. to be embedded."""
     files = [{"name": f["name"], "size": int(f["size"]),
               "sha256": f.get("sha256") or PLACEHOLDER_SHA} for f in (files or [])]
-    return plan_layout(build_spec(adapter_for(config), settings, files, blobs or {}))
+    return plan_layout(build_spec(described(config), settings, files, blobs or {}))
 
 
 def checkpoint_plan(ck: Checkpoint, settings: Settings,
                     files: list[dict] | None = None) -> tuple[Plan, SourceMap]:
     """Plan for an opened checkpoint; validates every source tensor against config.json."""
-    adapter = adapter_for(ck.config)
+    adapter = described(ck.config)
     smap = bind(ck, adapter)
     if files is None:
         files = [{"name": f, "size": (ck.dir / f).stat().st_size, "sha256": PLACEHOLDER_SHA}

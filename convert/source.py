@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
+import stat
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 from moepack.convert.errors import SourceError
 from moepack.convert.fp8 import dequant_blocks, scale_grid, to_f32
-from moepack.convert.st_header import DTYPE_SIZES, TensorInfo, read_header
+from moepack.convert.st_header import DTYPE_SIZES, TensorInfo, parse_json, read_header
+from moepack.format.model_desc import MAX_JSON_BYTES, MAX_TENSORS
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -33,15 +34,33 @@ class SourceRef:
 
 
 def load_json(path: Path) -> dict:
+    """An untrusted JSON object file (config.json, index.json): size and nesting bounded."""
+    data = _read_small(path, MAX_JSON_BYTES)
+    obj = parse_json(data, f"{path.name}: not readable JSON")
+    if not isinstance(obj, dict):
+        raise SourceError(f"{path.name}: expected a JSON object")
+    return obj
+
+
+def _read_small(path: Path, limit: int) -> bytes:
+    """A regular file of at most `limit` bytes (a FIFO or device is refused, never waited on)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError as e:
         raise SourceError(f"{path.name}: missing from {path.parent}") from e
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SourceError(f"{path.name}: not readable JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise SourceError(f"{path.name}: expected a JSON object")
-    return data
+    except OSError as e:
+        raise SourceError(f"{path.name}: cannot read: {e.strerror or e}") from e
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SourceError(f"{path.name}: not a regular file")
+        if st.st_size > limit:
+            raise SourceError(f"{path.name}: {st.st_size:,} bytes, larger than the "
+                              f"{limit:,} accepted")
+        try:
+            return f.read(limit + 1)[:limit]
+        except OSError as e:
+            raise SourceError(f"{path.name}: cannot read: {e.strerror or e}") from e
 
 
 class Checkpoint:
@@ -60,6 +79,8 @@ class Checkpoint:
                     other = self.tensors[tname].file
                     raise SourceError(f"{fname}: tensor {tname!r} also in {other}")
                 self.tensors[tname] = info
+            if len(self.tensors) > MAX_TENSORS:
+                raise SourceError(f"{fname}: more than {MAX_TENSORS:,} tensors in the checkpoint")
         self._check_index()
         self.fp8_block = self._block_size()
 
@@ -82,10 +103,15 @@ class Checkpoint:
             wmap = load_json(index).get("weight_map")
             if not isinstance(wmap, dict) or not wmap:
                 raise SourceError(f"{INDEX_NAME}: no weight_map")
+            if len(wmap) > MAX_TENSORS:
+                raise SourceError(f"{INDEX_NAME}: weight_map lists {len(wmap):,} tensors (at "
+                                  f"most {MAX_TENSORS:,} are accepted)")
+            if not all(isinstance(f, str) for f in wmap.values()):
+                raise SourceError(f"{INDEX_NAME}: weight_map values must be file names")
             self._weight_map: dict[str, str] | None = wmap
             files = sorted(set(wmap.values()))
             for f in files:
-                if not isinstance(f, str) or Path(f).name != f or f in (".", ".."):
+                if Path(f).name != f or f in (".", "..") or "\x00" in f:
                     raise SourceError(f"{INDEX_NAME}: {f!r} is not a file name in the checkpoint "
                                       "directory")
                 if not (self.dir / f).is_file():
@@ -137,17 +163,25 @@ class Checkpoint:
             raise SourceError(f"{self.info(ref.name).file}: tensor {ref.name!r} has shape "
                               f"{list(got)}, but config.json implies {list(expected)} for {what}")
 
-    # -- data ------------------------------------------------------------------------------
-    def read(self, ref: SourceRef) -> np.ndarray:
-        """The referenced values as a C-contiguous float32 array."""
+    def check_readable(self, ref: SourceRef) -> None:
+        """Refuse, from the header alone, a tensor `read` could not decode (planning time)."""
         info = self.info(ref.name)
         if info.dtype not in FLOAT_DTYPES + (FP8,):
-            raise SourceError(
-                f"{info.file}: tensor {ref.name!r} has unsupported dtype {info.dtype}")
+            raise SourceError(f"{info.file}: tensor {ref.name!r} has unsupported dtype "
+                              f"{info.dtype} (convert reads {', '.join(FLOAT_DTYPES + (FP8,))})")
+        if info.dtype == FP8:
+            self._fp8_scale(info, ref)
+
+    # -- data ------------------------------------------------------------------------------
+    def read(self, ref: SourceRef) -> np.ndarray:
+        """The referenced values as a C-contiguous float32 array, all finite."""
+        self.check_readable(ref)
+        info = self.info(ref.name)
         shape = self.ref_shape(ref)
         w = to_f32(self._raw(info, ref, shape), info.dtype, shape)
         if info.dtype == FP8:
-            return self._dequant(info, ref, w)
+            w = self._dequant(info, ref, w)
+        check_finite(w, info.file, ref.name)
         return w
 
     def _raw(self, info: TensorInfo, ref: SourceRef, shape: tuple[int, ...]) -> bytes:
@@ -175,13 +209,14 @@ class Checkpoint:
                               f"({len(data)} of {length} bytes)")
         return data
 
-    def _dequant(self, info: TensorInfo, ref: SourceRef, w: np.ndarray) -> np.ndarray:
+    def _fp8_scale(self, info: TensorInfo, ref: SourceRef) -> tuple[str, tuple[int, int]]:
+        """(scale tensor name, its grid) of an fp8 weight; SourceError when unusable."""
         where = f"{info.file}: tensor {ref.name!r}"
         if self.fp8_block is None:
             raise SourceError(f"{where} is fp8 but config.json has no "
                               "quantization_config.weight_block_size")
         b0 = self.fp8_block[0]
-        lo, hi = ref.rows or (0, info.shape[0])
+        lo = (ref.rows or (0, 0))[0]
         if ref.index is not None or len(info.shape) != 2 or lo % b0:
             raise SourceError(f"{where}: fp8 is supported for 2-D per-tensor weights only "
                               f"(row bands starting at multiples of {b0})")
@@ -192,7 +227,23 @@ class Checkpoint:
             raise SourceError(f"{sinfo.file}: tensor {sname!r} is {sinfo.dtype} "
                               f"{list(sinfo.shape)}; block size {list(self.fp8_block)} needs "
                               f"a float tensor of shape {list(need)}")
+        return sname, need
+
+    def _dequant(self, info: TensorInfo, ref: SourceRef, w: np.ndarray) -> np.ndarray:
+        assert self.fp8_block is not None
+        sname, need = self._fp8_scale(info, ref)
+        sinfo = self.info(sname)
+        b0 = self.fp8_block[0]
+        lo, hi = ref.rows or (0, info.shape[0])
         srows = (lo // b0, -(-hi // b0))  # the scale rows covering this band
         sshape = (srows[1] - srows[0], need[1])
         scale = to_f32(self._raw(sinfo, SourceRef(sname, rows=srows), sshape), sinfo.dtype, sshape)
         return dequant_blocks(w, scale, self.fp8_block)
+
+
+def check_finite(w: np.ndarray, file: str, name: str) -> None:
+    """NaN or Inf in a weight would convert, verify, then make `run` print garbage."""
+    if not np.isfinite(w).all():
+        first = int(np.flatnonzero(~np.isfinite(w.ravel()))[0])
+        raise SourceError(f"{file}: tensor {name!r} holds non-finite values (NaN or Inf; first "
+                          f"at element {first:,}); the checkpoint is damaged")

@@ -14,10 +14,17 @@ from math import prod
 from pathlib import Path
 
 from moepack.convert.errors import SourceError
+from moepack.format.canonical import _max_depth as json_depth
+from moepack.format.model_desc import (
+    MAX_HEADER_BYTES,
+    MAX_TENSOR_DIMS,
+    MAX_TENSORS,
+    SOURCE_JSON_DEPTH,
+)
 
 DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "I64": 8, "I32": 4,
                "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-MAX_HEADER = 100_000_000  # safetensors' own cap
+MAX_HEADER = MAX_HEADER_BYTES
 
 
 @dataclass(frozen=True)
@@ -46,12 +53,12 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             raw = f.read(hlen)
     except OSError as e:
         raise SourceError(f"{name}: cannot read: {e.strerror or e}") from e
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SourceError(f"{name}: corrupt safetensors header: not valid JSON ({e})") from e
+    header = parse_json(raw, f"{name}: corrupt safetensors header")
     if not isinstance(header, dict):
         raise SourceError(f"{name}: corrupt safetensors header: not a JSON object")
+    if len(header) > MAX_TENSORS + 1:
+        raise SourceError(f"{name}: corrupt safetensors header: {len(header):,} entries (at most "
+                          f"{MAX_TENSORS:,} tensors are accepted)")
     base = 8 + hlen
     table: dict[str, TensorInfo] = {}
     for tname, meta in header.items():
@@ -62,20 +69,35 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     return table
 
 
+def parse_json(raw: bytes, where: str) -> object:
+    """Untrusted JSON: nesting depth bounded before parsing (no parser recursion on hostile
+    input), every failure one SourceError starting with `where`."""
+    if json_depth(raw, SOURCE_JSON_DEPTH) > SOURCE_JSON_DEPTH:
+        raise SourceError(f"{where}: JSON nested deeper than {SOURCE_JSON_DEPTH} levels")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise SourceError(f"{where}: not valid JSON ({e})") from None
+
+
 def _entry(fname: str, tname: str, meta: object, base: int) -> TensorInfo:
-    where = f"{fname}: tensor {tname!r}"
+    where = f"{fname}: tensor {_short(tname)}"
     if not isinstance(meta, dict):
         raise SourceError(f"{where}: corrupt safetensors header entry")
     dtype, shape, offs = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
     if dtype not in DTYPE_SIZES:
-        raise SourceError(f"{where}: unknown dtype {dtype!r}")
-    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-        raise SourceError(f"{where}: corrupt shape {shape!r}")
+        raise SourceError(f"{where}: unknown dtype {_short(dtype)}")
+    if not (isinstance(shape, list) and len(shape) <= MAX_TENSOR_DIMS
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        raise SourceError(f"{where}: corrupt shape {_short(shape)} (at most {MAX_TENSOR_DIMS} "
+                          "non-negative integer dimensions)")
     if not (isinstance(offs, list) and len(offs) == 2
-            and all(isinstance(o, int) and o >= 0 for o in offs) and offs[0] <= offs[1]):
-        raise SourceError(f"{where}: corrupt data_offsets {offs!r}")
+            and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)
+            and offs[0] <= offs[1]):
+        raise SourceError(f"{where}: corrupt data_offsets {_short(offs)}")
     if offs[1] - offs[0] != prod(shape) * DTYPE_SIZES[dtype]:
-        raise SourceError(f"{where}: data_offsets {offs} disagree with shape {shape} {dtype}")
+        raise SourceError(f"{where}: data_offsets {_short(offs)} disagree with shape "
+                          f"{_short(shape)} {dtype}")
     return TensorInfo(fname, dtype, tuple(shape), base + offs[0], base + offs[1])
 
 
@@ -92,3 +114,9 @@ def _check_extents(fname: str, table: dict[str, TensorInfo], base: int, size: in
     if pos != size:
         raise SourceError(f"{fname}: {size - pos} unexpected bytes after the last tensor "
                           f"(file is {size} bytes, tensors end at {pos})")
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """repr of an untrusted value, cut short so one message stays one line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -2,30 +2,37 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from moepack.fetch.hub_download import resolve_url
 from moepack.fetch.hub_listing import RepoListing
+from moepack.format.model_desc import MAX_JSON_BYTES as MAX_CONFIG_BYTES
 
-MAX_CONFIG_BYTES = 16 << 20
 
+def _config(listing: RepoListing, dest: Path) -> object:
+    """config.json as parsed JSON, by the converter's bounded parser (size and nesting depth)."""
+    from moepack.convert.st_header import parse_json
 
-def _config(listing: RepoListing, dest: Path) -> dict:
     local = dest / "config.json"
     if local.is_file() and local.stat().st_size <= MAX_CONFIG_BYTES:
         try:
-            return json.loads(local.read_text(encoding="utf-8"))
-        except ValueError:
+            return parse_json(local.read_bytes(), "config.json")
+        except (ValueError, OSError):
             pass   # damaged local copy: ask the hub
     import httpx2
     from huggingface_hub.utils import build_hf_headers, get_session
 
     url = resolve_url(listing.repo, listing.revision, "config.json")
-    r = get_session().get(url, headers=build_hf_headers(), timeout=httpx2.Timeout(30.0))
-    if r.status_code != 200 or len(r.content) > MAX_CONFIG_BYTES:
-        raise ValueError(f"config.json: HTTP {r.status_code} from {url}")
-    return json.loads(r.content)
+    body = bytearray()
+    with get_session().stream("GET", url, headers=build_hf_headers(),
+                              timeout=httpx2.Timeout(30.0)) as r:
+        if r.status_code != 200:
+            raise ValueError(f"config.json: HTTP {r.status_code} from {url}")
+        for part in r.iter_bytes():   # streamed: a hostile hub cannot make us hold more
+            body += part
+            if len(body) > MAX_CONFIG_BYTES:
+                raise ValueError(f"config.json: larger than {MAX_CONFIG_BYTES:,} bytes")
+    return parse_json(bytes(body), "config.json")
 
 
 def conversion_size(listing: RepoListing, dest: Path) -> tuple[int | None, str]:
@@ -33,11 +40,14 @@ def conversion_size(listing: RepoListing, dest: Path) -> tuple[int | None, str]:
     if not any(f.name == "config.json" for f in listing.files):
         return None, "no config.json in the selected files"
     import httpx2
+    from moepack.convert.errors import ConvertError
 
     try:
         config = _config(listing, dest)
-    except (ValueError, OSError, httpx2.HTTPError) as e:
+    except (ValueError, OSError, httpx2.HTTPError, ConvertError) as e:
         return None, f"config.json unreadable: {e}"
+    if not isinstance(config, dict):
+        return None, "config.json unreadable: not a JSON object"
     try:
         from moepack.convert.plan import plan_for_config
         from moepack.convert.settings import Settings
@@ -47,7 +57,7 @@ def conversion_size(listing: RepoListing, dest: Path) -> tuple[int | None, str]:
     files = [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in listing.files
              if f.name.endswith(".safetensors")]
     blobs = {f.name: f.size for f in listing.files if f.name in BLOB_FILES}
-    try:
+    try:   # bounds and engine rules first (plan.described): a hostile config allocates nothing
         layout = plan_for_config(config, Settings(), files=files, blobs=blobs)
     except Exception as e:   # noqa: BLE001 — any planner refusal becomes the reason shown
         return None, f"planner: {e}"

@@ -20,14 +20,18 @@ def supported() -> list[str]:
 def adapter_for(config: dict) -> Adapter:
     """The adapter for config.json's `architectures` (or `model_type` when that is absent)."""
     archs = config.get("architectures") or []
+    if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise UnsupportedArchitecture(f"config.json: 'architectures' must be a list of names, "
+                                      f"got {repr(archs)[:80]}")
     for name in archs:
         if name in _BY_ARCH:
             return _BY_ARCH[name](config)
-    if not archs and config.get("model_type") in _BY_MODEL_TYPE:
-        return _BY_MODEL_TYPE[config["model_type"]](config)
-    got = ", ".join(map(str, archs)) or f"model_type {config.get('model_type')!r}"
-    raise UnsupportedArchitecture(
-        f"config.json: unsupported architecture {got}; supported: {', '.join(supported())}")
+    model_type = config.get("model_type")
+    if not archs and isinstance(model_type, str) and model_type in _BY_MODEL_TYPE:
+        return _BY_MODEL_TYPE[model_type](config)
+    got = ", ".join(archs) or f"model_type {model_type!r}"
+    raise UnsupportedArchitecture(f"config.json: unsupported architecture {got[:200]}; "
+                                  f"supported: {', '.join(supported())}")
 
 
 __all__ = ["ADAPTERS", "EXPERT_PARTS", "Adapter", "TrunkTensor", "adapter_for", "supported"]

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from moepack.convert.errors import SourceError
 from moepack.convert.source import SourceRef
+from moepack.format.model_desc import INT_BOUNDS, SOURCE_INT_BOUNDS
 
 EXPERT_PARTS = ("gate", "up", "down")
 _MISSING = object()
@@ -38,54 +39,78 @@ class Adapter:
 
     def __init__(self, config: dict) -> None:
         self.config = config
+        # description field (FORMAT.md §7 path) -> the config.json key it came from, so that
+        # a rule broken by the description names what the user can fix
+        self.origin: dict[str, str] = {}
 
     # -- config access ---------------------------------------------------------------------
-    def cfg(self, *keys: str, default: Any = _MISSING) -> Any:
-        """First of `keys` present (and not null) in config.json."""
+    def _lookup(self, keys: tuple[str, ...], default: Any) -> tuple[str, Any]:
+        """(key, value) of the first of `keys` present (and not null) in config.json."""
         for k in keys:
             if self.config.get(k) is not None:
-                return self.config[k]
+                return k, self.config[k]
         if default is _MISSING:
             raise SourceError(f"config.json: missing {keys[0]!r} (needed for {self.arch})")
-        return default
+        return keys[0], default
 
-    def cfg_int(self, *keys: str, default: Any = _MISSING) -> int:
-        """An integer setting (JSON floats with integral values accepted), >= 0."""
-        v = self.cfg(*keys, default=default)
+    def cfg(self, *keys: str, default: Any = _MISSING) -> Any:
+        """First of `keys` present (and not null) in config.json."""
+        return self._lookup(keys, default)[1]
+
+    def cfg_int(self, *keys: str, default: Any = _MISSING, field: str | None = None,
+                hi: int | None = None) -> int:
+        """An integer setting (JSON floats with integral values accepted), >= 0 and within the
+        bounds of `field` (format/model_desc.py), checked before anything is sized by it."""
+        key, v = self._lookup(keys, default)
         if isinstance(v, float) and v.is_integer():
             v = int(v)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise SourceError(f"config.json: {keys[0]!r} must be a non-negative integer, "
-                              f"got {v!r}")
+            raise SourceError(f"config.json: {key!r} must be a non-negative integer, "
+                              f"got {_short(v)}")
+        lo, top = INT_BOUNDS.get(field or "") or SOURCE_INT_BOUNDS.get(key, (0, 1 << 63))
+        top = top if hi is None else hi
+        if field is not None:
+            self.origin[field] = key
+        if not lo <= v <= top and v != default:
+            raise SourceError(f"config.json: {key!r} must be an integer in {lo}..{top}, got {v}")
         return v
 
-    def cfg_float(self, *keys: str, default: Any = _MISSING) -> float:
-        v = self.cfg(*keys, default=default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-            raise SourceError(f"config.json: {keys[0]!r} must be a number, got {v!r}")
+    def cfg_float(self, *keys: str, default: Any = _MISSING, field: str | None = None) -> float:
+        key, v = self._lookup(keys, default)  # NaN/Inf pass here: the description's rules
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise SourceError(f"config.json: {key!r} must be a number, got {_short(v)}")
+        if field is not None:
+            self.origin[field] = key
         return float(v)
 
     def rope(self) -> tuple[float, dict | None]:
         """(rope_theta, rope_scaling) from either the classic keys or transformers 5's
         `rope_parameters`."""
         params = self.config.get("rope_parameters") or {}
-        theta = self.cfg_float("rope_theta", default=params.get("rope_theta", 10000.0))
+        if not isinstance(params, dict):
+            raise SourceError(f"config.json: 'rope_parameters' must be an object, got "
+                              f"{_short(params)}")
+        theta = self.cfg_float("rope_theta", default=params.get("rope_theta", 10000.0),
+                               field="rope_theta")
         scaling = self.config.get("rope_scaling")
+        self.origin["rope_scaling"] = "rope_scaling"
         if scaling is None and params.get("rope_type", "default") != "default":
             scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+            self.origin["rope_scaling"] = "rope_parameters"
         return theta, scaling
 
     def common_model(self) -> dict:
         theta, scaling = self.rope()
         return {
             "arch": self.arch,
-            "vocab_size": self.cfg_int("vocab_size"),
-            "hidden_size": self.cfg_int("hidden_size"),
-            "num_layers": self.cfg_int("num_hidden_layers"),
-            "rms_norm_eps": self.cfg_float("rms_norm_eps", default=1e-6),
+            "vocab_size": self.cfg_int("vocab_size", field="vocab_size"),
+            "hidden_size": self.cfg_int("hidden_size", field="hidden_size"),
+            "num_layers": self.cfg_int("num_hidden_layers", field="num_layers"),
+            "rms_norm_eps": self.cfg_float("rms_norm_eps", default=1e-6, field="rms_norm_eps"),
             "rope_theta": theta,
             "rope_scaling": scaling,
-            "max_position_embeddings": self.cfg_int("max_position_embeddings"),
+            "max_position_embeddings": self.cfg_int("max_position_embeddings",
+                                                    field="max_position_embeddings"),
             "tie_word_embeddings": bool(self.cfg("tie_word_embeddings", default=False)),
             "bos_token_id": self.config.get("bos_token_id"),
             "eos_token_id": self.config.get("eos_token_id"),
@@ -95,7 +120,7 @@ class Adapter:
         """`moe` description of softmax top-k routing without shared experts (FORMAT.md §7)."""
         return {
             "num_experts": experts,
-            "top_k": self.cfg_int("num_experts_per_tok"),
+            "top_k": self.cfg_int("num_experts_per_tok", field="moe.top_k"),
             "moe_intermediate_size": inter,
             "scoring": "softmax",
             "norm_topk_prob": norm_topk_prob,
@@ -201,6 +226,15 @@ class Adapter:
                 return SourceRef(s)
         raise SourceError(f"tensor {t.sources[0]!r} ({t.name}) missing from the checkpoint")
 
+    def gqa_heads(self, hidden: int) -> dict:
+        """num_attention_heads, num_key_value_heads and head_dim of a GQA config."""
+        heads = self.cfg_int("num_attention_heads", field="num_attention_heads")
+        default_dim = hidden // heads if heads else 0
+        return {"num_attention_heads": heads,
+                "num_key_value_heads": self.cfg_int("num_key_value_heads", default=heads,
+                                                    field="num_key_value_heads"),
+                "head_dim": self.cfg_int("head_dim", default=default_dim, field="head_dim")}
+
     def gqa(self, layer: int, qk_norm: bool) -> list[TrunkTensor]:
         m, h = self.model, self.hidden
         p, c = f"model.layers.{layer}.self_attn", f"layers.{layer}.attn"
@@ -215,3 +249,9 @@ class Adapter:
             out += [self.linear(f"{c}.q_norm", d, f"{p}.q_norm.weight", "norm"),
                     self.linear(f"{c}.k_norm", d, f"{p}.k_norm.weight", "norm")]
         return out
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """repr of an untrusted value, cut short so one message stays one line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

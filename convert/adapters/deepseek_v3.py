@@ -8,6 +8,7 @@ from functools import cached_property
 
 from moepack.convert.adapters.base import Adapter, TrunkTensor
 from moepack.convert.errors import SourceError
+from moepack.format.model_desc import INT_BOUNDS
 
 
 class DeepseekV3Adapter(Adapter):
@@ -22,33 +23,42 @@ class DeepseekV3Adapter(Adapter):
     @cached_property
     def model(self) -> dict:
         m = self.common_model()
-        heads = self.cfg_int("num_attention_heads")
-        nope, rope = self.cfg_int("qk_nope_head_dim"), self.cfg_int("qk_rope_head_dim")
-        q_lora = self.cfg_int("q_lora_rank", default=0)
+        heads = self.cfg_int("num_attention_heads", field="num_attention_heads")
+        nope = self.cfg_int("qk_nope_head_dim", field="attention.qk_nope_head_dim")
+        rope = self.cfg_int("qk_rope_head_dim", field="attention.qk_rope_head_dim")
+        self.origin.update(num_key_value_heads="num_attention_heads",
+                           head_dim="qk_nope_head_dim + qk_rope_head_dim")
+        q_lora = self.cfg_int("q_lora_rank", default=0, hi=INT_BOUNDS["attention.q_lora_rank"][1])
+        self.origin["attention.q_lora_rank"] = "q_lora_rank"
         kinds = self._kinds(m["num_layers"])
-        inter = self.cfg_int("moe_intermediate_size")
-        shared = self.cfg_int("n_shared_experts", default=0)
+        inter = self.cfg_int("moe_intermediate_size", field="moe.moe_intermediate_size")
+        shared = self.cfg_int("n_shared_experts", default=0, field="moe.num_shared_experts")
+        self.origin["moe.shared_intermediate_size"] = "moe_intermediate_size x n_shared_experts"
         m.update({
             "num_attention_heads": heads,
             "num_key_value_heads": heads,
             "head_dim": nope + rope,
             "qk_norm": False,
             "attention": {"kind": "mla", "q_lora_rank": q_lora or None,
-                          "kv_lora_rank": self.cfg_int("kv_lora_rank"),
+                          "kv_lora_rank": self.cfg_int("kv_lora_rank",
+                                                       field="attention.kv_lora_rank"),
                           "qk_nope_head_dim": nope, "qk_rope_head_dim": rope,
-                          "v_head_dim": self.cfg_int("v_head_dim")},
+                          "v_head_dim": self.cfg_int("v_head_dim", field="attention.v_head_dim")},
             "layer_kinds": kinds,
-            "dense_intermediate_size": (self.cfg_int("intermediate_size")
-                                        if "dense" in kinds else None),
+            "dense_intermediate_size": (
+                self.cfg_int("intermediate_size", field="dense_intermediate_size")
+                if "dense" in kinds else None),
             "moe": {
-                "num_experts": self.cfg_int("n_routed_experts", "num_local_experts"),
-                "top_k": self.cfg_int("num_experts_per_tok"),
+                "num_experts": self.cfg_int("n_routed_experts", "num_local_experts",
+                                            field="moe.num_experts"),
+                "top_k": self.cfg_int("num_experts_per_tok", field="moe.top_k"),
                 "moe_intermediate_size": inter,
                 "scoring": self._scoring(),
                 "norm_topk_prob": bool(self.cfg("norm_topk_prob", default=True)),
-                "n_group": self.cfg_int("n_group", default=1),
-                "topk_group": self.cfg_int("topk_group", default=1),
-                "routed_scaling_factor": self.cfg_float("routed_scaling_factor", default=1.0),
+                "n_group": self.cfg_int("n_group", default=1, field="moe.n_group"),
+                "topk_group": self.cfg_int("topk_group", default=1, field="moe.topk_group"),
+                "routed_scaling_factor": self.cfg_float("routed_scaling_factor", default=1.0,
+                                                        field="moe.routed_scaling_factor"),
                 "num_shared_experts": shared,
                 "shared_intermediate_size": inter * shared if shared else None,
             },
@@ -57,8 +67,9 @@ class DeepseekV3Adapter(Adapter):
 
     def _scoring(self) -> str:
         scoring = self.cfg("scoring_func", default="sigmoid")
+        self.origin["moe.scoring"] = "scoring_func"
         if scoring not in ("sigmoid", "softmax"):
-            raise SourceError(f"config.json: scoring_func {scoring!r} is not supported "
+            raise SourceError(f"config.json: scoring_func {repr(scoring)[:80]} is not supported "
                               "(sigmoid or softmax)")
         return scoring
 

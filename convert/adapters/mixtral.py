@@ -15,18 +15,17 @@ class MixtralAdapter(Adapter):
     @cached_property
     def model(self) -> dict:
         m = self.common_model()
-        heads = self.cfg_int("num_attention_heads")
         n = m["num_layers"]
+        m.update(self.gqa_heads(m["hidden_size"]))
         m.update({
-            "num_attention_heads": heads,
-            "num_key_value_heads": self.cfg_int("num_key_value_heads", default=heads),
-            "head_dim": self.cfg_int("head_dim", default=m["hidden_size"] // heads),
             "qk_norm": False,
             "attention": {"kind": "gqa"},
             "layer_kinds": ["moe"] * n,
             "dense_intermediate_size": None,
-            "moe": self.softmax_moe(self.cfg_int("num_local_experts", "num_experts"),
-                                    self.cfg_int("intermediate_size"), norm_topk_prob=True),
+            "moe": self.softmax_moe(
+                self.cfg_int("num_local_experts", "num_experts", field="moe.num_experts"),
+                self.cfg_int("intermediate_size", field="moe.moe_intermediate_size"),
+                norm_topk_prob=True),
         })
         return m
 

@@ -18,28 +18,27 @@ class Qwen3MoeAdapter(Adapter):
         only = self.cfg("mlp_only_layers", default=[])
         if not (isinstance(only, list) and all(isinstance(i, int) for i in only)):
             raise SourceError(f"config.json: mlp_only_layers must be a list of layer indices, "
-                              f"got {only!r}")
+                              f"got {repr(only)[:80]}")
+        dense = set(only)
         step = self.cfg_int("decoder_sparse_step", default=1)
-        return ["moe" if (i not in only and experts > 0 and (i + 1) % step == 0) else "dense"
+        return ["moe" if (i not in dense and experts > 0 and (i + 1) % step == 0) else "dense"
                 for i in range(n)]
 
     @cached_property
     def model(self) -> dict:
         m = self.common_model()
-        heads = self.cfg_int("num_attention_heads")
-        experts = self.cfg_int("num_experts", "num_local_experts")
+        experts = self.cfg_int("num_experts", "num_local_experts", field="moe.num_experts")
         kinds = self._kinds(m["num_layers"], experts)
+        m.update(self.gqa_heads(m["hidden_size"]))
         m.update({
-            "num_attention_heads": heads,
-            "num_key_value_heads": self.cfg_int("num_key_value_heads", default=heads),
-            "head_dim": self.cfg_int("head_dim", default=m["hidden_size"] // heads),
             "qk_norm": True,
             "attention": {"kind": "gqa"},
             "layer_kinds": kinds,
-            "dense_intermediate_size": (self.cfg_int("intermediate_size")
-                                        if "dense" in kinds else None),
+            "dense_intermediate_size": (
+                self.cfg_int("intermediate_size", field="dense_intermediate_size")
+                if "dense" in kinds else None),
             "moe": self.softmax_moe(
-                experts, self.cfg_int("moe_intermediate_size"),
+                experts, self.cfg_int("moe_intermediate_size", field="moe.moe_intermediate_size"),
                 norm_topk_prob=bool(self.cfg("norm_topk_prob", default=False))),
         })
         return m

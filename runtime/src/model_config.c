@@ -1,8 +1,11 @@
 /* manifest.model (FORMAT.md §7) -> mpm_config, with range checks so that the forward pass can
- * trust every size (products are checked to stay far below 2^62). */
+ * trust every size (products are checked to stay far below 2^62). The rules and bounds are
+ * format/model_desc.py's (the converter refuses the same descriptions up front);
+ * tests/test_hostile_config_rules.py runs one table of bad descriptions through both. */
 #include "model.h"
 #include "moepack.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,40 +16,54 @@
         return code;                                                                           \
     } while (0)
 
-static int get_int(const mp_json *o, const char *key, int64_t lo, int64_t hi, int64_t *out,
-                   char *err, size_t errlen) {
+/* Bounds of format/model_desc.py (keep in step) */
+#define MAX_LAYERS 4096
+#define MAX_EXPERTS 65536
+#define MAX_TOTAL_EXPERTS (INT64_C(1) << 20)
+#define MAX_HIDDEN (INT64_C(1) << 17)
+#define MAX_VOCAB (INT64_C(1) << 22)
+#define MAX_INTER (INT64_C(1) << 20)
+#define MAX_HEADS 4096
+#define MAX_HEAD_DIM 4096
+#define MAX_ROPE_DIM 1024
+#define MAX_LORA (INT64_C(1) << 16)
+#define MAX_POS (INT64_C(1) << 30)
+#define MAX_SHARED 1024
+
+/* `pre` names the object for messages: "" (manifest.model), "attention.", "moe.", ... */
+static int get_int(const mp_json *o, const char *pre, const char *key, int64_t lo, int64_t hi,
+                   int64_t *out, char *err, size_t errlen) {
     const mp_json *v = mp_json_get(o, key);
     if (mp_json_as_i64(v, out) != 0 || *out < lo || *out > hi)
-        FAIL(MP_EFORMAT, "manifest.model: %s must be an integer in %lld..%lld", key,
+        FAIL(MP_EFORMAT, "manifest.model: %s%s must be an integer in %lld..%lld", pre, key,
              (long long)lo, (long long)hi);
     return 0;
 }
 
-static int get_opt_int(const mp_json *o, const char *key, int64_t lo, int64_t hi, int64_t dflt,
-                       int64_t *out, char *err, size_t errlen) {
+static int get_opt_int(const mp_json *o, const char *pre, const char *key, int64_t lo, int64_t hi,
+                       int64_t dflt, int64_t *out, char *err, size_t errlen) {
     const mp_json *v = mp_json_get(o, key);
     if (!v || mp_json_is_null(v)) {
         *out = dflt;
         return 0;
     }
-    return get_int(o, key, lo, hi, out, err, errlen);
+    return get_int(o, pre, key, lo, hi, out, err, errlen);
 }
 
+/* A finite number (or `dflt` when absent or null); non-zero when not one. */
 static int get_num(const mp_json *o, const char *key, double dflt, double *out) {
     const mp_json *v = mp_json_get(o, key);
     if (!v || mp_json_is_null(v)) {
         *out = dflt;
         return 0;
     }
-    return mp_json_as_f64(v, out);
+    return mp_json_as_f64(v, out) != 0 || !isfinite(*out);
 }
 
 static int get_bool(const mp_json *o, const char *key, int dflt) {
     int b;
     return mp_json_as_bool(mp_json_get(o, key), &b) == 0 ? b : dflt;
 }
-
-#define BIG (INT64_C(1) << 24) /* any single dimension */
 
 int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *err,
                      size_t errlen) {
@@ -60,20 +77,20 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
     else if (!strcmp(arch, "deepseek_v3")) c->arch = MPM_DEEPSEEK_V3;
     else FAIL(MP_EUNSUPPORTED, "architecture %s is not supported (mixtral, qwen3_moe, deepseek_v3)", arch);
     int rc;
-#define INT(key, lo, hi, dst) if ((rc = get_int(m, key, lo, hi, &c->dst, err, errlen))) return rc
-    INT("vocab_size", 1, BIG * 64, vocab);
-    INT("hidden_size", 8, BIG, hidden);
-    INT("num_layers", 1, 100000, n_layers);
-    INT("num_attention_heads", 1, 65536, n_heads);
-    INT("num_key_value_heads", 1, 65536, n_kv_heads);
-    INT("head_dim", 2, 65536, head_dim);
-    INT("max_position_embeddings", 1, BIG * 64, max_pos);
-    if (c->n_heads % c->n_kv_heads) FAIL(MP_EFORMAT, "manifest.model: num_attention_heads not a multiple of num_key_value_heads");
+#define INT(key, lo, hi, dst) if ((rc = get_int(m, "", key, lo, hi, &c->dst, err, errlen))) return rc
+    INT("vocab_size", 1, MAX_VOCAB, vocab);
+    INT("hidden_size", 8, MAX_HIDDEN, hidden);
+    INT("num_layers", 1, MAX_LAYERS, n_layers);
+    INT("num_attention_heads", 1, MAX_HEADS, n_heads);
+    INT("num_key_value_heads", 1, MAX_HEADS, n_kv_heads);
+    INT("head_dim", 2, MAX_HEAD_DIM, head_dim);
+    INT("max_position_embeddings", 1, MAX_POS, max_pos);
+    if (c->n_heads % c->n_kv_heads) FAIL(MP_EFORMAT, "manifest.model: num_attention_heads must be a multiple of num_key_value_heads");
     if (c->head_dim % 2) FAIL(MP_EFORMAT, "manifest.model: head_dim must be even");
     double d;
-    if (get_num(m, "rms_norm_eps", 1e-6, &d) || !(d > 0 && d < 1)) FAIL(MP_EFORMAT, "manifest.model: bad rms_norm_eps");
+    if (get_num(m, "rms_norm_eps", 1e-6, &d) || !(d > 0 && d < 1)) FAIL(MP_EFORMAT, "manifest.model: rms_norm_eps must be a finite number in (0, 1)");
     c->eps = (float)d;
-    if (get_num(m, "rope_theta", 10000.0, &c->rope_theta) || !(c->rope_theta > 1.0)) FAIL(MP_EFORMAT, "manifest.model: bad rope_theta");
+    if (get_num(m, "rope_theta", 10000.0, &c->rope_theta) || !(c->rope_theta > 1.0)) FAIL(MP_EFORMAT, "manifest.model: rope_theta must be a finite number > 1");
     c->tie_embeddings = get_bool(m, "tie_word_embeddings", 0);
     c->qk_norm = get_bool(m, "qk_norm", 0);
 
@@ -90,35 +107,37 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
                 get_num(rs, "beta_slow", 1.0, &c->yarn_beta_slow) || get_num(rs, "mscale", 0.0, &c->yarn_mscale) ||
                 get_num(rs, "mscale_all_dim", 0.0, &c->yarn_mscale_all_dim) ||
                 get_num(rs, "attention_factor", 0.0, &c->yarn_attn_factor))
-                FAIL(MP_EFORMAT, "manifest.model: bad rope_scaling number");
-            if ((rc = get_opt_int(rs, "original_max_position_embeddings", 1, BIG * 64, c->max_pos, &omp, err, errlen))) return rc;
+                FAIL(MP_EFORMAT, "manifest.model: rope_scaling numbers must be finite");
+            if (!(c->yarn_factor > 0)) FAIL(MP_EFORMAT, "manifest.model: rope_scaling.factor must be a finite number > 0");
+            if ((rc = get_opt_int(rs, "rope_scaling.", "original_max_position_embeddings", 1, MAX_POS, c->max_pos, &omp, err, errlen))) return rc;
             c->yarn_orig_max_pos = omp;
         } else {
-            FAIL(MP_EUNSUPPORTED, "rope_scaling type %s is not supported (yarn)", t);
+            FAIL(MP_EUNSUPPORTED, "manifest.model: rope_scaling type %s is not supported (yarn)", t);
         }
     }
     c->rope_interleave = c->arch == MPM_DEEPSEEK_V3 ? get_bool(src, "rope_interleave", 1) : 0;
     /* sliding-window attention lives only in the source config (not in manifest.model) */
     if (c->arch == MPM_MIXTRAL &&
-        (rc = get_opt_int(src, "sliding_window", 1, INT64_MAX, 0, &c->sliding_window, err, errlen)))
+        (rc = get_opt_int(src, "source.config.", "sliding_window", 1, INT64_MAX, 0, &c->sliding_window, err, errlen)))
         return rc;
     if (c->arch == MPM_QWEN3_MOE && get_bool(src, "use_sliding_window", 0))
-        FAIL(MP_EUNSUPPORTED, "qwen3_moe with use_sliding_window is not supported");
+        FAIL(MP_EUNSUPPORTED, "manifest.model: source.config.use_sliding_window: qwen3_moe with sliding-window attention is not supported");
 
     const mp_json *at = mp_json_get(m, "attention");
     const char *kind = mp_json_as_str(mp_json_get(at, "kind"), NULL);
-    if (!kind) FAIL(MP_EFORMAT, "manifest.model: attention.kind missing");
+    if (!kind) FAIL(MP_EFORMAT, "manifest.model: attention.kind must be gqa or mla");
     if (!strcmp(kind, "mla")) {
         c->mla = 1;
-        if ((rc = get_opt_int(at, "q_lora_rank", 1, BIG, 0, &c->q_lora_rank, err, errlen)) ||
-            (rc = get_int(at, "kv_lora_rank", 1, BIG, &c->kv_lora_rank, err, errlen)) ||
-            (rc = get_int(at, "qk_nope_head_dim", 1, 65536, &c->qk_nope_dim, err, errlen)) ||
-            (rc = get_int(at, "qk_rope_head_dim", 2, 65536, &c->qk_rope_dim, err, errlen)) ||
-            (rc = get_int(at, "v_head_dim", 1, 65536, &c->v_head_dim, err, errlen)))
+        const char *a = "attention.";
+        if ((rc = get_opt_int(at, a, "q_lora_rank", 1, MAX_LORA, 0, &c->q_lora_rank, err, errlen)) ||
+            (rc = get_int(at, a, "kv_lora_rank", 1, MAX_LORA, &c->kv_lora_rank, err, errlen)) ||
+            (rc = get_int(at, a, "qk_nope_head_dim", 1, MAX_HEAD_DIM, &c->qk_nope_dim, err, errlen)) ||
+            (rc = get_int(at, a, "qk_rope_head_dim", 2, MAX_ROPE_DIM, &c->qk_rope_dim, err, errlen)) ||
+            (rc = get_int(at, a, "v_head_dim", 1, MAX_HEAD_DIM, &c->v_head_dim, err, errlen)))
             return rc;
-        if (c->qk_rope_dim % 2 || c->qk_rope_dim > 1024) FAIL(MP_EFORMAT, "manifest.model: qk_rope_head_dim must be even and <= 1024");
+        if (c->qk_rope_dim % 2) FAIL(MP_EFORMAT, "manifest.model: attention.qk_rope_head_dim must be even");
     } else if (strcmp(kind, "gqa")) {
-        FAIL(MP_EUNSUPPORTED, "attention kind %s is not supported (gqa, mla)", kind);
+        FAIL(MP_EUNSUPPORTED, "manifest.model: attention.kind %s is not supported (gqa, mla)", kind);
     }
 
     const mp_json *lk = mp_json_get(m, "layer_kinds");
@@ -133,24 +152,33 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
         else if (k && !strcmp(k, "dense")) any_dense = 1;
         else FAIL(MP_EFORMAT, "manifest.model: layer_kinds[%lld] must be moe or dense", (long long)i);
     }
-    if (any_dense && (rc = get_int(m, "dense_intermediate_size", 1, BIG, &c->dense_inter, err, errlen))) return rc;
+    if (any_dense && (rc = get_int(m, "", "dense_intermediate_size", 1, MAX_INTER, &c->dense_inter, err, errlen))) return rc;
 
     const mp_json *moe = mp_json_get(m, "moe");
-    if (mp_json_type_of(moe) != MP_JSON_OBJECT) FAIL(MP_EFORMAT, "manifest.model: moe missing");
-    if ((rc = get_int(moe, "num_experts", 1, 65536, &c->n_experts, err, errlen)) ||
-        (rc = get_int(moe, "top_k", 1, c->n_experts, &c->top_k, err, errlen)) ||
-        (rc = get_int(moe, "moe_intermediate_size", 1, BIG, &c->moe_inter, err, errlen)) ||
-        (rc = get_opt_int(moe, "n_group", 1, MPM_MAX_GROUPS, 1, &c->n_group, err, errlen)) ||
-        (rc = get_opt_int(moe, "topk_group", 1, c->n_group, 1, &c->topk_group, err, errlen)) ||
-        (rc = get_opt_int(moe, "num_shared_experts", 0, 1024, 0, &c->n_shared, err, errlen)))
+    if (mp_json_type_of(moe) != MP_JSON_OBJECT) FAIL(MP_EFORMAT, "manifest.model: moe must be an object");
+    const char *mo = "moe.";
+    if ((rc = get_int(moe, mo, "num_experts", 1, MAX_EXPERTS, &c->n_experts, err, errlen))) return rc;
+    int64_t n_moe = mpm_config_moe_layers(c);
+    if (n_moe * c->n_experts > MAX_TOTAL_EXPERTS)
+        FAIL(MP_EFORMAT, "manifest.model: moe.num_experts: %lld experts x %lld MoE layers exceeds %lld experts in all",
+             (long long)c->n_experts, (long long)n_moe, (long long)MAX_TOTAL_EXPERTS);
+    if ((rc = get_int(moe, mo, "top_k", 1, c->n_experts, &c->top_k, err, errlen)) ||
+        (rc = get_int(moe, mo, "moe_intermediate_size", 1, MAX_INTER, &c->moe_inter, err, errlen)) ||
+        (rc = get_opt_int(moe, mo, "n_group", 1, MPM_MAX_GROUPS, 1, &c->n_group, err, errlen)) ||
+        (rc = get_opt_int(moe, mo, "topk_group", 1, c->n_group, 1, &c->topk_group, err, errlen)) ||
+        (rc = get_opt_int(moe, mo, "num_shared_experts", 0, MAX_SHARED, 0, &c->n_shared, err, errlen)))
         return rc;
-    if (c->n_experts % c->n_group) FAIL(MP_EFORMAT, "manifest.model: num_experts not a multiple of n_group");
-    if (c->n_shared && (rc = get_int(moe, "shared_intermediate_size", 1, BIG, &c->shared_inter, err, errlen))) return rc;
+    if (c->n_experts % c->n_group) FAIL(MP_EFORMAT, "manifest.model: moe.n_group must divide num_experts");
+    /* group-limited routing must leave at least top_k experts to pick from */
+    if (c->n_group > 1 && c->top_k > c->topk_group * (c->n_experts / c->n_group))
+        FAIL(MP_EFORMAT, "manifest.model: moe.top_k exceeds the experts that topk_group groups hold");
+    if (c->n_shared && (rc = get_int(moe, mo, "shared_intermediate_size", 1, MAX_INTER, &c->shared_inter, err, errlen))) return rc;
     const char *sc = mp_json_as_str(mp_json_get(moe, "scoring"), NULL);
-    if (!sc || (strcmp(sc, "softmax") && strcmp(sc, "sigmoid"))) FAIL(MP_EUNSUPPORTED, "moe.scoring must be softmax or sigmoid");
+    if (!sc || (strcmp(sc, "softmax") && strcmp(sc, "sigmoid"))) FAIL(MP_EUNSUPPORTED, "manifest.model: moe.scoring must be softmax or sigmoid");
     c->sigmoid = !strcmp(sc, "sigmoid");
     c->norm_topk = get_bool(moe, "norm_topk_prob", 1);
-    if (get_num(moe, "routed_scaling_factor", 1.0, &d)) FAIL(MP_EFORMAT, "manifest.model: bad routed_scaling_factor");
+    if (get_num(moe, "routed_scaling_factor", 1.0, &d) || !(d > 0))
+        FAIL(MP_EFORMAT, "manifest.model: moe.routed_scaling_factor must be a finite number > 0");
     c->routed_scale = (float)d;
 
     int64_t v;

@@ -1,0 +1,215 @@
+"""Validation of the normalised model description (FORMAT.md §7, `manifest.model`).
+
+One set of rules, with the bounds on every count and size an untrusted config may declare, for
+the converter (before any file is created) and the format reader; runtime/src/model_config.c
+enforces the same rules in C (tests/test_hostile_config_rules.py runs one table through both).
+The bounds are generous (real frontier models: ~100 layers, ~1000 experts, hidden 16k, vocab
+300k) but keep every per-layer or per-expert structure a few MB; docs/CONVERT.md lists them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from moepack.format.limits import MAX_EXPERTS, MAX_JSON_DEPTH
+
+MAX_LAYERS = 4096
+MAX_TOTAL_EXPERTS = 1 << 20        # MoE layers x experts (real: ~25k)
+MAX_HIDDEN = 1 << 17               # 131,072
+MIN_HIDDEN = 8                     # the engine's kernels work on 8-vectors
+MAX_VOCAB = 1 << 22                # 4,194,304
+MAX_INTERMEDIATE = 1 << 20         # dense, expert and shared-expert FFN widths
+MAX_HEADS = 4096
+MAX_HEAD_DIM = 4096
+MAX_ROPE_HEAD_DIM = 1024           # MLA's rotary part (the engine's stack buffer)
+MAX_LORA_RANK = 1 << 16
+MAX_POSITIONS = 1 << 30
+MAX_GROUPS = 1024                  # MPM_MAX_GROUPS in runtime/src/model.h
+MAX_SHARED_EXPERTS = 1024
+ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3")
+
+# Source files (config.json, model.safetensors.index.json, safetensors headers).
+MAX_JSON_BYTES = 64 << 20          # config.json / index.json (a 100k-tensor index: ~10 MB)
+SOURCE_JSON_DEPTH = MAX_JSON_DEPTH  # 64, as the container index
+MAX_HEADER_BYTES = 100_000_000     # safetensors' own cap on a header
+MAX_TENSORS = 1 << 22              # per checkpoint (real: ~300k with fp8 scales)
+MAX_TENSOR_DIMS = 8
+
+# Integer fields of the description (dotted paths under manifest.model): inclusive bounds.
+INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "vocab_size": (1, MAX_VOCAB),
+    "hidden_size": (MIN_HIDDEN, MAX_HIDDEN),
+    "num_layers": (1, MAX_LAYERS),
+    "num_attention_heads": (1, MAX_HEADS),
+    "num_key_value_heads": (1, MAX_HEADS),
+    "head_dim": (2, MAX_HEAD_DIM),
+    "max_position_embeddings": (1, MAX_POSITIONS),
+    "dense_intermediate_size": (1, MAX_INTERMEDIATE),
+    "attention.q_lora_rank": (1, MAX_LORA_RANK),
+    "attention.kv_lora_rank": (1, MAX_LORA_RANK),
+    "attention.qk_nope_head_dim": (1, MAX_HEAD_DIM),
+    "attention.qk_rope_head_dim": (2, MAX_ROPE_HEAD_DIM),
+    "attention.v_head_dim": (1, MAX_HEAD_DIM),
+    "moe.num_experts": (1, MAX_EXPERTS),
+    "moe.top_k": (1, MAX_EXPERTS),
+    "moe.moe_intermediate_size": (1, MAX_INTERMEDIATE),
+    "moe.n_group": (1, MAX_GROUPS),
+    "moe.topk_group": (1, MAX_GROUPS),
+    "moe.num_shared_experts": (0, MAX_SHARED_EXPERTS),
+    "moe.shared_intermediate_size": (1, MAX_INTERMEDIATE),
+    "rope_scaling.original_max_position_embeddings": (1, MAX_POSITIONS),
+}
+# config.json keys that only shape the description (layer patterns): bounded the same way.
+SOURCE_INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "first_k_dense_replace": (0, MAX_LAYERS),
+    "moe_layer_freq": (1, MAX_LAYERS),
+    "decoder_sparse_step": (1, MAX_LAYERS),
+    "sliding_window": (1, (1 << 63) - 1),
+}
+
+
+class ModelDescError(ValueError):
+    """`field` (a dotted path under manifest.model, or `source.config.KEY`) breaks a rule."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
+
+
+def _get(obj: dict, path: str) -> Any:
+    for part in path.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+def check_int(value: Any, field: str, lo: int | None = None, hi: int | None = None) -> int:
+    """An integer within INT_BOUNDS[field] (or lo..hi), else ModelDescError."""
+    blo, bhi = INT_BOUNDS.get(field, (0, (1 << 63) - 1))
+    lo, hi = blo if lo is None else lo, bhi if hi is None else hi
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ModelDescError(field, f"must be an integer in {lo}..{hi}, got {value!r}")
+    return value
+
+
+def _int(m: dict, field: str, hi: int | None = None, optional: bool = False) -> int | None:
+    value = _get(m, field)
+    if optional and value is None:
+        return None
+    return check_int(value, field, hi=hi)
+
+
+def _number(m: dict, field: str, ok: Any, rule: str, default: float | None = None) -> float:
+    value = _get(m, field)
+    if value is None and default is not None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or not ok(value):
+        raise ModelDescError(field, f"must be a finite number {rule}, got {value!r}")
+    return float(value)
+
+
+def _choice(m: dict, field: str, allowed: tuple[str, ...]) -> str:
+    value = _get(m, field)
+    if value not in allowed:
+        raise ModelDescError(field, f"must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
+def validate_model(model: Any, source: Any = None) -> None:
+    """Raise ModelDescError for the first rule `model` (manifest.model) breaks; `source` is
+    manifest.source.config (sliding-window settings live only there)."""
+    if not isinstance(model, dict):
+        raise ModelDescError("model", "must be an object")
+    _choice(model, "arch", ARCHS)
+    for field in ("vocab_size", "hidden_size", "num_layers", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "max_position_embeddings"):
+        _int(model, field)
+    if model["num_attention_heads"] % model["num_key_value_heads"]:
+        raise ModelDescError("num_attention_heads", "must be a multiple of "
+                             f"num_key_value_heads ({model['num_key_value_heads']})")
+    if model["head_dim"] % 2:
+        raise ModelDescError("head_dim", "must be even (rotary pairs)")
+    _number(model, "rms_norm_eps", lambda v: 0 < v < 1, "in (0, 1)", default=1e-6)
+    _number(model, "rope_theta", lambda v: v > 1, "> 1", default=10000.0)
+    _rope_scaling(model)
+    _attention(model)
+    _layers(model)
+    _moe(model)
+    _source(model["arch"], source if isinstance(source, dict) else {})
+
+
+def _rope_scaling(m: dict) -> None:
+    rs = m.get("rope_scaling")
+    if rs is None:
+        return
+    if not isinstance(rs, dict):
+        raise ModelDescError("rope_scaling", "must be null or an object")
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind in (None, "default"):
+        return
+    if kind != "yarn":
+        raise ModelDescError("rope_scaling", f"type {kind!r} is not supported (yarn)")
+    _number(m, "rope_scaling.factor", lambda v: v > 0, "> 0", default=1.0)
+    for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor"):
+        _number(m, f"rope_scaling.{key}", lambda v: True, "", default=0.0)
+    _int(m, "rope_scaling.original_max_position_embeddings", optional=True)
+
+
+def _attention(m: dict) -> None:
+    kind = _choice(m, "attention.kind", ("gqa", "mla"))
+    if kind != "mla":
+        return
+    _int(m, "attention.q_lora_rank", optional=True)
+    for field in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        _int(m, f"attention.{field}")
+    if m["attention"]["qk_rope_head_dim"] % 2:
+        raise ModelDescError("attention.qk_rope_head_dim", "must be even (rotary pairs)")
+
+
+def _layers(m: dict) -> None:
+    kinds = m.get("layer_kinds")
+    if not isinstance(kinds, list) or len(kinds) != m["num_layers"]:
+        raise ModelDescError("layer_kinds", f"must list num_layers ({m['num_layers']}) kinds")
+    for i, k in enumerate(kinds):
+        if k not in ("moe", "dense"):
+            raise ModelDescError(f"layer_kinds[{i}]", f"must be moe or dense, got {k!r}")
+    if "dense" in kinds:
+        _int(m, "dense_intermediate_size")
+
+
+def _moe(m: dict) -> None:
+    if not isinstance(m.get("moe"), dict):
+        raise ModelDescError("moe", "must be an object")
+    experts = _int(m, "moe.num_experts")
+    assert experts is not None
+    n_moe = m["layer_kinds"].count("moe")
+    if n_moe * experts > MAX_TOTAL_EXPERTS:
+        raise ModelDescError("moe.num_experts", f"{experts} experts x {n_moe} MoE layers exceeds "
+                             f"{MAX_TOTAL_EXPERTS:,} experts in all")
+    top_k = _int(m, "moe.top_k", hi=experts)
+    _int(m, "moe.moe_intermediate_size")
+    groups = m["moe"].get("n_group")
+    groups = 1 if groups is None else check_int(groups, "moe.n_group")
+    kept = m["moe"].get("topk_group")
+    kept = 1 if kept is None else check_int(kept, "moe.topk_group", hi=groups)
+    if experts % groups:
+        raise ModelDescError("moe.n_group", f"must divide num_experts ({experts}), got {groups}")
+    if groups > 1 and top_k and top_k > kept * (experts // groups):
+        raise ModelDescError("moe.top_k", f"{top_k} exceeds the {kept * (experts // groups)} "
+                             "experts that topk_group groups hold")
+    shared = m["moe"].get("num_shared_experts")
+    if shared is not None and check_int(shared, "moe.num_shared_experts"):
+        _int(m, "moe.shared_intermediate_size")
+    _choice(m, "moe.scoring", ("softmax", "sigmoid"))
+    _number(m, "moe.routed_scaling_factor", lambda v: v > 0, "> 0", default=1.0)
+
+
+def _source(arch: str, src: dict) -> None:
+    """Attention settings only the source config carries (manifest.source.config)."""
+    if arch == "mixtral" and src.get("sliding_window") is not None:
+        lo, hi = SOURCE_INT_BOUNDS["sliding_window"]
+        check_int(src["sliding_window"], "source.config.sliding_window", lo, hi)
+    if arch == "qwen3_moe" and src.get("use_sliding_window") is True:
+        raise ModelDescError("source.config.use_sliding_window",
+                             "sliding-window attention of qwen3_moe is not supported")

@@ -1,0 +1,185 @@
+"""One table of bad model descriptions through both validators, so they cannot drift:
+
+- Python: the converter's check (convert.plan.described, format/model_desc.py) raises a
+  ConvertError naming config.json and the config key;
+- C: the description the adapter builds from the same config, resealed into a container's
+  manifest, is refused at open by the engine (runtime/src/model_config.c), naming the field.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from moepack.convert.adapters import adapter_for, base
+from moepack.convert.errors import ConvertError
+from moepack.convert.plan import described
+from moepack.format.model_desc import INT_BOUNDS, ModelDescError, validate_model
+from moepack.runtime.engine import Engine, EngineError, plan
+
+VECTORS = Path(__file__).resolve().parents[1] / "spec" / "vectors"
+BASE = VECTORS / "valid" / "mixtral2.moepack"
+
+
+def _generator():
+    """spec/vectors/make_vectors.py (its reseal helpers), as tests/test_vectors.py loads it."""
+    spec = importlib.util.spec_from_file_location("make_vectors", VECTORS / "make_vectors.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("make_vectors", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = _generator()
+TINY = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+CONFIGS: dict[str, dict[str, Any]] = {
+    "mixtral": {**TINY, "architectures": ["MixtralForCausalLM"], "num_key_value_heads": 1,
+                "intermediate_size": 16, "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen3_moe": {**TINY, "architectures": ["Qwen3MoeForCausalLM"], "num_key_value_heads": 1,
+                  "head_dim": 8, "moe_intermediate_size": 8, "num_experts": 4,
+                  "num_experts_per_tok": 2, "intermediate_size": 16},
+    "deepseek_v3": {**TINY, "architectures": ["DeepseekV3ForCausalLM"], "intermediate_size": 16,
+                    "moe_intermediate_size": 8, "n_routed_experts": 8, "n_shared_experts": 1,
+                    "num_experts_per_tok": 3, "n_group": 4, "topk_group": 2,
+                    "first_k_dense_replace": 1, "q_lora_rank": 8, "kv_lora_rank": 8,
+                    "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 4},
+}
+NAN, INF = float("nan"), float("inf")
+
+# (arch, config change, config key the converter names, field the engine names)
+TABLE: list[tuple[str, dict[str, Any], str, str]] = [
+    ("mixtral", {"num_experts_per_tok": 0}, "num_experts_per_tok", "moe.top_k"),
+    ("mixtral", {"num_experts_per_tok": 5}, "num_experts_per_tok", "moe.top_k"),
+    ("mixtral", {"num_local_experts": 0}, "num_local_experts", "moe.num_experts"),
+    ("mixtral", {"num_hidden_layers": 0}, "num_hidden_layers", "num_layers"),
+    ("mixtral", {"num_hidden_layers": 4097}, "num_hidden_layers", "num_layers"),
+    ("mixtral", {"rope_theta": -1.0}, "rope_theta", "rope_theta"),
+    ("mixtral", {"rope_theta": 0.5}, "rope_theta", "rope_theta"),
+    ("mixtral", {"rope_theta": NAN}, "rope_theta", "rope_theta"),
+    ("mixtral", {"rope_theta": INF}, "rope_theta", "rope_theta"),
+    ("mixtral", {"rms_norm_eps": 0.0}, "rms_norm_eps", "rms_norm_eps"),
+    ("mixtral", {"rms_norm_eps": -1e-6}, "rms_norm_eps", "rms_norm_eps"),
+    ("mixtral", {"rms_norm_eps": 1.5}, "rms_norm_eps", "rms_norm_eps"),
+    ("mixtral", {"rms_norm_eps": INF}, "rms_norm_eps", "rms_norm_eps"),
+    ("mixtral", {"sliding_window": -1}, "sliding_window", "sliding_window"),
+    ("mixtral", {"sliding_window": 0}, "sliding_window", "sliding_window"),
+    ("mixtral", {"num_key_value_heads": 3, "num_attention_heads": 4}, "num_attention_heads",
+     "num_attention_heads"),
+    ("mixtral", {"head_dim": 7}, "head_dim", "head_dim"),
+    ("mixtral", {"hidden_size": 4, "head_dim": 2}, "hidden_size", "hidden_size"),
+    ("mixtral", {"hidden_size": (1 << 17) + 1}, "hidden_size", "hidden_size"),
+    ("mixtral", {"vocab_size": 0}, "vocab_size", "vocab_size"),
+    ("mixtral", {"vocab_size": (1 << 22) + 1}, "vocab_size", "vocab_size"),
+    ("mixtral", {"intermediate_size": 0}, "intermediate_size", "moe.moe_intermediate_size"),
+    ("mixtral", {"num_attention_heads": 4097}, "num_attention_heads", "num_attention_heads"),
+    ("mixtral", {"max_position_embeddings": 0}, "max_position_embeddings",
+     "max_position_embeddings"),
+    ("mixtral", {"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling",
+     "rope_scaling"),
+    ("qwen3_moe", {"use_sliding_window": True}, "use_sliding_window", "use_sliding_window"),
+    ("qwen3_moe", {"mlp_only_layers": [1], "intermediate_size": 0}, "intermediate_size",
+     "dense_intermediate_size"),
+    ("deepseek_v3", {"n_group": 3}, "n_group", "moe.n_group"),
+    ("deepseek_v3", {"topk_group": 5}, "topk_group", "moe.topk_group"),
+    ("deepseek_v3", {"num_experts_per_tok": 5}, "num_experts_per_tok", "moe.top_k"),
+    ("deepseek_v3", {"routed_scaling_factor": 0.0}, "routed_scaling_factor",
+     "moe.routed_scaling_factor"),
+    ("deepseek_v3", {"routed_scaling_factor": -2.5}, "routed_scaling_factor",
+     "moe.routed_scaling_factor"),
+    ("deepseek_v3", {"qk_rope_head_dim": 3, "qk_nope_head_dim": 5}, "qk_rope_head_dim",
+     "attention.qk_rope_head_dim"),
+    ("deepseek_v3", {"qk_rope_head_dim": 1026}, "qk_rope_head_dim",
+     "attention.qk_rope_head_dim"),
+    ("deepseek_v3", {"kv_lora_rank": 0}, "kv_lora_rank", "attention.kv_lora_rank"),
+    ("deepseek_v3", {"n_shared_experts": 1025}, "n_shared_experts", "moe.num_shared_experts"),
+    ("deepseek_v3", {"rope_scaling": {"type": "yarn", "factor": -4.0}}, "rope_scaling.factor",
+     "rope_scaling.factor"),
+    ("deepseek_v3", {"n_routed_experts": 65536, "num_hidden_layers": 18, "n_group": 1,
+                     "topk_group": 1}, "n_routed_experts", "moe.num_experts"),
+]
+IDS = [f"{a}-{'-'.join(f'{k}={v}' for k, v in c.items())}"[:60] for a, c, _, _ in TABLE]
+
+
+def _reseal_model(tmp_path: Path, model: dict, config: dict) -> Path:
+    """BASE with manifest.model and manifest.source.config replaced (container ID matching);
+    a non-finite number goes in as JSON's NaN / Infinity tokens, which no reader accepts."""
+    data = BASE.read_bytes()
+    doc = gen.index_doc(data)
+    doc["manifest"]["model"], doc["manifest"]["source"]["config"] = model, config
+    finite = all(math.isfinite(v) for v in _floats(model))
+    raw = None if finite else json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    path = tmp_path / "bad.moepack"
+    path.write_bytes(gen.reseal(data, raw if raw is not None else doc))
+    return path
+
+
+def _floats(obj: Any) -> list[float]:
+    if isinstance(obj, dict):
+        return [f for v in obj.values() for f in _floats(v)]
+    if isinstance(obj, list):
+        return [f for v in obj for f in _floats(v)]
+    return [obj] if isinstance(obj, float) else []
+
+
+def _c_refusal(path: Path) -> str:
+    with pytest.raises(EngineError) as e:
+        plan(str(path))
+    return str(e.value)
+
+
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+def test_the_base_descriptions_pass_both(tmp_path: Path, arch: str) -> None:
+    """The control: each base config passes Python, and C parses its description (any later
+    refusal concerns the base container's tensors, not manifest.model)."""
+    adapter = described(CONFIGS[arch])
+    try:
+        plan(str(_reseal_model(tmp_path, adapter.model, adapter.config)))
+    except EngineError as e:
+        assert "manifest.model" not in str(e)
+
+
+@pytest.mark.parametrize("arch,change,key,field", TABLE, ids=IDS)
+def test_both_validators_refuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str,
+                                change: dict, key: str, field: str) -> None:
+    config = {**CONFIGS[arch], **change}
+    with pytest.raises(ConvertError) as py:
+        described(config)
+    assert str(py.value).startswith(f"config.json: '{key}'"), py.value
+    # The description the converter would have written had it not refused (its early bounds,
+    # checked while reading config.json, relaxed): refused by the shared rules and by C.
+    monkeypatch.setattr(base, "INT_BOUNDS", {})
+    monkeypatch.setattr(base, "SOURCE_INT_BOUNDS", {})
+    model = adapter_for(config).model
+    with pytest.raises(ModelDescError) as d:
+        validate_model(model, config)
+    assert d.value.field.removeprefix("source.config.") == field
+    msg = _c_refusal(_reseal_model(tmp_path, model, config))
+    if all(math.isfinite(v) for v in _floats(model)):  # else not JSON: refused before that
+        assert "manifest.model: " in msg and field in msg, msg
+
+
+def test_bounds_are_the_engines(tmp_path: Path) -> None:
+    """Each integer bound: the value at the limit passes C's field check, one past it fails,
+    for the top-level fields (the others share the code path)."""
+    model = described(CONFIGS["mixtral"]).model
+    for field in ("vocab_size", "hidden_size", "num_attention_heads", "max_position_embeddings"):
+        hi = INT_BOUNDS[field][1]
+        over = {**model, field: hi + 1}
+        assert field in _c_refusal(_reseal_model(tmp_path, over, {}))
+        at = {**model, field: hi, "head_dim": 2, "num_key_value_heads": 1}
+        try:
+            plan(str(_reseal_model(tmp_path, at, {})))
+        except EngineError as e:
+            assert field not in str(e), e
+
+
+def test_engine_open_refuses_too(tmp_path: Path) -> None:
+    model = {**described(CONFIGS["mixtral"]).model, "rope_theta": -1.0}
+    with pytest.raises(EngineError, match="manifest.model: rope_theta must be a finite number"):
+        Engine(str(_reseal_model(tmp_path, model, {})), threads=1)
