@@ -7,7 +7,7 @@ import ctypes as C
 import time
 
 import numpy as np
-from moepack.runtime.engine import Engine
+from moepack.runtime.engine import MP_ECTX, Engine, EngineError
 from moepack.runtime.tokenizer import StreamDecoder
 from moepack.serve.job import Done, Job, Piece, TokenLogprob
 from moepack.serve.stops import StopMatcher
@@ -63,10 +63,26 @@ class Generator:
         self.cached.extend(ids)
         return logits
 
+    def _continue(self, job: Job) -> list[int]:
+        """A chat turn that extends the cached conversation as text keeps the cached tokens:
+        re-encoding the previous reply may split it differently from how it was generated,
+        and the token prefix would then end inside it."""
+        if not job.prompt_text or not self.cached:
+            return job.prompt
+        head = self.vocab.tok.decode(self.cached)
+        if len(job.prompt_text) <= len(head) or not job.prompt_text.startswith(head):
+            return job.prompt
+        rest = self.vocab.tok.encode(job.prompt_text[len(head):], add_special_tokens=False)
+        return self.cached + rest if rest else job.prompt
+
     def run(self, job: Job) -> Done:
         t0 = time.monotonic()
         eng, vocab = self.engine, self.vocab
         before = eng.stats()
+        job.prompt = self._continue(job)
+        if len(job.prompt) >= eng.ctx:
+            raise EngineError(f"prompt of {len(job.prompt)} tokens does not fit ctx {eng.ctx}",
+                              MP_ECTX)
         # keep at least one prompt token to feed: its logits start the reply
         reuse = min(common_prefix(self.cached, job.prompt), len(job.prompt) - 1)
         eng.truncate(reuse)

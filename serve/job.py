@@ -41,6 +41,7 @@ class Done:
 class Job:
     prompt: list[int]
     max_tokens: int
+    prompt_text: str | None = None  # chat: the rendered conversation (for prefix reuse)
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0

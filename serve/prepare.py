@@ -82,11 +82,13 @@ class Preparer:
                 d["tool_call_id"] = m.tool_call_id
             messages.append(d)
         try:
-            ids = self.tok.encode_chat(tools.template_messages(messages), tools=tool_defs)
+            text = self.tok.render_chat(tools.template_messages(messages), tools=tool_defs)
         except Exception as e:  # noqa: BLE001 (jinja raises many kinds; all are the input's)
             raise ApiError(400, f"the chat template refused these messages: {e}",
                            param="messages", code="invalid_value") from None
+        ids = self.tok.encode(text, add_special_tokens=False)  # the template writes BOS
         job = self._job(req, ids, req.max_completion_tokens or req.max_tokens)
+        job.prompt_text = text
         if req.logprobs:
             job.top_logprobs = req.top_logprobs or 0
         elif req.top_logprobs:
