@@ -8,7 +8,7 @@ TORCH_VERSION := 2.13.0
 C_SOURCES := $(wildcard runtime/src/*.c runtime/src/*.h runtime/include/*.h)
 
 .PHONY: all install test test-slow lint demo bench bench-quant bench-convert bench-verify \
-	bench-torrent bench-runtime bench-quality fuzz asan clean
+	bench-torrent bench-runtime bench-quality bench-kernels fuzz asan clean
 
 all: install
 
@@ -65,6 +65,10 @@ bench-runtime: install
 
 bench-quality: install $(VENV)/.bench-deps
 	nice $(PY) -m bench.quality --matrix --reference demo/model --text demo/heldout.txt
+
+# llama.cpp's ggml is built once from the llama-cpp-python sdist under build/ggml (a few minutes).
+bench-kernels: | $(VENV)/bin/python
+	$(PY) -m bench.kernels
 
 fuzz: install
 	MOEPACK_FUZZ_EXAMPLES=20000 $(PY) -m pytest -q tests/test_fuzz.py -p no:cacheprovider
