@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from moepack.cliargs import one_line
+
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.3f} GiB" if n >= 2**30 else f"{n / 2**20:.3f} MiB"
@@ -52,9 +54,9 @@ def info(
         with Container.open(file) as c:
             data = container_info(c)
     except (FormatError, OSError) as e:
+        message = one_line(f"{file}: {e}")  # one line, no terminal escapes from the file
         Console(stderr=True, soft_wrap=True).print(
-            f"[red]error:[/red] {escape(str(file))}: {escape(str(e))}", highlight=False
-        )
+            f"[red]error:[/red] {escape(message)}", highlight=False)
         raise typer.Exit(1) from None
     if as_json:
         print(json.dumps(data, indent=2, sort_keys=True))

@@ -1,17 +1,99 @@
-"""The `moepack` command: one typer app; each subpackage registers its own subcommands."""
+"""The `moepack` command: one typer app; each subpackage registers its own subcommands.
+
+Errors are one line on stderr with a documented exit code (docs/RUNTIME.md, "Exit codes"):
+usage errors are `usage: ...` with exit 2 (`_Group.main`); an exception no command handles is
+`error: ...` with exit 1 for an OSError (disk full, permissions: the environment) or exit 3 and
+"this is a bug" for anything else (`_App.__call__`). `moepack --debug COMMAND ...` re-raises
+the exception so Python prints the full traceback.
+"""
 
 from __future__ import annotations
 
 import importlib
+import sys
+from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
 
-app = typer.Typer(
+from moepack.cliargs import one_line
+
+EXIT_BUG = 3
+# typer vendors click (0.29+) or uses click itself: find its exception classes from a public one
+_CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_debug = {"on": False}  # set by the --debug option before any command runs
+
+
+def _stderr(markup: str) -> None:
+    Console(stderr=True, soft_wrap=True, highlight=False).print(markup)
+
+
+def _show_click_error(e: Any) -> None:
+    """A click usage error as one line naming the command's help; no-args help as it is."""
+    if type(e).__name__ == "NoArgsIsHelpError":
+        e.show()
+        return
+    ctx = getattr(e, "ctx", None)
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    label = "usage" if e.exit_code == 2 else "error"
+    _stderr(f"[red]{label}:[/red] {escape(one_line(e.format_message()))}{escape(hint)}")
+
+
+class _Group(TyperGroup):
+    """The root group; shows click's errors as one line instead of the usage block."""
+
+    def main(self, args: Any = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _CLICK_ERROR as e:
+            _show_click_error(e)
+            sys.exit(e.exit_code)
+        except typer.Abort:  # EOF at a prompt
+            _stderr("Aborted!")
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _unexpected(e: Exception) -> int:
+    """One line for an exception no command handled; the exit code for it."""
+    hint = "; `moepack --debug ...` shows the traceback"
+    if isinstance(e, OSError):  # disk full, permission denied: the environment, not a bug
+        _stderr(f"[red]error:[/red] {escape(one_line(str(e)))}{escape(hint)}")
+        return 1
+    if isinstance(e, MemoryError):
+        _stderr(f"[red]error:[/red] out of memory{escape(hint)}")
+        return 1
+    _stderr(f"[red]internal error:[/red] {escape(one_line(f'{type(e).__name__}: {e}'))}: "
+            f"this is a bug, please report it{escape(hint)}")
+    return EXIT_BUG
+
+
+class _App(typer.Typer):
+    """The process entry point: unexpected exceptions become one line (see `_unexpected`).
+    typer's CliRunner calls the click command directly, so tests still see the exception."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 (the last resort: every exception, one line)
+            if _debug["on"]:
+                raise
+            sys.exit(_unexpected(e))
+
+
+app = _App(
     name="moepack",
     help="Convert, verify, distribute and run huge Mixture-of-Experts models from one container.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_Group,
 )
 
 # Each of these modules defines `register(app: typer.Typer) -> None`.
@@ -26,8 +108,10 @@ _COMMAND_MODULES = (
 
 
 @app.callback()
-def _main() -> None:
+def _main(debug: Annotated[bool, typer.Option(
+        "--debug", help="On an unexpected error, show the full traceback.")] = False) -> None:
     """moepack: Mixture-of-Experts containers."""
+    _debug["on"] = debug
 
 
 def _register_all() -> None:

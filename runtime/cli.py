@@ -1,29 +1,65 @@
-"""Subcommands of `moepack` provided by moepack.runtime: `plan`, `run`, `chat`, `eval`."""
+"""Subcommands of `moepack` provided by moepack.runtime: `plan`, `run`, `chat`, `eval`.
+
+Every numeric option has a range checked at parse time (exit 2); failures after that are one
+`error:` line and exit 1 (docs/RUNTIME.md, "Exit codes")."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from moepack.cliargs import (
+    INT32_MAX,
+    MAX_THREADS,
+    UINT64_MAX,
+    choice,
+    file_problem,
+    finite,
+    nucleus,
+    one_line,
+    size_option,
+    token_ids,
+    utf8_problem,
+    utf8_text,
+)
+
 _err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 FileArg = Annotated[Path, typer.Argument(help="A .moepack container.")]
 BudgetOpt = Annotated[str | None, typer.Option(
-    "--budget", help="Total memory budget (e.g. 8G, 512MiB). Default: from usable RAM.")]
+    "--budget", callback=size_option,
+    help="Total memory budget (e.g. 8G, 512MiB). Default: from usable RAM.")]
 ThreadsOpt = Annotated[int | None, typer.Option(
-    "--threads", help="Compute threads (default: all CPUs).")]
-CtxOpt = Annotated[int | None, typer.Option("--ctx", help="Context length (KV cache size).")]
+    "--threads", min=1, max=MAX_THREADS, help="Compute threads (default: all CPUs).")]
+CtxOpt = Annotated[int | None, typer.Option(
+    "--ctx", min=1, max=INT32_MAX, help="Context length (KV cache size).")]
+TempOpt = Annotated[float, typer.Option(
+    "--temp", min=0.0, max=100.0, callback=finite, help="Temperature (0 = greedy).")]
+TopPOpt = Annotated[float, typer.Option(
+    "--top-p", min=0.0, max=1.0, callback=nucleus, help="Nucleus mass, above 0 (1 = off).")]
+TopKOpt = Annotated[int, typer.Option(
+    "--top-k", min=0, max=INT32_MAX, help="Keep the k most likely (0 = off).")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=UINT64_MAX, help="Sampling seed.")]
 
 
-def _fail(msg: str) -> None:
-    _err.print(f"[red]error:[/red] {escape(msg)}")
+def _fail(msg: str) -> NoReturn:
+    _err.print(f"[red]error:[/red] {escape(one_line(msg))}")
     raise typer.Exit(1)
+
+
+def _require_file(file: Path) -> None:
+    """Refuse a missing path, a folder, a FIFO or a device before anything opens it (opening a
+    FIFO would block forever)."""
+    problem = file_problem(file)
+    if problem:
+        _fail(problem)
 
 
 def _gb(n: float) -> str:
@@ -76,6 +112,7 @@ def plan_cmd(
     floor = trunk + KV cache + scratch + one token's routed experts over all MoE layers."""
     from moepack.runtime.engine import EngineError, parse_bytes, plan
 
+    _require_file(file)
     try:
         p = plan(str(file), ctx)
         b = parse_bytes(budget) if budget else None
@@ -113,10 +150,8 @@ def plan_cmd(
 
 
 def _token_ids(tokens: str) -> list[int]:
-    try:
-        return [int(t) for t in tokens.split(",") if t.strip()]
-    except ValueError:
-        _fail("--tokens must be comma-separated integers")
+    """Ids from a --tokens value its callback (cliargs.token_ids) has checked."""
+    return [int(t) for t in tokens.split(",") if t.strip()]
 
 
 def _prompt_ids(file: Path, prompt: str, tokens: str | None):
@@ -126,28 +161,31 @@ def _prompt_ids(file: Path, prompt: str, tokens: str | None):
 
     try:
         tok = Tokenizer.from_container(str(file))
+        return tok.encode_prompt(prompt), tok
     except (TokenizerError, OSError) as e:
         _fail(str(e))
-    return tok.encode_prompt(prompt), tok
 
 
 def run_cmd(
     file: FileArg,
-    prompt: Annotated[str, typer.Argument(help="Prompt text.")] = "",
-    n: Annotated[int, typer.Option("-n", help="Tokens to generate.")] = 32,
-    temp: Annotated[float, typer.Option("--temp", help="Temperature (0 = greedy).")] = 0.0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus mass (1 = off).")] = 1.0,
-    top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely (0 = off).")] = 0,
-    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+    prompt: Annotated[str, typer.Argument(
+        callback=utf8_text, help="Prompt text (UTF-8).")] = "",
+    n: Annotated[int, typer.Option("-n", min=0, max=INT32_MAX, help="Tokens to generate.")] = 32,
+    temp: TempOpt = 0.0,
+    top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0,
+    seed: SeedOpt = 0,
     budget: BudgetOpt = None,
     threads: ThreadsOpt = None,
     ctx: CtxOpt = None,
     tokens: Annotated[str | None, typer.Option(
-        "--tokens", help="Comma-separated prompt token ids instead of text.")] = None,
+        "--tokens", callback=token_ids,
+        help="Comma-separated prompt token ids instead of text.")] = None,
     prefetch: Annotated[bool, typer.Option(help="Router look-ahead prefetch.")] = True,
     o_direct: Annotated[bool | None, typer.Option(
         "--o-direct/--no-o-direct", help="Force O_DIRECT on/off (default: probe).")] = None,
-    cache_policy: Annotated[str, typer.Option(help="lfu or lru.")] = "lfu",
+    cache_policy: Annotated[str, typer.Option(
+        callback=choice("lfu", "lru"), help="lfu or lru.")] = "lfu",
     verify_reads: Annotated[bool, typer.Option(
         "--verify-reads", help="Check every expert record's BLAKE3 when read.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object at the end.")] = False,
@@ -156,6 +194,7 @@ def run_cmd(
     from moepack.runtime.engine import EngineError
     from moepack.runtime.tokenizer import StreamDecoder
 
+    _require_file(file)
     ids, tok = _prompt_ids(file, prompt, tokens)
     if not ids:
         _fail("empty prompt")
@@ -185,39 +224,75 @@ def run_cmd(
         print(stats_line(s))
 
 
+def _output_problem(path: Path) -> str | None:
+    """Why `path` cannot be created, or None; checked before the work, not after it."""
+    parent = path.parent
+    if not parent.is_dir():
+        return f"folder {parent} does not exist"
+    if path.is_dir() and not path.is_symlink():
+        return f"{path} is a folder"
+    return None
+
+
+def _save_npy(path: Path, array) -> None:
+    """Write `array` as .npy at exactly `path`, through a new file: a symbolic link planted there
+    is replaced, never followed (safefs.open_new)."""
+    import numpy as np
+
+    from moepack.safefs import UnsafePathError, open_new
+
+    try:
+        fd = open_new(path, os.O_WRONLY, replace=True)
+    except (UnsafePathError, OSError) as e:
+        _fail(f"cannot write {path}: {getattr(e, 'strerror', None) or e}")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, array)
+    except OSError as e:  # disk full: leave no truncated .npy behind
+        path.unlink(missing_ok=True)
+        _fail(f"cannot write {path}: {e.strerror or e}")
+
+
 def eval_cmd(
     file: FileArg,
-    tokens: Annotated[str, typer.Option("--tokens", help="Comma-separated token ids.")],
-    logits: Annotated[Path, typer.Option("--logits", help="Output .npy: float32 [n, vocab].")],
+    tokens: Annotated[str, typer.Option(
+        "--tokens", callback=token_ids, help="Comma-separated token ids.")],
+    logits: Annotated[Path, typer.Option(
+        "--logits", help="Output .npy: float32 [n, vocab], written at exactly this path.")],
     threads: ThreadsOpt = None,
     budget: BudgetOpt = None,
     ctx: CtxOpt = None,
 ) -> None:
     """Teacher-forced logits for every position, saved as a float32 .npy."""
-    import numpy as np
     from moepack.runtime.engine import EngineError
 
     ids = _token_ids(tokens)
     if not ids:
-        _fail("--tokens is empty")
+        raise typer.BadParameter("no token ids given", param_hint="'--tokens'")
+    problem = _output_problem(logits)
+    if problem:
+        raise typer.BadParameter(problem, param_hint="'--logits'")
+    _require_file(file)
     eng = _open(file, budget=budget, threads=threads, ctx=max(ctx or 0, len(ids)))
     try:
         with eng:
             out = eng.logits(ids)
     except EngineError as e:
         _fail(str(e))
-    np.save(logits, out)
-    print(f"wrote {logits}: float32 {list(out.shape)}")
+    _save_npy(logits, out)
+    print(f"wrote {one_line(str(logits))}: float32 {list(out.shape)}")
 
 
 def chat_cmd(
     file: FileArg,
-    max_tokens: Annotated[int, typer.Option("-n", "--max-tokens", help="Per reply.")] = 256,
-    temp: Annotated[float, typer.Option("--temp")] = 0.0,
-    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
-    top_k: Annotated[int, typer.Option("--top-k")] = 0,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-    system: Annotated[str | None, typer.Option("--system", help="System message.")] = None,
+    max_tokens: Annotated[int, typer.Option(
+        "-n", "--max-tokens", min=1, max=INT32_MAX, help="Per reply.")] = 256,
+    temp: TempOpt = 0.0,
+    top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0,
+    seed: SeedOpt = 0,
+    system: Annotated[str | None, typer.Option(
+        "--system", callback=utf8_text, help="System message (UTF-8).")] = None,
     budget: BudgetOpt = None,
     threads: ThreadsOpt = None,
     ctx: CtxOpt = None,
@@ -225,10 +300,11 @@ def chat_cmd(
     """Interactive chat with the container's chat template (KV cache kept across turns).
 
     Each turn evaluates only the part of the conversation not already cached. An empty line or
-    EOF ends the chat."""
+    EOF ends the chat; a line that is not UTF-8 ends it with an error."""
     from moepack.runtime.engine import EngineError
     from moepack.runtime.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 
+    _require_file(file)
     try:
         tok = Tokenizer.from_container(str(file))
         if not tok.chat_template:
@@ -241,17 +317,11 @@ def chat_cmd(
     stop = [tok.eos_id] if tok.eos_id is not None else []
     with eng:
         while True:
-            try:
-                line = input("> ")
-            except EOFError:
-                break
-            if not line.strip():
+            line = _read_line()
+            if line is None or not line.strip():
                 break
             messages.append({"role": "user", "content": line})
-            try:
-                ids = tok.encode_chat(messages)
-            except TokenizerError as e:
-                _fail(str(e))
+            ids = _encode_chat(tok, messages)
             if cached and ids[:len(cached)] == cached:
                 new = ids[len(cached):]
             else:
@@ -260,7 +330,7 @@ def chat_cmd(
             if len(ids) + max_tokens > eng.ctx:
                 _err.print("[yellow]context full: starting over[/yellow]")
                 messages = messages[-1:]
-                ids = tok.encode_chat(messages)
+                ids = _encode_chat(tok, messages)
                 eng.reset()
                 cached, new = [], ids
             dec, reply = StreamDecoder(tok), []
@@ -278,6 +348,31 @@ def chat_cmd(
             cached = ids + reply[:-1] if reply else ids
             messages.append({"role": "assistant",
                              "content": tok.decode([t for t in reply if t not in stop])})
+
+
+def _read_line() -> str | None:
+    """One line of chat input; None at EOF. Bytes that are not UTF-8 end the chat with one error
+    line: under a UTF-8 locale stdin raises, under the C locale they arrive as surrogates."""
+    try:
+        line = input("> ")
+    except EOFError:
+        return None
+    except UnicodeDecodeError as e:
+        _fail(f"input is not valid UTF-8 (byte 0x{e.object[e.start]:02x}); "
+              "moepack reads text as UTF-8 only")
+    problem = utf8_problem(line)
+    if problem:
+        _fail(f"input {problem}; moepack reads text as UTF-8 only")
+    return line
+
+
+def _encode_chat(tok, messages: list[dict]) -> list[int]:
+    from moepack.runtime.tokenizer import TokenizerError
+
+    try:
+        return tok.encode_chat(messages)
+    except TokenizerError as e:
+        _fail(str(e))
 
 
 def register(app: typer.Typer) -> None:

@@ -10,14 +10,16 @@
 from __future__ import annotations
 
 import ctypes as C
-import re
+import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 from moepack.runtime import _lib
 
+from moepack.cliargs import INT32_MAX, UINT64_MAX, parse_size
+
 MP_OK, MP_EINVAL, MP_EFORMAT, MP_EIO, MP_ENOMEM, MP_EBUDGET = 0, -1, -2, -3, -4, -5
-MP_EUNSUPPORTED, MP_ECORRUPT, MP_ECTX = -6, -7, -8
+MP_EUNSUPPORTED, MP_ECORRUPT, MP_ECTX, MP_ENONFINITE = -6, -7, -8, -9
 POLICIES = {"lru": 0, "lfu": 1}
 
 
@@ -35,6 +37,11 @@ class BudgetError(EngineError):
 
 class CorruptError(EngineError):
     """A record did not match its hash (verify_reads); the message names layer and expert."""
+
+
+class NonFiniteError(EngineError):
+    """The model produced a NaN or Inf logit (a NaN/Inf weight, or overflow); the message names
+    the position. The sequence is as it was before the call."""
 
 
 class _Config(C.Structure):
@@ -106,24 +113,32 @@ def _library() -> C.CDLL:
 
 
 def _raise(code: int, msg: str) -> None:
-    cls = {MP_EBUDGET: BudgetError, MP_ECORRUPT: CorruptError}.get(code, EngineError)
+    cls = {MP_EBUDGET: BudgetError, MP_ECORRUPT: CorruptError,
+           MP_ENONFINITE: NonFiniteError}.get(code, EngineError)
     raise cls(msg or f"engine error {code}", code)
 
 
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
-          "t": 1e12, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
 def parse_bytes(v: int | str | None) -> int:
-    """"8G", "512MiB", "1.5gb" or an int -> bytes (0 for None)."""
+    """"8G", "512MiB", "1.5gb" or an int -> bytes (0 for None: the engine's default). ValueError
+    for what the engine's uint64 cannot hold (ctypes would silently wrap it)."""
     if v is None:
         return 0
-    if isinstance(v, int):
-        return v
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(v))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read {v!r} as a size (examples: 8G, 512MiB, 1.5GB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    n = v if isinstance(v, int) else parse_size(str(v))
+    if not 0 <= n <= UINT64_MAX:
+        raise ValueError(f"a size must be 0 to {UINT64_MAX} bytes, not {n}")
+    return n
+
+
+def _sampler(temperature: float, top_k: int, top_p: float, seed: int = 0) -> _Sampler:
+    """Sampling settings for the C sampler; ValueError for what it would misread (a NaN
+    temperature compares false and silently turns into greedy decoding)."""
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, not {temperature}")
+    if not (math.isfinite(top_p) and 0 <= top_p <= 1):
+        raise ValueError(f"top_p must be in [0, 1], not {top_p}")
+    if not 0 <= top_k <= INT32_MAX:
+        raise ValueError(f"top_k must be in [0, {INT32_MAX}], not {top_k}")
+    return _Sampler(float(temperature), int(top_k), float(top_p), seed)
 
 
 def plan(path: str, ctx: int | None = None) -> dict:
@@ -210,9 +225,13 @@ class Engine:
         return plan(self.path, ctx or self.ctx)
 
     def _eval(self, tokens: Sequence[int], out: np.ndarray | None, all_pos: bool) -> None:
-        toks = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64))
+        bad = EngineError(f"token ids must be in 0..{self.vocab_size - 1}", MP_EINVAL)
+        try:
+            toks = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64))
+        except OverflowError:  # an id beyond int64
+            raise bad from None
         if toks.size and (toks.min() < 0 or toks.max() >= self.vocab_size):
-            raise EngineError(f"token ids must be in 0..{self.vocab_size - 1}", MP_EINVAL)
+            raise bad
         arr = np.ascontiguousarray(toks.astype(np.int32))
         ptr = out.ctypes.data_as(C.POINTER(C.c_float)) if out is not None else None
         rc = self._lib.mp_eval(self._handle(), arr.ctypes.data_as(C.POINTER(C.c_int32)),
@@ -243,7 +262,7 @@ class Engine:
 
     def sample(self, logits: np.ndarray, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, rng: C.c_uint64 | None = None) -> int:
-        s = _Sampler(float(temperature), int(top_k), float(top_p), 0)
+        s = _sampler(temperature, top_k, top_p)
         lg = np.ascontiguousarray(logits, dtype=np.float32)
         return int(self._lib.mp_sample(lg.ctypes.data_as(C.POINTER(C.c_float)), lg.size,
                                        C.byref(s), C.byref(rng) if rng is not None else None))
@@ -252,6 +271,7 @@ class Engine:
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, reset: bool = True,
                  stop: Sequence[int] | None = None) -> Iterator[int]:
         """Stream up to n new tokens after prompt (stops after a token in `stop`)."""
+        _sampler(temperature, top_k, top_p)  # refuse bad settings before the prompt's work
         if reset:
             self.reset()
         rng = C.c_uint64(self._lib.mp_rng_seed(int(seed) & (2**64 - 1)))

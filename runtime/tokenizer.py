@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from moepack.format.errors import FormatError
 from moepack.format.reader import Container
 
+from moepack.cliargs import utf8_problem
+
 
 class TokenizerError(RuntimeError):
     """The container's tokenizer or chat template cannot be read or used."""
@@ -67,6 +69,9 @@ class Tokenizer:
         return self.token_id(self.eos_token)
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        problem = utf8_problem(text)  # lone surrogates: `tokenizers` raises a bare TypeError
+        if problem:
+            raise TokenizerError(f"the text {problem}; text is read as UTF-8 only")
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     @property

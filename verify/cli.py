@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from moepack.cliargs import MAX_THREADS, file_problem, one_line
+
 # Typer needs Optional[...] at runtime on Python 3.10 (X | None annotations are not parsed there).
 _FILE = typer.Argument(None, metavar="FILE", help="Container to verify (NAME.moepack).",
                        show_default=False)
@@ -21,15 +23,31 @@ _EXPECT = typer.Option(None, "--expect", metavar="FILE",
                             "default DIR/moepack-source.json.")
 _QUICK = typer.Option(False, "--quick", help="Header, index and root hash only (seconds).")
 _JSON = typer.Option(False, "--json", help="Print the report as JSON on stdout.")
-_THREADS = typer.Option(None, "--threads", min=1, help="Hashing threads (default: all cores).")
+_THREADS = typer.Option(None, "--threads", min=1, max=MAX_THREADS,
+                        help="Hashing threads (default: all cores).")
 _IO = typer.Option("auto", "--io", metavar="auto|direct|buffered",
                    help="O_DIRECT or page-cache reads (auto: page cache if the file is "
                         "mostly cached, else O_DIRECT).")
 
 
 def _usage(message: str) -> typer.Exit:
-    Console(stderr=True).print(f"[red]usage:[/red] {escape(message)}")
+    Console(stderr=True, soft_wrap=True).print(f"[red]usage:[/red] {escape(one_line(message))}")
     return typer.Exit(2)
+
+
+def _unreadable_expect(source: Path, expect: Path | None):
+    """A not-verifiable SourceReport when the expectations file exists but is not a regular file
+    (a FIFO there, even DIR/moepack-source.json in a downloaded folder, would block the reader
+    forever); None otherwise. The container path needs no such check: the verifier stats it
+    before opening."""
+    from moepack.verify.expect import MANIFEST_NAME
+    from moepack.verify.source import SourceReport
+
+    path = expect if expect is not None else source / MANIFEST_NAME
+    if not path.exists():
+        return None
+    problem = file_problem(path, "expectations file")
+    return SourceReport(str(source), str(path), error=problem) if problem else None
 
 
 def verify_command(
@@ -61,8 +79,9 @@ def verify_command(
     bar = LazyProgress(Console(stderr=True), label) if not as_json and not quick else None
     with bar or nullcontext():
         if source is not None:
-            report: Report | SourceReport = verify_source(source, expect, threads=threads,
-                                                          progress=bar)
+            report: Report | SourceReport = (
+                _unreadable_expect(source, expect)
+                or verify_source(source, expect, threads=threads, progress=bar))
         else:
             report = verify(file, quick=quick, threads=threads, progress=bar,
                             io=io)  # type: ignore[arg-type]  # checked above

@@ -30,7 +30,8 @@ enum {
     MP_EBUDGET = -5,      /* memory budget below the floor */
     MP_EUNSUPPORTED = -6, /* architecture/codec this engine does not run */
     MP_ECORRUPT = -7,     /* data does not match its hash (verify_reads) */
-    MP_ECTX = -8          /* context (KV cache) full */
+    MP_ECTX = -8,         /* context (KV cache) full */
+    MP_ENONFINITE = -9    /* the model produced NaN or Inf logits (a NaN/Inf weight, overflow) */
 };
 
 /* Expert cache replacement policy. */
@@ -122,7 +123,8 @@ MP_API void mp_truncate(mp_engine *e, int n);
 /* Append n tokens to the sequence.  logits: NULL, or room for vocab floats (all_positions = 0:
  * logits of the last token) or n*vocab floats (all_positions = 1).  All or nothing: on failure
  * (e.g. MP_ECORRUPT in a later chunk of a long prompt) the position is what it was before the call
- * and the sequence can go on as if the call had not been made; logits are then undefined. */
+ * and the sequence can go on as if the call had not been made; logits are then undefined.
+ * Logits with a NaN or Inf fail with MP_ENONFINITE: sampling them would print garbage. */
 MP_API int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits,
                    int all_positions);
 

@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "moepack.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -269,6 +270,14 @@ void mp_truncate(mp_engine *e, int n) {
     if (n >= 0 && n < e->pos) e->pos = n;
 }
 
+/* Index of the first NaN or Inf in l[0..n), or n.  One pass over vocab floats per token: noise
+ * next to the forward pass, and it turns a NaN/Inf weight into an error instead of garbage. */
+static size_t first_nonfinite(const float *l, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(l[i])) return i;
+    return n;
+}
+
 int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int all_positions) {
     if (!e || (!tokens && n)) return MP_EINVAL;
     if (n > (size_t)(e->plan.ctx - e->pos)) {
@@ -285,11 +294,21 @@ int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int al
         if (logits && all_positions) lo = logits + i * V;
         else if (logits && i + (size_t)k == n) lo = logits;
         int rc = mpm_forward(e->model, tokens + i, k, e->pos, lo, all_positions);
+        const size_t rows = all_positions ? (size_t)k : 1;
+        const size_t bad = !rc && lo ? first_nonfinite(lo, rows * V) : rows * V;
+        if (bad < rows * V) {
+            rc = MP_ENONFINITE;
+            snprintf(e->err, sizeof e->err,
+                     "the model produced a non-finite logit (NaN or Inf) at position %zu "
+                     "(vocabulary entry %zu): a weight in the container is NaN/Inf or the "
+                     "activations overflow",
+                     (size_t)e->pos + (all_positions ? bad / V : (size_t)k - 1), bad % V);
+        }
         if (rc) {
             /* roll back the chunks already run: their KV entries lie past pos0 and are simply
              * overwritten by the next call (attention reads positions < pos only) */
             e->pos = pos0;
-            snprintf(e->err, sizeof e->err, "%s", mpm_error(e->model));
+            if (rc != MP_ENONFINITE) snprintf(e->err, sizeof e->err, "%s", mpm_error(e->model));
             return rc;
         }
         e->pos += k;

@@ -1,0 +1,155 @@
+"""Checked command-line values shared by the `moepack` commands.
+
+Click's ranges leave two holes this closes: a FloatRange accepts `nan` (every comparison with
+NaN is false), and a size string such as `--budget 8G` has no click type. Bad values are usage
+errors (typer.BadParameter: exit 2). The file and text checks return a message instead, so that
+each command reports them with its own exit code (docs/RUNTIME.md, "Exit codes").
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import stat
+import unicodedata
+from collections.abc import Callable
+from pathlib import Path
+
+import typer
+
+from moepack.safefs import UnsafePathError, regular_file
+
+INT32_MAX = 2**31 - 1        # the C engine's int (ctx, top_k, token ids, n)
+UINT64_MAX = 2**64 - 1       # the C engine's uint64_t (seed, budget bytes)
+MAX_THREADS = 256            # the engine's compute pool caps threads here (kernels_pool.c)
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+               "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+               "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"\s*([0-9]{1,20}(?:\.[0-9]{1,20})?|\.[0-9]{1,20})\s*([a-zA-Z]{0,3})\s*")
+_TOKEN_ID = re.compile(r"\s*[0-9]{1,10}\s*")   # more digits cannot be an int32 token id
+
+
+def parse_size(text: str) -> int:
+    """"8G", "512MiB", "1.5gb" or a plain byte count -> bytes; ValueError saying what is
+    accepted otherwise (no exponents, no NaN: the regex admits digits and one dot only)."""
+    m = _SIZE.fullmatch(text)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"cannot read {_clip(text)} as a size (examples: 8G, 512MiB, 1.5GB)")
+    whole, _, frac = m.group(1).partition(".")
+    scale = _SIZE_UNITS[unit]
+    # exact integer arithmetic: float() would round sizes above 2**53
+    value = int(whole or "0") * scale + int(frac or "0") * scale // 10 ** len(frac)
+    return value
+
+
+def size_option(value: str | None) -> str | None:
+    """Typer callback for a size option: a positive size that fits the engine's uint64."""
+    if value is None:
+        return None
+    try:
+        n = parse_size(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    if not 1 <= n <= UINT64_MAX:
+        raise typer.BadParameter(f"{_clip(value)} is {n} bytes; a size must be 1 byte to "
+                                 f"{UINT64_MAX} bytes")
+    return value
+
+
+def finite(value: float | None) -> float | None:
+    """Typer callback for a float option: refuse NaN and infinities (FloatRange lets NaN in)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
+def nucleus(value: float) -> float:
+    """Typer callback for top-p: 0 < p <= 1 (the sampler would read 0 as "off")."""
+    finite(value)
+    if value <= 0:
+        raise typer.BadParameter(f"{value} is not above 0 (1 turns nucleus sampling off)")
+    return value
+
+
+def token_ids(value: str | None) -> str | None:
+    """Typer callback for `--tokens 1,2,3`: int32 ids, checked without building big integers
+    (the command then splits the checked string)."""
+    for part in (value or "").split(","):
+        if part.strip() and (not _TOKEN_ID.fullmatch(part) or int(part) > INT32_MAX):
+            raise typer.BadParameter(f"{_clip(part.strip())} is not a token id: give "
+                                     f"comma-separated integers from 0 to {INT32_MAX}")
+    return value
+
+
+def choice(*allowed: str) -> Callable[[str], str]:
+    """Typer callback accepting only `allowed` (a str option without an Enum)."""
+    def check(value: str) -> str:
+        if value not in allowed:
+            raise typer.BadParameter(f"{_clip(value)} is not one of {', '.join(allowed)}")
+        return value
+    return check
+
+
+def utf8_problem(text: str) -> str | None:
+    """Why `text` was not valid UTF-8 where it came from, or None. Undecodable bytes reach Python
+    as lone surrogates (argv and stdin use surrogateescape), which no tokenizer can encode;
+    prompts are UTF-8 only, never guessed."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        what = (f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF
+                else f"lone surrogate U+{code:04X}")
+        return f"is not valid UTF-8 ({what} at character {e.start})"
+    return None
+
+
+def utf8_text(value: str | None) -> str | None:
+    """Typer callback for prompt text: valid UTF-8 only."""
+    problem = utf8_problem(value) if value is not None else None
+    if problem:
+        raise typer.BadParameter(f"the text {problem}; moepack reads text as UTF-8 only")
+    return value
+
+
+def file_problem(path: Path, what: str = "container") -> str | None:
+    """Why `path` cannot be read as a file, or None. Checked before anything opens it: opening
+    a FIFO or a device for reading blocks forever."""
+    try:
+        regular_file(path, what)
+    except UnsafePathError as e:
+        return _kind(path, str(e))
+    except OSError as e:
+        return f"{what} {path}: {e.strerror or e}"
+    return None
+
+
+def _kind(path: Path, message: str) -> str:
+    """safefs's message, naming a FIFO, device or socket as such."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return message
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return f"{message} ({name})"
+    return message
+
+
+def one_line(text: str) -> str:
+    """`text` with control, format and surrogate characters escaped (newlines included), so an
+    error message is one line and cannot drive the terminal."""
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp") else ch
+        for ch in text)
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    """A short, printable quote of untrusted text for a message."""
+    short = text if len(text) <= limit else text[:limit] + "..."
+    return repr(one_line(short))
