@@ -71,7 +71,7 @@ bench-kernels: | $(VENV)/bin/python
 	$(PY) -m bench.kernels
 
 fuzz: install
-	MOEPACK_FUZZ_EXAMPLES=20000 $(PY) -m pytest -q tests/test_fuzz.py -p no:cacheprovider
+	MOEPACK_FUZZ_EXAMPLES=20000 $(PY) -m pytest -q tests/test_fuzz.py tests/test_fuzz_sources.py -p no:cacheprovider
 
 asan:
 	$(MAKE) -C runtime asan

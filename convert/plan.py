@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from math import prod
@@ -100,7 +101,24 @@ def described(config: dict) -> Adapter:
         validate_model(adapter.model, adapter.config)
     except ModelDescError as e:
         raise SourceError(f"config.json: {config_field(adapter, e.field)} {e.reason}") from None
+    _check_portable(config)  # after the rules: their messages say more about model fields
     return adapter
+
+
+def _check_portable(config: dict) -> None:
+    """config.json is copied into the manifest, whose canonical JSON has only finite numbers
+    and 64-bit integers (FORMAT.md §3): refuse anything else here, naming the key."""
+    stack: list[tuple[str, object]] = [(repr(k), v) for k, v in config.items()]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, dict):
+            stack += [(f"{where}.{k}", x) for k, x in v.items()]
+        elif isinstance(v, list):
+            stack += [(f"{where}[{i}]", x) for i, x in enumerate(v)]
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise SourceError(f"config.json: {where[:120]} is {v}, which a container cannot hold")
+        elif isinstance(v, int) and not -(1 << 63) <= v < (1 << 63):
+            raise SourceError(f"config.json: {where[:120]} is an integer beyond 64 bits")
 
 
 def config_field(adapter: Adapter, field: str) -> str:

@@ -85,7 +85,7 @@ def _entry(fname: str, tname: str, meta: object, base: int) -> TensorInfo:
     if not isinstance(meta, dict):
         raise SourceError(f"{where}: corrupt safetensors header entry")
     dtype, shape, offs = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
-    if dtype not in DTYPE_SIZES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
         raise SourceError(f"{where}: unknown dtype {_short(dtype)}")
     if not (isinstance(shape, list) and len(shape) <= MAX_TENSOR_DIMS
             and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
