@@ -65,8 +65,10 @@ def sh(cmd: list[str], **kw) -> None:
 def ggml_sources() -> Path:
     """build/ggml/src: ggml as vendored in the llama-cpp-python sdist."""
     src = BUILD / "src"
-    if (src / "CMakeLists.txt").exists():
+    mark = src / ".llama-cpp-python-version"
+    if mark.exists() and mark.read_text() == LLAMA_CPP_PYTHON:
         return src
+    shutil.rmtree(src, ignore_errors=True)
     sdist_dir = BUILD / "sdist"
     name = f"llama_cpp_python-{LLAMA_CPP_PYTHON}"
     tgz = sdist_dir / f"{name}.tar.gz"
@@ -85,6 +87,7 @@ def ggml_sources() -> Path:
                 members.append(m)
         tf.extractall(tmp, members=members, filter="data")
     (tmp / "ggml.pc.in").touch()  # left out of the sdist; only `install` reads it
+    (tmp / mark.name).write_text(LLAMA_CPP_PYTHON)
     tmp.rename(src)
     return src
 
@@ -103,12 +106,15 @@ def build_ggml(variant: str, jobs: int) -> dict:
     stamp = out / "build.json"
     libs = [out / "src" / "libggml-cpu.a", out / "src" / "libggml-base.a"]
     args = COMMON + VARIANTS[variant]
-    info = json.loads(stamp.read_text()) if stamp.exists() else None
-    if info is None or info["cmake_args"] != args or not all(p.exists() for p in libs):
+    source = f"llama-cpp-python {LLAMA_CPP_PYTHON} sdist, vendor/llama.cpp/ggml"
+    info = json.loads(stamp.read_text()) if stamp.exists() else {}
+    if (info.get("cmake_args") != args or info.get("source") != source
+            or not all(p.exists() for p in libs)):
         src = ggml_sources()
         cmake = cmake_exe()
         log(f"building ggml ({variant}) from llama-cpp-python {LLAMA_CPP_PYTHON}, {jobs} job(s)")
         t0 = time.perf_counter()
+        shutil.rmtree(out / "quant", ignore_errors=True)  # codes of another ggml
         sh(["nice", cmake, "-S", str(src), "-B", str(out), *args], stdout=subprocess.DEVNULL)
         sh(["nice", cmake, "--build", str(out), "--target", "ggml-cpu", "-j", str(jobs)],
            stdout=subprocess.DEVNULL)
@@ -118,7 +124,7 @@ def build_ggml(variant: str, jobs: int) -> dict:
                 flags = line.split("=", 1)[1].strip()
         info = {"cmake_args": args, "ggml_cpu_c_flags": flags, "build_s":
                 round(time.perf_counter() - t0, 1), "jobs": jobs,
-                "source": f"llama-cpp-python {LLAMA_CPP_PYTHON} sdist, vendor/llama.cpp/ggml"}
+                "source": source}
         stamp.write_text(json.dumps(info, indent=1))
     exe = out / "kernels_ggml"
     c = ROOT / "bench" / "kernels_ggml.c"
@@ -162,15 +168,17 @@ def run_ggml(variant: str, cpu: int, types: str, shapes: str, ram_mib: int,
     return recs
 
 
-MOEPACK_SRC = ROOT / "runtime" / "tests_c" / "bench_kernels.c"
+RUNTIME = ROOT / "runtime"
+MOEPACK_SRC = RUNTIME / "tests_c" / "bench_kernels.c"
 
 
 def run_moepack(cpu: int) -> list[dict]:
-    p = subprocess.run(["make", "--no-print-directory", "-s", "-C", str(ROOT / "runtime"),
+    p = subprocess.run(["make", "--no-print-directory", "-s", "-C", str(RUNTIME),
                         "bench-kernels"], capture_output=True, text=True,
                        preexec_fn=pinned(cpu))
     if p.returncode != 0:
-        raise SystemExit(f"make -C runtime bench-kernels failed:\n{p.stderr[-3000:]}")
+        raise RuntimeError(f"make -C runtime bench-kernels failed (rc {p.returncode}): "
+                           f"{p.stderr.strip()[-2000:]}")
     return moepack_records(p.stdout)
 
 
@@ -255,37 +263,42 @@ def markdown(res: dict) -> str:
         + (" (**shared machine: other work was running; figures are noisy**)."
            if res["load_avg_start"][0] > 0.5 else "."), "",
         "G weights/s per core: best over rounds (range of the per-round bests in brackets). "
-        f"\"RAM\": the matrix copied to fill {res['ram_mib']} MiB (> L3) and cycled; "
+        f"\"RAM\": the matrix copied to fill {res['ram_mib']} MiB (more than the L3) and cycled; "
         "\"cache\": one copy, repeated. llama.cpp = ggml "
         f"{res['ggml'][variants[0]].get('version', '?')} "
-        f"(llama-cpp-python {LLAMA_CPP_PYTHON}) `vec_dot` one row per call, activation "
-        "already quantised; \"+act\" adds one activation quantisation per matrix "
-        "(moepack's own figure includes its table build).", ""]
+        f"(llama-cpp-python {LLAMA_CPP_PYTHON}) `vec_dot` one row per call on an activation "
+        "already quantised; \"act quant\" is that quantisation (to Q8_K, Q8_0 for q8_0), once "
+        "per matrix, timed apart (moepack's own figure includes its table build)."]
+    if res["read_gbs"]:
+        rb = res["read_gbs"]
+        lines.append(f"Single-thread streaming read of the same {res['ram_mib']} MiB: "
+                     f"{max(rb):.1f} GB/s ({min(rb):.1f}-{max(rb):.1f}); a codec at b bytes "
+                     "per weight cannot beat that / b G weights/s in RAM.")
+    lines.append("")
     for v in variants:
         g = res["ggml"][v]
         arch = " ".join(f for f in g["ggml_cpu_c_flags"].split() if f.startswith("-m"))
         lines.append(f"- ggml `{v}`: ggml-cpu built with `{arch}`, compiled for "
                      f"{', '.join(k for k, on in g.get('compiled_for', {}).items() if on)}; "
                      f"built in {g['build_s']} s ({g['jobs']} job(s))")
-    lines += ["", "| shape (rows x cols) | engine / build | codec | RAM | cache | +act (RAM) "
-              "| act quant µs |", "|---|---|---|---:|---:|---:|---:|"]
-    by = {}
-    for s in summ:
-        by.setdefault((s["rows"], s["cols"], s["engine"], s["build"], s["codec"]), {})[
-            s["mode"]] = s
-    def order(k):  # shape, llama.cpp builds first, codecs in TYPES order
-        shape = f"{k[0]}x{k[1]}"
-        return (SHAPES.index(shape) if shape in SHAPES else 99, k[2] != "llama.cpp",
-                variants.index(k[3]) if k[3] in variants else 99,
-                TYPES.index(k[4]) if k[4] in TYPES else 99, k[3], k[4])
-    for k in sorted(by, key=order):
-        m = by[k]
-        ram, cache = m.get("ram"), m.get("cache")
-        act = (ram or cache or {}).get("act_us_best")
-        wa = (ram or {}).get("gws_with_act_best")
-        lines.append(f"| {k[0]}x{k[1]} | {k[2]} {k[3]} | {k[4]} | {_g(ram) if ram else ''} | "
-                     f"{_g(cache) if cache else ''} | {f'{wa:.1f}' if wa else ''} | "
-                     f"{f'{act:.2f}' if act else ''} |")
+    cols = [(v, m) for v in variants for m in ("ram", "cache")]
+    lines += ["", "| shape (rows x cols) | llama.cpp type | bytes/w | "
+              + " | ".join(f"{'RAM' if m == 'ram' else 'cache'} {v}" for v, m in cols)
+              + " | act quant µs |", "|---|---|---:|" + "---:|" * (len(cols) + 1)]
+    bpw = {(r["codec"], int(r["rows"]), int(r["cols"])): r["bytes_per_weight"]
+           for r in res.get("runs", []) if r.get("bytes_per_weight")}
+    cell = {(s["rows"], s["cols"], s["codec"], s["build"], s["mode"]): s
+            for s in summ if s["engine"] == "llama.cpp"}
+    rows = sorted({(k[0], k[1], k[2]) for k in cell}, key=lambda k: (
+        SHAPES.index(f"{k[0]}x{k[1]}") if f"{k[0]}x{k[1]}" in SHAPES else 99,
+        TYPES.index(k[2]) if k[2] in TYPES else 99, k))
+    for r, c, t in rows:
+        got = [cell.get((r, c, t, v, m)) for v, m in cols]
+        act = next((g["act_us_best"] for g in got if g and "act_us_best" in g), None)
+        b = bpw.get((t, r, c))
+        lines.append(f"| {r}x{c} | {t} | {f'{b:.3f}' if b else ''} | "
+                     + " | ".join(_g(g) if g else "" for g in got)
+                     + f" | {f'{act:.2f}' if act else ''} |")
     mp = [s for s in summ if s["engine"] == "moepack"]
     if mp:
         lines += ["", "moepack / llama.cpp (best vs best, same mode, same shape; AVX2 paths vs "
@@ -355,23 +368,30 @@ def main() -> None:
            "cpu": cpu, "load_avg_start": os.getloadavg(), "repeat": a.repeat,
            "variants": variants, "ram_mib": a.ram_mib, "sweeps": a.sweeps,
            "shapes": a.shapes.split(","), "types": a.types.split(","), "ggml": ggml,
-           "moepack_missing": missing or None, "runs": []}
+           "moepack_missing": missing or None, "read_gbs": [], "runs": []}
     for rnd in range(a.repeat):
-        engines = [("llama.cpp", v) for v in variants] + ([("moepack", "")] if have_moepack
-                                                          else [])
+        engines = [("llama.cpp", v) for v in variants] + [("moepack", "")] * have_moepack
         if rnd % 2:
             engines.reverse()
         for eng, v in engines:
             log(f"round {rnd + 1}/{a.repeat}: {eng} {v}")
             if eng == "moepack":
-                recs = run_moepack(cpu)
+                try:
+                    recs = run_moepack(cpu)
+                except RuntimeError as e:  # keep llama.cpp's figures; say why moepack has none
+                    log(str(e))
+                    res["moepack_missing"] = str(e)
+                    have_moepack = False
+                    continue
             else:
                 recs = run_ggml(v, cpu, a.types, a.shapes, a.ram_mib, a.sweeps)
                 head = next((r for r in recs if "compiled_for" in r), {})
-                ggml[v].update(version=head.get("ggml_version"), commit=head.get("ggml_commit"),
+                ggml[v].update(version=head.get("ggml_version"),
                                compiled_for=head.get("compiled_for"))
             for r in recs:
                 r["round"] = rnd
+                if "read_gbs_best" in r:
+                    res["read_gbs"].append(r["read_gbs_best"])
             res["runs"] += [r for r in recs if "codec" in r]
     res["load_avg_end"] = os.getloadavg()
     res["summary"] = summarise(res["runs"])
