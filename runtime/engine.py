@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes as C
 import math
+import os
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -144,7 +145,7 @@ def _sampler(temperature: float, top_k: int, top_p: float, seed: int = 0) -> _Sa
 def plan(path: str, ctx: int | None = None) -> dict:
     """Memory plan of a container (bytes): floor, recommended and default budgets."""
     lib, p, err = _library(), _Plan(), C.create_string_buffer(_ERRLEN)
-    rc = lib.mp_plan(str(path).encode(), int(ctx or 0), C.byref(p), err, _ERRLEN)
+    rc = lib.mp_plan(os.fsencode(path), int(ctx or 0), C.byref(p), err, _ERRLEN)
     if rc:
         _raise(rc, err.value.decode(errors="replace"))
     return {name: getattr(p, name) for name, _ in _Plan._fields_}
@@ -173,7 +174,7 @@ class Engine:
         cfg.scalar_kernels = 1 if scalar_kernels else 0
         self._h = _P()
         err = C.create_string_buffer(_ERRLEN)
-        rc = self._lib.mp_open(str(path).encode(), C.byref(cfg), C.byref(self._h), err, _ERRLEN)
+        rc = self._lib.mp_open(os.fsencode(path), C.byref(cfg), C.byref(self._h), err, _ERRLEN)
         if rc:
             self._h = None
             _raise(rc, err.value.decode(errors="replace"))

@@ -7,6 +7,8 @@ destination."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -208,3 +210,17 @@ def test_engine_keeps_the_sequence_after_nonfinite_logits(nan_model):
             with pytest.raises(NonFiniteError, match="non-finite logit"):
                 call()
             assert e.position == 0
+
+
+def test_container_name_that_is_not_utf8(model, tmp_path):
+    """A file name with undecodable bytes is a valid path: run opens it (os.fsencode, not
+    UTF-8) and an error about it is one printable line."""
+    odd = tmp_path / os.fsdecode(b"m\xff.moepack")
+    shutil.copyfile(model, odd)
+    r = _moepack(["run", os.fsencode(odd), "--tokens", "1,5", "-n", "1", "--json"], tmp_path)
+    assert r.returncode == 0, r.stdout
+    odd.unlink()
+    r = _moepack(["plan", os.fsencode(odd)], tmp_path)
+    assert r.returncode == 1
+    assert _last_line(r.stdout.decode()) == (
+        f"error: container {tmp_path}/m\\udcff.moepack: No such file or directory")
