@@ -1,0 +1,142 @@
+"""Pieces of `moepack serve` without a server: the JSON recognizer against json.loads, token
+masks, stop strings, tool-call parsing, and Engine.truncate (the KV prefix reuse it rests on)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from moepack.serve import grammar, tools
+from moepack.serve.constraint import Chain, Choice, Forced, JsonObject
+from moepack.serve.grammar import JsonMasker, TokenTrie
+from moepack.serve.stops import StopMatcher
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**12, 10**12) |
+    st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids,
+                                                              max_size=4), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=5), _json_values, max_size=4),
+       st.sampled_from([None, 0, 2]), st.booleans())
+def test_recognizer_accepts_every_json_object(obj, indent, ascii_only):
+    text = json.dumps(obj, indent=indent, ensure_ascii=ascii_only)
+    st_ = grammar.walk(grammar.START, text)
+    assert st_ is not None and grammar.done(st_)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet='{}[]":,.-+eE0123456789tfnrulas \\\n', max_size=24))
+def test_recognizer_agrees_with_json_loads(text):
+    st_ = grammar.walk(grammar.START, text)
+    try:
+        ok = isinstance(json.loads(text), dict) and text[:1] == "{" and text.count("\n") + \
+            text.count(" ") <= grammar.MAX_WS
+    except ValueError:
+        ok = False
+    if ok:
+        assert st_ is not None and grammar.done(st_)
+    if st_ is not None and grammar.done(st_):
+        assert isinstance(json.loads(text), dict)
+
+
+def test_recognizer_rejects():
+    for bad in ['[1]', ' {}', '{"a":01}', '{"a" 1}', '{"a":1,}', '{"a":tru}', '{"a":"\x01"}',
+                '{"a":"\\x"}', '{"a":1}}', '{"a":1} ', '{' + '"a":{' * 40]:
+        s = grammar.walk(grammar.START, bad)
+        assert s is None or not grammar.done(s), bad
+
+
+def test_token_mask_keeps_output_valid():
+    texts = ['{', '}', '"', 'a', '":', ' 1', '1,', 'true', '{"', '"}', ',"', None, '[', ']',
+             'x"', ': "']
+    masker = JsonMasker(TokenTrie(texts))
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        con, out = JsonObject(masker), ""
+        for _ in range(40):
+            allowed = con.allowed()
+            assert allowed.size and all(texts[i] is not None for i in allowed)
+            tid = int(rng.choice(allowed))
+            out += texts[tid]
+            con.advance(tid)
+            assert grammar.walk(grammar.START, out) is not None
+            if con.done:
+                assert isinstance(json.loads(out), dict)
+                break
+
+
+def test_forced_choice_chain():
+    texts = ["<call>", "get", "_", "weather", "time", '"', "get_time", " {", "}"]
+    trie = TokenTrie(texts)
+    con = Chain([Forced([0]), Choice(trie, ['get_weather"', 'get_time"'])])
+    assert con.forced() == 0
+    con.advance(0)
+    assert con.forced() is None
+    first = {texts[i] for i in con.allowed()}
+    assert first == {"get", "get_time"}
+    con.advance(texts.index("get_time"))
+    assert {texts[i] for i in con.allowed()} == {'"'}
+    con.advance(texts.index('"'))
+    assert con.done
+
+
+@pytest.mark.parametrize("pieces,stops,want,stopped", [
+    (["hel", "lo E", "N", "D more"], ["END"], "hello ", True),
+    (["ab", "c"], ["bc"], "a", True),
+    (["x", "a", "b"], ["abc"], "xab", False),  # held back, then let out at the end
+    (["no stops here"], [], "no stops here", False),
+    (["a\n", "\nb"], ["\n\n"], "a", True),
+])
+def test_stop_matcher(pieces, stops, want, stopped):
+    m = StopMatcher(stops)
+    out = "".join(m.push(p) for p in pieces)
+    assert m.stopped == stopped
+    assert out + m.flush() == want
+
+
+def test_hermes_parse_and_split():
+    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' \
+           '\n</tool_call>\n<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>'
+    content, calls = tools.parse(tools.HERMES, text, {"get_weather"})
+    assert content == "Let me check."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather",
+                                                                   {"city": "Paris"})]
+    split = tools.MarkerSplit("<tool_call>")
+    out = "".join(split.push(text[i:i + 3]) for i in range(0, len(text), 3))
+    assert out == "Let me check.\n" and split.hit
+    assert tools.parse(tools.HERMES, "<tool_call>{not json}</tool_call>", {"f"}) == (
+        "<tool_call>{not json}</tool_call>", [])
+
+
+def test_deepseek_parse_both_forms():
+    before, _, mid, after = tools.forced_parts(tools.DEEPSEEK, ["f"])
+    v3 = "ok" + before + "f\n" + mid + '{"a": [1, 2]}' + after
+    assert tools.parse(tools.DEEPSEEK, v3, {"f"})[1][0].arguments == '{"a": [1, 2]}'
+    v31 = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"b\": 1}<｜tool▁call▁end｜>"
+    content, calls = tools.parse(tools.DEEPSEEK, v31, {"f"})
+    assert content == "" and calls[0].name == "f"
+    assert tools.family("{% if tools %}<tool_call>{% endif %}") == tools.HERMES
+    assert tools.family("<｜tool▁call▁begin｜>") == tools.DEEPSEEK
+    assert tools.family("{{ messages }}") is None
+
+
+def test_engine_truncate_reuses_prefix_bit_identically():
+    from moepack.runtime.engine import Engine
+    from serve_fixtures import demo_container
+
+    a, b = list(range(10, 40)), list(range(10, 25)) + [77, 78, 79]
+    with Engine(str(demo_container()), threads=1) as e:
+        e.feed(a)
+        e.truncate(15)
+        assert e.position == 15
+        e.truncate(99)  # past the end: nothing changes
+        assert e.position == 15
+        x = e.feed(b[15:])
+        y = e.logits(b)[-1]
+    np.testing.assert_array_equal(x, y)
