@@ -45,7 +45,9 @@ def _human(n: float) -> str:
 # runtime and `X | None` is not understood on Python 3.10.
 _SRC = typer.Argument(..., help="Hugging Face checkpoint directory.", show_default=False)
 _OUT = typer.Argument(..., help="Output container, e.g. model.moepack.", show_default=False)
-_JOBS = typer.Option(1, "--jobs", "-j", min=1, help="Worker processes (one layer at a time each).")
+_JOBS = typer.Option(None, "--jobs", "-j", min=1, show_default=False,
+                     help="Worker processes (one layer at a time each); default: usable cores "
+                     "(cgroup-aware), bounded by the memory estimate.")
 _EXPERT = typer.Option(None, "--expert-codec", show_default=False,
                        help="Expert codec preset: rvq3-l (default), rvq3-m, rvq3, rvq4, rvq2...")
 _TRUNK = typer.Option(None, "--trunk-codec",
@@ -74,7 +76,7 @@ _SHARD = typer.Option(4.0, "--shard-gb", help="Maximum safetensors shard size in
 def convert_cmd(
     src: Path = _SRC,
     out: Path = _OUT,
-    jobs: int = _JOBS,
+    jobs: Optional[int] = _JOBS,  # noqa: UP045
     expert_codec: Optional[str] = _EXPERT,  # noqa: UP045
     trunk_codec: Optional[str] = _TRUNK,  # noqa: UP045
     codec: Optional[list[str]] = _CODEC,  # noqa: UP045
@@ -114,6 +116,7 @@ def convert_cmd(
         typer.echo(f"plan for {out}: {_human(p['file_size'])} ({p['file_size']:,} bytes), "
                    f"{p['tensors']} tensors, {p['experts']} experts in {p['expert_banks']} banks")
         avail = p["available_memory"]
+        typer.echo(p["jobs_choice"])
         typer.echo(f"free space: {_human(p['free_space'])}; peak memory estimate: "
                    f"{_human(p['peak_memory_estimate'])} with {p['jobs']} worker(s) x "
                    f"{p['threads_per_worker']} thread(s)"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from moepack.convert.errors import ConvertError
 from moepack.convert.fingerprint import fingerprint, manifest_files
+from moepack.convert.jobs import JobsChoice, choose_jobs
 from moepack.convert.journal import Journal, journal_path
 from moepack.convert.plan import Plan, checkpoint_plan, weight_counts
 from moepack.convert.progress import Reporter
@@ -43,6 +44,7 @@ from moepack.format.codecs import encoded_nbytes
 from moepack.format.writer import partial_path
 
 from moepack.durable import fsync_path
+from moepack.sysinfo import usable_memory
 
 SPACE_MARGIN = 64 << 20           # journal, filesystem metadata
 BASE_RSS = 120 << 20              # interpreter + numpy + code: ~90 MB measured (bench/convert.py)
@@ -78,27 +80,18 @@ def peak_memory(plan: Plan, jobs: int) -> int:
     return per_worker * max(1, jobs)
 
 
-def _available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _plan_summary(plan: Plan, out: Path, jobs: int, free: int, done: int, total: int) -> dict:
+def _plan_summary(plan: Plan, out: Path, choice: JobsChoice, free: int, done: int,
+                  total: int) -> dict:
     weights, _ = weight_counts(plan)
+    jobs = choice.jobs
     return {"output": str(out), "file_size": plan.layout.file_size,
             "free_space": free, "peak_memory_estimate": peak_memory(plan, jobs),
-            "jobs": jobs, "threads_per_worker": threads_per_worker(jobs),
+            "jobs": jobs, "jobs_choice": choice.describe(),
+            "threads_per_worker": threads_per_worker(jobs),
             "tensors": len(plan.spec.tensors), "expert_banks": len(plan.spec.banks),
             "experts": sum(b.count for b in plan.spec.banks), "weights": weights,
             "units_done": done, "units_total": total, "output_exists": os.path.lexists(out),
-            "available_memory": _available_memory(),
+            "available_memory": usable_memory(),
             "codecs": plan.spec.manifest["codecs"]}
 
 
@@ -118,11 +111,12 @@ def _refuse_odd_entries(*paths: Path) -> None:
                                "it away yourself")
 
 
-def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int = 1,
+def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int | None = 1,
             force: bool = False, restart: bool = False, dry_run: bool = False,
             reporter: Reporter | None = None, pause_per_unit: float = 0.0) -> Summary:
     """Convert checkpoint `src` into container `out` (see the module docstring).
 
+    jobs=None: usable cores bounded by memory (`convert.jobs.choose_jobs`), said in a message.
     pause_per_unit > 0 journals every unit and pauses that long after it (for tests that
     interrupt a conversion at a chosen point); it does not change the bytes."""
     rep = reporter or Reporter()
@@ -143,11 +137,15 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int =
     # A partial we are about to replace frees its blocks (lstat: a link never counts).
     reusable = partial.lstat().st_blocks * 512 if partial.exists() else 0
     need = 0 if resuming else max(0, plan.layout.file_size + SPACE_MARGIN - reusable)
-    summary_plan = _plan_summary(plan, out, jobs, free, 0, len(unit_lengths(plan)))
+    choice = choose_jobs(jobs, peak_memory(plan, 1))
+    jobs = choice.jobs
+    summary_plan = _plan_summary(plan, out, choice, free, 0, len(unit_lengths(plan)))
     if dry_run:
         return _summary(plan, out, None, t0, 0, summary_plan)
     _refuse_odd_entries(partial, jpath)
-    available = _available_memory()
+    if choice.auto:
+        rep.message(choice.describe())
+    available = summary_plan["available_memory"]
     if available and summary_plan["peak_memory_estimate"] > available:
         rep.message(f"warning: estimated peak memory {summary_plan['peak_memory_estimate']:,} "
                     f"bytes exceeds the {available:,} available; consider fewer --jobs")

@@ -13,16 +13,11 @@ from moepack.convert.errors import ConvertError
 from moepack.convert.tasks import Task
 from moepack.convert.worker import Worker, WorkerConfig, describe, peak_rss, process_main
 
+from moepack.sysinfo import usable_cores
+
 OnMessage = Callable[[tuple], None]
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                 "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def threads_per_worker(jobs: int) -> int:

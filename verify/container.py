@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -14,12 +13,12 @@ from moepack.verify.reads import IoMode
 from moepack.verify.report import Report
 from moepack.verify.scan import Progress, scan
 
+from moepack.sysinfo import usable_cores
+
 
 def default_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """Usable cores (affinity and cgroup CPU quota: `moepack.sysinfo`)."""
+    return usable_cores()
 
 
 def verify(path: str | Path, *, quick: bool = False, threads: int | None = None,

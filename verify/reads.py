@@ -21,6 +21,8 @@ from typing import Literal
 
 from moepack.verify.residency import cached_fraction
 
+from moepack.sysinfo import usable_memory
+
 IoMode = Literal["auto", "direct", "buffered"]
 
 CHUNK = 8 << 20  # bytes per read: large enough for full device speed, a multiple of any block size
@@ -45,14 +47,8 @@ class Chunk:
 
 
 def _available_ram() -> int:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    """Usable memory (MemAvailable and cgroup limit: `moepack.sysinfo`); 0 if unknown."""
+    return usable_memory() or 0
 
 
 def choose_direct(mode: IoMode, path: str | Path, start: int, end: int) -> bool:
