@@ -107,9 +107,22 @@ _COMMAND_MODULES = (
 )
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        import moepack
+
+        print(f"moepack {moepack.__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main(debug: Annotated[bool, typer.Option(
-        "--debug", help="On an unexpected error, show the full traceback.")] = False) -> None:
+def _main(
+    debug: Annotated[bool, typer.Option(
+        "--debug", help="On an unexpected error, show the full traceback.")] = False,
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_show_version, is_eager=True,
+        help="Print the version and exit.")] = False,
+) -> None:
     """moepack: Mixture-of-Experts containers."""
     _debug["on"] = debug
 
