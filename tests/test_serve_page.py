@@ -1,0 +1,62 @@
+"""The chat page at / in real headless Chromium: it loads, takes typed text, streams the answer
+token by token (seen by a MutationObserver), shows the stats line, and a second turn reuses the
+cached conversation."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from browser import Browser, find_or_install
+from serve_fixtures import demo_server
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    path, why = find_or_install()
+    if path is None:
+        pytest.skip(f"no browser: {why}")
+    b = Browser(path)
+    yield b
+    b.close()
+
+
+def test_page_streams_answer_with_stats(browser):
+    srv = demo_server()
+    browser.call("Page.enable")
+    browser.call("Page.navigate", url=srv.url + "/")
+    browser.wait_for("document.readyState === 'complete' && "
+                     "document.getElementById('model').textContent === 'demo'")
+    # greedy and long enough that the answer arrives over many chunks
+    browser.eval("document.getElementById('temperature').value = '0';"
+                 "document.getElementById('max_tokens').value = '200'; true")
+    browser.eval("""window.__lens = [];
+        new MutationObserver(() => {
+          const a = document.querySelectorAll('.msg.assistant');
+          if (a.length) window.__lens.push(a[a.length - 1].textContent.length);
+        }).observe(document.getElementById('log'),
+                   {childList: true, subtree: true, characterData: true}); true""")
+    browser.eval("document.getElementById('input').focus(); true")
+    browser.type_text("def parse(line):")
+    browser.press_enter()
+    stats = browser.wait_for("(document.querySelector('.stats') || {}).textContent", 60)
+    assert "tok/s" in stats and "cache hits" in stats and "cached 0" in stats
+    text = browser.eval("document.querySelector('.msg.assistant').textContent")
+    lens = browser.eval("window.__lens")
+    growing = sorted(set(lens))
+    assert len(growing) >= 5, lens  # the text grew piece by piece, not all at once
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    want = c.chat.completions.create(model="demo", max_tokens=200, temperature=0, messages=[
+        {"role": "user", "content": "def parse(line):"}]).choices[0].message.content
+    assert text == want and growing[-1] == len(want)
+
+    # second turn: the page sends the whole conversation; the server evaluates only the rest
+    browser.eval("document.getElementById('input').focus(); true")
+    browser.type_text("return line")
+    browser.press_enter()
+    browser.wait_for("document.querySelectorAll('.stats').length === 2 && "
+                     "document.querySelectorAll('.stats')[1].textContent.includes('tok/s')", 60)
+    second = browser.eval("document.querySelectorAll('.stats')[1].textContent")
+    cached = int(second.split("cached ")[1].split(")")[0])
+    assert cached > 0, second
