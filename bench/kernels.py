@@ -1,6 +1,6 @@
 """`make bench-kernels`: single-thread G weights/s of moepack's kernels vs llama.cpp's dot products.
 
-    python -m bench.kernels [--repeat 3] [--variants native,avx2] [--cpu N] [--no-write]
+    python -m bench.kernels [--repeat 3] [--variants native,avx2] [--cpu N] [--no-write|--render]
 
 llama.cpp's side is ggml's CPU library built from the sources vendored in the llama-cpp-python
 sdist (pip download, then cmake builds only ggml-base + ggml-cpu, statically, once; cached under
@@ -314,7 +314,13 @@ def markdown(res: dict) -> str:
                          f"{s['mode']} | {s['gws_best']:.1f} | {' | '.join(cells)} | {tw} |")
     else:
         lines += ["", f"moepack's side: {res['moepack_missing']}"]
-    lines += ["", "Raw per-round records: bench/results/kernels.json."]
+    lines += ["", "Notes: weights are seeded Student-t (4 dof), quantised by ggml without an "
+              "importance matrix. llama.cpp's default (extra buffer types on) repacks Q4_K, Q6_K "
+              "and Q8_0 into interleaved rows with their own gemv on AVX2; this is the plain "
+              "`vec_dot` (what bench/llama.py runs, extra buffer types off). Q3_K and IQ3_XXS "
+              "have no x86 repack: for them `vec_dot` is what llama.cpp runs. On a shared VM "
+              "the per-round bests vary up to 2x; quote figures from a quiet machine. Raw "
+              "per-round records: bench/results/kernels.json."]
     return "\n".join(lines) + "\n"
 
 
@@ -349,7 +355,12 @@ def main() -> None:
     ap.add_argument("--cpu", type=int, default=None, help="pin here (default: last allowed)")
     ap.add_argument("--build-jobs", type=int, default=1, help="make jobs for the ggml build")
     ap.add_argument("--no-write", action="store_true", help="print only")
+    ap.add_argument("--render", action="store_true",
+                    help="only rewrite the BENCHMARKS.md section from bench/results/kernels.json")
     a = ap.parse_args()
+    if a.render:
+        write_benchmarks_md(markdown(json.loads((RESULTS / "kernels.json").read_text())))
+        return
     variants = [v for v in a.variants.split(",") if v]
     for v in variants:
         if v not in VARIANTS:
