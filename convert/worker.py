@@ -7,21 +7,24 @@ import os
 import resource
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
-import numpy as np
 from moepack.convert.adapters import EXPERT_PARTS
-from moepack.convert.errors import ConvertError, SourceError
-from moepack.convert.quant import RvqSettings, encode, layer_seed, train_layer
-from moepack.convert.rowchunks import encode_by_rows
+from moepack.convert.encoding import (
+    Codebook,
+    encode_expert,
+    encode_trunk,
+    stored_codebook,
+    train_codebook,
+)
+from moepack.convert.errors import ConvertError
+from moepack.convert.quant import RvqSettings
 from moepack.convert.source import Checkpoint, SourceRef
 from moepack.convert.tasks import Task, expert_unit, tensor_unit
-from moepack.format import ContainerWriter, Layout, TensorSpec, pack_record
-from moepack.format.codecs import decode
+from moepack.format import ContainerWriter, Layout, TensorSpec
 
 FLUSH_BYTES = 64 << 20   # fsync + journal at least this often (bounded redo after a crash)
 FLUSH_SECONDS = 2.0
@@ -98,83 +101,57 @@ class Worker:
         layer = task.layer
         assert layer is not None
         bank = self.cfg.layout.bank(layer)
-        codecs = {p.name: p.codec for p in bank.parts}
-        books = {part: self._codebook(task, part, codecs[part], done) for part in EXPERT_PARTS}
+        books = {part: self._codebook(task, part, done) for part in EXPERT_PARTS}
         for e, refs in todo:
-            parts = {}
-            for part in EXPERT_PARTS:
-                cb, signs = books[part]
-                parts[part] = self._encode(codecs[part], refs[part], codebook=cb, rotation=signs,
-                                           settings=self.cfg.rvq)
-            digest = self.writer.write_expert(layer, e, pack_record(bank, parts))
+            record = encode_expert(self.ck, bank, refs, books, self.cfg.rvq, self.cfg.threads)
+            digest = self.writer.write_expert(layer, e, record)
             self._done(expert_unit(layer, e), digest, bank.stride, 1)
 
-    @contextmanager
-    def _naming(self, ref: SourceRef) -> Iterator[None]:
-        """Encoder complaints (e.g. inf/NaN weights) name the tensor and its file."""
-        try:
-            yield
-        except ValueError as e:
-            raise SourceError(f"{self.ck.info(ref.name).file}: tensor {ref.name!r}: {e}") from e
-
-    def _encode(self, codec: dict, ref: SourceRef, **kw) -> bytes:
-        w = self.ck.read(ref)
-        with self._naming(ref):
-            return encode(codec, w, threads=self.cfg.threads, **kw)
-
     def _encode_trunk(self, codec: dict, ref: SourceRef) -> bytes | bytearray:
-        """Large 2-D tensors are read and encoded in row bands (bounded memory)."""
-        def band(lo: int, hi: int) -> np.ndarray:
-            return self.ck.read(SourceRef(ref.name, rows=(lo, hi)))
+        return encode_trunk(self.ck, codec, ref, self.cfg.threads)
 
-        with self._naming(ref):
-            return encode_by_rows(codec, self.ck.ref_shape(ref), band, threads=self.cfg.threads)
-
-    def _codebook(self, task: Task, part: str, codec: dict,
-                  done: dict[str, str]) -> tuple[np.ndarray, np.ndarray | None]:
+    def _codebook(self, task: Task, part: str, done: dict[str, str]) -> Codebook:
         layer = task.layer
         assert layer is not None
         cb_name, rot_name = self.cfg.codebook_names[layer][part]
         if tensor_unit(cb_name) in done and (rot_name is None or tensor_unit(rot_name) in done):
-            cb = self._read_back(cb_name, done).reshape(codec["stages"], 256, -1)
-            return cb, (self._read_back(rot_name, done) if rot_name else None)
-        refs = dict(task.experts)
-        shape = tuple(self.cfg.layout.bank(layer).parts[EXPERT_PARTS.index(part)].shape)
-        try:
-            trained, cb, signs = train_layer(lambda e: self.ck.read(refs[e][part]), len(refs),
-                                             shape, self.cfg.rvq,
-                                             layer_seed(self.cfg.seed, layer, part),
-                                             part=part, threads=self.cfg.threads)
-        except ValueError as e:
-            raise SourceError(f"layer {layer} experts ({part}): {e}") from e
-        if trained != codec:
-            raise ConvertError(f"layer {layer} {part}: trained codec {trained} differs from the "
-                               f"planned {codec}")
-        cb_codec = self._spec(cb_name).codec
-        cb_data = encode(cb_codec, np.asarray(cb, np.float32))
-        # experts are encoded against the codebook as stored (f16: rounded), so codes and scales
-        # fit what decoders use
-        cb = decode(cb_codec, cb.shape, cb_data)
-        if not np.isfinite(cb).all():
-            raise ConvertError(f"layer {layer} {part}: codebook not finite in {cb_codec['name']}")
-        self._done(tensor_unit(cb_name), self.writer.write_tensor(cb_name, cb_data), len(cb_data))
-        if rot_name is not None:
-            data = encode({"name": "f32"}, np.asarray(signs, np.float32))
-            self._done(tensor_unit(rot_name), self.writer.write_tensor(rot_name, data), len(data))
-        return cb, signs
+            stages = self.cfg.layout.bank(layer).parts[EXPERT_PARTS.index(part)].codec["stages"]
+            return read_codebook(self.cfg.layout, self._sync_fd, self.writer.partial,
+                                 (cb_name, rot_name), stages, done)
+        book = train_codebook(self.ck, self.cfg.layout.bank(layer), part, dict(task.experts),
+                              self.cfg.rvq, self.cfg.seed, self._spec(cb_name).codec,
+                              rot_name is not None, self.cfg.threads)
+        self._done(tensor_unit(cb_name), self.writer.write_tensor(cb_name, book.data),
+                   len(book.data))
+        if rot_name is not None and book.rotation is not None:
+            self._done(tensor_unit(rot_name), self.writer.write_tensor(rot_name, book.rotation),
+                       len(book.rotation))
+        return book
 
     def _spec(self, name: str) -> TensorSpec:
-        return next(t for t in self.cfg.layout.spec.tensors if t.name == name)
+        return spec_of(self.cfg.layout, name)
 
-    def _read_back(self, name: str, done: dict[str, str]) -> np.ndarray:
-        """A codebook written by an earlier (interrupted) run, checked against the journal."""
-        ext = self.cfg.layout.tensor(name)
-        data = os.pread(self._sync_fd, ext.length, ext.offset)
+
+def spec_of(layout: Layout, name: str) -> TensorSpec:
+    return next(t for t in layout.spec.tensors if t.name == name)
+
+
+def read_codebook(layout: Layout, fd: int, partial: Path, names: tuple[str, str | None],
+                  stages: int, done: dict[str, str]) -> Codebook:
+    """A codebook (and rotation) written by an earlier run, checked against the journal."""
+    def read(name: str) -> bytes:
+        ext = layout.tensor(name)
+        data = os.pread(fd, ext.length, ext.offset)
         if blake3.blake3(data).hexdigest() != done[tensor_unit(name)]:
-            raise ConvertError(f"{self.writer.partial}: {name} differs from the journal; "
+            raise ConvertError(f"{partial}: {name} differs from the journal; "
                                "rerun with --restart to start this conversion over")
-        t = self._spec(name)
-        return decode(t.codec, t.shape, data)  # f16 codebooks: the f32 values experts used
+        return data
+
+    cb_name, rot_name = names
+    cb = spec_of(layout, cb_name)
+    rot = None if rot_name is None else read(rot_name)
+    cols = 0 if rot_name is None else spec_of(layout, rot_name).shape[0]
+    return stored_codebook(cb.codec, tuple(cb.shape), stages, read(cb_name), rot, cols)
 
 
 def peak_rss() -> int:
