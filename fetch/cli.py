@@ -9,6 +9,8 @@ import typer
 from moepack.fetch.errors import FetchError
 from rich.markup import escape
 
+from moepack.cliargs import one_line
+
 torrent_app = typer.Typer(help="Make torrents of containers.", no_args_is_help=True)
 
 Source = Annotated[str, typer.Argument(
@@ -41,10 +43,25 @@ Duration = Annotated[float, typer.Option(
 
 
 def _fail(e: Exception) -> NoReturn:
+    """One red line, exit 1; control characters in the message (from a name, a server) are
+    shown escaped, never sent to the terminal."""
     from moepack.fetch.display import console
 
-    console.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+    console.print(f"[red]error:[/] {escape(one_line(str(e)))}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
+
+
+def _utf8(what: str, *values: str | Path | None) -> None:
+    """FetchError for a path or source that is not valid UTF-8 (undecodable bytes reach Python
+    as surrogates): it could be neither printed nor stored in a manifest."""
+    for v in values:
+        if v is None:
+            continue
+        try:
+            str(v).encode("utf-8")
+        except UnicodeEncodeError:
+            raise FetchError(f"{what} {one_line(str(v))}: not valid UTF-8; use a path whose "
+                             "name is") from None
 
 
 def fetch(source: Source, dest: Dest, include: Include = None, jobs: Jobs = 4,
@@ -52,6 +69,9 @@ def fetch(source: Source, dest: Dest, include: Include = None, jobs: Jobs = 4,
           listen: FetchListen = None, stall_timeout: Stall = None) -> None:
     """Download raw weights from the Hugging Face hub, or a container over BitTorrent."""
     try:
+        _utf8("source", source)
+        _utf8("--dest", dest)
+        _utf8("--out", out)
         if source.startswith("hf:"):
             from moepack.fetch.hub_cli import run_hub
 
@@ -74,6 +94,8 @@ def torrent_create(file: Annotated[Path, typer.Argument(help="The container (NAM
     from moepack.fetch.torrent_cli import run_create
 
     try:
+        _utf8("FILE", file)
+        _utf8("--output", output)
         run_create(file, output, piece_size, tracker or [], web_seed or [])
     except FetchError as e:
         _fail(e)
@@ -87,6 +109,8 @@ def seed(torrent: Annotated[Path, typer.Argument(help="FILE.torrent")],
     from moepack.fetch.torrent_cli import run_seed
 
     try:
+        _utf8("FILE.torrent", torrent)
+        _utf8("--path", path)
         run_seed(torrent, path, listen, full_verify, duration)
     except FetchError as e:
         _fail(e)

@@ -19,6 +19,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from moepack.cliargs import one_line
+
 console = Console()
 
 
@@ -28,7 +30,7 @@ def verdict_table(rows: list[SpaceVerdict]) -> Table:
         t.add_column(col)
     for v in rows:
         short = human(v.need_with_margin - v.free)
-        t.add_row(v.label, escape(str(v.path)), human(v.need_with_margin), human(v.free),
+        t.add_row(v.label, escape(one_line(str(v.path))), human(v.need_with_margin), human(v.free),
                   "[green]fits[/]" if v.ok else f"[red]short by {short}[/]")
     return t
 

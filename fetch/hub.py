@@ -30,6 +30,8 @@ from moepack.fetch.lock import dest_lock
 from moepack.fetch.manifest import write_manifest
 from moepack.fetch.space import SpaceNeed, SpaceVerdict, verdicts
 
+from moepack.safefs import UnsafePathError
+
 COMPLETE, UNVERIFIED, PARTIAL, MISSING = "complete", "unverified", "partial", "missing"
 
 
@@ -132,8 +134,11 @@ def fetch_hub(plan: HubPlan, *, jobs: int = 4, policy: DownloadPolicy | None = N
             count(f.size)
             return f.name, f.size, sha
         url = resolve_url(listing.repo, listing.revision, f.name)
-        sha = download(f, url, path, policy, count)
-        record.add(f.name, sha)
+        try:
+            sha = download(f, url, dest, policy, count)
+            record.add(f.name, sha)
+        except (OSError, UnsafePathError) as e:   # disk full, a planted link: one clear line
+            raise FetchError(f"{f.name}: {e}") from e
         return f.name, f.size, sha
 
     with dest_lock(dest), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -156,5 +161,8 @@ def fetch_hub(plan: HubPlan, *, jobs: int = 4, policy: DownloadPolicy | None = N
             raise FetchError(f"{first}{more}") from first
         raise first
     done = [fu.result() for fu in futures]
-    manifest = write_manifest(dest, listing.repo, listing.revision, done)
+    try:
+        manifest = write_manifest(dest, listing.repo, listing.revision, done)
+    except (OSError, UnsafePathError) as e:
+        raise FetchError(f"cannot write the manifest in {dest}: {e}") from e
     return HubResult(manifest, plan.to_fetch, len(done))

@@ -13,6 +13,9 @@ from moepack.fetch.units import human
 from rich.markup import escape
 from rich.table import Table
 
+from moepack.cliargs import one_line
+from moepack.safefs import printable
+
 
 def files_table(plan: HubPlan) -> Table:
     lst = plan.listing
@@ -24,7 +27,7 @@ def files_table(plan: HubPlan) -> Table:
         on_disk = {"complete": "[green]complete[/]", "unverified": "present, hashed at fetch",
                    "partial": f"partial ({human(s.present)})", "missing": "—"}[s.status]
         fetch = human(s.to_fetch) if s.to_fetch else "0"
-        t.add_row(escape(s.file.name), human(s.file.size), on_disk, fetch)
+        t.add_row(escape(printable(s.file.name)), human(s.file.size), on_disk, fetch)
     t.add_section()
     t.add_row(f"{len(plan.files)} files", human(lst.total), "", human(plan.to_fetch))
     return t
@@ -34,10 +37,10 @@ def print_plan(plan: HubPlan) -> None:
     console.print(files_table(plan))
     if plan.conversion is not None:
         console.print(f"conversion output: {human(plan.conversion)} ({plan.conversion} bytes; "
-                      f"{plan.conversion_note})", highlight=False, markup=False)
-    else:
-        console.print(f"conversion output: unknown — {plan.conversion_note}", highlight=False,
-                      markup=False)
+                      f"{one_line(plan.conversion_note)})", highlight=False, markup=False)
+    else:   # the note can quote the hub's config.json: escaped, one line
+        console.print(f"conversion output: unknown — {one_line(plan.conversion_note)}",
+                      highlight=False, markup=False)
     console.print(verdict_table(list(plan.verdicts)))
 
 

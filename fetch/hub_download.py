@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from pathlib import Path
 
 from moepack.fetch.errors import FetchError
 from moepack.fetch.hub_listing import RemoteFile, endpoint
+
+from moepack.safefs import UnsafePathError, ensure_dir, open_existing, open_new
 
 CHUNK = 1 << 20
 NET_RETRIES = 5        # consecutive network failures without a byte of progress
@@ -68,13 +71,22 @@ def incomplete_path(target: Path) -> Path:
     return target.with_name(target.name + ".incomplete")
 
 
-def download(f: RemoteFile, url: str, target: Path, policy: DownloadPolicy,
+def make_folders(dest: Path, name: str) -> Path:
+    """dest/name after creating its listed subfolders one by one; a link or a file where a
+    folder belongs is refused (ensure_dir), so no write leaves `dest` through a planted link."""
+    folder = dest
+    for part in name.split("/")[:-1]:
+        folder = ensure_dir(folder / part)
+    return folder / name.rsplit("/", 1)[-1]
+
+
+def download(f: RemoteFile, url: str, dest: Path, policy: DownloadPolicy,
              on_bytes: Callable[[int], None] | None = None) -> str:
-    """Download `f` to `target`; returns its SHA-256 hex (checked against the hub's if LFS).
+    """Download `f` to dest/f.name; returns its SHA-256 hex (checked against the hub's if LFS).
 
     `on_bytes(n)` is told of every chunk (and of 0 before each request); raising from it aborts
     the download and keeps NAME.incomplete for a later resume."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target = make_folders(dest, f.name)
     part = incomplete_path(target)
     for attempt in range(1, policy.attempts + 1):
         digest = _fill(f, url, part, policy, on_bytes)
@@ -84,7 +96,8 @@ def download(f: RemoteFile, url: str, target: Path, policy: DownloadPolicy,
             return digest
         part.unlink()
         if attempt == policy.attempts:
-            raise FetchError(f"{f.name}: {problem} after {attempt} downloads from {url}")
+            raise FetchError(f"{f.name}: {problem} after {attempt} downloads from "
+                             f"{url}")
     raise AssertionError("unreachable")
 
 
@@ -93,7 +106,7 @@ class _Partial:
 
     def __init__(self, path: Path, size: int) -> None:
         self.path = path
-        self.have = path.stat().st_size if path.exists() else 0
+        self.have = _partial_size(path)
         if self.have > size:        # not ours or from another revision: start over
             path.unlink()
             self.have = 0
@@ -101,6 +114,25 @@ class _Partial:
 
     def restart(self) -> None:
         self.have, self.h = 0, hashlib.sha256()
+
+    def open(self) -> int:
+        """A descriptor to append at `have`: a new inode when starting over (a link or stale
+        file there is removed, never written through), else the existing regular file."""
+        if self.have:
+            return open_existing(self.path, os.O_WRONLY)
+        return open_new(self.path, os.O_WRONLY, replace=True)
+
+
+def _partial_size(path: Path) -> int:
+    """Bytes in NAME.incomplete (0 if absent); a link or non-file there is refused."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePathError(f"{path} is a symbolic link or not a regular file; refusing to "
+                              "write through it (move it away)")
+    return st.st_size
 
 
 def _fill(f: RemoteFile, url: str, part_path: Path, policy: DownloadPolicy,
@@ -156,12 +188,13 @@ def _stream(f: RemoteFile, url: str, part: _Partial, policy: DownloadPolicy,
                 f"bytes {part.have}-"):
             raise FetchError(f"{f.name}: asked {url} for bytes {part.have}-, got "
                              f"{r.headers.get('Content-Range')!r}")
-        with open(part.path, "r+b" if part.have else "wb") as out:
+        with os.fdopen(part.open(), "wb") as out:
             out.seek(part.have)
             out.truncate()
             for chunk in r.iter_bytes():   # as received: a drop loses no buffered bytes
                 if part.have + len(chunk) > f.size:
-                    raise FetchError(f"{f.name}: {url} sent more than the listed {f.size} bytes")
+                    raise FetchError(f"{f.name}: {url} sent more than the listed {f.size} "
+                                     "bytes")
                 out.write(chunk)
                 part.h.update(chunk)
                 part.have += len(chunk)

@@ -3,6 +3,10 @@
 DEST/.moepack-partial/<info-hash>/<name> holds the file while libtorrent writes it, next to
 `resume.dat`. Only a fully verified container is renamed to DEST/<name> (same filesystem, so
 the rename is atomic); a failed or malformed fetch never truncates or replaces a good file.
+
+libtorrent opens the staged file itself (following links), so `prepare` checks with lstat that
+neither staging folder nor the staged file is a symbolic link before the path is handed over;
+resume data goes through a new inode (safefs), never through a planted link.
 """
 
 from __future__ import annotations
@@ -15,14 +19,16 @@ from pathlib import Path
 from moepack.fetch.errors import FetchError
 
 from moepack.durable import fsync_path
+from moepack.safefs import UnsafePathError, ensure_dir, open_existing, refuse_link, write_file
 
 STAGING_DIR = ".moepack-partial"
+MAX_RESUME_BYTES = 64 << 20   # resume data of a 4 TiB torrent is a few MB
 
 
 @dataclass(frozen=True)
 class Staging:
     dest: Path
-    name: str
+    name: str    # a plain file name (torrent_source.describe checks it)
     key: str     # info-hash hex
 
     @property
@@ -42,40 +48,64 @@ class Staging:
         return self.dir / "resume.dat"
 
     def prepare(self) -> None:
+        """Create the staging folders; refuse links there and at the staged file."""
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            ensure_dir(self.dir.parent)
+            ensure_dir(self.dir)
+            refuse_link(self.file)
+        except UnsafePathError as e:
+            raise FetchError(str(e)) from e
         except OSError as e:
             raise FetchError(f"cannot create {self.dir}: {e.strerror or e}") from e
 
     def read_resume(self) -> bytes | None:
+        """Saved resume data, or None (absent, a link, oversized: libtorrent rechecks)."""
         try:
-            return self.resume_file.read_bytes()
-        except FileNotFoundError:
+            with os.fdopen(open_existing(self.resume_file, os.O_RDONLY), "rb") as f:
+                data = f.read(MAX_RESUME_BYTES + 1)
+        except (OSError, UnsafePathError):
             return None
+        return data if len(data) <= MAX_RESUME_BYTES else None
 
     def write_resume(self, data: bytes) -> None:
+        """Atomically replace resume.dat; FetchError (the .tmp removed) when it cannot be saved,
+        e.g. on a full disk."""
         tmp = self.resume_file.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, self.resume_file)
+        try:
+            write_file(tmp, data)
+            os.replace(tmp, self.resume_file)
+        except (OSError, UnsafePathError) as e:
+            _remove_file(tmp)
+            raise FetchError(f"cannot save resume data in {self.dir}: "
+                             f"{getattr(e, 'strerror', None) or e}") from e
 
     def drop_resume(self) -> None:
-        self.resume_file.unlink(missing_ok=True)
+        _remove_file(self.resume_file)
 
     def adopt_final(self) -> bool:
-        """Move an existing damaged DEST/<name> into staging so only bad pieces are fetched."""
-        if self.file.exists() or not self.final.exists():
+        """Move an existing damaged DEST/<name> into staging so only bad pieces are fetched.
+        The caller has refused a link at DEST/<name>; a link is never moved into staging,
+        where libtorrent would write through it."""
+        if os.path.lexists(self.file) or not os.path.lexists(self.final):
             return False
+        try:
+            refuse_link(self.final)
+        except UnsafePathError as e:
+            raise FetchError(str(e)) from e
         os.replace(self.final, self.file)
         self.drop_resume()   # the file changed under any saved state: recheck it
         return True
 
     def give_back(self) -> None:
-        """Undo adopt_final after a failure (the file only gained hash-checked pieces)."""
-        if self.file.exists() and not self.final.exists():
+        """Undo adopt_final after a failure (the file only gained hash-checked pieces); any
+        entry that appeared at the final name meanwhile is left alone."""
+        if os.path.isfile(self.file) and not os.path.lexists(self.final):
             os.replace(self.file, self.final)
             self.drop_resume()
 
     def publish(self) -> Path:
+        """Rename the verified file to its final name: the rename replaces the entry there
+        (even a link planted meanwhile) and never writes through it."""
         os.replace(self.file, self.final)
         fsync_path(self.dest)
         self.drop_resume()
@@ -85,3 +115,11 @@ class Staging:
         except OSError:
             pass
         return self.final
+
+
+def _remove_file(path: Path) -> None:
+    """Remove `path` (a link itself, not its target) if present; best effort."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

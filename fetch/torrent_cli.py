@@ -11,7 +11,7 @@ from moepack.fetch.display import console, transfer_bar, verdict_table
 from moepack.fetch.errors import FetchError
 from moepack.fetch.lt_session import parse_endpoint
 from moepack.fetch.seed import Seeder
-from moepack.fetch.torrent_create import create_torrent, write_torrent
+from moepack.fetch.torrent_create import check_output, create_torrent, write_torrent
 from moepack.fetch.torrent_fetch import FetchOptions, Progress, TorrentPlan, fetch_torrent
 from moepack.fetch.units import human, parse_size
 
@@ -23,6 +23,7 @@ def run_create(file: Path, output: Path | None, piece_size: str | None, trackers
     except ValueError as e:
         raise FetchError(f"--piece-size: {e}") from e
     out = output or file.with_name(file.name + ".torrent")
+    check_output(out)
     t0 = time.perf_counter()
     size = file.stat().st_size if file.is_file() else 0
     with transfer_bar("hashing", size) as (bar, task):   # SHA-1 + SHA-256 of every byte

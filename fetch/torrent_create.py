@@ -10,6 +10,8 @@ import libtorrent as lt
 from moepack.fetch.container import read_container_id
 from moepack.fetch.errors import FetchError
 
+from moepack.safefs import UnsafePathError, write_file
+
 MIN_PIECE = 16 << 10        # BitTorrent v2 minimum
 TARGET_PIECES = 1 << 11     # ~2,000 pieces: little metadata, fine-grained enough to repair
 USUAL_MAX_PIECE = 16 << 20  # what clients handle well; reached at 32 GiB
@@ -78,8 +80,27 @@ def create_torrent(
     return lt.bencode(entry)
 
 
+def check_output(out: Path) -> None:
+    """FetchError unless `out` can be written: its folder exists and it is not a folder.
+    Checked before hashing, which takes minutes on a large container."""
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        raise FetchError(f"{out}: folder {parent} does not exist")
+    if out.is_dir():
+        raise FetchError(f"{out} is a folder; name the .torrent file to write")
+
+
 def write_torrent(data: bytes, out: Path) -> None:
-    """Atomic: a half-written .torrent never replaces a good one."""
+    """Atomic: a half-written .torrent never replaces a good one. The .tmp is a new inode (a
+    planted link there is removed, not followed); the rename replaces the entry at `out`."""
+    check_output(out)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, out)
+    try:
+        write_file(tmp, data)
+        os.replace(tmp, out)
+    except (OSError, UnsafePathError) as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise FetchError(f"cannot write {out}: {getattr(e, 'strerror', None) or e}") from e

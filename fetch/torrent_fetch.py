@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -156,8 +157,10 @@ class _Download:
 
     def _already_there(self) -> TorrentFetchResult | None:
         final, expected = self.stage.final, self.meta.container_id
-        if not final.exists():
+        if not os.path.lexists(final):
             return None
+        if final.is_symlink():   # repair would move the link into staging and write through it
+            raise FetchError(f"{final} is a symbolic link; not touching it (move it away first)")
         if not final.is_file():
             raise FetchError(f"{final} exists and is not a regular file")
         claimed = peek_container_id(final)
@@ -217,39 +220,45 @@ class _Download:
     def _transfer(self, recheck: bool) -> int:
         """Run libtorrent until every piece is there; returns pieces valid before downloading."""
         h = self._add(recheck)
+        try:
+            at_start = self._until_done(h)
+        except BaseException:
+            self._close(h, failing=True)   # the first error is the one the user sees
+            raise
+        self._close(h)
+        return at_start
+
+    def _until_done(self, h: lt.torrent_handle) -> int:
         at_start: int | None = None
         last_done, last_connect = -1, 0.0
         last_change = last_save = time.monotonic()
-        try:
-            while True:
-                a = drain(self.ses)
-                if a.errors:
-                    raise FetchError(f"torrent {self.meta.source}: {a.errors[0]}")
-                self._keep_resume(a.resume_data)
-                st = h.status()
-                now = time.monotonic()
-                if st.state not in _CHECKING and at_start is None:
-                    at_start = st.num_pieces
-                if st.is_seeding or st.state in _DONE:
-                    self._report(st)   # the caller sees done == total before verify starts
-                    self.downloaded += st.total_payload_download
-                    return at_start if at_start is not None else st.num_pieces
-                if st.total_done != last_done or st.state in _CHECKING:
-                    last_done, last_change = st.total_done, now
-                elif now - last_change > self.opts.stall_timeout:
-                    raise FetchError(f"torrent {self.meta.source}: no data for "
-                                     f"{self.opts.stall_timeout:.0f} s (peers: {st.num_peers}); "
-                                     "run again to resume")
-                if st.num_peers == 0 and now - last_connect > RECONNECT_EVERY_S:
-                    connect_peers(h, list(self.opts.peers))
-                    last_connect = now
-                if now - last_save > RESUME_EVERY_S:
-                    h.save_resume_data(lt.save_resume_flags_t.flush_disk_cache)
-                    last_save = now
-                self._report(st)
-                time.sleep(POLL_S)
-        finally:
-            self._close(h)
+        while True:
+            a = drain(self.ses)
+            if a.errors:
+                raise FetchError(f"torrent {self.meta.source}: {a.errors[0]}")
+            self._keep_resume(a.resume_data)
+            st = h.status()
+            now = time.monotonic()
+            if st.state not in _CHECKING and at_start is None:
+                at_start = st.num_pieces
+            if st.is_seeding or st.state in _DONE:
+                self._report(st)   # the caller sees done == total before verify starts
+                self.downloaded += st.total_payload_download
+                return at_start if at_start is not None else st.num_pieces
+            if st.total_done != last_done or st.state in _CHECKING:
+                last_done, last_change = st.total_done, now
+            elif now - last_change > self.opts.stall_timeout:
+                raise FetchError(f"torrent {self.meta.source}: no data for "
+                                 f"{self.opts.stall_timeout:.0f} s (peers: {st.num_peers}); "
+                                 "run again to resume")
+            if st.num_peers == 0 and now - last_connect > RECONNECT_EVERY_S:
+                connect_peers(h, list(self.opts.peers))
+                last_connect = now
+            if now - last_save > RESUME_EVERY_S:
+                h.save_resume_data(lt.save_resume_flags_t.flush_disk_cache)
+                last_save = now
+            self._report(st)
+            time.sleep(POLL_S)
 
     def _report(self, st: lt.torrent_status) -> None:
         if self.opts.progress is not None:
@@ -261,18 +270,30 @@ class _Download:
         for b in blobs:
             self.stage.write_resume(b)
 
-    def _close(self, h: lt.torrent_handle) -> None:
-        """Save resume data, then remove the torrent so its file is closed before verify."""
-        if h.is_valid():
-            h.save_resume_data(lt.save_resume_flags_t.flush_disk_cache)
-            deadline = time.monotonic() + 10.0
-            while time.monotonic() < deadline:
-                a = drain(self.ses)
-                self._keep_resume(a.resume_data)
-                if a.resume_data or a.resume_failed:
-                    break
-                time.sleep(0.05)
-            self.ses.remove_torrent(h)
-            deadline = time.monotonic() + 10.0
-            while time.monotonic() < deadline and not drain(self.ses).removed:
-                time.sleep(0.05)
+    def _close(self, h: lt.torrent_handle, *, failing: bool = False) -> None:
+        """Save resume data, then remove the torrent so its file is closed before verify.
+        While another error is on its way out (`failing`), a resume file that cannot be saved
+        (the same full disk) is skipped: a rerun rechecks the staged file instead."""
+        if not h.is_valid():
+            return
+        problem: FetchError | None = None
+        try:
+            self._save_resume(h)
+        except FetchError as e:
+            problem = None if failing else e
+        self.ses.remove_torrent(h)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and not drain(self.ses).removed:
+            time.sleep(0.05)
+        if problem is not None:
+            raise problem
+
+    def _save_resume(self, h: lt.torrent_handle) -> None:
+        h.save_resume_data(lt.save_resume_flags_t.flush_disk_cache)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            a = drain(self.ses)
+            self._keep_resume(a.resume_data)
+            if a.resume_data or a.resume_failed:
+                return
+            time.sleep(0.05)

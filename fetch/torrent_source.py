@@ -17,6 +17,8 @@ import libtorrent as lt
 from moepack.fetch.errors import FetchError
 from moepack.fetch.torrent_create import COMMENT_PREFIX, ID_KEY
 
+from moepack.safefs import name_problem, printable
+
 MAX_TORRENT_BYTES = 64 << 20   # a 4 TiB container with 64 MiB pieces needs ~3.5 MB
 URL_TIMEOUT_S = 60.0
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -59,24 +61,35 @@ def load_params(source: str) -> lt.add_torrent_params:
     if is_magnet(source):
         try:
             return lt.parse_magnet_uri(source)
-        except RuntimeError as e:
-            raise FetchError(f"malformed magnet link {source[:80]!r}: {e}") from e
+        except (RuntimeError, ValueError) as e:
+            raise FetchError(f"malformed magnet link {printable(source, 80)}: {e}") from e
     data = _download(source) if is_url(source) else _read(Path(source))
+    return parse_torrent(data, source)
+
+
+def parse_torrent(data: bytes, source: str) -> lt.add_torrent_params:
+    """Torrent bytes (untrusted) -> add_torrent_params with metadata; FetchError otherwise."""
     try:
-        return lt.load_torrent_buffer(data)
-    except RuntimeError as e:
+        params = lt.load_torrent_buffer(data)
+    except (RuntimeError, ValueError) as e:   # bdecode and metadata errors; bad UTF-8
         raise FetchError(f"malformed torrent {source}: {e}") from e
+    if params.ti is None:
+        raise FetchError(f"malformed torrent {source}: no metadata")
+    return params
 
 
 def describe(ti: lt.torrent_info, source: str) -> TorrentMeta:
     """Check the shape moepack needs (one plain file) and read the container ID it claims."""
-    layout = ti.layout()
     if ti.num_files() != 1:
         raise FetchError(f"torrent {source}: holds {ti.num_files()} files; "
                          "a moepack torrent holds one")
-    name = layout.file_path(0)
-    if not name or "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
-        raise FetchError(f"torrent {source}: unusable file name {name!r}")
+    try:
+        name = ti.layout().file_path(0)
+    except (RuntimeError, ValueError) as e:   # a name that is not UTF-8
+        raise FetchError(f"torrent {source}: unreadable file name ({e})") from e
+    problem = name_problem(name) or ("starts with '.'" if name.startswith(".") else None)
+    if problem:
+        raise FetchError(f"torrent {source}: unusable file name {printable(name)}: {problem}")
     best = str(ti.info_hashes().get_best())
     return TorrentMeta(ti, name, ti.total_size(), _claimed_id(ti, source), best, source)
 
@@ -91,11 +104,14 @@ def _claimed_id(ti: lt.torrent_info, source: str) -> str | None:
             claimed = raw.decode("ascii", "replace")
     except RuntimeError:
         pass
-    comment = ti.comment() or ""
+    try:
+        comment = ti.comment() or ""
+    except (RuntimeError, ValueError):   # a comment that is not UTF-8 states no ID
+        comment = ""
     if claimed is None and comment.startswith(COMMENT_PREFIX):
         claimed = comment[len(COMMENT_PREFIX):].strip()
     if claimed is not None and not _HEX64.fullmatch(claimed):
-        raise FetchError(f"torrent {source}: malformed container ID {claimed[:80]!r}")
+        raise FetchError(f"torrent {source}: malformed container ID {printable(claimed, 80)}")
     return claimed
 
 
