@@ -41,7 +41,7 @@ def _show(path: Path, info: dict) -> None:
         ("alignment", str(info["alignment"])),
     ]
     for k, v in rows:
-        t.add_row(f"[bold]{k}[/bold]", escape(v))
+        t.add_row(f"[bold]{k}[/bold]", escape(one_line(v)))  # names come from the file
     console.print(t)
 
 

@@ -149,6 +149,15 @@ def one_line(text: str) -> str:
         for ch in text)
 
 
+def terminal_text(text: str) -> str:
+    """Generated text for the terminal: control characters other than newline and tab escaped.
+    The vocabulary comes from the container, so a token could hold an escape sequence (`--json`
+    keeps the exact text)."""
+    return "".join(ch.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(ch) == "Cc" and ch not in "\n\t" else ch
+                   for ch in text)
+
+
 def _clip(text: str, limit: int = 40) -> str:
     """A short, printable quote of untrusted text for a message."""
     short = text if len(text) <= limit else text[:limit] + "..."

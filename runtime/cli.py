@@ -25,6 +25,7 @@ from moepack.cliargs import (
     nucleus,
     one_line,
     size_option,
+    terminal_text,
     token_ids,
     utf8_problem,
     utf8_text,
@@ -209,7 +210,7 @@ def run_cmd(
                                   seed=seed, stop=stop):
                 out.append(t)
                 if not as_json:
-                    sys.stdout.write(dec.push(t) if dec else f"{t} ")
+                    sys.stdout.write(terminal_text(dec.push(t)) if dec else f"{t} ")
                     sys.stdout.flush()
             s = eng.stats()
     except EngineError as e:
@@ -339,7 +340,7 @@ def chat_cmd(
                                       top_p=top_p, seed=seed, reset=False, stop=stop):
                     reply.append(t)
                     if t not in stop:
-                        sys.stdout.write(dec.push(t))
+                        sys.stdout.write(terminal_text(dec.push(t)))
                         sys.stdout.flush()
             except EngineError as e:
                 _fail(str(e))

@@ -224,3 +224,15 @@ def test_container_name_that_is_not_utf8(model, tmp_path):
     assert r.returncode == 1
     assert _last_line(r.stdout.decode()) == (
         f"error: container {tmp_path}/m\\udcff.moepack: No such file or directory")
+
+
+def test_names_from_the_file_cannot_drive_the_terminal(model, tmp_path, monkeypatch):
+    """`info` shows the path and the container's strings escaped; generated text keeps newlines
+    and tabs but escapes other control characters (the vocabulary comes from the container)."""
+    from moepack.cliargs import terminal_text
+
+    monkeypatch.chdir(tmp_path)  # a short path: the table would cut a long one
+    shutil.copyfile(model, "ev\x1b[31mil.moepack")
+    r = runner.invoke(app, ["info", "ev\x1b[31mil.moepack"])
+    assert r.exit_code == 0 and "\x1b" not in r.output and "ev\\x1b[31mil" in r.output
+    assert terminal_text("a\x1b]0;title\x07b\nc\td\x9b") == "a\\x1b]0;title\\x07b\nc\td\\x9b"
