@@ -693,6 +693,10 @@ def write_markdown(path: Path) -> None:
             parts.append(section(json.loads(f.read_text())))
     parts.append(NOTES)
     path.write_text("\n".join(parts))
+    kernels = RESULTS / "kernels.json"
+    if kernels.exists():  # bench-kernels owns its own section: keep it across regenerations
+        from bench.kernels import markdown, write_benchmarks_md
+        write_benchmarks_md(markdown(json.loads(kernels.read_text())))
 
 
 if __name__ == "__main__":
