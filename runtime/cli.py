@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -30,6 +30,10 @@ from moepack.cliargs import (
     utf8_problem,
     utf8_text,
 )
+
+if TYPE_CHECKING:  # imported lazily at run time: `moepack --help` stays fast
+    import numpy as np
+    from moepack.runtime.tokenizer import Tokenizer
 
 _err = Console(stderr=True, soft_wrap=True, highlight=False)
 
@@ -229,29 +233,52 @@ def _output_problem(path: Path) -> str | None:
     """Why `path` cannot be created, or None; checked before the work, not after it."""
     parent = path.parent
     if not parent.is_dir():
-        return f"folder {parent} does not exist"
+        return f"folder {parent} " + ("is not a folder" if parent.exists() else "does not exist")
     if path.is_dir() and not path.is_symlink():
         return f"{path} is a folder"
     return None
 
 
-def _save_npy(path: Path, array) -> None:
+def _save_npy(path: Path, array: np.ndarray) -> None:
     """Write `array` as .npy at exactly `path`, through a new file: a symbolic link planted there
-    is replaced, never followed (safefs.open_new)."""
+    is replaced, never followed (safefs.open_new). Written with os.write, not np.save: np.save
+    through a file object drops the tail of a short write (disk full) without an error."""
     import numpy as np
 
     from moepack.safefs import UnsafePathError, open_new
 
+    data = np.ascontiguousarray(array)  # the header below then says C order
     try:
         fd = open_new(path, os.O_WRONLY, replace=True)
     except (UnsafePathError, OSError) as e:
         _fail(f"cannot write {path}: {getattr(e, 'strerror', None) or e}")
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, array)
-    except OSError as e:  # disk full: leave no truncated .npy behind
+        try:
+            _write_all(fd, _npy_header(data))
+            _write_all(fd, memoryview(data).cast("B"))
+        finally:
+            os.close(fd)
+    except OSError as e:  # leave no truncated .npy behind
         path.unlink(missing_ok=True)
         _fail(f"cannot write {path}: {e.strerror or e}")
+
+
+def _npy_header(array: np.ndarray) -> bytes:
+    """The .npy (format 1.0) header np.save would write for `array`."""
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(array))
+    return buf.getvalue()
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    """Every byte, or OSError: a short write is retried, so a full disk raises ENOSPC."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def eval_cmd(
@@ -367,7 +394,7 @@ def _read_line() -> str | None:
     return line
 
 
-def _encode_chat(tok, messages: list[dict]) -> list[int]:
+def _encode_chat(tok: Tokenizer, messages: list[dict]) -> list[int]:
     from moepack.runtime.tokenizer import TokenizerError
 
     try:

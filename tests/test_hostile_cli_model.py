@@ -236,3 +236,22 @@ def test_names_from_the_file_cannot_drive_the_terminal(model, tmp_path, monkeypa
     r = runner.invoke(app, ["info", "ev\x1b[31mil.moepack"])
     assert r.exit_code == 0 and "\x1b" not in r.output and "ev\\x1b[31mil" in r.output
     assert terminal_text("a\x1b]0;title\x07b\nc\td\x9b") == "a\\x1b]0;title\\x07b\nc\td\\x9b"
+
+
+def test_logits_on_a_full_disk_leave_no_partial_file(model, tmp_path):
+    """RLIMIT_FSIZE stands in for a full disk (EFBIG; Python ignores SIGXFSZ): one line, exit 1,
+    and no truncated .npy left where a reader would take it for the result."""
+    import resource
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))
+
+    ids = ",".join(str(3 + i % 60) for i in range(8))  # 8 x 67 float32: about 2 KiB
+    cmd = [sys.executable, "-m", "moepack", "eval", str(model), "--tokens", ids,
+           "--logits", str(tmp_path / "l.npy")]
+    r = subprocess.run(cmd, cwd=tmp_path, preexec_fn=small_files, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=120)
+    assert r.returncode == 1
+    assert _last_line(r.stdout.decode()) == (
+        f"error: cannot write {tmp_path}/l.npy: File too large")
+    assert list(tmp_path.iterdir()) == []
