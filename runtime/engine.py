@@ -22,6 +22,8 @@ from moepack.cliargs import INT32_MAX, UINT64_MAX, parse_size
 MP_OK, MP_EINVAL, MP_EFORMAT, MP_EIO, MP_ENOMEM, MP_EBUDGET = 0, -1, -2, -3, -4, -5
 MP_EUNSUPPORTED, MP_ECORRUPT, MP_ECTX, MP_ENONFINITE = -6, -7, -8, -9
 POLICIES = {"lru": 0, "lfu": 1}
+# mp_config.kernels (moepack.h MP_KERNELS_*); a path this CPU lacks fails at open
+KERNELS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512vbmi": 3}
 
 
 class EngineError(RuntimeError):
@@ -49,7 +51,7 @@ class _Config(C.Structure):
     _fields_ = [("budget_bytes", C.c_uint64), ("threads", C.c_int), ("ctx", C.c_int),
                 ("prefetch", C.c_int), ("o_direct", C.c_int), ("cache_policy", C.c_int),
                 ("verify_reads", C.c_int), ("io_threads", C.c_int), ("cache_experts", C.c_int),
-                ("scalar_kernels", C.c_int)]
+                ("kernels", C.c_int)]
 
 
 class _Plan(C.Structure):
@@ -156,7 +158,7 @@ class Engine:
                  prefetch: bool = True, o_direct: bool | None = None,
                  cache_policy: str = "lfu", verify_reads: bool = False, ctx: int | None = None,
                  cache_experts: int | None = None, io_threads: int | None = None,
-                 scalar_kernels: bool = False) -> None:
+                 kernels: str = "auto", scalar_kernels: bool = False) -> None:
         self._lib = _library()
         cfg = _Config()
         self._lib.mp_config_default(C.byref(cfg))
@@ -171,7 +173,9 @@ class Engine:
         cfg.verify_reads = 1 if verify_reads else 0
         cfg.io_threads = int(io_threads or 0)
         cfg.cache_experts = -1 if cache_experts is None else int(cache_experts)
-        cfg.scalar_kernels = 1 if scalar_kernels else 0
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {list(KERNELS)}")
+        cfg.kernels = KERNELS["scalar" if scalar_kernels else kernels]
         self._h = _P()
         err = C.create_string_buffer(_ERRLEN)
         rc = self._lib.mp_open(os.fsencode(path), C.byref(cfg), C.byref(self._h), err, _ERRLEN)
@@ -209,8 +213,9 @@ class Engine:
 
     @property
     def kernels(self) -> str:
-        """Kernels this engine computes with: "avx2" or "scalar" (its own choice, made at open
-        from scalar_kernels and the CPU; other engines in the process do not change it)."""
+        """Kernels this engine computes with: "avx512vbmi", "avx2" or "scalar" (its own choice,
+        made at open from `kernels` and the CPU; other engines in the process do not change it;
+        every path gives the same bits)."""
         return self._lib.mp_kernels(self._handle()).decode()
 
     def reset(self) -> None:
@@ -291,6 +296,7 @@ class Engine:
         self._lib.mp_get_stats(self._handle(), C.byref(s))
         d = {name: getattr(s, name) for name, _ in _Stats._fields_}
         d["o_direct"] = bool(d["o_direct"])
+        d["kernels"] = self.kernels
         acc = d["cache_hits"] + d["cache_misses"]
         d["hit_rate"] = d["cache_hits"] / acc if acc else 0.0
         d["prompt_tok_s"] = d["prompt_tokens"] / d["prompt_seconds"] if d["prompt_seconds"] else 0.0

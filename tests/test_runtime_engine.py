@@ -49,6 +49,7 @@ VARIANTS = {
     "no_prefetch": dict(prefetch=False),
     "buffered_io": dict(o_direct=False),
     "scalar_kernels": dict(scalar_kernels=True),
+    "kernels_scalar": dict(kernels="scalar"),
 }
 
 
@@ -64,27 +65,60 @@ def test_logits_bit_identical_across_configurations(mixtral):
         assert np.array_equal(got, base), name
 
 
-def _cpu_has_avx2() -> bool:
+def _cpu_flags() -> list[str]:
     try:
-        flags = open("/proc/cpuinfo").read().split()
+        return open("/proc/cpuinfo").read().split()
     except OSError:
-        return False
-    return all(f in flags for f in ("avx2", "fma", "f16c"))
+        return []
+
+
+def _cpu_has_avx2() -> bool:
+    return all(f in _cpu_flags() for f in ("avx2", "fma", "f16c"))
+
+
+def _best_kernels() -> str:
+    """What kernels="auto" picks on this CPU."""
+    vbmi = ("avx512f", "avx512bw", "avx512vl", "avx512vbmi")
+    if _cpu_has_avx2() and all(f in _cpu_flags() for f in vbmi):
+        return "avx512vbmi"
+    return "avx2" if _cpu_has_avx2() else "scalar"
+
+
+def test_every_kernel_path_bit_identical(mixtral):
+    """Each path this CPU runs, forced, gives the auto path's logits bit for bit; a path it
+    cannot run is refused at open."""
+    toks = _tokens(24, seed=4)
+    with Engine(mixtral, threads=2) as e:
+        assert e.kernels == _best_kernels() and e.stats()["kernels"] == e.kernels
+        base = e.logits(toks)
+    order = ["scalar", "avx2", "avx512vbmi"]
+    for name in order[:order.index(_best_kernels()) + 1]:
+        for threads in (1, 2):
+            with Engine(mixtral, threads=threads, kernels=name) as e:
+                assert e.kernels == name
+                assert np.array_equal(e.logits(toks), base), (name, threads)
+    for name in order[order.index(_best_kernels()) + 1:]:
+        with pytest.raises(EngineError, match="cannot run"):
+            Engine(mixtral, kernels=name)
+    with pytest.raises(ValueError):
+        Engine(mixtral, kernels="sse9")
 
 
 def test_kernel_choice_is_per_engine(mixtral):
     """scalar_kernels applies to the engine opened with it only: opening a scalar engine does not
-    switch engines already open (or opened later) away from AVX2, even while they compute."""
+    switch engines already open (or opened later) away from the best path, even while they
+    compute."""
     import threading
 
     if not _cpu_has_avx2():
         pytest.skip("CPU without AVX2/FMA/F16C: every engine uses the scalar kernels")
     toks = _tokens(40, seed=9)
+    best = _best_kernels()
     with Engine(mixtral, threads=1) as a:
-        assert a.kernels == "avx2"
+        assert a.kernels == best
         base = a.logits(toks)
         with Engine(mixtral, threads=1, scalar_kernels=True) as b:
-            assert b.kernels == "scalar" and a.kernels == "avx2"
+            assert b.kernels == "scalar" and a.kernels == best
             got = {}
 
             def run(name, eng):
@@ -98,8 +132,8 @@ def test_kernel_choice_is_per_engine(mixtral):
             for t in ts:
                 t.join()
             with Engine(mixtral, threads=1) as d:
-                assert d.kernels == "avx2" and b.kernels == "scalar"
-        assert a.kernels == "avx2"
+                assert d.kernels == best and b.kernels == "scalar"
+        assert a.kernels == best
     assert np.array_equal(got["a"], base) and np.array_equal(got["b"], base)
 
 

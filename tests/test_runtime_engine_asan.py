@@ -21,7 +21,7 @@ int main(int argc, char **argv) {
         for (int variant = 0; variant < 3; variant++) {
             mp_config cfg; mp_config_default(&cfg); cfg.threads = 2; cfg.ctx = 64;
             cfg.cache_experts = variant == 0 ? -1 : variant == 1 ? 0 : 1;
-            cfg.scalar_kernels = variant == 2;
+            cfg.kernels = variant == 2 ? MP_KERNELS_SCALAR : MP_KERNELS_AUTO;
             mp_engine *e; char err[512];
             if (mp_open(argv[a], &cfg, &e, err, sizeof err)) {
                 printf("open %s: %s\n", argv[a], err);

@@ -49,9 +49,17 @@ typedef struct mp_config {
     int verify_reads;      /* 1 = check each expert record's BLAKE3 on read */
     int io_threads;        /* reader threads; 0 = default */
     int cache_experts;     /* -1 = size the cache from the budget; >= 0 = at most this many */
-    int scalar_kernels;    /* 1 = portable scalar kernels even if the CPU has AVX2 (this engine
-                              only; results are bit-identical either way) */
+    int kernels;           /* MP_KERNELS_*: compute path for this engine only (results are
+                              bit-identical on every path); 0 = the best the CPU runs */
 } mp_config;
+
+/* mp_config.kernels; mp_kernels() names the path an engine uses. */
+enum {
+    MP_KERNELS_AUTO = 0,      /* avx512vbmi if the CPU has it, else avx2, else scalar */
+    MP_KERNELS_SCALAR = 1,    /* portable C (defines the numerics) */
+    MP_KERNELS_AVX2 = 2,      /* AVX2 + FMA + F16C */
+    MP_KERNELS_AVX512VBMI = 3 /* AVX-512 F/BW/VL/VBMI (+ the AVX2 trunk kernels) */
+};
 
 /* Memory plan for a container and context length (all bytes). */
 typedef struct mp_plan_info {

@@ -21,7 +21,7 @@ struct mp_engine {
     mpm_config cfg;
     mpm_model *model;
     mpk_pool *pool;
-    const mpk_impl *kern; /* this engine's kernels (mp_config.scalar_kernels) */
+    const mpk_impl *kern; /* this engine's kernels (mp_config.kernels) */
     uint8_t *arena; /* all trunk tensors, read once at open */
     uint64_t arena_len;
     uint64_t *arena_off; /* [tensor index]: where each tensor starts in the arena */
@@ -184,7 +184,12 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     if (!e) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory");
     int rc = MP_OK;
     e->verify_reads = cfg.verify_reads;
-    e->kern = mpk_select(cfg.scalar_kernels);
+    e->kern = mpk_select(cfg.kernels);
+    if (!e->kern) {
+        free(e);
+        return mp_seterr(err, errlen, MP_EUNSUPPORTED, "kernels %d: this CPU cannot run that path",
+                         cfg.kernels);
+    }
     e->c = mpc_open_rc(path, &rc, err, errlen);
     if (!e->c) {
         free(e);

@@ -1,27 +1,45 @@
 /* Scalar kernels, run-time dispatch, and the threaded drivers.
  *
- * Summation order is defined once here and mirrored exactly by kernels_avx2.c: every dot
- * product keeps 8 lane accumulators (element i goes to lane i mod 8 of its row or group), adds
- * with separate multiply and add (no FMA: fused rounding would differ from the scalar path) and
- * reduces lanes with red8().  So the scalar and AVX2 paths give bit-identical results. */
+ * Trunk matrices: summation order is defined once here and mirrored exactly by kernels_avx2.c:
+ * every dot product keeps 8 lane accumulators (element i goes to lane i mod 8 of its row or
+ * group), adds with separate multiply and add (no FMA: fused rounding would differ from the
+ * scalar path) and reduces lanes with red8().
+ *
+ * Routed experts (rvq): the integer lookup-table product of spec/CODECS.md §3.5, which fixes
+ * every rounding (FMA where the spec says fma), so the scalar code below defines the numerics and
+ * kernels_avx2.c / kernels_avx512.c reproduce it bit for bit; integer sums make the row and
+ * thread partition irrelevant. */
 #include "kernels.h"
 #include "kernels_impl.h"
 
 #include <math.h>
 #include <string.h>
 
-const mpk_impl *mpk_select(int force_scalar) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (!force_scalar) {
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-            __builtin_cpu_supports("f16c"))
-            return &mpk_avx2_impl;
-    }
+static int cpu_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+static int cpu_avx512vbmi(void) {
+    /* libgcc also checks that the OS saves the zmm state (XCR0) before reporting these */
+    return cpu_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi");
+}
 #else
-    (void)force_scalar;
+static int cpu_avx2(void) { return 0; }
+static int cpu_avx512vbmi(void) { return 0; }
 #endif
-    return &mpk_scalar_impl;
+
+const mpk_impl *mpk_select(int which) {
+    switch (which) {
+    case MPK_AUTO:
+        return cpu_avx512vbmi() ? &mpk_avx512_impl : cpu_avx2() ? &mpk_avx2_impl : &mpk_scalar_impl;
+    case MPK_SCALAR: return &mpk_scalar_impl;
+    case MPK_AVX2: return cpu_avx2() ? &mpk_avx2_impl : NULL;
+    case MPK_AVX512VBMI: return cpu_avx512vbmi() ? &mpk_avx512_impl : NULL;
+    }
+    return NULL;
 }
 
 const char *mpk_impl_name(const mpk_impl *k) { return k ? k->name : mpk_scalar_impl.name; }
@@ -135,32 +153,64 @@ static float s_row_dot(const mpk_mat *w, int64_t r, const float *x) {
     return acc;
 }
 
-static void s_rvq_lut_block(const float *cbt, int stages, const float *x, int64_t cols,
-                            int64_t v, float *lut) {
-    float xv[8];
-    for (int d = 0; d < 8; d++) xv[d] = 8 * v + d < cols ? x[8 * v + d] : 0.0f;
-    for (int s = 0; s < stages; s++) {
-        const float *cs = cbt + (size_t)s * 8 * 256;
-        float *out = lut + ((size_t)v * (size_t)stages + (size_t)s) * 256;
+/* §3.5 steps 1-2, literally.  T is kept for the group (32 KiB) because q needs the group's max. */
+static void s_rvq_tables(const float *cbt, const float *x, mpk_rvq_tab *t, int64_t g, int st) {
+    const int S = t->stages;
+    const int64_t v0 = g * MPK_RVQ_GROUP;
+    const int64_t v1 = v0 + MPK_RVQ_GROUP < t->nv ? v0 + MPK_RVQ_GROUP : t->nv;
+    const float *cs = cbt + (size_t)st * 8 * 256;
+    float T[MPK_RVQ_GROUP][256];
+    uint32_t mb = 0;
+    for (int64_t v = v0; v < v1; v++) {
+        float xv[8];
+        for (int d = 0; d < 8; d++) xv[d] = 8 * v + d < t->cols ? x[8 * v + d] : 0.0f;
         for (int e = 0; e < 256; e++) {
             float a = xv[0] * cs[e];
-            for (int d = 1; d < 8; d++) a = a + xv[d] * cs[d * 256 + e];
-            out[e] = a;
+            for (int d = 1; d < 8; d++) a = fmaf(xv[d], cs[d * 256 + e], a);
+            T[v - v0][e] = a;
+            uint32_t b = mpk_absbits(a);
+            mb = b > mb ? b : mb;
+        }
+    }
+    float inv = 0.0f, dd;
+    int live = mpk_rvq_scale(mb, &inv, &dd);
+    t->d[g * S + st] = dd;
+    for (int64_t v = v0; v < v1; v++) {
+        int8_t *q = t->q + ((size_t)v * (size_t)S + (size_t)st) * 256;
+        for (int e = 0; e < 256; e++) {
+            /* round half to even: adding 1.5 * 2^23 leaves ulp 1 for |p| <= 127.5 (default
+             * rounding mode, like the SIMD conversions) */
+            float p = T[v - v0][e] * inv;
+            q[e] = live ? (int8_t)(int)((p + 0x1.8p23f) - 0x1.8p23f) : 0;
         }
     }
 }
 
-static void s_rvq_rows(const uint8_t *codes, int64_t n, int64_t rows, const float *lut,
-                       float *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *c = codes + r * n;
-        float l[8] = {0};
-        for (int64_t j = 0; j < n; j++) l[j & 7] += lut[(size_t)j * 256 + c[j]];
-        out[r] = red8(l);
+static void s_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
+                        float *acc) {
+    const int S = w->stages;
+    const int64_t nv = w->nv, J = nv * S;
+    memset(acc, 0, (size_t)ntiles * 64 * sizeof *acc);
+    for (int64_t g = 0; g < t->ngroups; g++) {
+        int64_t v0 = g * MPK_RVQ_GROUP, v1 = v0 + MPK_RVQ_GROUP < nv ? v0 + MPK_RVQ_GROUP : nv;
+        for (int64_t i = 0; i < ntiles; i++) {
+            const uint8_t *c = w->codes + (size_t)((tile0 + i) * J) * 64;
+            for (int st = 0; st < S; st++) {
+                float d = t->d[g * S + st];
+                for (int l = 0; l < 64; l++) {
+                    int32_t n = 0;
+                    for (int64_t v = v0; v < v1; v++) {
+                        size_t j = (size_t)(v * S + st);
+                        n += t->q[j * 256 + c[j * 64 + (size_t)l]];
+                    }
+                    acc[i * 64 + l] = fmaf((float)n, d, acc[i * 64 + l]);
+                }
+            }
+        }
     }
 }
 
-const mpk_impl mpk_scalar_impl = {"scalar", s_row_dot, s_rvq_lut_block, s_rvq_rows};
+const mpk_impl mpk_scalar_impl = {"scalar", s_row_dot, s_rvq_tables, s_rvq_tiles};
 
 /* ---- shared helpers ---- */
 
@@ -274,36 +324,6 @@ void mpk_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float
     mpk_matmat(k, pool, w, x, 1, y);
 }
 
-size_t mpk_rvq_lut_floats(int64_t cols, int stages) {
-    return (size_t)((cols + 7) / 8) * (size_t)stages * 256;
-}
-
-typedef struct {
-    const mpk_impl *k;
-    const float *cbt;
-    int stages;
-    const float *x;
-    int64_t cols;
-    float *lut;
-} lut_job;
-
-#define LUT_VECS_PER_TASK 16
-
-static void lut_task(void *ctx, size_t t) {
-    lut_job *j = ctx;
-    int64_t nv = (j->cols + 7) / 8, v0 = (int64_t)t * LUT_VECS_PER_TASK;
-    int64_t v1 = v0 + LUT_VECS_PER_TASK < nv ? v0 + LUT_VECS_PER_TASK : nv;
-    for (int64_t v = v0; v < v1; v++) j->k->rvq_lut_block(j->cbt, j->stages, j->x, j->cols, v, j->lut);
-}
-
-void mpk_rvq_lut(const mpk_impl *k, mpk_pool *pool, const float *cbt, int stages, const float *x,
-                 int64_t cols, float *lut) {
-    lut_job j = {impl_or_scalar(k), cbt, stages, x, cols, lut};
-    int64_t nv = (cols + 7) / 8;
-    mpk_pool_run(nv * stages < 64 ? NULL : pool, (size_t)((nv + LUT_VECS_PER_TASK - 1) / LUT_VECS_PER_TASK),
-                 lut_task, &j);
-}
-
 void mpk_rvq_transpose_cb(const float *cb, int stages, float *cbt) {
     for (int s = 0; s < stages; s++)
         for (int e = 0; e < 256; e++)
@@ -311,28 +331,93 @@ void mpk_rvq_transpose_cb(const float *cb, int stages, float *cbt) {
                 cbt[((size_t)s * 8 + (size_t)d) * 256 + (size_t)e] = cb[((size_t)s * 256 + (size_t)e) * 8 + (size_t)d];
 }
 
+void mpk_rvq_init(mpk_rvq *w, int64_t rows, int64_t cols, int stages, const uint8_t *part) {
+    w->rows = rows;
+    w->cols = cols;
+    w->nv = (cols + 7) / 8;
+    w->stages = stages;
+    w->codes = part;
+    w->scales = part + (size_t)((rows + 63) / 64 * 64) * (size_t)w->nv * (size_t)stages;
+}
+
+uint64_t mpk_rvq_nbytes(int64_t rows, int64_t cols, int stages) {
+    return (uint64_t)((rows + 63) / 64 * 64) * (uint64_t)((cols + 7) / 8) * (uint64_t)stages +
+           2 * (uint64_t)rows;
+}
+
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+size_t mpk_rvq_tab_bytes(int64_t cols, int stages) {
+    size_t nv = (size_t)((cols + 7) / 8), ng = (nv + MPK_RVQ_GROUP - 1) / MPK_RVQ_GROUP;
+    return 64 + align64(nv * (size_t)stages * 256) + ng * (size_t)stages * sizeof(float);
+}
+
+void mpk_rvq_tab_init(mpk_rvq_tab *t, void *mem, int64_t cols, int stages) {
+    t->cols = cols;
+    t->nv = (cols + 7) / 8;
+    t->ngroups = (t->nv + MPK_RVQ_GROUP - 1) / MPK_RVQ_GROUP;
+    t->stages = stages;
+    t->nan = 0;
+    uintptr_t p = ((uintptr_t)mem + 63) & ~(uintptr_t)63;
+    t->q = (int8_t *)p;
+    t->d = (float *)(p + align64((size_t)t->nv * (size_t)stages * 256));
+}
+
+typedef struct {
+    const mpk_impl *k;
+    const float *cbt, *x;
+    mpk_rvq_tab *t;
+} tab_job;
+
+static void tab_task(void *ctx, size_t i) {
+    tab_job *j = ctx;
+    j->k->rvq_tables(j->cbt, j->x, j->t, (int64_t)i / j->t->stages, (int)(i % (size_t)j->t->stages));
+}
+
+void mpk_rvq_tables(const mpk_impl *k, mpk_pool *pool, const float *cbt, const float *x,
+                    mpk_rvq_tab *t) {
+    tab_job j = {impl_or_scalar(k), cbt, x, t};
+    size_t n = (size_t)t->ngroups * (size_t)t->stages;
+    mpk_pool_run(t->nv * t->stages < 64 ? NULL : pool, n, tab_task, &j);
+    t->nan = 0;
+    for (size_t i = 0; i < n; i++) t->nan |= t->d[i] != t->d[i];
+}
+
 typedef struct {
     const mpk_impl *k;
     const mpk_rvq *w;
-    const float *lut;
+    const mpk_rvq_tab *t;
     float *y;
+    int64_t per; /* tiles per task */
 } rvq_job;
 
-static void rvq_task(void *ctx, size_t t) {
+static void rvq_task(void *ctx, size_t task) {
     rvq_job *j = ctx;
     const mpk_rvq *w = j->w;
-    int64_t n = w->nv * w->stages, r0 = (int64_t)t * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK;
-    if (r1 > w->rows) r1 = w->rows;
-    float acc[ROWS_PER_TASK];
-    j->k->rvq_rows(w->codes + (size_t)(r0 * n), n, r1 - r0, j->lut, acc);
-    for (int64_t r = r0; r < r1; r++) j->y[r] = mpk_f16_to_f32(ld16(w->scales + 2 * r)) * acc[r - r0];
+    int64_t nt = (w->rows + 63) / 64, tile0 = (int64_t)task * j->per;
+    int64_t n = nt - tile0 < j->per ? nt - tile0 : j->per;
+    float acc[MPK_RVQ_MAX_TILES * 64] __attribute__((aligned(64)));
+    j->k->rvq_tiles(w, j->t, tile0, n, acc);
+    int64_t r0 = tile0 * 64, r1 = r0 + n * 64 < w->rows ? r0 + n * 64 : w->rows;
+    for (int64_t r = r0; r < r1; r++) {
+        float y = acc[r - r0] * mpk_f16_to_f32(ld16(w->scales + 2 * r));
+        j->y[r] = y == y ? y : mpk_bits_f32(0x7fc00000u); /* one NaN for every path and libm */
+    }
 }
 
-void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const float *lut,
+void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const mpk_rvq_tab *t,
                     float *y) {
-    rvq_job j = {impl_or_scalar(k), w, lut, y};
-    mpk_pool_run(w->rows * w->nv < 4096 ? NULL : pool,
-                 (size_t)((w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK), rvq_task, &j);
+    if (t->nan) { /* §3.5 step 2: the whole product is NaN */
+        for (int64_t r = 0; r < w->rows; r++) y[r] = mpk_bits_f32(0x7fc00000u);
+        return;
+    }
+    int64_t nt = (w->rows + 63) / 64, threads = mpk_pool_threads(pool);
+    /* big tasks keep a group's tables in L1 across many tiles; two per thread balance shared
+     * cores.  The partition never changes a result (integer sums, per-row combine). */
+    int64_t per = (nt + 2 * threads - 1) / (2 * threads);
+    per = per < 1 ? 1 : per > MPK_RVQ_MAX_TILES ? MPK_RVQ_MAX_TILES : per;
+    rvq_job j = {impl_or_scalar(k), w, t, y, per};
+    mpk_pool_run(w->rows * w->nv < 4096 ? NULL : pool, (size_t)((nt + per - 1) / per), rvq_task, &j);
 }
 
 void mpk_hadamard_rotate(const float *x, const float *signs, int64_t n, int64_t block, float *out) {

@@ -2,10 +2,11 @@
  *
  * Trunk matrices (f32/f16/bf16/q8/q6/q4) and routed-expert matrices (rvq codes + per-layer
  * codebooks) are multiplied in place.  Every output row is computed by one task with a fixed
- * summation order, so results are bit-identical for any thread count.  The implementation (AVX2/FMA
- * or the portable scalar code) is a kernel table chosen by mpk_select and passed to every call
- * that needs it: each engine holds its own table, so engines in one process never affect each
- * other (there is no process-wide kernel state). */
+ * summation order, so results are bit-identical for any thread count.  The implementation
+ * (AVX-512 VBMI, AVX2/FMA or the portable scalar code) is a kernel table chosen by mpk_select and
+ * passed to every call that needs it: each engine holds its own table, so engines in one process
+ * never affect each other (there is no process-wide kernel state).  All three give identical
+ * bits. */
 #ifndef MP_KERNELS_H
 #define MP_KERNELS_H
 
@@ -13,6 +14,9 @@
 #include <stdint.h>
 
 #include "kernels_pool.h"
+
+/* A kernel table (one per instruction set; static, never freed). */
+typedef struct mpk_impl mpk_impl;
 
 enum { MPK_F32 = 0, MPK_F16, MPK_BF16, MPK_Q8, MPK_Q4, MPK_Q6 };
 
@@ -27,7 +31,8 @@ typedef struct mpk_mat {
     const uint8_t *data;
 } mpk_mat;
 
-/* Residual-VQ matrix: codes u8 [rows][nv][stages], scales f16 [rows] (see spec/CODECS.md). */
+/* Residual-VQ matrix (spec/CODECS.md §3, format 1.1): codes u8 in 64-row tiles
+ * [nt][nv*stages][64] (nt = ceil(rows / 64), padding rows code 0), then scales f16 [rows]. */
 typedef struct mpk_rvq {
     int64_t rows, cols, nv; /* nv = ceil(cols / 8) */
     int stages;
@@ -35,15 +40,49 @@ typedef struct mpk_rvq {
     const uint8_t *scales;  /* f16 little-endian, one per row */
 } mpk_rvq;
 
+/* Fills w for one projection part at `part` (codes, then scales at align_up(rows, 64) * nv * S). */
+void mpk_rvq_init(mpk_rvq *w, int64_t rows, int64_t cols, int stages, const uint8_t *part);
+uint64_t mpk_rvq_nbytes(int64_t rows, int64_t cols, int stages);
+
+#define MPK_RVQ_TILE 64   /* rows per code tile */
+#define MPK_RVQ_GROUP 32  /* vectors per table quantisation group (CODECS.md §3.5) */
+
+/* Integer lookup tables of one activation for one codebook (CODECS.md §3.5 steps 1-2).  Built
+ * once per activation and shared by every matrix using the codebook (gate/up of all routed
+ * experts of a layer).  Memory comes from the caller (mpk_rvq_tab_bytes); layout is the same for
+ * every kernel path. */
+typedef struct mpk_rvq_tab {
+    int64_t cols, nv, ngroups;
+    int stages;
+    int nan;   /* some group's max |T| is NaN or +inf: every product row is NaN */
+    int8_t *q; /* [nv][stages][256], 64-byte aligned */
+    float *d;  /* [ngroups][stages]: table step m / 127 (0 for a zero group) */
+} mpk_rvq_tab;
+
+/* Bytes of caller memory for a table of `cols` inputs and `stages` (includes alignment slack). */
+size_t mpk_rvq_tab_bytes(int64_t cols, int stages);
+/* Points t into mem (at least mpk_rvq_tab_bytes(cols, stages) bytes). */
+void mpk_rvq_tab_init(mpk_rvq_tab *t, void *mem, int64_t cols, int stages);
+/* Builds t from x[cols] (already rotated when the codec has a rotation) and the transposed
+ * codebook cbt [stages][8][256] (mpk_rvq_transpose_cb). */
+void mpk_rvq_tables(const mpk_impl *k, mpk_pool *pool, const float *cbt, const float *x,
+                    mpk_rvq_tab *t);
+/* y[rows] = the §3.5 product of w with the activation t was built from (t->cols == w->cols,
+ * t->stages == w->stages).  NaN rows are the quiet NaN 0x7fc00000 (payloads canonicalised so
+ * that every path and libm give the same bits). */
+void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const mpk_rvq_tab *t,
+                    float *y);
+
 #define MPK_VQ_DIM 8
 #define MPK_VQ_ENTRIES 256
 
-/* A kernel table (one per instruction set; static, never freed). */
-typedef struct mpk_impl mpk_impl;
-/* The AVX2/FMA table when the CPU has AVX2, FMA and F16C and force_scalar is 0, else the scalar
- * one.  Both give bit-identical results.  Every `k` argument below takes one; NULL = scalar. */
-const mpk_impl *mpk_select(int force_scalar);
-/* "avx2" or "scalar". */
+/* Kernel paths (same values as moepack.h's MP_KERNELS_*). */
+enum { MPK_AUTO = 0, MPK_SCALAR = 1, MPK_AVX2 = 2, MPK_AVX512VBMI = 3 };
+/* The kernel table for `which`: MPK_AUTO = the best this CPU runs (AVX-512 F/BW/VL/VBMI, else
+ * AVX2+FMA+F16C, else scalar); a named path, or NULL when this CPU cannot run it.  All paths give
+ * bit-identical results.  Every `k` argument below takes one; NULL = scalar. */
+const mpk_impl *mpk_select(int which);
+/* "avx512vbmi", "avx2" or "scalar". */
 const char *mpk_impl_name(const mpk_impl *k);
 
 float mpk_f16_to_f32(uint16_t h);
@@ -65,15 +104,8 @@ float mpk_row_dot(const mpk_impl *k, const mpk_mat *w, int64_t r, const float *x
 /* Decodes row r of w into out[cols] (embedding lookup, small vectors). */
 void mpk_row(const mpk_mat *w, int64_t r, float *out);
 
-/* Codebook f32 [stages][256][8] -> transposed [stages][8][256] (what mpk_rvq_lut reads). */
+/* Codebook f32 [stages][256][8] -> transposed [stages][8][256] (what mpk_rvq_tables reads). */
 void mpk_rvq_transpose_cb(const float *cb, int stages, float *cbt);
-/* Lookup table for one input vector: lut[(v*stages + s)*256 + e] = dot(x[8v..8v+8], cb[s][e]),
- * x zero-padded to nv*8.  Built once per input and shared by every matrix using the codebook. */
-void mpk_rvq_lut(const mpk_impl *k, mpk_pool *pool, const float *cbt, int stages, const float *x,
-                 int64_t cols, float *lut);
-size_t mpk_rvq_lut_floats(int64_t cols, int stages);
-/* y[rows] = scale[r] * sum_v sum_s lut[v][s][code[r][v][s]]. */
-void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const float *lut, float *y);
 
 /* Input rotation for rvq codecs with rotation "hadamard": out = H_block(signs * x) / sqrt(block)
  * (H = unnormalised Walsh-Hadamard per block), so that W x = W_codes out (spec/CODECS.md). */

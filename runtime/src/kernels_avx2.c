@@ -1,6 +1,9 @@
-/* AVX2 kernels.  Same lane layout and operation order as the scalar code in kernels.c
+/* AVX2 kernels.  Trunk: same lane layout and operation order as the scalar code in kernels.c
  * (multiply then add, lanes = element index mod 8, red8 reduction), so results are
- * bit-identical to it; the speed comes from 8-wide loads, int8/nibble widening and gathers. */
+ * bit-identical to it; the speed comes from 8-wide loads and int8/nibble widening.  Routed
+ * experts: CODECS.md §3.5 with the scalar path's roundings (FMA chain, int8 tables, exact integer
+ * sums, fma combine); 256-entry int8 tables are looked up with vpshufb over 16-entry sub-tables
+ * and a vpblendvb tree on code bits 4-7 (measured faster than 8-lane gathers on Zen 4). */
 #include "kernels_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -37,7 +40,7 @@ AVX2 static __m256 lanes_f32(const float *row, const float *x, int64_t n) {
     return acc;
 }
 
-AVX2 static float a_row_dot(const mpk_mat *w, int64_t r, const float *x) {
+AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
     const int64_t n = w->cols;
     if (w->codec == MPK_F32) return hred(lanes_f32((const float *)w->data + r * n, x, n));
     if (w->codec == MPK_BF16) {
@@ -152,62 +155,118 @@ AVX2 static float a_row_dot(const mpk_mat *w, int64_t r, const float *x) {
     return acc;
 }
 
-AVX2 static void a_rvq_lut_block(const float *cbt, int stages, const float *x, int64_t cols,
-                                 int64_t v, float *lut) {
-    float xv[8];
-    for (int d = 0; d < 8; d++) xv[d] = 8 * v + d < cols ? x[8 * v + d] : 0.0f;
-    for (int s = 0; s < stages; s++) {
-        const float *cs = cbt + (size_t)s * 8 * 256;
-        float *out = lut + ((size_t)v * (size_t)stages + (size_t)s) * 256;
-        for (int e = 0; e < 256; e += 8) {
-            __m256 a = _mm256_mul_ps(_mm256_set1_ps(xv[0]), _mm256_loadu_ps(cs + e));
+AVX2 static void a_rvq_tables(const float *cbt, const float *x, mpk_rvq_tab *t, int64_t g, int st) {
+    const int S = t->stages;
+    const int64_t v0 = g * MPK_RVQ_GROUP;
+    const int64_t v1 = v0 + MPK_RVQ_GROUP < t->nv ? v0 + MPK_RVQ_GROUP : t->nv;
+    const float *cs = cbt + (size_t)st * 8 * 256;
+    float T[MPK_RVQ_GROUP][256] __attribute__((aligned(32)));
+    const __m256i absm = _mm256_set1_epi32(0x7fffffff);
+    __m256i mx = _mm256_setzero_si256();
+    for (int64_t v = v0; v < v1; v++) {
+        __m256 X[8];
+        for (int d = 0; d < 8; d++) X[d] = _mm256_set1_ps(8 * v + d < t->cols ? x[8 * v + d] : 0.0f);
+        for (int e = 0; e < 256; e += 32) { /* four independent FMA chains */
+            __m256 a[4];
+            for (int i = 0; i < 4; i++) a[i] = _mm256_mul_ps(X[0], _mm256_loadu_ps(cs + e + 8 * i));
             for (int d = 1; d < 8; d++)
-                a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(xv[d]), _mm256_loadu_ps(cs + d * 256 + e)));
-            _mm256_storeu_ps(out + e, a);
-        }
-    }
-}
-
-/* Position j of a row's code string selects lut[j*256 + code[j]]: 8 gathers at once.  Rows are
- * processed together over column blocks so the LUT slice stays in L1/L2 (the whole table of a
- * 4096-wide input is 1.5 MB); per row and lane the additions still run in increasing j, so the
- * result equals the scalar order. */
-#define RVQ_JB 32 /* codes per block: 32 KiB of LUT (measured best of 32/64/256/1024) */
-#define RVQ_MAXR 16
-
-AVX2 static void a_rvq_rows(const uint8_t *codes, int64_t n, int64_t rows, const float *lut,
-                            float *out) {
-    const __m256i base = _mm256_setr_epi32(0, 256, 512, 768, 1024, 1280, 1536, 1792);
-    __m256 acc[RVQ_MAXR];
-    int64_t nfull = n & ~(int64_t)7;
-    for (int64_t r0 = 0; r0 < rows; r0 += RVQ_MAXR) {
-        int64_t nr = rows - r0 < RVQ_MAXR ? rows - r0 : RVQ_MAXR;
-        for (int64_t r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
-        for (int64_t j0 = 0; j0 < nfull; j0 += RVQ_JB) {
-            int64_t j1 = j0 + RVQ_JB < nfull ? j0 + RVQ_JB : nfull;
-            for (int64_t r = 0; r < nr; r++) {
-                const uint8_t *c = codes + (r0 + r) * n;
-                __m256 a = acc[r];
-                for (int64_t j = j0; j < j1; j += 8) {
-                    __m128i b = _mm_loadl_epi64((const __m128i *)(c + j));
-                    __m256i idx = _mm256_add_epi32(base, _mm256_cvtepu8_epi32(b));
-                    a = _mm256_add_ps(a, _mm256_i32gather_ps(lut + (size_t)j * 256, idx, 4));
-                }
-                acc[r] = a;
+                for (int i = 0; i < 4; i++)
+                    a[i] = _mm256_fmadd_ps(X[d], _mm256_loadu_ps(cs + d * 256 + e + 8 * i), a[i]);
+            for (int i = 0; i < 4; i++) {
+                _mm256_store_ps(&T[v - v0][e + 8 * i], a[i]);
+                mx = _mm256_max_epu32(mx, _mm256_and_si256(_mm256_castps_si256(a[i]), absm));
             }
         }
-        for (int64_t r = 0; r < nr; r++) {
-            const uint8_t *c = codes + (r0 + r) * n;
-            float l[8];
-            _mm256_storeu_ps(l, acc[r]);
-            for (int64_t j = nfull; j < n; j++) l[j & 7] += lut[(size_t)j * 256 + c[j]];
-            out[r0 + r] = mpk_red8(l);
+    }
+    uint32_t l[8], mb = 0;
+    _mm256_storeu_si256((__m256i *)l, mx);
+    for (int i = 0; i < 8; i++) mb = l[i] > mb ? l[i] : mb;
+    float inv = 0.0f, dd;
+    int live = mpk_rvq_scale(mb, &inv, &dd);
+    t->d[g * S + st] = dd;
+    const __m256 vi = _mm256_set1_ps(inv);
+    const __m256i fix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undo packs' lane interleave */
+    for (int64_t v = v0; v < v1; v++) {
+        int8_t *q = t->q + ((size_t)v * (size_t)S + (size_t)st) * 256;
+        if (!live) {
+            memset(q, 0, 256);
+            continue;
+        }
+        for (int e = 0; e < 256; e += 32) {
+            __m256i n[4];
+            for (int i = 0; i < 4; i++) /* product rounded to f32, then to even integer (MXCSR default) */
+                n[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(&T[v - v0][e + 8 * i]), vi));
+            __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+            _mm256_store_si256((__m256i *)(q + e), _mm256_permutevar8x32_epi32(b, fix));
         }
     }
 }
 
-const mpk_impl mpk_avx2_impl = {"avx2", a_row_dot, a_rvq_lut_block, a_rvq_rows};
+/* 32 int8 lookups q[code] of one (vector, stage) table: vpshufb picks from each 16-entry
+ * sub-table by the low nibble, a blend tree on bits 4, 5, 6, 7 (each shifted to the byte's sign
+ * bit, which is what vpblendvb reads) selects the sub-table. */
+AVX2 static inline __m256i lookup32(const int8_t *tab, __m256i c) {
+    const __m256i lo = _mm256_and_si256(c, _mm256_set1_epi8(15));
+    const __m256i b4 = _mm256_slli_epi16(c, 3), b5 = _mm256_slli_epi16(c, 2), b6 = _mm256_slli_epi16(c, 1);
+#define SUB(h) _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(tab + 16 * (h)))), lo)
+#define PAIR(h) _mm256_blendv_epi8(SUB(h), SUB((h) + 1), b4)
+    __m256i c0 = _mm256_blendv_epi8(PAIR(0), PAIR(2), b5), c1 = _mm256_blendv_epi8(PAIR(4), PAIR(6), b5);
+    __m256i d0 = _mm256_blendv_epi8(c0, c1, b6);
+    c0 = _mm256_blendv_epi8(PAIR(8), PAIR(10), b5);
+    c1 = _mm256_blendv_epi8(PAIR(12), PAIR(14), b5);
+    return _mm256_blendv_epi8(d0, _mm256_blendv_epi8(c0, c1, b6), c);
+#undef PAIR
+#undef SUB
+}
+
+/* Per half tile (32 rows) and stage: int8 lookups summed in int16 lanes split into even and odd
+ * rows (|n| <= 32 * 127 fits), then f32(n) fma'd into accumulators kept in the order the
+ * widening produces: p[tile][half][k][8] with k = 0 even rows 0-14, 1 even rows 16-30, 2 odd
+ * rows 1-15, 3 odd rows 17-31 (of the half); reordered to rows at the end. */
+AVX2 static void a_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
+                             float *acc) {
+    const int S = w->stages;
+    const int64_t nv = w->nv, J = nv * S;
+    float p[MPK_RVQ_MAX_TILES][2][4][8] __attribute__((aligned(32)));
+    memset(p, 0, sizeof p);
+    for (int64_t g = 0; g < t->ngroups; g++) {
+        int64_t v0 = g * MPK_RVQ_GROUP, v1 = v0 + MPK_RVQ_GROUP < nv ? v0 + MPK_RVQ_GROUP : nv;
+        for (int64_t i = 0; i < ntiles; i++) {
+            const uint8_t *c = w->codes + (size_t)((tile0 + i) * J) * 64;
+            for (int h = 0; h < 2; h++)
+                for (int st = 0; st < S; st++) {
+                    __m256i ev = _mm256_setzero_si256(), od = _mm256_setzero_si256();
+                    for (int64_t v = v0; v < v1; v++) {
+                        size_t j = (size_t)(v * S + st);
+                        __m256i r = lookup32(t->q + j * 256, _mm256_loadu_si256((const __m256i *)(c + j * 64 + 32 * h)));
+                        ev = _mm256_add_epi16(ev, _mm256_srai_epi16(_mm256_slli_epi16(r, 8), 8));
+                        od = _mm256_add_epi16(od, _mm256_srai_epi16(r, 8));
+                    }
+                    const __m256 d = _mm256_set1_ps(t->d[g * S + st]);
+                    __m256i n[4] = {_mm256_cvtepi16_epi32(_mm256_castsi256_si128(ev)),
+                                    _mm256_cvtepi16_epi32(_mm256_extracti128_si256(ev, 1)),
+                                    _mm256_cvtepi16_epi32(_mm256_castsi256_si128(od)),
+                                    _mm256_cvtepi16_epi32(_mm256_extracti128_si256(od, 1))};
+                    for (int k = 0; k < 4; k++)
+                        _mm256_store_ps(p[i][h][k], _mm256_fmadd_ps(_mm256_cvtepi32_ps(n[k]), d,
+                                                                    _mm256_load_ps(p[i][h][k])));
+                }
+        }
+    }
+    for (int64_t i = 0; i < ntiles; i++)
+        for (int h = 0; h < 2; h++)
+            for (int m = 0; m < 8; m++) {
+                float *o = acc + i * 64 + 32 * h;
+                o[2 * m] = p[i][h][0][m];
+                o[16 + 2 * m] = p[i][h][1][m];
+                o[2 * m + 1] = p[i][h][2][m];
+                o[17 + 2 * m] = p[i][h][3][m];
+            }
+}
+
+const mpk_impl mpk_avx2_impl = {"avx2", mpk_avx2_row_dot, a_rvq_tables, a_rvq_tiles};
 
 #else
 const mpk_impl mpk_avx2_impl = {"avx2", 0, 0, 0};
+float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) { (void)w; (void)r; (void)x; return 0.0f; }
 #endif

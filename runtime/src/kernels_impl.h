@@ -1,21 +1,63 @@
-/* Internal: the per-ISA kernel table (scalar in kernels.c, AVX2 in kernels_avx2.c). */
+/* Internal: the per-ISA kernel table (scalar in kernels.c, AVX2 in kernels_avx2.c, AVX-512 VBMI
+ * in kernels_avx512.c) and the pieces of CODECS.md §3.5 they share. */
 #ifndef MP_KERNELS_IMPL_H
 #define MP_KERNELS_IMPL_H
+
+#include <string.h>
 
 #include "kernels.h"
 
 struct mpk_impl {
     const char *name;
     float (*row_dot)(const mpk_mat *w, int64_t r, const float *x);
-    void (*rvq_lut_block)(const float *cbt, int stages, const float *x, int64_t cols, int64_t v,
-                          float *lut);
-    /* out[i] = red8(lanes) of row i (codes + i*n), i < rows; no scale */
-    void (*rvq_rows)(const uint8_t *codes, int64_t n, int64_t rows, const float *lut, float *out);
+    /* §3.5 steps 1-2 for group g, stage st: writes t->q of the group's vectors and t->d[g][st]
+     * (NaN when the group's max |T| is NaN or +inf; the driver then sets t->nan). */
+    void (*rvq_tables)(const float *cbt, const float *x, mpk_rvq_tab *t, int64_t g, int st);
+    /* §3.5 steps 3-4 for tiles [tile0, tile0 + ntiles): acc[64 * ntiles] in row order, before
+     * the row scale.  Loops group-outer, tile-inner so one group's tables stay in L1. */
+    void (*rvq_tiles)(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
+                      float *acc);
 };
 
 extern const mpk_impl mpk_scalar_impl;
 extern const mpk_impl mpk_avx2_impl;
+extern const mpk_impl mpk_avx512_impl;
 
 float mpk_red8(const float l[8]);
+/* AVX2 trunk kernels, shared with the AVX-512 table (the trunk is not its business yet). */
+float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x);
+
+/* The most tiles one rvq_tiles call gets (its accumulator lives on the caller's stack). */
+#define MPK_RVQ_MAX_TILES 16
+#define MPK_RVQ_TINY 0x1p-96f /* below this a group's tables are all zero (§3.5 step 2) */
+
+/* Largest |T| as bits: for |T| bit patterns, integer order is float order and NaNs sort above
+ * +inf, so one unsigned max gives m, NaN included, on every path. */
+static inline uint32_t mpk_absbits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u & 0x7fffffffu;
+}
+static inline float mpk_bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* Step 2's classification of a group: returns 0 when q must be all zero (d set to 0, or to NaN
+ * when m is NaN or +inf), else 1 with inv and d set. */
+static inline int mpk_rvq_scale(uint32_t mbits, float *inv, float *d) {
+    if (mbits >= 0x7f800000u) {
+        *d = mpk_bits_f32(0x7fc00000u);
+        return 0;
+    }
+    float m = mpk_bits_f32(mbits);
+    if (m < MPK_RVQ_TINY) {
+        *d = 0.0f;
+        return 0;
+    }
+    *inv = 127.0f / m;
+    *d = m / 127.0f;
+    return 1;
+}
 
 #endif

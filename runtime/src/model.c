@@ -132,7 +132,8 @@ static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 uint64_t mpm_scratch_bytes(const mpm_config *c) {
     int64_t H = c->hidden, I = max64(c->moe_inter, max64(c->dense_inter, c->shared_inter));
-    uint64_t lut = (uint64_t)mpk_rvq_lut_floats(max64(H, c->moe_inter), 8) * 3;
+    /* int8 lookup tables, bytes (gate/up over H inputs, down over moe_inter) */
+    uint64_t tabs = 2 * (uint64_t)mpk_rvq_tab_bytes(H, 8) + (uint64_t)mpk_rvq_tab_bytes(c->moe_inter, 8);
     uint64_t q = (uint64_t)(c->n_heads * max64(c->head_dim, c->kv_lora_rank + c->qk_rope_dim));
     uint64_t chunk = (uint64_t)MPM_CHUNK * (uint64_t)H * (3u + (uint64_t)c->top_k) +
                      3u * (uint64_t)MPM_CHUNK * (uint64_t)c->top_k;
@@ -141,7 +142,7 @@ uint64_t mpm_scratch_bytes(const mpm_config *c) {
     /* f32 copies made at load: transposed codebooks (<= 8 stages), rotation signs, norms, bias */
     uint64_t per_layer = 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +
                                                           c->q_lora_rank + c->kv_lora_rank + c->n_experts);
-    return 4u * (lut + (uint64_t)MPM_CHUNK * per_tok + 16 * (uint64_t)max64(H, I) +
+    return tabs + 4u * ((uint64_t)MPM_CHUNK * per_tok + 16 * (uint64_t)max64(H, I) +
                  (uint64_t)c->vocab + 2 * (uint64_t)c->n_experts + chunk +
                  per_layer * (uint64_t)c->n_layers + (uint64_t)H);
 }
@@ -190,8 +191,8 @@ static int alloc_scratch(mpm_model *m) {
     m->allowed = xcalloc((uint64_t)c->n_experts, 1);
     for (int p = 0; p < 3; p++) {
         int64_t cols = p == 2 ? c->moe_inter : H;
-        m->lut[p] = xcalloc(mpk_rvq_lut_floats(cols, 8), 4);
-        if (!m->lut[p]) return -1;
+        m->tabmem[p] = xcalloc(mpk_rvq_tab_bytes(cols, 8), 1);
+        if (!m->tabmem[p]) return -1;
     }
     if (!m->xn || !m->q || !m->kbuf || !m->vbuf || !m->att || !m->scores ||
         !m->cosb || !m->sinb || !m->router_logits || !m->moe_out || !m->eo || !m->g || !m->u ||
@@ -294,7 +295,7 @@ int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void
     mpm_model *m = calloc(1, sizeof *m);
     if (!m) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory");
     m->c = *cfg;
-    m->kern = mpk_select(0);
+    m->kern = mpk_select(MPK_AUTO);
     m->c.layer_is_moe = malloc((size_t)cfg->n_layers);
     m->ctx = ctx;
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
@@ -361,7 +362,7 @@ void mpm_free(mpm_model *m) {
     free(m->kc);
     void *bufs[] = {m->xn, m->q, m->kbuf, m->vbuf, m->att, m->scores, m->cosb, m->sinb, m->qlat,
                     m->olat, m->lat, m->router_logits, m->moe_out, m->eo, m->g, m->u, m->xr, m->ar,
-                    m->selw, m->lut[0], m->lut[1], m->lut[2], m->sel, m->bx, m->bxn, m->bout,
+                    m->selw, m->tabmem[0], m->tabmem[1], m->tabmem[2], m->sel, m->bx, m->bxn, m->bout,
                     m->beo, m->bsel, m->bselw, m->uniq, m->ahead, (void *)m->recs, m->aheadw,
                     m->choice, m->allowed, m->c.layer_is_moe};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);

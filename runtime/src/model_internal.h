@@ -52,7 +52,8 @@ struct mpm_model {
     float *xn, *q, *kbuf, *vbuf, *att, *scores, *cosb, *sinb;
     float *qlat, *olat, *lat;
     float *router_logits, *moe_out, *eo, *g, *u, *xr, *ar;
-    float *lut[3];
+    void *tabmem[3];    /* lookup-table memory per projection (sized for 8 stages) */
+    mpk_rvq_tab tab[3];
     int32_t *sel;
     const uint8_t **recs;
     float *selw;

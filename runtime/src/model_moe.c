@@ -1,7 +1,7 @@
-/* Feed-forward blocks: routing (FORMAT.md §7), routed experts computed on their rvq codes with
- * lookup tables, shared experts, dense FFN.  The gate and up tables are built once per layer per
- * token from the (rotated) normalised input and shared by every routed expert of the layer; the
- * down table is built per expert from its activation. */
+/* Feed-forward blocks: routing (FORMAT.md §7), routed experts computed on their tiled rvq codes
+ * with int8 lookup tables (CODECS.md §3.5), shared experts, dense FFN.  The gate and up tables are
+ * built once per layer per token from the (rotated) normalised input and shared by every routed
+ * expert of the layer; the down table is built per expert from its activation. */
 #include "model_internal.h"
 #include "moepack.h"
 
@@ -97,23 +97,18 @@ void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, int T, const float *xn, float
 
 static void rvq_part(const mpm_layer *ly, int p, const uint8_t *rec, int64_t rows, int64_t cols,
                      mpk_rvq *w) {
-    w->rows = rows;
-    w->cols = cols;
-    w->nv = (cols + 7) / 8;
-    w->stages = ly->stages[p];
-    w->codes = rec + ly->part_off[p];
-    uint64_t nc = (uint64_t)rows * (uint64_t)w->nv * (uint64_t)w->stages;
-    w->scales = w->codes + ((nc + 63) / 64) * 64;
+    mpk_rvq_init(w, rows, cols, ly->stages[p], rec + ly->part_off[p]);
 }
 
-/* lut[p] from x (rotated first when the part's codec says so) */
-static void build_lut(mpm_model *m, const mpm_layer *ly, int p, const float *x, int64_t n) {
+/* integer tables tab[p] from x (rotated first when the part's codec says so) */
+static void build_tab(mpm_model *m, const mpm_layer *ly, int p, const float *x, int64_t n) {
     const float *in = x;
     if (ly->rot_block[p]) {
         mpk_hadamard_rotate(x, ly->signs[p], n, ly->rot_block[p], m->xr);
         in = m->xr;
     }
-    mpk_rvq_lut(m->kern, m->pool, ly->cbt[p], ly->stages[p], in, n, m->lut[p]);
+    mpk_rvq_tab_init(&m->tab[p], m->tabmem[p], n, ly->stages[p]);
+    mpk_rvq_tables(m->kern, m->pool, ly->cbt[p], in, &m->tab[p]);
 }
 
 /* MoE block for a chunk of T tokens (xn: T x hidden, normalised).  Routed experts are fetched
@@ -156,19 +151,19 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
                     if (grp[u] == m->bsel[t * K + i]) gi = u;
                 if (gi < 0) continue;
                 if (!luts) { /* gate/up tables: once per token per group (once per token at T = 1) */
-                    build_lut(m, ly, 0, x, H);
-                    build_lut(m, ly, 1, x, H);
+                    build_tab(m, ly, 0, x, H);
+                    build_tab(m, ly, 1, x, H);
                     luts = 1;
                 }
                 mpk_rvq wg, wu, wd;
                 rvq_part(ly, 0, m->recs[gi], I, H, &wg);
                 rvq_part(ly, 1, m->recs[gi], I, H, &wu);
                 rvq_part(ly, 2, m->recs[gi], H, I, &wd);
-                mpk_rvq_matvec(m->kern, m->pool, &wg, m->lut[0], m->g);
-                mpk_rvq_matvec(m->kern, m->pool, &wu, m->lut[1], m->u);
+                mpk_rvq_matvec(m->kern, m->pool, &wg, &m->tab[0], m->g);
+                mpk_rvq_matvec(m->kern, m->pool, &wu, &m->tab[1], m->u);
                 for (int64_t j = 0; j < I; j++) m->g[j] = mpk_silu(m->g[j]) * m->u[j];
-                build_lut(m, ly, 2, m->g, I);
-                mpk_rvq_matvec(m->kern, m->pool, &wd, m->lut[2], m->beo + (t * K + i) * H);
+                build_tab(m, ly, 2, m->g, I);
+                mpk_rvq_matvec(m->kern, m->pool, &wd, &m->tab[2], m->beo + (t * K + i) * H);
             }
         }
         m->io.release(m->io.user, l, grp, ng);

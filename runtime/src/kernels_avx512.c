@@ -1,0 +1,130 @@
+/* AVX-512 VBMI kernels for routed experts (CODECS.md §3.5, bit-identical to the scalar path).
+ *
+ * A (vector, stage) table of 256 int8 entries is four zmm registers; vpermi2b looks 64 codes up
+ * in two 128-entry halves at once and a blend on code bit 7 picks the half.  The 64 lanes are the
+ * 64 rows of a code tile, so one table load serves a whole tile (several tiles per load here).
+ * Trunk matrices use the AVX2 kernels. */
+#include "kernels_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,fma")))
+
+/* Same steps as the scalar path: T = x0 * cb0, then an fma per dimension in order, 16 entries
+ * per register and four independent chains; max |T| as integer bits; q written directly. */
+AVX512 static void v_rvq_tables(const float *cbt, const float *x, mpk_rvq_tab *t, int64_t g, int st) {
+    const int S = t->stages;
+    const int64_t v0 = g * MPK_RVQ_GROUP;
+    const int64_t v1 = v0 + MPK_RVQ_GROUP < t->nv ? v0 + MPK_RVQ_GROUP : t->nv;
+    const float *cs = cbt + (size_t)st * 8 * 256;
+    float T[MPK_RVQ_GROUP][256] __attribute__((aligned(64)));
+    const __m512i absm = _mm512_set1_epi32(0x7fffffff);
+    __m512i mx = _mm512_setzero_si512();
+    for (int64_t v = v0; v < v1; v++) {
+        __m512 X[8];
+        for (int d = 0; d < 8; d++) X[d] = _mm512_set1_ps(8 * v + d < t->cols ? x[8 * v + d] : 0.0f);
+        for (int e = 0; e < 256; e += 64) {
+            __m512 a[4];
+            for (int i = 0; i < 4; i++) a[i] = _mm512_mul_ps(X[0], _mm512_loadu_ps(cs + e + 16 * i));
+            for (int d = 1; d < 8; d++)
+                for (int i = 0; i < 4; i++)
+                    a[i] = _mm512_fmadd_ps(X[d], _mm512_loadu_ps(cs + d * 256 + e + 16 * i), a[i]);
+            for (int i = 0; i < 4; i++) {
+                _mm512_store_ps(&T[v - v0][e + 16 * i], a[i]);
+                mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_castps_si512(a[i]), absm));
+            }
+        }
+    }
+    float inv = 0.0f, dd;
+    int live = mpk_rvq_scale((uint32_t)_mm512_reduce_max_epu32(mx), &inv, &dd);
+    t->d[g * S + st] = dd;
+    const __m512 vi = _mm512_set1_ps(inv);
+    for (int64_t v = v0; v < v1; v++) {
+        int8_t *q = t->q + ((size_t)v * (size_t)S + (size_t)st) * 256;
+        for (int e = 0; e < 256; e += 16) {
+            /* product rounded to f32, then to the even integer (MXCSR default rounding) */
+            __m512i n = live ? _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_load_ps(&T[v - v0][e]), vi))
+                             : _mm512_setzero_si512();
+            _mm_store_si128((__m128i *)(q + e), _mm512_cvtepi32_epi8(n));
+        }
+    }
+}
+
+/* One stage of one group for NB tiles sharing each table load: int8 lookups summed in int16
+ * lanes split into even and odd rows (|n| <= 32 * 127 fits), then f32(n) fma'd with d into
+ * p[tile][k][16]: k = 0 even rows 0-30, 1 even rows 32-62, 2 odd rows 1-31, 3 odd rows 33-63
+ * (the order cvtepi16_epi32 widens to). */
+AVX512 static inline __attribute__((always_inline)) void
+v_stage(const int8_t *q, const uint8_t *c, size_t tile_bytes, int64_t v0, int64_t v1, int S, int st,
+        float d, float (*p)[4][16], const int NB) {
+    __m512i ev[4], od[4];
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; b++) ev[b] = od[b] = _mm512_setzero_si512();
+    for (int64_t v = v0; v < v1; v++) {
+        size_t j = (size_t)(v * S + st);
+        const int8_t *tab = q + j * 256;
+        const __m512i t0 = _mm512_load_si512(tab), t1 = _mm512_load_si512(tab + 64);
+        const __m512i t2 = _mm512_load_si512(tab + 128), t3 = _mm512_load_si512(tab + 192);
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++) {
+            __m512i code = _mm512_loadu_si512(c + b * tile_bytes + j * 64);
+            __mmask64 hi = _mm512_movepi8_mask(code);
+            __m512i r = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(t0, code, t1),
+                                               _mm512_permutex2var_epi8(t2, code, t3));
+            ev[b] = _mm512_add_epi16(ev[b], _mm512_srai_epi16(_mm512_slli_epi16(r, 8), 8));
+            od[b] = _mm512_add_epi16(od[b], _mm512_srai_epi16(r, 8));
+        }
+    }
+    const __m512 dv = _mm512_set1_ps(d);
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; b++) {
+        __m512i n[4] = {_mm512_cvtepi16_epi32(_mm512_castsi512_si256(ev[b])),
+                        _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(ev[b], 1)),
+                        _mm512_cvtepi16_epi32(_mm512_castsi512_si256(od[b])),
+                        _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(od[b], 1))};
+        for (int k = 0; k < 4; k++)
+            _mm512_store_ps(p[b][k], _mm512_fmadd_ps(_mm512_cvtepi32_ps(n[k]), dv, _mm512_load_ps(p[b][k])));
+    }
+}
+
+#define V_NB 4 /* tiles per table load: 8 int16 accumulators + 4 table registers */
+
+AVX512 static void v_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
+                               float *acc) {
+    const int S = w->stages;
+    const int64_t nv = w->nv, J = nv * S;
+    const size_t tile_bytes = (size_t)J * 64;
+    float p[MPK_RVQ_MAX_TILES][4][16] __attribute__((aligned(64)));
+    memset(p, 0, sizeof p);
+    for (int64_t g = 0; g < t->ngroups; g++) { /* group-outer: its tables stay in L1 */
+        int64_t v0 = g * MPK_RVQ_GROUP, v1 = v0 + MPK_RVQ_GROUP < nv ? v0 + MPK_RVQ_GROUP : nv;
+        for (int64_t i = 0; i < ntiles; i += V_NB) {
+            const uint8_t *c = w->codes + (size_t)(tile0 + i) * tile_bytes;
+            int64_t nb = ntiles - i < V_NB ? ntiles - i : V_NB;
+            for (int st = 0; st < S; st++) {
+                float d = t->d[g * S + st];
+                switch (nb) {
+                case 4: v_stage(t->q, c, tile_bytes, v0, v1, S, st, d, p + i, 4); break;
+                case 3: v_stage(t->q, c, tile_bytes, v0, v1, S, st, d, p + i, 3); break;
+                case 2: v_stage(t->q, c, tile_bytes, v0, v1, S, st, d, p + i, 2); break;
+                default: v_stage(t->q, c, tile_bytes, v0, v1, S, st, d, p + i, 1); break;
+                }
+            }
+        }
+    }
+    for (int64_t i = 0; i < ntiles; i++)
+        for (int m = 0; m < 16; m++) {
+            float *o = acc + i * 64;
+            o[2 * m] = p[i][0][m];
+            o[32 + 2 * m] = p[i][1][m];
+            o[2 * m + 1] = p[i][2][m];
+            o[33 + 2 * m] = p[i][3][m];
+        }
+}
+
+const mpk_impl mpk_avx512_impl = {"avx512vbmi", mpk_avx2_row_dot, v_rvq_tables, v_rvq_tiles};
+
+#else
+const mpk_impl mpk_avx512_impl = {"avx512vbmi", 0, 0, 0};
+#endif

@@ -1,0 +1,228 @@
+/* rvq expert kernels (spec/CODECS.md §3 tiled codes, §3.5 integer-table product): every kernel
+ * path (scalar, AVX2, AVX-512 VBMI where the CPU has them) and thread count against a literal
+ * implementation of §3.5 written here from the spec, bit for bit, on awkward shapes and
+ * activations (zero, tiny, one huge element, overflow, NaN, NaN/inf row scales). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "t.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+static float urand(void) { return (float)(rnd() % 2000001) / 1e6f - 1.0f; } /* [-1, 1] */
+
+static uint32_t bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* f32 -> f16 for positive normal values in range (test scales only), truncating */
+static uint16_t f16_of(float f) {
+    uint32_t u = bits(f);
+    int e = (int)((u >> 23) & 255) - 127 + 15;
+    return (uint16_t)((e << 10) | ((u >> 13) & 0x3ff));
+}
+
+/* §3.5 read literally: codes[r][v][t] untiled, cb[t][e][d] untransposed. */
+static void reference(int64_t rows, int64_t cols, int S, const uint8_t *codes, const uint16_t *sc,
+                      const float *cb, const float *x, float *y) {
+    int64_t nv = (cols + 7) / 8, ng = (nv + 31) / 32;
+    float *T = malloc((size_t)(nv * S * 256) * 4);
+    int8_t *q = malloc((size_t)(nv * S * 256));
+    float *d = malloc((size_t)(ng * S) * 4);
+    int nan = 0;
+    for (int64_t v = 0; v < nv; v++)
+        for (int t = 0; t < S; t++)
+            for (int e = 0; e < 256; e++) {
+                float xd[8];
+                for (int k = 0; k < 8; k++) xd[k] = 8 * v + k < cols ? x[8 * v + k] : 0.0f;
+                const float *c = cb + ((size_t)t * 256 + (size_t)e) * 8;
+                float a = xd[0] * c[0];
+                for (int k = 1; k < 8; k++) a = fmaf(xd[k], c[k], a);
+                T[(v * S + t) * 256 + e] = a;
+            }
+    for (int64_t g = 0; g < ng; g++)
+        for (int t = 0; t < S; t++) {
+            float m = 0.0f;
+            int isnan_ = 0;
+            for (int64_t v = 32 * g; v < nv && v < 32 * g + 32; v++)
+                for (int e = 0; e < 256; e++) {
+                    float a = fabsf(T[(v * S + t) * 256 + e]);
+                    if (a != a) isnan_ = 1;
+                    else if (a > m) m = a;
+                }
+            if (isnan_ || m == INFINITY) nan = 1;
+            int live = !isnan_ && m != INFINITY && m >= 0x1p-96f;
+            float inv = live ? 127.0f / m : 0.0f;
+            d[g * S + t] = live ? m / 127.0f : 0.0f;
+            for (int64_t v = 32 * g; v < nv && v < 32 * g + 32; v++)
+                for (int e = 0; e < 256; e++) {
+                    float p = T[(v * S + t) * 256 + e] * inv;
+                    q[(v * S + t) * 256 + e] = live ? (int8_t)lrintf(p) : 0;
+                }
+        }
+    for (int64_t r = 0; r < rows; r++) {
+        float acc = 0.0f;
+        for (int64_t g = 0; g < ng; g++)
+            for (int t = 0; t < S; t++) {
+                int32_t n = 0;
+                for (int64_t v = 32 * g; v < nv && v < 32 * g + 32; v++)
+                    n += q[(v * S + t) * 256 + codes[(r * nv + v) * S + t]];
+                acc = fmaf((float)n, d[g * S + t], acc);
+            }
+        float yy = acc * mpk_f16_to_f32(sc[r]);
+        y[r] = nan || yy != yy ? NAN : yy; /* the kernels canonicalise NaN to 0x7fc00000 */
+    }
+    free(T);
+    free(q);
+    free(d);
+}
+
+/* part bytes per CODECS.md §3: tiles [nt][nv*S][64], padding rows code 0, then f16 scales */
+static uint8_t *make_part(int64_t rows, int64_t cols, int S, const uint8_t *codes, const uint16_t *sc) {
+    int64_t nv = (cols + 7) / 8, J = nv * S, R = (rows + 63) / 64 * 64;
+    uint64_t n = mpk_rvq_nbytes(rows, cols, S);
+    CHECK(n == (uint64_t)(R * J + 2 * rows), "size rule");
+    uint8_t *p = calloc(n, 1);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < J; j++) p[((r / 64) * J + j) * 64 + r % 64] = codes[r * J + j];
+    for (int64_t r = 0; r < rows; r++) {
+        p[R * J + 2 * r] = (uint8_t)(sc[r] & 255);
+        p[R * J + 2 * r + 1] = (uint8_t)(sc[r] >> 8);
+    }
+    return p;
+}
+
+static const mpk_impl *paths[3];
+static int npaths;
+static mpk_pool *pools[3];
+
+static void run_case(const char *what, int64_t rows, int64_t cols, int S, const float *x,
+                     const uint16_t *sc_override) {
+    int64_t nv = (cols + 7) / 8;
+    float *cb = malloc((size_t)S * 256 * 8 * 4), *cbt = malloc((size_t)S * 256 * 8 * 4);
+    for (int t = 0; t < S; t++) /* stage magnitudes shrink like a trained residual codebook */
+        for (int i = 0; i < 256 * 8; i++) cb[t * 2048 + i] = urand() / (float)(1 << t);
+    mpk_rvq_transpose_cb(cb, S, cbt);
+    uint8_t *codes = malloc((size_t)(rows * nv * S));
+    for (int64_t i = 0; i < rows * nv * S; i++) codes[i] = (uint8_t)rnd();
+    uint16_t *sc = malloc((size_t)rows * 2);
+    for (int64_t r = 0; r < rows; r++) sc[r] = sc_override ? sc_override[r] : f16_of(0.01f + (float)(rnd() % 1000) / 1e4f);
+    uint8_t *part = make_part(rows, cols, S, codes, sc);
+    float *ref = malloc((size_t)rows * 4), *y = malloc((size_t)rows * 4);
+    reference(rows, cols, S, codes, sc, cb, x, ref);
+    void *mem = malloc(mpk_rvq_tab_bytes(cols, S));
+    mpk_rvq w;
+    mpk_rvq_init(&w, rows, cols, S, part);
+    int bad = 0;
+    for (int k = 0; k < npaths; k++)
+        for (int p = 0; p < 3; p++) {
+            mpk_rvq_tab tab;
+            mpk_rvq_tab_init(&tab, mem, cols, S);
+            mpk_rvq_tables(paths[k], pools[p], cbt, x, &tab);
+            memset(y, 0x55, (size_t)rows * 4);
+            mpk_rvq_matvec(paths[k], pools[p], &w, &tab, y);
+            for (int64_t r = 0; r < rows && !bad; r++)
+                if (bits(y[r]) != bits(ref[r])) {
+                    bad = 1;
+                    CHECK(0, "%s rows %lld cols %lld S %d path %s threads %d row %lld: %.9g (%08x) != ref %.9g (%08x)",
+                          what, (long long)rows, (long long)cols, S, mpk_impl_name(paths[k]),
+                          mpk_pool_threads(pools[p]), (long long)r, y[r], bits(y[r]), ref[r], bits(ref[r]));
+                }
+            CHECK(!bad, "%s", what);
+        }
+    free(mem);
+    free(cb);
+    free(cbt);
+    free(codes);
+    free(sc);
+    free(part);
+    free(ref);
+    free(y);
+}
+
+int main(void) {
+    paths[npaths++] = mpk_select(MPK_SCALAR);
+    if (mpk_select(MPK_AVX2)) paths[npaths++] = mpk_select(MPK_AVX2);
+    if (mpk_select(MPK_AVX512VBMI)) paths[npaths++] = mpk_select(MPK_AVX512VBMI);
+    printf("paths:");
+    for (int k = 0; k < npaths; k++) printf(" %s", mpk_impl_name(paths[k]));
+    printf(" (auto: %s)\n", mpk_impl_name(mpk_select(MPK_AUTO)));
+    CHECK(mpk_select(MPK_AUTO) == paths[npaths - 1], "auto picks the best path");
+    CHECK(mpk_select(99) == NULL, "unknown path");
+    pools[0] = NULL;
+    pools[1] = mpk_pool_create(2);
+    pools[2] = mpk_pool_create(3);
+
+    static const int64_t R[] = {1, 63, 64, 100, 130, 257};
+    static const int64_t C[] = {1, 7, 8, 20, 255, 257, 520};
+    float *x = malloc(1100 * 4);
+    /* shapes x stages with random activations */
+    for (int S = 1; S <= 8; S++)
+        for (size_t i = 0; i < sizeof R / sizeof *R; i++)
+            for (size_t j = 0; j < sizeof C / sizeof *C; j++) {
+                if ((i + j + (size_t)S) % 3 && S > 2 && S != 4) continue; /* a third of the grid beyond S = 1, 2, 4 */
+                for (int64_t c = 0; c < C[j]; c++) x[c] = urand() * 3.0f;
+                run_case("random", R[i], C[j], S, x, NULL);
+            }
+    /* a shape that spans many tiles and groups (task partition, V_NB remainders) */
+    for (int64_t c = 0; c < 1100; c++) x[c] = urand();
+    run_case("large", 64 * 21 + 5, 1100, 3, x, NULL);
+    run_case("large", 64 * 37, 1024, 4, x, NULL);
+    /* special activations */
+    memset(x, 0, 1100 * 4);
+    run_case("zero", 130, 300, 4, x, NULL);
+    for (int64_t c = 0; c < 300; c++) x[c] = urand() * 1e-31f; /* below 2^-96 after the table: zeros */
+    run_case("tiny", 130, 300, 3, x, NULL);
+    for (int64_t c = 0; c < 300; c++) x[c] = urand() * 1e-27f; /* small but live */
+    run_case("small", 130, 300, 3, x, NULL);
+    for (int64_t c = 0; c < 300; c++) x[c] = urand();
+    x[77] = 1e30f; /* one huge element: its group's small entries round to 0 */
+    run_case("huge", 130, 300, 4, x, NULL);
+    x[77] = 3e38f; /* the table overflows to inf: NaN product */
+    run_case("overflow", 130, 300, 4, x, NULL);
+    x[77] = 1.0f;
+    x[299] = NAN;
+    run_case("nan", 130, 300, 2, x, NULL);
+    x[299] = -INFINITY;
+    run_case("inf", 100, 300, 2, x, NULL);
+    x[299] = 0.5f;
+    uint16_t sc[130];
+    for (int r = 0; r < 130; r++) sc[r] = r % 5 == 0 ? 0x7e00 : r % 5 == 1 ? 0x7c00 : r % 5 == 2 ? 0xfc00 : r % 5 == 3 ? 0 : 0x3c00;
+    run_case("scales nan/inf/0", 130, 300, 3, x, sc);
+    memset(x, 0, 300 * 4);
+    run_case("inf scale x zero activation", 130, 300, 3, x, sc);
+
+    /* table layout: q in range and 64-aligned, d = 0 for an all-zero group */
+    {
+        void *mem = malloc(mpk_rvq_tab_bytes(520, 3));
+        mpk_rvq_tab t;
+        mpk_rvq_tab_init(&t, mem, 520, 3);
+        CHECK(((uintptr_t)t.q & 63) == 0 && t.nv == 65 && t.ngroups == 3, "tab layout");
+        CHECK((char *)(t.d + t.ngroups * 3) <= (char *)mem + mpk_rvq_tab_bytes(520, 3), "tab bytes");
+        float *cbt = malloc(3 * 2048 * 4);
+        for (int i = 0; i < 3 * 2048; i++) cbt[i] = urand();
+        for (int c = 0; c < 520; c++) x[c] = c < 256 ? 0.0f : urand();
+        for (int k = 0; k < npaths; k++) {
+            mpk_rvq_tables(paths[k], NULL, cbt, x, &t);
+            int ok = !t.nan && t.d[0] == 0.0f && t.d[1] == 0.0f && t.d[2] == 0.0f && t.d[3] > 0.0f;
+            for (int64_t i = 0; i < t.nv * 3 * 256; i++) ok &= t.q[i] >= -127 && (i >= 32 * 3 * 256 || t.q[i] == 0);
+            CHECK(ok, "table contents (%s)", mpk_impl_name(paths[k]));
+        }
+        free(cbt);
+        free(mem);
+    }
+    free(x);
+    mpk_pool_destroy(pools[1]);
+    mpk_pool_destroy(pools[2]);
+    T_DONE("kernels");
+}
