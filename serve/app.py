@@ -113,7 +113,7 @@ class Server:
         return b"".join(chunks)
 
     def submit(self, job: Job) -> None:
-        job.loop = asyncio.get_running_loop()
+        job.events.loop = asyncio.get_running_loop()
         if not self.worker.submit(job):
             self.metrics.rejected += 1
             raise ApiError(429, f"the queue is full ({self.cfg.max_queue} waiting); retry "
@@ -123,40 +123,37 @@ class Server:
     async def collect(self, job: Job, request: Request) -> tuple[list[Piece], Done]:
         """All of a job's events; a client that leaves cancels it (checked twice a second)."""
         pieces: list[Piece] = []
-        getter: asyncio.Future | None = None
         while True:
-            getter = getter or asyncio.ensure_future(job.events.get())
-            finished, _ = await asyncio.wait({getter}, timeout=0.5)
-            if not finished:
-                if await request.is_disconnected():
-                    job.cancel.set()
-                    getter.cancel()
-                    raise _ClientGone
-                continue
-            ev, getter = getter.result(), None
-            if isinstance(ev, BaseException):
-                raise _engine_error(ev)
-            if isinstance(ev, Done):
-                return pieces, ev
-            pieces.append(ev)
+            evs = await job.events.take(timeout=0.5)
+            if not evs and await request.is_disconnected():
+                job.cancel.set()
+                raise _ClientGone
+            for ev in evs:
+                if isinstance(ev, BaseException):
+                    raise _engine_error(ev)
+                if isinstance(ev, Done):
+                    return pieces, ev
+                pieces.append(ev)
 
     async def stream(self, job: Job, responder, first: dict | None,
                      include_usage: bool) -> AsyncIterator[dict]:
         try:
             if first is not None:
                 yield sse.data(first)
-            while True:
-                ev = await job.events.get()
-                if isinstance(ev, BaseException):
-                    yield sse.data(_engine_error(ev).body())
-                    break
-                if isinstance(ev, Done):
-                    for c in responder.final_chunks(ev, include_usage):
-                        yield sse.data(c)
-                    break
-                chunk = responder.piece_chunk(ev)
+            end = None
+            while end is None:
+                evs = await job.events.take()
+                # tokens that piled up while we were busy go out as one chunk
+                pieces = [e for e in evs if isinstance(e, Piece)]
+                chunk = responder.piece_chunk(pieces) if pieces else None
                 if chunk is not None:
                     yield sse.data(chunk)
+                end = next((e for e in evs if not isinstance(e, Piece)), None)
+            if isinstance(end, Done):
+                for c in responder.final_chunks(end, include_usage):
+                    yield sse.data(c)
+            else:
+                yield sse.data(_engine_error(end).body())
             yield sse.data("[DONE]")
         finally:
             job.cancel.set()  # the client left (or we are done): stop within one token

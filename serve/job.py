@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from dataclasses import dataclass, field
 
+from moepack.serve.channel import Channel
 from moepack.serve.constraint import Constraint
 
 
@@ -49,14 +49,8 @@ class Job:
     top_logprobs: int | None = None  # None: no logprobs; 0: the chosen token's only
     constraint: Constraint | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    loop: asyncio.AbstractEventLoop | None = None
+    events: Channel = field(default_factory=Channel)
 
     def emit(self, ev: Piece | Done | BaseException) -> None:
         """From the worker thread: hand an event to the request's event loop."""
-        if self.loop is None or self.loop.is_closed():
-            return
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, ev)
-        except RuntimeError:  # loop shut down under us: nobody is listening any more
-            pass
+        self.events.put(ev)

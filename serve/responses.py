@@ -81,14 +81,13 @@ class ChatResponder:
     def first_chunk(self) -> dict:
         return self._chunk({"role": "assistant", "content": ""})
 
-    def piece_chunk(self, p: Piece) -> dict | None:
-        text = self.out.content_delta(p.text)
-        lps = [chat_logprob(p.logprob)] if self.logprobs and p.logprob else None
-        if lps:
-            self.entries.extend(lps)
+    def piece_chunk(self, pieces: list[Piece]) -> dict | None:
+        text = self.out.content_delta("".join(p.text for p in pieces))
+        lps = [chat_logprob(p.logprob) for p in pieces if p.logprob] if self.logprobs else []
+        self.entries.extend(lps)
         if not text and not lps:
             return None
-        return self._chunk({"content": text} if text else {}, lps=lps)
+        return self._chunk({"content": text} if text else {}, lps=lps or None)
 
     def final_chunks(self, d: Done, include_usage: bool) -> list[dict]:
         _, calls, rest, finish = self.out.finish(d)
@@ -108,8 +107,7 @@ class ChatResponder:
         return chunks
 
     def whole(self, pieces: list[Piece], d: Done) -> dict:
-        for p in pieces:
-            self.piece_chunk(p)
+        self.piece_chunk(pieces)
         content, calls, _, finish = self.out.finish(d)
         msg: dict = {"role": "assistant", "content": content, "refusal": None}
         if calls:
@@ -145,9 +143,11 @@ class CompletionResponder:
                 "model": self.model, "system_fingerprint": FINGERPRINT,
                 "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]}
 
-    def piece_chunk(self, p: Piece) -> dict | None:
-        lp = self._add(p)
-        return self._chunk(p.text, None, lp) if p.text or lp else None
+    def piece_chunk(self, pieces: list[Piece]) -> dict | None:
+        lps = [lp for lp in (self._add(p) for p in pieces) if lp]
+        text = "".join(p.text for p in pieces)
+        lp = {k: [x for one in lps for x in one[k]] for k in self.lp} if lps else None
+        return self._chunk(text, None, lp) if text or lp else None
 
     def final_chunks(self, d: Done, include_usage: bool) -> list[dict]:
         last = self._chunk("", d.finish_reason, None)
