@@ -8,7 +8,8 @@ TORCH_VERSION := 2.13.0
 C_SOURCES := $(wildcard runtime/src/*.c runtime/src/*.h runtime/include/*.h)
 
 .PHONY: all install test test-slow lint demo bench bench-quant bench-convert bench-verify \
-	bench-torrent bench-runtime bench-quality bench-kernels fuzz asan clean
+	bench-torrent bench-runtime bench-quality bench-kernels bench-serve chromium fuzz \
+	asan clean
 
 all: install
 
@@ -69,6 +70,16 @@ bench-quality: install $(VENV)/.bench-deps
 # llama.cpp's ggml is built once from the llama-cpp-python sdist under build/ggml (a few minutes).
 bench-kernels: | $(VENV)/bin/python
 	$(PY) -m bench.kernels
+
+# `moepack serve` against `moepack run` on the demo model; numbers go to BENCHMARKS.md by hand.
+bench-serve: install
+	nice $(PY) -m bench.serve
+
+# Headless Chromium for tests/test_serve_page.py (Debian's package; the test installs it too
+# when it runs as root and finds none).
+chromium:
+	command -v chromium >/dev/null || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 fuzz: install
 	MOEPACK_FUZZ_EXAMPLES=20000 $(PY) -m pytest -q tests/test_fuzz.py tests/test_fuzz_sources.py -p no:cacheprovider
