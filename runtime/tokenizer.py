@@ -23,6 +23,17 @@ def _token_text(v) -> str | None:
     return v if isinstance(v, str) else None
 
 
+def _parse_config(raw: bytes, path: str) -> dict:
+    """tokenizer_config.json from a container (untrusted): a JSON object, or TokenizerError."""
+    try:
+        cfg = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # RecursionError: "[[[[..." nested too deeply
+        raise TokenizerError(f"{path}: tokenizer_config.json: {e}") from None
+    if not isinstance(cfg, dict):
+        raise TokenizerError(f"{path}: tokenizer_config.json is not a JSON object")
+    return cfg
+
+
 class Tokenizer:
     def __init__(self, tokenizer_json: bytes, config: dict | None = None) -> None:
         from tokenizers import Tokenizer as HfTokenizer
@@ -53,13 +64,7 @@ class Tokenizer:
                 tokenizer_json = bytes(c.blob("tokenizer.json"))
         except FormatError as e:
             raise TokenizerError(f"{path}: {e}") from None
-        try:
-            cfg = json.loads(raw_cfg)
-        except ValueError as e:
-            raise TokenizerError(f"{path}: tokenizer_config.json: {e}") from None
-        if not isinstance(cfg, dict):
-            raise TokenizerError(f"{path}: tokenizer_config.json is not a JSON object")
-        return cls(tokenizer_json, cfg)
+        return cls(tokenizer_json, _parse_config(raw_cfg, path))
 
     def token_id(self, text: str | None) -> int | None:
         return None if text is None else self._tok.token_to_id(text)

@@ -255,3 +255,14 @@ def test_logits_on_a_full_disk_leave_no_partial_file(model, tmp_path):
     assert _last_line(r.stdout.decode()) == (
         f"error: cannot write {tmp_path}/l.npy: File too large")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_deeply_nested_tokenizer_files_are_one_error():
+    """A container's tokenizer blobs are untrusted JSON: nesting too deep is TokenizerError (one
+    `error:` line in the CLI), not a RecursionError or a crash in the Rust parser."""
+    from moepack.runtime.tokenizer import Tokenizer, TokenizerError, _parse_config
+
+    with pytest.raises(TokenizerError, match="tokenizer_config.json: maximum recursion depth"):
+        _parse_config(b"[" * 200_000, "m.moepack")
+    with pytest.raises(TokenizerError, match="tokenizer.json: recursion limit exceeded"):
+        Tokenizer(b'{"model":' + b"[" * 200_000)
