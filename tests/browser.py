@@ -29,10 +29,10 @@ def find_or_install() -> tuple[str | None, str]:
         return None, "no chromium on PATH and not root with apt-get to install Debian's package"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
-        subprocess.run(["apt-get", "update", "-qq"], env=env, check=True, timeout=300,
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=True, timeout=120,
                        capture_output=True)
         subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], env=env, check=True,
-                       timeout=900, capture_output=True)
+                       timeout=480, capture_output=True)
     except (subprocess.SubprocessError, OSError) as e:
         return None, f"apt-get install chromium failed: {e}"
     path = shutil.which("chromium")

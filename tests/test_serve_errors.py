@@ -109,6 +109,13 @@ def test_prompt_longer_than_context_is_400(srv, client=None):
 def test_unknown_route_and_method_are_error_objects(srv):
     status, obj, _ = post(srv, "/v1/embeddings", "{}")
     assert_error(status, obj, 404)
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    for path in ("/../../etc/passwd", "/static/../app.py", "/%2e%2e/%2e%2e/etc/passwd"):
+        conn.request("GET", path)
+        r = conn.getresponse()
+        body = r.read()
+        assert r.status == 404 and b"root:" not in body and b"import" not in body, path
+    conn.close()
     status, obj, _ = post(srv, "/v1/models", "{}")
     assert_error(status, obj, 405)
 

@@ -9,7 +9,8 @@ import pytest
 from browser import Browser, find_or_install
 from serve_fixtures import demo_server
 
-pytestmark = [pytest.mark.network, pytest.mark.timeout(300)]
+# the timeout leaves room for installing chromium first
+pytestmark = [pytest.mark.network, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from moepack.serve import grammar, tools
 from moepack.serve.constraint import Chain, Choice, Forced, JsonObject
 from moepack.serve.grammar import JsonMasker, TokenTrie
+from moepack.serve.job import Done, Piece
+from moepack.serve.responses import ChatOutput, ChatResponder
 from moepack.serve.stops import StopMatcher
 
 _json_values = st.recursive(
@@ -140,3 +142,44 @@ def test_engine_truncate_reuses_prefix_bit_identically():
         x = e.feed(b[15:])
         y = e.logits(b)[-1]
     np.testing.assert_array_equal(x, y)
+
+
+def _done(text: str, finish: str = "stop") -> Done:
+    stats = {k: 0 for k in ("prompt_tokens", "decode_tokens", "prompt_seconds",
+                            "decode_seconds", "cache_hits", "cache_misses", "bytes_read",
+                            "io_wait_seconds", "hit_rate", "prompt_tok_s", "decode_tok_s",
+                            "io_wait_share")}
+    return Done(finish, 5, 0, 9, text, {**stats, "o_direct": False}, 0.1, 0.01)
+
+
+def test_auto_tool_call_stream_holds_back_the_call():
+    """A reply that starts as text and turns into a <tool_call>: the text streams as content,
+    the call comes out as a tool_calls delta, finish_reason tool_calls."""
+    text = 'Checking.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n' \
+           '</tool_call>'
+    pieces = [Piece(text[i:i + 4], i) for i in range(0, len(text), 4)]
+    r = ChatResponder("m", ChatOutput(tools.HERMES, ["get_weather"], False), False)
+    chunks = [c for p in pieces if (c := r.piece_chunk([p]))]
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert content == "Checking."
+    finals = r.final_chunks(_done(text), include_usage=True)
+    (call,) = finals[0]["choices"][0]["delta"]["tool_calls"]
+    assert call["index"] == 0 and call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
+    assert finals[1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert finals[2]["choices"] == [] and finals[2]["usage"]["total_tokens"] == 14
+    whole = ChatResponder("m", ChatOutput(tools.HERMES, ["get_weather"], False), False).whole(
+        pieces, _done(text))
+    msg = whole["choices"][0]["message"]
+    assert msg["content"] == "Checking." and msg["tool_calls"][0]["type"] == "function"
+    assert whole["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_text_that_only_looks_like_a_marker_is_content():
+    text = "a <tool_ca b"
+    r = ChatResponder("m", ChatOutput(tools.HERMES, ["f"], False), False)
+    streamed = "".join(c["choices"][0]["delta"].get("content", "")
+                       for c in [r.piece_chunk([Piece(ch, 0)]) for ch in text] if c)
+    finals = r.final_chunks(_done(text, "length"), include_usage=False)
+    streamed += finals[0]["choices"][0]["delta"].get("content", "")
+    assert streamed == text and finals[-1]["choices"][0]["finish_reason"] == "length"
