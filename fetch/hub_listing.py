@@ -87,8 +87,13 @@ def safe_name(name: object, repo: str) -> str:
     return name
 
 
+_JSON_KINDS = {bool: "a boolean", int: "a number", float: "a number", str: "a string",
+               list: "an array", dict: "an object"}
+
+
 def _kind(value: object) -> str:
-    return "null" if value is None else f"a {type(value).__name__}"
+    """The JSON kind of a parsed value, for messages."""
+    return _JSON_KINDS.get(type(value), "null")
 
 
 def _field(entry: dict, key: str, want: type | tuple[type, ...], where: str) -> Any:

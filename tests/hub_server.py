@@ -1,6 +1,8 @@
 """The Hugging Face hub endpoints huggingface_hub calls, served from memory on 127.0.0.1.
 
-Point the client at it with HF_ENDPOINT=server.base. Implemented (as the real hub answers):
+Point the client at it with HF_ENDPOINT=server.base. Implemented (as the real hub answers;
+`HubRepo.tree` / `HubRepo.info` replace the listing or model info with raw bytes, for hostile
+listings):
 - GET /api/models/ORG/REPO[/revision/REV]: {"id", "sha", "siblings": [{"rfilename"}]}
 - GET /api/models/ORG/REPO/tree/REV[/PATH]?recursive=…: [{"type", "oid", "size", "path",
   "lfs": {"oid", "size", "pointerSize"}}]
@@ -27,6 +29,8 @@ class HubRepo:
     files: dict[str, bytes]
     commit: str = "0123456789abcdef0123456789abcdef01234567"
     lfs: set[str] = field(default_factory=set)
+    tree: bytes | None = None     # served as the tree listing instead of one built from `files`
+    info: bytes | None = None     # served as the model info instead of one built from `files`
 
     def is_lfs(self, name: str) -> bool:
         return name in self.lfs or len(self.files[name]) >= LFS_THRESHOLD
@@ -80,6 +84,10 @@ class HubServer(LoopbackServer):
         repo = self._repo_rev(repo_id, rev)
         if isinstance(repo, Body):
             return repo
+        if rest and rest[0] == "tree" and repo.tree is not None:
+            return Body(repo.tree, content_type="application/json")
+        if not (rest and rest[0] == "tree") and repo.info is not None:
+            return Body(repo.info, content_type="application/json")
         if rest and rest[0] == "tree":
             prefix = "/".join(rest[2:])
             entries = [self._tree_entry(repo, n) for n in sorted(repo.files)
