@@ -116,6 +116,9 @@ class Tokenizer:
                 bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         except TemplateError as e:
             raise TokenizerError(f"chat template: {e}") from None
+        except Exception as e:  # noqa: BLE001 (the template is the container's code: 1 + "a",
+            # a recursive macro or a bad chat_template type fail here, not in moepack)
+            raise TokenizerError(f"chat template: {type(e).__name__}: {e}") from None
 
     def encode_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> list[int]:

@@ -266,3 +266,15 @@ def test_deeply_nested_tokenizer_files_are_one_error():
         _parse_config(b"[" * 200_000, "m.moepack")
     with pytest.raises(TokenizerError, match="tokenizer.json: recursion limit exceeded"):
         Tokenizer(b'{"model":' + b"[" * 200_000)
+
+
+@pytest.mark.parametrize(("template", "error"), [("{{ 1 + 'a' }}", "TypeError"),
+                                                ("{{ 1 // 0 }}", "ZeroDivisionError")])
+def test_a_failing_chat_template_is_one_error(model, template, error):
+    """The chat template is the container's code: whatever it raises is TokenizerError."""
+    from moepack.runtime.tokenizer import Tokenizer, TokenizerError
+
+    tok = Tokenizer.from_container(str(model))
+    tok.chat_template = template
+    with pytest.raises(TokenizerError, match=f"^chat template: {error}: "):
+        tok.render_chat([{"role": "user", "content": "w5"}])
