@@ -17,10 +17,10 @@ class TokenizerError(RuntimeError):
     """The container's tokenizer or chat template cannot be read or used."""
 
 
-def _token_text(v) -> str | None:
+def _token_text(v: object) -> str | None:
     if isinstance(v, dict):  # {"content": "<s>", ...}
-        return v.get("content")
-    return v if isinstance(v, str) else None
+        v = v.get("content")
+    return v if isinstance(v, str) else None  # the config is untrusted: text or nothing
 
 
 def _parse_config(raw: bytes, path: str) -> dict:
@@ -48,7 +48,7 @@ class Tokenizer:
         self.chat_template = self.config.get("chat_template")
         if isinstance(self.chat_template, list):  # [{"name": "default", "template": ...}, ...]
             named = {t.get("name"): t.get("template") for t in self.chat_template
-                     if isinstance(t, dict)}
+                     if isinstance(t, dict) and isinstance(t.get("name"), str)}
             self.chat_template = named.get("default") or next(iter(named.values()), None)
 
     @classmethod

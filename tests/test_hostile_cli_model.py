@@ -278,3 +278,19 @@ def test_a_failing_chat_template_is_one_error(model, template, error):
     tok.chat_template = template
     with pytest.raises(TokenizerError, match=f"^chat template: {error}: "):
         tok.render_chat([{"role": "user", "content": "w5"}])
+
+
+def test_tokenizer_config_fields_of_the_wrong_type(model):
+    """Special tokens and named templates of the wrong JSON type are ignored, a template that is
+    not text fails as TokenizerError: no TypeError from the config."""
+    from moepack.format.reader import Container
+    from moepack.runtime.tokenizer import Tokenizer, TokenizerError
+
+    with Container.open(model) as c:
+        tokenizer_json = bytes(c.blob("tokenizer.json"))
+    tok = Tokenizer(tokenizer_json, {
+        "bos_token": {"content": 5}, "eos_token": [1],
+        "chat_template": [{"name": ["x"], "template": "a"}, {"name": "default", "template": 5}]})
+    assert tok.bos_id is None and tok.eos_id is None
+    with pytest.raises(TokenizerError, match="^chat template: TypeError"):
+        tok.render_chat([{"role": "user", "content": "w5"}])
