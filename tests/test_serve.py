@@ -50,6 +50,13 @@ def test_completion_matches_moepack_run(client):
     assert r.usage.completion_tokens == len(want)
     assert r.usage.total_tokens == len(ids) + len(want)
     assert r.choices[0].finish_reason in ("length", "stop")
+    # sampled: the engine's sampler and RNG, so a seed gives what `moepack run --seed` gives
+    s = client.completions.create(model="demo", prompt=PROMPT, max_tokens=12, temperature=0.9,
+                                  top_p=0.95, seed=5)
+    with Engine(str(demo_container()), threads=1) as e:
+        want = list(e.generate(ids, 12, temperature=0.9, top_p=0.95, seed=5,
+                               stop=[tok.eos_id]))
+    assert s.choices[0].text == tok.decode([t for t in want if t != tok.eos_id])
 
 
 def test_chat_nonstream_and_stream_agree(client):
