@@ -160,7 +160,7 @@ def _token_ids(tokens: str) -> list[int]:
 
 
 def _prompt_ids(file: Path, prompt: str, tokens: str | None):
-    if tokens:
+    if tokens is not None:  # --tokens "" is an empty prompt, not "use the text"
         return _token_ids(tokens), None
     from moepack.runtime.tokenizer import Tokenizer, TokenizerError
 
