@@ -14,7 +14,8 @@ struct mpk_impl {
      * (NaN when the group's max |T| is NaN or +inf; the driver then sets t->nan). */
     void (*rvq_tables)(const float *cbt, const float *x, mpk_rvq_tab *t, int64_t g, int st);
     /* §3.5 steps 3-4 for tiles [tile0, tile0 + ntiles): acc[64 * ntiles] in row order, before
-     * the row scale.  Loops group-outer, tile-inner so one group's tables stay in L1. */
+     * the row scale.  The SIMD paths run tile(-block)-outer, group-inner with a software
+     * prefetch one group ahead (measured best with codes in RAM; tables then come from L2). */
     void (*rvq_tiles)(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
                       float *acc);
 };
