@@ -1,8 +1,12 @@
-"""The AVX2 clone and the baseline (SSE2) build of the codec loops give identical bytes.
+"""Cross-ISA bit identity.
 
-The engine dispatches codec.c's hot loops to an AVX2 clone on CPUs that have it. This test
-compiles codec.c a second time without clones (baseline x86-64 only) and compares encoder
-outputs, which stands in for "the same bytes on any x86-64 machine".
+1. The AVX2 clone and the baseline (SSE2) build of the codec loops give identical bytes: the
+   engine dispatches codec.c's hot loops to an AVX2 clone on CPUs that have it. This test compiles
+   codec.c a second time without clones (baseline x86-64 only) and compares encoder outputs,
+   which stands in for "the same bytes on any x86-64 machine".
+2. The routed-expert kernels (runtime/src/kernels*.c: scalar, AVX2, AVX-512 VBMI) give the bits
+   of the numpy reference of CODECS.md §3.5 (moepack.format.rvq_matvec) for every path this CPU
+   runs and every thread count.
 """
 
 import ctypes
@@ -13,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from moepack.convert.quant import native
+from moepack.format.codecs import rvq_tile_codes
+from moepack.format.rvq_matvec import rvq_matvec
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = ["-std=c11", "-O2", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared",
@@ -119,3 +125,103 @@ def test_mindist_update_identical(baseline: ctypes.CDLL) -> None:
         ta = native.lib().mp_vq_mindist_update(x, 1027, c, da)
         tb = baseline.mp_vq_mindist_update(x, 1027, c, db)
         assert da.tobytes() == db.tobytes() and (ta == tb or (np.isnan(ta) and np.isnan(tb)))
+
+
+# ---------------------------------------------------------------- expert kernels vs §3.5 reference
+
+KERNEL_WRAPPER = r"""
+#include <stdlib.h>
+#include "kernels.h"
+/* one §3.5 product through the public kernel API: path `which` (MPK_*), `threads` workers */
+__attribute__((visibility("default")))
+int mpk_test_rvq_matvec(int which, int threads, const uint8_t *part, long long rows, long long cols,
+                        int stages, const float *cb, const float *x, float *y) {
+    const mpk_impl *k = mpk_select(which);
+    if (!k) return -1;
+    float *cbt = malloc((size_t)stages * 2048 * 4);
+    void *mem = malloc(mpk_rvq_tab_bytes(cols, stages));
+    mpk_pool *pool = threads > 1 ? mpk_pool_create(threads) : NULL;
+    mpk_rvq_transpose_cb(cb, stages, cbt);
+    mpk_rvq_tab t;
+    mpk_rvq_tab_init(&t, mem, cols, stages);
+    mpk_rvq_tables(k, pool, cbt, x, &t);
+    mpk_rvq w;
+    mpk_rvq_init(&w, rows, cols, stages, part);
+    mpk_rvq_matvec(k, pool, &w, &t, y);
+    mpk_pool_destroy(pool);
+    free(mem);
+    free(cbt);
+    return 0;
+}
+"""
+PATHS = {"scalar": 1, "avx2": 2, "avx512vbmi": 3}  # kernels.h MPK_*
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory) -> ctypes.CDLL:
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    d = tmp_path_factory.mktemp("kernels")
+    (d / "wrap.c").write_text(KERNEL_WRAPPER)
+    src = ROOT / "runtime/src"
+    srcs = [src / f for f in ("kernels.c", "kernels_avx2.c", "kernels_avx512.c", "kernels_pool.c")]
+    out = d / "kernels.so"
+    subprocess.run([cc, "-std=c11", "-O2", "-ffp-contract=off", "-fno-fast-math", "-pthread",
+                    "-fPIC", "-shared", "-fvisibility=hidden", "-I", str(ROOT / "runtime/include"),
+                    "-I", str(src), str(d / "wrap.c"), *map(str, srcs), "-o", str(out), "-lm"],
+                   check=True)
+    lib = ctypes.CDLL(str(out))
+    f = lib.mpk_test_rvq_matvec
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong,
+                  ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                  ctypes.c_void_p]
+    return lib
+
+
+def _part(rng, rows: int, cols: int, stages: int) -> tuple[dict, bytes]:
+    nv = -(-cols // 8)
+    codes = rng.integers(0, 256, (rows, nv, stages), dtype=np.uint8)
+    scales = rng.uniform(0.01, 0.1, rows).astype(np.float16)
+    codec = {"name": "rvq", "stages": stages, "dim": 8, "entries": 256, "rotation": "none"}
+    return codec, rvq_tile_codes(codes).tobytes() + scales.astype("<f2").tobytes()
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit-identical, NaN compared as NaN (the kernels canonicalise NaN payloads)."""
+    na, nb = np.isnan(a), np.isnan(b)
+    return bool(np.array_equal(na, nb) and np.array_equal(a[~na].view(np.uint32),
+                                                           b[~nb].view(np.uint32)))
+
+
+@pytest.mark.parametrize("rows,cols,stages", [(1, 7, 1), (100, 20, 2), (130, 300, 4),
+                                              (64, 1100, 3), (257, 520, 8), (700, 1536, 4)])
+def test_expert_kernels_match_reference(kernels: ctypes.CDLL, rows: int, cols: int,
+                                        stages: int) -> None:
+    rng = np.random.default_rng(rows * 7 + cols * 3 + stages)
+    codec, data = _part(rng, rows, cols, stages)
+    cb = (rng.standard_normal((stages, 256, 8)) / 2.0 ** np.arange(stages)[:, None, None])
+    cb = np.ascontiguousarray(cb.astype(np.float32))
+    xs = [rng.standard_normal(cols).astype(np.float32), np.zeros(cols, np.float32)]
+    huge = rng.standard_normal(cols).astype(np.float32)
+    huge[cols // 2] = 1e30  # its group's other entries round to 0
+    tiny = (rng.standard_normal(cols) * 1e-31).astype(np.float32)  # tables below 2^-96: zeros
+    nan = rng.standard_normal(cols).astype(np.float32)
+    nan[-1] = np.nan  # the whole product is NaN
+    xs += [huge, tiny, nan]
+    buf = np.frombuffer(data, np.uint8).copy()
+    ran = []
+    for x in xs:
+        ref = rvq_matvec(codec, (rows, cols), data, cb, x)
+        for name, which in PATHS.items():
+            for threads in (1, 2, 3):
+                y = np.full(rows, 7.0, np.float32)
+                rc = kernels.mpk_test_rvq_matvec(which, threads, buf.ctypes.data, rows, cols,
+                                                 stages, cb.ctypes.data, x.ctypes.data,
+                                                 y.ctypes.data)
+                if rc:  # this CPU cannot run that path
+                    continue
+                ran.append(name)
+                assert _same(y, ref), (name, threads, np.flatnonzero(y != ref)[:5])
+    assert "scalar" in ran
