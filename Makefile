@@ -7,9 +7,9 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 C_SOURCES := $(wildcard runtime/src/*.c runtime/src/*.h runtime/include/*.h)
 
-.PHONY: all install test test-slow lint demo bench bench-quant bench-convert bench-verify \
-	bench-torrent bench-runtime bench-quality bench-kernels bench-serve chromium fuzz \
-	asan clean
+.PHONY: all install test test-slow test-asan test-packaging lint demo bench bench-quant \
+	bench-convert bench-verify bench-torrent bench-runtime bench-quality bench-kernels bench-serve \
+	chromium fuzz asan clean
 
 all: install
 
@@ -35,6 +35,17 @@ test: install
 
 test-slow: install
 	$(PY) -m pytest -q -m slow -p no:cacheprovider
+
+# CI: the C tests, then the whole forward pass (model*.c, kernels*.c, sample.c) on converted
+# tiny models, all built with AddressSanitizer + UBSan (~1 min on 2 cores).
+test-asan: install
+	$(MAKE) -C runtime asan
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_runtime_engine_asan.py
+
+# CI: a wheel built from this tree, installed with its base dependencies (from the package
+# index) into a fresh venv without torch, runs convert/verify/run on the demo (~1 min).
+test-packaging: install
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_packaging.py
 
 lint: install
 	$(VENV)/bin/ruff check .

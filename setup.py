@@ -17,6 +17,8 @@ engine = Extension(
     "moepack.runtime._engine",
     sources=sorted(glob.glob("runtime/src/*.c")),
     include_dirs=["runtime/include", "runtime/src"],
+    # the headers: rebuild when one changes, and ship them in the sdist
+    depends=sorted(glob.glob("runtime/src/*.h") + glob.glob("runtime/include/*.h")),
     extra_compile_args=["-std=c11", "-O2", "-ffp-contract=off", "-fno-fast-math", "-pthread",
                         "-fvisibility=hidden", "-Wall", "-Wextra"],
     extra_link_args=["-pthread", "-lm"],
