@@ -13,6 +13,8 @@
  *   table_us     microseconds per table build (mpk_rvq_tables), best block;
  *   matvec_us    microseconds per matvec (mpk_rvq_matvec), best block;
  *   bytes_per_weight  code + scale bytes per weight;
+ *   read_gws     G weights/s of merely reading the same bytes (64-bit loads, one pass over the
+ *                projections cycled through): the memory-speed bound for this mode;
  *   experts      distinct projections cycled through.
  * mode "ram": the projections cycled through span --ram-mib (default 128 MiB, beyond a 32 MiB L3),
  * so codes stream from memory; mode "cache": one projection, codes in cache after the first call.
@@ -111,7 +113,8 @@ int main(int argc, char **argv) {
                     double one = now() - t0;
                     long calls = (long)(secs / 5 / (one > 1e-7 ? one : 1e-7));
                     if (calls < 2) calls = 2;
-                    if (!mi && calls < (long)nexp) calls = (long)nexp;
+                    /* ram: consecutive calls walk the projections in order, so each one was
+                     * last touched ~ram bytes ago (out of every cache) whatever `calls` is */
                     double best_tot = 1e30, best_tab = 1e30, best_mv = 1e30;
                     size_t e = 0;
                     for (int blk = 0; blk < 5; blk++) {
@@ -133,13 +136,31 @@ int main(int argc, char **argv) {
                         if (tt < best_tab) best_tab = tt;
                         if (tm < best_mv) best_mv = tm;
                     }
+                    double best_rd = 1e30;
+                    volatile uint64_t sink = 0;
+                    for (int blk = 0; blk < 3; blk++) {
+                        size_t n = nexp < 64 ? nexp : 64;
+                        double a = now();
+                        for (size_t i = 0; i < n; i++) {
+                            const uint64_t *p = (const uint64_t *)(buf + ((e + i) % nexp) * stride);
+                            uint64_t s0 = 0, s1 = 0;
+                            for (size_t o = 0; o + 2 <= nb / 8; o += 2) {
+                                s0 += p[o];
+                                s1 ^= p[o + 1];
+                            }
+                            sink += s0 + s1;
+                        }
+                        double rd = (now() - a) / (double)n;
+                        e = (e + n) % nexp;
+                        if (rd < best_rd) best_rd = rd;
+                    }
                     double wts = (double)rows * (double)cols;
                     printf("{\"codec\": \"rvq%d\", \"stages\": %d, \"rows\": %ld, \"cols\": %ld, "
                            "\"shape\": \"%ldx%ld\", \"path\": \"%s\", \"mode\": \"%s\", \"threads\": 1, "
                            "\"gws\": %.3f, \"gws_matvec\": %.3f, \"table_us\": %.2f, \"matvec_us\": %.2f, "
-                           "\"bytes_per_weight\": %.4f, \"experts\": %zu, \"check\": %.6g}\n",
+                           "\"bytes_per_weight\": %.4f, \"read_gws\": %.3f, \"experts\": %zu, \"check\": %.6g}\n",
                            S, S, rows, cols, rows, cols, mpk_impl_name(k), mode, wts / best_tot / 1e9,
-                           wts / best_mv / 1e9, best_tab * 1e6, best_mv * 1e6, (double)nb / wts, nexp,
+                           wts / best_mv / 1e9, best_tab * 1e6, best_mv * 1e6, (double)nb / wts, wts / best_rd / 1e9, nexp,
                            (double)y[0]);
                     fflush(stdout);
                 }
