@@ -93,7 +93,7 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 fuzz: install
-	MOEPACK_FUZZ_EXAMPLES=20000 $(PY) -m pytest -q tests/test_fuzz.py tests/test_fuzz_sources.py -p no:cacheprovider
+	MOEPACK_FUZZ_EXAMPLES=20000 $(PY) -m pytest -q tests/test_fuzz*.py -p no:cacheprovider
 
 asan:
 	$(MAKE) -C runtime asan
