@@ -14,7 +14,6 @@ journaled was scanned then.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -23,7 +22,11 @@ import numpy as np
 from moepack.convert.errors import SourceError
 from moepack.convert.st_header import DTYPE_SIZES, read_header
 
+from moepack.safefs import open_existing
+from moepack.untrusted_json import loads
+
 FETCH_MANIFEST = "moepack-source.json"
+MAX_MANIFEST_BYTES = 64 << 20
 CHUNK = 16 << 20
 # dtype -> (unsigned view, exponent mask): all exponent bits set is Inf or NaN (e4m3fn: NaN only)
 _EXPONENT = {"F32": ("<u4", 0x7F800000), "F16": ("<u2", 0x7C00), "BF16": ("<u2", 0x7F80),
@@ -83,9 +86,11 @@ def sha256_file(path: Path, on_bytes: Callable[[int], None] | None = None) -> st
 def _fetch_hashes(directory: Path) -> dict[str, tuple[int, str]]:
     """name -> (size, sha256) from the fetch manifest, or {} when absent or unreadable."""
     path = directory / FETCH_MANIFEST
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        mtime = path.stat().st_mtime_ns
+    try:  # untrusted: bounded JSON; a link, FIFO or device there is ignored, never waited on
+        with os.fdopen(open_existing(path, os.O_RDONLY), "rb") as f:
+            mtime = os.fstat(f.fileno()).st_mtime_ns
+            data = loads(f.read(MAX_MANIFEST_BYTES + 1), FETCH_MANIFEST,
+                         max_bytes=MAX_MANIFEST_BYTES, max_depth=16)
         out = {}
         for f in data["files"]:
             fp = directory / f["name"]

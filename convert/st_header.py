@@ -6,7 +6,6 @@ tensor, so a user knows which download to repeat.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from dataclasses import dataclass
@@ -14,13 +13,15 @@ from math import prod
 from pathlib import Path
 
 from moepack.convert.errors import SourceError
-from moepack.format.canonical import _max_depth as json_depth
 from moepack.format.model_desc import (
     MAX_HEADER_BYTES,
+    MAX_JSON_BYTES,
     MAX_TENSOR_DIMS,
     MAX_TENSORS,
     SOURCE_JSON_DEPTH,
 )
+
+from moepack.untrusted_json import loads
 
 DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "I64": 8, "I32": 4,
                "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
@@ -53,7 +54,7 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             raw = f.read(hlen)
     except OSError as e:
         raise SourceError(f"{name}: cannot read: {e.strerror or e}") from e
-    header = parse_json(raw, f"{name}: corrupt safetensors header")
+    header = parse_json(raw, f"{name}: corrupt safetensors header", MAX_HEADER)
     if not isinstance(header, dict):
         raise SourceError(f"{name}: corrupt safetensors header: not a JSON object")
     if len(header) > MAX_TENSORS + 1:
@@ -69,15 +70,10 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
     return table
 
 
-def parse_json(raw: bytes, where: str) -> object:
-    """Untrusted JSON: nesting depth bounded before parsing (no parser recursion on hostile
-    input), every failure one SourceError starting with `where`."""
-    if json_depth(raw, SOURCE_JSON_DEPTH) > SOURCE_JSON_DEPTH:
-        raise SourceError(f"{where}: JSON nested deeper than {SOURCE_JSON_DEPTH} levels")
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise SourceError(f"{where}: not valid JSON ({e})") from None
+def parse_json(raw: bytes, where: str, max_bytes: int = MAX_JSON_BYTES) -> object:
+    """Untrusted JSON (config.json, index, header) through the shared bounded loader: size and
+    nesting depth checked before parsing, every failure one SourceError starting with `where`."""
+    return loads(raw, where, max_bytes=max_bytes, max_depth=SOURCE_JSON_DEPTH, error=SourceError)
 
 
 def _entry(fname: str, tname: str, meta: object, base: int) -> TensorInfo:

@@ -13,9 +13,9 @@ from urllib.parse import quote
 
 from moepack.fetch.errors import FetchError
 from moepack.fetch.staging import STAGING_DIR
-from moepack.fetch.untrusted_json import loads
 
 from moepack.safefs import name_problem, printable
+from moepack.untrusted_json import loads
 
 _REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -26,6 +26,7 @@ LIST_TIMEOUT_S = 120.0   # huggingface_hub lists trees with no timeout at all
 MAX_ENTRIES = 100_000
 MAX_PAGES = 1_000
 MAX_PAGE_BYTES = 64 << 20
+JSON_DEPTH = 16                   # a hub tree entry is 3 deep; fetch's state files 2
 MAX_PATH_BYTES = 1024
 MAX_FILE_BYTES = 1 << 46          # 64 TiB
 MAX_TOTAL_BYTES = 1 << 50         # 1 PiB
@@ -181,7 +182,8 @@ class TreeReader:
 def parse_tree(body: bytes, repo: str, includes: list[str] = []) -> list[RemoteFile]:  # noqa: B006
     """One page of a tree listing (bytes as the hub sent them) to checked files."""
     reader = TreeReader(repo)
-    reader.add_page(loads(body, f"{repo}: hub listing", max_bytes=MAX_PAGE_BYTES))
+    reader.add_page(loads(body, f"{repo}: hub listing", max_bytes=MAX_PAGE_BYTES,
+                           max_depth=JSON_DEPTH, error=FetchError))
     return reader.result(includes)
 
 def _bounded(fn: Callable[[], list], seconds: float, what: str) -> list:
@@ -225,7 +227,8 @@ def _get(url: str, what: str, timeout: float,
             if len(body) > MAX_PAGE_BYTES:
                 raise FetchError(f"{what}: hub answer larger than {MAX_PAGE_BYTES} bytes")
         nxt = r.links.get("next", {}).get("url")
-    return loads(bytes(body), f"{what}: hub answer", max_bytes=MAX_PAGE_BYTES), nxt
+    return loads(bytes(body), f"{what}: hub answer", max_bytes=MAX_PAGE_BYTES,
+                 max_depth=JSON_DEPTH, error=FetchError), nxt
 
 
 def _commit(doc: object, what: str) -> str:

@@ -13,11 +13,11 @@ import os
 import threading
 from pathlib import Path
 
-from moepack.fetch.errors import FetchError
+from moepack.fetch.hub_listing import JSON_DEPTH
 from moepack.fetch.staging import STAGING_DIR
-from moepack.fetch.untrusted_json import loads
 
 from moepack.safefs import UnsafePathError, ensure_dir, open_existing, write_file
+from moepack.untrusted_json import loads
 
 MAX_STATE_BYTES = 64 << 20   # ~100 bytes per file: far above any repository's
 
@@ -28,8 +28,8 @@ def _read_entries(path: Path) -> dict[str, list]:
     try:
         with os.fdopen(open_existing(path, os.O_RDONLY), "rb") as f:
             data = f.read(MAX_STATE_BYTES + 1)
-        doc = loads(data, str(path), max_bytes=MAX_STATE_BYTES)
-    except (OSError, UnsafePathError, FetchError):
+        doc = loads(data, str(path), max_bytes=MAX_STATE_BYTES, max_depth=JSON_DEPTH)
+    except (OSError, UnsafePathError, ValueError):   # ValueError: bad JSON
         return {}
     if not isinstance(doc, dict):
         return {}

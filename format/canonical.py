@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import numpy as np
 from moepack.format.errors import FormatError
 from moepack.format.limits import MAX_JSON_DEPTH
 
-INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+from moepack.untrusted_json import json_depth
 
-_CHUNK = 1 << 22
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -19,40 +18,6 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(
         obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode("utf-8")
-
-
-def _real_quotes(a: np.ndarray, run: int) -> tuple[np.ndarray, int]:
-    """Quotes not escaped by an odd run of backslashes; `run` carries a run across chunks."""
-    quote = a == 0x22
-    bs = a == 0x5C
-    if run == 0 and not bs.any():
-        return quote, 0
-    idx = np.arange(a.size, dtype=np.int32)
-    last_other = np.maximum.accumulate(np.where(bs, np.int32(-1), idx))
-    runs = idx - last_other + np.where(last_other < 0, np.int32(run), np.int32(0))
-    before = np.concatenate((np.array([run], np.int32), runs[:-1]))
-    return quote & (before % 2 == 0), int(runs[-1])
-
-
-def _max_depth(data: bytes, limit: int = MAX_JSON_DEPTH) -> int:
-    """Deepest bracket nesting outside strings (stops early once past `limit`).
-
-    Linear time, bounded memory; run before parsing (FORMAT.md section 3) so no parser recurses
-    on hostile input.
-    """
-    inside, run, depth, deepest = 0, 0, 0, 0
-    for start in range(0, len(data), _CHUNK):
-        a = np.frombuffer(data, np.uint8, min(_CHUNK, len(data) - start), start)
-        quote, run = _real_quotes(a, run)
-        outside = (np.cumsum(quote, dtype=np.int32) + inside) % 2 == 0
-        delta = (outside & ((a == 0x5B) | (a == 0x7B))).view(np.int8)
-        delta = delta - (outside & ((a == 0x5D) | (a == 0x7D))).view(np.int8)
-        level = np.cumsum(delta, dtype=np.int32) + depth
-        deepest = max(deepest, int(level.max()))
-        if deepest > limit:
-            break
-        inside, depth = int(not outside[-1]), int(level[-1])
-    return deepest
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -93,7 +58,7 @@ def parse_canonical(data: bytes, where: str) -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise FormatError(f"{where}: invalid UTF-8 at byte {e.start}") from None
-    depth = _max_depth(data)
+    depth = json_depth(data, MAX_JSON_DEPTH)  # before parsing: no parser recursion
     if depth > MAX_JSON_DEPTH:
         raise FormatError(f"{where}: JSON nesting depth {depth} exceeds {MAX_JSON_DEPTH}")
     try:

@@ -11,6 +11,9 @@ from moepack.format.errors import FormatError
 from moepack.format.reader import Container
 
 from moepack.cliargs import utf8_problem
+from moepack.untrusted_json import loads
+
+MAX_CONFIG_BYTES = 64 << 20   # chat templates included, real configs are well under 1 MB
 
 
 class TokenizerError(RuntimeError):
@@ -25,10 +28,8 @@ def _token_text(v: object) -> str | None:
 
 def _parse_config(raw: bytes, path: str) -> dict:
     """tokenizer_config.json from a container (untrusted): a JSON object, or TokenizerError."""
-    try:
-        cfg = json.loads(raw)
-    except (ValueError, RecursionError) as e:  # RecursionError: "[[[[..." nested too deeply
-        raise TokenizerError(f"{path}: tokenizer_config.json: {e}") from None
+    cfg = loads(raw, f"{path}: tokenizer_config.json", max_bytes=MAX_CONFIG_BYTES,
+                error=TokenizerError)
     if not isinstance(cfg, dict):
         raise TokenizerError(f"{path}: tokenizer_config.json is not a JSON object")
     return cfg

@@ -262,7 +262,7 @@ def test_deeply_nested_tokenizer_files_are_one_error():
     `error:` line in the CLI), not a RecursionError or a crash in the Rust parser."""
     from moepack.runtime.tokenizer import Tokenizer, TokenizerError, _parse_config
 
-    with pytest.raises(TokenizerError, match="tokenizer_config.json: maximum recursion depth"):
+    with pytest.raises(TokenizerError, match="tokenizer_config.json: JSON nested deeper than 64 levels"):
         _parse_config(b"[" * 200_000, "m.moepack")
     with pytest.raises(TokenizerError, match="tokenizer.json: recursion limit exceeded"):
         Tokenizer(b'{"model":' + b"[" * 200_000)

@@ -141,7 +141,7 @@ def test_bad_expectations_are_rejected(doc: object) -> None:
 def test_bad_json_expect_file(ckpt: Path) -> None:
     (ckpt / "moepack-source.json").write_text("{not json")
     r = verify_source(ckpt)
-    assert r.exit_code == 2 and "not JSON" in (r.error or "")
+    assert r.exit_code == 2 and "not valid JSON" in (r.error or "")
 
 
 def test_reads_what_fetch_writes(tmp_path: Path) -> None:

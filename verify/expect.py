@@ -10,16 +10,18 @@ Two schemas are read:
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from moepack.untrusted_json import loads
+
 MANIFEST_NAME = "moepack-source.json"
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _SHA1 = re.compile(r"[0-9a-fA-F]{40}")
 MAX_EXPECT_BYTES = 64 << 20  # a listing of a few thousand files is far below this
+EXPECT_JSON_DEPTH = 16       # {"files": [{"name", ...}]} and hub listings are 3 deep
 
 
 class ExpectError(ValueError):
@@ -109,12 +111,9 @@ def load_expectations(path: str | Path) -> list[Expected]:
             data = f.read(MAX_EXPECT_BYTES + 1)
     except OSError as e:
         raise ExpectError(f"cannot read {path}: {e.strerror or e}") from None
-    if len(data) > MAX_EXPECT_BYTES:
-        raise ExpectError(f"{path}: larger than {MAX_EXPECT_BYTES} bytes")
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        raise ExpectError(f"{path}: not JSON: {e}") from None
+    # bounded: a downloaded folder's moepack-source.json is as untrusted as the hub
+    doc = loads(data, str(path), max_bytes=MAX_EXPECT_BYTES, max_depth=EXPECT_JSON_DEPTH,
+                error=ExpectError)
     try:
         return parse_expectations(doc)
     except ExpectError as e:
