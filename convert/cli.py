@@ -9,12 +9,15 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 QUANTISED_CLASSES = ("attn", "shared_expert", "dense_ffn", "embed", "lm_head")
 
 
 def _fail(msg: str) -> typer.Exit:
-    Console(stderr=True).print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    # escaped: messages quote user input and text like moepack[cluster], not markup
+    Console(stderr=True).print(f"[red]error:[/red] {escape(msg)}", highlight=False,
+                               soft_wrap=True)
     return typer.Exit(code=1)
 
 
@@ -48,6 +51,10 @@ _OUT = typer.Argument(..., help="Output container, e.g. model.moepack.", show_de
 _JOBS = typer.Option(None, "--jobs", "-j", min=1, show_default=False,
                      help="Worker processes (one layer at a time each); default: usable cores "
                      "(cgroup-aware), bounded by the memory estimate.")
+_RAY = typer.Option(None, "--ray", show_default=False, metavar="ADDRESS",
+                    help="Run the work as tasks on this Ray cluster (host:port; auto: the local "
+                    "cluster, started if there is none). SRC must be the same path on every "
+                    "node. Needs pip install 'moepack[cluster]'.")
 _EXPERT = typer.Option(None, "--expert-codec", show_default=False,
                        help="Expert codec preset: rvq3-l (default), rvq3-m, rvq3, rvq4, rvq2...")
 _TRUNK = typer.Option(None, "--trunk-codec",
@@ -77,6 +84,7 @@ def convert_cmd(
     src: Path = _SRC,
     out: Path = _OUT,
     jobs: Optional[int] = _JOBS,  # noqa: UP045
+    ray: Optional[str] = _RAY,  # noqa: UP045
     expert_codec: Optional[str] = _EXPERT,  # noqa: UP045
     trunk_codec: Optional[str] = _TRUNK,  # noqa: UP045
     codec: Optional[list[str]] = _CODEC,  # noqa: UP045
@@ -99,11 +107,16 @@ def convert_cmd(
 
     from moepack.safefs import UnsafePathError
 
+    if ray is not None and jobs is not None:
+        raise _fail("--jobs and --ray exclude each other (with --ray the cluster's CPUs work)")
+    if ray is not None and not ray.strip():
+        raise _fail("--ray expects an address (host:port) or auto")
     reporter = Reporter() if (quiet or as_json or dry_run) else RichReporter()
     try:
         settings = _settings(expert_codec, trunk_codec, codec or [], seed, alignment, sample, iters)
         summary = convert(src, out, settings, jobs=jobs, force=force, restart=restart,
-                          dry_run=dry_run, reporter=reporter, pause_per_unit=pause_per_unit)
+                          dry_run=dry_run, reporter=reporter, pause_per_unit=pause_per_unit,
+                          ray=ray)
     except (ConvertError, FormatError, UnsafePathError, OSError) as e:
         raise _fail(str(e)) from None
     except KeyboardInterrupt:
@@ -116,7 +129,8 @@ def convert_cmd(
         typer.echo(f"plan for {out}: {_human(p['file_size'])} ({p['file_size']:,} bytes), "
                    f"{p['tensors']} tensors, {p['experts']} experts in {p['expert_banks']} banks")
         avail = p["available_memory"]
-        typer.echo(p["jobs_choice"])
+        typer.echo(f"ray: {p['ray']} (each node reads SRC at the same path)" if p["ray"]
+                   else p["jobs_choice"])
         typer.echo(f"free space: {_human(p['free_space'])}; peak memory estimate: "
                    f"{_human(p['peak_memory_estimate'])} with {p['jobs']} worker(s) x "
                    f"{p['threads_per_worker']} thread(s)"

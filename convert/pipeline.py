@@ -11,6 +11,8 @@ import os
 import shutil
 import stat
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
@@ -62,6 +64,7 @@ class Summary:
     expert_bits_per_weight: float
     resumed_units: int = 0
     peak_rss_worker: int = 0      # bytes; the largest of the workers (this process if --jobs 1)
+    ray_nodes: int = 0            # --ray: nodes that ran at least one task
     plan: dict = field(default_factory=dict)
 
 
@@ -113,10 +116,13 @@ def _refuse_odd_entries(*paths: Path) -> None:
 
 def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int | None = 1,
             force: bool = False, restart: bool = False, dry_run: bool = False,
-            reporter: Reporter | None = None, pause_per_unit: float = 0.0) -> Summary:
+            reporter: Reporter | None = None, pause_per_unit: float = 0.0,
+            ray: str | None = None) -> Summary:
     """Convert checkpoint `src` into container `out` (see the module docstring).
 
     jobs=None: usable cores bounded by memory (`convert.jobs.choose_jobs`), said in a message.
+    ray: a Ray cluster address (`auto`: the local one) to run the units on instead of local
+    workers (convert/cluster.py); the bytes are the same.
     pause_per_unit > 0 journals every unit and pauses that long after it (for tests that
     interrupt a conversion at a chosen point); it does not change the bytes."""
     rep = reporter or Reporter()
@@ -140,52 +146,56 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int |
     choice = choose_jobs(jobs, peak_memory(plan, 1))
     jobs = choice.jobs
     summary_plan = _plan_summary(plan, out, choice, free, 0, len(unit_lengths(plan)))
+    summary_plan["ray"] = ray
     if dry_run:
         return _summary(plan, out, None, t0, 0, summary_plan)
     _refuse_odd_entries(partial, jpath)
-    if choice.auto:
+    if choice.auto and not ray:
         rep.message(choice.describe())
     available = summary_plan["available_memory"]
-    if available and summary_plan["peak_memory_estimate"] > available:
+    if available and not ray and summary_plan["peak_memory_estimate"] > available:
         rep.message(f"warning: estimated peak memory {summary_plan['peak_memory_estimate']:,} "
                     f"bytes exceeds the {available:,} available; consider fewer --jobs")
     if free < need:
         raise ConvertError(f"not enough free space for {out}: need {need:,} bytes, "
                            f"{free:,} free on {out.parent}; nothing was written")
-    rep.hashing(sum((ck.dir / f).stat().st_size for f in ck.files))
-    fp = fingerprint(ck.dir, ck.files, known_hashes(jpath) if resuming else None, rep.hashed)
-    plan, smap = checkpoint_plan(ck, settings, manifest_files(fp))
-    header = journal_header(plan, fp)
-    lengths = unit_lengths(plan)
-    if resuming:
-        check_same(Journal.read_header(jpath) or {}, header, partial)
-        journal = Journal.resume(jpath)
-        bad = damaged_units(partial, plan, journal.done, rep)
-        journal.forget(bad)
-        rep.message(f"resuming {partial.name}: {len(journal.done)} of {len(lengths)} units done"
-                    + (f"; {len(bad)} damaged, redoing them" if bad else ""))
-    else:  # journal first: its lock keeps a second run from truncating our partial
-        journal = Journal.create(jpath, header)
+    with _executor(ray, jobs, rep) as execute:  # Ray: connected before the long hash pass
+        rep.hashing(sum((ck.dir / f).stat().st_size for f in ck.files))
+        fp = fingerprint(ck.dir, ck.files, known_hashes(jpath) if resuming else None, rep.hashed)
+        plan, smap = checkpoint_plan(ck, settings, manifest_files(fp))
+        header = journal_header(plan, fp)
+        lengths = unit_lengths(plan)
+        if resuming:
+            check_same(Journal.read_header(jpath) or {}, header, partial)
+            journal = Journal.resume(jpath)
+            bad = damaged_units(partial, plan, journal.done, rep)
+            journal.forget(bad)
+            rep.message(f"resuming {partial.name}: {len(journal.done)} of {len(lengths)} units done"
+                        + (f"; {len(bad)} damaged, redoing them" if bad else ""))
+        else:  # journal first: its lock keeps a second run from truncating our partial
+            journal = Journal.create(jpath, header)
+            try:
+                ContainerWriter(out, plan.layout, create=True, overwrite=force).close()
+            except BaseException:  # e.g. the disk filled up while allocating: leave nothing
+                journal.remove()
+                partial.unlink(missing_ok=True)
+                raise
+        resumed = len(journal.done)
+        stats: dict[str, int] = {}
         try:
-            ContainerWriter(out, plan.layout, create=True, overwrite=force).close()
-        except BaseException:  # e.g. the disk filled up while allocating: leave nothing
-            journal.remove()
-            partial.unlink(missing_ok=True)
-            raise
-    resumed = len(journal.done)
-    stats: dict[str, int] = {}
-    try:
-        cid = _run(ck, out, plan, make_tasks(plan, smap), journal, settings, jobs, force,
-                   lengths, rep, stats, pause_per_unit)
-    finally:
-        journal.close()
-        rep.stop()
-    journal.remove()
-    return _summary(plan, out, cid, t0, resumed, summary_plan, stats.get("peak_rss_worker", 0))
+            cid = _run(ck, out, plan, make_tasks(plan, smap), journal, settings, execute,
+                       1 if ray else threads_per_worker(jobs), force, lengths, rep, stats,
+                       pause_per_unit)
+        finally:
+            journal.close()
+            rep.stop()
+        journal.remove()
+        return _summary(plan, out, cid, t0, resumed, summary_plan,
+                        stats.get("peak_rss_worker", 0), stats.get("ray_nodes", 0))
 
 
 def _run(ck: Checkpoint, out: Path, plan: Plan, tasks: list[Task], journal: Journal,
-         settings: Settings, jobs: int, force: bool,
+         settings: Settings, execute: Execute, threads: int, force: bool,
          lengths: dict[str, int], rep: Reporter, stats: dict[str, int],
          pause_per_unit: float = 0.0) -> str:
     _write_blobs(ck, out, plan, journal, force)
@@ -203,12 +213,16 @@ def _run(ck: Checkpoint, out: Path, plan: Plan, tasks: list[Task], journal: Jour
         elif msg[0] == "task_done":
             stats["peak_rss_worker"] = max(stats.get("peak_rss_worker", 0), msg[2])
             rep.advance(layers=1)
+        elif msg[0] == "node":
+            nodes.add(msg[1])
+            stats["ray_nodes"] = len(nodes)
 
+    nodes: set[str] = set()
     cfg = WorkerConfig(ck.dir, out, plan.layout, settings.rvq, settings.seed,
-                       threads_per_worker(jobs), force,
+                       threads, force,
                        {b.layer: codebook_names(plan, b.layer) for b in plan.layout.banks()},
                        pause_per_unit)
-    run_tasks(cfg, todo, dict(journal.done), jobs, on_message)
+    execute(cfg, todo, dict(journal.done), on_message)
     missing = [u for u in lengths if u not in journal.done]
     if missing:
         raise ConvertError(f"internal error: {len(missing)} units never written ({missing[:3]})")
@@ -222,6 +236,24 @@ def _run(ck: Checkpoint, out: Path, plan: Plan, tasks: list[Task], journal: Jour
         return writer.finalize(hashes)
     finally:
         writer.close()
+
+
+Execute = Callable[[WorkerConfig, list[Task], dict[str, str], Callable[[tuple], None]], None]
+
+
+@contextmanager
+def _executor(ray: str | None, jobs: int, rep: Reporter) -> Iterator[Execute]:
+    """Local worker processes, or the Ray cluster at `ray` (connected here, so a missing Ray
+    or an unreachable cluster is reported before hours of hashing)."""
+    if ray is None:
+        yield lambda cfg, tasks, done, on_message: run_tasks(cfg, tasks, done, jobs, on_message)
+        return
+    from moepack.convert.cluster import connect, run_on_ray
+
+    with connect(ray) as cluster:
+        rep.message(cluster.describe())
+        yield lambda cfg, tasks, done, on_message: run_on_ray(cfg, tasks, done, cluster,
+                                                              on_message)
 
 
 def _write_blobs(ck: Checkpoint, out: Path, plan: Plan, journal: Journal, force: bool) -> None:
@@ -240,9 +272,9 @@ def _write_blobs(ck: Checkpoint, out: Path, plan: Plan, journal: Journal, force:
 
 
 def _summary(plan: Plan, out: Path, cid: str | None, t0: float, resumed: int,
-             plan_info: dict, rss: int = 0) -> Summary:
+             plan_info: dict, rss: int = 0, ray_nodes: int = 0) -> Summary:
     weights, experts = weight_counts(plan)
     bank_bytes = sum(b.count * b.stride for b in plan.layout.banks())
     return Summary(cid, str(out), plan.layout.file_size, round(time.monotonic() - t0, 3),
                    weights, experts, round(plan.layout.file_size * 8 / max(1, weights), 4),
-                   round(bank_bytes * 8 / max(1, experts), 4), resumed, rss, plan_info)
+                   round(bank_bytes * 8 / max(1, experts), 4), resumed, rss, ray_nodes, plan_info)

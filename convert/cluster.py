@@ -1,0 +1,349 @@
+"""`moepack convert --ray ADDRESS`: conversion units as Ray tasks across a cluster.
+
+The driver (this process) plans, keeps the journal and is the only writer of `OUT.partial`. Ray
+tasks compute units with the same functions local workers use (convert/encoding.py): one task
+per trunk tensor, one per (MoE layer, projection) codebook, one per chunk of a layer's experts
+(their codebooks are task arguments, so experts wait for their layer's training and nothing
+else). Every task reads its source byte ranges itself from SRC, which must be the same path on
+every node (a shared filesystem); it returns the encoded bytes and their BLAKE3 digests, which
+the driver checks while it pwrites them at their planned offsets. A batch of units is journaled
+only after the partial file is fsynced, as with local workers, so the output is byte-identical to
+`--jobs 1` and a dead driver resumes from the journal. A task whose worker process or node dies
+is run again by Ray (`MAX_RETRIES`); its units are deterministic, so the bytes are the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import blake3
+from moepack.convert.adapters import EXPERT_PARTS
+from moepack.convert.encoding import (
+    Codebook,
+    encode_expert,
+    encode_trunk,
+    stored_codebook,
+    train_codebook,
+)
+from moepack.convert.errors import ConvertError, SourceError
+from moepack.convert.quant import RvqSettings
+from moepack.convert.source import Checkpoint, SourceRef
+from moepack.convert.tasks import Task, expert_unit, tensor_unit
+from moepack.convert.worker import WorkerConfig, peak_rss, read_codebook, spec_of
+from moepack.format import BankLayout, ContainerWriter
+
+INSTALL = "pip install 'moepack[cluster]'"
+MAX_RETRIES = 3                 # runs of a task after its worker process or node died
+CHUNK_BYTES = 256 << 20         # expert records returned by one task, at most (>= 1 expert)
+CHUNK_EXPERTS = 16
+IN_FLIGHT_PER_CPU = 3           # tasks submitted ahead of results, per cluster CPU
+
+OnMessage = Callable[[tuple], None]
+_MISMATCH = ("the bytes received differ from the bytes the worker encoded (digest mismatch); "
+             "rerun the same command to continue")
+
+
+def import_ray() -> ModuleType:
+    try:
+        import ray
+    except ImportError:
+        raise ConvertError(f"--ray needs Ray, which is not installed here: {INSTALL} "
+                           "(or pip install 'ray>=2.40')") from None
+    return ray
+
+
+@dataclass(frozen=True)
+class Cluster:
+    address: str            # what the driver connected to
+    nodes: int
+    cpus: int
+    started_here: bool      # `auto` found no cluster and started a local one
+
+    def describe(self) -> str:
+        how = "local cluster started for this run" if self.started_here else self.address
+        return f"ray: {self.nodes} node(s), {self.cpus} CPUs ({how})"
+
+
+@contextmanager
+def connect(address: str) -> Iterator[Cluster]:
+    """Attach to the cluster at `address` (`auto`: the local one, started if there is none);
+    disconnects at the end (and stops a cluster started here)."""
+    ray = import_ray()
+    # Ray prints raylet notices (e.g. "A worker died ...") on stdout, where `--json` writes its
+    # summary: they go to stderr while connected.
+    with redirect_stdout(sys.stderr):
+        started = _init(ray, address)
+        try:
+            alive = [n for n in ray.nodes() if n.get("Alive")]
+            cpus = int(ray.cluster_resources().get("CPU", 0))
+            if cpus < 1:
+                raise ConvertError(f"--ray {address}: the cluster has no CPUs to run tasks on")
+            yield Cluster(address, len(alive), cpus, started)
+        finally:
+            ray.shutdown()
+
+
+def _init(ray: ModuleType, address: str) -> bool:
+    """ray.init; True if `auto` found no cluster and started a local one."""
+    opts: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+    try:
+        if address != "auto":
+            ray.init(address=address, **opts)
+            return False
+        try:
+            ray.init(address="auto", **opts)
+            return False
+        except ConnectionError:
+            ray.init(include_dashboard=False, **opts)
+            return True
+    except Exception as e:  # ConnectionError, ValueError, RuntimeError, TimeoutError
+        raise ConvertError(f"--ray {address}: cannot connect: {e}") from None
+
+
+# -- what runs on the cluster ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Source:
+    """The source as the driver fingerprinted it: a worker refuses a copy whose sizes differ."""
+
+    path: str
+    sizes: tuple[tuple[str, int], ...]
+
+
+_CHECKPOINTS: dict[Source, Checkpoint] = {}
+
+
+def _checkpoint(src: Source) -> Checkpoint:
+    ck = _CHECKPOINTS.get(src)
+    if ck is None:
+        ck = Checkpoint(src.path)
+        for name, size in src.sizes:
+            have = (ck.dir / name).stat().st_size
+            if have != size:
+                raise SourceError(f"{src.path}/{name} on node {_node()}: {have:,} bytes, the "
+                                  f"driver's has {size:,}; SRC must be the same on every node")
+        _CHECKPOINTS[src] = ck
+    return ck
+
+
+def _node() -> str:
+    return os.uname().nodename
+
+
+def _whoami() -> tuple[str, int]:
+    """(Ray node id, peak RSS of this worker process)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), peak_rss()
+
+
+def _digest(data: bytes | bytearray) -> str:
+    return blake3.blake3(data).hexdigest()
+
+
+def trunk_task(src: Source, name: str, codec: dict, ref: SourceRef) -> tuple:
+    data = bytes(encode_trunk(_checkpoint(src), codec, ref, threads=1))
+    return ("tensor", name, data, None, _digest(data), _whoami())
+
+
+def codebook_task(src: Source, bank: BankLayout, part: str, experts: dict[int, dict],
+                  rvq: RvqSettings, seed: int, cb_codec: dict, rotated: bool) -> tuple:
+    book = train_codebook(_checkpoint(src), bank, part, experts, rvq, seed, cb_codec, rotated,
+                          threads=1)
+    return ("codebook", part, book.data, book.rotation, _digest(book.data), _whoami())
+
+
+@dataclass(frozen=True)
+class BookSpec:
+    """How an expert task turns a codebook's stored bytes back into the values to encode with."""
+
+    codec: dict
+    shape: tuple[int, ...]
+    stages: int
+    cols: int
+
+
+def experts_task(src: Source, bank: BankLayout, todo: list[tuple[int, dict[str, SourceRef]]],
+                 rvq: RvqSettings, specs: dict[str, BookSpec], pause: float,
+                 *books: tuple) -> tuple:
+    """Records of `todo` experts; `books` are codebook_task results (or stored bytes) in
+    EXPERT_PARTS order."""
+    ck = _checkpoint(src)
+    values: dict[str, Codebook] = {}
+    for part, book in zip(EXPERT_PARTS, books, strict=True):
+        s = specs[part]
+        values[part] = stored_codebook(s.codec, s.shape, s.stages, book[2], book[3], s.cols)
+    out = []
+    for e, refs in todo:
+        record = encode_expert(ck, bank, refs, values, rvq, threads=1)
+        h = blake3.blake3(record)
+        h.update(bytes(bank.stride - len(record)))  # as stored: the record and its padding
+        out.append((e, record, h.hexdigest()))
+        if pause:
+            time.sleep(pause)
+    return ("experts", bank.layer, out, None, None, _whoami())
+
+
+# -- the driver -----------------------------------------------------------------------------
+@dataclass
+class _Pending:
+    task: Task
+    left: int                    # Ray tasks of this conversion task still running
+    rss: int = 0
+
+
+class Driver:
+    """Submits a conversion's units as Ray tasks (bounded in flight) and writes their results."""
+
+    def __init__(self, ray: ModuleType, cfg: WorkerConfig, cluster: Cluster,
+                 on_message: OnMessage) -> None:
+        self.ray, self.cfg, self.on_message = ray, cfg, on_message
+        ck = Checkpoint(cfg.src)
+        self.src = Source(str(Path(cfg.src).resolve()),
+                          tuple((f, (ck.dir / f).stat().st_size) for f in ck.files))
+        self.writer = ContainerWriter(cfg.out, cfg.layout, create=False,
+                                      overwrite=cfg.overwrite)
+        self.fd = os.open(self.writer.partial, os.O_RDONLY)
+        self.limit = max(4, IN_FLIGHT_PER_CPU * cluster.cpus)
+        # SPREAD: every node works even when tasks are short (the default packs the driver's
+        # node first); the source is read from a shared path, so locality does not matter.
+        opts = {"num_cpus": 1, "max_retries": MAX_RETRIES, "retry_exceptions": False,
+                "scheduling_strategy": "SPREAD"}
+        self.remote = {f.__name__: ray.remote(**opts)(f)
+                       for f in (trunk_task, codebook_task, experts_task)}
+        self.inflight: dict[Any, _Pending] = {}
+
+    def close(self) -> None:
+        self.writer.close()
+        os.close(self.fd)
+
+    def run(self, tasks: list[Task], done: Mapping[str, str]) -> None:
+        queue: deque[tuple[Callable[[], Any], _Pending]] = deque()
+        pendings = []
+        for task in tasks:
+            p = _Pending(task, 0)
+            pendings.append(p)
+            for submit in self._plan(task, done):
+                p.left += 1
+                queue.append((submit, p))
+            if not p.left:  # nothing left to do in it
+                self.on_message(("task_done", task.key, 0))
+        while queue or self.inflight:
+            while queue and len(self.inflight) < self.limit:
+                submit, p = queue.popleft()
+                self.inflight[submit()] = p
+            ready, _ = self.ray.wait(list(self.inflight), num_returns=1)
+            for ref in ready:
+                self._collect(ref, self.inflight.pop(ref))
+
+    def _plan(self, task: Task, done: Mapping[str, str]) -> list[Callable[[], Any]]:
+        """Closures that submit this task's missing units (codebooks before their experts)."""
+        r, src, cfg = self.remote, self.src, self.cfg
+        out: list[Callable[[], Any]] = []
+        for job in task.trunk:
+            if tensor_unit(job.name) not in done:
+                out.append(lambda j=job: r["trunk_task"].remote(src, j.name, j.codec, j.ref))
+        if task.layer is None:
+            return out
+        layer = task.layer
+        todo = [(e, refs) for e, refs in task.experts if expert_unit(layer, e) not in done]
+        if not todo:
+            return out
+        bank = cfg.layout.bank(layer)
+        experts = dict(task.experts)
+        books: list[Any] = []      # per part: an ObjectRef (training) or stored bytes
+        specs: dict[str, BookSpec] = {}
+        for i, part in enumerate(EXPERT_PARTS):
+            cb_name, rot_name = cfg.codebook_names[layer][part]
+            cb = spec_of(cfg.layout, cb_name)
+            stages = bank.parts[i].codec["stages"]
+            cols = 0 if rot_name is None else spec_of(cfg.layout, rot_name).shape[0]
+            specs[part] = BookSpec(cb.codec, tuple(cb.shape), stages, cols)
+            if tensor_unit(cb_name) in done and (rot_name is None
+                                                 or tensor_unit(rot_name) in done):
+                book = read_codebook(cfg.layout, self.fd, self.writer.partial,
+                                     (cb_name, rot_name), stages, done)
+                books.append(("codebook", part, book.data, book.rotation, None, ("", 0)))
+                continue
+            books.append(None)  # the training task's ref, once submitted (before its experts)
+
+            def train(i: int = i, part: str = part, codec: dict = cb.codec,
+                      rotated: bool = rot_name is not None) -> Any:
+                books[i] = r["codebook_task"].remote(src, bank, part, experts, cfg.rvq,
+                                                     cfg.seed, codec, rotated)
+                return books[i]
+            out.append(train)
+        per = max(1, min(CHUNK_EXPERTS, CHUNK_BYTES // max(1, bank.stride)))
+        for lo in range(0, len(todo), per):
+            chunk = todo[lo:lo + per]
+            out.append(lambda c=chunk: r["experts_task"].remote(
+                src, bank, c, cfg.rvq, specs, cfg.pause_per_unit, *books))
+        return out
+
+    def _collect(self, ref: Any, p: _Pending) -> None:
+        try:
+            kind, key, data, extra, digest, (node, rss) = self.ray.get(ref)
+        except self.ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, ConvertError):
+                raise type(cause)(str(cause)) from None
+            raise ConvertError(f"{p.task.key}: {cause or e}") from None
+        except self.ray.exceptions.RayError as e:  # retries used up, node lost, ...
+            raise ConvertError(f"{p.task.key}: {type(e).__name__}: {e}; rerun the same "
+                               "command to continue") from None
+        del ref  # the object store may drop the result once it is written
+        units: list[tuple[str, str]] = []
+        nbytes = experts = 0
+        if kind == "tensor":
+            units.append(self._write_tensor(key, data, digest))
+            nbytes = len(data)
+        elif kind == "codebook":
+            assert p.task.layer is not None
+            cb_name, rot_name = self.cfg.codebook_names[p.task.layer][key]
+            units.append(self._write_tensor(cb_name, data, digest))
+            nbytes = len(data)
+            if rot_name is not None and extra is not None:
+                units.append(self._write_tensor(rot_name, extra, _digest(extra)))
+                nbytes += len(extra)
+        else:
+            bank = self.cfg.layout.bank(key)
+            for e, record, want in data:
+                got = self.writer.write_expert(key, e, record).hex()
+                if got != want:
+                    raise ConvertError(f"layer {key} expert {e}: {_MISMATCH}")
+                units.append((expert_unit(key, e), got))
+            nbytes, experts = len(data) * bank.stride, len(data)
+        os.fsync(self.fd)  # durable before journaled
+        self.on_message(("units", units, nbytes, experts))
+        self.on_message(("node", node))
+        p.rss = max(p.rss, rss)
+        p.left -= 1
+        if p.left == 0:
+            self.on_message(("task_done", p.task.key, p.rss))
+
+    def _write_tensor(self, name: str, data: bytes, digest: str) -> tuple[str, str]:
+        got = self.writer.write_tensor(name, data).hex()
+        if got != digest:
+            raise ConvertError(f"{name}: {_MISMATCH}")
+        return tensor_unit(name), got
+
+
+def run_on_ray(cfg: WorkerConfig, tasks: list[Task], done: Mapping[str, str], cluster: Cluster,
+               on_message: OnMessage) -> None:
+    """Run `tasks` on the connected cluster (inside `connect`), reporting like local workers."""
+    if not tasks:
+        return
+    driver = Driver(import_ray(), cfg, cluster, on_message)
+    try:
+        driver.run(tasks, done)
+    finally:
+        driver.close()

@@ -1,0 +1,128 @@
+"""`moepack convert --ray`: a real two-node Ray cluster on this machine (head + one more node,
+one CPU each, tests/ray_cluster.py), real conversions across both, outputs byte-identical to
+`--jobs 1`; a Ray worker SIGKILLed mid-task (Ray runs the task again); the driver SIGKILLed and
+the same command rerun (resumed from the journal); Ray missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from moepack.convert.pipeline import convert
+from moepack.convert.settings import Settings
+from ray_cluster import local_cluster
+from tiny_models import make_checkpoint
+
+pytest.importorskip("ray")
+
+FAST = Settings(expert_preset="rvq3-baseline", iters=3)
+CLI_FAST = ["--expert-codec", "rvq3-baseline", "--iters", "3"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with local_cluster(nodes=2, cpus=1) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    return make_checkpoint("deepseek_v3", tmp_path_factory.mktemp("ray") / "src")
+
+
+@pytest.fixture(scope="module")
+def reference(source, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "j1.moepack"
+    convert(source, out, FAST, jobs=1)
+    return out.read_bytes()
+
+
+def cli(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "moepack", "convert", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def finish(p: subprocess.Popen, timeout: float = 300) -> dict:
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err[-3000:]
+    return json.loads(out)
+
+
+def test_two_nodes_byte_identical_to_jobs_1(cluster, source, reference, tmp_path):
+    """Expert tasks last ~2.4 s (--pause-per-unit), so while one node is busy the other one
+    gets work even on a loaded machine (tiny tasks may all finish on the first node)."""
+    out = tmp_path / "ray.moepack"
+    summary = finish(cli(str(source), str(out), "--ray", cluster.address, "--json", *CLI_FAST,
+                         "--pause-per-unit", "0.3"))
+    assert out.read_bytes() == reference
+    assert summary["ray_nodes"] == 2            # both nodes ran tasks
+    assert summary["plan"]["ray"] == cluster.address
+    assert summary["peak_rss_worker"] > 50 << 20
+    assert not Path(f"{out}.journal").exists() and not Path(f"{out}.partial").exists()
+
+
+@pytest.mark.slow
+def test_worker_killed_mid_task_is_retried(cluster, source, reference, tmp_path):
+    """--pause-per-unit makes each expert task last ~8 s; one worker running it is SIGKILLed."""
+    out = tmp_path / "killed.moepack"
+    p = cli(str(source), str(out), "--ray", cluster.address, "--json", *CLI_FAST,
+            "--pause-per-unit", "1")
+    victim = None
+    deadline = time.monotonic() + 120
+    while victim is None and time.monotonic() < deadline and p.poll() is None:
+        busy = cluster.task_workers("experts_task")
+        if busy:
+            time.sleep(1.5)  # well inside the task: some experts encoded, none returned
+            victim = busy[0]
+            os.kill(victim, signal.SIGKILL)
+        else:
+            time.sleep(0.2)
+    assert victim is not None, "no expert task was seen running"
+    finish(p)
+    assert out.read_bytes() == reference
+    assert victim not in [pid for pid, _ in cluster.processes()]
+
+
+@pytest.mark.slow
+def test_driver_killed_then_rerun_resumes(cluster, source, reference, tmp_path):
+    out = tmp_path / "resumed.moepack"
+    journal = Path(f"{out}.journal")
+    args = [str(source), str(out), "--ray", cluster.address, "--json", *CLI_FAST,
+            "--pause-per-unit", "0.5"]
+    p = cli(*args, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:  # some units journaled, not all
+        if journal.exists() and journal.read_text().count("expert:") >= 4:
+            break
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.communicate()
+    assert not out.exists() and journal.exists()
+    summary = finish(cli(*args[:-2]))
+    assert summary["resumed_units"] >= 4
+    assert out.read_bytes() == reference
+
+
+def test_without_ray_the_error_says_how_to_install(source, tmp_path):
+    code = ("import sys; sys.modules['ray'] = None; sys.argv[0] = 'moepack'; "
+            "from moepack.cli import app; app()")
+    r = subprocess.run([sys.executable, "-c", code, "convert", str(source),
+                        str(tmp_path / "o.moepack"), "--ray", "auto"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "pip install 'moepack[cluster]'" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not list(tmp_path.iterdir())         # nothing written
+
+
+def test_jobs_and_ray_exclude_each_other(source, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "moepack", "convert", str(source),
+                        str(tmp_path / "o.moepack"), "--ray", "auto", "--jobs", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "exclude each other" in r.stderr
