@@ -2,33 +2,36 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
+from moepack.runtime.cli import BudgetOpt, CtxOpt, FileArg, ThreadsOpt
 from rich.console import Console
 from rich.markup import escape
+
+from moepack.cliargs import file_problem, one_line, utf8_text
 
 _err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
 def serve_cmd(
-    file: Annotated[Path, typer.Argument(help="A .moepack container.")],
-    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
+    file: FileArg,
+    host: Annotated[str, typer.Option(
+        "--host", callback=utf8_text, help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="TCP port.")] = 8000,
     api_key: Annotated[str | None, typer.Option(
-        "--api-key", help="Require 'Authorization: Bearer KEY' on /v1/* and /metrics.")] = None,
-    budget: Annotated[str | None, typer.Option(
-        "--budget", help="Total memory budget (e.g. 8G). Default: from usable RAM.")] = None,
-    ctx: Annotated[int | None, typer.Option("--ctx", help="Context length (KV cache).")] = None,
-    threads: Annotated[int | None, typer.Option(
-        "--threads", help="Compute threads (default: all CPUs).")] = None,
+        "--api-key", callback=utf8_text,
+        help="Require 'Authorization: Bearer KEY' on /v1/* and /metrics.")] = None,
+    budget: BudgetOpt = None,
+    ctx: CtxOpt = None,
+    threads: ThreadsOpt = None,
     max_queue: Annotated[int, typer.Option(
         "--max-queue", min=0, help="Requests waiting behind the running one; more get 429.")] = 16,
     max_body: Annotated[int, typer.Option(
         "--max-body", min=1024, help="Largest request body in bytes; larger get 413.")] = 4 << 20,
     model_name: Annotated[str | None, typer.Option(
-        "--model-name", help="Model id in /v1/models (default: the file's stem).")] = None,
+        "--model-name", callback=utf8_text,
+        help="Model id in /v1/models (default: the file's stem).")] = None,
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models) and a chat
     page at /. One sequence at a time; requests queue."""
@@ -37,17 +40,24 @@ def serve_cmd(
     from moepack.runtime.tokenizer import TokenizerError
     from moepack.serve.app import ServeConfig, create_app
 
+    problem = file_problem(file)   # before opening: a FIFO would block the engine forever
+    if problem:
+        _fail(problem)
     cfg = ServeConfig(path=str(file), model_id=model_name or file.stem, api_key=api_key,
                       budget=budget, ctx=ctx, threads=threads, max_queue=max_queue,
                       max_body=max_body)
     try:
         app = create_app(cfg)
     except (EngineError, TokenizerError, ValueError, OSError) as e:
-        _err.print(f"[red]error:[/red] {escape(f'{file}: {e}')}")
-        raise typer.Exit(1) from None
+        _fail(f"{file}: {e}")
     # the worker thread owns the engine; uvicorn's loop only routes requests
     print(f"moepack serve: {cfg.model_id} on http://{host}:{port}/", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+
+
+def _fail(msg: str) -> NoReturn:
+    _err.print(f"[red]error:[/red] {escape(one_line(msg))}")
+    raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
