@@ -86,6 +86,9 @@ def sums(q: np.ndarray, codes: np.ndarray) -> np.ndarray:
     return full.reshape(*picked.shape[:-2], ng, GROUP, s).sum(axis=-2)
 
 
+QUIET_NAN = np.array([0x7FC00000], np.uint32).view(np.float32)[0]
+
+
 def combine(n: np.ndarray, d: np.ndarray, scales: np.ndarray, nan: np.ndarray) -> np.ndarray:
     """§3.5 step 4: acc = fma(f32(n), d, acc) over g, then t within g; y = acc × s_r."""
     acc = np.zeros(n.shape[:-2], np.float32)  # [..., rows]
@@ -93,7 +96,8 @@ def combine(n: np.ndarray, d: np.ndarray, scales: np.ndarray, nan: np.ndarray) -
         for t in range(n.shape[-1]):
             acc = fma_f32(n[..., g, t].astype(np.float32), d[..., None, g, t], acc)
     y = acc * scales
-    y[nan] = np.float32(np.nan)
+    y[nan] = np.nan
+    y[np.isnan(y)] = QUIET_NAN  # one NaN bit pattern for every NaN row (CODECS.md §3.5)
     return y
 
 
