@@ -11,21 +11,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from test_hostile_snapshot import only_line, snapshot
 from typer.testing import CliRunner
 
 from moepack.cli import app
 
 runner = CliRunner()
 TIMEOUT = 60  # seconds; a FIFO that blocks would hang forever, so any finish is a pass
-
-
-def _snapshot(folder: Path) -> dict[str, tuple[int, int, int]]:
-    """Every entry under `folder` (links not followed): mode, size, mtime."""
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        st = p.lstat()
-        out[str(p.relative_to(folder))] = (st.st_mode, st.st_size, st.st_mtime_ns)
-    return out
 
 
 def _moepack(args: list[str], cwd: Path, stdin: bytes | None = None,
@@ -38,14 +30,6 @@ def _moepack(args: list[str], cwd: Path, stdin: bytes | None = None,
         cmd = [sys.executable, "-c", script, *args]
     return subprocess.run(cmd, cwd=cwd, input=stdin if stdin is not None else b"",
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT)
-
-
-def _one_error_line(text: str) -> str:
-    """The output's only line, asserting there is one and no traceback."""
-    assert "Traceback" not in text, text
-    lines = text.strip().splitlines()
-    assert len(lines) == 1, text
-    return lines[0]
 
 
 # --- options out of range: usage error, exit 2 ---------------------------------------------
@@ -81,6 +65,13 @@ BAD_OPTIONS = [
     (["plan", "X", "--budget", "8 bananas"], "--budget"),
     (["verify", "X", "--threads", "0"], "--threads"),
     (["verify", "X", "--threads", "100000"], "--threads"),
+    (["serve", "X", "--threads", "0"], "--threads"),
+    (["serve", "X", "--ctx", "0"], "--ctx"),
+    (["serve", "X", "--budget", "nanG"], "--budget"),
+    (["serve", "X", "--port", "0"], "--port"),
+    (["serve", "X", "--port", "65536"], "--port"),
+    (["serve", "X", "--max-queue", "-1"], "--max-queue"),
+    (["serve", "X", "--max-body", "10"], "--max-body"),
 ]
 
 
@@ -88,20 +79,20 @@ BAD_OPTIONS = [
                          if isinstance(v, list) else v)
 def test_option_out_of_range_is_a_usage_error(args, option, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output
-    line = _one_error_line(r.output)
+    line = only_line(r.output)
     assert line.startswith("usage: Invalid value for ") and f"'{option}'" in line, line
     assert f"(see 'moepack {args[0]} --help')" in line
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 def test_nan_temperature_is_refused_by_a_real_process(tmp_path):
     """Before: accepted, and NaN compared false in the sampler, so it decoded greedily."""
     r = _moepack(["run", "X", "w", "--temp", "nan"], tmp_path)
     assert r.returncode == 2
-    line = _one_error_line(r.stdout.decode())
+    line = only_line(r.stdout.decode())
     assert line.startswith("usage: Invalid value for '--temp'")
     assert list(tmp_path.iterdir()) == []
 
@@ -128,6 +119,7 @@ FIFO_CASES = [
      "error: container F is not a regular file (a FIFO)"),
     (["run", "F", "hello"], 1, "error: container F is not a regular file (a FIFO)"),
     (["chat", "F"], 1, "error: container F is not a regular file (a FIFO)"),
+    (["serve", "F", "--port", "1"], 1, "error: container F is not a regular file (a FIFO)"),
     (["info", "F"], 1, "error: F: file: not a regular file"),
     (["verify", "F"], 2, "not verifiable: F: not a regular file"),
     (["verify", "--source", ".", "--expect", "F"], 2,
@@ -139,11 +131,11 @@ FIFO_CASES = [
                          if isinstance(v, list) else str(v))
 def test_fifo_is_refused_not_waited_on(args, code, message, tmp_path):
     os.mkfifo(tmp_path / "F")
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     r = _moepack(args, tmp_path)  # a blocked open() would hit the timeout (an error)
     assert r.returncode == code, r.stdout
-    assert _one_error_line(r.stdout.decode()).startswith(message)
-    assert _snapshot(tmp_path) == before
+    assert only_line(r.stdout.decode()).startswith(message)
+    assert snapshot(tmp_path) == before
 
 
 def test_fifo_as_the_default_source_manifest(tmp_path):
@@ -168,7 +160,7 @@ PLANT = textwrap.dedent("""
 def test_unexpected_exception_is_one_line_exit_3(tmp_path):
     r = _moepack(["plan", "X"], tmp_path, prelude=PLANT.format(exc="KeyError('planted')"))
     assert r.returncode == 3
-    line = _one_error_line(r.stdout.decode())
+    line = only_line(r.stdout.decode())
     assert line.startswith("internal error: KeyError: 'planted': this is a bug, please report it")
     assert "`moepack --debug ...` shows the traceback" in line
 
@@ -183,7 +175,7 @@ def test_unexpected_os_error_is_one_line_exit_1(tmp_path):
     exc = "PermissionError(13, 'Permission denied', 'somewhere')"
     r = _moepack(["plan", "X"], tmp_path, prelude=PLANT.format(exc=exc))
     assert r.returncode == 1
-    line = _one_error_line(r.stdout.decode())
+    line = only_line(r.stdout.decode())
     assert line.startswith("error: [Errno 13] Permission denied: 'somewhere'")
 
 
@@ -193,7 +185,7 @@ def test_usage_errors_are_one_line(tmp_path):
                        (["nosuchcommand"], "usage: No such command")):
         r = _moepack(args, tmp_path)
         assert r.returncode == 2
-        assert _one_error_line(r.stdout.decode()).startswith(want)
+        assert only_line(r.stdout.decode()).startswith(want)
 
 
 def test_error_messages_cannot_drive_the_terminal(tmp_path):
@@ -201,5 +193,5 @@ def test_error_messages_cannot_drive_the_terminal(tmp_path):
     name = "evil\x1b[2J\nname"
     r = runner.invoke(app, ["plan", str(tmp_path / name)])
     assert r.exit_code == 1
-    line = _one_error_line(r.output)
+    line = only_line(r.output)
     assert "\x1b" not in line and "evil\\x1b[2J\\nname" in line

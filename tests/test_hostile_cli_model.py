@@ -6,7 +6,6 @@ destination."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import struct
@@ -17,13 +16,14 @@ from pathlib import Path
 import blake3
 import numpy as np
 import pytest
+from test_hostile_snapshot import snapshot
+from test_vectors import load_generator
 from tiny_models import make_checkpoint
 from typer.testing import CliRunner
 
 from moepack.cli import app
 
 runner = CliRunner()
-VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
 NONFINITE = "the model produced a non-finite logit (NaN or Inf) at position"
 
 
@@ -42,7 +42,7 @@ def model(tmp_path_factory) -> Path:
 def nan_model(model, tmp_path_factory) -> Path:
     """The same container with one NaN in a norm tensor, resealed: every hash matches, so it
     opens and verifies; only the numbers are poison."""
-    gen = _make_vectors()
+    gen = load_generator()
     data = bytearray(model.read_bytes())
     doc = gen.index_doc(bytes(data))
     sec = gen.section(doc, "layers.0.attn_norm")
@@ -52,23 +52,6 @@ def nan_model(model, tmp_path_factory) -> Path:
     sec["hash"] = blake3.blake3(bytes(data[off:off + length])).hexdigest()
     out = tmp_path_factory.mktemp("nan_model") / "nan.moepack"
     out.write_bytes(gen.reseal(bytes(data), doc))
-    return out
-
-
-def _make_vectors():
-    """spec/vectors/make_vectors.py (its reseal helpers), loaded as tests/test_vectors.py does."""
-    spec = importlib.util.spec_from_file_location("make_vectors", VECTORS / "make_vectors.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_vectors", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _snapshot(folder: Path) -> dict[str, tuple[int, int, int]]:
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        st = p.lstat()
-        out[str(p.relative_to(folder))] = (st.st_mode, st.st_size, st.st_mtime_ns)
     return out
 
 
@@ -142,13 +125,13 @@ def test_token_id_beyond_int32_is_a_usage_error(model, bad):
 # --- --logits: the folder must exist; a planted link is replaced, not followed ------------
 
 def test_logits_into_a_missing_folder(model, tmp_path):
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     out = tmp_path / "no" / "such" / "l.npy"
     r = runner.invoke(app, ["eval", str(model), "--tokens", "1,5", "--logits", str(out)])
     assert r.exit_code == 2
     assert _last_line(r.output).startswith(
         f"usage: Invalid value for '--logits': folder {out.parent} does not exist")
-    assert _snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before
 
 
 def test_logits_onto_a_folder(model, tmp_path):
@@ -164,11 +147,11 @@ def test_logits_through_a_planted_link(model, tmp_path):
     victim = outside / "victim.txt"
     victim.write_text("precious")
     (dest / "l.npy").symlink_to(victim)
-    before = _snapshot(outside)
+    before = snapshot(outside)
     r = runner.invoke(app, ["eval", str(model), "--tokens", "1,5,9", "--logits",
                             str(dest / "l.npy")])
     assert r.exit_code == 0, r.output
-    assert victim.read_text() == "precious" and _snapshot(outside) == before
+    assert victim.read_text() == "precious" and snapshot(outside) == before
     assert not (dest / "l.npy").is_symlink()
     assert np.load(dest / "l.npy").shape == (3, 67)
     assert sorted(p.name for p in dest.iterdir()) == ["l.npy"]
@@ -262,7 +245,8 @@ def test_deeply_nested_tokenizer_files_are_one_error():
     `error:` line in the CLI), not a RecursionError or a crash in the Rust parser."""
     from moepack.runtime.tokenizer import Tokenizer, TokenizerError, _parse_config
 
-    with pytest.raises(TokenizerError, match="tokenizer_config.json: JSON nested deeper than 64 levels"):
+    with pytest.raises(TokenizerError,
+                       match="tokenizer_config.json: JSON nested deeper than 64 levels"):
         _parse_config(b"[" * 200_000, "m.moepack")
     with pytest.raises(TokenizerError, match="tokenizer.json: recursion limit exceeded"):
         Tokenizer(b'{"model":' + b"[" * 200_000)

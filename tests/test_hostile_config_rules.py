@@ -8,10 +8,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +19,10 @@ from moepack.convert.errors import ConvertError
 from moepack.convert.plan import described
 from moepack.format.model_desc import INT_BOUNDS, ModelDescError, validate_model
 from moepack.runtime.engine import Engine, EngineError, plan
+from test_vectors import VECTORS, load_generator
 
-VECTORS = Path(__file__).resolve().parents[1] / "spec" / "vectors"
 BASE = VECTORS / "valid" / "mixtral2.moepack"
-
-
-def _generator():
-    """spec/vectors/make_vectors.py (its reseal helpers), as tests/test_vectors.py loads it."""
-    spec = importlib.util.spec_from_file_location("make_vectors", VECTORS / "make_vectors.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_vectors", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _generator()
+gen = load_generator()
 TINY = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
         "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -49,7 +36,17 @@ CONFIGS: dict[str, dict[str, Any]] = {
                     "num_experts_per_tok": 3, "n_group": 4, "topk_group": 2,
                     "first_k_dense_replace": 1, "q_lora_rank": 8, "kv_lora_rank": 8,
                     "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 4},
+    "glm4_moe": {**TINY, "architectures": ["Glm4MoeForCausalLM"], "num_key_value_heads": 1,
+                 "head_dim": 8, "intermediate_size": 16, "moe_intermediate_size": 8,
+                 "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+                 "first_k_dense_replace": 1, "attention_bias": True, "use_qk_norm": True,
+                 "partial_rotary_factor": 0.5},
+    "minimax_m2": {**TINY, "architectures": ["MiniMaxM2ForCausalLM"], "num_key_value_heads": 1,
+                   "head_dim": 8, "rotary_dim": 4, "intermediate_size": 8,
+                   "num_local_experts": 4, "num_experts_per_tok": 2},
 }
+CONFIGS["kimi_k25"] = {"architectures": ["KimiK25ForConditionalGeneration"],
+                       "text_config": CONFIGS["deepseek_v3"], "vision_config": {}}
 NAN, INF = float("nan"), float("inf")
 
 # (arch, config change, config key the converter names, field the engine names)
@@ -183,3 +180,27 @@ def test_engine_open_refuses_too(tmp_path: Path) -> None:
     model = {**described(CONFIGS["mixtral"]).model, "rope_theta": -1.0}
     with pytest.raises(EngineError, match="manifest.model: rope_theta must be a finite number"):
         Engine(str(_reseal_model(tmp_path, model, {})), threads=1)
+
+
+# (arch, description change under manifest.model.attention, field both validators name)
+ATTENTION_TABLE: list[tuple[str, dict[str, Any], str]] = [
+    ("glm4_moe", {"rotary_dim": 3}, "attention.rotary_dim"),
+    ("glm4_moe", {"rotary_dim": 10}, "attention.rotary_dim"),  # > head_dim 8
+    ("glm4_moe", {"rotary_dim": 0}, "attention.rotary_dim"),
+    ("glm4_moe", {"qkv_bias": "yes"}, "attention.qkv_bias"),
+    ("minimax_m2", {"qk_norm_scope": "layer"}, "attention.qk_norm_scope"),
+    ("kimi_k25", {"rope_interleave": 1}, "attention.rope_interleave"),
+]
+
+
+@pytest.mark.parametrize("arch,change,field", ATTENTION_TABLE,
+                         ids=[f"{a}-{c}" for a, c, _ in ATTENTION_TABLE])
+def test_attention_variants_refused_by_both(tmp_path: Path, arch: str, change: dict,
+                                            field: str) -> None:
+    adapter = described(CONFIGS[arch])
+    model = {**adapter.model, "attention": {**adapter.model["attention"], **change}}
+    with pytest.raises(ModelDescError) as d:
+        validate_model(model, adapter.config)
+    assert d.value.field == field
+    msg = _c_refusal(_reseal_model(tmp_path, model, adapter.config))
+    assert "manifest.model: " in msg and field in msg, msg

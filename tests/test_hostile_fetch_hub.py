@@ -3,50 +3,26 @@
 A fake hub on loopback (tests/hub_server.py) serves crafted listings; links are planted where
 fetch writes. Each case checks the one-line message and exit code, that no traceback shows, and
 that nothing outside the destination was created, changed or lost (`outside_state`: names,
-sizes, mtimes and content hashes of the destination's parent, the destination left out).
+sizes, mtimes and content hashes of the destination's parent, the destination left out:
+test_hostile_snapshot.snapshot).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import stat
 from pathlib import Path
 
 import pytest
 from hub_server import HubRepo, HubServer
 from moepack.fetch import hub_listing, space
-from test_hostile_snapshot import assert_one_line_error, cli, moepack
+from test_hostile_snapshot import assert_one_line_error, cli, moepack, snapshot
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(60)]
 
 REPO = "org/hostile"
 OID = "0" * 40
 SHA = "1" * 64
-
-
-def outside_state(root: Path, skip: Path) -> dict[str, tuple]:
-    """Every entry under `root` except the subtree `skip`, links not followed: files and links
-    by size, mtime and content hash or target (folders by name: new entries show as names)."""
-    out: dict[str, tuple] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        dirnames[:] = [d for d in dirnames if here / d != skip]
-        for name in dirnames + filenames:
-            p = here / name
-            if p == skip:
-                continue
-            st = os.lstat(p)
-            rel = p.relative_to(root).as_posix()
-            if stat.S_ISLNK(st.st_mode):
-                out[rel] = ("link", os.readlink(p), st.st_mtime_ns)
-            elif stat.S_ISREG(st.st_mode):
-                out[rel] = ("file", st.st_size, st.st_mtime_ns,
-                            hashlib.sha256(p.read_bytes()).hexdigest())
-            else:
-                out[rel] = ("dir" if stat.S_ISDIR(st.st_mode) else "other",)
-    return out
 
 
 def error_line(output: str) -> str:
@@ -93,12 +69,12 @@ def _refused(tmp_path: Path, needle: str, *, dry_run: bool = False) -> str:
     """Fetch from a hub serving `body` as its tree: exit 1, one line naming the repo and
     `needle`, nothing outside DEST touched, DEST not even created."""
     dest = tmp_path / "dest"
-    before = outside_state(tmp_path, dest)
+    before = snapshot(tmp_path, dest)
     args = ["fetch", f"hf:{REPO}", "--dest", dest] + (["--dry-run"] if dry_run else [])
     rc, out = cli(*args)
     assert_one_line_error(rc, out, 1, needle)
     assert REPO in out, out
-    assert outside_state(tmp_path, dest) == before
+    assert snapshot(tmp_path, dest) == before
     assert not dest.exists()
     return out
 
@@ -124,10 +100,10 @@ def test_dot_name_through_the_real_command(serve, tmp_path: Path) -> None:
     beside.write_bytes(b"keep me")
     serve(HubRepo({}, tree=tree(entry("config.json"), entry("."))))
     dest = tmp_path / "dest"
-    before = outside_state(tmp_path, dest)
+    before = snapshot(tmp_path, dest)
     rc, out = moepack("fetch", f"hf:{REPO}", "--dest", dest)
     assert_one_line_error(rc, out, 1, "unsafe file name '.' in the hub listing")
-    assert outside_state(tmp_path, dest) == before and beside.read_bytes() == b"keep me"
+    assert snapshot(tmp_path, dest) == before and beside.read_bytes() == b"keep me"
 
 
 def test_escape_sequences_in_a_name_never_reach_the_terminal(serve, tmp_path: Path) -> None:
@@ -234,11 +210,11 @@ def test_link_at_incomplete_is_refused(serve, tmp_path: Path, victim: Path) -> N
     dest.mkdir()
     (dest / "model.bin.incomplete").symlink_to(victim)
     serve(HubRepo(dict(FILES)))
-    before = outside_state(tmp_path, dest)
+    before = snapshot(tmp_path, dest)
     rc, out = _fetch(dest, "model.bin")
     line = error_line(out)
     assert rc == 1 and "model.bin.incomplete is a symbolic link" in line, out
-    assert outside_state(tmp_path, dest) == before
+    assert snapshot(tmp_path, dest) == before
     assert (dest / "model.bin.incomplete").is_symlink() and not (dest / "model.bin").exists()
 
 
@@ -249,10 +225,10 @@ def test_link_at_a_listed_subfolder_is_refused(serve, tmp_path: Path) -> None:
     (elsewhere / "params.json").write_bytes(b"theirs")
     (dest / "original").symlink_to(elsewhere)
     serve(HubRepo(dict(FILES)))
-    before = outside_state(tmp_path, dest)
+    before = snapshot(tmp_path, dest)
     rc, out = _fetch(dest, "original/*")
     assert rc == 1 and "original is a symbolic link" in error_line(out), out
-    assert outside_state(tmp_path, dest) == before
+    assert snapshot(tmp_path, dest) == before
 
 
 def test_link_at_the_state_folder_is_refused(serve, tmp_path: Path) -> None:
@@ -261,10 +237,10 @@ def test_link_at_the_state_folder_is_refused(serve, tmp_path: Path) -> None:
     elsewhere.mkdir()
     (dest / ".moepack-partial").symlink_to(elsewhere)
     serve(HubRepo(dict(FILES)))
-    before = outside_state(tmp_path, dest)
+    before = snapshot(tmp_path, dest)
     rc, out = _fetch(dest, "config.json")
     assert rc == 1 and ".moepack-partial is a symbolic link" in error_line(out), out
-    assert outside_state(tmp_path, dest) == before and not any(elsewhere.iterdir())
+    assert snapshot(tmp_path, dest) == before and not any(elsewhere.iterdir())
 
 
 def test_links_at_final_names_and_temporaries_are_replaced_not_followed(
@@ -278,10 +254,10 @@ def test_links_at_final_names_and_temporaries_are_replaced_not_followed(
                     "moepack-source.json.tmp"):
         (dest / planted).symlink_to(victim)
     serve(HubRepo(dict(FILES)))
-    before = outside_state(tmp_path, dest)
+    before = snapshot(tmp_path, dest)
     rc, out = _fetch(dest)
     assert rc == 0, out
-    assert outside_state(tmp_path, dest) == before
+    assert snapshot(tmp_path, dest) == before
     assert (dest / "model.bin").read_bytes() == FILES["model.bin"]
     assert not (dest / "model.bin").is_symlink()
     manifest = json.loads((dest / "moepack-source.json").read_text())

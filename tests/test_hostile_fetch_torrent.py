@@ -2,7 +2,7 @@
 `moepack torrent create` (issue 13). Real libtorrent sessions on 127.0.0.1 only.
 
 Each case checks the one-line message and exit code, that no traceback shows, and that nothing
-outside the destination was created, changed or lost (test_hostile_fetch_hub.outside_state).
+outside the destination was created, changed or lost (test_hostile_snapshot.snapshot).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from moepack.fetch.staging import STAGING_DIR
 from moepack.fetch.torrent import create_torrent, seed_in_background, write_torrent
 from moepack.fetch.torrent_source import describe, parse_torrent
 from moepack.format.synthetic import mixtral_spec, write_synthetic
-from test_hostile_fetch_hub import error_line, outside_state
-from test_hostile_snapshot import assert_one_line_error, cli, moepack
+from test_hostile_fetch_hub import error_line
+from test_hostile_snapshot import assert_one_line_error, cli, moepack, snapshot
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(90)]
 
@@ -73,10 +73,10 @@ def test_links_in_staging_are_refused(small, tmp_path: Path, victim: Path, where
         (root / key).mkdir(parents=True)
         (root / key / path.name).symlink_to(victim)
         shown = f"{root / key / path.name} is a symbolic link"
-    before = outside_state(tmp_path, dest)
+    before = snapshot(tmp_path, dest)
     rc, out = _fetch(torrent, dest)
     assert rc == 1 and shown in error_line(out), out
-    assert outside_state(tmp_path, dest) == before
+    assert snapshot(tmp_path, dest) == before
     assert not (dest / path.name).exists()
 
 
@@ -91,10 +91,10 @@ def test_link_at_the_final_name_is_refused(small, tmp_path: Path) -> None:
     data[20] ^= 0xFF
     (elsewhere / path.name).write_bytes(bytes(data))
     (dest / path.name).symlink_to(elsewhere / path.name)
-    before = outside_state(tmp_path, dest)
+    before = snapshot(tmp_path, dest)
     rc, out = _fetch(torrent, dest)
     assert rc == 1 and "is a symbolic link; not touching it" in error_line(out), out
-    assert outside_state(tmp_path, dest) == before
+    assert snapshot(tmp_path, dest) == before
     assert (dest / path.name).is_symlink()
 
 
@@ -106,11 +106,11 @@ def test_links_at_resume_files_are_replaced_not_followed(small, tmp_path: Path,
     stage.mkdir(parents=True)
     (stage / "resume.dat").symlink_to(victim)
     (stage / "resume.tmp").symlink_to(victim)
-    before = outside_state(tmp_path, dest)
+    before = snapshot(tmp_path, dest)
     with seed_in_background(torrent, path) as seeder:
         rc, out = _fetch(torrent, dest, f"127.0.0.1:{seeder.port}")
     assert rc == 0, out
-    assert outside_state(tmp_path, dest) == before
+    assert snapshot(tmp_path, dest) == before
     assert (dest / path.name).read_bytes() == path.read_bytes()
 
 
@@ -136,11 +136,11 @@ def _torrent(tmp_path: Path, info: dict) -> Path:
 def test_crafted_torrents_are_one_line(tmp_path: Path, info: dict, needle: str) -> None:
     t = _torrent(tmp_path, info)
     dest = tmp_path / "dest"
-    before = outside_state(tmp_path, dest)
+    before = snapshot(tmp_path, dest)
     rc, out = cli("fetch", t, "--dest", dest, "--dry-run")
     assert_one_line_error(rc, out, 1, needle)
     assert "\x1b" not in out
-    assert outside_state(tmp_path, dest) == before and not dest.exists()
+    assert snapshot(tmp_path, dest) == before and not dest.exists()
 
 
 # -- disk full ---------------------------------------------------------------------------------
@@ -172,13 +172,13 @@ def test_disk_full_during_a_torrent_fetch_is_one_line(tmp_path: Path, tiny_fs: P
     write_torrent(create_torrent(path), torrent)
     monkeypatch.setattr(space, "free_bytes", lambda p: 1 << 40)
     dest = tiny_fs / "dest"
-    before = outside_state(tmp_path, tiny_fs)
+    before = snapshot(tmp_path, tiny_fs)
     with seed_in_background(torrent, path) as seeder:
         rc, out = _fetch(torrent, dest, f"127.0.0.1:{seeder.port}")
     line = error_line(out)
     assert rc == 1 and "No space left on device" in line, out
     assert "file_write" in line and "resume" not in line, "the first error, not the resume one"
-    assert outside_state(tmp_path, tiny_fs) == before
+    assert snapshot(tmp_path, tiny_fs) == before
     assert not (dest / path.name).exists(), "an unverified file never gets the final name"
 
 
@@ -194,22 +194,22 @@ def test_torrent_create_output_is_checked_first(small, tmp_path: Path, case: str
         out, needle = work / "nope" / "x.torrent", f"folder {work / 'nope'} does not exist"
     else:
         out, needle = work, f"{work} is a folder"
-    before = outside_state(tmp_path, tmp_path / "-")
+    before = snapshot(tmp_path, tmp_path / "-")
     rc, text = moepack("torrent", "create", work / path.name, "-o", out)
     assert_one_line_error(rc, text, 1, needle)
-    assert outside_state(tmp_path, tmp_path / "-") == before
+    assert snapshot(tmp_path, tmp_path / "-") == before
 
 
 def test_undecodable_dest_is_one_line(small, tmp_path: Path) -> None:
     _, torrent, _ = small
     dest = bytes(tmp_path) + b"/d\xff\xfe"
-    before = outside_state(tmp_path, tmp_path / "-")
+    before = snapshot(tmp_path, tmp_path / "-")
     r = subprocess.run([*moepack_argv(), "fetch", str(torrent), "--dest", dest, "--dry-run"],
                        capture_output=True, timeout=60)
     out = (r.stdout + r.stderr).decode("utf-8", "replace")
     assert_one_line_error(r.returncode, out, 1, "--dest")
     assert "not valid UTF-8" in out and "\\udcff\\udcfe" in out, out
-    assert outside_state(tmp_path, tmp_path / "-") == before
+    assert snapshot(tmp_path, tmp_path / "-") == before
 
 
 def moepack_argv() -> list[str]:

@@ -36,28 +36,43 @@ def cli(*args: str | os.PathLike) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def only_line(output: str) -> str:
+    """The output's only line, asserting there is exactly one and no traceback."""
+    assert "Traceback" not in output, output
+    lines = output.strip().splitlines()
+    assert len(lines) == 1, output
+    return lines[0]
+
+
 def assert_one_line_error(rc: int, output: str, code: int, needle: str) -> None:
     """Exit `code`, `needle` in the output, one line, no traceback."""
     assert rc == code, output
-    assert "Traceback" not in output, output
-    assert needle in output, output
-    assert len(output.strip().splitlines()) == 1, output
+    assert needle in only_line(output), output
 
 
-def snapshot(root: Path) -> dict[str, tuple]:
-    """Every entry under `root`, links not followed: kind and size, content hash or link target."""
+def snapshot(root: Path, skip: Path | None = None, *, mtimes: bool = True) -> dict[str, tuple]:
+    """Every entry under `root` except the subtree `skip` (a destination a command may fill),
+    links not followed: files by size, mtime and content hash, links by target and mtime,
+    folders by name (a new or lost entry shows as a name), anything else by its kind. The one
+    snapshot of the hostile tests: compare before and after to show nothing was created,
+    changed or lost. `mtimes=False` compares content only (a file rewritten with equal bytes)."""
     out: dict[str, tuple] = {}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if here / d != skip]
         for name in dirnames + filenames:
-            p = Path(dirpath) / name
+            p = here / name
+            if p == skip:
+                continue
             st = os.lstat(p)
+            mtime = (st.st_mtime_ns,) if mtimes else ()
             rel = p.relative_to(root).as_posix()
             if stat.S_ISLNK(st.st_mode):
-                out[rel] = ("link", os.readlink(p))
+                out[rel] = ("link", os.readlink(p), *mtime)
             elif stat.S_ISDIR(st.st_mode):
                 out[rel] = ("dir",)
             elif stat.S_ISREG(st.st_mode):
-                out[rel] = ("file", st.st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+                out[rel] = ("file", st.st_size, *mtime, hashlib.sha256(p.read_bytes()).hexdigest())
             else:
                 out[rel] = ("other", stat.S_IFMT(st.st_mode))
     return out
@@ -76,14 +91,22 @@ def rename_blob(data: bytes, old: str, new: str) -> bytes:
     return gen.reseal(data, doc)
 
 
-def test_snapshot_sees_content_links_and_folders(tmp_path: Path) -> None:
+def test_snapshot_sees_content_links_folders_and_mtimes(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "f").write_bytes(b"x")
     (tmp_path / "l").symlink_to("d/f")
-    before = snapshot(tmp_path)
-    assert before["l"] == ("link", "d/f") and before["d"] == ("dir",)
+    (tmp_path / "dest").mkdir()
+    before = snapshot(tmp_path, tmp_path / "dest")
+    assert before["l"][:2] == ("link", "d/f") and before["d"] == ("dir",)
+    (tmp_path / "dest" / "new").write_bytes(b"inside the destination: not seen")
+    assert snapshot(tmp_path, tmp_path / "dest") == before
     (tmp_path / "d" / "f").write_bytes(b"y")
-    assert changes(before, snapshot(tmp_path)) == {"d/f"}
+    assert changes(before, snapshot(tmp_path, tmp_path / "dest")) == {"d/f"}
+    (tmp_path / "d" / "f").write_bytes(b"x")        # same bytes again: only the mtime differs
+    os.utime(tmp_path / "d" / "f", ns=(1, 1))
+    assert changes(before, snapshot(tmp_path, tmp_path / "dest")) == {"d/f"}
+    assert snapshot(tmp_path, tmp_path / "dest", mtimes=False) == \
+        snapshot(tmp_path, tmp_path / "dest", mtimes=False)
 
 
 def test_rename_blob_keeps_the_file_sealed(tmp_path: Path) -> None:
