@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from moepack.fetch.errors import FetchError
-from rich.markup import escape
 
-from moepack.cliargs import one_line
+from moepack.cliargs import fail, one_line
 
 torrent_app = typer.Typer(help="Make torrents of containers.", no_args_is_help=True)
 
@@ -40,15 +39,6 @@ FullVerify = Annotated[bool, typer.Option(
     "--full-verify", help="Hash every byte before seeding (default: quick verify + lazy checks).")]
 Duration = Annotated[float, typer.Option(
     "--duration", help="Stop after this many seconds (0 = until Ctrl-C or SIGTERM).")]
-
-
-def _fail(e: Exception) -> NoReturn:
-    """One red line, exit 1; control characters in the message (from a name, a server) are
-    shown escaped, never sent to the terminal."""
-    from moepack.fetch.display import console
-
-    console.print(f"[red]error:[/] {escape(one_line(str(e)))}", highlight=False, soft_wrap=True)
-    raise typer.Exit(1)
 
 
 def _utf8(what: str, *values: str | Path | None) -> None:
@@ -82,7 +72,7 @@ def fetch(source: Source, dest: Dest, include: Include = None, jobs: Jobs = 4,
             code = run_torrent_fetch(source, dest, dry_run, peer or [], listen,
                                      stall_timeout or 600.0)
     except FetchError as e:
-        _fail(e)
+        fail(str(e))
     raise typer.Exit(code)
 
 
@@ -98,7 +88,7 @@ def torrent_create(file: Annotated[Path, typer.Argument(help="The container (NAM
         _utf8("--output", output)
         run_create(file, output, piece_size, tracker or [], web_seed or [])
     except FetchError as e:
-        _fail(e)
+        fail(str(e))
 
 
 def seed(torrent: Annotated[Path, typer.Argument(help="FILE.torrent")],
@@ -113,7 +103,7 @@ def seed(torrent: Annotated[Path, typer.Argument(help="FILE.torrent")],
         _utf8("--path", path)
         run_seed(torrent, path, listen, full_verify, duration)
     except FetchError as e:
-        _fail(e)
+        fail(str(e))
 
 
 def register(app: typer.Typer) -> None:

@@ -14,20 +14,14 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from typer.core import TyperGroup
 
-from moepack.cliargs import one_line
+from moepack.cliargs import error_line
 
 EXIT_BUG = 3
 # typer vendors click (0.29+) or uses click itself: find its exception classes from a public one
 _CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 _debug = {"on": False}  # set by the --debug option before any command runs
-
-
-def _stderr(markup: str) -> None:
-    Console(stderr=True, soft_wrap=True, highlight=False).print(markup)
 
 
 def _show_click_error(e: Any) -> None:
@@ -38,7 +32,7 @@ def _show_click_error(e: Any) -> None:
     ctx = getattr(e, "ctx", None)
     hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
     label = "usage" if e.exit_code == 2 else "error"
-    _stderr(f"[red]{label}:[/red] {escape(one_line(e.format_message()))}{escape(hint)}")
+    error_line(e.format_message() + hint, label)
 
 
 class _Group(TyperGroup):
@@ -55,7 +49,7 @@ class _Group(TyperGroup):
             _show_click_error(e)
             sys.exit(e.exit_code)
         except typer.Abort:  # EOF at a prompt
-            _stderr("Aborted!")
+            typer.echo("Aborted!", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
@@ -64,13 +58,12 @@ def _unexpected(e: Exception) -> int:
     """One line for an exception no command handled; the exit code for it."""
     hint = "; `moepack --debug ...` shows the traceback"
     if isinstance(e, OSError):  # disk full, permission denied: the environment, not a bug
-        _stderr(f"[red]error:[/red] {escape(one_line(str(e)))}{escape(hint)}")
+        error_line(str(e) + hint)
         return 1
     if isinstance(e, MemoryError):
-        _stderr(f"[red]error:[/red] out of memory{escape(hint)}")
+        error_line("out of memory" + hint)
         return 1
-    _stderr(f"[red]internal error:[/red] {escape(one_line(f'{type(e).__name__}: {e}'))}: "
-            f"this is a bug, please report it{escape(hint)}")
+    error_line(f"{type(e).__name__}: {e}: this is a bug, please report it{hint}", "internal error")
     return EXIT_BUG
 
 

@@ -15,6 +15,7 @@ import stat
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -147,6 +148,22 @@ def one_line(text: str) -> str:
         ch.encode("unicode_escape").decode("ascii")
         if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp") else ch
         for ch in text)
+
+
+def error_line(message: str, label: str = "error") -> None:
+    """The one error line of every command (docs/RUNTIME.md, "Exit codes"): `label: message`
+    on stderr, escaped to one line (`one_line`) and never read as rich markup."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True, soft_wrap=True, highlight=False).print(
+        f"[red]{label}:[/red] {escape(one_line(message))}")
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """`error: message` (error_line), then exit `code` (1: the command ran and failed)."""
+    error_line(message)
+    raise typer.Exit(code)
 
 
 def terminal_text(text: str) -> str:

@@ -9,17 +9,17 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from moepack.cliargs import (
     INT32_MAX,
     MAX_THREADS,
     UINT64_MAX,
     choice,
+    fail,
     file_problem,
     finite,
     nucleus,
@@ -54,17 +54,12 @@ TopKOpt = Annotated[int, typer.Option(
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=UINT64_MAX, help="Sampling seed.")]
 
 
-def _fail(msg: str) -> NoReturn:
-    _err.print(f"[red]error:[/red] {escape(one_line(msg))}")
-    raise typer.Exit(1)
-
-
 def _require_file(file: Path) -> None:
     """Refuse a missing path, a folder, a FIFO or a device before anything opens it (opening a
     FIFO would block forever)."""
     problem = file_problem(file)
     if problem:
-        _fail(problem)
+        fail(problem)
 
 
 def _gb(n: float) -> str:
@@ -94,7 +89,7 @@ def _open(file: Path, *, budget, threads, ctx, prefetch=True, o_direct=None,
         return Engine(str(file), budget=budget, threads=threads, ctx=ctx, prefetch=prefetch,
                       o_direct=o_direct, cache_policy=cache_policy, verify_reads=verify_reads)
     except (EngineError, ValueError, OSError) as e:
-        _fail(f"{file}: {e}")
+        fail(f"{file}: {e}")
 
 
 def stats_line(s: dict) -> str:
@@ -122,7 +117,7 @@ def plan_cmd(
         p = plan(str(file), ctx)
         b = parse_bytes(budget) if budget else None
     except (EngineError, ValueError, OSError) as e:
-        _fail(f"{file}: {e}")
+        fail(f"{file}: {e}")
     verdict = None
     if b is not None:
         verdict = ("below_floor" if b < p["floor_bytes"]
@@ -147,7 +142,7 @@ def plan_cmd(
         for k, v in rows:
             print(f"{k:>22}  {v}")
     if verdict == "below_floor":
-        _fail(f"budget {_gb(b)} is below the floor: this model needs at least "
+        fail(f"budget {_gb(b)} is below the floor: this model needs at least "
               f"{_gb(p['floor_bytes'])} for ctx {p['ctx']}")
     if verdict == "above_usable_ram":
         _err.print(f"[yellow]warning:[/yellow] budget {_gb(b)} is above usable RAM "
@@ -168,7 +163,7 @@ def _prompt_ids(file: Path, prompt: str, tokens: str | None):
         tok = Tokenizer.from_container(str(file))
         return tok.encode_prompt(prompt), tok
     except (TokenizerError, OSError) as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 def run_cmd(
@@ -202,7 +197,7 @@ def run_cmd(
     _require_file(file)
     ids, tok = _prompt_ids(file, prompt, tokens)
     if not ids:
-        _fail("empty prompt")
+        fail("empty prompt")
     eng = _open(file, budget=budget, threads=threads, ctx=ctx, prefetch=prefetch,
                 o_direct=o_direct, cache_policy=cache_policy, verify_reads=verify_reads)
     stop = [tok.eos_id] if tok and tok.eos_id is not None else []
@@ -220,7 +215,7 @@ def run_cmd(
     except EngineError as e:
         if not as_json:
             print()
-        _fail(str(e))
+        fail(str(e))
     if as_json:
         print(json.dumps({"prompt_tokens": ids, "tokens": out,
                           "text": tok.decode(out) if tok else None, "stats": s}, indent=2))
@@ -251,7 +246,7 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
     try:
         fd = open_new(path, os.O_WRONLY, replace=True)
     except (UnsafePathError, OSError) as e:
-        _fail(f"cannot write {path}: {getattr(e, 'strerror', None) or e}")
+        fail(f"cannot write {path}: {getattr(e, 'strerror', None) or e}")
     try:
         try:
             _write_all(fd, _npy_header(data))
@@ -260,7 +255,7 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
             os.close(fd)
     except OSError as e:  # leave no truncated .npy behind
         path.unlink(missing_ok=True)
-        _fail(f"cannot write {path}: {e.strerror or e}")
+        fail(f"cannot write {path}: {e.strerror or e}")
 
 
 def _npy_header(array: np.ndarray) -> bytes:
@@ -306,7 +301,7 @@ def eval_cmd(
         with eng:
             out = eng.logits(ids)
     except EngineError as e:
-        _fail(str(e))
+        fail(str(e))
     _save_npy(logits, out)
     print(f"wrote {one_line(str(logits))}: float32 {list(out.shape)}")
 
@@ -338,7 +333,7 @@ def chat_cmd(
         if not tok.chat_template:
             raise TokenizerError("the container has no chat template")
     except (TokenizerError, OSError) as e:
-        _fail(str(e))
+        fail(str(e))
     eng = _open(file, budget=budget, threads=threads, ctx=ctx)
     messages = [{"role": "system", "content": system}] if system else []
     cached: list[int] = []  # tokens now in the KV cache
@@ -370,7 +365,7 @@ def chat_cmd(
                         sys.stdout.write(terminal_text(dec.push(t)))
                         sys.stdout.flush()
             except EngineError as e:
-                _fail(str(e))
+                fail(str(e))
             print()
             # the last sampled token was not fed; the next turn re-renders and feeds the rest
             cached = ids + reply[:-1] if reply else ids
@@ -386,11 +381,11 @@ def _read_line() -> str | None:
     except EOFError:
         return None
     except UnicodeDecodeError as e:
-        _fail(f"input is not valid UTF-8 (byte 0x{e.object[e.start]:02x}); "
+        fail(f"input is not valid UTF-8 (byte 0x{e.object[e.start]:02x}); "
               "moepack reads text as UTF-8 only")
     problem = utf8_problem(line)
     if problem:
-        _fail(f"input {problem}; moepack reads text as UTF-8 only")
+        fail(f"input {problem}; moepack reads text as UTF-8 only")
     return line
 
 
@@ -400,7 +395,7 @@ def _encode_chat(tok: Tokenizer, messages: list[dict]) -> list[int]:
     try:
         return tok.encode_chat(messages)
     except TokenizerError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 def register(app: typer.Typer) -> None:

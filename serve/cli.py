@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from moepack.runtime.cli import BudgetOpt, CtxOpt, FileArg, ThreadsOpt
-from rich.console import Console
-from rich.markup import escape
 
-from moepack.cliargs import file_problem, one_line, utf8_text
-
-_err = Console(stderr=True, soft_wrap=True, highlight=False)
+from moepack.cliargs import fail, file_problem, utf8_text
 
 
 def serve_cmd(
@@ -42,22 +38,17 @@ def serve_cmd(
 
     problem = file_problem(file)   # before opening: a FIFO would block the engine forever
     if problem:
-        _fail(problem)
+        fail(problem)
     cfg = ServeConfig(path=str(file), model_id=model_name or file.stem, api_key=api_key,
                       budget=budget, ctx=ctx, threads=threads, max_queue=max_queue,
                       max_body=max_body)
     try:
         app = create_app(cfg)
     except (EngineError, TokenizerError, ValueError, OSError) as e:
-        _fail(f"{file}: {e}")
+        fail(f"{file}: {e}")
     # the worker thread owns the engine; uvicorn's loop only routes requests
     print(f"moepack serve: {cfg.model_id} on http://{host}:{port}/", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
-
-
-def _fail(msg: str) -> NoReturn:
-    _err.print(f"[red]error:[/red] {escape(one_line(msg))}")
-    raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -9,9 +9,8 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
-from moepack.cliargs import MAX_THREADS, file_problem, one_line
+from moepack.cliargs import MAX_THREADS, error_line, file_problem
 
 # Typer needs Optional[...] at runtime on Python 3.10 (X | None annotations are not parsed there).
 _FILE = typer.Argument(None, metavar="FILE", help="Container to verify (NAME.moepack).",
@@ -31,7 +30,7 @@ _IO = typer.Option("auto", "--io", metavar="auto|direct|buffered",
 
 
 def _usage(message: str) -> typer.Exit:
-    Console(stderr=True, soft_wrap=True).print(f"[red]usage:[/red] {escape(one_line(message))}")
+    error_line(message, "usage")
     return typer.Exit(2)
 
 
