@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from moepack.cliargs import one_line
+from moepack.cliargs import fail, one_line
 
 
 def _gib(n: int) -> str:
@@ -54,10 +54,7 @@ def info(
         with Container.open(file) as c:
             data = container_info(c)
     except (FormatError, OSError) as e:
-        message = one_line(f"{file}: {e}")  # one line, no terminal escapes from the file
-        Console(stderr=True, soft_wrap=True).print(
-            f"[red]error:[/red] {escape(message)}", highlight=False)
-        raise typer.Exit(1) from None
+        fail(f"{file}: {e}")  # one line, no terminal escapes from the file
     if as_json:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
