@@ -97,8 +97,8 @@ def _shard_name(i: int, n: int) -> str:
 
 
 def _config(c: Container, dtype: str) -> dict:
-    cfg = dict(c.manifest["source"]["config"])
-    cfg.pop("quantization_config", None)  # the weights are plain floats now
+    # the weights are plain floats now: no quantization_config (the adapter knows where)
+    cfg = adapter_for(c.manifest["source"]["config"]).plain_config()
     cfg["dtype" if "dtype" in cfg or "torch_dtype" not in cfg else "torch_dtype"] = \
         TORCH_NAMES[dtype]
     return cfg

@@ -75,10 +75,13 @@ def build_spec(adapter: Adapter, settings: Settings, files: list[dict],
         BankSpec(layer, count, tuple(TensorSpec(p, "expert", shapes[p], codecs[p])
                                      for p in EXPERT_PARTS))
         for layer in sorted(moe))
+    source = {"architecture": adapter.hf_architecture, "config": adapter.config,
+              "files": sorted(files, key=lambda f: f["name"])}
+    if skipped := adapter.skipped():
+        source["skipped"] = skipped
     manifest = {
         "model": adapter.model,
-        "source": {"architecture": adapter.hf_architecture, "config": adapter.config,
-                   "files": sorted(files, key=lambda f: f["name"])},
+        "source": source,
         "converter": {"name": CONVERTER, "version": moepack.__version__,
                       "settings": settings.as_manifest()},
         "codecs": used,

@@ -11,6 +11,15 @@ from pathlib import Path
 import numpy as np
 from moepack.convert.errors import SourceError
 from moepack.convert.fp8 import dequant_blocks, scale_grid, to_f32
+from moepack.convert.packed_int import (
+    PACKED,
+    PackedFormatError,
+    PackedScheme,
+    dequantize,
+    packed_words,
+    scheme_from_config,
+    unpack,
+)
 from moepack.convert.st_header import DTYPE_SIZES, TensorInfo, parse_json, read_header
 from moepack.format.model_desc import MAX_JSON_BYTES, MAX_TENSORS
 
@@ -83,6 +92,53 @@ class Checkpoint:
                 raise SourceError(f"{fname}: more than {MAX_TENSORS:,} tensors in the checkpoint")
         self._check_index()
         self.fp8_block = self._block_size()
+        try:
+            self.packed: PackedScheme | None = scheme_from_config(self.config)
+        except PackedFormatError as e:
+            raise SourceError(f"config.json: {e}") from None
+        if self.packed is not None:
+            self._add_packed()
+
+    def _add_packed(self) -> None:
+        """Every `X.weight_packed` (+ `weight_scale`) becomes a readable `X.weight` of dtype
+        PACKED whose shape is the dequantised one (convert/packed_int.py); header reads only."""
+        assert self.packed is not None
+        bits, group = self.packed.num_bits, self.packed.group_size
+        for name in [n for n in self.tensors if n.endswith(".weight_packed")]:
+            base = name.removesuffix("_packed")
+            info = self.tensors[name]
+            where = f"{info.file}: tensor {name!r}"
+            if base in self.tensors:
+                raise SourceError(f"{where}: the checkpoint also has {base!r}")
+            scale = self.tensors.get(base + "_scale")
+            if info.dtype != "I32" or len(info.shape) != 2 or scale is None \
+                    or scale.dtype not in FLOAT_DTYPES or len(scale.shape) != 2 \
+                    or scale.shape[0] != info.shape[0]:
+                raise SourceError(f"{where}: a pack-quantized weight must be I32 [rows, words] "
+                                  f"with a float {base + '_scale'!r} [rows, groups]")
+            if base + "_g_idx" in self.tensors or base + "_zero_point" in self.tensors:
+                raise SourceError(f"{where}: permuted groups or zero points are not supported")
+            if group is None:
+                cols = self._stored_shape(base)[1]
+            else:
+                cols = scale.shape[1] * group
+            if scale.shape[1] != (1 if group is None else cols // group) \
+                    or info.shape[1] != packed_words(cols, bits):
+                raise SourceError(f"{where}: {list(info.shape)} with scales "
+                                  f"{list(scale.shape)} is not {bits}-bit "
+                                  f"{'per-row' if group is None else f'groups of {group}'}")
+            self.tensors[base] = TensorInfo(info.file, PACKED, (info.shape[0], cols),
+                                            info.start, info.end)
+
+    def _stored_shape(self, base: str) -> tuple[int, int]:
+        """`X.weight_shape` of a packed weight: its original [rows, cols]."""
+        name = base + "_shape"
+        info = self.info(name)
+        if info.dtype not in ("I32", "I64") or info.shape != (2,):
+            raise SourceError(f"{info.file}: tensor {name!r} must be two integers")
+        raw = self._raw(info, SourceRef(name), (2,))
+        rows, cols = (int(v) for v in np.frombuffer(raw, dtype=f"<i{DTYPE_SIZES[info.dtype]}"))
+        return rows, cols
 
     def _block_size(self) -> tuple[int, int] | None:
         """`quantization_config.weight_block_size` (fp8 scale blocks), validated."""
@@ -166,6 +222,11 @@ class Checkpoint:
     def check_readable(self, ref: SourceRef) -> None:
         """Refuse, from the header alone, a tensor `read` could not decode (planning time)."""
         info = self.info(ref.name)
+        if info.dtype == PACKED:
+            if ref.index is not None:
+                raise SourceError(f"{info.file}: tensor {ref.name!r}: pack-quantized weights "
+                                  "are read per tensor only")
+            return
         if info.dtype not in FLOAT_DTYPES + (FP8,):
             raise SourceError(f"{info.file}: tensor {ref.name!r} has unsupported dtype "
                               f"{info.dtype} (convert reads {', '.join(FLOAT_DTYPES + (FP8,))})")
@@ -178,6 +239,10 @@ class Checkpoint:
         self.check_readable(ref)
         info = self.info(ref.name)
         shape = self.ref_shape(ref)
+        if info.dtype == PACKED:
+            w = self._read_packed(info, ref)
+            check_finite(w, info.file, ref.name)
+            return w
         w = to_f32(self._raw(info, ref, shape), info.dtype, shape)
         if info.dtype == FP8:
             w = self._dequant(info, ref, w)
@@ -208,6 +273,23 @@ class Checkpoint:
             raise SourceError(f"{info.file}: truncated while reading tensor {ref.name!r} "
                               f"({len(data)} of {length} bytes)")
         return data
+
+    def _read_packed(self, info: TensorInfo, ref: SourceRef) -> np.ndarray:
+        """Dequantised rows `ref.rows` (or all) of a pack-quantized weight."""
+        assert self.packed is not None
+        base, (rows, cols) = ref.name, info.shape
+        stored = self._stored_shape(base)
+        if stored != (rows, cols):
+            raise SourceError(f"{info.file}: tensor {base + '_shape'!r} says {list(stored)}, "
+                              f"the packed tensors {[rows, cols]}")
+        lo, hi = ref.rows or (0, rows)
+        packed, scale = self.info(base + "_packed"), self.info(base + "_scale")
+        wshape, sshape = (hi - lo, packed.shape[1]), (hi - lo, scale.shape[1])
+        raw = self._raw(packed, SourceRef(base + "_packed", rows=(lo, hi)), wshape)
+        words = np.frombuffer(raw, dtype="<i4").reshape(wshape)
+        s = to_f32(self._raw(scale, SourceRef(base + "_scale", rows=(lo, hi)), sshape),
+                   scale.dtype, sshape)
+        return dequantize(unpack(words, self.packed.num_bits, cols), s, self.packed.group_size)
 
     def _fp8_scale(self, info: TensorInfo, ref: SourceRef) -> tuple[str, tuple[int, int]]:
         """(scale tensor name, its grid) of an fp8 weight; SourceError when unusable."""

@@ -39,6 +39,7 @@ def _show(path: Path, info: dict) -> None:
         ("tensors", str(info["counts"]["tensors"])),
         ("experts", f"{info['counts']['experts']} in {info['counts']['expert_banks']} banks"),
         ("alignment", str(info["alignment"])),
+        *[("not converted", note) for note in info.get("skipped", [])],
     ]
     for k, v in rows:
         t.add_row(f"[bold]{k}[/bold]", escape(one_line(v)))  # names come from the file

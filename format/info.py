@@ -39,6 +39,9 @@ def container_info(c: Container) -> dict[str, Any]:
     size["other"] = c.file_size - size["trunk"] - size["experts"] - size["codebooks"]
     total = params["trunk"] + params["experts"]
     src = c.manifest["source"]
+    skipped = src.get("skipped")  # what the converter left out of the checkpoint (FORMAT.md §6)
+    if not (isinstance(skipped, list) and all(isinstance(x, str) for x in skipped)):
+        skipped = []
     return {
         "schema": INFO_SCHEMA,
         "format_version": f"{c.version[0]}.{c.version[1]}",
@@ -69,4 +72,5 @@ def container_info(c: Container) -> dict[str, Any]:
         },
         "classes": dict(sorted(classes.items())),
         "codecs": c.manifest["codecs"],
+        **({"skipped": skipped} if skipped else {}),
     }

@@ -27,7 +27,7 @@ MAX_LORA_RANK = 1 << 16
 MAX_POSITIONS = 1 << 30
 MAX_GROUPS = 1024                  # MPM_MAX_GROUPS in runtime/src/model.h
 MAX_SHARED_EXPERTS = 1024
-ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3")
+ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax_m2", "kimi_k25")
 
 # Source files (config.json, model.safetensors.index.json, safetensors headers).
 MAX_JSON_BYTES = 64 << 20          # config.json / index.json (a 100k-tensor index: ~10 MB)
@@ -51,6 +51,7 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "attention.qk_nope_head_dim": (1, MAX_HEAD_DIM),
     "attention.qk_rope_head_dim": (2, MAX_ROPE_HEAD_DIM),
     "attention.v_head_dim": (1, MAX_HEAD_DIM),
+    "attention.rotary_dim": (2, MAX_HEAD_DIM),
     "moe.num_experts": (1, MAX_EXPERTS),
     "moe.top_k": (1, MAX_EXPERTS),
     "moe.moe_intermediate_size": (1, MAX_INTERMEDIATE),
@@ -156,10 +157,25 @@ def _rope_scaling(m: dict) -> None:
     _int(m, "rope_scaling.original_max_position_embeddings", optional=True)
 
 
+def _bool(m: dict, field: str) -> None:
+    """An optional flag: absent, null or a JSON boolean."""
+    value = _get(m, field)
+    if value is not None and not isinstance(value, bool):
+        raise ModelDescError(field, f"must be true or false, got {value!r}")
+
+
 def _attention(m: dict) -> None:
     kind = _choice(m, "attention.kind", ("gqa", "mla"))
-    if kind != "mla":
+    if kind == "gqa":
+        # partial rotary embedding (GLM-4.5, MiniMax-M2); absent: the whole head
+        rot = _int(m, "attention.rotary_dim", hi=m["head_dim"], optional=True)
+        if rot is not None and rot % 2:
+            raise ModelDescError("attention.rotary_dim", "must be even (rotary pairs)")
+        _bool(m, "attention.qkv_bias")
+        if _get(m, "attention.qk_norm_scope") is not None:
+            _choice(m, "attention.qk_norm_scope", ("head", "all_heads"))
         return
+    _bool(m, "attention.rope_interleave")
     _int(m, "attention.q_lora_rank", optional=True)
     for field in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         _int(m, f"attention.{field}")

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from moepack.convert import pipeline
+from moepack.convert.adapters import adapter_for
 from moepack.convert.errors import ConvertError
 from moepack.convert.pipeline import convert
 from moepack.convert.plan import plan_for_config
@@ -83,8 +84,9 @@ def test_convert_each_architecture(sources, reference, arch):
         assert c.blob("tokenizer.json") == (sources[arch] / "tokenizer.json").read_bytes()
         # trunk and experts decode close to the source weights
         ck = Checkpoint(sources[arch])
+        norm = next(t for t in adapter_for(ck.config).trunk() if t.name == "final_norm")
         np.testing.assert_allclose(c.tensor("final_norm"),
-                                   ck.read(SourceRef("model.norm.weight")), rtol=0, atol=0)
+                                   ck.read(SourceRef(norm.sources[0])), rtol=0, atol=0)
         bank = c.banks()[0]
         w = c.expert_part(bank["layer"], 1, "down")
         assert w.shape == tuple(bank["parts"][2]["shape"]) and np.all(np.isfinite(w))

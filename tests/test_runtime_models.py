@@ -21,7 +21,7 @@ from moepack.convert.quant import TRUNK_CODECS
 from moepack.format.reader import Container
 from moepack.format.rvq_matvec import rvq_matvec
 from moepack.runtime.engine import Engine
-from tiny_models import make_checkpoint
+from tiny_models import make_checkpoint, model_class
 
 # Larger than the defaults where it matters: top-2 routing for Mixtral (its real setting), and
 # max_position_embeddings 128 so that 80 positions fit. Qwen3/DeepSeek keep their awkward sizes
@@ -43,7 +43,16 @@ OVERRIDES = {
     "qwen3_moe_q6": dict(max_position_embeddings=128, tie_word_embeddings=True),
     # sliding-window attention (window 16 < 80 positions)
     "mixtral_window": dict(max_position_embeddings=128, sliding_window=16),
+    # GLM-4.5: q/k/v biases, per-head qk-norm, RoPE on 6 of 12 head dims, grouped sigmoid router
+    "glm4_moe": dict(max_position_embeddings=128),
+    # MiniMax-M2: full-width q/k norm, RoPE on 4 of 10 head dims, sigmoid + bias, no groups
+    "minimax_m2": dict(max_position_embeddings=128),
+    # Kimi K2.5: DeepSeek-V3 under text_config, INT4 pack-quantized experts, vision tower skipped
+    "kimi_k25": dict(max_position_embeddings=128),
 }
+# checkpoint options beyond the config (tiny_models.make_checkpoint)
+SOURCE = {"kimi_k25": dict(int4_group=4)}
+ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax_m2", "kimi_k25")
 TRUNK = {
     "mixtral": (("attn", "q8"), ("embed", "q8"), ("lm_head", "q8")),  # the q8 trunk
     "mixtral_codecs": (("attn", "q4-zp"), ("embed", "bf16"), ("lm_head", "f16"),
@@ -61,9 +70,9 @@ def build(tmp_path_factory, name: str):
     from moepack.convert.pipeline import convert
     from moepack.convert.settings import Settings
 
-    arch = next(a for a in ("mixtral", "qwen3_moe", "deepseek_v3") if name.startswith(a))
+    arch = next(a for a in ARCHS if name.startswith(a))
     d = tmp_path_factory.mktemp(name)
-    make_checkpoint(arch, d / "src", **OVERRIDES[name])
+    make_checkpoint(arch, d / "src", **SOURCE.get(name, {}), **OVERRIDES[name])
     convert(d / "src", d / "m.moepack", Settings(trunk=TRUNK.get(name, ())))
     with Container.open(d / "m.moepack") as c:  # the codecs asked for are the ones stored
         for cls, codec in TRUNK.get(name, ()):
@@ -120,7 +129,8 @@ def use_spec_expert_numerics(ref: torch.nn.Module, path) -> None:
     patched = 0
     with Container.open(path) as c:
         banks = {b["layer"] for b in c.banks()}
-        for i, block in enumerate(ref.model.layers):
+        decoder = getattr(ref.model, "language_model", ref.model)  # Kimi K2.5: nested
+        for i, block in enumerate(decoder.layers):
             for m in block.modules():
                 if type(m).__name__.endswith("Experts") and hasattr(m, "gate_up_proj"):
                     m.forward = spec_experts_forward(m, LayerExperts(c, i))
@@ -131,10 +141,9 @@ def use_spec_expert_numerics(ref: torch.nn.Module, path) -> None:
 
 @pytest.fixture(scope="module", params=list(OVERRIDES))
 def model(request, tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
     d = build(tmp_path_factory, request.param)
-    ref = AutoModelForCausalLM.from_pretrained(d / "hf", dtype=torch.float32).eval()
+    cls = model_class(next(a for a in ARCHS if request.param.startswith(a)))
+    ref = cls.from_pretrained(d / "hf", dtype=torch.float32).eval()
     use_spec_expert_numerics(ref, d / "m.moepack")
     return request.param, d / "m.moepack", ref
 
@@ -143,21 +152,32 @@ def _tokens(vocab: int, n: int, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab, n).tolist()
 
 
+def _vocab(ref: torch.nn.Module) -> int:
+    return int(ref.config.get_text_config().vocab_size)
+
+
 def test_logits_match_transformers(model):
     name, path, ref = model
-    toks = _tokens(ref.config.vocab_size, N_POS)
+    toks = _tokens(_vocab(ref), N_POS)
     with torch.no_grad():
         want = ref(torch.tensor([toks])).logits[0].numpy()
     with Engine(path, threads=2) as e:
         got = e.logits(toks)
-    assert got.shape == want.shape == (N_POS, ref.config.vocab_size)
+    assert got.shape == want.shape == (N_POS, _vocab(ref))
     err = np.abs(got - want).max()
     assert err <= 1e-4 * np.abs(want).max(), (name, err, np.abs(want).max())
 
 
+def test_one_and_two_threads_bit_identical(model):
+    _, path, ref = model
+    toks = _tokens(_vocab(ref), N_POS, seed=3)
+    with Engine(path, threads=1) as e1, Engine(path, threads=2) as e2:
+        np.testing.assert_array_equal(e1.logits(toks), e2.logits(toks))
+
+
 def test_greedy_generation_matches_transformers(model):
     name, path, ref = model
-    prompt = _tokens(ref.config.vocab_size, 10, seed=1)
+    prompt = _tokens(_vocab(ref), 10, seed=1)
     # neither side may stop at or suppress EOS (min_new_tokens would suppress it in transformers
     # only, and a tiny random model can put its argmax on EOS)
     ref.generation_config.eos_token_id = None
@@ -172,7 +192,7 @@ def test_greedy_generation_matches_transformers(model):
 def test_kv_cache_continuation_equals_full_eval(model):
     """Feeding a sequence in pieces (KV cache kept) gives the same last logits as one pass."""
     _, path, ref = model
-    toks = _tokens(ref.config.vocab_size, 20, seed=2)
+    toks = _tokens(_vocab(ref), 20, seed=2)
     with Engine(path, threads=1) as e:
         full = e.logits(toks)
         e.reset()

@@ -3,6 +3,7 @@
     make_checkpoint("mixtral", tmp_path / "src")                  # Hub layout, several shards
     make_checkpoint("qwen3_moe", d, layout="fused")                # transformers-5 fused experts
     make_checkpoint("deepseek_v3", d, fp8_block=(8, 8))            # fp8 e4m3 + weight_scale_inv
+    make_checkpoint("kimi_k25", d, int4_group=8)                   # INT4 pack-quantized experts
 
 Sizes are deliberately awkward (hidden not a multiple of 8, odd expert counts, top-k 1 and 8) and
 tiny, so a checkpoint takes well under a second to build.
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3")
+ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax_m2", "kimi_k25")
 
 _TINY: dict[str, dict[str, Any]] = {
     "mixtral": dict(vocab_size=67, hidden_size=20, intermediate_size=12, num_hidden_layers=2,
@@ -34,40 +35,79 @@ _TINY: dict[str, dict[str, Any]] = {
                         num_experts_per_tok=3, n_group=4, topk_group=2, first_k_dense_replace=1,
                         q_lora_rank=10, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=2,
                         v_head_dim=4, max_position_embeddings=64),
+    # q/k/v biases, per-head qk-norm, partial RoPE (6 of 12 dims), grouped sigmoid routing
+    "glm4_moe": dict(vocab_size=67, hidden_size=36, intermediate_size=20,
+                     moe_intermediate_size=12, num_hidden_layers=3, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=12, n_routed_experts=8, n_shared_experts=1,
+                     num_experts_per_tok=3, n_group=2, topk_group=1, first_k_dense_replace=1,
+                     routed_scaling_factor=1.5, attention_bias=True, use_qk_norm=True,
+                     max_position_embeddings=64),
+    # full-width q/k norm, partial RoPE (rotary_dim 4 of head_dim 10), sigmoid routing + bias
+    "minimax_m2": dict(vocab_size=67, hidden_size=44, intermediate_size=12, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=10, rotary_dim=4,
+                       num_local_experts=5, num_experts_per_tok=2, max_position_embeddings=64),
 }
+# Kimi K2.5: the DeepSeek-V3 text model under text_config (hidden 28: partial 8-vectors), with a
+# one-layer vision tower that the converter must skip.
+_KIMI_TEXT = dict(_TINY["deepseek_v3"], model_type="deepseek_v3", tie_word_embeddings=False,
+                  routed_scaling_factor=2.0)
+_KIMI_VISION = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=16,
+                    num_attention_heads=2, patch_size=2, pos_emb_height=4, pos_emb_width=4)
 
 
 def tiny_config(arch: str, **overrides: Any):
-    """The transformers config object for a tiny `arch` model."""
-    from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
+    """The transformers config object for a tiny `arch` model (kimi_k25: overrides go to the
+    text model)."""
+    from transformers import (
+        DeepseekV3Config,
+        Glm4MoeConfig,
+        Kimi_K25Config,
+        MiniMaxM2Config,
+        MixtralConfig,
+        Qwen3MoeConfig,
+    )
 
+    if arch == "kimi_k25":
+        text = {**_KIMI_TEXT, "bos_token_id": 1, "eos_token_id": 2, **overrides}
+        return Kimi_K25Config(text_config=text, vision_config=dict(_KIMI_VISION),
+                              projection_hidden_size=16, tie_word_embeddings=False)
     cls = {"mixtral": MixtralConfig, "qwen3_moe": Qwen3MoeConfig,
-           "deepseek_v3": DeepseekV3Config}[arch]
+           "deepseek_v3": DeepseekV3Config, "glm4_moe": Glm4MoeConfig,
+           "minimax_m2": MiniMaxM2Config}[arch]
     return cls(**{**_TINY[arch], "bos_token_id": 1, "eos_token_id": 2, **overrides})
+
+
+def model_class(arch: str):
+    """The transformers class that loads `arch` checkpoints (Kimi K2.5 is not a CausalLM)."""
+    from transformers import AutoModelForCausalLM, Kimi_K25ForConditionalGeneration
+
+    return Kimi_K25ForConditionalGeneration if arch == "kimi_k25" else AutoModelForCausalLM
 
 
 def make_checkpoint(arch: str, out_dir: str | Path, *, seed: int = 0,
                     shard_size: str | int | None = None, layout: str = "hub",
-                    fp8_block: tuple[int, int] | None = None, tokenizer: bool = True,
-                    **overrides: Any) -> Path:
+                    fp8_block: tuple[int, int] | None = None, int4_group: int | None = None,
+                    tokenizer: bool = True, **overrides: Any) -> Path:
     """Write a random-weight checkpoint of `arch` to `out_dir` and return `out_dir`.
 
     layout: "hub" (per-expert tensors, what `save_pretrained` writes) or "fused"
     (`mlp.experts.gate_up_proj` / `mlp.experts.down_proj`, transformers 5 in-memory names).
     fp8_block: store 2-D projection weights as fp8 e4m3 with `weight_scale_inv` block scales.
+    int4_group: store the routed experts as symmetric INT4 compressed-tensors pack-quantized
+    weights with groups of this many columns (Kimi K2.5's format; its group size is 32).
     shard_size: `max_shard_size` for save_pretrained (default: small enough for several shards).
     """
-    from transformers import AutoModelForCausalLM
-
     out = Path(out_dir)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, **overrides))
+    cls = model_class(arch)
+    cfg = tiny_config(arch, **overrides)
+    model = cls(cfg) if arch == "kimi_k25" else cls.from_config(cfg)
     with torch.no_grad():  # norms start at exactly 1.0; make them random too
         for p in model.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     shard = shard_size or "24KB"
-    if layout == "hub" and fp8_block is None:
+    if layout == "hub" and fp8_block is None and int4_group is None and arch != "kimi_k25":
         model.save_pretrained(out, max_shard_size=shard)
     else:
         model.config.architectures = [type(model).__name__]  # save_pretrained would add it
@@ -77,9 +117,12 @@ def make_checkpoint(arch: str, out_dir: str | Path, *, seed: int = 0,
         if fp8_block is not None:
             tensors = _to_fp8(tensors, fp8_block)
             _set_quant_config(out, fp8_block)
+        if int4_group is not None:
+            tensors = _to_int4(tensors, int4_group)
+            _set_int4_config(out, int4_group)
         _save_sharded(tensors, out, _parse_size(shard))
     if tokenizer:
-        write_tokenizer(out, int(model.config.vocab_size))
+        write_tokenizer(out, int(model.config.get_text_config().vocab_size))
     return out
 
 
@@ -95,8 +138,51 @@ def _hub_state(model) -> dict[str, torch.Tensor]:
         for f in sorted(Path(tmp).glob("*.safetensors")):
             with safe_open(f, framework="pt") as s:
                 for k in s.keys():
-                    out[k] = s.get_tensor(k)
+                    # transformers 5.24 saves Kimi K2.5's text layers as `blocks` (its reverse
+                    # of a vision-tower rename); the Hub checkpoints say `layers`
+                    out[k.replace("language_model.model.blocks.", "language_model.model.layers.")
+                        ] = s.get_tensor(k)
     return out
+
+
+def _to_int4(tensors: dict[str, torch.Tensor], group: int) -> dict[str, torch.Tensor]:
+    """Routed experts as symmetric INT4 pack-quantized (`weight_packed` int32, bf16
+    `weight_scale` per group, `weight_shape`), as in Kimi K2 Thinking / K2.5."""
+    import numpy as np
+    from moepack.convert.packed_int import pack
+
+    out: dict[str, torch.Tensor] = {}
+    for name, w in tensors.items():
+        if ".experts." not in name or not name.endswith("_proj.weight") or w.dim() != 2:
+            out[name] = w
+            continue
+        rows, cols = w.shape
+        g = w.float().reshape(rows, cols // group, group)
+        scale = (g.abs().amax(-1) / 7).clamp(min=1e-8).to(torch.bfloat16)
+        q = torch.clamp(torch.round(g / scale.float()[..., None]), -8, 7).reshape(rows, cols)
+        base = name.removesuffix("weight")
+        out[base + "weight_packed"] = torch.from_numpy(pack(q.to(torch.int8).numpy(), 4))
+        out[base + "weight_scale"] = scale
+        out[base + "weight_shape"] = torch.from_numpy(np.array([rows, cols], dtype=np.int64))
+    return out
+
+
+def _set_int4_config(out: Path, group: int) -> None:
+    path = out / "config.json"
+    cfg = json.loads(path.read_text())
+    # where Kimi K2.5 keeps it: the text model's config
+    cfg.get("text_config", cfg)["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "quantization_status": "compressed", "kv_cache_scheme": None,
+        "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                   "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+        "config_groups": {"group_0": {
+            "targets": ["Linear"], "input_activations": None, "output_activations": None,
+            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                        "group_size": group, "dynamic": False, "actorder": None,
+                        "observer": "minmax", "observer_kwargs": {},
+                        "block_structure": None}}}}
+    path.write_text(json.dumps(cfg, indent=2))
 
 
 def _to_fp8(tensors: dict[str, torch.Tensor], block: tuple[int, int]) -> dict[str, torch.Tensor]:

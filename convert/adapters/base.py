@@ -33,25 +33,38 @@ class Adapter:
 
     arch: ClassVar[str]
     hf_architecture: ClassVar[str]
+    hf_aliases: ClassVar[tuple[str, ...]] = ()  # other `architectures` names of the same model
+    # Parts of such checkpoints that are not converted, one line each (manifest source.skipped)
+    skipped_parts: ClassVar[tuple[str, ...]] = ()
     # Native per-expert projection names: part -> suffix under `<prefix>.experts.N.`.
     expert_names: ClassVar[dict[str, str]] = {"gate": "gate_proj", "up": "up_proj",
                                               "down": "down_proj"}
 
+    # config.json key of the nested text-model config that holds the decoder's settings
+    # (multimodal wrappers such as Kimi K2.5); None: the settings are at the top level
+    text_key: ClassVar[str | None] = None
+
     def __init__(self, config: dict) -> None:
         self.config = config
+        sub = config.get(self.text_key) if self.text_key else config
+        if not isinstance(sub, dict):
+            raise SourceError(f"config.json: {self.text_key!r} must be an object")
+        self.text = sub  # where the decoder's settings are read
         # description field (FORMAT.md §7 path) -> the config.json key it came from, so that
         # a rule broken by the description names what the user can fix
         self.origin: dict[str, str] = {}
 
     # -- config access ---------------------------------------------------------------------
     def _lookup(self, keys: tuple[str, ...], default: Any) -> tuple[str, Any]:
-        """(key, value) of the first of `keys` present (and not null) in config.json."""
+        """(key, value) of the first of `keys` present (and not null) in the decoder's config;
+        the key as config.json spells its path (`text_config.hidden_size` when nested)."""
+        pre = f"{self.text_key}." if self.text_key else ""
         for k in keys:
-            if self.config.get(k) is not None:
-                return k, self.config[k]
+            if self.text.get(k) is not None:
+                return pre + k, self.text[k]
         if default is _MISSING:
-            raise SourceError(f"config.json: missing {keys[0]!r} (needed for {self.arch})")
-        return keys[0], default
+            raise SourceError(f"config.json: missing {pre + keys[0]!r} (needed for {self.arch})")
+        return pre + keys[0], default
 
     def cfg(self, *keys: str, default: Any = _MISSING) -> Any:
         """First of `keys` present (and not null) in config.json."""
@@ -67,7 +80,8 @@ class Adapter:
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise SourceError(f"config.json: {key!r} must be a non-negative integer, "
                               f"got {_short(v)}")
-        lo, top = INT_BOUNDS.get(field or "") or SOURCE_INT_BOUNDS.get(key, (0, 1 << 63))
+        bare = key.rsplit(".", 1)[-1]
+        lo, top = INT_BOUNDS.get(field or "") or SOURCE_INT_BOUNDS.get(bare, (0, 1 << 63))
         top = top if hi is None else hi
         if field is not None:
             self.origin[field] = key
@@ -86,17 +100,18 @@ class Adapter:
     def rope(self) -> tuple[float, dict | None]:
         """(rope_theta, rope_scaling) from either the classic keys or transformers 5's
         `rope_parameters`."""
-        params = self.config.get("rope_parameters") or {}
+        params = self.text.get("rope_parameters") or {}
         if not isinstance(params, dict):
             raise SourceError(f"config.json: 'rope_parameters' must be an object, got "
                               f"{_short(params)}")
         theta = self.cfg_float("rope_theta", default=params.get("rope_theta", 10000.0),
                                field="rope_theta")
-        scaling = self.config.get("rope_scaling")
-        self.origin["rope_scaling"] = "rope_scaling"
+        scaling = self.text.get("rope_scaling")
+        pre = f"{self.text_key}." if self.text_key else ""
+        self.origin["rope_scaling"] = pre + "rope_scaling"
         if scaling is None and params.get("rope_type", "default") != "default":
             scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-            self.origin["rope_scaling"] = "rope_parameters"
+            self.origin["rope_scaling"] = pre + "rope_parameters"
         return theta, scaling
 
     def common_model(self) -> dict:
@@ -112,8 +127,8 @@ class Adapter:
             "max_position_embeddings": self.cfg_int("max_position_embeddings",
                                                     field="max_position_embeddings"),
             "tie_word_embeddings": bool(self.cfg("tie_word_embeddings", default=False)),
-            "bos_token_id": self.config.get("bos_token_id"),
-            "eos_token_id": self.config.get("eos_token_id"),
+            "bos_token_id": self.text.get("bos_token_id", self.config.get("bos_token_id")),
+            "eos_token_id": self.text.get("eos_token_id", self.config.get("eos_token_id")),
         }
 
     def softmax_moe(self, experts: int, inter: int, norm_topk_prob: bool) -> dict:
@@ -130,6 +145,25 @@ class Adapter:
             "num_shared_experts": 0,
             "shared_intermediate_size": None,
         }
+
+    def plain_config(self) -> dict:
+        """config.json for dequantised weights (`export`): no quantization_config, at the top
+        level or in the text model's config."""
+        cfg = {k: v for k, v in self.config.items() if k != "quantization_config"}
+        if self.text_key and isinstance(cfg.get(self.text_key), dict):
+            cfg[self.text_key] = {k: v for k, v in cfg[self.text_key].items()
+                                  if k != "quantization_config"}
+        return cfg
+
+    def skipped(self) -> list[str]:
+        """What the container leaves out of the checkpoint (FORMAT.md §6 `source.skipped`)."""
+        out = list(self.skipped_parts)
+        mtp = self.cfg_int("num_nextn_predict_layers", default=0)
+        if mtp:
+            n = int(self.model["num_layers"])
+            out.append(f"multi-token-prediction layers {n}..{n + mtp - 1}: not converted (the "
+                       "engine decodes one token per step)")
+        return out
 
     # -- per architecture ------------------------------------------------------------------
     @cached_property
@@ -240,15 +274,34 @@ class Adapter:
         p, c = f"model.layers.{layer}.self_attn", f"layers.{layer}.attn"
         q = int(m["num_attention_heads"]) * int(m["head_dim"])
         kv = int(m["num_key_value_heads"]) * int(m["head_dim"])
+        a = m["attention"]
         out = [self.linear(f"{c}.q", (q, h), f"{p}.q_proj.weight"),
                self.linear(f"{c}.k", (kv, h), f"{p}.k_proj.weight"),
                self.linear(f"{c}.v", (kv, h), f"{p}.v_proj.weight"),
                self.linear(f"{c}.o", (h, q), f"{p}.o_proj.weight")]
+        if a.get("qkv_bias"):  # FORMAT.md §7 row order: after o
+            out += [self.linear(f"{c}.{x}_bias", (n,), f"{p}.{x}_proj.bias", "bias")
+                    for x, n in (("q", q), ("k", kv), ("v", kv))]
         if qk_norm:
-            d = (int(m["head_dim"]),)
-            out += [self.linear(f"{c}.q_norm", d, f"{p}.q_norm.weight", "norm"),
-                    self.linear(f"{c}.k_norm", d, f"{p}.k_norm.weight", "norm")]
+            # per head ([head_dim], Qwen3, GLM) or over all heads at once (MiniMax-M2)
+            full = a.get("qk_norm_scope") == "all_heads"
+            dq, dk = ((q,), (kv,)) if full else ((int(m["head_dim"]),),) * 2
+            out += [self.linear(f"{c}.q_norm", dq, f"{p}.q_norm.weight", "norm"),
+                    self.linear(f"{c}.k_norm", dk, f"{p}.k_norm.weight", "norm")]
         return out
+
+    def partial_rope(self, head_dim: int, factor: Any) -> int:
+        """Rotated dims per head as transformers computes them (`int(head_dim * factor)`);
+        the engine rotates whole pairs, so an odd count is refused."""
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
+                or not 0 < factor <= 1:
+            raise SourceError(f"config.json: partial_rotary_factor must be a number in (0, 1], "
+                              f"got {_short(factor)}")
+        dim = int(head_dim * factor)
+        if dim < 2 or dim > head_dim or dim % 2:
+            raise SourceError(f"config.json: partial rotary embedding over {dim} of {head_dim} "
+                              "head dims is not supported (an even count >= 2 is)")
+        return dim
 
 
 def _short(value: Any, limit: int = 80) -> str:

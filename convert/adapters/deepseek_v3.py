@@ -5,6 +5,7 @@ top-k. Multi-token-prediction layers (index >= num_hidden_layers) are not conver
 from __future__ import annotations
 
 from functools import cached_property
+from typing import ClassVar
 
 from moepack.convert.adapters.base import Adapter, TrunkTensor
 from moepack.convert.errors import SourceError
@@ -15,8 +16,10 @@ class DeepseekV3Adapter(Adapter):
     arch = "deepseek_v3"
     hf_architecture = "DeepseekV3ForCausalLM"
 
+    dense_first_default: ClassVar[int] = 0  # transformers' first_k_dense_replace default
+
     def _kinds(self, n: int) -> list[str]:
-        first = self.cfg_int("first_k_dense_replace", default=0)
+        first = self.cfg_int("first_k_dense_replace", default=self.dense_first_default)
         freq = self.cfg_int("moe_layer_freq", default=1)
         return ["moe" if (i >= first and i % freq == 0) else "dense" for i in range(n)]
 
@@ -31,9 +34,6 @@ class DeepseekV3Adapter(Adapter):
         q_lora = self.cfg_int("q_lora_rank", default=0, hi=INT_BOUNDS["attention.q_lora_rank"][1])
         self.origin["attention.q_lora_rank"] = "q_lora_rank"
         kinds = self._kinds(m["num_layers"])
-        inter = self.cfg_int("moe_intermediate_size", field="moe.moe_intermediate_size")
-        shared = self.cfg_int("n_shared_experts", default=0, field="moe.num_shared_experts")
-        self.origin["moe.shared_intermediate_size"] = "moe_intermediate_size x n_shared_experts"
         m.update({
             "num_attention_heads": heads,
             "num_key_value_heads": heads,
@@ -43,27 +43,36 @@ class DeepseekV3Adapter(Adapter):
                           "kv_lora_rank": self.cfg_int("kv_lora_rank",
                                                        field="attention.kv_lora_rank"),
                           "qk_nope_head_dim": nope, "qk_rope_head_dim": rope,
-                          "v_head_dim": self.cfg_int("v_head_dim", field="attention.v_head_dim")},
+                          "v_head_dim": self.cfg_int("v_head_dim", field="attention.v_head_dim"),
+                          "rope_interleave": bool(self.cfg("rope_interleave", default=True))},
             "layer_kinds": kinds,
             "dense_intermediate_size": (
                 self.cfg_int("intermediate_size", field="dense_intermediate_size")
                 if "dense" in kinds else None),
-            "moe": {
-                "num_experts": self.cfg_int("n_routed_experts", "num_local_experts",
-                                            field="moe.num_experts"),
-                "top_k": self.cfg_int("num_experts_per_tok", field="moe.top_k"),
-                "moe_intermediate_size": inter,
-                "scoring": self._scoring(),
-                "norm_topk_prob": bool(self.cfg("norm_topk_prob", default=True)),
-                "n_group": self.cfg_int("n_group", default=1, field="moe.n_group"),
-                "topk_group": self.cfg_int("topk_group", default=1, field="moe.topk_group"),
-                "routed_scaling_factor": self.cfg_float("routed_scaling_factor", default=1.0,
-                                                        field="moe.routed_scaling_factor"),
-                "num_shared_experts": shared,
-                "shared_intermediate_size": inter * shared if shared else None,
-            },
+            "moe": self.grouped_sigmoid_moe(),
         })
         return m
+
+    def grouped_sigmoid_moe(self) -> dict:
+        """`moe` of DeepSeek-V3-style routing (GLM-4.5 uses the same router): sigmoid scores
+        with a correction bias, group-limited top-k, routed scaling, shared experts."""
+        inter = self.cfg_int("moe_intermediate_size", field="moe.moe_intermediate_size")
+        shared = self.cfg_int("n_shared_experts", default=0, field="moe.num_shared_experts")
+        self.origin["moe.shared_intermediate_size"] = "moe_intermediate_size x n_shared_experts"
+        return {
+            "num_experts": self.cfg_int("n_routed_experts", "num_local_experts",
+                                        field="moe.num_experts"),
+            "top_k": self.cfg_int("num_experts_per_tok", field="moe.top_k"),
+            "moe_intermediate_size": inter,
+            "scoring": self._scoring(),
+            "norm_topk_prob": bool(self.cfg("norm_topk_prob", default=True)),
+            "n_group": self.cfg_int("n_group", default=1, field="moe.n_group"),
+            "topk_group": self.cfg_int("topk_group", default=1, field="moe.topk_group"),
+            "routed_scaling_factor": self.cfg_float("routed_scaling_factor", default=1.0,
+                                                    field="moe.routed_scaling_factor"),
+            "num_shared_experts": shared,
+            "shared_intermediate_size": inter * shared if shared else None,
+        }
 
     def _scoring(self) -> str:
         scoring = self.cfg("scoring_func", default="sigmoid")

@@ -139,9 +139,11 @@ uint64_t mpm_scratch_bytes(const mpm_config *c) {
                      3u * (uint64_t)MPM_CHUNK * (uint64_t)c->top_k;
     /* per chunk token: q, k, v, attention output, MLA latents, FFN gate/up */
     uint64_t per_tok = 4 * q + 2 * (uint64_t)max64(I, c->q_lora_rank);
-    /* f32 copies made at load: transposed codebooks (<= 8 stages), rotation signs, norms, bias */
+    /* f32 copies made at load: transposed codebooks (<= 8 stages), rotation signs, norms, bias,
+     * q/k/v biases and full-width q/k norms (GQA variants) */
     uint64_t per_layer = 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +
-                                                          c->q_lora_rank + c->kv_lora_rank + c->n_experts);
+                                                          c->q_lora_rank + c->kv_lora_rank + c->n_experts) +
+                         (c->mla ? 0u : (uint64_t)((2 * c->n_heads + 3 * c->n_kv_heads) * c->head_dim));
     return tabs + 4u * ((uint64_t)MPM_CHUNK * per_tok + 16 * (uint64_t)max64(H, I) +
                  (uint64_t)c->vocab + 2 * (uint64_t)c->n_experts + chunk +
                  per_layer * (uint64_t)c->n_layers + (uint64_t)H);
@@ -222,9 +224,15 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
         NAME("layers.%d.attn.k", l); TRY(load_mat(L, n, kd, H, &ly->k, 1));
         NAME("layers.%d.attn.v", l); TRY(load_mat(L, n, kd, H, &ly->v, 1));
         NAME("layers.%d.attn.o", l); TRY(load_mat(L, n, H, qd, &ly->o, 1));
+        if (c->qkv_bias) {
+            NAME("layers.%d.attn.q_bias", l); TRY(load_f32(L, n, (uint64_t)qd, &ly->q_bias, 1));
+            NAME("layers.%d.attn.k_bias", l); TRY(load_f32(L, n, (uint64_t)kd, &ly->k_bias, 1));
+            NAME("layers.%d.attn.v_bias", l); TRY(load_f32(L, n, (uint64_t)kd, &ly->v_bias, 1));
+        }
         if (c->qk_norm) {
-            NAME("layers.%d.attn.q_norm", l); TRY(load_f32(L, n, (uint64_t)c->head_dim, &ly->q_norm, 1));
-            NAME("layers.%d.attn.k_norm", l); TRY(load_f32(L, n, (uint64_t)c->head_dim, &ly->k_norm, 1));
+            uint64_t nq = (uint64_t)(c->qk_norm_full ? qd : c->head_dim), nk = (uint64_t)(c->qk_norm_full ? kd : c->head_dim);
+            NAME("layers.%d.attn.q_norm", l); TRY(load_f32(L, n, nq, &ly->q_norm, 1));
+            NAME("layers.%d.attn.k_norm", l); TRY(load_f32(L, n, nk, &ly->k_norm, 1));
         }
     } else {
         int64_t qk = c->qk_nope_dim + c->qk_rope_dim;
@@ -347,6 +355,9 @@ void mpm_free(mpm_model *m) {
         free(ly->ffn_norm);
         free(ly->q_norm);
         free(ly->k_norm);
+        free(ly->q_bias);
+        free(ly->k_bias);
+        free(ly->v_bias);
         free(ly->q_a_norm);
         free(ly->kv_a_norm);
         free(ly->router_bias);

@@ -1,4 +1,5 @@
-/* Forward pass of the supported MoE decoders (FORMAT.md §7): Mixtral, Qwen3-MoE, DeepSeek-V3.
+/* Forward pass of the supported MoE decoders (FORMAT.md §7): Mixtral, Qwen3-MoE, DeepSeek-V3,
+ * GLM-4.5, MiniMax-M2, Kimi K2.5.
  *
  * The model never touches files: trunk tensors come in through mpm_tensor_fn (bytes already in
  * RAM), routed experts through mpm_expert_io (acquire/release/prefetch a record).  engine.c
@@ -16,7 +17,7 @@
 #define MPM_MAX_GROUPS 1024
 #define MPM_CHUNK 16 /* tokens per forward chunk (prefill) */
 
-enum { MPM_MIXTRAL = 0, MPM_QWEN3_MOE, MPM_DEEPSEEK_V3 };
+enum { MPM_MIXTRAL = 0, MPM_QWEN3_MOE, MPM_DEEPSEEK_V3, MPM_GLM4_MOE, MPM_MINIMAX_M2, MPM_KIMI_K25 };
 
 typedef struct mpm_config {
     int arch;
@@ -24,6 +25,9 @@ typedef struct mpm_config {
     float eps;
     double rope_theta;
     int tie_embeddings, qk_norm;
+    int qk_norm_full; /* qk_norm over all heads at once (MiniMax-M2), else per head */
+    int qkv_bias;     /* GQA q/k/v projection biases (GLM-4.5) */
+    int64_t rotary_dim; /* GQA: rotate-half RoPE on the first rotary_dim dims of each head */
     /* YaRN (DeepSeek-V3); yarn = 0 means plain RoPE */
     int yarn;
     double yarn_attn_factor; /* explicit attention_factor, or 0 = derive from mscale */

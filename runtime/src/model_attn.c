@@ -1,4 +1,5 @@
-/* Attention: RoPE (plain and YaRN), GQA with a KV cache (optional Qwen3 qk-norm), and MLA with
+/* Attention: RoPE (plain and YaRN, optionally on part of each head), GQA with a KV cache (optional
+ * q/k/v biases, per-head or full-width qk-norm), and MLA with
  * the compressed latent cache and absorbed projections (DeepSeek-V3): per head, the query's
  * no-position part is mapped into latent space through kv_b's key rows, scores are taken against
  * the cached latents, and the value is read back through kv_b's value rows, so K and V are never
@@ -16,7 +17,8 @@ static double yarn_get_mscale(double scale, double mscale) {
 
 int mpm_rope_init(mpm_model *m) {
     const mpm_config *c = &m->c;
-    int64_t dim = c->mla ? c->qk_rope_dim : c->head_dim, half = dim / 2;
+    /* GQA may rotate only the first rotary_dim dims of each head (GLM-4.5, MiniMax-M2) */
+    int64_t dim = c->mla ? c->qk_rope_dim : c->rotary_dim, half = dim / 2;
     m->rope_dim = dim;
     m->inv_freq = calloc((size_t)half, sizeof(double));
     if (!m->inv_freq) return MP_ENOMEM;
@@ -123,15 +125,26 @@ static void gqa(mpm_model *m, int l, int pos, int T, const float *xn, float *out
     mpk_matmat(m->kern, m->pool, &ly->q, xn, T, m->q);
     mpk_matmat(m->kern, m->pool, &ly->k, xn, T, m->kbuf);
     mpk_matmat(m->kern, m->pool, &ly->v, xn, T, m->vbuf);
+    /* per-head qk-norm (Qwen3, GLM) or one norm over all heads (MiniMax-M2), after the biases */
+    int full = c->qk_norm && c->qk_norm_full, per_head = c->qk_norm && !c->qk_norm_full;
     for (int t = 0; t < T; t++) {
         float *q = m->q + t * qd, *k = m->kbuf + t * kvd;
+        if (c->qkv_bias) {
+            mpk_axpy(q, 1.0f, ly->q_bias, qd);
+            mpk_axpy(k, 1.0f, ly->k_bias, kvd);
+            mpk_axpy(m->vbuf + t * kvd, 1.0f, ly->v_bias, kvd);
+        }
+        if (full) {
+            rms_inplace(q, ly->q_norm, qd, c->eps);
+            rms_inplace(k, ly->k_norm, kvd, c->eps);
+        }
         rope_tables(m, pos + t);
         for (int64_t h = 0; h < c->n_heads; h++) {
-            if (c->qk_norm) rms_inplace(q + h * hd, ly->q_norm, hd, c->eps);
+            if (per_head) rms_inplace(q + h * hd, ly->q_norm, hd, c->eps);
             rope_apply(m, q + h * hd, 0);
         }
         for (int64_t h = 0; h < c->n_kv_heads; h++) {
-            if (c->qk_norm) rms_inplace(k + h * hd, ly->k_norm, hd, c->eps);
+            if (per_head) rms_inplace(k + h * hd, ly->k_norm, hd, c->eps);
             rope_apply(m, k + h * hd, 0);
         }
         size_t at = ((size_t)l * (size_t)m->ctx + (size_t)(pos + t)) * (size_t)kvd;

@@ -60,6 +60,16 @@ static int get_num(const mp_json *o, const char *key, double dflt, double *out) 
     return mp_json_as_f64(v, out) != 0 || !isfinite(*out);
 }
 
+/* An optional flag: absent or null gives dflt; anything but true/false is an error. */
+static int get_opt_bool(const mp_json *o, const char *pre, const char *key, int dflt, int *out,
+                        char *err, size_t errlen) {
+    const mp_json *v = mp_json_get(o, key);
+    *out = dflt;
+    if (!v || mp_json_is_null(v)) return 0;
+    if (mp_json_as_bool(v, out) != 0) FAIL(MP_EFORMAT, "manifest.model: %s%s must be true or false", pre, key);
+    return 0;
+}
+
 static int get_bool(const mp_json *o, const char *key, int dflt) {
     int b;
     return mp_json_as_bool(mp_json_get(o, key), &b) == 0 ? b : dflt;
@@ -75,7 +85,10 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
     if (!strcmp(arch, "mixtral")) c->arch = MPM_MIXTRAL;
     else if (!strcmp(arch, "qwen3_moe")) c->arch = MPM_QWEN3_MOE;
     else if (!strcmp(arch, "deepseek_v3")) c->arch = MPM_DEEPSEEK_V3;
-    else FAIL(MP_EUNSUPPORTED, "architecture %s is not supported (mixtral, qwen3_moe, deepseek_v3)", arch);
+    else if (!strcmp(arch, "glm4_moe")) c->arch = MPM_GLM4_MOE;
+    else if (!strcmp(arch, "minimax_m2")) c->arch = MPM_MINIMAX_M2;
+    else if (!strcmp(arch, "kimi_k25")) c->arch = MPM_KIMI_K25;
+    else FAIL(MP_EUNSUPPORTED, "architecture %s is not supported (mixtral, qwen3_moe, deepseek_v3, glm4_moe, minimax_m2, kimi_k25)", arch);
     int rc;
 #define INT(key, lo, hi, dst) if ((rc = get_int(m, "", key, lo, hi, &c->dst, err, errlen))) return rc
     INT("vocab_size", 1, MAX_VOCAB, vocab);
@@ -115,7 +128,6 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
             FAIL(MP_EUNSUPPORTED, "manifest.model: rope_scaling type %s is not supported (yarn)", t);
         }
     }
-    c->rope_interleave = c->arch == MPM_DEEPSEEK_V3 ? get_bool(src, "rope_interleave", 1) : 0;
     /* sliding-window attention lives only in the source config (not in manifest.model) */
     if (c->arch == MPM_MIXTRAL &&
         (rc = get_opt_int(src, "source.config.", "sliding_window", 1, INT64_MAX, 0, &c->sliding_window, err, errlen)))
@@ -136,7 +148,23 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
             (rc = get_int(at, a, "v_head_dim", 1, MAX_HEAD_DIM, &c->v_head_dim, err, errlen)))
             return rc;
         if (c->qk_rope_dim % 2) FAIL(MP_EFORMAT, "manifest.model: attention.qk_rope_head_dim must be even");
-    } else if (strcmp(kind, "gqa")) {
+        /* absent in containers written before it was described: DeepSeek-V3's source config */
+        int dflt = c->arch == MPM_DEEPSEEK_V3 ? get_bool(src, "rope_interleave", 1) : 1;
+        if ((rc = get_opt_bool(at, "attention.", "rope_interleave", dflt, &c->rope_interleave, err, errlen))) return rc;
+    } else if (!strcmp(kind, "gqa")) {
+        const char *a = "attention.";
+        if ((rc = get_opt_int(at, a, "rotary_dim", 2, c->head_dim, c->head_dim, &c->rotary_dim, err, errlen)) ||
+            (rc = get_opt_bool(at, a, "qkv_bias", 0, &c->qkv_bias, err, errlen)))
+            return rc;
+        if (c->rotary_dim % 2) FAIL(MP_EFORMAT, "manifest.model: attention.rotary_dim must be even (rotary pairs)");
+        const mp_json *sc = mp_json_get(at, "qk_norm_scope");
+        if (sc && !mp_json_is_null(sc)) {
+            const char *s = mp_json_as_str(sc, NULL);
+            if (!s || (strcmp(s, "head") && strcmp(s, "all_heads")))
+                FAIL(MP_EFORMAT, "manifest.model: attention.qk_norm_scope must be one of head, all_heads");
+            c->qk_norm_full = !strcmp(s, "all_heads");
+        }
+    } else {
         FAIL(MP_EUNSUPPORTED, "manifest.model: attention.kind %s is not supported (gqa, mla)", kind);
     }
 

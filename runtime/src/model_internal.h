@@ -13,7 +13,8 @@ typedef struct mpm_layer {
     float *attn_norm, *ffn_norm;
     /* GQA */
     mpk_mat q, k, v, o;
-    float *q_norm, *k_norm; /* qk_norm */
+    float *q_norm, *k_norm; /* qk_norm: [head_dim], or [heads*head_dim] / [kv*head_dim] (all_heads) */
+    float *q_bias, *k_bias, *v_bias; /* qkv_bias (GLM-4.5) */
     /* MLA */
     mpk_mat q_a, q_b, kv_a, kv_b;
     float *q_a_norm, *kv_a_norm;

@@ -1,0 +1,52 @@
+"""The README's table of supported real checkpoints, computed by the converter's planner from
+the config.json files beside this script (written from the published model cards; no weights).
+
+    .venv/bin/python docs/configs/supported_models.py      # prints the Markdown rows
+
+tests/test_supported_models.py checks that README.md holds exactly these rows."""
+
+from __future__ import annotations
+
+import json
+from math import prod
+from pathlib import Path
+
+from moepack.convert.plan import plan_for_config
+from moepack.convert.settings import Settings
+
+HERE = Path(__file__).parent
+# file stem -> the published names it stands for (same architecture and sizes)
+MODELS = {
+    "GLM-4.5": "GLM-4.5",
+    "GLM-4.6": "GLM-4.6 / GLM-4.7",
+    "GLM-4.5-Air": "GLM-4.5-Air",
+    "MiniMax-M2": "MiniMax-M2 / M2.1",
+    "Kimi-K2.5": "Kimi K2.5 / K2.6",
+}
+HEADER = ("| model | arch | parameters converted (total / active per token) | expert bytes per "
+          "token | container (default codecs) |\n|---|---|---|---|---|")
+
+
+def row(stem: str) -> str:
+    cfg = json.loads((HERE / f"{stem}.json").read_text())
+    layout = plan_for_config(cfg, Settings())
+    spec = layout.spec
+    trunk = sum(prod(t.shape) for t in spec.tensors if t.cls != "codebook")
+    moe = spec.manifest["model"]["moe"]
+    per_expert = sum(prod(p.shape) for p in spec.banks[0].parts)
+    layers = len(spec.banks)
+    total = trunk + layers * int(moe["num_experts"]) * per_expert
+    active = trunk + layers * int(moe["top_k"]) * per_expert
+    record = layout.bank(spec.banks[0].layer).record_length
+    read = layers * int(moe["top_k"]) * record
+    return (f"| {MODELS[stem]} | `{spec.manifest['model']['arch']}` | {total / 1e9:.0f} B / "
+            f"{active / 1e9:.1f} B | {read / 2**20:.0f} MiB ({layers} layers × {moe['top_k']} "
+            f"× {record / 2**20:.2f} MiB) | {layout.file_size / 1e9:.0f} GB |")
+
+
+def table() -> str:
+    return "\n".join([HEADER, *(row(stem) for stem in MODELS)])
+
+
+if __name__ == "__main__":
+    print(table())

@@ -1,0 +1,39 @@
+"""README's supported-models table is the planner's output for docs/configs/ (real configs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from moepack.convert.plan import described
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "docs" / "configs"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("supported_models",
+                                                  CONFIGS / "supported_models.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_table_is_the_planners():
+    table = _script().table()
+    assert table in (ROOT / "README.md").read_text()
+    assert table.count("\n") == 1 + len(list(CONFIGS.glob("*.json")))
+
+
+def test_real_configs_describe_as_expected():
+    glm = described(json.loads((CONFIGS / "GLM-4.5.json").read_text())).model
+    assert glm["attention"] == {"kind": "gqa", "rotary_dim": 64, "qkv_bias": True}
+    assert glm["layer_kinds"][:4] == ["dense"] * 3 + ["moe"] and glm["qk_norm"] is True
+    mm = described(json.loads((CONFIGS / "MiniMax-M2.json").read_text())).model
+    assert mm["attention"] == {"kind": "gqa", "rotary_dim": 64, "qk_norm_scope": "all_heads"}
+    kimi = described(json.loads((CONFIGS / "Kimi-K2.5.json").read_text()))
+    assert kimi.model["moe"]["num_experts"] == 384 and kimi.model["hidden_size"] == 7168
+    assert kimi.model["rope_scaling"]["factor"] == 64.0
+    assert any("vision tower" in s for s in kimi.skipped())
