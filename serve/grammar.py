@@ -39,7 +39,7 @@ def _num_class(c: str) -> str:
         return "e"
     if c in "+-":
         return "+"
-    return c
+    return c if c == "." else "?"  # anything else: no class (a letter must not pass as "d")
 
 
 def _close(stack: str) -> State:
@@ -77,7 +77,7 @@ def _after_value(stack: str, c: str) -> State | None:
 def step(st: State, c: str) -> State | None:
     """The state after character c, or None when c cannot continue valid JSON."""
     stack, mode, sub, ws = st
-    if mode in "VKk:A" and c in _WS:
+    if mode in "VKk:A" and c in _WS and sub != "top":  # the reply starts with "{" itself
         return (stack, mode, sub, ws + 1) if ws < MAX_WS else None
     if mode == "V":
         if sub == "top":

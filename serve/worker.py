@@ -21,6 +21,7 @@ class Worker:
         self._q: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self.pending = 0  # submitted and not finished, the running one included
+        self.current: Job | None = None
         self.engine_stats = engine.stats()  # read only by this thread; others get the copy
         self._thread = threading.Thread(target=self._loop, name="moepack-engine", daemon=True)
         self._thread.start()
@@ -42,9 +43,25 @@ class Worker:
         """Seconds a refused client should wait: the queue ahead times a typical request."""
         return max(1, round(self.waiting * self.metrics.mean_request_seconds()))
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Cancel what runs and waits, stop the thread; True when it has stopped (only then
+        may the engine be closed: the thread may be inside it)."""
+        with self._lock:
+            if self.current is not None:
+                self.current.cancel.set()
+        while True:
+            try:
+                job = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancel.set()
+                job.emit(RuntimeError("the server is shutting down"))
+                with self._lock:
+                    self.pending -= 1
         self._q.put(None)
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=30)
+        return not self._thread.is_alive()
 
     def _loop(self) -> None:
         while True:
@@ -55,10 +72,13 @@ class Worker:
                 if job.cancel.is_set():  # its client left while it waited
                     self.metrics.cancelled += 1
                     continue
+                with self._lock:
+                    self.current = job
                 self._run(job)
             finally:
                 with self._lock:
                     self.pending -= 1
+                    self.current = None
 
     def _run(self, job: Job) -> None:
         try:

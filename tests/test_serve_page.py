@@ -42,7 +42,8 @@ def test_page_streams_answer_with_stats(browser):
     browser.type_text("def parse(line):")
     browser.press_enter()
     stats = browser.wait_for("(document.querySelector('.stats') || {}).textContent", 60)
-    assert "tok/s" in stats and "cache hits" in stats and "cached 0" in stats
+    assert "tok/s" in stats and "cache hits" in stats
+    first_prompt = int(stats.split("(prompt ")[1].split(",")[0])
     text = browser.eval("document.querySelector('.msg.assistant').textContent")
     lens = browser.eval("window.__lens")
     growing = sorted(set(lens))
@@ -60,4 +61,4 @@ def test_page_streams_answer_with_stats(browser):
                      "document.querySelectorAll('.stats')[1].textContent.includes('tok/s')", 60)
     second = browser.eval("document.querySelectorAll('.stats')[1].textContent")
     cached = int(second.split("cached ")[1].split(")")[0])
-    assert cached > 0, second
+    assert cached >= first_prompt, second  # the whole first turn came from the KV cache

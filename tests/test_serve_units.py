@@ -33,7 +33,7 @@ def test_recognizer_accepts_every_json_object(obj, indent, ascii_only):
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.text(alphabet='{}[]":,.-+eE0123456789tfnrulas \\\n', max_size=24))
+@given(st.text(alphabet='{}[]":,.-+eE0123456789tfnrulasdx? \\\n', max_size=24))
 def test_recognizer_agrees_with_json_loads(text):
     st_ = grammar.walk(grammar.START, text)
     try:
@@ -49,7 +49,8 @@ def test_recognizer_agrees_with_json_loads(text):
 
 def test_recognizer_rejects():
     for bad in ['[1]', ' {}', '{"a":01}', '{"a" 1}', '{"a":1,}', '{"a":tru}', '{"a":"\x01"}',
-                '{"a":"\\x"}', '{"a":1}}', '{"a":1} ', '{' + '"a":{' * 40]:
+                '{"a":"\\x"}', '{"a":1}}', '{"a":1} ', '{' + '"a":{' * 40, '{"a":5d2}',
+                '{"a":1.5d}', '{"a":-d}', '{"a":1e+d}']:
         s = grammar.walk(grammar.START, bad)
         assert s is None or not grammar.done(s), bad
 
