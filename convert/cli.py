@@ -46,7 +46,9 @@ def _human(n: float) -> str:
 
 # Module-level option objects (ruff B008); Optional[...] because typer parses annotations at
 # runtime and `X | None` is not understood on Python 3.10.
-_SRC = typer.Argument(..., help="Hugging Face checkpoint directory.", show_default=False)
+_SRC = typer.Argument(..., show_default=False,
+                      help="Hugging Face checkpoint directory, or hf:ORG/REPO[@REV] to convert "
+                      "straight from the hub (with --staging).")
 _OUT = typer.Argument(..., help="Output container, e.g. model.moepack.", show_default=False)
 _JOBS = typer.Option(None, "--jobs", "-j", min=1, show_default=False,
                      help="Worker processes (one layer at a time each); default: usable cores "
@@ -55,6 +57,9 @@ _RAY = typer.Option(None, "--ray", show_default=False, metavar="ADDRESS",
                     help="Run the work as tasks on this Ray cluster (host:port; auto: the local "
                     "cluster, started if there is none). SRC must be the same path on every "
                     "node. Needs pip install 'moepack[cluster]'.")
+_STAGING = typer.Option(None, "--staging", show_default=False, metavar="SIZE",
+                        help="hf: sources: most bytes of source shards on disk at once "
+                        "(e.g. 40G); shards are downloaded as needed and deleted when done.")
 _EXPERT = typer.Option(None, "--expert-codec", show_default=False,
                        help="Expert codec preset: rvq3-l (default), rvq3-m, rvq3, rvq4, rvq2...")
 _TRUNK = typer.Option(None, "--trunk-codec",
@@ -85,6 +90,7 @@ def convert_cmd(
     out: Path = _OUT,
     jobs: Optional[int] = _JOBS,  # noqa: UP045
     ray: Optional[str] = _RAY,  # noqa: UP045
+    staging: Optional[str] = _STAGING,  # noqa: UP045
     expert_codec: Optional[str] = _EXPERT,  # noqa: UP045
     trunk_codec: Optional[str] = _TRUNK,  # noqa: UP045
     codec: Optional[list[str]] = _CODEC,  # noqa: UP045
@@ -111,9 +117,21 @@ def convert_cmd(
         raise _fail("--jobs and --ray exclude each other (with --ray the cluster's CPUs work)")
     if ray is not None and not ray.strip():
         raise _fail("--ray expects an address (host:port) or auto")
+    hub = str(src).startswith("hf:")
+    if hub and staging is None:
+        raise _fail("hf: sources need --staging SIZE (the most source bytes kept on disk, e.g. "
+                    "40G; at least the largest shard)")
+    if staging is not None and not hub:
+        raise _fail("--staging is for hf:ORG/REPO sources (a local SRC is read in place)")
+    if hub and ray is not None:
+        raise _fail("--ray with an hf: source is not supported yet: fetch the checkpoint to a "
+                    "shared path first (moepack fetch), then convert it with --ray")
     reporter = Reporter() if (quiet or as_json or dry_run) else RichReporter()
     try:
         settings = _settings(expert_codec, trunk_codec, codec or [], seed, alignment, sample, iters)
+        if hub:
+            return _convert_hub(str(src), out, settings, staging or "", jobs, force, restart,
+                                dry_run, reporter, pause_per_unit, as_json, quiet)
         summary = convert(src, out, settings, jobs=jobs, force=force, restart=restart,
                           dry_run=dry_run, reporter=reporter, pause_per_unit=pause_per_unit,
                           ray=ray)
@@ -143,6 +161,35 @@ def convert_cmd(
     elif not quiet:
         typer.echo(f"{out}: {_human(summary.file_size)}, container {summary.container_id}, "
                    f"{summary.seconds:.1f} s, {summary.bits_per_weight} bits/weight")
+
+
+def _convert_hub(source: str, out: Path, settings, staging: str, jobs: int | None,
+                 force: bool, restart: bool, dry_run: bool, reporter, pause: float,
+                 as_json: bool, quiet: bool) -> None:
+    from moepack.convert.stream import convert_from_hub
+    from moepack.fetch.units import parse_size
+
+    try:
+        bound = parse_size(staging)
+    except ValueError as e:
+        raise _fail(f"--staging: {e}") from None
+    summary, facts = convert_from_hub(source, out, settings, staging=bound, jobs=jobs,
+                                      force=force, restart=restart, dry_run=dry_run,
+                                      reporter=reporter, pause_per_unit=pause)
+    if as_json:
+        doc = {"stream": facts, **(asdict(summary) if summary else {})}
+        typer.echo(json.dumps(doc, sort_keys=True))
+    elif dry_run:
+        typer.echo(f"{source} ({facts['revision'][:12]}): {_human(facts['source_bytes'])} of "
+                   f"shards (largest {_human(facts['largest_shard'])}) -> {out}: "
+                   f"{_human(facts['container_bytes'])}")
+        typer.echo(f"peak disk: {_human(facts['peak_disk'])} = container "
+                   f"{_human(facts['container_bytes'])} + staging {_human(bound)} + small files "
+                   f"{_human(facts['small_files'])}; free: {_human(facts['free_space'])}")
+    elif not quiet and summary is not None:
+        typer.echo(f"{out}: {_human(summary.file_size)}, container {summary.container_id}, "
+                   f"{summary.seconds:.1f} s; downloaded {_human(facts['downloaded'])}, at most "
+                   f"{_human(facts['peak_staged'])} of shards on disk")
 
 
 def export_cmd(

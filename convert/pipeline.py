@@ -11,7 +11,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from math import prod
@@ -117,12 +117,18 @@ def _refuse_odd_entries(*paths: Path) -> None:
 def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int | None = 1,
             force: bool = False, restart: bool = False, dry_run: bool = False,
             reporter: Reporter | None = None, pause_per_unit: float = 0.0,
-            ray: str | None = None) -> Summary:
+            ray: str | None = None,
+            known_files: Mapping[str, tuple[int, int, str]] | None = None,
+            execute: Execute | None = None) -> Summary:
     """Convert checkpoint `src` into container `out` (see the module docstring).
 
     jobs=None: usable cores bounded by memory (`convert.jobs.choose_jobs`), said in a message.
     ray: a Ray cluster address (`auto`: the local one) to run the units on instead of local
     workers (convert/cluster.py); the bytes are the same.
+    known_files: name -> (size, mtime_ns, sha256) of weight files whose hash is known (streaming
+    from the hub: the hub's, checked by every download); they are neither hashed nor scanned
+    here (the encoders still check every value they read). execute: runs the tasks instead of
+    the local workers (convert/stream.py's waves).
     pause_per_unit > 0 journals every unit and pauses that long after it (for tests that
     interrupt a conversion at a chosen point); it does not change the bytes."""
     rep = reporter or Reporter()
@@ -159,9 +165,10 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int |
     if free < need:
         raise ConvertError(f"not enough free space for {out}: need {need:,} bytes, "
                            f"{free:,} free on {out.parent}; nothing was written")
-    with _executor(ray, jobs, rep) as execute:  # Ray: connected before the long hash pass
-        rep.hashing(sum((ck.dir / f).stat().st_size for f in ck.files))
-        fp = fingerprint(ck.dir, ck.files, known_hashes(jpath) if resuming else None, rep.hashed)
+    with _executor(ray, jobs, rep, execute) as run:  # Ray: connected before the hash pass
+        known = {**(known_hashes(jpath) if resuming else {}), **(known_files or {})}
+        rep.hashing(sum((ck.dir / f).stat().st_size for f in ck.files if f not in known))
+        fp = fingerprint(ck.dir, ck.files, known, rep.hashed)
         plan, smap = checkpoint_plan(ck, settings, manifest_files(fp))
         header = journal_header(plan, fp)
         lengths = unit_lengths(plan)
@@ -183,7 +190,7 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int |
         resumed = len(journal.done)
         stats: dict[str, int] = {}
         try:
-            cid = _run(ck, out, plan, make_tasks(plan, smap), journal, settings, execute,
+            cid = _run(ck, out, plan, make_tasks(plan, smap), journal, settings, run,
                        1 if ray else threads_per_worker(jobs), force, lengths, rep, stats,
                        pause_per_unit)
         finally:
@@ -242,9 +249,13 @@ Execute = Callable[[WorkerConfig, list[Task], dict[str, str], Callable[[tuple], 
 
 
 @contextmanager
-def _executor(ray: str | None, jobs: int, rep: Reporter) -> Iterator[Execute]:
-    """Local worker processes, or the Ray cluster at `ray` (connected here, so a missing Ray
-    or an unreachable cluster is reported before hours of hashing)."""
+def _executor(ray: str | None, jobs: int, rep: Reporter,
+              given: Execute | None = None) -> Iterator[Execute]:
+    """`given`, local worker processes, or the Ray cluster at `ray` (connected here, so a
+    missing Ray or an unreachable cluster is reported before hours of hashing)."""
+    if given is not None:
+        yield given
+        return
     if ray is None:
         yield lambda cfg, tasks, done, on_message: run_tasks(cfg, tasks, done, jobs, on_message)
         return

@@ -1,0 +1,357 @@
+"""`moepack convert hf:ORG/REPO[@REV] OUT --staging SIZE`: convert straight from the hub with
+at most SIZE bytes of source shards on disk.
+
+The staging folder `OUT.staging/` holds the small files (config, index, tokenizer: downloaded
+whole) and, for every weight shard, either the real file (downloaded and SHA-256-checked by
+moepack.fetch, recorded in its verified record) or a *stand-in*: the shard's safetensors header,
+fetched by an HTTP range request, in a sparse file of the shard's size. With stand-ins the folder
+is a complete checkpoint for planning (headers only), so the ordinary pipeline plans, journals
+and finalizes; this module's executor runs the tasks in waves: it takes the next tasks in file
+order whose shards fit the bound together, turns every real shard no task of the wave needs back
+into a stand-in (freeing its blocks), downloads the missing ones, and runs the wave with the
+local workers. A shard is released as soon as no remaining task needs it. No task runs unless
+all its shards are real. kill -9 at any point, then the same command: journaled units are skipped,
+verified shards kept, an interrupted download resumed; the container is byte-identical to a
+local conversion (the manifest's source hashes are the hub's SHA-256, which every download is
+checked against; a downloaded shard's header must equal its stand-in's).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import shutil
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from moepack.convert.errors import ConvertError, SourceError
+from moepack.convert.pipeline import SPACE_MARGIN, Summary, convert
+from moepack.convert.progress import Reporter
+from moepack.convert.runner import run_tasks
+from moepack.convert.settings import Settings
+from moepack.convert.source import BLOB_FILES, INDEX_NAME, SINGLE_NAME, Checkpoint, load_json
+from moepack.convert.st_header import MAX_HEADER
+from moepack.convert.tasks import Task, expert_unit, tensor_unit
+from moepack.convert.worker import WorkerConfig
+
+SMALL_FILES = ("config.json", INDEX_NAME, *BLOB_FILES)
+
+
+def staging_dir(out: Path) -> Path:
+    return out.with_name(out.name + ".staging")
+
+
+@dataclass
+class StreamStats:
+    staging_bound: int
+    source_bytes: int = 0          # all weight shards
+    downloaded: int = 0            # weight-shard bytes downloaded by this run
+    shards_downloaded: int = 0
+    peak_staged: int = 0           # most real shard bytes on disk at once
+    waves: int = 0
+
+
+@dataclass
+class _Hub:
+    """The repository pinned to one commit, and fetch's download machinery pointed at it."""
+
+    repo: str
+    revision: str
+    files: dict[str, object]           # name -> fetch RemoteFile
+    stage: Path
+    record: object = field(init=False)  # fetch VerifiedRecord of the staging folder
+
+    def __post_init__(self) -> None:
+        from moepack.fetch.hub_state import VerifiedRecord
+
+        self.record = VerifiedRecord(self.stage)
+
+    def url(self, name: str) -> str:
+        from moepack.fetch.hub_download import resolve_url
+
+        return resolve_url(self.repo, self.revision, name)
+
+    def verified(self, name: str) -> bool:
+        f = self.files[name]
+        sha = self.record.sha256(name)  # type: ignore[attr-defined]
+        return sha is not None and (f.sha256 is None or sha == f.sha256)  # type: ignore[attr-defined]
+
+    def download(self, name: str) -> int:
+        """Download `name` into the staging folder (resuming NAME.incomplete); bytes fetched."""
+        from moepack.fetch.errors import FetchError
+        from moepack.fetch.hub_download import DownloadPolicy, download
+
+        f = self.files[name]
+        try:
+            sha = download(f, self.url(name), self.stage, DownloadPolicy())  # type: ignore[arg-type]
+        except (FetchError, OSError) as e:
+            raise ConvertError(f"{name}: download failed: {e}; rerun the same command to "
+                               "continue") from None
+        self.record.add(name, sha)  # type: ignore[attr-defined]
+        return int(f.size)  # type: ignore[attr-defined]
+
+    def header(self, name: str) -> bytes:
+        """The first 8 + header-length bytes of a shard, by HTTP range requests (bounded)."""
+        size = int(self.files[name].size)  # type: ignore[attr-defined]
+        head = self._range(name, 0, 8)
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER or 8 + n > size:
+            raise SourceError(f"{name}: corrupt safetensors header: header length {n} does not "
+                              f"fit in the {size}-byte file")
+        return head + self._range(name, 8, 8 + n)
+
+    def _range(self, name: str, start: int, end: int) -> bytes:
+        import httpx2
+        from huggingface_hub.utils import build_hf_headers, get_session
+
+        headers = build_hf_headers(token=os.environ.get("HF_TOKEN") or None)
+        headers.update({"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"})
+        body = bytearray()
+        try:
+            with get_session().stream("GET", self.url(name), headers=headers,
+                                      timeout=httpx2.Timeout(30.0, read=120.0)) as r:
+                if r.status_code not in (200, 206):
+                    raise ConvertError(f"{name}: HTTP {r.status_code} asking for its header")
+                for chunk in r.iter_bytes():  # a 200 (Range ignored) is cut at `end`
+                    body += chunk
+                    if len(body) >= end - start if r.status_code == 206 else len(body) >= end:
+                        break
+        except httpx2.HTTPError as e:
+            raise ConvertError(f"{name}: cannot read its header: {e}") from None
+        data = bytes(body) if r.status_code == 206 else bytes(body[start:end])
+        if len(data) < end - start:
+            raise ConvertError(f"{name}: short answer reading its header ({len(data)} of "
+                               f"{end - start} bytes)")
+        return data[:end - start]
+
+
+def _write_standin(stage: Path, name: str, header: bytes, size: int) -> None:
+    """NAME becomes a sparse file of `size` bytes holding just `header` (atomic replace)."""
+    from moepack.safefs import write_file
+
+    tmp = stage / f".{name}.standin"
+    write_file(tmp, header)
+    os.truncate(tmp, size)
+    os.replace(tmp, stage / name)
+
+
+def _read_prefix(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        head = f.read(8)
+        (n,) = struct.unpack("<Q", head)
+        return head + f.read(min(n, MAX_HEADER))
+
+
+class _Files:
+    """Which weight shards each source tensor lives in (a tensor and its companions: fp8
+    `_scale_inv`, packed `_packed`/`_scale`/`_shape` share its name as a prefix)."""
+
+    def __init__(self, ck: Checkpoint) -> None:
+        self.names = sorted(ck.tensors)
+        self.file = {n: ck.tensors[n].file for n in self.names}
+
+    def of(self, names: Iterable[str]) -> frozenset[str]:
+        out = set()
+        for name in names:
+            i = bisect.bisect_left(self.names, name)
+            while i < len(self.names) and self.names[i].startswith(name):
+                out.add(self.file[self.names[i]])
+                i += 1
+        return frozenset(out)
+
+
+Piece = tuple[Task, frozenset]
+
+
+def pieces(tasks: list[Task], done: Mapping[str, str], files: _Files) -> list[Piece]:
+    """Tasks split into what can run apart: each missing trunk tensor, and a MoE layer's
+    codebooks + missing experts (training samples all its experts, so they stay together)."""
+    out = []
+    for t in tasks:
+        for job in t.trunk:
+            if tensor_unit(job.name) not in done:
+                out.append((Task(t.key, (job,)), files.of([job.ref.name])))
+        if t.layer is not None and any(expert_unit(t.layer, e) not in done for e, _ in t.experts):
+            names = [r.name for _, refs in t.experts for r in refs.values()]
+            out.append((Task(t.key, (), t.layer, t.experts), files.of(names)))
+    return out
+
+
+class StreamExecutor:
+    def __init__(self, hub: _Hub, sizes: Mapping[str, int], bound: int, jobs: int,
+                 rep: Reporter, stats: StreamStats) -> None:
+        self.hub, self.sizes, self.bound, self.jobs = hub, sizes, bound, jobs
+        self.rep, self.stats = rep, stats
+
+    def real(self) -> set[str]:
+        return {n for n in self.sizes if self.hub.verified(n)}
+
+    def execute(self, cfg: WorkerConfig, tasks: list[Task], done: dict[str, str],
+                on_message: Callable[[tuple], None]) -> None:
+        work = pieces(tasks, done, _Files(Checkpoint(cfg.src)))
+        for _, need in work:
+            if sum(self.sizes[n] for n in need) > self.bound:
+                raise ConvertError(
+                    f"--staging {self.bound:,} bytes is too small: one task needs "
+                    f"{sum(self.sizes[n] for n in need):,} bytes of shards at once "
+                    f"({', '.join(sorted(need))})")
+        left: dict[str, int] = {}
+        for t, _ in work:
+            left[t.key] = left.get(t.key, 0) + 1
+        rss: dict[str, int] = {}
+
+        def relay(msg: tuple) -> None:  # one "task_done" per original task, as the bars expect
+            if msg[0] != "task_done":
+                on_message(msg)
+                return
+            rss[msg[1]] = max(rss.get(msg[1], 0), msg[2])
+            left[msg[1]] -= 1
+            if left[msg[1]] == 0:
+                on_message(("task_done", msg[1], rss[msg[1]]))
+
+        while work:
+            wave, need = [], frozenset()
+            for piece in work:
+                more = need | piece[1]
+                if wave and sum(self.sizes[n] for n in more) > self.bound:
+                    break
+                wave.append(piece)
+                need = more
+            self._keep_only(need)
+            for name in sorted(need - self.real(), key=lambda n: min(
+                    i for i, (_, nd) in enumerate(wave) if n in nd)):
+                self._fetch(cfg.src, name)
+            self.stats.waves += 1
+            run_tasks(cfg, [t for t, _ in wave], done, self.jobs, relay)
+            work = work[len(wave):]
+            self._keep_only(frozenset().union(*(nd for _, nd in work)))
+
+    def _fetch(self, stage: Path, name: str) -> None:
+        standin = _read_prefix(stage / name)
+        self.rep.message(f"downloading {name} ({self.sizes[name]:,} bytes)")
+        self.stats.downloaded += self.hub.download(name)
+        self.stats.shards_downloaded += 1
+        if _read_prefix(stage / name) != standin:
+            raise ConvertError(f"{name}: the downloaded file's header differs from the header "
+                               "the hub served for planning; remove the staging folder "
+                               f"{stage} and rerun")
+        staged = sum(self.sizes[n] for n in self.real())
+        self.stats.peak_staged = max(self.stats.peak_staged, staged)
+
+    def _keep_only(self, keep: frozenset) -> None:
+        for name in self.real() - keep:
+            path = self.hub.stage / name
+            _write_standin(self.hub.stage, name, _read_prefix(path), self.sizes[name])
+
+
+def _weight_files(stage: Path) -> list[str]:
+    if (stage / INDEX_NAME).is_file():
+        wmap = load_json(stage / INDEX_NAME).get("weight_map")
+        if isinstance(wmap, dict):
+            return sorted({str(v) for v in wmap.values()})
+    return [SINGLE_NAME]
+
+
+def convert_from_hub(source: str, out: str | Path, settings: Settings, *, staging: int,
+                     jobs: int | None = 1, force: bool = False, restart: bool = False,
+                     dry_run: bool = False, reporter: Reporter | None = None,
+                     pause_per_unit: float = 0.0) -> tuple[Summary | None, dict]:
+    """Convert hub repository `source` (hf:ORG/REPO[@REV]) into `out` with at most `staging`
+    bytes of weight shards on disk. Returns the pipeline's summary (None for a dry run) and the
+    streaming facts (bytes downloaded, peak staged, planned peak disk)."""
+    from moepack.fetch.errors import FetchError
+    from moepack.fetch.hub_listing import list_repo, parse_hf_source
+
+    rep = reporter or Reporter()
+    out = Path(out)
+    try:
+        repo, rev = parse_hf_source(source)
+        listing = list_repo(repo, rev, [])
+    except FetchError as e:
+        raise ConvertError(str(e)) from None
+    stage = staging_dir(out)
+    files = {f.name: f for f in listing.files}
+    if "config.json" not in files:
+        raise ConvertError(f"{source}: no config.json in the repository")
+    if os.path.lexists(out) and not force and not dry_run:
+        raise ConvertError(f"{out} already exists; pass --force to replace it")
+    if not out.parent.is_dir():
+        raise ConvertError(f"{out.parent}: no such directory")
+    from moepack.safefs import ensure_dir
+
+    ensure_dir(stage)
+    hub = _Hub(repo, listing.revision, files, stage)
+    for name in SMALL_FILES:  # whole, checked (kept until the end: a few MB)
+        if name in files and not hub.verified(name):
+            hub.download(name)
+    weights = _weight_files(stage)
+    missing = [w for w in weights if w not in files]
+    if missing:
+        raise ConvertError(f"{source}: {missing[0]} is listed in {INDEX_NAME} but not in the "
+                           "repository")
+    sizes = {w: int(files[w].size) for w in weights}
+    largest = max(sizes.values())
+    stats = StreamStats(staging, sum(sizes.values()))
+    small = sum(int(files[n].size) for n in SMALL_FILES if n in files)
+    facts = {"repo": repo, "revision": listing.revision, "staging_dir": str(stage),
+             "staging_bound": staging, "source_bytes": stats.source_bytes,
+             "largest_shard": largest, "small_files": small}
+    if staging < largest:
+        raise ConvertError(f"--staging {staging:,} bytes is smaller than the largest shard "
+                           f"({largest:,} bytes); give at least that, better a few shards")
+    for name in weights:  # stand-ins: headers by range request, no shard data
+        if not hub.verified(name) and not _valid_standin(stage / name, sizes[name]):
+            _write_standin(stage, name, hub.header(name), sizes[name])
+    # Planning (headers only) through the pipeline's dry run: the exact container size.
+    plan = convert(stage, out, settings, jobs=jobs, force=True, dry_run=True).plan
+    real = sum(sizes[n] for n in weights if hub.verified(n))
+    facts["container_bytes"] = plan["file_size"]
+    facts["peak_disk"] = plan["file_size"] + staging + small
+    facts["free_space"] = shutil.disk_usage(out.parent).free
+    if dry_run:
+        return None, facts
+    partial_exists = out.with_name(out.name + ".partial").exists()
+    need = (0 if partial_exists else plan["file_size"]) + SPACE_MARGIN + staging - real
+    if facts["free_space"] < need:
+        raise ConvertError(f"not enough free space on {out.parent}: the container and "
+                           f"--staging need {need:,} more bytes, {facts['free_space']:,} free")
+    known = {}
+    for name in weights:  # the hub's SHA-256 (every download is checked against it)
+        st = (stage / name).stat()
+        sha = files[name].sha256 or hub.record.sha256(name)  # type: ignore[attr-defined]
+        if sha is None:
+            raise ConvertError(f"{name}: the hub gives no SHA-256 for it (not an LFS file)")
+        known[name] = (st.st_size, st.st_mtime_ns, sha)
+    executor = StreamExecutor(hub, sizes, staging, jobs or 1, rep, stats)
+    summary = convert(stage, out, settings, jobs=jobs, force=force, restart=restart,
+                      reporter=rep, pause_per_unit=pause_per_unit, known_files=known,
+                      execute=executor.execute)
+    facts.update(downloaded=stats.downloaded, shards_downloaded=stats.shards_downloaded,
+                 peak_staged=stats.peak_staged, waves=stats.waves)
+    _remove_staging(stage, files)
+    return summary, facts
+
+
+def _valid_standin(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size and len(_read_prefix(path)) > 8
+    except (OSError, struct.error):
+        return False
+
+
+def _remove_staging(stage: Path, files: Mapping[str, object]) -> None:
+    """Remove what this module put in the staging folder (listed names, fetch's state), then
+    the folder if it is empty; anything else a user put there stays."""
+    from moepack.fetch.staging import STAGING_DIR
+
+    for name in files:
+        for p in (stage / name, stage / f"{name}.incomplete", stage / f".{name}.standin"):
+            if p.is_file() and not p.is_symlink():
+                p.unlink()
+    shutil.rmtree(stage / STAGING_DIR, ignore_errors=True)
+    try:
+        stage.rmdir()
+    except OSError:
+        pass
