@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 from moepack.convert.quant.dense import encode_float
 
+from moepack.safefs import open_new
+
 # export dtype -> (safetensors dtype, bytes per element, encoder name)
 DTYPES = {"f32": ("F32", 4), "f16": ("F16", 2), "bf16": ("BF16", 2)}
 TORCH_NAMES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
@@ -33,7 +35,8 @@ def write_safetensors(path: Path, entries: Sequence[tuple[str, tuple[int, ...]]]
         pos += n
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # safetensors pads the header to 8 bytes with spaces
-    with open(path, "wb") as f:
+    # a new inode, never through a link planted at `path` (moepack.safefs)
+    with os.fdopen(open_new(path, replace=True), "wb") as f:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         for name, shape in entries:
