@@ -13,6 +13,7 @@
 #include "kernels_impl.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -210,7 +211,7 @@ static void s_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, i
     }
 }
 
-const mpk_impl mpk_scalar_impl = {"scalar", s_row_dot, s_rvq_tables, s_rvq_tiles};
+const mpk_impl mpk_scalar_impl = {"scalar", s_row_dot, s_rvq_tables, s_rvq_tiles, NULL};
 
 /* ---- shared helpers ---- */
 
@@ -293,7 +294,40 @@ void mpk_row(const mpk_mat *w, int64_t r, float *out) {
 
 /* ---- threaded drivers: fixed row blocks ---- */
 
-#define ROWS_PER_TASK 16
+#define ROWS_PER_TASK MPK_MM_ROWS
+
+void mpk_row_codes(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
+    const int64_t n = w->cols;
+    switch (w->codec) {
+    case MPK_F32: memcpy(out, (const float *)w->data + r * n, (size_t)n * 4); return;
+    case MPK_F16:
+    case MPK_BF16: mpk_row(w, r, out); return;
+    }
+    const int64_t ng = w->ngroups;
+    const uint8_t *s = w->data + (size_t)(r * ng) * 2;
+    for (int64_t g = 0; g < ng; g++) sc[g] = mpk_f16_to_f32(ld16(s + 2 * g));
+    if (w->codec == MPK_Q8) {
+        const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
+        for (int64_t c = 0; c < n; c++) out[c] = (float)q[c];
+    } else if (w->codec == MPK_Q6) {
+        const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
+        for (int64_t c = 0; c < n; c++) out[c] = (float)(q6_code(q, c) - 32);
+    } else {
+        const size_t planes = w->zero_point ? 2 : 1;
+        const uint8_t *m = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
+        const uint8_t *q = w->data + planes * (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 2;
+        for (int64_t c = 0; c < n; c++) {
+            int nib = (q[c >> 1] >> ((c & 1) * 4)) & 15;
+            out[c] = (float)(w->zero_point ? nib : nib - 8);
+        }
+        if (w->zero_point)
+            for (int64_t g = 0; g < ng; g++) mn[g] = mpk_f16_to_f32(ld16(m + 2 * g));
+    }
+}
+
+size_t mpk_mm_wb_floats(const mpk_mat *w) {
+    return (size_t)MPK_MM_ROWS * ((size_t)w->cols_p + 2 * (size_t)(w->ngroups ? w->ngroups : 1));
+}
 
 typedef struct {
     const mpk_impl *k;
@@ -301,6 +335,8 @@ typedef struct {
     const float *x;
     int64_t n;
     float *y;
+    const float *xt, *xl; /* multi-input path: transposed inputs, q4 zero-point sums */
+    int64_t nb;
 } mv_job;
 
 static void mv_task(void *ctx, size_t t) {
@@ -308,16 +344,59 @@ static void mv_task(void *ctx, size_t t) {
     const mpk_mat *w = j->w;
     int64_t r0 = (int64_t)t * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK;
     if (r1 > w->rows) r1 = w->rows;
+    if (j->xt) {
+        float *wb = malloc(mpk_mm_wb_floats(w) * sizeof(float));
+        if (wb) {
+            j->k->mm_rows(w, r0, r1, j->xt, j->xl, j->nb, j->n, j->y, wb);
+            free(wb);
+            return;
+        }
+    }
     for (int64_t r = r0; r < r1; r++)
         for (int64_t i = 0; i < j->n; i++) j->y[i * w->rows + r] = j->k->row_dot(w, r, j->x + i * w->cols);
 }
 
+/* Inputs transposed for mm_rows: xt[b][c][i] = x[b * TB + i][c] (0 past n); for q4 zero-point,
+ * xl[b][g][i] = red8 of the group's input lanes, computed exactly as row_dot does (it does not
+ * depend on the row).  NULL when out of memory (the caller then runs row by row). */
+static float *mm_inputs(const mpk_mat *w, const float *x, int64_t n, int64_t nb, float **xl) {
+    const int64_t C = w->cols, TB = MPK_MM_TB;
+    size_t nxt = (size_t)(nb * C * TB), nxl = w->zero_point ? (size_t)(nb * w->ngroups * TB) : 0;
+    float *xt = malloc((nxt + nxl) * sizeof(float));
+    if (!xt) return NULL;
+    memset(xt, 0, nxt * sizeof(float));
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t c = 0; c < C; c++) xt[((t / TB) * C + c) * TB + t % TB] = x[t * C + c];
+    *xl = NULL;
+    if (nxl) {
+        *xl = xt + nxt;
+        for (int64_t t = 0; t < nb * TB; t++)
+            for (int64_t g = 0; g < w->ngroups; g++) {
+                int64_t c0 = g * w->group, c1 = c0 + w->group < C ? c0 + w->group : C;
+                float l[8] = {0};
+                for (int64_t c = c0; t < n && c < c1; c++) l[(c - c0) & 7] += x[t * C + c];
+                (*xl)[((t / TB) * w->ngroups + g) * TB + t % TB] = red8(l);
+            }
+    }
+    return xt;
+}
+
 void mpk_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n,
                 float *y) {
-    mv_job j = {impl_or_scalar(k), w, x, n, y};
+    mv_job j = {impl_or_scalar(k), w, x, n, y, NULL, NULL, 0};
+    float *xt = NULL;
+    /* several inputs: each row decoded once and multiplied with MPK_MM_TB inputs per
+     * instruction (same operations per input as row_dot, so the same bits) */
+    if (n >= MPK_MM_TB / 2 && j.k->mm_rows) {
+        j.nb = (n + MPK_MM_TB - 1) / MPK_MM_TB;
+        float *xl = NULL;
+        j.xt = xt = mm_inputs(w, x, n, j.nb, &xl);
+        j.xl = xl;
+    }
     size_t ntasks = (size_t)((w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK);
     /* tiny matrices: thread wake-up costs more than the work */
     mpk_pool_run(w->rows * w->cols * n < 32768 ? NULL : pool, ntasks, mv_task, &j);
+    free(xt);
 }
 
 void mpk_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, float *y) {

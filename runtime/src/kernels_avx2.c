@@ -155,6 +155,68 @@ AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
     return acc;
 }
 
+/* Rows [r0, r1) times many inputs: one input per lane.  Per input this is exactly row_dot's
+ * arithmetic (lane j of a group sums elements j mod 8 with separate multiply and add, the lanes
+ * are reduced in red8's order, groups scaled and summed in order), done for 8 inputs at once on
+ * inputs stored transposed, with the row's codes decoded once (q8 here, the rest in scalar). */
+AVX2 void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
+                           int64_t nb, int64_t n, float *y, float *wb) {
+    const int64_t C = w->cols, cp = w->cols_p, R = r1 - r0;
+    const int grouped = w->codec == MPK_Q8 || w->codec == MPK_Q6 || w->codec == MPK_Q4;
+    const int64_t G = grouped ? w->group : C, ng = grouped ? w->ngroups : 1;
+    float *sc = wb + (size_t)(R * cp), *mn = sc + (size_t)(R * ng);
+    for (int64_t r = r0; r < r1; r++) {
+        float *o = wb + (size_t)((r - r0) * cp);
+        if (w->codec == MPK_Q8) {
+            const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * cp;
+            int64_t c = 0;
+            for (; c + 8 <= C; c += 8)
+                _mm256_storeu_ps(o + c, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + c)))));
+            for (; c < C; c++) o[c] = (float)q[c];
+            const uint8_t *s = w->data + (size_t)(r * ng) * 2;
+            for (int64_t g = 0; g < ng; g++) sc[(r - r0) * ng + g] = mpk_f16_to_f32(ld16(s + 2 * g));
+        } else {
+            mpk_row_codes(w, r, o, sc + (r - r0) * ng, mn + (r - r0) * ng);
+        }
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        const float *X = xt + (size_t)(b * C) * 8;
+        for (int64_t r = r0; r < r1; r++) {
+            const float *wr = wb + (size_t)((r - r0) * cp);
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t g = 0; g < ng; g++) {
+                int64_t c0 = g * G, c1 = c0 + G < C ? c0 + G : C, c = c0;
+                __m256 L[8];
+                #pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) L[i] = _mm256_setzero_ps();
+                for (; c + 8 <= c1; c += 8) /* lane i: elements c0 + i mod 8 (c0 % 8 == 0) */
+                    #pragma GCC unroll 8
+                    for (int i = 0; i < 8; i++)
+                        L[i] = _mm256_add_ps(L[i], _mm256_mul_ps(_mm256_broadcast_ss(wr + c + i),
+                                                                 _mm256_loadu_ps(X + (c + i) * 8)));
+                for (; c < c1; c++)
+                    L[(c - c0) & 7] = _mm256_add_ps(L[(c - c0) & 7], _mm256_mul_ps(_mm256_broadcast_ss(wr + c),
+                                                                                   _mm256_loadu_ps(X + c * 8)));
+                /* red8: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) */
+                __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(L[0], L[1]), _mm256_add_ps(L[2], L[3])),
+                                         _mm256_add_ps(_mm256_add_ps(L[4], L[5]), _mm256_add_ps(L[6], L[7])));
+                if (!grouped) {
+                    acc = s;
+                    break;
+                }
+                __m256 part = _mm256_mul_ps(_mm256_broadcast_ss(sc + (r - r0) * ng + g), s);
+                if (w->zero_point)
+                    part = _mm256_add_ps(part, _mm256_mul_ps(_mm256_broadcast_ss(mn + (r - r0) * ng + g),
+                                                             _mm256_loadu_ps(xl + (size_t)(b * ng + g) * 8)));
+                acc = _mm256_add_ps(acc, part);
+            }
+            float v[8];
+            _mm256_storeu_ps(v, acc);
+            for (int64_t i = 0; i < 8 && b * 8 + i < n; i++) y[(b * 8 + i) * w->rows + r] = v[i];
+        }
+    }
+}
+
 AVX2 static void a_rvq_tables(const float *cbt, const float *x, mpk_rvq_tab *t, int64_t g, int st) {
     const int S = t->stages;
     const int64_t v0 = g * MPK_RVQ_GROUP;
@@ -276,9 +338,9 @@ AVX2 static void a_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t til
             }
 }
 
-const mpk_impl mpk_avx2_impl = {"avx2", mpk_avx2_row_dot, a_rvq_tables, a_rvq_tiles};
+const mpk_impl mpk_avx2_impl = {"avx2", mpk_avx2_row_dot, a_rvq_tables, a_rvq_tiles, mpk_avx2_mm_rows};
 
 #else
-const mpk_impl mpk_avx2_impl = {"avx2", 0, 0, 0};
+const mpk_impl mpk_avx2_impl = {"avx2", 0, 0, 0, 0};
 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) { (void)w; (void)r; (void)x; return 0.0f; }
 #endif

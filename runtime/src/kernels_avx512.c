@@ -134,8 +134,8 @@ AVX512 static void v_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t t
         }
 }
 
-const mpk_impl mpk_avx512_impl = {"avx512vbmi", mpk_avx2_row_dot, v_rvq_tables, v_rvq_tiles};
+const mpk_impl mpk_avx512_impl = {"avx512vbmi", mpk_avx2_row_dot, v_rvq_tables, v_rvq_tiles, mpk_avx2_mm_rows};
 
 #else
-const mpk_impl mpk_avx512_impl = {"avx512vbmi", 0, 0, 0};
+const mpk_impl mpk_avx512_impl = {"avx512vbmi", 0, 0, 0, 0};
 #endif

@@ -18,6 +18,12 @@ struct mpk_impl {
      * prefetch one group ahead (measured best with codes in RAM; tables then come from L2). */
     void (*rvq_tiles)(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
                       float *acc);
+    /* Trunk rows [r0, r1) times many inputs (prefill), exactly as row_dot computes each
+     * (y[t][r]): xt holds the inputs transposed in blocks of MPK_MM_TB tokens [nb][cols][TB]
+     * (zero past n), xl the q4 zero-point group sums [nb][ngroups][TB]; wb is scratch for the
+     * rows' decoded codes and scales (mpk_mm_wb_floats).  NULL: the driver uses row_dot. */
+    void (*mm_rows)(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
+                    int64_t nb, int64_t n, float *y, float *wb);
 };
 
 extern const mpk_impl mpk_scalar_impl;
@@ -25,8 +31,20 @@ extern const mpk_impl mpk_avx2_impl;
 extern const mpk_impl mpk_avx512_impl;
 
 float mpk_red8(const float l[8]);
+
+#define MPK_MM_TB 8     /* inputs per SIMD block of the multi-input trunk kernel (one per lane) */
+#define MPK_MM_ROWS 16  /* rows per task: decoded once, used by every input block */
+/* Floats of mm_rows scratch for MPK_MM_ROWS rows of w: codes [rows][cols_p], then scales and
+ * q4 minimums [rows][ngroups] each. */
+size_t mpk_mm_wb_floats(const mpk_mat *w);
+/* Row r of w as its stored numbers: out[cols] = the value row_dot multiplies (the int8/6/4-bit
+ * code as a float, q4 symmetric minus 8; f16/bf16/f32 converted), sc[ngroups] the group scales,
+ * mn[ngroups] the q4 zero-point minimums (grouped codecs only). */
+void mpk_row_codes(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn);
 /* AVX2 trunk kernels, shared with the AVX-512 table (the trunk is not its business yet). */
 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x);
+void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
+                      int64_t nb, int64_t n, float *y, float *wb);
 
 /* The most tiles one rvq_tiles call gets (its accumulator lives on the caller's stack). */
 #define MPK_RVQ_MAX_TILES 16

@@ -1,0 +1,98 @@
+/* Trunk matrix times many inputs (mpk_matmat, the prefill path): every output element equals the
+ * scalar single-input row_dot bit for bit, for every codec, kernel path, input count (below,
+ * at and past the 8-input SIMD blocks), thread count and awkward shapes (partial last group,
+ * columns not a multiple of 8, rows not a multiple of the 16-row task). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "t.h"
+
+static uint64_t rng = 0x243f6a8885a308d3ull;
+static uint32_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float urand(void) { return (float)(rnd() % 2000001) / 1e6f - 1.0f; }
+static uint32_t bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+/* a finite f16 in about [-2, 2] (exponent 0..15: never Inf/NaN) */
+static uint16_t f16r(void) { return (uint16_t)((rnd() & 0x8000u) | ((rnd() % 16u) << 10) | (rnd() & 0x3ffu)); }
+
+typedef struct {
+    const char *name;
+    int codec, zp;
+    int64_t group;
+} kind;
+
+int main(void) {
+    const mpk_impl *paths[3];
+    int np = 0;
+    paths[np++] = mpk_select(MPK_SCALAR);
+    if (mpk_select(MPK_AVX2)) paths[np++] = mpk_select(MPK_AVX2);
+    if (mpk_select(MPK_AVX512VBMI)) paths[np++] = mpk_select(MPK_AVX512VBMI);
+    mpk_pool *pools[2] = {NULL, mpk_pool_create(3)};
+    const kind kinds[] = {{"f32", MPK_F32, 0, 0},  {"f16", MPK_F16, 0, 0},   {"bf16", MPK_BF16, 0, 0},
+                          {"q8/32", MPK_Q8, 0, 32}, {"q8/8", MPK_Q8, 0, 8},   {"q6/16", MPK_Q6, 0, 16},
+                          {"q4/32", MPK_Q4, 0, 32}, {"q4z/64", MPK_Q4, 1, 64}, {"q4z/16", MPK_Q4, 1, 16}};
+    const int64_t shapes[][2] = {{37, 100}, {16, 64}, {70, 523}, {1, 8}};
+    const int64_t ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33};
+    for (size_t ki = 0; ki < sizeof kinds / sizeof *kinds; ki++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            const kind *K = &kinds[ki];
+            int64_t rows = shapes[si][0], cols = shapes[si][1];
+            mpk_mat w;
+            static uint8_t dummy[1];
+            if (mpk_mat_init(&w, K->codec, rows, cols, K->group, K->zp, dummy)) {
+                CHECK(0, "init %s", K->name);
+                continue;
+            }
+            uint64_t nbytes = mpk_mat_nbytes(&w);
+            uint8_t *data = malloc(nbytes);
+            for (uint64_t i = 0; i < nbytes; i++) data[i] = (uint8_t)rnd();
+            /* floats and f16 scales must be finite: rewrite them */
+            if (K->codec == MPK_F32)
+                for (int64_t i = 0; i < rows * cols; i++) ((float *)(void *)data)[i] = urand();
+            else if (K->codec == MPK_F16 || K->codec == MPK_BF16)
+                for (int64_t i = 0; i < rows * cols; i++) {
+                    uint16_t h = K->codec == MPK_F16 ? f16r() : (uint16_t)(bits(urand()) >> 16);
+                    memcpy(data + 2 * i, &h, 2);
+                }
+            else
+                for (int64_t i = 0; i < rows * w.ngroups * (K->zp ? 2 : 1); i++) {
+                    uint16_t h = f16r();
+                    memcpy(data + 2 * i, &h, 2);
+                }
+            mpk_mat_init(&w, K->codec, rows, cols, K->group, K->zp, data);
+            float *x = malloc(sizeof(float) * (size_t)(33 * cols));
+            for (int64_t i = 0; i < 33 * cols; i++) x[i] = urand() * (i % 7 == 0 ? 100.0f : 1.0f);
+            float *ref = malloc(sizeof(float) * (size_t)(33 * rows)), *y = malloc(sizeof(float) * (size_t)(33 * rows));
+            for (int64_t t = 0; t < 33; t++)
+                for (int64_t r = 0; r < rows; r++) ref[t * rows + r] = mpk_row_dot(paths[0], &w, r, x + t * cols);
+            for (int k = 0; k < np; k++)
+                for (int p = 0; p < 2; p++)
+                    for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                        int64_t n = ns[ni], bad = -1;
+                        memset(y, 0xff, sizeof(float) * (size_t)(n * rows));
+                        mpk_matmat(paths[k], pools[p], &w, x, n, y);
+                        for (int64_t i = 0; i < n * rows && bad < 0; i++)
+                            if (bits(y[i]) != bits(ref[i])) bad = i;
+                        CHECK(bad < 0, "%s %lldx%lld n=%lld %s threads=%d: element %lld %a != %a", K->name,
+                              (long long)rows, (long long)cols, (long long)n, mpk_impl_name(paths[k]),
+                              p ? 3 : 1, (long long)bad, bad < 0 ? 0.0 : (double)y[bad],
+                              bad < 0 ? 0.0 : (double)ref[bad]);
+                    }
+            free(data);
+            free(x);
+            free(ref);
+            free(y);
+        }
+    mpk_pool_destroy(pools[1]);
+    T_DONE("test_matmat");
+}
