@@ -19,7 +19,7 @@ from typing import NoReturn
 
 import typer
 
-from moepack.safefs import UnsafePathError, regular_file
+from moepack.safefs import UnsafePathError, one_line, printable, regular_file
 
 INT32_MAX = 2**31 - 1        # the C engine's int (ctx, top_k, token ids, n)
 UINT64_MAX = 2**64 - 1       # the C engine's uint64_t (seed, budget bytes)
@@ -38,7 +38,8 @@ def parse_size(text: str) -> int:
     m = _SIZE.fullmatch(text)
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _SIZE_UNITS:
-        raise ValueError(f"cannot read {_clip(text)} as a size (examples: 8G, 512MiB, 1.5GB)")
+        raise ValueError(f"cannot read {printable(text, 40)} as a size "
+                         "(examples: 8G, 512MiB, 1.5GB)")
     whole, _, frac = m.group(1).partition(".")
     scale = _SIZE_UNITS[unit]
     # exact integer arithmetic: float() would round sizes above 2**53
@@ -55,7 +56,7 @@ def size_option(value: str | None) -> str | None:
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     if not 1 <= n <= UINT64_MAX:
-        raise typer.BadParameter(f"{_clip(value)} is {n} bytes; a size must be 1 byte to "
+        raise typer.BadParameter(f"{printable(value, 40)} is {n} bytes; a size must be 1 byte to "
                                  f"{UINT64_MAX} bytes")
     return value
 
@@ -80,7 +81,7 @@ def token_ids(value: str | None) -> str | None:
     (the command then splits the checked string)."""
     for part in (value or "").split(","):
         if part.strip() and (not _TOKEN_ID.fullmatch(part) or int(part) > INT32_MAX):
-            raise typer.BadParameter(f"{_clip(part.strip())} is not a token id: give "
+            raise typer.BadParameter(f"{printable(part.strip(), 40)} is not a token id: give "
                                      f"comma-separated integers from 0 to {INT32_MAX}")
     return value
 
@@ -89,7 +90,7 @@ def choice(*allowed: str) -> Callable[[str], str]:
     """Typer callback accepting only `allowed` (a str option without an Enum)."""
     def check(value: str) -> str:
         if value not in allowed:
-            raise typer.BadParameter(f"{_clip(value)} is not one of {', '.join(allowed)}")
+            raise typer.BadParameter(f"{printable(value, 40)} is not one of {', '.join(allowed)}")
         return value
     return check
 
@@ -141,15 +142,6 @@ def _kind(path: Path, message: str) -> str:
     return message
 
 
-def one_line(text: str) -> str:
-    """`text` with control, format and surrogate characters escaped (newlines included), so an
-    error message is one line and cannot drive the terminal."""
-    return "".join(
-        ch.encode("unicode_escape").decode("ascii")
-        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp") else ch
-        for ch in text)
-
-
 def error_line(message: str, label: str = "error") -> None:
     """The one error line of every command (docs/RUNTIME.md, "Exit codes"): `label: message`
     on stderr, escaped to one line (`one_line`) and never read as rich markup."""
@@ -173,9 +165,3 @@ def terminal_text(text: str) -> str:
     return "".join(ch.encode("unicode_escape").decode("ascii")
                    if unicodedata.category(ch) == "Cc" and ch not in "\n\t" else ch
                    for ch in text)
-
-
-def _clip(text: str, limit: int = 40) -> str:
-    """A short, printable quote of untrusted text for a message."""
-    short = text if len(text) <= limit else text[:limit] + "..."
-    return repr(one_line(short))

@@ -15,6 +15,7 @@ import unicodedata
 from pathlib import Path
 
 MAX_NAME_BYTES = 255   # NAME_MAX on Linux and macOS
+_CONTROL = ("Cc", "Cf", "Cs", "Zl", "Zp")   # control, format, surrogate, line/paragraph breaks
 
 
 class UnsafePathError(ValueError):
@@ -29,7 +30,7 @@ def name_problem(name: object) -> str | None:
         return "is empty, '.' or '..'"
     if "/" in name or "\\" in name:
         return "contains a path separator"
-    if any(unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp") for ch in name):
+    if any(unicodedata.category(ch) in _CONTROL for ch in name):
         return "contains a control or format character"
     try:
         if len(name.encode("utf-8")) > MAX_NAME_BYTES:
@@ -53,16 +54,18 @@ def child(folder: str | os.PathLike, name: object, what: str) -> Path:
     return Path(folder) / plain_name(name, what)
 
 
+def one_line(text: str) -> str:
+    """`text` with control, format and surrogate characters escaped (newlines included), so a
+    message is one line and cannot drive the terminal."""
+    return "".join(ch.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(ch) in _CONTROL else ch for ch in text)
+
+
 def printable(text: str, limit: int = 200) -> str:
-    """`text` in single quotes with control characters escaped, cut at `limit` characters:
-    safe to print to a terminal."""
-    out = []
-    for ch in text[:limit]:
-        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp") or ch in "\\'":
-            out.append(ch.encode("unicode_escape").decode("ascii") if ch != "'" else "\\'")
-        else:
-            out.append(ch)
-    return "'" + "".join(out) + ("..." if len(text) > limit else "") + "'"
+    """`text` in single quotes, escaped as `one_line` does (and its quotes and backslashes),
+    cut at `limit` characters: safe to print to a terminal."""
+    inner = one_line(text[:limit].replace("\\", "\\\\").replace("'", "\\'"))
+    return "'" + inner + ("..." if len(text) > limit else "") + "'"
 
 
 def refuse_link(path: Path) -> None:
