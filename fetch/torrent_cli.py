@@ -11,7 +11,12 @@ from moepack.fetch.display import console, transfer_bar, verdict_table
 from moepack.fetch.errors import FetchError
 from moepack.fetch.lt_session import parse_endpoint
 from moepack.fetch.seed import Seeder
-from moepack.fetch.torrent_create import check_output, create_torrent, write_torrent
+from moepack.fetch.torrent_create import (
+    check_output,
+    create_torrent,
+    source_file,
+    write_torrent,
+)
 from moepack.fetch.torrent_fetch import FetchOptions, Progress, TorrentPlan, fetch_torrent
 from moepack.fetch.units import human, parse_size
 
@@ -25,7 +30,7 @@ def run_create(file: Path, output: Path | None, piece_size: str | None, trackers
     out = output or file.with_name(file.name + ".torrent")
     check_output(out)
     t0 = time.perf_counter()
-    size = file.stat().st_size if file.is_file() else 0
+    size = source_file(file).stat().st_size   # checked before the bar: the error is one line
     with transfer_bar("hashing", size) as (bar, task):   # SHA-1 + SHA-256 of every byte
         def show(done: int, num: int) -> None:
             bar.update(task, completed=size * done // max(num, 1))

@@ -38,6 +38,15 @@ def check_piece_size(piece: int) -> None:
         raise FetchError(f"--piece-size {piece}: must be a power of two ≥ 16 KiB")
 
 
+def source_file(path: str | Path) -> Path:
+    """The container a torrent is made of, as an absolute path; FetchError unless it is a
+    regular file (a FIFO or device is refused, never read)."""
+    path = Path(path).absolute()
+    if not path.is_file():
+        raise FetchError(f"{path}: not a regular file")
+    return path
+
+
 def create_torrent(
     path: Path,
     *,
@@ -47,9 +56,7 @@ def create_torrent(
     progress: Callable[[int, int], None] | None = None,
 ) -> bytes:
     """Bencoded torrent of one container. Same file and options → same bytes, same info-hash."""
-    path = Path(path).absolute()
-    if not path.is_file():
-        raise FetchError(f"{path}: not a regular file")
+    path = source_file(path)
     cid, alignment = read_container_id(path)
     size = path.stat().st_size
     piece = piece_size if piece_size is not None else auto_piece_size(size, alignment)

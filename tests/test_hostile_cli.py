@@ -120,6 +120,9 @@ FIFO_CASES = [
     (["run", "F", "hello"], 1, "error: container F is not a regular file (a FIFO)"),
     (["chat", "F"], 1, "error: container F is not a regular file (a FIFO)"),
     (["serve", "F", "--port", "1"], 1, "error: container F is not a regular file (a FIFO)"),
+    (["export", "F", "out"], 1, "error: F: file: not a regular file"),
+    (["fetch", "F", "--dest", "d", "--dry-run"], 1, "error: F: not a regular file"),
+    (["seed", "F", "--path", "F"], 1, "error: F: not a regular file"),
     (["info", "F"], 1, "error: F: file: not a regular file"),
     (["verify", "F"], 2, "not verifiable: F: not a regular file"),
     (["verify", "--source", ".", "--expect", "F"], 2,
@@ -135,6 +138,16 @@ def test_fifo_is_refused_not_waited_on(args, code, message, tmp_path):
     r = _moepack(args, tmp_path)  # a blocked open() would hit the timeout (an error)
     assert r.returncode == code, r.stdout
     assert only_line(r.stdout.decode()).startswith(message)
+    assert snapshot(tmp_path) == before
+
+
+def test_torrent_create_of_a_fifo_is_one_line(tmp_path):
+    """Refused before the hashing bar starts: the error is the only line."""
+    os.mkfifo(tmp_path / "F")
+    before = snapshot(tmp_path)
+    r = _moepack(["torrent", "create", "F"], tmp_path)
+    assert r.returncode == 1
+    assert only_line(r.stdout.decode()) == f"error: {tmp_path}/F: not a regular file"
     assert snapshot(tmp_path) == before
 
 

@@ -194,22 +194,22 @@ def test_torrent_create_output_is_checked_first(small, tmp_path: Path, case: str
         out, needle = work / "nope" / "x.torrent", f"folder {work / 'nope'} does not exist"
     else:
         out, needle = work, f"{work} is a folder"
-    before = snapshot(tmp_path, tmp_path / "-")
+    before = snapshot(tmp_path)
     rc, text = moepack("torrent", "create", work / path.name, "-o", out)
     assert_one_line_error(rc, text, 1, needle)
-    assert snapshot(tmp_path, tmp_path / "-") == before
+    assert snapshot(tmp_path) == before
 
 
 def test_undecodable_dest_is_one_line(small, tmp_path: Path) -> None:
     _, torrent, _ = small
     dest = bytes(tmp_path) + b"/d\xff\xfe"
-    before = snapshot(tmp_path, tmp_path / "-")
+    before = snapshot(tmp_path)
     r = subprocess.run([*moepack_argv(), "fetch", str(torrent), "--dest", dest, "--dry-run"],
                        capture_output=True, timeout=60)
     out = (r.stdout + r.stderr).decode("utf-8", "replace")
     assert_one_line_error(r.returncode, out, 1, "--dest")
     assert "not valid UTF-8" in out and "\\udcff\\udcfe" in out, out
-    assert snapshot(tmp_path, tmp_path / "-") == before
+    assert snapshot(tmp_path) == before
 
 
 def moepack_argv() -> list[str]:
