@@ -31,6 +31,7 @@ from moepack.safefs import (
     printable,
     write_file,
 )
+from moepack.untrusted_json import loads
 
 SHARD_BYTES = 4 << 30
 MARKER = ".moepack-export.json"
@@ -243,8 +244,9 @@ def _marker_files(folder: Path) -> set[str] | None:
     """The file names folder's export marker lists, or None without a readable marker."""
     try:  # never through a link, never blocking on a FIFO planted as the marker
         with os.fdopen(open_existing(folder / MARKER, os.O_RDONLY), "rb") as f:
-            doc = json.loads(f.read(MAX_MARKER_BYTES + 1))
-    except (OSError, ValueError, RecursionError, UnsafePathError):
+            doc = loads(f.read(MAX_MARKER_BYTES + 1), MARKER, max_bytes=MAX_MARKER_BYTES,
+                        max_depth=4)
+    except (OSError, ValueError, UnsafePathError):
         return None
     if not isinstance(doc, dict) or doc.get("format") != MARKER_FORMAT:
         return None
