@@ -97,16 +97,16 @@ float mpk_red8(const float l[8]) { return red8(l); }
 static float s_row_dot(const mpk_mat *w, int64_t r, const float *x) {
     float l[8] = {0};
     int64_t n = w->cols;
-    if (w->codec == MPK_F32) {
+    if (w->codec == MP_CODEC_F32) {
         const float *row = (const float *)w->data + r * n;
         for (int64_t c = 0; c < n; c++) l[c & 7] += row[c] * x[c];
         return red8(l);
     }
-    if (w->codec == MPK_F16 || w->codec == MPK_BF16) {
+    if (w->codec == MP_CODEC_F16 || w->codec == MP_CODEC_BF16) {
         const uint8_t *row = w->data + (size_t)(r * n) * 2;
         for (int64_t c = 0; c < n; c++) {
             uint16_t h = ld16(row + 2 * c);
-            float v = w->codec == MPK_F16 ? mpk_f16_to_f32(h) : mpk_bf16_to_f32(h);
+            float v = w->codec == MP_CODEC_F16 ? mpk_f16_to_f32(h) : mpk_bf16_to_f32(h);
             l[c & 7] += v * x[c];
         }
         return red8(l);
@@ -115,7 +115,7 @@ static float s_row_dot(const mpk_mat *w, int64_t r, const float *x) {
     const int64_t G = w->group, ng = w->ngroups;
     const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
     float acc = 0.0f;
-    if (w->codec == MPK_Q8) {
+    if (w->codec == MP_CODEC_Q8) {
         const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
         for (int64_t g = 0; g < ng; g++) {
             int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
@@ -125,7 +125,7 @@ static float s_row_dot(const mpk_mat *w, int64_t r, const float *x) {
         }
         return acc;
     }
-    if (w->codec == MPK_Q6) {
+    if (w->codec == MP_CODEC_Q6) {
         const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
         for (int64_t g = 0; g < ng; g++) {
             int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
@@ -135,7 +135,7 @@ static float s_row_dot(const mpk_mat *w, int64_t r, const float *x) {
         }
         return acc;
     }
-    /* MPK_Q4 */
+    /* MP_CODEC_Q4 */
     const size_t planes = w->zero_point ? 2 : 1;
     const uint8_t *mins = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
     const uint8_t *q = w->data + planes * (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 2;
@@ -211,7 +211,35 @@ static void s_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, i
     }
 }
 
-const mpk_impl mpk_scalar_impl = {"scalar", s_row_dot, s_rvq_tables, s_rvq_tiles, NULL};
+static void s_rvq_acc(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
+                      int64_t g0, int64_t g1, float *acc) {
+    const int S = w->stages;
+    const int64_t nv = w->nv, J = nv * S;
+    for (int64_t g = g0; g < g1; g++) {
+        int64_t v0 = g * MPK_RVQ_GROUP, v1 = v0 + MPK_RVQ_GROUP < nv ? v0 + MPK_RVQ_GROUP : nv;
+        for (int64_t i = 0; i < ntiles; i++) {
+            const uint8_t *c = w->codes + (size_t)((tile0 + i) * J) * 64;
+            for (int st = 0; st < S; st++) {
+                float d = t->d[g * S + st];
+                for (int l = 0; l < 64; l++) {
+                    int32_t n = 0;
+                    for (int64_t v = v0; v < v1; v++) {
+                        size_t j = (size_t)(v * S + st);
+                        n += t->q[j * 256 + c[j * 64 + (size_t)l]];
+                    }
+                    acc[i * 64 + l] = fmaf((float)n, d, acc[i * 64 + l]);
+                }
+            }
+        }
+    }
+}
+
+static void s_rvq_unperm(const float *p, int64_t ntiles, float *acc) {
+    memcpy(acc, p, (size_t)ntiles * 64 * sizeof *acc);
+}
+
+const mpk_impl mpk_scalar_impl = {.name = "scalar", .row_dot = s_row_dot, .rvq_tables = s_rvq_tables,
+                                 .rvq_tiles = s_rvq_tiles, .rvq_acc = s_rvq_acc, .rvq_unperm = s_rvq_unperm};
 
 /* ---- shared helpers ---- */
 
@@ -224,31 +252,22 @@ int mpk_mat_init(mpk_mat *m, int codec, int64_t rows, int64_t cols, int64_t grou
     m->cols = cols;
     m->data = data;
     m->cols_p = cols;
-    if (codec == MPK_Q8 || codec == MPK_Q4 || codec == MPK_Q6) {
+    if (codec == MP_CODEC_Q8 || codec == MP_CODEC_Q4 || codec == MP_CODEC_Q6) {
         if (group < 8 || group % 8 || group > 4096) return -1;
         m->group = group;
         m->ngroups = (cols + group - 1) / group;
         m->cols_p = m->ngroups * group;
-        m->zero_point = codec == MPK_Q4 ? zero_point : 0;
-    } else if (codec != MPK_F32 && codec != MPK_F16 && codec != MPK_BF16) {
+        m->zero_point = codec == MP_CODEC_Q4 ? zero_point : 0;
+    } else if (codec != MP_CODEC_F32 && codec != MP_CODEC_F16 && codec != MP_CODEC_BF16) {
         return -1;
     }
     return 0;
 }
 
 uint64_t mpk_mat_nbytes(const mpk_mat *m) {
-    uint64_t r = (uint64_t)m->rows, c = (uint64_t)m->cols;
-    switch (m->codec) {
-    case MPK_F32: return r * c * 4;
-    case MPK_F16:
-    case MPK_BF16: return r * c * 2;
-    case MPK_Q8: return 2 * r * (uint64_t)m->ngroups + r * (uint64_t)m->cols_p;
-    case MPK_Q4:
-        return 2 * (m->zero_point ? 2u : 1u) * r * (uint64_t)m->ngroups +
-               r * (uint64_t)m->cols_p / 2;
-    case MPK_Q6: return 2 * r * (uint64_t)m->ngroups + r * ((uint64_t)m->cols_p / 4 * 3);
-    }
-    return 0;
+    mp_codec_info ci = {.kind = (mp_codec_kind)m->codec, .group_size = (uint32_t)m->group,
+                        .zero_point = m->zero_point};
+    return mp_codec_nbytes(&ci, 2, (const int64_t[2]){m->rows, m->cols});
 }
 
 float mpk_row_dot(const mpk_impl *k, const mpk_mat *w, int64_t r, const float *x) {
@@ -259,23 +278,23 @@ void mpk_row(const mpk_mat *w, int64_t r, float *out) {
     /* Decode by dotting with unit vectors would be slow; decode directly. */
     const int64_t n = w->cols;
     switch (w->codec) {
-    case MPK_F32: memcpy(out, (const float *)w->data + r * n, (size_t)n * 4); return;
-    case MPK_F16:
-    case MPK_BF16:
+    case MP_CODEC_F32: memcpy(out, (const float *)w->data + r * n, (size_t)n * 4); return;
+    case MP_CODEC_F16:
+    case MP_CODEC_BF16:
         for (int64_t c = 0; c < n; c++) {
             uint16_t h = ld16(w->data + (size_t)(r * n + c) * 2);
-            out[c] = w->codec == MPK_F16 ? mpk_f16_to_f32(h) : mpk_bf16_to_f32(h);
+            out[c] = w->codec == MP_CODEC_F16 ? mpk_f16_to_f32(h) : mpk_bf16_to_f32(h);
         }
         return;
     }
     const int64_t G = w->group, ng = w->ngroups;
     const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
-    if (w->codec == MPK_Q8) {
+    if (w->codec == MP_CODEC_Q8) {
         const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
         for (int64_t c = 0; c < n; c++) out[c] = mpk_f16_to_f32(ld16(sc + 2 * (c / G))) * (float)q[c];
         return;
     }
-    if (w->codec == MPK_Q6) {
+    if (w->codec == MP_CODEC_Q6) {
         const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
         for (int64_t c = 0; c < n; c++)
             out[c] = mpk_f16_to_f32(ld16(sc + 2 * (c / G))) * (float)(q6_code(q, c) - 32);
@@ -299,17 +318,17 @@ void mpk_row(const mpk_mat *w, int64_t r, float *out) {
 void mpk_row_codes(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
     const int64_t n = w->cols;
     switch (w->codec) {
-    case MPK_F32: memcpy(out, (const float *)w->data + r * n, (size_t)n * 4); return;
-    case MPK_F16:
-    case MPK_BF16: mpk_row(w, r, out); return;
+    case MP_CODEC_F32: memcpy(out, (const float *)w->data + r * n, (size_t)n * 4); return;
+    case MP_CODEC_F16:
+    case MP_CODEC_BF16: mpk_row(w, r, out); return;
     }
     const int64_t ng = w->ngroups;
     const uint8_t *s = w->data + (size_t)(r * ng) * 2;
     for (int64_t g = 0; g < ng; g++) sc[g] = mpk_f16_to_f32(ld16(s + 2 * g));
-    if (w->codec == MPK_Q8) {
+    if (w->codec == MP_CODEC_Q8) {
         const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
         for (int64_t c = 0; c < n; c++) out[c] = (float)q[c];
-    } else if (w->codec == MPK_Q6) {
+    } else if (w->codec == MP_CODEC_Q6) {
         const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
         for (int64_t c = 0; c < n; c++) out[c] = (float)(q6_code(q, c) - 32);
     } else {
@@ -410,18 +429,18 @@ void mpk_rvq_transpose_cb(const float *cb, int stages, float *cbt) {
                 cbt[((size_t)s * 8 + (size_t)d) * 256 + (size_t)e] = cb[((size_t)s * 256 + (size_t)e) * 8 + (size_t)d];
 }
 
+uint64_t mpk_rvq_nbytes(int64_t rows, int64_t cols, int stages) {
+    mp_codec_info ci = {.kind = MP_CODEC_RVQ, .stages = (uint32_t)stages, .dim = 8, .entries = 256};
+    return mp_codec_nbytes(&ci, 2, (const int64_t[2]){rows, cols});
+}
+
 void mpk_rvq_init(mpk_rvq *w, int64_t rows, int64_t cols, int stages, const uint8_t *part) {
     w->rows = rows;
     w->cols = cols;
     w->nv = (cols + 7) / 8;
     w->stages = stages;
     w->codes = part;
-    w->scales = part + (size_t)((rows + 63) / 64 * 64) * (size_t)w->nv * (size_t)stages;
-}
-
-uint64_t mpk_rvq_nbytes(int64_t rows, int64_t cols, int stages) {
-    return (uint64_t)((rows + 63) / 64 * 64) * (uint64_t)((cols + 7) / 8) * (uint64_t)stages +
-           2 * (uint64_t)rows;
+    w->scales = part + (mpk_rvq_nbytes(rows, cols, stages) - 2 * (uint64_t)rows); /* codes first */
 }
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -497,6 +516,68 @@ void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const m
     per = per < 1 ? 1 : per > MPK_RVQ_MAX_TILES ? MPK_RVQ_MAX_TILES : per;
     rvq_job j = {impl_or_scalar(k), w, t, y, per};
     mpk_pool_run(w->rows * w->nv < 4096 ? NULL : pool, (size_t)((nt + per - 1) / per), rvq_task, &j);
+}
+
+/* Several inputs of one expert matrix (prefill): a task is a set of inputs and a tile range;
+ * group by group, each input's table slice (a few KiB) is looked up against the range's codes,
+ * which stay in cache across the inputs instead of coming from RAM once per input.  The per-row
+ * fma order (groups, then stages, in order) is the single-input one, so each y[i] has
+ * mpk_rvq_matvec's bits. */
+#define RVQ_MM_INPUTS 4 /* inputs per task */
+
+typedef struct {
+    const mpk_impl *k;
+    const mpk_rvq *w;
+    const mpk_rvq_tab *const *t;
+    int64_t n, ranges, per; /* tile ranges of `per` tiles */
+    float *p;               /* [n][nt * 64] accumulators */
+    float *y;
+} rvqm_job;
+
+static void rvqm_task(void *ctx, size_t task) {
+    rvqm_job *j = ctx;
+    const mpk_rvq *w = j->w;
+    int64_t nt = (w->rows + 63) / 64, ng = (w->nv + MPK_RVQ_GROUP - 1) / MPK_RVQ_GROUP;
+    int64_t tile0 = ((int64_t)task % j->ranges) * j->per, i0 = ((int64_t)task / j->ranges) * RVQ_MM_INPUTS;
+    int64_t ntl = nt - tile0 < j->per ? nt - tile0 : j->per, i1 = i0 + RVQ_MM_INPUTS < j->n ? i0 + RVQ_MM_INPUTS : j->n;
+    if (ntl <= 0) return;
+    for (int64_t g = 0; g < ng; g++)
+        for (int64_t i = i0; i < i1; i++)
+            if (!j->t[i]->nan) j->k->rvq_acc(w, j->t[i], tile0, ntl, g, g + 1, j->p + (size_t)(i * nt + tile0) * 64);
+    float acc[MPK_RVQ_MAX_TILES * 64] __attribute__((aligned(64)));
+    for (int64_t i = i0; i < i1; i++) {
+        float *y = j->y + i * w->rows;
+        for (int64_t b = 0; b < ntl; b += MPK_RVQ_MAX_TILES) {
+            int64_t nb = ntl - b < MPK_RVQ_MAX_TILES ? ntl - b : MPK_RVQ_MAX_TILES;
+            j->k->rvq_unperm(j->p + (size_t)(i * nt + tile0 + b) * 64, nb, acc);
+            int64_t r0 = (tile0 + b) * 64, r1 = r0 + nb * 64 < w->rows ? r0 + nb * 64 : w->rows;
+            for (int64_t r = r0; r < r1; r++) {
+                float v = j->t[i]->nan ? mpk_bits_f32(0x7fc00000u) : acc[r - r0] * mpk_f16_to_f32(ld16(w->scales + 2 * r));
+                y[r] = v == v ? v : mpk_bits_f32(0x7fc00000u);
+            }
+        }
+    }
+}
+
+void mpk_rvq_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w,
+                    const mpk_rvq_tab *const *t, int64_t n, float *y) {
+    k = impl_or_scalar(k);
+    int64_t nt = (w->rows + 63) / 64, threads = mpk_pool_threads(pool);
+    float *p = n > 1 ? calloc((size_t)(n * nt * 64), sizeof(float)) : NULL;
+    if (!p) { /* one input (or no memory): the single-input kernel, same bits */
+        for (int64_t i = 0; i < n; i++) mpk_rvq_matvec(k, pool, w, t[i], y + i * w->rows);
+        return;
+    }
+    int64_t sets = (n + RVQ_MM_INPUTS - 1) / RVQ_MM_INPUTS;
+    /* enough tasks for the threads: split the tiles when there are few input sets (every task
+     * then reads each of its inputs' tables once per range) */
+    int64_t ranges = (2 * threads + sets - 1) / sets;
+    ranges = ranges < 1 ? 1 : ranges > nt ? nt : ranges;
+    int64_t per = (nt + ranges - 1) / ranges;
+    ranges = (nt + per - 1) / per;
+    rvqm_job j = {k, w, t, n, ranges, per, p, y};
+    mpk_pool_run(pool, (size_t)(ranges * sets), rvqm_task, &j);
+    free(p);
 }
 
 void mpk_hadamard_rotate(const float *x, const float *signs, int64_t n, int64_t block, float *out) {

@@ -42,8 +42,8 @@ AVX2 static __m256 lanes_f32(const float *row, const float *x, int64_t n) {
 
 AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
     const int64_t n = w->cols;
-    if (w->codec == MPK_F32) return hred(lanes_f32((const float *)w->data + r * n, x, n));
-    if (w->codec == MPK_BF16) {
+    if (w->codec == MP_CODEC_F32) return hred(lanes_f32((const float *)w->data + r * n, x, n));
+    if (w->codec == MP_CODEC_BF16) {
         const uint16_t *row = (const uint16_t *)(w->data) + r * n; /* 2-aligned: tensor offsets are 64-aligned */
         __m256 acc = _mm256_setzero_ps();
         int64_t c = 0;
@@ -57,7 +57,7 @@ AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
         for (; c < n; c++) l[c & 7] += mpk_bf16_to_f32(row[c]) * x[c];
         return mpk_red8(l);
     }
-    if (w->codec == MPK_F16) {
+    if (w->codec == MP_CODEC_F16) {
         const uint8_t *row = w->data + (size_t)(r * n) * 2;
         __m256 acc = _mm256_setzero_ps();
         int64_t c = 0;
@@ -71,7 +71,7 @@ AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
     const int64_t G = w->group, ng = w->ngroups;
     const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
     float acc = 0.0f;
-    if (w->codec == MPK_Q8) {
+    if (w->codec == MP_CODEC_Q8) {
         const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
         for (int64_t g = 0; g < ng; g++) {
             int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n, c = c0;
@@ -88,7 +88,7 @@ AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
         }
         return acc;
     }
-    if (w->codec == MPK_Q6) { /* 8 codes = 6 bytes = two 24-bit words k0|k1<<6|k2<<12|k3<<18 */
+    if (w->codec == MP_CODEC_Q6) { /* 8 codes = 6 bytes = two 24-bit words k0|k1<<6|k2<<12|k3<<18 */
         const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
         const __m256i shifts = _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18);
         const __m256i pick = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
@@ -119,7 +119,7 @@ AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
         }
         return acc;
     }
-    /* MPK_Q4: nibbles, low nibble = even column */
+    /* MP_CODEC_Q4: nibbles, low nibble = even column */
     const size_t planes = w->zero_point ? 2 : 1;
     const uint8_t *mins = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
     const uint8_t *q = w->data + planes * (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 2;
@@ -162,12 +162,12 @@ AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
 AVX2 void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
                            int64_t nb, int64_t n, float *y, float *wb) {
     const int64_t C = w->cols, cp = w->cols_p, R = r1 - r0;
-    const int grouped = w->codec == MPK_Q8 || w->codec == MPK_Q6 || w->codec == MPK_Q4;
+    const int grouped = w->codec == MP_CODEC_Q8 || w->codec == MP_CODEC_Q6 || w->codec == MP_CODEC_Q4;
     const int64_t G = grouped ? w->group : C, ng = grouped ? w->ngroups : 1;
     float *sc = wb + (size_t)(R * cp), *mn = sc + (size_t)(R * ng);
     for (int64_t r = r0; r < r1; r++) {
         float *o = wb + (size_t)((r - r0) * cp);
-        if (w->codec == MPK_Q8) {
+        if (w->codec == MP_CODEC_Q8) {
             const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * cp;
             int64_t c = 0;
             for (; c + 8 <= C; c += 8)
@@ -287,20 +287,15 @@ AVX2 static inline __m256i lookup32(const int8_t *tab, __m256i c) {
 #undef SUB
 }
 
-/* Per half tile (32 rows) and stage: int8 lookups summed in int16 lanes split into even and odd
- * rows (|n| <= 32 * 127 fits), then f32(n) fma'd into accumulators kept in the order the
- * widening produces: p[tile][half][k][8] with k = 0 even rows 0-14, 1 even rows 16-30, 2 odd
- * rows 1-15, 3 odd rows 17-31 (of the half); reordered to rows at the end. */
-AVX2 static void a_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
-                             float *acc) {
+AVX2 static void a_rvq_acc(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
+                           int64_t g0, int64_t g1, float *pf) {
     const int S = w->stages;
     const int64_t nv = w->nv, J = nv * S;
-    float p[MPK_RVQ_MAX_TILES][2][4][8] __attribute__((aligned(32)));
-    memset(p, 0, sizeof p);
+    float (*p)[2][4][8] = (float (*)[2][4][8])pf;
     /* tile-outer: a tile's codes stream sequentially (measured a little faster with codes in
      * RAM than group-outer); the tables come from L2 */
     for (int64_t i = 0; i < ntiles; i++) {
-        for (int64_t g = 0; g < t->ngroups; g++) {
+        for (int64_t g = g0; g < g1; g++) {
             int64_t v0 = g * MPK_RVQ_GROUP, v1 = v0 + MPK_RVQ_GROUP < nv ? v0 + MPK_RVQ_GROUP : nv;
             const uint8_t *c = w->codes + (size_t)((tile0 + i) * J) * 64;
             for (int h = 0; h < 2; h++)
@@ -322,11 +317,15 @@ AVX2 static void a_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t til
                                     _mm256_cvtepi16_epi32(_mm256_extracti128_si256(od, 1))};
                     #pragma GCC unroll 8
                     for (int k = 0; k < 4; k++)
-                        _mm256_store_ps(p[i][h][k], _mm256_fmadd_ps(_mm256_cvtepi32_ps(n[k]), d,
-                                                                    _mm256_load_ps(p[i][h][k])));
+                        _mm256_storeu_ps(p[i][h][k], _mm256_fmadd_ps(_mm256_cvtepi32_ps(n[k]), d,
+                                                                     _mm256_loadu_ps(p[i][h][k])));
                 }
         }
     }
+}
+
+static void a_rvq_unperm(const float *pf, int64_t ntiles, float *acc) {
+    const float (*p)[2][4][8] = (const float (*)[2][4][8])pf;
     for (int64_t i = 0; i < ntiles; i++)
         for (int h = 0; h < 2; h++)
             for (int m = 0; m < 8; m++) {
@@ -338,9 +337,23 @@ AVX2 static void a_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t til
             }
 }
 
-const mpk_impl mpk_avx2_impl = {"avx2", mpk_avx2_row_dot, a_rvq_tables, a_rvq_tiles, mpk_avx2_mm_rows};
+/* Per half tile (32 rows) and stage: int8 lookups summed in int16 lanes split into even and odd
+ * rows (|n| <= 32 * 127 fits), then f32(n) fma'd into accumulators kept in the order the
+ * widening produces: p[tile][half][k][8] with k = 0 even rows 0-14, 1 even rows 16-30, 2 odd
+ * rows 1-15, 3 odd rows 17-31 (of the half); reordered to rows at the end. */
+AVX2 static void a_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
+                             float *acc) {
+    float p[MPK_RVQ_MAX_TILES * 64] __attribute__((aligned(32)));
+    memset(p, 0, sizeof p);
+    a_rvq_acc(w, t, tile0, ntiles, 0, t->ngroups, p);
+    a_rvq_unperm(p, ntiles, acc);
+}
+
+const mpk_impl mpk_avx2_impl = {.name = "avx2", .row_dot = mpk_avx2_row_dot, .rvq_tables = a_rvq_tables,
+                                .rvq_tiles = a_rvq_tiles, .rvq_acc = a_rvq_acc, .rvq_unperm = a_rvq_unperm,
+                                .mm_rows = mpk_avx2_mm_rows};
 
 #else
-const mpk_impl mpk_avx2_impl = {"avx2", 0, 0, 0, 0};
+const mpk_impl mpk_avx2_impl = {.name = "avx2"};
 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) { (void)w; (void)r; (void)x; return 0.0f; }
 #endif

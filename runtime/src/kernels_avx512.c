@@ -92,24 +92,23 @@ v_stage(const int8_t *q, const uint8_t *c, size_t tile_bytes, int64_t v0, int64_
                         _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(od[b], 1))};
         #pragma GCC unroll 8
         for (int k = 0; k < 4; k++)
-            _mm512_store_ps(p[b][k], _mm512_fmadd_ps(_mm512_cvtepi32_ps(n[k]), dv, _mm512_load_ps(p[b][k])));
+            _mm512_storeu_ps(p[b][k], _mm512_fmadd_ps(_mm512_cvtepi32_ps(n[k]), dv, _mm512_loadu_ps(p[b][k])));
     }
 }
 
 #define V_NB 4 /* tiles per table load: 8 int16 accumulators + 4 table registers */
 
-AVX512 static void v_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
-                               float *acc) {
+AVX512 static void v_rvq_acc(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
+                             int64_t g0, int64_t g1, float *pf) {
     const int S = w->stages;
     const int64_t nv = w->nv, J = nv * S;
     const size_t tile_bytes = (size_t)J * 64;
-    float p[MPK_RVQ_MAX_TILES][4][16] __attribute__((aligned(64)));
-    memset(p, 0, sizeof p);
+    float (*p)[4][16] = (float (*)[4][16])pf;
     /* tile-block-outer: each tile's codes stream sequentially (V_NB streams) while the block's
      * tables come from L2; measured 5-10 % faster with codes in RAM than group-outer (tables in
      * L1, codes read in 32-vector chunks hopping between tiles), equal with codes in cache */
     for (int64_t i = 0; i < ntiles; i += V_NB) {
-        for (int64_t g = 0; g < t->ngroups; g++) {
+        for (int64_t g = g0; g < g1; g++) {
             int64_t v0 = g * MPK_RVQ_GROUP, v1 = v0 + MPK_RVQ_GROUP < nv ? v0 + MPK_RVQ_GROUP : nv;
             const uint8_t *c = w->codes + (size_t)(tile0 + i) * tile_bytes;
             int64_t nb = ntiles - i < V_NB ? ntiles - i : V_NB;
@@ -124,6 +123,10 @@ AVX512 static void v_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t t
             }
         }
     }
+}
+
+static void v_rvq_unperm(const float *pf, int64_t ntiles, float *acc) {
+    const float (*p)[4][16] = (const float (*)[4][16])pf;
     for (int64_t i = 0; i < ntiles; i++)
         for (int m = 0; m < 16; m++) {
             float *o = acc + i * 64;
@@ -134,8 +137,18 @@ AVX512 static void v_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t t
         }
 }
 
-const mpk_impl mpk_avx512_impl = {"avx512vbmi", mpk_avx2_row_dot, v_rvq_tables, v_rvq_tiles, mpk_avx2_mm_rows};
+AVX512 static void v_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
+                               float *acc) {
+    float p[MPK_RVQ_MAX_TILES * 64] __attribute__((aligned(64)));
+    memset(p, 0, sizeof p);
+    v_rvq_acc(w, t, tile0, ntiles, 0, t->ngroups, p);
+    v_rvq_unperm(p, ntiles, acc);
+}
+
+const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi", .row_dot = mpk_avx2_row_dot, .rvq_tables = v_rvq_tables,
+                                  .rvq_tiles = v_rvq_tiles, .rvq_acc = v_rvq_acc,
+                                  .rvq_unperm = v_rvq_unperm, .mm_rows = mpk_avx2_mm_rows};
 
 #else
-const mpk_impl mpk_avx512_impl = {"avx512vbmi", 0, 0, 0, 0};
+const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi"};
 #endif

@@ -18,6 +18,13 @@ struct mpk_impl {
      * prefetch one group ahead (measured best with codes in RAM; tables then come from L2). */
     void (*rvq_tiles)(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
                       float *acc);
+    /* The same product in pieces (several inputs per expert, prefill): adds groups [g0, g1) of
+     * tiles [tile0, tile0 + ntiles) into p (64 floats per tile in this path's own lane order,
+     * zeroed by the caller); rvq_unperm then writes the rows of ntiles tiles in row order.
+     * Calling it for g0 = 0, 1, ... in turn gives rvq_tiles' bits (same fma order per row). */
+    void (*rvq_acc)(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
+                    int64_t g0, int64_t g1, float *p);
+    void (*rvq_unperm)(const float *p, int64_t ntiles, float *acc);
     /* Trunk rows [r0, r1) times many inputs (prefill), exactly as row_dot computes each
      * (y[t][r]): xt holds the inputs transposed in blocks of MPK_MM_TB tokens [nb][cols][TB]
      * (zero past n), xl the q4 zero-point group sums [nb][ngroups][TB]; wb is scratch for the
