@@ -19,8 +19,10 @@ from pathlib import Path
 from moepack.convert.errors import ConvertError
 
 from moepack.safefs import UnsafePathError, open_existing
+from moepack.untrusted_json import loads
 
 FORMAT = "moepack-convert-journal/1"
+MAX_RECORD_BYTES = 64 << 20   # one journal line (the header, with the source fingerprint)
 
 
 def journal_path(out: Path) -> Path:
@@ -59,10 +61,10 @@ class Journal:
         there is not one: it is neither followed nor read)."""
         try:
             with os.fdopen(open_existing(path, os.O_RDONLY), "rb") as f:
-                first = f.readline()
-            head = json.loads(first)
-            return head if head.get("format") == FORMAT else None
-        except (OSError, ValueError, AttributeError, UnsafePathError):
+                first = f.readline(MAX_RECORD_BYTES + 1)
+            head = loads(first, str(path), max_bytes=MAX_RECORD_BYTES)
+            return head if isinstance(head, dict) and head.get("format") == FORMAT else None
+        except (OSError, ValueError, UnsafePathError):
             return None
 
     @classmethod
@@ -103,16 +105,16 @@ class Journal:
         pos = 0
         for line in lines[:-1]:  # the part after the last newline is torn or empty
             pos += len(line) + 1
-            try:
-                rec = json.loads(line)
-            except ValueError:
+            try:  # bounded; a torn or foreign record ends the good part
+                rec = loads(line, str(path), max_bytes=MAX_RECORD_BYTES)
+                if header is None:
+                    header = rec
+                else:
+                    done[rec["u"]] = rec["h"]
+            except (ValueError, KeyError, TypeError):
                 break
-            if header is None:
-                header = rec
-            else:
-                done[rec["u"]] = rec["h"]
             good_end = pos
-        if header is None or header.get("format") != FORMAT:
+        if not isinstance(header, dict) or header.get("format") != FORMAT:
             os.close(fd)
             raise ConvertError(f"{path}: not a moepack conversion journal")
         os.ftruncate(fd, good_end)  # drop a torn tail before appending

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from moepack.convert.errors import ConvertError
 from moepack.convert.journal import Journal
 from moepack.format import ContainerWriter, plan_layout
 from moepack.format.layout import BlobSpec, ContainerSpec
@@ -147,3 +148,30 @@ def test_journal_header_of_a_fifo_does_not_block(site) -> None:
     assert got == [None]
     with pytest.raises(UnsafePathError, match="not a regular file"):
         Journal.create(jpath, {"x": 1})
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"\n", b"[1, 2]\n", b'"text"\n'],
+                         ids=["deep", "list", "string"])
+def test_journal_that_is_not_one_is_refused_in_one_error(site, body: bytes) -> None:
+    """A planted OUT.journal is untrusted JSON (moepack/untrusted_json.py): not a journal, and
+    no RecursionError or AttributeError."""
+    out, _ = site
+    jpath = _sib(out, ".journal")
+    jpath.write_bytes(body)
+    assert Journal.read_header(jpath) is None
+    with pytest.raises(ConvertError, match="not a moepack conversion journal"):
+        Journal.resume(jpath)
+
+
+def test_journal_with_foreign_records_keeps_the_good_part(site) -> None:
+    out, _ = site
+    jpath = _sib(out, ".journal")
+    j = Journal.create(jpath, {"x": 1})
+    j.close()
+    with open(jpath, "ab") as f:
+        f.write(b'{"u": "a", "h": "1"}\n' + b"[" * 100_000 + b'\n{"u": "b", "h": "2"}\n')
+    j = Journal.resume(jpath)
+    try:
+        assert j.done == {"a": "1"}       # the record after the foreign line is dropped
+    finally:
+        j.close()
