@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from tiny_models import make_checkpoint
+from tiny_models import ARCHS, make_checkpoint
 
 DRIVER = r"""
 #include "moepack.h"
@@ -56,8 +56,10 @@ def test_engine_under_asan_and_ubsan(tmp_path):
     from moepack.format.synthetic import mixtral_spec, write_synthetic
 
     files = []
-    for arch in ("mixtral", "qwen3_moe", "deepseek_v3"):
-        make_checkpoint(arch, tmp_path / arch)
+    # GQA variants too: q/k/v biases and partial RoPE (GLM), full-width q/k norms (MiniMax),
+    # and an INT4-sourced nested model (Kimi K2.5)
+    for arch in ARCHS:
+        make_checkpoint(arch, tmp_path / arch, **({"int4_group": 4} if arch == "kimi_k25" else {}))
         convert(tmp_path / arch, tmp_path / f"{arch}.moepack", Settings())
         files.append(tmp_path / f"{arch}.moepack")
     write_synthetic(tmp_path / "wide.moepack", mixtral_spec(hidden=256, inter=192, vocab=80))
