@@ -69,7 +69,7 @@ def stream_once(port: int, prompt: str, max_tokens: int) -> dict:
     r = conn.getresponse()
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
-    times, usage = [], None
+    times, usage, engine_tok_s = [], None, 0.0
     while True:
         line = r.readline()
         if not line:
@@ -84,9 +84,11 @@ def stream_once(port: int, prompt: str, max_tokens: int) -> dict:
             times.append(time.perf_counter() - t0)
         elif b'"usage"' in data:
             usage = json.loads(data)["usage"]
+        elif b'"moepack_stats"' in data:
+            engine_tok_s = json.loads(data)["moepack_stats"]["decode_tok_s"]
     conn.close()
     return {"ttft": times[0] if times else None, "times": times, "end": time.perf_counter() - t0,
-            "usage": usage}
+            "usage": usage, "engine_decode_tok_s": engine_tok_s}
 
 
 def per_token(times: list[float], tokens: int) -> float:
@@ -124,6 +126,38 @@ def run_once(container: Path, threads: int, tokens: int) -> dict:
             "per_token": (last - reads[0][0]) / max(1, decode_tokens),
             "engine_prompt_s": int(m.group(1)) / float(m.group(2)),
             "engine_decode_tok_s": float(m.group(4))}
+
+
+def proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of a running process, all its threads (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_cpu(container: Path, threads: int, tokens: int) -> tuple[float, int]:
+    """CPU seconds of a whole `moepack run` process and the tokens it decoded."""
+    proc = subprocess.Popen([sys.executable, "-m", "moepack", "run", str(container), PROMPT,
+                             "-n", str(tokens), "--threads", str(threads)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+    _, status, ru = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    m = re.search(r"decode (\d+) tok", out)
+    if not m:
+        raise RuntimeError(f"no stats line in: {out[-300:]!r}")
+    return ru.ru_utime + ru.ru_stime, int(m.group(1))
+
+
+def serve_cpu(pid: int, port: int, tokens: int) -> tuple[float, int]:
+    """CPU seconds the server process spent on one streamed request, and its tokens."""
+    c0 = proc_cpu(pid)
+    r = stream_once(port, PROMPT, tokens)
+    return proc_cpu(pid) - c0, r["usage"]["completion_tokens"]
+
+
+def cpu_per_token(short: tuple[float, int], long: tuple[float, int]) -> float:
+    """The difference of a long and a short generation: startup and prompt cancel out."""
+    return (long[0] - short[0]) / max(1, long[1] - short[1])
 
 
 def concurrent(port: int, clients: int, per_client: int, max_tokens: int) -> dict:
@@ -181,6 +215,12 @@ def main() -> None:
                 s = stream_once(port, PROMPT, a.tokens)
                 s["per_token"] = per_token(s["times"], s["usage"]["completion_tokens"])
                 serves.append(s)
+            cpu_run, cpu_srv = [], []
+            for _ in range(a.repeat):
+                cpu_run.append(cpu_per_token(run_cpu(container, a.threads, 2),
+                                             run_cpu(container, a.threads, a.tokens)))
+                cpu_srv.append(cpu_per_token(serve_cpu(proc.pid, port, 2),
+                                             serve_cpu(proc.pid, port, a.tokens)))
             rows = [concurrent(port, c, a.per_client, a.max_tokens) for c in (1, 4, 8)]
         finally:
             proc.terminate()
@@ -194,10 +234,17 @@ def main() -> None:
            "run_per_token_ms": 1e3 * run_pt, "serve_per_token_ms": 1e3 * srv_pt,
            "overhead_per_token": srv_pt / run_pt - 1,
            "run_engine_decode_tok_s": statistics.median(r["engine_decode_tok_s"] for r in runs),
+           "serve_engine_decode_tok_s": statistics.median(
+               s["engine_decode_tok_s"] for s in serves),
+           "run_per_token_ms_all": [1e3 * r["per_token"] for r in runs],
+           "serve_per_token_ms_all": [1e3 * s["per_token"] for s in serves],
            "serve_completion_tokens": [s["usage"]["completion_tokens"] for s in serves],
            "run_decode_tokens": [r["decode_tokens"] for r in runs],
            "serve_ttft_s": statistics.median(s["ttft"] for s in serves),
            "run_engine_prompt_s": statistics.median(r["engine_prompt_s"] for r in runs),
+           "run_cpu_per_token_ms": 1e3 * statistics.median(cpu_run),
+           "serve_cpu_per_token_ms": 1e3 * statistics.median(cpu_srv),
+           "cpu_overhead_per_token": statistics.median(cpu_srv) / statistics.median(cpu_run) - 1,
            "concurrency": rows}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(res, indent=2) + "\n")
@@ -205,6 +252,8 @@ def main() -> None:
 
 
 def render(r: dict) -> str:
+    pairs = ", ".join(f"{a:.2f} / {b:.2f}" for a, b in zip(
+        r["run_per_token_ms_all"], r["serve_per_token_ms_all"], strict=True))
     lines = [f"## moepack serve: {r['date']}, commit {r['commit']}", "",
              f"- Hardware: {r['hardware']}; {r['threads']} compute thread(s) for both "
              f"`moepack run` and the server; load average (1 min) at start / end: "
@@ -219,9 +268,21 @@ def render(r: dict) -> str:
              f"| `moepack serve`, one streaming client (SSE chunks as received) | "
              f"{r['serve_per_token_ms']:.3f} | {1e3 / r['serve_per_token_ms']:.0f} |",
              "", f"Server overhead per token: **{100 * r['overhead_per_token']:+.1f} %** "
-             f"(engine decode inside `run`: {r['run_engine_decode_tok_s']:.0f} tok/s). "
+             f"(engine decode alone: {r['run_engine_decode_tok_s']:.0f} tok/s inside `run`, "
+             f"{r['serve_engine_decode_tok_s']:.0f} tok/s inside the server). Every pair, "
+             f"run / serve ms: {pairs}. "
              f"TTFT of one client: {1e3 * r['serve_ttft_s']:.1f} ms, against "
              f"{1e3 * r['run_engine_prompt_s']:.1f} ms of prompt evaluation inside `run`.", "",
+             "### CPU time per token (user + system, all threads; long minus short "
+             f"generation; median of {r['repeat']})", "",
+             "Wall time on a shared machine swings with the load; CPU time counts the work "
+             "itself: `moepack run`'s process against the server's process (engine, worker, "
+             "HTTP and SSE).", "",
+             "| | CPU ms / token |", "|---|---|",
+             f"| `moepack run` | {r['run_cpu_per_token_ms']:.3f} |",
+             f"| `moepack serve` | {r['serve_cpu_per_token_ms']:.3f} |", "",
+             f"Server CPU overhead per token: **{100 * r['cpu_overhead_per_token']:+.1f} %**.",
+             "",
              "### Concurrent streaming clients (each sends requests back to back; "
              "one engine, requests queue)", "",
              "| clients | requests | requests/s | tokens/s | TTFT mean / p50 / p95 (ms) | "

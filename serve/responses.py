@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -10,6 +11,15 @@ from moepack.serve import tools
 from moepack.serve.job import Done, Piece, TokenLogprob
 
 FINGERPRINT = "fp_moepack"
+
+
+def _split(chunk: dict) -> tuple[bytes, bytes]:
+    """A chunk's JSON cut around its text placeholder "\\u0000" (which no text contains
+    unescaped: json.dumps writes a NUL as \\u0000 too, but the placeholder is the only one in
+    a chunk built around it)."""
+    raw = json.dumps(chunk, ensure_ascii=False).encode()
+    head, tail = raw.split(b'"\\u0000"')
+    return head, tail
 
 
 def new_id(prefix: str) -> str:
@@ -70,6 +80,8 @@ class ChatResponder:
         self.id, self.created, self.model = new_id("chatcmpl"), int(time.time()), model
         self.out, self.logprobs = out, logprobs
         self.entries: list[dict] = []
+        self._head: bytes | None = None
+        self._tail = b""
 
     def _chunk(self, delta: dict, finish: str | None = None, lps: list | None = None) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
@@ -81,13 +93,17 @@ class ChatResponder:
     def first_chunk(self) -> dict:
         return self._chunk({"role": "assistant", "content": ""})
 
-    def piece_chunk(self, pieces: list[Piece]) -> dict | None:
+    def piece_chunk(self, pieces: list[Piece]) -> dict | bytes | None:
         text = self.out.content_delta("".join(p.text for p in pieces))
         lps = [chat_logprob(p.logprob) for p in pieces if p.logprob] if self.logprobs else []
         self.entries.extend(lps)
         if not text and not lps:
             return None
-        return self._chunk({"content": text} if text else {}, lps=lps or None)
+        if not lps:  # the common chunk, serialized around the text alone (per-token cost)
+            if self._head is None:
+                self._head, self._tail = _split(self._chunk({"content": "\0"}))
+            return self._head + json.dumps(text, ensure_ascii=False).encode() + self._tail
+        return self._chunk({"content": text} if text else {}, lps=lps)
 
     def final_chunks(self, d: Done, include_usage: bool) -> list[dict]:
         _, calls, rest, finish = self.out.finish(d)
@@ -125,6 +141,8 @@ class CompletionResponder:
         self.id, self.created, self.model = new_id("cmpl"), int(time.time()), model
         self.logprobs = logprobs
         self.offset = 0
+        self._head: bytes | None = None
+        self._tail = b""
         self.lp = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
 
     def _add(self, p: Piece) -> dict | None:
@@ -143,9 +161,13 @@ class CompletionResponder:
                 "model": self.model, "system_fingerprint": FINGERPRINT,
                 "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}]}
 
-    def piece_chunk(self, pieces: list[Piece]) -> dict | None:
+    def piece_chunk(self, pieces: list[Piece]) -> dict | bytes | None:
         lps = [lp for lp in (self._add(p) for p in pieces) if lp]
         text = "".join(p.text for p in pieces)
+        if text and not lps:  # the common chunk, serialized around the text alone
+            if self._head is None:
+                self._head, self._tail = _split(self._chunk("\0", None, None))
+            return self._head + json.dumps(text, ensure_ascii=False).encode() + self._tail
         lp = {k: [x for one in lps for x in one[k]] for k in self.lp} if lps else None
         return self._chunk(text, None, lp) if text or lp else None
 

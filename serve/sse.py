@@ -9,11 +9,17 @@ from collections.abc import AsyncIterator
 from sse_starlette import EventSourceResponse
 
 
-def data(obj: dict | str) -> dict:
-    return {"data": obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}
+def data(obj: dict | str | bytes) -> bytes:
+    """One event, framed here: sse-starlette passes bytes through as they are (its own encoder
+    costs more per token than the rest of the server's work). JSON has no raw newlines, so the
+    payload is always a single `data:` line."""
+    if isinstance(obj, bytes):
+        return b"data: " + obj + b"\n\n"
+    text = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
+    return b"data: " + text.encode() + b"\n\n"
 
 
-def response(events: AsyncIterator[dict]) -> EventSourceResponse:
+def response(events: AsyncIterator[bytes]) -> EventSourceResponse:
     # sep "\n": the API's own framing ("data: ...\n\n"), not sse-starlette's default "\r\n"
     return EventSourceResponse(events, sep="\n", ping=15,
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

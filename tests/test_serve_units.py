@@ -145,6 +145,11 @@ def test_engine_truncate_reuses_prefix_bit_identically():
     np.testing.assert_array_equal(x, y)
 
 
+def _obj(chunk: dict | bytes) -> dict:
+    """Content chunks come pre-serialized (bytes); the rest as dicts."""
+    return json.loads(chunk) if isinstance(chunk, bytes) else chunk
+
+
 def _done(text: str, finish: str = "stop") -> Done:
     stats = {k: 0 for k in ("prompt_tokens", "decode_tokens", "prompt_seconds",
                             "decode_seconds", "cache_hits", "cache_misses", "bytes_read",
@@ -160,7 +165,7 @@ def test_auto_tool_call_stream_holds_back_the_call():
            '</tool_call>'
     pieces = [Piece(text[i:i + 4], i) for i in range(0, len(text), 4)]
     r = ChatResponder("m", ChatOutput(tools.HERMES, ["get_weather"], False), False)
-    chunks = [c for p in pieces if (c := r.piece_chunk([p]))]
+    chunks = [_obj(c) for p in pieces if (c := r.piece_chunk([p]))]
     content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     assert content == "Checking."
     finals = r.final_chunks(_done(text), include_usage=True)
@@ -179,7 +184,7 @@ def test_auto_tool_call_stream_holds_back_the_call():
 def test_text_that_only_looks_like_a_marker_is_content():
     text = "a <tool_ca b"
     r = ChatResponder("m", ChatOutput(tools.HERMES, ["f"], False), False)
-    streamed = "".join(c["choices"][0]["delta"].get("content", "")
+    streamed = "".join(_obj(c)["choices"][0]["delta"].get("content", "")
                        for c in [r.piece_chunk([Piece(ch, 0)]) for ch in text] if c)
     finals = r.final_chunks(_done(text, "length"), include_usage=False)
     streamed += finals[0]["choices"][0]["delta"].get("content", "")
