@@ -120,19 +120,25 @@ class Server:
                            headers={"Retry-After": str(self.worker.retry_after())})
 
     async def collect(self, job: Job, request: Request) -> tuple[list[Piece], Done]:
-        """All of a job's events; a client that leaves cancels it (checked twice a second)."""
+        """All of a job's events; a client that leaves cancels it at once."""
+        gone = asyncio.ensure_future(_disconnect(request))
         pieces: list[Piece] = []
-        while True:
-            evs = await job.events.take(timeout=0.5)
-            if not evs and await request.is_disconnected():
-                job.cancel.set()
-                raise _ClientGone
-            for ev in evs:
-                if isinstance(ev, BaseException):
-                    raise _engine_error(ev)
-                if isinstance(ev, Done):
-                    return pieces, ev
-                pieces.append(ev)
+        try:
+            while True:
+                taker = asyncio.ensure_future(job.events.take())
+                await asyncio.wait({taker, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not taker.done():
+                    taker.cancel()
+                    job.cancel.set()  # the engine stops before its next token
+                    raise _ClientGone
+                for ev in taker.result():
+                    if isinstance(ev, BaseException):
+                        raise _engine_error(ev)
+                    if isinstance(ev, Done):
+                        return pieces, ev
+                    pieces.append(ev)
+        finally:
+            gone.cancel()
 
     async def stream(self, job: Job, responder, first: dict | None,
                      include_usage: bool) -> AsyncIterator[dict]:
@@ -160,6 +166,13 @@ class Server:
 
 class _ClientGone(Exception):
     pass
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already, so the
+    next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _engine_error(e: BaseException) -> ApiError:

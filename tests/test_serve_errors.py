@@ -245,6 +245,28 @@ def test_disconnect_mid_stream_cancels_then_healthy(srv):
     assert status == 200
 
 
+def test_disconnect_while_waiting_for_a_whole_reply_cancels(srv):
+    before = srv.metrics()
+    body = json.dumps({"model": "demo", "prompt": "def f(x):", "max_tokens": 1000,
+                       "temperature": 0})
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+    conn.request("POST", "/v1/completions", body=body,
+                 headers={"Content-Type": "application/json"})
+    time.sleep(0.3)  # generation under way (the demo makes ~500 tok/s)
+    conn.close()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        m = srv.metrics()
+        if m["moepack_requests_cancelled_total"] > before["moepack_requests_cancelled_total"]:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the server did not cancel the generation")
+    produced = m["moepack_completion_tokens_total"] - before["moepack_completion_tokens_total"]
+    assert produced < 1000
+    assert srv.get_json("/health")["status"] == "ok"
+
+
 def test_sigterm_mid_stream_exits_cleanly():
     s = ServerProcess(demo_container())
     try:
