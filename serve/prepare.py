@@ -108,8 +108,8 @@ class Preparer:
             if choice == "none":  # the model is not to call them: nothing to render
                 return ToolMode(), None
             raise ApiError(400, "this model's chat template does not take tools (supported: "
-                           "Hermes/Qwen <tool_call> and DeepSeek templates)", param="tools",
-                           code="unsupported_value")
+                           "Hermes/Qwen <tool_call>, DeepSeek, Kimi K2 and Mistral [TOOL_CALLS] "
+                           "templates)", param="tools", code="unsupported_value")
         defs = [t.model_dump(exclude_none=True) for t in req.tools]
         names = [t.function.name for t in req.tools]
         if choice == "none":

@@ -189,3 +189,38 @@ def test_text_that_only_looks_like_a_marker_is_content():
     finals = r.final_chunks(_done(text, "length"), include_usage=False)
     streamed += finals[0]["choices"][0]["delta"].get("content", "")
     assert streamed == text and finals[-1]["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("fam", [tools.HERMES, tools.DEEPSEEK, tools.KIMI, tools.MISTRAL])
+def test_forced_call_text_parses_back(fam):
+    """What a forced call writes (prefix, name, arguments, suffix) is what parse reads."""
+    before, options, mid, after = tools.forced_parts(fam, ["get_weather", "get_time"])
+    text = "Sure. " + before + options[1] + mid + '{"city": "Oslo", "n": [1, 2.5]}' + after
+    content, calls = tools.parse(fam, text, {"get_weather", "get_time"})
+    assert content == "Sure."
+    (call,) = calls
+    assert call.name == "get_time" and json.loads(call.arguments) == {"city": "Oslo",
+                                                                      "n": [1, 2.5]}
+    cid = call.as_openai()["id"]
+    if fam == tools.KIMI:
+        assert cid == "functions.get_time:0"
+    elif fam == tools.MISTRAL:
+        assert len(cid) == 9 and cid.isalnum()
+    else:
+        assert cid.startswith("call_")
+
+
+def test_kimi_and_mistral_templates_detected_and_parsed():
+    assert tools.family("{{ '<|tool_calls_section_begin|>' }}") == tools.KIMI
+    assert tools.family("{{ '[TOOL_CALLS]' }}") == tools.MISTRAL
+    kimi = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_"
+            'begin|>{"a": 1}<|tool_call_end|><|tool_call_begin|>functions.g:1<|tool_call_'
+            'argument_begin|>{"b": 2}<|tool_call_end|><|tool_calls_section_end|>')
+    _, calls = tools.parse(tools.KIMI, kimi, {"f", "g"})
+    assert [(c.name, c.as_openai()["id"]) for c in calls] == [("f", "functions.f:0"),
+                                                              ("g", "functions.g:1")]
+    mistral = '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}, {"name": "x", ' \
+              '"arguments": {}}]'
+    _, calls = tools.parse(tools.MISTRAL, mistral, {"f"})
+    assert [c.name for c in calls] == ["f"]
+    assert tools.parse(tools.MISTRAL, "[TOOL_CALLS] [{oops", {"f"})[1] == []
