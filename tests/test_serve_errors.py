@@ -185,6 +185,14 @@ def test_oversized_body_is_413(strict):
     big = json.dumps({**OK_CHAT, "messages": [{"role": "user", "content": "x" * 10000}]})
     status, obj, _ = post(strict, CHAT, big, {"Authorization": f"Bearer {KEY}"})
     assert_error(status, obj, 413)
+    # no Content-Length: the limit holds while the chunked body streams in
+    conn = http.client.HTTPConnection("127.0.0.1", strict.port, timeout=30)
+    conn.request("POST", CHAT, body=(big[i:i + 1000].encode() for i in range(0, len(big), 1000)),
+                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+                 encode_chunked=True)
+    r = conn.getresponse()
+    assert_error(r.status, json.loads(r.read()), 413)
+    conn.close()
     assert strict.alive()
 
 
