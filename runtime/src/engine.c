@@ -62,16 +62,20 @@ static int plan_for(const mp_container *c, const mpm_config *cfg, int ctx, mp_pl
     p->trunk_bytes = trunk_bytes(c);
     p->kv_bytes = mpm_kv_bytes(cfg, ctx);
     p->scratch_bytes = mpm_scratch_bytes(cfg) + (uint64_t)cfg->n_heads * (uint64_t)ctx * 4u;
+    int stages = 1;
     for (int64_t l = 0; l < cfg->n_layers; l++) {
         if (!cfg->layer_is_moe[l]) continue;
         const mp_bank_info *b = mpc_bank(c, (int)l);
         if (!b) return mp_seterr(err, errlen, MP_EFORMAT, "layer %lld is a MoE layer but has no expert bank", (long long)l);
+        for (int k = 0; k < 3; k++)
+            if ((int)b->parts[k].codec.stages > stages) stages = (int)b->parts[k].codec.stages;
         p->moe_layers++;
         p->step_expert_bytes += (uint64_t)cfg->top_k * b->stride;
         p->experts_bytes += (uint64_t)b->count * b->stride;
         p->expert_count += b->count;
         if (b->stride > p->expert_record_bytes) p->expert_record_bytes = b->stride;
     }
+    p->scratch_bytes += mpm_moe_chunk_bytes(cfg, MPM_CHUNK, stages); /* prefill chunk tables */
     p->floor_bytes = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + p->step_expert_bytes;
     p->recommended_bytes = p->floor_bytes + 3 * p->step_expert_bytes;
     mp_ram_info ri;

@@ -132,8 +132,6 @@ static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 uint64_t mpm_scratch_bytes(const mpm_config *c) {
     int64_t H = c->hidden, I = max64(c->moe_inter, max64(c->dense_inter, c->shared_inter));
-    /* int8 lookup tables, bytes (gate/up over H inputs, down over moe_inter) */
-    uint64_t tabs = 2 * (uint64_t)mpk_rvq_tab_bytes(H, 8) + (uint64_t)mpk_rvq_tab_bytes(c->moe_inter, 8);
     uint64_t q = (uint64_t)(c->n_heads * max64(c->head_dim, c->kv_lora_rank + c->qk_rope_dim));
     uint64_t chunk = (uint64_t)MPM_CHUNK * (uint64_t)H * (3u + (uint64_t)c->top_k) +
                      3u * (uint64_t)MPM_CHUNK * (uint64_t)c->top_k;
@@ -144,7 +142,7 @@ uint64_t mpm_scratch_bytes(const mpm_config *c) {
     uint64_t per_layer = 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +
                                                           c->q_lora_rank + c->kv_lora_rank + c->n_experts) +
                          (c->mla ? 0u : (uint64_t)((2 * c->n_heads + 3 * c->n_kv_heads) * c->head_dim));
-    return tabs + 4u * ((uint64_t)MPM_CHUNK * per_tok + 16 * (uint64_t)max64(H, I) +
+    return 4u * ((uint64_t)MPM_CHUNK * per_tok + 16 * (uint64_t)max64(H, I) +
                  (uint64_t)c->vocab + 2 * (uint64_t)c->n_experts + chunk +
                  per_layer * (uint64_t)c->n_layers + (uint64_t)H);
 }
@@ -191,11 +189,7 @@ static int alloc_scratch(mpm_model *m) {
     m->aheadw = xcalloc((uint64_t)c->top_k, 4);
     m->choice = xcalloc((uint64_t)c->n_experts, 4);
     m->allowed = xcalloc((uint64_t)c->n_experts, 1);
-    for (int p = 0; p < 3; p++) {
-        int64_t cols = p == 2 ? c->moe_inter : H;
-        m->tabmem[p] = xcalloc(mpk_rvq_tab_bytes(cols, 8), 1);
-        if (!m->tabmem[p]) return -1;
-    }
+    if (mpm_config_moe_layers(c) && mpm_moe_alloc(m)) return -1;
     if (!m->xn || !m->q || !m->kbuf || !m->vbuf || !m->att || !m->scores ||
         !m->cosb || !m->sinb || !m->router_logits || !m->moe_out || !m->eo || !m->g || !m->u ||
         !m->xr || !m->ar || !m->sel || !m->selw || !m->ahead || !m->recs || !m->aheadw || !m->choice ||
@@ -366,6 +360,7 @@ void mpm_free(mpm_model *m) {
             free(ly->signs[p]);
         }
     }
+    mpm_moe_free(m);
     free(m->layers);
     free(m->final_norm);
     free(m->inv_freq);
@@ -373,7 +368,7 @@ void mpm_free(mpm_model *m) {
     free(m->kc);
     void *bufs[] = {m->xn, m->q, m->kbuf, m->vbuf, m->att, m->scores, m->cosb, m->sinb, m->qlat,
                     m->olat, m->lat, m->router_logits, m->moe_out, m->eo, m->g, m->u, m->xr, m->ar,
-                    m->selw, m->tabmem[0], m->tabmem[1], m->tabmem[2], m->sel, m->bx, m->bxn, m->bout,
+                    m->selw, m->sel, m->bx, m->bxn, m->bout,
                     m->beo, m->bsel, m->bselw, m->uniq, m->ahead, (void *)m->recs, m->aheadw,
                     m->choice, m->allowed, m->c.layer_is_moe};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);

@@ -94,6 +94,11 @@ typedef int (*mpm_bank_fn)(void *user, int layer, mpm_bank_info *out);
 
 typedef struct mpm_model mpm_model;
 
+/* Bytes of the MoE chunk scratch (lookup tables of `chunk` tokens for parts of at most `stages`
+ * stages, expert outputs, token lists); 0 without MoE layers.  Not in mpm_scratch_bytes: the
+ * stages come from the expert banks. */
+uint64_t mpm_moe_chunk_bytes(const mpm_config *c, int chunk, int stages);
+
 /* Loads the trunk (decoding norms/codebooks to f32, keeping matrices encoded) and allocates the
  * KV cache for ctx tokens. */
 int mpm_load(const mpm_config *c, mpm_tensor_fn tensor, mpm_bank_fn bank, void *user, int ctx,

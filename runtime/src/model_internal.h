@@ -53,8 +53,6 @@ struct mpm_model {
     float *xn, *q, *kbuf, *vbuf, *att, *scores, *cosb, *sinb;
     float *qlat, *olat, *lat;
     float *router_logits, *moe_out, *eo, *g, *u, *xr, *ar;
-    void *tabmem[3];    /* lookup-table memory per projection (sized for 8 stages) */
-    mpk_rvq_tab tab[3];
     int32_t *sel;
     const uint8_t **recs;
     float *selw;
@@ -64,6 +62,15 @@ struct mpm_model {
     float *bx, *bxn, *bout, *bselw, *beo;
     int32_t *bsel, *uniq;
     float *aheadw, *choice;
+    /* MoE chunk (model_moe.c): gate/up tables of every chunk token and down tables of one
+     * expert's tokens (ctab_stages = the most stages of any part), table pointers, one expert's
+     * down outputs, the (token, rank) pairs sorted by expert */
+    mpk_rvq_tab *ctabs;
+    const mpk_rvq_tab **ctabp;
+    void *ctabmem;
+    int ctab_stages;
+    float *ceo;
+    int32_t *cpairs, *corder, *cstart, *cfill;
     uint8_t *allowed;
     double io_wait;
     uint64_t prefetches;
@@ -75,6 +82,8 @@ int mpm_rope_init(mpm_model *m);
 void mpm_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out);
 /* model_moe.c */
 int mpm_moe(mpm_model *m, int layer, int T, const float *xn, float *out);
+int mpm_moe_alloc(mpm_model *m); /* chunk scratch, after the layers are loaded */
+void mpm_moe_free(mpm_model *m);
 /* dense / shared FFN for T inputs (T x hidden -> T x hidden) */
 void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, int T, const float *xn, float *out);
 void mpm_route(const mpm_model *m, int layer, const float *xn, float *logits_scratch,

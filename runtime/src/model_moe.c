@@ -6,7 +6,9 @@
 #include "moepack.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* indices of the k largest v[0..n) (ties: lower index first), in descending order */
@@ -100,35 +102,97 @@ static void rvq_part(const mpm_layer *ly, int p, const uint8_t *rec, int64_t row
     mpk_rvq_init(w, rows, cols, ly->stages[p], rec + ly->part_off[p]);
 }
 
-/* integer tables tab[p] from x (rotated first when the part's codec says so) */
-static void build_tab(mpm_model *m, const mpm_layer *ly, int p, const float *x, int64_t n) {
+/* integer tables t (memory mem) of part p from x (rotated first when the part's codec says so) */
+static void build_tab(mpm_model *m, const mpm_layer *ly, int p, const float *x, int64_t n,
+                      mpk_rvq_tab *t, void *mem) {
     const float *in = x;
     if (ly->rot_block[p]) {
         mpk_hadamard_rotate(x, ly->signs[p], n, ly->rot_block[p], m->xr);
         in = m->xr;
     }
-    mpk_rvq_tab_init(&m->tab[p], m->tabmem[p], n, ly->stages[p]);
-    mpk_rvq_tables(m->kern, m->pool, ly->cbt[p], in, &m->tab[p]);
+    mpk_rvq_tab_init(t, mem, n, ly->stages[p]);
+    mpk_rvq_tables(m->kern, m->pool, ly->cbt[p], in, t);
 }
 
-/* MoE block for a chunk of T tokens (xn: T x hidden, normalised).  Routed experts are fetched
- * in groups of at most top_k records (the pinned working set the memory plan allows), each group
- * with one acquire, and computed for every token of the chunk routed to them; each token's
- * outputs are kept per routing rank and summed in rank order at the end, so a token gets exactly
- * the same arithmetic whatever the chunk size (chunked prefill == token by token, bit for bit). */
+/* Chunk tables: gate/up for every token of a chunk, down for every token of one expert. */
+static size_t tab_stride(int64_t cols, int stages) { return (mpk_rvq_tab_bytes(cols, stages) + 63) & ~(size_t)63; }
+
+uint64_t mpm_moe_chunk_bytes(const mpm_config *c, int chunk, int stages) {
+    if (!mpm_config_moe_layers(c)) return 0;
+    uint64_t T = (uint64_t)chunk;
+    return T * (2 * tab_stride(c->hidden, stages) + tab_stride(c->moe_inter, stages)) +
+           T * (uint64_t)c->hidden * 4u + /* one expert's down outputs */
+           T * 4u * (uint64_t)c->top_k * 4u + /* token lists */
+           3u * T * sizeof(mpk_rvq_tab) + T * sizeof(void *);
+}
+
+int mpm_moe_alloc(mpm_model *m) {
+    const mpm_config *c = &m->c;
+    int S = 1;
+    for (int64_t l = 0; l < c->n_layers; l++)
+        for (int p = 0; p < 3; p++) S = m->layers[l].stages[p] > S ? m->layers[l].stages[p] : S;
+    const size_t T = MPM_CHUNK;
+    m->ctabs = calloc(3 * T, sizeof *m->ctabs);
+    m->ctabp = calloc(T, sizeof *m->ctabp);
+    m->ctabmem = calloc(T * (2 * tab_stride(c->hidden, S) + tab_stride(c->moe_inter, S)) + 64, 1);
+    m->ceo = calloc(T * (size_t)c->hidden, sizeof(float));
+    m->cpairs = calloc(T * (size_t)c->top_k, sizeof(int32_t));
+    m->corder = calloc(T * (size_t)c->top_k, sizeof(int32_t));
+    m->cstart = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
+    m->cfill = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
+    m->ctab_stages = S;
+    return m->ctabs && m->ctabp && m->ctabmem && m->ceo && m->cpairs && m->corder && m->cstart && m->cfill ? 0 : -1;
+}
+
+void mpm_moe_free(mpm_model *m) {
+    free(m->ctabs);
+    free(m->ctabp);
+    free(m->ctabmem);
+    free(m->ceo);
+    free(m->cpairs);
+    free(m->corder);
+    free(m->cstart);
+    free(m->cfill);
+}
+
+/* MoE block for a chunk of T tokens (xn: T x hidden, normalised).  Each token's gate and up
+ * tables are built once and shared by its experts.  Routed experts are fetched in groups of at
+ * most top_k records (the pinned working set the memory plan allows), each group with one
+ * acquire while the next group is prefetched; each expert is computed for all of its tokens at
+ * once (mpk_rvq_matmat: its codes are read once per chunk, every token with its own tables, the
+ * single-token bits).  Each token's outputs are kept per routing rank and summed in rank order at
+ * the end, so a token gets exactly the same arithmetic whatever the chunk size (chunked prefill
+ * == token by token, bit for bit). */
 int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
     const mpm_config *c = &m->c;
     const mpm_layer *ly = &m->layers[l];
     const int64_t H = c->hidden, I = c->moe_inter, K = c->top_k;
     for (int t = 0; t < T; t++)
         mpm_route(m, l, xn + t * H, m->router_logits, m->bsel + t * K, m->bselw + t * K);
-    /* distinct experts in order of first use */
+    /* distinct experts in order of first use, and each one's (token, rank) pairs in token order */
     int nu = 0;
     for (int64_t i = 0; i < T * K; i++) {
-        int e = m->bsel[i], seen = 0;
-        for (int u = 0; u < nu && !seen; u++) seen = m->uniq[u] == e;
-        if (!seen) m->uniq[nu++] = e;
+        int e = m->bsel[i], u = 0;
+        while (u < nu && m->uniq[u] != e) u++;
+        if (u == nu) m->uniq[nu++] = e;
+        m->cpairs[i] = u; /* expert index of pair i, for the counting sort below */
     }
+    /* counting sort of the pairs by expert (stable: token order within an expert) */
+    int32_t *start = m->cstart, *fill = m->cfill, *pairs = m->corder;
+    memset(start, 0, (size_t)(nu + 1) * sizeof *start);
+    for (int64_t i = 0; i < T * K; i++) start[m->cpairs[i] + 1]++;
+    for (int u = 0; u < nu; u++) start[u + 1] += start[u];
+    memcpy(fill, start, (size_t)nu * sizeof *fill);
+    for (int64_t i = 0; i < T * K; i++) pairs[fill[m->cpairs[i]]++] = (int32_t)i;
+    const size_t sh = tab_stride(H, m->ctab_stages), si = tab_stride(I, m->ctab_stages);
+    uint8_t *mem = (uint8_t *)(((uintptr_t)m->ctabmem + 63) & ~(uintptr_t)63);
+    mpk_rvq_tab *tg = m->ctabs, *tu = m->ctabs + T, *td = m->ctabs + 2 * T;
+    for (int t = 0; t < T; t++) { /* gate/up tables: once per token, shared by its experts */
+        build_tab(m, ly, 0, xn + t * H, H, &tg[t], mem + (size_t)t * sh);
+        build_tab(m, ly, 1, xn + t * H, H, &tu[t], mem + (size_t)(T + t) * sh);
+    }
+    uint8_t *dmem = mem + (size_t)(2 * T) * sh;
+    const mpk_rvq_tab **tp = m->ctabp;
     for (int g0 = 0; g0 < nu; g0 += (int)K) {
         int ng = nu - g0 < (int)K ? nu - g0 : (int)K;
         const int *grp = m->uniq + g0;
@@ -142,29 +206,24 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
         }
         if (m->io.prefetch && g0 + ng < nu) /* next group's reads overlap this group's compute */
             m->io.prefetch(m->io.user, l, m->uniq + g0 + ng, nu - g0 - ng < (int)K ? nu - g0 - ng : (int)K);
-        for (int t = 0; t < T; t++) {
-            const float *x = xn + t * H;
-            int luts = 0;
-            for (int64_t i = 0; i < K; i++) {
-                int gi = -1;
-                for (int u = 0; u < ng; u++)
-                    if (grp[u] == m->bsel[t * K + i]) gi = u;
-                if (gi < 0) continue;
-                if (!luts) { /* gate/up tables: once per token per group (once per token at T = 1) */
-                    build_tab(m, ly, 0, x, H);
-                    build_tab(m, ly, 1, x, H);
-                    luts = 1;
-                }
-                mpk_rvq wg, wu, wd;
-                rvq_part(ly, 0, m->recs[gi], I, H, &wg);
-                rvq_part(ly, 1, m->recs[gi], I, H, &wu);
-                rvq_part(ly, 2, m->recs[gi], H, I, &wd);
-                mpk_rvq_matvec(m->kern, m->pool, &wg, &m->tab[0], m->g);
-                mpk_rvq_matvec(m->kern, m->pool, &wu, &m->tab[1], m->u);
-                for (int64_t j = 0; j < I; j++) m->g[j] = mpk_silu(m->g[j]) * m->u[j];
-                build_tab(m, ly, 2, m->g, I);
-                mpk_rvq_matvec(m->kern, m->pool, &wd, &m->tab[2], m->beo + (t * K + i) * H);
+        for (int gi = 0; gi < ng; gi++) {
+            const int32_t *pr = pairs + start[g0 + gi];
+            const int n = start[g0 + gi + 1] - start[g0 + gi];
+            mpk_rvq wg, wu, wd;
+            rvq_part(ly, 0, m->recs[gi], I, H, &wg);
+            rvq_part(ly, 1, m->recs[gi], I, H, &wu);
+            rvq_part(ly, 2, m->recs[gi], H, I, &wd);
+            for (int j = 0; j < n; j++) tp[j] = &tg[pr[j] / K];
+            mpk_rvq_matmat(m->kern, m->pool, &wg, tp, n, m->g);
+            for (int j = 0; j < n; j++) tp[j] = &tu[pr[j] / K];
+            mpk_rvq_matmat(m->kern, m->pool, &wu, tp, n, m->u);
+            for (int64_t j = 0; j < n * I; j++) m->g[j] = mpk_silu(m->g[j]) * m->u[j];
+            for (int j = 0; j < n; j++) {
+                build_tab(m, ly, 2, m->g + j * I, I, &td[j], dmem + (size_t)j * si);
+                tp[j] = &td[j];
             }
+            mpk_rvq_matmat(m->kern, m->pool, &wd, tp, n, m->ceo);
+            for (int j = 0; j < n; j++) memcpy(m->beo + (int64_t)pr[j] * H, m->ceo + (int64_t)j * H, (size_t)H * sizeof(float));
         }
         m->io.release(m->io.user, l, grp, ng);
     }
