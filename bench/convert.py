@@ -1,10 +1,15 @@
-"""Conversion throughput and memory: `python -m bench.convert [--size-gb 1] [--jobs 1,2]`.
+"""Conversion throughput and memory: `python -m bench.convert [--size-gb 1] [--jobs 1,2,ray]`.
 
-Builds a synthetic Mixtral-style bf16 checkpoint of about --size-gb (random weights, generated
-tensor by tensor, never committed), converts it with each --jobs value through the real CLI
-(`moepack convert --json` in a subprocess), and reports experts/s, source MB/s, the scaling ratio
-against the first --jobs value, peak RSS of the largest worker, and whether all outputs are
-byte-identical. Results go to docs/CONVERT.md by hand, with hardware, commit and date.
+1. Encoder rates (bench/convert_rates.py, skip with --no-rates): expert weights/s per core and
+   codebook training CPU-s for every preset on full-size expert shapes (7168x2048, 4096x1536),
+   and the conversion-time estimates for real models derived from them.
+2. End to end: builds a synthetic Mixtral-style bf16 checkpoint of about --size-gb (random
+   weights, expert shape --shape, generated tensor by tensor, never committed), converts it with
+   each --jobs value through the real CLI (`moepack convert --json` in a subprocess; `ray`: on a
+   2-node local Ray cluster with one CPU per node, started for the run), and reports expert
+   weights/s, weights/s per core, the scaling ratio against the first run, peak RSS of the
+   largest worker, and whether all outputs are byte-identical.
+Results go to docs/CONVERT.md by hand, with hardware, commit, date and machine load.
 """
 
 from __future__ import annotations
@@ -18,18 +23,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 from moepack.convert.st_writer import write_safetensors
 
+from bench import convert_rates
+
 HIDDEN, INTER, EXPERTS, VOCAB = 1024, 512, 32, 1024
-EXPERT_BYTES = 3 * HIDDEN * INTER * 2  # bf16
 
 
-def make_checkpoint(out: Path, size_gb: float, seed: int = 0) -> tuple[Path, int]:
+def make_checkpoint(out: Path, size_gb: float, seed: int = 0, hidden: int = HIDDEN,
+                    inter: int = INTER, experts: int = EXPERTS) -> tuple[Path, int]:
     """A Mixtral-style checkpoint whose experts total about size_gb; returns (dir, experts)."""
-    layers = max(1, round(size_gb * 1e9 / (EXPERTS * EXPERT_BYTES)))
+    HIDDEN, INTER, EXPERTS = hidden, inter, experts  # noqa: N806 (the config's names)
+    layers = max(1, round(size_gb * 1e9 / (EXPERTS * 3 * HIDDEN * INTER * 2)))
     out.mkdir(parents=True, exist_ok=True)
     cfg = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
            "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": INTER,
@@ -70,14 +79,24 @@ def _weights(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return (0.02 * rng.standard_t(5, size=shape)).astype(np.float32)
 
 
-def run(src: Path, out: Path, jobs: int, extra: list[str]) -> dict:
+def run(src: Path, out: Path, jobs: str, extra: list[str]) -> dict:
+    if jobs == "ray":  # a 2-node local cluster, one CPU each (the same 2 cores as --jobs 2)
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        from ray_cluster import local_cluster
+
+        with local_cluster(nodes=2, cpus=1) as c:
+            return _run(src, out, ["--ray", c.address], extra)
+    return _run(src, out, ["--jobs", jobs], extra)
+
+
+def _run(src: Path, out: Path, how: list[str], extra: list[str]) -> dict:
     cmd = ["nice", "-n", "10", sys.executable, "-m", "moepack", "convert", str(src), str(out),
-           "--jobs", str(jobs), "--json", *extra]
+           *how, "--json", *extra]
     t = time.monotonic()
     res = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.monotonic() - t
     if res.returncode != 0:
-        raise SystemExit(f"convert --jobs {jobs} failed:\n{res.stderr}")
+        raise SystemExit(f"convert {' '.join(how)} failed:\n{res.stderr}")
     summary = json.loads(res.stdout)
     summary["wall_seconds"] = round(wall, 2)
     return summary
@@ -104,25 +123,38 @@ def _cpu() -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-gb", type=float, default=1.0, help="expert bytes of the source (bf16)")
-    ap.add_argument("--jobs", default="1,2", help="comma-separated --jobs values")
+    ap.add_argument("--jobs", default="1,2,ray",
+                    help="comma-separated --jobs values; ray: a 2-node local Ray cluster")
+    ap.add_argument("--shape", default="4096x1536", help="expert HIDDENxINTERMEDIATE")
+    ap.add_argument("--experts", type=int, default=8, help="experts per layer")
+    ap.add_argument("--no-rates", action="store_true", help="skip the encoder-rate part")
     ap.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint and outputs")
     ap.add_argument("convert_args", nargs="*", help="extra `moepack convert` options after --")
     args = ap.parse_args(argv)
+    rates = [] if args.no_rates else convert_rates.measure(
+        log=lambda line: print(line, file=sys.stderr))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="moepack-bench-convert-"))
+    hidden, inter = (int(x) for x in args.shape.split("x"))
     try:
         t = time.monotonic()
-        src, experts = make_checkpoint(work / "src", args.size_gb)
+        src, experts = make_checkpoint(work / "src", args.size_gb, hidden=hidden, inter=inter,
+                                       experts=args.experts)
         src_bytes = sum(f.stat().st_size for f in src.glob("*.safetensors"))
         print(f"synthetic checkpoint: {src_bytes / 1e9:.2f} GB, {experts} experts "
               f"({time.monotonic() - t:.0f} s to generate)", file=sys.stderr)
         rows, outputs = [], []
-        for jobs in (int(j) for j in args.jobs.split(",")):
+        for jobs in args.jobs.split(","):
             out = work / f"out-j{jobs}.moepack"
+            load = os.getloadavg()[0]
             s = run(src, out, jobs, args.convert_args)
             outputs.append(out)
-            rows.append({"jobs": jobs, "seconds": s["seconds"],
+            weights = experts * 3 * hidden * inter
+            rows.append({"jobs": jobs, "seconds": s["seconds"], "load_avg_1m_before": load,
                          "experts_per_s": round(experts / s["seconds"], 3),
+                         "expert_weights_per_s": round(weights / s["seconds"]),
+                         "expert_weights_per_s_per_core": round(weights / s["seconds"] / 2),
+                         "ray_nodes": s.get("ray_nodes", 0),
                          "source_mb_per_s": round(src_bytes / 1e6 / s["seconds"], 2),
                          "peak_rss_worker_mb": round(s["peak_rss_worker"] / 2**20, 1),
                          "file_size": s["file_size"],
@@ -137,8 +169,12 @@ def main(argv: list[str] | None = None) -> None:
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   "commit": _commit(), "cpu": _cpu(), "cores": os.cpu_count(),
                   "load_avg_1m": round(os.getloadavg()[0], 2), "source_bytes": src_bytes,
-                  "experts": experts, "expert_shape": [HIDDEN, INTER],
-                  "convert_args": args.convert_args, "runs": rows}
+                  "experts": experts, "expert_shape": [hidden, inter],
+                  "convert_args": args.convert_args, "runs": rows,
+                  "rates": [asdict(r) for r in rates],
+                  "estimates_hours": {f"{p} x {c} cores": convert_rates.estimate(rates, p, c)
+                                      for p in ("rvq3-l", "rvq3", "rvq3-baseline")
+                                      for c in (2, 16, 64, 512) if rates}}
         print(json.dumps(report, indent=2))
     finally:
         if not args.keep and args.workdir is None:
