@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
-C_SOURCES := $(wildcard runtime/src/*.c runtime/src/*.h runtime/include/*.h)
+C_SOURCES := $(wildcard runtime/src/*.c runtime/src/*.h runtime/include/*.h convert/native/*.[ch])
 
 .PHONY: all install test test-slow test-asan test-packaging lint demo bench bench-quant \
 	bench-convert bench-verify bench-torrent bench-runtime bench-quality bench-kernels bench-serve \
@@ -99,4 +99,4 @@ asan:
 	$(MAKE) -C runtime asan
 
 clean:
-	rm -rf build $(VENV) runtime/_engine*.so *.egg-info
+	rm -rf build $(VENV) runtime/_engine*.so convert/_encoder*.so *.egg-info

@@ -1,4 +1,5 @@
-"""Builds the C engine (runtime/src) as a plain shared library loaded with ctypes."""
+"""Builds the C engine (runtime/src) and the converter's encoder (convert/native) as plain shared
+libraries loaded with ctypes."""
 
 import glob
 
@@ -7,7 +8,7 @@ from setuptools.command.build_ext import build_ext
 
 
 class PlainLibrary(build_ext):
-    """The engine has no Python API: export its C symbols, not PyInit_*."""
+    """The libraries have no Python API: export their C symbols, not PyInit_*."""
 
     def get_export_symbols(self, ext):
         return []
@@ -24,4 +25,13 @@ engine = Extension(
     extra_link_args=["-pthread", "-lm"],
 )
 
-setup(ext_modules=[engine], cmdclass={"build_ext": PlainLibrary})
+# k-means / RVQ encoding loops: only the converter loads them (the engine never encodes)
+encoder = Extension(
+    "moepack.convert._encoder",
+    sources=sorted(glob.glob("convert/native/*.c")),
+    depends=sorted(glob.glob("convert/native/*.h")),
+    extra_compile_args=engine.extra_compile_args,
+    extra_link_args=["-lm"],
+)
+
+setup(ext_modules=[engine, encoder], cmdclass={"build_ext": PlainLibrary})

@@ -153,6 +153,7 @@ def test_wheel_installs_without_torch_and_runs_the_demo(tmp_path):
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
     assert [n for n in names if re.fullmatch(r"moepack/runtime/_engine[^/]*\.so", n)], names
+    assert [n for n in names if re.fullmatch(r"moepack/convert/_encoder[^/]*\.so", n)], names
     assert "moepack/serve/static/index.html" in names
     assert not [n for n in names if n.endswith((".c", ".h"))], "C sources in the wheel"
     for f in _package_sources():
@@ -181,7 +182,8 @@ def test_wheel_installs_without_torch_and_runs_the_demo(tmp_path):
                      if {_dist_name(d) for d in providers[top]} & declared)
     probe = ("import importlib, pkgutil, moepack\n"
              f"for m in {modules!r}: importlib.import_module(m)\n"
-             "skip = ('moepack.__main__', 'moepack.runtime._engine')  # the CLI; a ctypes library\n"
+             "# the CLI; two ctypes libraries\n"
+             "skip = ('moepack.__main__', 'moepack.runtime._engine', 'moepack.convert._encoder')\n"
              "for m in pkgutil.walk_packages(moepack.__path__, 'moepack.'):\n"
              "    if m.name not in skip: importlib.import_module(m.name)\n"
              "print(moepack.__file__)")

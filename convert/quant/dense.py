@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+from moepack.convert.quant.refs import EncodeRefs
+
+
+def encode_codec(codec: dict, w: np.ndarray, refs: EncodeRefs) -> bytes:
+    """The f32/f16/bf16 encoder (format.codec_float)."""
+    return encode_float(codec["name"], w)
 
 
 def encode_float(name: str, w: np.ndarray) -> bytes:

@@ -1,4 +1,4 @@
-"""Group quantisers for trunk weights: q8, q6 and q4 (spec/FORMAT.md §8.2, spec/CODECS.md §2).
+"""Group encoders of the trunk codecs q8, q6, q4 (format.codec_group; spec/CODECS.md §2).
 
 Groups of G consecutive weights of a row share an f16 scale (q4 with zero point: also an f16
 offset). Quantisation uses the f16-rounded parameters, so codes match what decoders see.
@@ -8,7 +8,8 @@ Rounding: np.rint (half to even). Padding columns (cols..cols_p-1) are zero weig
 from __future__ import annotations
 
 import numpy as np
-from moepack.format.codecs import encoded_nbytes, validate_codec
+from moepack.convert.quant.refs import EncodeRefs
+from moepack.format.codecs import encoded_nbytes
 
 F16_MAX = 65504.0
 # q4 symmetric: candidate divisors of the group's signed extreme value m (d = m / c); the one with
@@ -45,11 +46,9 @@ def _codes(wg: np.ndarray, d: np.ndarray, lo: int, hi: int, offset=0.0) -> np.nd
     return np.where(d32 != 0, np.clip(q, lo, hi), 0)
 
 
-def encode_q8(w: np.ndarray, group_size: int = 32) -> bytes:
+def encode_q8(codec: dict, w: np.ndarray, refs: EncodeRefs) -> bytes:
     """q8: symmetric int8, d = f16(max|w| / 127)."""
-    codec = {"name": "q8", "group_size": group_size}
-    validate_codec(codec, np.shape(w))
-    wg, _ = _groups(w, group_size)
+    wg, _ = _groups(w, codec["group_size"])
     d = _f16(np.max(np.abs(wg), axis=2) / np.float32(127))
     q = _codes(wg, d, -127, 127).astype(np.int8)
     return d.astype("<f2").tobytes() + q.tobytes()
@@ -88,12 +87,10 @@ def _q4_zero_point(wg: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return d, m, q
 
 
-def encode_q4(w: np.ndarray, group_size: int = 32, *, zero_point: bool = False) -> bytes:
+def encode_q4(codec: dict, w: np.ndarray, refs: EncodeRefs) -> bytes:
     """q4: 4-bit codes; symmetric (d·(q-8)) or with zero point (d·q + m)."""
-    codec = {"name": "q4", "group_size": group_size, "zero_point": zero_point}
-    validate_codec(codec, np.shape(w))
-    wg, _ = _groups(w, group_size)
-    if zero_point:
+    wg, _ = _groups(w, codec["group_size"])
+    if codec.get("zero_point"):
         d, m, q = _q4_zero_point(wg)
         out = d.astype("<f2").tobytes() + m.astype("<f2").tobytes() + _pack_nibbles(q)
     else:
@@ -137,11 +134,9 @@ def _q6_symmetric(wg: np.ndarray, divisors=Q6_DIVISORS) -> tuple[np.ndarray, np.
     return best_d, np.moveaxis(best_q + np.float32(32), 0, 2).astype(np.uint8)
 
 
-def encode_q6(w: np.ndarray, group_size: int = 32) -> bytes:
+def encode_q6(codec: dict, w: np.ndarray, refs: EncodeRefs) -> bytes:
     """q6: symmetric 6-bit codes, w = d·(k - 32); a zero group gets d = 0 and code 32."""
-    codec = {"name": "q6", "group_size": group_size}
-    validate_codec(codec, np.shape(w))
-    wg, _ = _groups(w, group_size)
+    wg, _ = _groups(w, codec["group_size"])
     d, k = _q6_symmetric(wg)
     out = d.astype("<f2").tobytes() + _pack_q6(k)
     assert len(out) == encoded_nbytes(codec, np.shape(w))

@@ -1,4 +1,5 @@
-"""ctypes wrappers of the codec hot loops in runtime/src/codec.c.
+"""ctypes wrappers of the encoder's hot loops (convert/native/encoder.c, built by setup.py as
+moepack.convert._encoder; the engine library is not involved).
 
 Work is split into fixed chunks of vectors (the same split for any thread count) and each chunk is
 independent, so results do not depend on how many threads run them. ctypes releases the GIL
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.machinery
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
-from moepack.runtime import _lib
 
 DIM = 8
 MAX_BEAM = 16
@@ -21,28 +23,26 @@ CHUNK = 8192  # vectors per C call; fixed so results do not depend on the thread
 _f32p = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 _i32p = np.ctypeslib.ndpointer(np.int32, flags="C_CONTIGUOUS")
 _u8p = np.ctypeslib.ndpointer(np.uint8, flags="C_CONTIGUOUS")
-_u16p = np.ctypeslib.ndpointer(np.uint16, flags="C_CONTIGUOUS")
 _sz = ctypes.c_size_t
 _int = ctypes.c_int
 
 
 @functools.cache
 def lib() -> ctypes.CDLL:
-    """The engine library with the codec functions' signatures set."""
-    so = _lib.load()
+    """The encoder library with its functions' signatures set."""
+    here = Path(__file__).resolve().parent.parent  # the moepack.convert package
+    paths = [here / f"_encoder{s}" for s in importlib.machinery.EXTENSION_SUFFIXES]
+    found = [p for p in paths if p.exists()]
+    if not found:
+        raise RuntimeError(f"moepack encoder library not built (looked in {here}); "
+                           "run `make install`")
+    so = ctypes.CDLL(str(found[0]))
     sigs = {
         "mp_vq_assign": (_int, [_f32p, _sz, _f32p, _int, _i32p, ctypes.c_void_p]),
         "mp_vq_mindist_update": (ctypes.c_double, [_f32p, _sz, _f32p, _f32p]),
         "mp_vq_pick": (_sz, [_f32p, _sz, ctypes.c_double]),
         "mp_vq_update": (_int, [_f32p, _sz, _i32p, _int, _f32p]),
         "mp_rvq_encode": (_int, [_f32p, _sz, _f32p, _int, _int, _int, _u8p]),
-        "mp_rvq_decode": (
-            _int, [_u8p, _u16p, _sz, _sz, _f32p, _int, _int, ctypes.c_void_p, _sz, _f32p]
-        ),
-        "mp_q8_decode": (_int, [_u8p, _sz, _sz, _sz, _f32p]),
-        "mp_q4_decode": (_int, [_u8p, _sz, _sz, _sz, _int, _f32p]),
-        "mp_q6_decode": (_int, [_u8p, _sz, _sz, _sz, _f32p]),
-        "mp_fwht": (None, [_f32p, _sz, _sz]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(so, name)
@@ -125,11 +125,3 @@ def rvq_encode(x: np.ndarray, cb: np.ndarray, *, beam: int = 1, threads: int = 1
 
     _chunked(n, threads, run)
     return codes
-
-
-def fwht_(x: np.ndarray, block: int) -> np.ndarray:
-    """In-place unnormalised Walsh-Hadamard transform of each block (C butterfly)."""
-    if not x.flags.c_contiguous or x.dtype != np.float32:
-        raise ValueError("fwht_ needs a C-contiguous float32 array")
-    lib().mp_fwht(x.reshape(-1), x.size, block)
-    return x

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from moepack.convert.quant import native
 from moepack.convert.quant.kmeans import train_codebooks
+from moepack.convert.quant.refs import EncodeRefs
 from moepack.convert.quant.rotation import make_signs, pick_block, rotate_rows
 from moepack.format.codecs import RVQ_DIM, encoded_nbytes, rvq_tile_codes, validate_codec
 
@@ -179,3 +180,15 @@ def encode_rvq(
     if len(out) != encoded_nbytes(codec, (rows, cols)):
         raise AssertionError("rvq layout and encoded_nbytes disagree")
     return out
+
+
+def encode_codec(codec: dict, w: np.ndarray, refs: EncodeRefs) -> bytes:
+    """The rvq encoder (format.codec_rvq): needs the layer's codebook (see train_layer)."""
+    if refs.codebook is None:
+        raise ValueError("rvq encoding needs the layer's codebook (see train_layer)")
+    settings = refs.settings
+    if settings is None:  # the default preset's search (its stages come from the codec)
+        from moepack.convert.quant.presets import DEFAULT_EXPERT_PRESET, expert_settings
+
+        settings = expert_settings(DEFAULT_EXPERT_PRESET)
+    return encode_rvq(w, codec, refs.codebook, settings, refs.rotation, threads=refs.threads)

@@ -145,166 +145,24 @@ static int chk_shape(E *e, const mp_json *v, const char *where, int *ndim, int64
     return 0;
 }
 
-/* ---------- codecs.validate_codec + encoded_nbytes ---------- */
-/* indexed by mp_codec_kind */
-static const char *const CODEC_NAMES[] = {"f32", "f16", "bf16", "q8", "q4", "rvq", "q6"};
-#define N_CODECS ((int)(sizeof CODEC_NAMES / sizeof CODEC_NAMES[0]))
-static const char *const CODEC_KEYS[N_CODECS][5] = {
-    {NULL}, {NULL}, {NULL}, {"group_size"}, {"group_size", "zero_point"},
-    {"stages", "dim", "entries", "rotation", "rotation_block"}, {"group_size"},
-};
-
-static int strcmp_ptr(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
-
-static void shape_list(int ndim, const int64_t *shape, char *out, size_t n) {
-    size_t k = 0;
-    k += (size_t)snprintf(out, n, "[");
-    for (int i = 0; i < ndim && k < n; i++) k += (size_t)snprintf(out + k, n - k, i ? ", %lld" : "%lld", (long long)shape[i]);
-    if (k < n) snprintf(out + k, n - k, "]");
-}
-
 static int is_str(const mp_json *v, const char *lit) {
     size_t n;
     const char *s = mp_json_as_str(v, &n);
     return s && n == strlen(lit) && memcmp(s, lit, n) == 0;
 }
 
-uint64_t mp_codec_nbytes(const mp_codec_info *c, int ndim, const int64_t *shape) {
-    if (!c || ndim < 1 || ndim > 4) return 0;
-    uint64_t prod = 1;
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 1 || __builtin_mul_overflow(prod, (uint64_t)shape[i], &prod)) return 0;
-    }
-    uint64_t n, rows, cols, cp, ng, t;
-    switch (c->kind) {
-    case MP_CODEC_F32: return __builtin_mul_overflow(prod, 4, &n) ? 0 : n;
-    case MP_CODEC_F16:
-    case MP_CODEC_BF16: return __builtin_mul_overflow(prod, 2, &n) ? 0 : n;
-    default: break;
-    }
-    if (ndim != 2) return 0;
-    rows = (uint64_t)shape[0]; cols = (uint64_t)shape[1];
-    if (c->kind == MP_CODEC_Q8 || c->kind == MP_CODEC_Q4 || c->kind == MP_CODEC_Q6) {
-        uint64_t g = c->group_size;
-        if (!g) return 0;
-        cp = align_up(cols, g); /* cols < 2^31 */
-        ng = cp / g;
-        uint64_t planes = (c->kind == MP_CODEC_Q4 && c->zero_point) ? 2 : 1;
-        if (__builtin_mul_overflow(2 * planes * rows, ng, &n)) return 0;
-        if (c->kind == MP_CODEC_Q8) {
-            if (__builtin_mul_overflow(rows, cp, &t)) return 0;
-        } else if (c->kind == MP_CODEC_Q6) {
-            if (__builtin_mul_overflow(rows, cp / 4 * 3, &t)) return 0; /* G | cp, 4 | G */
-        } else {
-            if (__builtin_mul_overflow(rows, cp, &t)) return 0;
-            t /= 2;
-        }
-        return __builtin_add_overflow(n, t, &n) ? 0 : n;
-    }
-    if (c->kind == MP_CODEC_RVQ) {
-        if (!c->dim || !c->stages) return 0;
-        uint64_t nv = (cols + c->dim - 1) / c->dim;
-        /* codes in 64-row tiles: align_up(rows, 64) * nv * S, then f16 scales (rows < 2^31) */
-        if (__builtin_mul_overflow(align_up(rows, 64), nv, &t) || __builtin_mul_overflow(t, (uint64_t)c->stages, &t)) return 0;
-        if (t > MAX_U63) return 0;
-        return __builtin_add_overflow(t, 2 * rows, &n) ? 0 : n;
-    }
-    return 0;
-}
-
-/* type(v) is int (bool excluded); message as codecs._int_field */
-static int int_field(E *e, const char *pre, const char *cname_r, const mp_json *codec, const char *key, const mp_json **v) {
-    rbuf b;
-    *v = mp_json_get(codec, key);
-    if (mp_json_type_of(*v) != MP_JSON_INT || !*v)
-        return FAIL("%s: codec %s: '%s' must be an integer, got %s", pre, cname_r, key, R(*v, b));
-    return 0;
-}
-
+/* ---------- codecs.validate_codec + encoded_nbytes (the trait table, codecs.c) ---------- */
 /* rules.codec_nbytes: validate the codec object for shape and give its encoded size. */
 static int codec_check(E *e, const mp_json *codec, int ndim, const int64_t *shape, const char *where,
                        mp_codec_info *ci, uint64_t *nbytes) {
-    char pre[700], w[720];
-    rbuf b, rn;
+    char pre[700], w[720], msg[1400];
     wcat(pre, sizeof pre, where, ".codec");
     if (chk_obj(e, codec, pre)) return MP_EFORMAT;
     snprintf(w, sizeof w, "%s.codec.name", where);
-    const mp_json *jn = mp_json_get(codec, "name");
-    if (chk_str(e, jn, w, NULL, NULL)) return MP_EFORMAT;
-    int kind = -1;
-    for (int k = 0; k < N_CODECS; k++) if (is_str(jn, CODEC_NAMES[k])) kind = k;
-    R(jn, rn);
-    if (kind < 0) return FAIL("%s: unknown codec %s", pre, rn);
-    /* unknown keys, listed sorted like Python's sorted(set) */
-    size_t nk = mp_json_len(codec), nextra = 0;
-    const char **extra = malloc((nk ? nk : 1) * sizeof *extra);
-    if (!extra) return mp_seterr(e->err, e->errlen, MP_ENOMEM, "out of memory");
-    for (size_t i = 0; i < nk; i++) {
-        const char *k = mp_json_key_at(codec, i);
-        int known = strcmp(k, "name") == 0;
-        for (int j = 0; j < 5 && !known; j++) known = CODEC_KEYS[kind][j] && strcmp(k, CODEC_KEYS[kind][j]) == 0;
-        if (!known) extra[nextra++] = k;
-    }
-    if (nextra) {
-        qsort(extra, nextra, sizeof *extra, strcmp_ptr);
-        char list[600];
-        size_t k = (size_t)snprintf(list, sizeof list, "[");
-        for (size_t i = 0; i < nextra && k < sizeof list; i++) {
-            k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", i ? ", " : "", RS(extra[i], b));
-        }
-        if (k < sizeof list) snprintf(list + k, sizeof list - k, "]");
-        free(extra);
-        return FAIL("%s: codec %s: unknown keys %s", pre, rn, list);
-    }
-    free(extra);
-    memset(ci, 0, sizeof *ci);
-    ci->kind = (mp_codec_kind)kind;
-    ci->json = codec;
-    if (kind <= MP_CODEC_BF16) goto size;
-    if (ndim != 2) {
-        char sl[200];
-        shape_list(ndim, shape, sl, sizeof sl);
-        return FAIL("%s: codec %s needs a 2-D shape, got %s", pre, rn, sl);
-    }
-    const mp_json *v;
-    int64_t x;
-    if (kind == MP_CODEC_Q8 || kind == MP_CODEC_Q4 || kind == MP_CODEC_Q6) {
-        if (int_field(e, pre, rn, codec, "group_size", &v)) return MP_EFORMAT;
-        if (mp_json_as_i64(v, &x) || !(x == 16 || x == 32 || x == 64 || x == 128 || x == 256))
-            return FAIL("%s: codec %s: group_size %s not in [16, 32, 64, 128, 256]", pre, rn, R(v, b));
-        ci->group_size = (uint32_t)x;
-        if (kind == MP_CODEC_Q4) {
-            const mp_json *zp = mp_json_get(codec, "zero_point");
-            int z = 0;
-            if (zp && mp_json_as_bool(zp, &z)) return FAIL("%s: codec 'q4': zero_point must be true or false", pre);
-            ci->zero_point = z;
-        }
-        goto size;
-    }
-    /* rvq */
-    if (int_field(e, pre, rn, codec, "stages", &v)) return MP_EFORMAT;
-    if (mp_json_as_i64(v, &x) || x < 1 || x > 8) return FAIL("%s: codec 'rvq': stages %s not in 1..8", pre, R(v, b));
-    ci->stages = (uint32_t)x;
-    if (int_field(e, pre, rn, codec, "dim", &v)) return MP_EFORMAT;
-    if (mp_json_as_i64(v, &x) || x != 8) return FAIL("%s: codec 'rvq': only dim 8 and entries 256 exist", pre);
-    if (int_field(e, pre, rn, codec, "entries", &v)) return MP_EFORMAT;
-    if (mp_json_as_i64(v, &x) || x != 256) return FAIL("%s: codec 'rvq': only dim 8 and entries 256 exist", pre);
-    ci->dim = 8;
-    ci->entries = 256;
-    const mp_json *rot = mp_json_get(codec, "rotation");
-    if (rot && !is_str(rot, "none") && !is_str(rot, "hadamard"))
-        return FAIL("%s: codec 'rvq': rotation %s not in ['none', 'hadamard']", pre, R(rot, b));
-    if (rot && is_str(rot, "hadamard")) {
-        if (int_field(e, pre, rn, codec, "rotation_block", &v)) return MP_EFORMAT;
-        if (mp_json_as_i64(v, &x) || x < 1 || (x & (x - 1)) || shape[1] % x)
-            return FAIL("%s: codec 'rvq': rotation_block %s must be a power of two dividing cols %lld", pre, R(v, b),
-                        (long long)shape[1]);
-        ci->hadamard = 1;
-        ci->rotation_block = (uint32_t)x;
-    } else if (mp_json_get(codec, "rotation_block")) {
-        return FAIL("%s: codec 'rvq': rotation_block given without rotation 'hadamard'", pre);
-    }
-size:
+    if (chk_str(e, mp_json_get(codec, "name"), w, NULL, NULL)) return MP_EFORMAT;
+    int rc = mp_codec_parse(codec, ndim, shape, ci, msg, sizeof msg);
+    if (rc == MP_ENOMEM) return mp_seterr(e->err, e->errlen, MP_ENOMEM, "out of memory");
+    if (rc) return FAIL("%s: %s", pre, msg);
     *nbytes = mp_codec_nbytes(ci, ndim, shape);
     if (*nbytes == 0 || *nbytes > MAX_U63) return FAIL("%s.codec size: size out of range", where);
     return 0;
@@ -438,7 +296,7 @@ static int check_tensor(E *e, uint32_t flags, sec *x, mp_tensor_info *t) {
     /* length-checked compare: a class with an embedded NUL is not 'codebook' (as in Python) */
     if (n == 8 && !memcmp(t->cls, "codebook", 8) && t->codec.kind != MP_CODEC_F32 && t->codec.kind != MP_CODEC_F16)
         return FAIL("%s.codec: codec '%s' not allowed for class 'codebook' (must be 'f32' or 'f16')", W,
-                    CODEC_NAMES[t->codec.kind]);
+                    mp_codecs[t->codec.kind].name);
     if ((r = check_layout_flag(e, flags, &t->codec, W))) return r;
     if (nb != x->len) return FAIL("%s.length: %llu != %llu bytes for shape \xc3\x97 codec", W, U(x->len), U(nb));
     t->name = x->name; t->offset = x->off; t->length = x->len;

@@ -12,28 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codecs.h"
 #include "json.h"
 #include "moepack.h"
-
-typedef enum {
-    MP_CODEC_F32 = 0,
-    MP_CODEC_F16,
-    MP_CODEC_BF16,
-    MP_CODEC_Q8,
-    MP_CODEC_Q4,
-    MP_CODEC_RVQ,
-    MP_CODEC_Q6,
-} mp_codec_kind;
-
-typedef struct {
-    mp_codec_kind kind;
-    uint32_t group_size;     /* q8, q4, q6 */
-    int zero_point;          /* q4: 1 = two f16 planes (scale, zero) */
-    uint32_t stages, dim, entries; /* rvq */
-    int hadamard;            /* rvq: rotation "hadamard" */
-    uint32_t rotation_block; /* rvq with hadamard */
-    const mp_json *json;     /* the codec object as stored */
-} mp_codec_info;
 
 typedef struct {
     const char *name;
@@ -114,10 +95,6 @@ int mpc_read_blob(const mp_container *c, const mp_blob_info *b, void *dst, uint6
 /* The bank's expert hash table (count x 32 bytes) into dst. */
 int mpc_read_expert_hashes(const mp_container *c, const mp_bank_info *b, uint8_t *dst,
                            uint64_t dst_len, char *err, size_t errlen);
-
-/* Encoded size of shape under codec (FORMAT.md section 8 / format/codecs.py:encoded_nbytes);
- * returns 0 on overflow. */
-uint64_t mp_codec_nbytes(const mp_codec_info *codec, int ndim, const int64_t *shape);
 
 /* Exported for tests and the Python binding: open + validate + close. Returns MP_OK or an error
  * code with the message in err. */

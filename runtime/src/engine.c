@@ -110,7 +110,7 @@ static int tensor_cb(void *user, const char *name, mpm_src *out) {
     mp_engine *e = user;
     const mp_tensor_info *t = mpc_tensor(e->c, name);
     if (!t) return 1;
-    out->codec = t->codec.json;
+    out->codec = &t->codec;
     out->ndim = t->ndim;
     memcpy(out->shape, t->shape, sizeof out->shape);
     out->data = e->arena + e->arena_off[t - mpc_tensor_at(e->c, 0)];

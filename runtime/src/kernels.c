@@ -97,16 +97,16 @@ float mpk_red8(const float l[8]) { return red8(l); }
 static float s_row_dot(const mpk_mat *w, int64_t r, const float *x) {
     float l[8] = {0};
     int64_t n = w->cols;
-    if (w->codec == MPK_F32) {
+    if (w->codec == MP_CODEC_F32) {
         const float *row = (const float *)w->data + r * n;
         for (int64_t c = 0; c < n; c++) l[c & 7] += row[c] * x[c];
         return red8(l);
     }
-    if (w->codec == MPK_F16 || w->codec == MPK_BF16) {
+    if (w->codec == MP_CODEC_F16 || w->codec == MP_CODEC_BF16) {
         const uint8_t *row = w->data + (size_t)(r * n) * 2;
         for (int64_t c = 0; c < n; c++) {
             uint16_t h = ld16(row + 2 * c);
-            float v = w->codec == MPK_F16 ? mpk_f16_to_f32(h) : mpk_bf16_to_f32(h);
+            float v = w->codec == MP_CODEC_F16 ? mpk_f16_to_f32(h) : mpk_bf16_to_f32(h);
             l[c & 7] += v * x[c];
         }
         return red8(l);
@@ -115,7 +115,7 @@ static float s_row_dot(const mpk_mat *w, int64_t r, const float *x) {
     const int64_t G = w->group, ng = w->ngroups;
     const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
     float acc = 0.0f;
-    if (w->codec == MPK_Q8) {
+    if (w->codec == MP_CODEC_Q8) {
         const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
         for (int64_t g = 0; g < ng; g++) {
             int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
@@ -125,7 +125,7 @@ static float s_row_dot(const mpk_mat *w, int64_t r, const float *x) {
         }
         return acc;
     }
-    if (w->codec == MPK_Q6) {
+    if (w->codec == MP_CODEC_Q6) {
         const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
         for (int64_t g = 0; g < ng; g++) {
             int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
@@ -135,7 +135,7 @@ static float s_row_dot(const mpk_mat *w, int64_t r, const float *x) {
         }
         return acc;
     }
-    /* MPK_Q4 */
+    /* MP_CODEC_Q4 */
     const size_t planes = w->zero_point ? 2 : 1;
     const uint8_t *mins = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
     const uint8_t *q = w->data + planes * (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 2;
@@ -252,31 +252,22 @@ int mpk_mat_init(mpk_mat *m, int codec, int64_t rows, int64_t cols, int64_t grou
     m->cols = cols;
     m->data = data;
     m->cols_p = cols;
-    if (codec == MPK_Q8 || codec == MPK_Q4 || codec == MPK_Q6) {
+    if (codec == MP_CODEC_Q8 || codec == MP_CODEC_Q4 || codec == MP_CODEC_Q6) {
         if (group < 8 || group % 8 || group > 4096) return -1;
         m->group = group;
         m->ngroups = (cols + group - 1) / group;
         m->cols_p = m->ngroups * group;
-        m->zero_point = codec == MPK_Q4 ? zero_point : 0;
-    } else if (codec != MPK_F32 && codec != MPK_F16 && codec != MPK_BF16) {
+        m->zero_point = codec == MP_CODEC_Q4 ? zero_point : 0;
+    } else if (codec != MP_CODEC_F32 && codec != MP_CODEC_F16 && codec != MP_CODEC_BF16) {
         return -1;
     }
     return 0;
 }
 
 uint64_t mpk_mat_nbytes(const mpk_mat *m) {
-    uint64_t r = (uint64_t)m->rows, c = (uint64_t)m->cols;
-    switch (m->codec) {
-    case MPK_F32: return r * c * 4;
-    case MPK_F16:
-    case MPK_BF16: return r * c * 2;
-    case MPK_Q8: return 2 * r * (uint64_t)m->ngroups + r * (uint64_t)m->cols_p;
-    case MPK_Q4:
-        return 2 * (m->zero_point ? 2u : 1u) * r * (uint64_t)m->ngroups +
-               r * (uint64_t)m->cols_p / 2;
-    case MPK_Q6: return 2 * r * (uint64_t)m->ngroups + r * ((uint64_t)m->cols_p / 4 * 3);
-    }
-    return 0;
+    mp_codec_info ci = {.kind = (mp_codec_kind)m->codec, .group_size = (uint32_t)m->group,
+                        .zero_point = m->zero_point};
+    return mp_codec_nbytes(&ci, 2, (const int64_t[2]){m->rows, m->cols});
 }
 
 float mpk_row_dot(const mpk_impl *k, const mpk_mat *w, int64_t r, const float *x) {
@@ -287,23 +278,23 @@ void mpk_row(const mpk_mat *w, int64_t r, float *out) {
     /* Decode by dotting with unit vectors would be slow; decode directly. */
     const int64_t n = w->cols;
     switch (w->codec) {
-    case MPK_F32: memcpy(out, (const float *)w->data + r * n, (size_t)n * 4); return;
-    case MPK_F16:
-    case MPK_BF16:
+    case MP_CODEC_F32: memcpy(out, (const float *)w->data + r * n, (size_t)n * 4); return;
+    case MP_CODEC_F16:
+    case MP_CODEC_BF16:
         for (int64_t c = 0; c < n; c++) {
             uint16_t h = ld16(w->data + (size_t)(r * n + c) * 2);
-            out[c] = w->codec == MPK_F16 ? mpk_f16_to_f32(h) : mpk_bf16_to_f32(h);
+            out[c] = w->codec == MP_CODEC_F16 ? mpk_f16_to_f32(h) : mpk_bf16_to_f32(h);
         }
         return;
     }
     const int64_t G = w->group, ng = w->ngroups;
     const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
-    if (w->codec == MPK_Q8) {
+    if (w->codec == MP_CODEC_Q8) {
         const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
         for (int64_t c = 0; c < n; c++) out[c] = mpk_f16_to_f32(ld16(sc + 2 * (c / G))) * (float)q[c];
         return;
     }
-    if (w->codec == MPK_Q6) {
+    if (w->codec == MP_CODEC_Q6) {
         const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
         for (int64_t c = 0; c < n; c++)
             out[c] = mpk_f16_to_f32(ld16(sc + 2 * (c / G))) * (float)(q6_code(q, c) - 32);
@@ -327,17 +318,17 @@ void mpk_row(const mpk_mat *w, int64_t r, float *out) {
 void mpk_row_codes(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
     const int64_t n = w->cols;
     switch (w->codec) {
-    case MPK_F32: memcpy(out, (const float *)w->data + r * n, (size_t)n * 4); return;
-    case MPK_F16:
-    case MPK_BF16: mpk_row(w, r, out); return;
+    case MP_CODEC_F32: memcpy(out, (const float *)w->data + r * n, (size_t)n * 4); return;
+    case MP_CODEC_F16:
+    case MP_CODEC_BF16: mpk_row(w, r, out); return;
     }
     const int64_t ng = w->ngroups;
     const uint8_t *s = w->data + (size_t)(r * ng) * 2;
     for (int64_t g = 0; g < ng; g++) sc[g] = mpk_f16_to_f32(ld16(s + 2 * g));
-    if (w->codec == MPK_Q8) {
+    if (w->codec == MP_CODEC_Q8) {
         const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
         for (int64_t c = 0; c < n; c++) out[c] = (float)q[c];
-    } else if (w->codec == MPK_Q6) {
+    } else if (w->codec == MP_CODEC_Q6) {
         const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
         for (int64_t c = 0; c < n; c++) out[c] = (float)(q6_code(q, c) - 32);
     } else {
@@ -439,8 +430,8 @@ void mpk_rvq_transpose_cb(const float *cb, int stages, float *cbt) {
 }
 
 uint64_t mpk_rvq_nbytes(int64_t rows, int64_t cols, int stages) {
-    return (uint64_t)((rows + 63) / 64 * 64) * (uint64_t)((cols + 7) / 8) * (uint64_t)stages +
-           2 * (uint64_t)rows;
+    mp_codec_info ci = {.kind = MP_CODEC_RVQ, .stages = (uint32_t)stages, .dim = 8, .entries = 256};
+    return mp_codec_nbytes(&ci, 2, (const int64_t[2]){rows, cols});
 }
 
 void mpk_rvq_init(mpk_rvq *w, int64_t rows, int64_t cols, int stages, const uint8_t *part) {

@@ -13,16 +13,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codecs.h"
 #include "kernels_pool.h"
 
 /* A kernel table (one per instruction set; static, never freed). */
 typedef struct mpk_impl mpk_impl;
 
-enum { MPK_F32 = 0, MPK_F16, MPK_BF16, MPK_Q8, MPK_Q4, MPK_Q6 };
-
 /* A 2-D (or 1-D: rows = 1) trunk matrix in its stored encoding. */
 typedef struct mpk_mat {
-    int codec;        /* MPK_* */
+    int codec;        /* mp_codec_kind (codecs.h): f32/f16/bf16/q8/q6/q4 */
     int64_t rows, cols;
     int64_t group;    /* q8/q6/q4 group size */
     int64_t ngroups;  /* groups per row (cols padded to a multiple of group) */
@@ -93,10 +92,11 @@ const char *mpk_impl_name(const mpk_impl *k);
 float mpk_f16_to_f32(uint16_t h);
 float mpk_bf16_to_f32(uint16_t h);
 
-/* Fills m from codec parameters; returns 0, or -1 on an unsupported/invalid combination. */
+/* Fills m from codec parameters (kind: mp_codec_kind); returns 0, or -1 on an unsupported/invalid
+ * combination. */
 int mpk_mat_init(mpk_mat *m, int codec, int64_t rows, int64_t cols, int64_t group,
                  int zero_point, const void *data);
-/* Encoded size in bytes of m (for checking against the container's length). */
+/* Encoded size in bytes of m (the codec's size rule, codecs.c). */
 uint64_t mpk_mat_nbytes(const mpk_mat *m);
 
 /* y[rows] = W x.  */

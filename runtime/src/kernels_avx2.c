@@ -42,8 +42,8 @@ AVX2 static __m256 lanes_f32(const float *row, const float *x, int64_t n) {
 
 AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
     const int64_t n = w->cols;
-    if (w->codec == MPK_F32) return hred(lanes_f32((const float *)w->data + r * n, x, n));
-    if (w->codec == MPK_BF16) {
+    if (w->codec == MP_CODEC_F32) return hred(lanes_f32((const float *)w->data + r * n, x, n));
+    if (w->codec == MP_CODEC_BF16) {
         const uint16_t *row = (const uint16_t *)(w->data) + r * n; /* 2-aligned: tensor offsets are 64-aligned */
         __m256 acc = _mm256_setzero_ps();
         int64_t c = 0;
@@ -57,7 +57,7 @@ AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
         for (; c < n; c++) l[c & 7] += mpk_bf16_to_f32(row[c]) * x[c];
         return mpk_red8(l);
     }
-    if (w->codec == MPK_F16) {
+    if (w->codec == MP_CODEC_F16) {
         const uint8_t *row = w->data + (size_t)(r * n) * 2;
         __m256 acc = _mm256_setzero_ps();
         int64_t c = 0;
@@ -71,7 +71,7 @@ AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
     const int64_t G = w->group, ng = w->ngroups;
     const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
     float acc = 0.0f;
-    if (w->codec == MPK_Q8) {
+    if (w->codec == MP_CODEC_Q8) {
         const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
         for (int64_t g = 0; g < ng; g++) {
             int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n, c = c0;
@@ -88,7 +88,7 @@ AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
         }
         return acc;
     }
-    if (w->codec == MPK_Q6) { /* 8 codes = 6 bytes = two 24-bit words k0|k1<<6|k2<<12|k3<<18 */
+    if (w->codec == MP_CODEC_Q6) { /* 8 codes = 6 bytes = two 24-bit words k0|k1<<6|k2<<12|k3<<18 */
         const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
         const __m256i shifts = _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18);
         const __m256i pick = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
@@ -119,7 +119,7 @@ AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
         }
         return acc;
     }
-    /* MPK_Q4: nibbles, low nibble = even column */
+    /* MP_CODEC_Q4: nibbles, low nibble = even column */
     const size_t planes = w->zero_point ? 2 : 1;
     const uint8_t *mins = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
     const uint8_t *q = w->data + planes * (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 2;
@@ -162,12 +162,12 @@ AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
 AVX2 void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
                            int64_t nb, int64_t n, float *y, float *wb) {
     const int64_t C = w->cols, cp = w->cols_p, R = r1 - r0;
-    const int grouped = w->codec == MPK_Q8 || w->codec == MPK_Q6 || w->codec == MPK_Q4;
+    const int grouped = w->codec == MP_CODEC_Q8 || w->codec == MP_CODEC_Q6 || w->codec == MP_CODEC_Q4;
     const int64_t G = grouped ? w->group : C, ng = grouped ? w->ngroups : 1;
     float *sc = wb + (size_t)(R * cp), *mn = sc + (size_t)(R * ng);
     for (int64_t r = r0; r < r1; r++) {
         float *o = wb + (size_t)((r - r0) * cp);
-        if (w->codec == MPK_Q8) {
+        if (w->codec == MP_CODEC_Q8) {
             const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * cp;
             int64_t c = 0;
             for (; c + 8 <= C; c += 8)

@@ -35,25 +35,6 @@ typedef struct {
     size_t errlen;
 } loader;
 
-static int codec_of(const mp_json *codec, int *id, int64_t *group, int *zp) {
-    const char *n = mp_json_as_str(mp_json_get(codec, "name"), NULL);
-    *group = 0;
-    *zp = 0;
-    if (!n) return -1;
-    if (!strcmp(n, "f32")) *id = MPK_F32;
-    else if (!strcmp(n, "f16")) *id = MPK_F16;
-    else if (!strcmp(n, "bf16")) *id = MPK_BF16;
-    else if (!strcmp(n, "q8") || !strcmp(n, "q4") || !strcmp(n, "q6")) {
-        *id = n[1] == '8' ? MPK_Q8 : n[1] == '6' ? MPK_Q6 : MPK_Q4;
-        if (mp_json_as_i64(mp_json_get(codec, "group_size"), group)) return -1;
-        int b = 0;
-        if (*id == MPK_Q4 && mp_json_as_bool(mp_json_get(codec, "zero_point"), &b) == 0) *zp = b;
-    } else {
-        return -1;
-    }
-    return 0;
-}
-
 /* Looks up a tensor: 0 found, 1 absent and not required, else an error code (message set). */
 static int find_src(loader *L, const char *name, int required, mpm_src *s) {
     int rc = L->fn(L->user, name, s);
@@ -65,9 +46,8 @@ static int find_src(loader *L, const char *name, int required, mpm_src *s) {
 /* Views s as a rows x cols matrix in its codec; the stored length must match the codec's size. */
 static int view_mat(loader *L, const char *name, const mpm_src *s, int64_t rows, int64_t cols,
                     mpk_mat *out) {
-    int id, zp;
-    int64_t g;
-    if (codec_of(s->codec, &id, &g, &zp) || mpk_mat_init(out, id, rows, cols, g, zp, s->data))
+    const mp_codec_info *ci = s->codec;
+    if (mpk_mat_init(out, ci->kind, rows, cols, ci->group_size, ci->zero_point, s->data))
         return mp_seterr(L->err, L->errlen, MP_EUNSUPPORTED, "tensor %s: unsupported codec", name);
     if (mpk_mat_nbytes(out) != s->length)
         return mp_seterr(L->err, L->errlen, MP_EFORMAT, "tensor %s: length %llu != codec size %llu",

@@ -60,7 +60,7 @@ int mpm_config_moe_layers(const mpm_config *c);
 
 /* A tensor as stored: codec + shape + bytes in RAM. */
 typedef struct mpm_src {
-    const mp_json *codec; /* codec object */
+    const mp_codec_info *codec; /* parsed once at open (codecs.h) */
     int ndim;
     int64_t shape[4];
     const uint8_t *data;

@@ -38,9 +38,9 @@ int main(void) {
     if (mpk_select(MPK_AVX2)) paths[np++] = mpk_select(MPK_AVX2);
     if (mpk_select(MPK_AVX512VBMI)) paths[np++] = mpk_select(MPK_AVX512VBMI);
     mpk_pool *pools[2] = {NULL, mpk_pool_create(3)};
-    const kind kinds[] = {{"f32", MPK_F32, 0, 0},  {"f16", MPK_F16, 0, 0},   {"bf16", MPK_BF16, 0, 0},
-                          {"q8/32", MPK_Q8, 0, 32}, {"q8/8", MPK_Q8, 0, 8},   {"q6/16", MPK_Q6, 0, 16},
-                          {"q4/32", MPK_Q4, 0, 32}, {"q4z/64", MPK_Q4, 1, 64}, {"q4z/16", MPK_Q4, 1, 16}};
+    const kind kinds[] = {{"f32", MP_CODEC_F32, 0, 0},  {"f16", MP_CODEC_F16, 0, 0},   {"bf16", MP_CODEC_BF16, 0, 0},
+                          {"q8/32", MP_CODEC_Q8, 0, 32}, {"q8/8", MP_CODEC_Q8, 0, 8},   {"q6/16", MP_CODEC_Q6, 0, 16},
+                          {"q4/32", MP_CODEC_Q4, 0, 32}, {"q4z/64", MP_CODEC_Q4, 1, 64}, {"q4z/16", MP_CODEC_Q4, 1, 16}};
     const int64_t shapes[][2] = {{37, 100}, {16, 64}, {70, 523}, {1, 8}};
     const int64_t ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33};
     for (size_t ki = 0; ki < sizeof kinds / sizeof *kinds; ki++)
@@ -57,11 +57,11 @@ int main(void) {
             uint8_t *data = malloc(nbytes);
             for (uint64_t i = 0; i < nbytes; i++) data[i] = (uint8_t)rnd();
             /* floats and f16 scales must be finite: rewrite them */
-            if (K->codec == MPK_F32)
+            if (K->codec == MP_CODEC_F32)
                 for (int64_t i = 0; i < rows * cols; i++) ((float *)(void *)data)[i] = urand();
-            else if (K->codec == MPK_F16 || K->codec == MPK_BF16)
+            else if (K->codec == MP_CODEC_F16 || K->codec == MP_CODEC_BF16)
                 for (int64_t i = 0; i < rows * cols; i++) {
-                    uint16_t h = K->codec == MPK_F16 ? f16r() : (uint16_t)(bits(urand()) >> 16);
+                    uint16_t h = K->codec == MP_CODEC_F16 ? f16r() : (uint16_t)(bits(urand()) >> 16);
                     memcpy(data + 2 * i, &h, 2);
                 }
             else

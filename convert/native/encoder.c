@@ -1,32 +1,11 @@
-/* Codec hot loops and reference decoders; see codec.h and spec/CODECS.md. */
-#include "codec.h"
+/* The rvq encoder's hot loops (converter only; the engine never encodes): see encoder.h. */
+#include "encoder.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define D MP_VQ_DIM
-
-float mp_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else { /* subnormal: normalise */
-        int e = -1;
-        do {
-            man <<= 1;
-            e++;
-        } while (!(man & 0x400));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
 /* Nearest-codeword search uses the expanded distance: score_j = |c_j|^2 - 2 (x . c_j), with
  * dot = x0*c0, then + x1*c1, ... + x7*c7 (f32, in order from the first product) and
@@ -705,103 +684,5 @@ int mp_rvq_encode(const float *x, size_t n, const float *cb, int stages, int k, 
         beam_range(x, n, cb, t, stages, beam, cb_ok, wide, codes);
     }
     free(t);
-    return 0;
-}
-
-void mp_fwht(float *x, size_t n, size_t block) {
-    for (size_t b0 = 0; b0 + block <= n; b0 += block) {
-        float *v = x + b0;
-        for (size_t h = 1; h < block; h <<= 1)
-            for (size_t i = 0; i < block; i += 2 * h)
-                for (size_t j = i; j < i + h; j++) {
-                    float a = v[j], b = v[j + h];
-                    v[j] = a + b;
-                    v[j + h] = a - b;
-                }
-    }
-}
-
-int mp_rvq_decode(const uint8_t *codes, const uint16_t *scales, size_t rows, size_t cols,
-                  const float *cb, int stages, int k, const float *signs, size_t block,
-                  float *out) {
-    size_t nv = (cols + D - 1) / D;
-    if (stages < 1 || k < 1 || k > 256) return -1;
-    if (signs && (block == 0 || (block & (block - 1)) || cols % block)) return -1;
-    /* f32(1/sqrt(block)), rounded once from double, as spec/CODECS.md defines it */
-    float inv = signs ? (float)(1.0 / sqrt((double)block)) : 1.0f;
-    size_t j = nv * (size_t)stages; /* code positions per row */
-    for (size_t r = 0; r < rows; r++) {
-        float s = mp_f16_to_f32(scales[r]);
-        float *o = out + r * cols;
-        const uint8_t *tile = codes + (r / 64) * j * 64 + r % 64; /* codes[r/64][.][r%64] */
-        for (size_t v = 0; v < nv; v++) {
-            const uint8_t *c = tile + v * (size_t)stages * 64; /* stage st at c[st * 64] */
-            float acc[D];
-            memcpy(acc, cb + (size_t)c[0] * D, sizeof acc);
-            for (int st = 1; st < stages; st++) {
-                const float *e = cb + ((size_t)st * k + c[(size_t)st * 64]) * D;
-                for (int d = 0; d < D; d++) acc[d] = acc[d] + e[d];
-            }
-            for (int d = 0; d < D && v * D + d < cols; d++) o[v * D + d] = acc[d] * s;
-        }
-        if (signs) {
-            mp_fwht(o, cols, block);
-            for (size_t c = 0; c < cols; c++) o[c] = o[c] * inv * signs[c];
-        }
-    }
-    return 0;
-}
-
-static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-int mp_q8_decode(const uint8_t *data, size_t rows, size_t cols, size_t group, float *out) {
-    if (!group) return -1;
-    size_t cp = align_up(cols, group), ng = cp / group;
-    const uint8_t *q = data + 2 * rows * ng;
-    for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++) {
-            uint16_t h;
-            memcpy(&h, data + 2 * (r * ng + c / group), 2);
-            out[r * cols + c] = mp_f16_to_f32(h) * (float)(int8_t)q[r * cp + c];
-        }
-    return 0;
-}
-
-int mp_q4_decode(const uint8_t *data, size_t rows, size_t cols, size_t group, int zero_point,
-                 float *out) {
-    if (!group || group % 2) return -1;
-    size_t cp = align_up(cols, group), ng = cp / group, planes = zero_point ? 2 : 1;
-    const uint8_t *zs = data + 2 * rows * ng, *q = data + 2 * planes * rows * ng;
-    for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++) {
-            uint16_t h, z;
-            size_t g = r * ng + c / group;
-            memcpy(&h, data + 2 * g, 2);
-            uint8_t byte = q[(r * cp + c) / 2];
-            int nib = (c & 1) ? byte >> 4 : byte & 15;
-            if (zero_point) {
-                memcpy(&z, zs + 2 * g, 2);
-                out[r * cols + c] = mp_f16_to_f32(h) * (float)nib + mp_f16_to_f32(z);
-            } else {
-                out[r * cols + c] = mp_f16_to_f32(h) * (float)(nib - 8);
-            }
-        }
-    return 0;
-}
-
-int mp_q6_decode(const uint8_t *data, size_t rows, size_t cols, size_t group, float *out) {
-    if (!group || group % 4) return -1;
-    size_t cp = align_up(cols, group), ng = cp / group;
-    const uint8_t *q = data + 2 * rows * ng;
-    for (size_t r = 0; r < rows; r++)
-        for (size_t c = 0; c < cols; c++) {
-            uint16_t h;
-            memcpy(&h, data + 2 * (r * ng + c / group), 2);
-            /* 4 codes per 3 bytes: u = b0 | b1<<8 | b2<<16 = k0 | k1<<6 | k2<<12 | k3<<18 */
-            const uint8_t *b = q + r * (cp / 4 * 3) + c / 4 * 3;
-            uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16;
-            int k = (int)((u >> (6 * (c & 3))) & 63);
-            out[r * cols + c] = mp_f16_to_f32(h) * (float)(k - 32);
-        }
     return 0;
 }
