@@ -51,7 +51,7 @@ class _Config(C.Structure):
     _fields_ = [("budget_bytes", C.c_uint64), ("threads", C.c_int), ("ctx", C.c_int),
                 ("prefetch", C.c_int), ("o_direct", C.c_int), ("cache_policy", C.c_int),
                 ("verify_reads", C.c_int), ("io_threads", C.c_int), ("cache_experts", C.c_int),
-                ("kernels", C.c_int)]
+                ("kernels", C.c_int), ("chunk", C.c_int)]
 
 
 class _Plan(C.Structure):
@@ -59,7 +59,8 @@ class _Plan(C.Structure):
         "trunk_bytes", "kv_bytes", "scratch_bytes", "step_expert_bytes", "floor_bytes",
         "recommended_bytes", "default_bytes", "usable_ram_bytes", "expert_record_bytes")] + [
         ("ctx", C.c_int), ("moe_layers", C.c_int), ("top_k", C.c_int),
-        ("experts_bytes", C.c_uint64), ("expert_count", C.c_uint64)]
+        ("experts_bytes", C.c_uint64), ("expert_count", C.c_uint64),
+        ("chunk_token_bytes", C.c_uint64), ("max_chunk", C.c_int), ("state_bytes", C.c_uint64)]
 
 
 class _Stats(C.Structure):
@@ -70,7 +71,8 @@ class _Stats(C.Structure):
                 ("read_seconds", C.c_double), ("compute_seconds", C.c_double),
                 ("prefetches", C.c_uint64), ("o_direct", C.c_int),
                 ("budget_bytes", C.c_uint64), ("floor_bytes", C.c_uint64),
-                ("cache_capacity_bytes", C.c_uint64), ("cache_capacity_experts", C.c_int)]
+                ("cache_capacity_bytes", C.c_uint64), ("cache_capacity_experts", C.c_int),
+                ("chunk", C.c_int)]
 
 
 class _Sampler(C.Structure):
@@ -100,7 +102,7 @@ def _library() -> C.CDLL:
     lib.mp_reset.argtypes = [_P]
     lib.mp_reset.restype = None
     lib.mp_truncate.argtypes = [_P, C.c_int]
-    lib.mp_truncate.restype = None
+    lib.mp_truncate.restype = C.c_int
     lib.mp_eval.argtypes = [_P, C.POINTER(C.c_int32), C.c_size_t, C.POINTER(C.c_float), C.c_int]
     lib.mp_sample.argtypes = [C.POINTER(C.c_float), C.c_int, C.POINTER(_Sampler),
                               C.POINTER(C.c_uint64)]
@@ -158,7 +160,8 @@ class Engine:
                  prefetch: bool = True, o_direct: bool | None = None,
                  cache_policy: str = "lfu", verify_reads: bool = False, ctx: int | None = None,
                  cache_experts: int | None = None, io_threads: int | None = None,
-                 kernels: str = "auto", scalar_kernels: bool = False) -> None:
+                 kernels: str = "auto", scalar_kernels: bool = False,
+                 chunk: int | None = None) -> None:
         self._lib = _library()
         cfg = _Config()
         self._lib.mp_config_default(C.byref(cfg))
@@ -176,6 +179,9 @@ class Engine:
         if kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {list(KERNELS)}")
         cfg.kernels = KERNELS["scalar" if scalar_kernels else kernels]
+        if chunk is not None and not 1 <= int(chunk) <= 512:
+            raise ValueError("chunk must be 1..512")
+        cfg.chunk = int(chunk or 0)
         self._h = _P()
         err = C.create_string_buffer(_ERRLEN)
         rc = self._lib.mp_open(os.fsencode(path), C.byref(cfg), C.byref(self._h), err, _ERRLEN)
@@ -222,10 +228,13 @@ class Engine:
         self._lib.mp_reset(self._handle())
 
     def truncate(self, n: int) -> None:
-        """Keep the first n tokens in the KV cache (no-op when n >= position)."""
+        """Keep the first n tokens in the KV cache (no-op when n >= position). Models with
+        linear-attention layers can only go back to 0 (EngineError otherwise)."""
         if n < 0:
             raise EngineError("truncate needs n >= 0", MP_EINVAL)
-        self._lib.mp_truncate(self._handle(), int(n))
+        rc = self._lib.mp_truncate(self._handle(), int(n))
+        if rc:
+            _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"))
 
     def plan(self, ctx: int | None = None) -> dict:
         return plan(self.path, ctx or self.ctx)

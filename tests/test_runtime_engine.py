@@ -175,14 +175,42 @@ def test_cache_statistics(mixtral):
 
 
 def test_chunked_prompt_equals_token_by_token(mixtral):
-    """Prefill runs MPM_CHUNK (16) tokens per chunk, sharing expert reads; every position's
-    logits equal feeding the tokens one by one, bit for bit."""
+    """Prefill runs the plan's chunk (the whole 40-token prompt here), each expert once per chunk
+    for all of its tokens; every position's logits equal feeding the tokens one by one, bit for
+    bit."""
     toks = _tokens(40, seed=6)
     with Engine(mixtral, threads=2) as e:
+        assert e.stats()["chunk"] >= 40
         chunked = e.logits(toks)
         e.reset()
         single = np.stack([e.feed([t]) for t in toks])
     assert np.array_equal(chunked, single)
+
+
+@pytest.mark.parametrize("kernels", ["scalar", "auto"])
+def test_any_chunk_size_and_thread_count_gives_the_same_bits(mixtral, kernels):
+    """docs/RUNTIME.md's guarantee: a prompt's logits are the same bits for every chunk size
+    (1 = token by token, a partial last chunk, the whole prompt) and thread count."""
+    toks = _tokens(45, seed=9)
+    runs = []
+    for chunk, threads in [(1, 1), (7, 2), (16, 1), (45, 2), (512, 3)]:
+        with Engine(mixtral, threads=threads, chunk=chunk, kernels=kernels, ctx=512) as e:
+            assert e.stats()["chunk"] == chunk
+            runs.append(e.logits(toks))
+    for r in runs[1:]:
+        assert np.array_equal(r, runs[0])
+
+
+def test_chunk_is_planned_and_checked(mixtral):
+    p = plan(mixtral, ctx=256)
+    assert p["max_chunk"] == 256 and p["chunk_token_bytes"] > 0
+    # exactly the floor: 16-token chunks; a chunk the budget cannot pay for is refused
+    with Engine(mixtral, budget=p["floor_bytes"], ctx=256) as e:
+        assert e.stats()["chunk"] == 16
+    with pytest.raises(BudgetError, match="too small for chunks of 200 tokens"):
+        Engine(mixtral, budget=p["floor_bytes"], ctx=256, chunk=200)
+    with pytest.raises(ValueError):
+        Engine(mixtral, chunk=513)
 
 
 def test_budget_below_floor_is_refused_with_the_floor(mixtral):

@@ -30,6 +30,7 @@ struct mp_engine {
     mp_plan_info plan;
     uint64_t budget, cache_bytes;
     int cache_experts;
+    int chunk; /* prompt tokens per forward pass */
     double prompt_s, decode_s, io_wait0;
     uint64_t prompt_tok, decode_tok;
     char err[512];
@@ -53,6 +54,10 @@ static uint64_t trunk_bytes(const mp_container *c) {
     return t;
 }
 
+static uint64_t chunk_bytes(const mpm_config *cfg, int chunk, int stages) {
+    return mpm_scratch_bytes(cfg, chunk) + mpm_moe_chunk_bytes(cfg, chunk, stages);
+}
+
 static int plan_for(const mp_container *c, const mpm_config *cfg, int ctx, mp_plan_info *p,
                     char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
@@ -60,8 +65,9 @@ static int plan_for(const mp_container *c, const mpm_config *cfg, int ctx, mp_pl
     p->ctx = ctx;
     p->top_k = (int)cfg->top_k;
     p->trunk_bytes = trunk_bytes(c);
-    p->kv_bytes = mpm_kv_bytes(cfg, ctx);
-    p->scratch_bytes = mpm_scratch_bytes(cfg) + (uint64_t)cfg->n_heads * (uint64_t)ctx * 4u;
+    /* linear-attention layers' conv + recurrent state: fixed size, counted with the KV cache */
+    p->state_bytes = mpm_state_bytes(cfg);
+    p->kv_bytes = mpm_kv_bytes(cfg, ctx) + p->state_bytes;
     int stages = 1;
     for (int64_t l = 0; l < cfg->n_layers; l++) {
         if (!cfg->layer_is_moe[l]) continue;
@@ -75,15 +81,27 @@ static int plan_for(const mp_container *c, const mpm_config *cfg, int ctx, mp_pl
         p->expert_count += b->count;
         if (b->stride > p->expert_record_bytes) p->expert_record_bytes = b->stride;
     }
-    p->scratch_bytes += mpm_moe_chunk_bytes(cfg, MPM_CHUNK, stages); /* prefill chunk tables */
+    /* the floor holds 16-token prompt chunks; a bigger chunk costs chunk_token_bytes a token */
+    p->scratch_bytes = chunk_bytes(cfg, MPM_CHUNK, stages) + (uint64_t)cfg->n_heads * (uint64_t)ctx * 4u;
+    p->scratch_bytes += mpm_linear_scratch_bytes(cfg); /* per token, whatever the chunk */
+    p->chunk_token_bytes = chunk_bytes(cfg, MPM_CHUNK + 1, stages) - chunk_bytes(cfg, MPM_CHUNK, stages);
+    p->max_chunk = ctx < MPM_MAX_CHUNK ? ctx : MPM_MAX_CHUNK;
     p->floor_bytes = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + p->step_expert_bytes;
     p->recommended_bytes = p->floor_bytes + 3 * p->step_expert_bytes;
     mp_ram_info ri;
     p->usable_ram_bytes = mp_usable_ram(&ri);
-    mp_budget_in in = {p->usable_ram_bytes, p->floor_bytes, p->experts_bytes,
+    /* the default budget also pays for the largest chunk when RAM allows (the cache still gets
+     * every expert it can) */
+    uint64_t max_extra = p->max_chunk > MPM_CHUNK ? (uint64_t)(p->max_chunk - MPM_CHUNK) * p->chunk_token_bytes : 0;
+    mp_budget_in in = {p->usable_ram_bytes, p->floor_bytes + max_extra, p->experts_bytes,
                        mp_default_headroom(p->usable_ram_bytes)};
     mp_budget_out out;
-    if (mp_default_budget(&in, &out) == 0) p->default_bytes = out.total;
+    if (mp_default_budget(&in, &out) == 0 && !out.tight) {
+        p->default_bytes = out.total;
+    } else {
+        in.floor = p->floor_bytes;
+        if (mp_default_budget(&in, &out) == 0) p->default_bytes = out.total;
+    }
     return 0;
 }
 
@@ -215,8 +233,31 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
         goto fail;
     }
     e->budget = total;
-    /* the cache gets what is left after trunk, KV, scratch and one layer's pinned working set */
-    uint64_t fixed = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + (uint64_t)p->top_k * p->expert_record_bytes;
+    /* prompt chunk: asked for, or 16 plus what half of the budget above the floor pays for (a
+     * bigger chunk reads each layer's experts once for more tokens; the other half is cache) */
+    int chunk = cfg.chunk;
+    if (chunk < 0 || chunk > MPM_MAX_CHUNK) {
+        rc = mp_seterr(err, errlen, MP_EINVAL, "chunk %d: must be 1..%d (0 = from the memory plan)", chunk, MPM_MAX_CHUNK);
+        goto fail;
+    }
+    if (!chunk) {
+        /* room above the floor: the chunk takes what all experts leave, at least half of it */
+        uint64_t room = total - p->floor_bytes, left = room > p->experts_bytes ? room - p->experts_bytes : 0;
+        uint64_t part = left > room / 2 ? left : room / 2;
+        uint64_t more = p->chunk_token_bytes ? part / p->chunk_token_bytes : 0;
+        chunk = MPM_CHUNK + (more < MPM_MAX_CHUNK ? (int)more : MPM_MAX_CHUNK);
+        if (chunk > p->max_chunk) chunk = p->max_chunk > MPM_CHUNK ? p->max_chunk : MPM_CHUNK;
+    }
+    uint64_t extra = chunk > MPM_CHUNK ? (uint64_t)(chunk - MPM_CHUNK) * p->chunk_token_bytes : 0;
+    if (total - p->floor_bytes < extra) {
+        rc = mp_seterr(err, errlen, MP_EBUDGET, "budget %s is too small for chunks of %d tokens: that needs %s",
+                       fmt_gb(total, a, sizeof a), chunk, fmt_gb(p->floor_bytes + extra, b, sizeof b));
+        goto fail;
+    }
+    e->chunk = chunk;
+    /* the cache gets what is left after trunk, KV, scratch (with the chunk's) and one layer's
+     * pinned working set */
+    uint64_t fixed = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + extra + (uint64_t)p->top_k * p->expert_record_bytes;
     uint64_t cache = total > fixed ? total - fixed : 0;
     if (cfg.cache_experts >= 0 && (uint64_t)cfg.cache_experts * p->expert_record_bytes < cache)
         cache = (uint64_t)cfg.cache_experts * p->expert_record_bytes;
@@ -238,7 +279,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
             goto fail;
         }
     }
-    if ((rc = mpm_load(&e->cfg, tensor_cb, bank_cb, e, p->ctx, &e->model, err, errlen))) goto fail;
+    if ((rc = mpm_load(&e->cfg, tensor_cb, bank_cb, e, p->ctx, e->chunk, &e->model, err, errlen))) goto fail;
     e->pool = mpk_pool_create(cfg.threads > 0 ? cfg.threads : online_cpus());
     if (!e->pool) {
         rc = mp_seterr(err, errlen, MP_ENOMEM, "cannot start compute threads");
@@ -274,9 +315,16 @@ int mp_context_size(const mp_engine *e) { return e->plan.ctx; }
 int mp_position(const mp_engine *e) { return e->pos; }
 const char *mp_kernels(const mp_engine *e) { return mpk_impl_name(e->kern); }
 void mp_reset(mp_engine *e) { e->pos = 0; }
-/* attention reads positions < pos only, so dropping the tail is just moving pos back */
-void mp_truncate(mp_engine *e, int n) {
-    if (n >= 0 && n < e->pos) e->pos = n;
+/* attention reads positions < pos only, so dropping the tail is just moving pos back; a
+ * recurrent state (linear attention) holds every token folded in and cannot go back */
+int mp_truncate(mp_engine *e, int n) {
+    if (n < 0 || n >= e->pos) return 0;
+    if (n > 0 && e->plan.state_bytes) {
+        snprintf(e->err, sizeof e->err, "cannot truncate to %d of %d tokens: linear-attention state cannot be rolled back (reset and feed the prefix again)", n, e->pos);
+        return MP_EUNSUPPORTED;
+    }
+    e->pos = n;
+    return 0;
 }
 
 /* Index of the first NaN or Inf in l[0..n), or n.  One pass over vocab floats per token: noise
@@ -297,8 +345,9 @@ int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int al
     const int pos0 = e->pos; /* a failed call leaves the sequence as it was */
     double t0 = mpm_now();
     const size_t V = (size_t)e->cfg.vocab;
-    for (size_t i = 0; i < n; i += MPM_CHUNK) {
-        int k = n - i < MPM_CHUNK ? (int)(n - i) : MPM_CHUNK;
+    const size_t C = (size_t)e->chunk;
+    for (size_t i = 0; i < n; i += C) {
+        int k = n - i < C ? (int)(n - i) : (int)C;
         float *lo = NULL;
         if (logits && all_positions) lo = logits + i * V;
         else if (logits && i + (size_t)k == n) lo = logits;
@@ -367,6 +416,7 @@ void mp_get_stats(const mp_engine *e, mp_stats *o) {
     o->floor_bytes = e->plan.floor_bytes;
     o->cache_capacity_bytes = e->cache_bytes;
     o->cache_capacity_experts = e->cache_experts;
+    o->chunk = e->chunk;
     o->prefetches = mpm_prefetches(e->model);
     o->io_wait_seconds = mpm_io_wait_seconds(e->model) - e->io_wait0;
     if (e->ex) {

@@ -87,6 +87,13 @@ static int load_f32(loader *L, const char *name, uint64_t numel, float **out, in
     return 0;
 }
 
+int mpm_load_mat(void *L, const char *name, int64_t rows, int64_t cols, mpk_mat *out) {
+    return load_mat(L, name, rows, cols, out, 1);
+}
+int mpm_load_f32(void *L, const char *name, uint64_t numel, float **out) {
+    return load_f32(L, name, numel, out, 1);
+}
+
 static const char *const PARTS[3] = {"gate", "up", "down"};
 
 /* gate/up/down of a dense or shared FFN: prefix is "ffn" or "shared". */
@@ -110,11 +117,15 @@ uint64_t mpm_kv_bytes(const mpm_config *c, int ctx) {
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-uint64_t mpm_scratch_bytes(const mpm_config *c) {
+uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
     int64_t H = c->hidden, I = max64(c->moe_inter, max64(c->dense_inter, c->shared_inter));
     uint64_t q = (uint64_t)(c->n_heads * max64(c->head_dim, c->kv_lora_rank + c->qk_rope_dim));
-    uint64_t chunk = (uint64_t)MPM_CHUNK * (uint64_t)H * (3u + (uint64_t)c->top_k) +
-                     3u * (uint64_t)MPM_CHUNK * (uint64_t)c->top_k;
+    const uint64_t T = (uint64_t)chunk_tokens;
+    /* per chunk token: residual, normalised input, block output, per-rank expert outputs,
+     * routing; the kernels' transient copies (inputs transposed for mpk_matmat, mpk_rvq_matmat's
+     * accumulators): 2 x the widest vector */
+    uint64_t chunk = T * (uint64_t)H * (3u + (uint64_t)c->top_k) + 3u * T * (uint64_t)c->top_k +
+                     2u * T * (uint64_t)max64(max64(H, I), (int64_t)q);
     /* per chunk token: q, k, v, attention output, MLA latents, FFN gate/up */
     uint64_t per_tok = 4 * q + 2 * (uint64_t)max64(I, c->q_lora_rank);
     /* f32 copies made at load: transposed codebooks (<= 8 stages), rotation signs, norms, bias,
@@ -122,7 +133,7 @@ uint64_t mpm_scratch_bytes(const mpm_config *c) {
     uint64_t per_layer = 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +
                                                           c->q_lora_rank + c->kv_lora_rank + c->n_experts) +
                          (c->mla ? 0u : (uint64_t)((2 * c->n_heads + 3 * c->n_kv_heads) * c->head_dim));
-    return 4u * ((uint64_t)MPM_CHUNK * per_tok + 16 * (uint64_t)max64(H, I) +
+    return 4u * (T * per_tok + 16 * (uint64_t)max64(H, I) +
                  (uint64_t)c->vocab + 2 * (uint64_t)c->n_experts + chunk +
                  per_layer * (uint64_t)c->n_layers + (uint64_t)H);
 }
@@ -135,7 +146,7 @@ static int alloc_scratch(mpm_model *m) {
     int64_t kvdim = c->mla ? c->kv_lora_rank + c->qk_rope_dim : c->n_kv_heads * c->head_dim;
     int64_t big = max64(H, max64(I, odim));
     m->xn = xcalloc((uint64_t)H, 4);
-    const uint64_t T = MPM_CHUNK;
+    const uint64_t T = (uint64_t)m->chunk;
     m->q = xcalloc(T * (uint64_t)qdim, 4);
     m->kbuf = xcalloc(T * (uint64_t)max64(kvdim, 1), 4);
     m->vbuf = xcalloc(T * (uint64_t)max64(kvdim, 1), 4);
@@ -158,13 +169,13 @@ static int alloc_scratch(mpm_model *m) {
     m->sel = xcalloc((uint64_t)c->top_k, 4);
     m->selw = xcalloc((uint64_t)c->top_k, 4);
     m->ahead = xcalloc((uint64_t)c->top_k, 4);
-    m->bx = xcalloc((uint64_t)(MPM_CHUNK * H), 4);
-    m->bxn = xcalloc((uint64_t)(MPM_CHUNK * H), 4);
-    m->bout = xcalloc((uint64_t)(MPM_CHUNK * H), 4);
-    m->beo = xcalloc((uint64_t)(MPM_CHUNK * c->top_k * H), 4);
-    m->bsel = xcalloc((uint64_t)(MPM_CHUNK * c->top_k), 4);
-    m->bselw = xcalloc((uint64_t)(MPM_CHUNK * c->top_k), 4);
-    m->uniq = xcalloc((uint64_t)(MPM_CHUNK * c->top_k), 4);
+    m->bx = xcalloc(T * (uint64_t)H, 4);
+    m->bxn = xcalloc(T * (uint64_t)H, 4);
+    m->bout = xcalloc(T * (uint64_t)H, 4);
+    m->beo = xcalloc(T * (uint64_t)(c->top_k * H), 4);
+    m->bsel = xcalloc(T * (uint64_t)c->top_k, 4);
+    m->bselw = xcalloc(T * (uint64_t)c->top_k, 4);
+    m->uniq = xcalloc(T * (uint64_t)c->top_k, 4);
     m->recs = xcalloc((uint64_t)c->top_k, sizeof *m->recs);
     m->aheadw = xcalloc((uint64_t)c->top_k, 4);
     m->choice = xcalloc((uint64_t)c->n_experts, 4);
@@ -192,9 +203,13 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
     TRY(load_f32(L, n, (uint64_t)H, &ly->attn_norm, 1));
     NAME("layers.%d.ffn_norm", l);
     TRY(load_f32(L, n, (uint64_t)H, &ly->ffn_norm, 1));
-    if (!c->mla) {
+    ly->linear = c->layer_is_linear && c->layer_is_linear[l];
+    if (ly->linear) {
+        TRY(mpm_linear_load(m, L, l));
+    } else if (!c->mla) {
         int64_t qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-        NAME("layers.%d.attn.q", l); TRY(load_mat(L, n, qd, H, &ly->q, 1));
+        /* attn_gate: each head's query rows followed by its output-gate rows */
+        NAME("layers.%d.attn.q", l); TRY(load_mat(L, n, c->attn_gate ? 2 * qd : qd, H, &ly->q, 1));
         NAME("layers.%d.attn.k", l); TRY(load_mat(L, n, kd, H, &ly->k, 1));
         NAME("layers.%d.attn.v", l); TRY(load_mat(L, n, kd, H, &ly->v, 1));
         NAME("layers.%d.attn.o", l); TRY(load_mat(L, n, H, qd, &ly->o, 1));
@@ -236,6 +251,8 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
     if (c->n_shared) {
         ly->has_shared = 1;
         TRY(load_ffn(L, l, "shared", c->shared_inter, H, &ly->shared));
+        NAME("layers.%d.shared_gate", l);
+        if (c->shared_gate) TRY(load_f32(L, n, (uint64_t)H, &ly->shared_gate, 1));
     }
     mpm_bank_info bi;
     memset(&bi, 0, sizeof bi);
@@ -271,15 +288,17 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
 }
 
 int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void *user, int ctx,
-             mpm_model **out, char *err, size_t errlen) {
+             int chunk, mpm_model **out, char *err, size_t errlen) {
     *out = NULL;
     if (ctx < 1) return mp_seterr(err, errlen, MP_EINVAL, "context size must be >= 1");
+    if (chunk < 1 || chunk > MPM_MAX_CHUNK) return mp_seterr(err, errlen, MP_EINVAL, "chunk must be 1..%d", MPM_MAX_CHUNK);
     mpm_model *m = calloc(1, sizeof *m);
     if (!m) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory");
     m->c = *cfg;
     m->kern = mpk_select(MPK_AUTO);
     m->c.layer_is_moe = malloc((size_t)cfg->n_layers);
     m->ctx = ctx;
+    m->chunk = chunk;
     m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
     int rc = MP_ENOMEM;
     if (!m->c.layer_is_moe || !m->layers) {
@@ -300,6 +319,10 @@ int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void
     }
     if ((rc = mpm_rope_init(m))) {
         mp_seterr(err, errlen, rc, "rope setup failed");
+        goto fail;
+    }
+    if ((rc = mpm_linear_init(m))) {
+        mp_seterr(err, errlen, rc, "out of memory allocating the linear-attention state");
         goto fail;
     }
     uint64_t per = mpm_kv_bytes(c, ctx) / 4u;
@@ -341,6 +364,7 @@ void mpm_free(mpm_model *m) {
         }
     }
     mpm_moe_free(m);
+    mpm_linear_free(m);
     free(m->layers);
     free(m->final_norm);
     free(m->inv_freq);
@@ -361,6 +385,7 @@ void mpm_set_kernels(mpm_model *m, const mpk_impl *k) { m->kern = k; }
 void mpm_set_lookahead(mpm_model *m, int on) { m->lookahead = on; }
 const char *mpm_error(const mpm_model *m) { return m->err; }
 int mpm_ctx(const mpm_model *m) { return m->ctx; }
+int mpm_chunk(const mpm_model *m) { return m->chunk; }
 double mpm_io_wait_seconds(const mpm_model *m) { return m->io_wait; }
 uint64_t mpm_prefetches(const mpm_model *m) { return m->prefetches; }
 
@@ -378,8 +403,8 @@ static void lookahead(mpm_model *m, int l, const float *x) {
 int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logits, int all) {
     const mpm_config *c = &m->c;
     const int64_t H = c->hidden;
-    if (n < 1 || n > MPM_CHUNK) {
-        snprintf(m->err, sizeof m->err, "chunk of %d tokens (1..%d)", n, MPM_CHUNK);
+    if (n < 1 || n > m->chunk) {
+        snprintf(m->err, sizeof m->err, "chunk of %d tokens (1..%d)", n, m->chunk);
         return MP_EINVAL;
     }
     for (int t = 0; t < n; t++)

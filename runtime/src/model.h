@@ -15,9 +15,11 @@
 
 #define MPM_MAX_EOS 8
 #define MPM_MAX_GROUPS 1024
-#define MPM_CHUNK 16 /* tokens per forward chunk (prefill) */
+#define MPM_CHUNK 16      /* the smallest prefill chunk (tokens per forward pass; in the floor) */
+#define MPM_MAX_CHUNK 512 /* the largest: the memory plan picks one in between (mpm_load) */
 
-enum { MPM_MIXTRAL = 0, MPM_QWEN3_MOE, MPM_DEEPSEEK_V3, MPM_GLM4_MOE, MPM_MINIMAX_M2, MPM_KIMI_K25 };
+enum { MPM_MIXTRAL = 0, MPM_QWEN3_MOE, MPM_DEEPSEEK_V3, MPM_GLM4_MOE, MPM_MINIMAX_M2, MPM_KIMI_K25,
+       MPM_QWEN3_NEXT };
 
 typedef struct mpm_config {
     int arch;
@@ -48,6 +50,12 @@ typedef struct mpm_config {
     int32_t eos[MPM_MAX_EOS];
     int n_eos;
     int32_t bos;
+    /* Qwen3-Next (model_linear.c): (1 + w) RMSNorms, sigmoid-gated attention output and shared
+     * expert, Gated DeltaNet layers (layer_is_linear NULL: every layer full attention) */
+    int norm_offset, attn_gate, shared_gate;
+    uint8_t *layer_is_linear;
+    int64_t la_nk, la_nv, la_dk, la_dv, la_conv;
+    int la_grouped; /* in_proj_qkvz + in_proj_ba (Qwen3-Next), else qkv, z, b, a */
 } mpm_config;
 
 /* Parses manifest.model (and, for rope details, manifest.source.config, which may be NULL).
@@ -100,9 +108,10 @@ typedef struct mpm_model mpm_model;
 uint64_t mpm_moe_chunk_bytes(const mpm_config *c, int chunk, int stages);
 
 /* Loads the trunk (decoding norms/codebooks to f32, keeping matrices encoded) and allocates the
- * KV cache for ctx tokens. */
+ * KV cache for ctx tokens and the buffers for prefill chunks of up to `chunk` tokens
+ * (MPM_CHUNK..MPM_MAX_CHUNK). */
 int mpm_load(const mpm_config *c, mpm_tensor_fn tensor, mpm_bank_fn bank, void *user, int ctx,
-             mpm_model **out, char *err, size_t errlen);
+             int chunk, mpm_model **out, char *err, size_t errlen);
 void mpm_free(mpm_model *m);
 void mpm_set_io(mpm_model *m, const mpm_expert_io *io);
 void mpm_set_pool(mpm_model *m, mpk_pool *pool);
@@ -112,15 +121,21 @@ void mpm_set_lookahead(mpm_model *m, int on);
 
 /* Bytes of KV/latent cache and scratch this model needs for ctx tokens (memory planning). */
 uint64_t mpm_kv_bytes(const mpm_config *c, int ctx);
-uint64_t mpm_scratch_bytes(const mpm_config *c);
+/* Linear-attention state (conv + recurrent, all linear layers; fixed, whatever ctx) and the
+ * per-token buffers of model_linear.c. */
+uint64_t mpm_state_bytes(const mpm_config *c);
+uint64_t mpm_linear_scratch_bytes(const mpm_config *c);
+/* activations and buffers for prefill chunks of `chunk` tokens (MoE tables: mpm_moe_chunk_bytes) */
+uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk);
 
-/* Runs n <= MPM_CHUNK tokens at positions pos.. (pos = tokens already cached).  logits: NULL,
+/* Runs n <= mpm_chunk() tokens at positions pos.. (pos = tokens already cached).  logits: NULL,
  * or vocab floats for the last token (all = 0) or n x vocab (all = 1).  Each token's result is
  * bit-identical whatever n is.  Returns 0 or an MP_E* code (message in mpm_error). */
 int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logits, int all);
 const char *mpm_error(const mpm_model *m);
 double mpm_now(void); /* monotonic seconds */
 int mpm_ctx(const mpm_model *m);
+int mpm_chunk(const mpm_model *m); /* tokens per forward pass (mpm_load's chunk) */
 double mpm_io_wait_seconds(const mpm_model *m);
 uint64_t mpm_prefetches(const mpm_model *m);
 

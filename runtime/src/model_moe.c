@@ -131,7 +131,7 @@ int mpm_moe_alloc(mpm_model *m) {
     int S = 1;
     for (int64_t l = 0; l < c->n_layers; l++)
         for (int p = 0; p < 3; p++) S = m->layers[l].stages[p] > S ? m->layers[l].stages[p] : S;
-    const size_t T = MPM_CHUNK;
+    const size_t T = (size_t)m->chunk;
     m->ctabs = calloc(3 * T, sizeof *m->ctabs);
     m->ctabp = calloc(T, sizeof *m->ctabp);
     m->ctabmem = calloc(T * (2 * tab_stride(c->hidden, S) + tab_stride(c->moe_inter, S)) + 64, 1);
@@ -228,6 +228,7 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
         m->io.release(m->io.user, l, grp, ng);
     }
     if (ly->has_shared) mpm_ffn_dense(m, &ly->shared, T, xn, out);
+    if (ly->shared_gate) mpm_shared_gate(m, ly, T, xn, out);
     for (int t = 0; t < T; t++) {
         float *o = out + t * H;
         memset(m->moe_out, 0, (size_t)H * sizeof(float));
