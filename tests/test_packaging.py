@@ -32,6 +32,13 @@ SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 PACKAGE_DIRS: dict[str, str] = SETUPTOOLS["package-dir"]
 
 
+# Base dependencies that no module imports, each used at run time by another dependency.
+USED_THROUGH = {
+    "uvloop": "uvicorn's event loop when installed (serve)",
+    "httptools": "uvicorn's HTTP parser when installed (serve)",
+}
+
+
 def _dist_name(requirement: str) -> str:
     """'huggingface_hub>=2.0' -> 'huggingface-hub' (PEP 503 normalised)."""
     name = re.match(r"[A-Za-z0-9._-]+", requirement).group(0)
@@ -103,7 +110,7 @@ def test_declared_dependencies_are_the_imports():
         allowed = declared | _extras() if lazy else declared
         assert dists & allowed, f"{top!r} ({sorted(dists)}) is imported but not declared" + (
             "" if lazy else " as a base dependency (imported at module level)")
-    provided = set().union(*needed.values())
+    provided = set().union(*needed.values()) | set(USED_THROUGH)
     assert declared <= provided, f"declared but never imported: {sorted(declared - provided)}"
     reference = {_dist_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["reference"]}
     for heavy in ("torch", "transformers", "safetensors"):
