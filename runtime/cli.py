@@ -134,6 +134,8 @@ def plan_cmd(
                  f"({p['moe_layers']} MoE layers x top-{p['top_k']})"),
                 ("all experts (on disk)", f"{_gb(p['experts_bytes'])} "
                  f"({p['expert_count']} records of {_gb(p['expert_record_bytes'])})"),
+                ("prompt chunk", f"16 tokens in the floor, up to {p['max_chunk']} "
+                 f"(+{_gb(p['chunk_token_bytes'])} per token, from the budget)"),
                 ("floor", _gb(p["floor_bytes"])),
                 ("recommended", _gb(p["recommended_bytes"])),
                 ("default budget", _gb(p["default_bytes"]) if p["default_bytes"]
