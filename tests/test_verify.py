@@ -21,7 +21,7 @@ TOKENIZER_BYTES = b'{"model": {"type": "BPE"}, "synthetic": true}'  # 45 bytes: 
 
 def build(path: Path) -> None:
     n = len(TOKENIZER_BYTES)
-    spec = mixtral_spec(blobs={TOKENIZER: (n, "none", n)})
+    spec = mixtral_spec(inter=40, blobs={TOKENIZER: (n, "none", n)})  # records end in padding
     write_synthetic(path, spec, {TOKENIZER: TOKENIZER_BYTES})
 
 
