@@ -27,7 +27,9 @@ MAX_LORA_RANK = 1 << 16
 MAX_POSITIONS = 1 << 30
 MAX_GROUPS = 1024                  # MPM_MAX_GROUPS in runtime/src/model.h
 MAX_SHARED_EXPERTS = 1024
-ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax_m2", "kimi_k25")
+ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax_m2", "kimi_k25",
+         "qwen3_next", "qwen3_5_moe")
+MAX_CONV_KERNEL = 64               # linear attention's causal conv (real: 4)
 
 # Source files (config.json, model.safetensors.index.json, safetensors headers).
 MAX_JSON_BYTES = 64 << 20          # config.json / index.json (a 100k-tensor index: ~10 MB)
@@ -60,6 +62,11 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "moe.num_shared_experts": (0, MAX_SHARED_EXPERTS),
     "moe.shared_intermediate_size": (1, MAX_INTERMEDIATE),
     "rope_scaling.original_max_position_embeddings": (1, MAX_POSITIONS),
+    "linear_attention.num_key_heads": (1, MAX_HEADS),
+    "linear_attention.num_value_heads": (1, MAX_HEADS),
+    "linear_attention.key_head_dim": (1, MAX_HEAD_DIM),
+    "linear_attention.value_head_dim": (1, MAX_HEAD_DIM),
+    "linear_attention.conv_kernel_size": (1, MAX_CONV_KERNEL),
 }
 # config.json keys that only shape the description (layer patterns): bounded the same way.
 SOURCE_INT_BOUNDS: dict[str, tuple[int, int]] = {
@@ -134,8 +141,10 @@ def validate_model(model: Any, source: Any = None) -> None:
     _number(model, "rms_norm_eps", lambda v: 0 < v < 1, "in (0, 1)", default=1e-6)
     _number(model, "rope_theta", lambda v: v > 1, "> 1", default=10000.0)
     _rope_scaling(model)
+    _bool(model, "rms_norm_unit_offset")
     _attention(model)
     _layers(model)
+    _linear_attention(model)
     _moe(model)
     _source(model["arch"], source if isinstance(source, dict) else {})
 
@@ -172,6 +181,7 @@ def _attention(m: dict) -> None:
         if rot is not None and rot % 2:
             raise ModelDescError("attention.rotary_dim", "must be even (rotary pairs)")
         _bool(m, "attention.qkv_bias")
+        _bool(m, "attention.output_gate")
         if _get(m, "attention.qk_norm_scope") is not None:
             _choice(m, "attention.qk_norm_scope", ("head", "all_heads"))
         return
@@ -192,6 +202,36 @@ def _layers(m: dict) -> None:
             raise ModelDescError(f"layer_kinds[{i}]", f"must be moe or dense, got {k!r}")
     if "dense" in kinds:
         _int(m, "dense_intermediate_size")
+
+
+def _linear_attention(m: dict) -> None:
+    """`layer_attention` (optional: absent means every layer full attention) and, when any
+    layer is linear, the `linear_attention` object (Gated DeltaNet)."""
+    kinds = m.get("layer_attention")
+    if kinds is None:
+        return
+    if not isinstance(kinds, list) or len(kinds) != m["num_layers"]:
+        raise ModelDescError("layer_attention",
+                             f"must list num_layers ({m['num_layers']}) kinds")
+    for i, k in enumerate(kinds):
+        if k not in ("full", "linear"):
+            raise ModelDescError(f"layer_attention[{i}]", f"must be full or linear, got {k!r}")
+    if "linear" not in kinds:
+        return
+    if m["attention"]["kind"] != "gqa":
+        raise ModelDescError("layer_attention", "linear layers need attention.kind gqa")
+    if not isinstance(m.get("linear_attention"), dict):
+        raise ModelDescError("linear_attention", "must be an object")
+    _choice(m, "linear_attention.kind", ("gated_deltanet",))
+    _choice(m, "linear_attention.projection", ("grouped_qkvz", "split"))
+    nk = _int(m, "linear_attention.num_key_heads")
+    nv = _int(m, "linear_attention.num_value_heads")
+    assert nk is not None and nv is not None
+    if nv % nk:
+        raise ModelDescError("linear_attention.num_value_heads",
+                             f"must be a multiple of num_key_heads ({nk})")
+    for field in ("key_head_dim", "value_head_dim", "conv_kernel_size"):
+        _int(m, f"linear_attention.{field}")
 
 
 def _moe(m: dict) -> None:
@@ -217,6 +257,9 @@ def _moe(m: dict) -> None:
     shared = m["moe"].get("num_shared_experts")
     if shared is not None and check_int(shared, "moe.num_shared_experts"):
         _int(m, "moe.shared_intermediate_size")
+    _bool(m, "moe.shared_expert_gate")
+    if _get(m, "moe.shared_expert_gate") and not shared:
+        raise ModelDescError("moe.shared_expert_gate", "needs num_shared_experts >= 1")
     _choice(m, "moe.scoring", ("softmax", "sigmoid"))
     _number(m, "moe.routed_scaling_factor", lambda v: v > 0, "> 0", default=1.0)
 

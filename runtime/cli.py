@@ -128,7 +128,9 @@ def plan_cmd(
     else:
         rows = [("context", f"{p['ctx']} tokens"),
                 ("trunk (resident)", _gb(p["trunk_bytes"])),
-                ("KV cache", _gb(p["kv_bytes"])),
+                ("KV cache", _gb(p["kv_bytes"]) + (
+                    f" (of which {_gb(p['state_bytes'])} linear-attention state)"
+                    if p["state_bytes"] else "")),
                 ("scratch", _gb(p["scratch_bytes"])),
                 ("one token's experts", f"{_gb(p['step_expert_bytes'])} "
                  f"({p['moe_layers']} MoE layers x top-{p['top_k']})"),

@@ -60,7 +60,7 @@ class _Plan(C.Structure):
         "recommended_bytes", "default_bytes", "usable_ram_bytes", "expert_record_bytes")] + [
         ("ctx", C.c_int), ("moe_layers", C.c_int), ("top_k", C.c_int),
         ("experts_bytes", C.c_uint64), ("expert_count", C.c_uint64),
-        ("chunk_token_bytes", C.c_uint64), ("max_chunk", C.c_int)]
+        ("chunk_token_bytes", C.c_uint64), ("max_chunk", C.c_int), ("state_bytes", C.c_uint64)]
 
 
 class _Stats(C.Structure):
@@ -102,7 +102,7 @@ def _library() -> C.CDLL:
     lib.mp_reset.argtypes = [_P]
     lib.mp_reset.restype = None
     lib.mp_truncate.argtypes = [_P, C.c_int]
-    lib.mp_truncate.restype = None
+    lib.mp_truncate.restype = C.c_int
     lib.mp_eval.argtypes = [_P, C.POINTER(C.c_int32), C.c_size_t, C.POINTER(C.c_float), C.c_int]
     lib.mp_sample.argtypes = [C.POINTER(C.c_float), C.c_int, C.POINTER(_Sampler),
                               C.POINTER(C.c_uint64)]
@@ -228,10 +228,13 @@ class Engine:
         self._lib.mp_reset(self._handle())
 
     def truncate(self, n: int) -> None:
-        """Keep the first n tokens in the KV cache (no-op when n >= position)."""
+        """Keep the first n tokens in the KV cache (no-op when n >= position). Models with
+        linear-attention layers can only go back to 0 (EngineError otherwise)."""
         if n < 0:
             raise EngineError("truncate needs n >= 0", MP_EINVAL)
-        self._lib.mp_truncate(self._handle(), int(n))
+        rc = self._lib.mp_truncate(self._handle(), int(n))
+        if rc:
+            _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"))
 
     def plan(self, ctx: int | None = None) -> dict:
         return plan(self.path, ctx or self.ctx)

@@ -85,7 +85,11 @@ class Generator:
                               MP_ECTX)
         # keep at least one prompt token to feed: its logits start the reply
         reuse = min(common_prefix(self.cached, job.prompt), len(job.prompt) - 1)
-        eng.truncate(reuse)
+        try:
+            eng.truncate(reuse)
+        except EngineError:  # linear-attention state: no going back to a prefix, start over
+            reuse = 0
+            eng.truncate(0)
         del self.cached[reuse:]
         logits = self._feed(job.prompt[reuse:])
         # the engine's own sampler and RNG, so a seed gives what `moepack run --seed` gives

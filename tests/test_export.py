@@ -21,9 +21,10 @@ FAST = Settings(expert_preset="rvq3-baseline", iters=3)
 # One unusual source per architecture: fused experts (Qwen3), fp8 blocks (DeepSeek-V3,
 # MiniMax-M2 as published), INT4 pack-quantized experts (Kimi K2.5 as published).
 SOURCES = {"mixtral": {}, "qwen3_moe": {"layout": "fused"}, "deepseek_v3": {"fp8_block": (8, 8)},
-           "glm4_moe": {}, "minimax_m2": {"fp8_block": (8, 8)}, "kimi_k25": {"int4_group": 4}}
-# Kimi K2.5's export carries the text model only: the vision tower stays missing
-SKIPPED = ("model.vision_tower.", "model.mm_projector.")
+           "glm4_moe": {}, "minimax_m2": {"fp8_block": (8, 8)}, "kimi_k25": {"int4_group": 4},
+           "qwen3_next": {}, "qwen3_5_moe": {}}
+# Kimi K2.5's and Qwen3.5-MoE's exports carry the text model only: the vision tower stays missing
+SKIPPED = ("model.vision_tower.", "model.mm_projector.", "model.visual.")
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_transformers_loads_export_and_every_tensor_is_the_decode(exported, arch
     model, info = model_class(arch).from_pretrained(hf, output_loading_info=True)
     assert not info["unexpected_keys"]
     assert all(k.startswith(SKIPPED) for k in info["missing_keys"]), info["missing_keys"]
-    assert bool(info["missing_keys"]) == (arch == "kimi_k25")
+    assert bool(info["missing_keys"]) == (arch in ("kimi_k25", "qwen3_5_moe"))
     sd = {k: v.detach() for k, v in model.state_dict().items() if not k.startswith(SKIPPED)}
     with Container.open(path) as c:
         adapter = adapter_for(c.manifest["source"]["config"])

@@ -45,6 +45,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
                    "head_dim": 8, "rotary_dim": 4, "intermediate_size": 8,
                    "num_local_experts": 4, "num_experts_per_tok": 2},
 }
+CONFIGS["qwen3_next"] = {**CONFIGS["qwen3_moe"], "architectures": ["Qwen3NextForCausalLM"],
+                         "shared_expert_intermediate_size": 8, "linear_num_key_heads": 2,
+                         "linear_num_value_heads": 4, "linear_key_head_dim": 4,
+                         "linear_value_head_dim": 4, "full_attention_interval": 2}
 CONFIGS["kimi_k25"] = {"architectures": ["KimiK25ForConditionalGeneration"],
                        "text_config": CONFIGS["deepseek_v3"], "vision_config": {}}
 NAN, INF = float("nan"), float("inf")
@@ -190,7 +194,40 @@ ATTENTION_TABLE: list[tuple[str, dict[str, Any], str]] = [
     ("glm4_moe", {"qkv_bias": "yes"}, "attention.qkv_bias"),
     ("minimax_m2", {"qk_norm_scope": "layer"}, "attention.qk_norm_scope"),
     ("kimi_k25", {"rope_interleave": 1}, "attention.rope_interleave"),
+    ("qwen3_next", {"output_gate": "yes"}, "attention.output_gate"),
 ]
+
+# (description change under manifest.model: key -> value, or "key.sub" -> value; field named)
+HYBRID_TABLE: list[tuple[dict[str, Any], str]] = [
+    ({"rms_norm_unit_offset": 1}, "rms_norm_unit_offset"),
+    ({"layer_attention": ["linear"]}, "layer_attention"),
+    ({"layer_attention": ["linear", "mamba"]}, "layer_attention[1]"),
+    ({"linear_attention": None}, "linear_attention"),
+    ({"linear_attention.kind": "kda"}, "linear_attention.kind"),
+    ({"linear_attention.projection": "fused"}, "linear_attention.projection"),
+    ({"linear_attention.num_key_heads": 0}, "linear_attention.num_key_heads"),
+    ({"linear_attention.num_value_heads": 3}, "linear_attention.num_value_heads"),
+    ({"linear_attention.key_head_dim": 4097}, "linear_attention.key_head_dim"),
+    ({"linear_attention.value_head_dim": 0}, "linear_attention.value_head_dim"),
+    ({"linear_attention.conv_kernel_size": 65}, "linear_attention.conv_kernel_size"),
+    ({"moe.shared_expert_gate": "on"}, "moe.shared_expert_gate"),
+    ({"moe.num_shared_experts": 0}, "moe.shared_expert_gate"),
+]
+
+
+@pytest.mark.parametrize("change,field", HYBRID_TABLE, ids=[f for _, f in HYBRID_TABLE])
+def test_linear_attention_fields_refused_by_both(tmp_path: Path, change: dict,
+                                                 field: str) -> None:
+    adapter = described(CONFIGS["qwen3_next"])
+    model = json.loads(json.dumps(adapter.model))
+    for key, value in change.items():
+        obj, _, leaf = key.rpartition(".")
+        (model[obj] if obj else model)[leaf] = value
+    with pytest.raises(ModelDescError) as d:
+        validate_model(model, adapter.config)
+    assert d.value.field == field
+    msg = _c_refusal(_reseal_model(tmp_path, model, adapter.config))
+    assert "manifest.model: " in msg and field.split("[")[0] in msg, msg
 
 
 @pytest.mark.parametrize("arch,change,field", ATTENTION_TABLE,

@@ -20,7 +20,7 @@ import torch
 from moepack.convert.quant import TRUNK_CODECS
 from moepack.format.reader import Container
 from moepack.format.rvq_matvec import rvq_matvec
-from moepack.runtime.engine import Engine
+from moepack.runtime.engine import Engine, EngineError
 from tiny_models import make_checkpoint, model_class
 
 # Larger than the defaults where it matters: top-2 routing for Mixtral (its real setting), and
@@ -49,10 +49,16 @@ OVERRIDES = {
     "minimax_m2": dict(max_position_embeddings=128),
     # Kimi K2.5: DeepSeek-V3 under text_config, INT4 pack-quantized experts, vision tower skipped
     "kimi_k25": dict(max_position_embeddings=128),
+    # Qwen3-Next: Gated DeltaNet layers (conv + recurrent state, token by token), gated full
+    # attention with partial RoPE, (1 + w) norms, sigmoid-gated shared expert
+    "qwen3_next": dict(max_position_embeddings=128),
+    # Qwen3.5-MoE: the same under text_config, split DeltaNet projections, vision tower skipped
+    "qwen3_5_moe": dict(max_position_embeddings=128),
 }
 # checkpoint options beyond the config (tiny_models.make_checkpoint)
 SOURCE = {"kimi_k25": dict(int4_group=4)}
-ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax_m2", "kimi_k25")
+ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax_m2", "kimi_k25",
+         "qwen3_next", "qwen3_5_moe")
 TRUNK = {
     "mixtral": (("attn", "q8"), ("embed", "q8"), ("lm_head", "q8")),  # the q8 trunk
     "mixtral_codecs": (("attn", "q4-zp"), ("embed", "bf16"), ("lm_head", "f16"),
@@ -200,4 +206,29 @@ def test_kv_cache_continuation_equals_full_eval(model):
         e.feed(toks[7:15])
         last = e.feed(toks[15:])
         assert e.position == 20
+    np.testing.assert_array_equal(last, full[-1])
+
+
+def test_truncate_to_a_prefix(model):
+    """Truncating to a prefix and feeding on gives the one-pass logits.  A model with
+    linear-attention layers keeps a recurrent state that cannot be rolled back: its plan counts
+    that state, and truncation to anything but 0 is refused with the sequence left as it was."""
+    name, path, ref = model
+    toks = _tokens(_vocab(ref), 20, seed=4)
+    with Engine(path, threads=1) as e:
+        full = e.logits(toks)
+        state = e.plan()["state_bytes"]
+        e.reset()
+        e.feed(toks[:15])
+        if name.startswith("qwen3_"):  # 3 linear layers: conv 56 channels x 3 + 4 heads x 8 x 6
+            assert state == 3 * 4 * (56 * 3 + 4 * 8 * 6)
+            with pytest.raises(EngineError, match="cannot be rolled back"):
+                e.truncate(10)
+            assert e.position == 15
+            e.truncate(0)
+            last = e.feed(toks)
+        else:
+            assert state == 0
+            e.truncate(10)
+            last = e.feed(toks[10:])
     np.testing.assert_array_equal(last, full[-1])

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax_m2", "kimi_k25")
+ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax_m2", "kimi_k25",
+         "qwen3_next", "qwen3_5_moe")
 
 _TINY: dict[str, dict[str, Any]] = {
     "mixtral": dict(vocab_size=67, hidden_size=20, intermediate_size=12, num_hidden_layers=2,
@@ -46,6 +47,14 @@ _TINY: dict[str, dict[str, Any]] = {
     "minimax_m2": dict(vocab_size=67, hidden_size=44, intermediate_size=12, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=10, rotary_dim=4,
                        num_local_experts=5, num_experts_per_tok=2, max_position_embeddings=64),
+    # Gated DeltaNet layers 0-2 (2 key heads, 4 value heads: grouped), full attention layer 3
+    # with output gate and RoPE on 2 of 8 head dims; dense layer 1; a gated shared expert
+    "qwen3_next": dict(vocab_size=67, hidden_size=36, intermediate_size=20,
+                       moe_intermediate_size=12, shared_expert_intermediate_size=10,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+                       linear_key_head_dim=8, linear_value_head_dim=6, num_experts=5,
+                       num_experts_per_tok=2, mlp_only_layers=[1], max_position_embeddings=64),
 }
 # Kimi K2.5: the DeepSeek-V3 text model under text_config (hidden 28: partial 8-vectors), with a
 # one-layer vision tower that the converter must skip.
@@ -53,6 +62,13 @@ _KIMI_TEXT = dict(_TINY["deepseek_v3"], model_type="deepseek_v3", tie_word_embed
                   routed_scaling_factor=2.0)
 _KIMI_VISION = dict(num_hidden_layers=1, hidden_size=16, intermediate_size=16,
                     num_attention_heads=2, patch_size=2, pos_emb_height=4, pos_emb_width=4)
+
+
+# Qwen3.5-MoE: the Qwen3-Next decoder (split DeltaNet projections, every layer MoE) under
+# text_config, with a one-block vision tower that the converter must skip.
+_QWEN35_TEXT = {k: v for k, v in _TINY["qwen3_next"].items() if k != "mlp_only_layers"}
+_QWEN35_VISION = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, patch_size=2,
+                      out_hidden_size=36, num_position_embeddings=16)
 
 
 def tiny_config(arch: str, **overrides: Any):
@@ -64,24 +80,35 @@ def tiny_config(arch: str, **overrides: Any):
         Kimi_K25Config,
         MiniMaxM2Config,
         MixtralConfig,
+        Qwen3_5MoeConfig,
         Qwen3MoeConfig,
+        Qwen3NextConfig,
     )
 
+    if arch == "qwen3_5_moe":
+        text = {**_QWEN35_TEXT, "bos_token_id": 1, "eos_token_id": 2, **overrides}
+        return Qwen3_5MoeConfig(text_config=text, vision_config=dict(_QWEN35_VISION),
+                                tie_word_embeddings=False)
     if arch == "kimi_k25":
         text = {**_KIMI_TEXT, "bos_token_id": 1, "eos_token_id": 2, **overrides}
         return Kimi_K25Config(text_config=text, vision_config=dict(_KIMI_VISION),
                               projection_hidden_size=16, tie_word_embeddings=False)
     cls = {"mixtral": MixtralConfig, "qwen3_moe": Qwen3MoeConfig,
            "deepseek_v3": DeepseekV3Config, "glm4_moe": Glm4MoeConfig,
-           "minimax_m2": MiniMaxM2Config}[arch]
+           "minimax_m2": MiniMaxM2Config, "qwen3_next": Qwen3NextConfig}[arch]
     return cls(**{**_TINY[arch], "bos_token_id": 1, "eos_token_id": 2, **overrides})
 
 
 def model_class(arch: str):
     """The transformers class that loads `arch` checkpoints (Kimi K2.5 is not a CausalLM)."""
-    from transformers import AutoModelForCausalLM, Kimi_K25ForConditionalGeneration
+    from transformers import (
+        AutoModelForCausalLM,
+        Kimi_K25ForConditionalGeneration,
+        Qwen3_5MoeForConditionalGeneration,
+    )
 
-    return Kimi_K25ForConditionalGeneration if arch == "kimi_k25" else AutoModelForCausalLM
+    return {"kimi_k25": Kimi_K25ForConditionalGeneration,
+            "qwen3_5_moe": Qwen3_5MoeForConditionalGeneration}.get(arch, AutoModelForCausalLM)
 
 
 def make_checkpoint(arch: str, out_dir: str | Path, *, seed: int = 0,
@@ -101,7 +128,7 @@ def make_checkpoint(arch: str, out_dir: str | Path, *, seed: int = 0,
     torch.manual_seed(seed)
     cls = model_class(arch)
     cfg = tiny_config(arch, **overrides)
-    model = cls(cfg) if arch == "kimi_k25" else cls.from_config(cfg)
+    model = cls(cfg) if arch in ("kimi_k25", "qwen3_5_moe") else cls.from_config(cfg)
     with torch.no_grad():  # norms start at exactly 1.0; make them random too
         for p in model.parameters():
             if p.dim() == 1:

@@ -8,11 +8,14 @@ from moepack.convert.adapters.glm4_moe import Glm4MoeAdapter
 from moepack.convert.adapters.kimi_k25 import KimiK25Adapter
 from moepack.convert.adapters.minimax_m2 import MiniMaxM2Adapter
 from moepack.convert.adapters.mixtral import MixtralAdapter
+from moepack.convert.adapters.qwen3_5_moe import Qwen3_5MoeAdapter
 from moepack.convert.adapters.qwen3_moe import Qwen3MoeAdapter
+from moepack.convert.adapters.qwen3_next import Qwen3NextAdapter
 from moepack.convert.errors import UnsupportedArchitecture
 
 ADAPTERS: tuple[type[Adapter], ...] = (MixtralAdapter, Qwen3MoeAdapter, DeepseekV3Adapter,
-                                       Glm4MoeAdapter, MiniMaxM2Adapter, KimiK25Adapter)
+                                       Glm4MoeAdapter, MiniMaxM2Adapter, KimiK25Adapter,
+                                       Qwen3NextAdapter, Qwen3_5MoeAdapter)
 _BY_ARCH = {name: a for a in ADAPTERS for name in (a.hf_architecture, *a.hf_aliases)}
 _BY_MODEL_TYPE = {a.arch: a for a in ADAPTERS}
 

@@ -82,6 +82,7 @@ typedef struct mp_plan_info {
     uint64_t expert_count;     /* routed experts over all MoE layers */
     uint64_t chunk_token_bytes;/* scratch per prompt-chunk token beyond the floor's 16 */
     int max_chunk;             /* the largest prompt chunk (min(512, ctx)) */
+    uint64_t state_bytes;      /* linear-attention conv + recurrent state (part of kv_bytes) */
 } mp_plan_info;
 
 typedef struct mp_stats {
@@ -131,8 +132,10 @@ MP_API const char *mp_kernels(const mp_engine *e);
 /* Drop the KV cache (new sequence). */
 MP_API void mp_reset(mp_engine *e);
 /* Keep the first n tokens of the sequence (no-op when n >= position): a later mp_eval goes on
- * from there, so a conversation that shares a prefix with the cached one reuses its KV. */
-MP_API void mp_truncate(mp_engine *e, int n);
+ * from there, so a conversation that shares a prefix with the cached one reuses its KV.
+ * Models with linear-attention layers (plan state_bytes > 0) can only go back to 0: other n
+ * return MP_EUNSUPPORTED and leave the sequence as it was. */
+MP_API int mp_truncate(mp_engine *e, int n);
 
 /* Append n tokens to the sequence.  logits: NULL, or room for vocab floats (all_positions = 0:
  * logits of the last token) or n*vocab floats (all_positions = 1).  All or nothing: on failure

@@ -65,7 +65,9 @@ static int plan_for(const mp_container *c, const mpm_config *cfg, int ctx, mp_pl
     p->ctx = ctx;
     p->top_k = (int)cfg->top_k;
     p->trunk_bytes = trunk_bytes(c);
-    p->kv_bytes = mpm_kv_bytes(cfg, ctx);
+    /* linear-attention layers' conv + recurrent state: fixed size, counted with the KV cache */
+    p->state_bytes = mpm_state_bytes(cfg);
+    p->kv_bytes = mpm_kv_bytes(cfg, ctx) + p->state_bytes;
     int stages = 1;
     for (int64_t l = 0; l < cfg->n_layers; l++) {
         if (!cfg->layer_is_moe[l]) continue;
@@ -83,6 +85,7 @@ static int plan_for(const mp_container *c, const mpm_config *cfg, int ctx, mp_pl
     p->scratch_bytes = chunk_bytes(cfg, MPM_CHUNK, stages) + (uint64_t)cfg->n_heads * (uint64_t)ctx * 4u;
     p->chunk_token_bytes = chunk_bytes(cfg, MPM_CHUNK + 1, stages) - chunk_bytes(cfg, MPM_CHUNK, stages);
     p->max_chunk = ctx < MPM_MAX_CHUNK ? ctx : MPM_MAX_CHUNK;
+    p->scratch_bytes += mpm_linear_scratch_bytes(cfg); /* per token, whatever the chunk */
     p->floor_bytes = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + p->step_expert_bytes;
     p->recommended_bytes = p->floor_bytes + 3 * p->step_expert_bytes;
     mp_ram_info ri;
@@ -312,9 +315,16 @@ int mp_context_size(const mp_engine *e) { return e->plan.ctx; }
 int mp_position(const mp_engine *e) { return e->pos; }
 const char *mp_kernels(const mp_engine *e) { return mpk_impl_name(e->kern); }
 void mp_reset(mp_engine *e) { e->pos = 0; }
-/* attention reads positions < pos only, so dropping the tail is just moving pos back */
-void mp_truncate(mp_engine *e, int n) {
-    if (n >= 0 && n < e->pos) e->pos = n;
+/* attention reads positions < pos only, so dropping the tail is just moving pos back; a
+ * recurrent state (linear attention) holds every token folded in and cannot go back */
+int mp_truncate(mp_engine *e, int n) {
+    if (n < 0 || n >= e->pos) return 0;
+    if (n > 0 && e->plan.state_bytes) {
+        snprintf(e->err, sizeof e->err, "cannot truncate to %d of %d tokens: linear-attention state cannot be rolled back (reset and feed the prefix again)", n, e->pos);
+        return MP_EUNSUPPORTED;
+    }
+    e->pos = n;
+    return 0;
 }
 
 /* Index of the first NaN or Inf in l[0..n), or n.  One pass over vocab floats per token: noise

@@ -87,6 +87,13 @@ static int load_f32(loader *L, const char *name, uint64_t numel, float **out, in
     return 0;
 }
 
+int mpm_load_mat(void *L, const char *name, int64_t rows, int64_t cols, mpk_mat *out) {
+    return load_mat(L, name, rows, cols, out, 1);
+}
+int mpm_load_f32(void *L, const char *name, uint64_t numel, float **out) {
+    return load_f32(L, name, numel, out, 1);
+}
+
 static const char *const PARTS[3] = {"gate", "up", "down"};
 
 /* gate/up/down of a dense or shared FFN: prefix is "ffn" or "shared". */
@@ -196,9 +203,13 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
     TRY(load_f32(L, n, (uint64_t)H, &ly->attn_norm, 1));
     NAME("layers.%d.ffn_norm", l);
     TRY(load_f32(L, n, (uint64_t)H, &ly->ffn_norm, 1));
-    if (!c->mla) {
+    ly->linear = c->layer_is_linear && c->layer_is_linear[l];
+    if (ly->linear) {
+        TRY(mpm_linear_load(m, L, l));
+    } else if (!c->mla) {
         int64_t qd = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-        NAME("layers.%d.attn.q", l); TRY(load_mat(L, n, qd, H, &ly->q, 1));
+        /* attn_gate: each head's query rows followed by its output-gate rows */
+        NAME("layers.%d.attn.q", l); TRY(load_mat(L, n, c->attn_gate ? 2 * qd : qd, H, &ly->q, 1));
         NAME("layers.%d.attn.k", l); TRY(load_mat(L, n, kd, H, &ly->k, 1));
         NAME("layers.%d.attn.v", l); TRY(load_mat(L, n, kd, H, &ly->v, 1));
         NAME("layers.%d.attn.o", l); TRY(load_mat(L, n, H, qd, &ly->o, 1));
@@ -240,6 +251,8 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
     if (c->n_shared) {
         ly->has_shared = 1;
         TRY(load_ffn(L, l, "shared", c->shared_inter, H, &ly->shared));
+        NAME("layers.%d.shared_gate", l);
+        if (c->shared_gate) TRY(load_f32(L, n, (uint64_t)H, &ly->shared_gate, 1));
     }
     mpm_bank_info bi;
     memset(&bi, 0, sizeof bi);
@@ -308,6 +321,10 @@ int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void
         mp_seterr(err, errlen, rc, "rope setup failed");
         goto fail;
     }
+    if ((rc = mpm_linear_init(m))) {
+        mp_seterr(err, errlen, rc, "out of memory allocating the linear-attention state");
+        goto fail;
+    }
     uint64_t per = mpm_kv_bytes(c, ctx) / 4u;
     if (c->mla) {
         m->kc = xcalloc(per, 4);
@@ -347,6 +364,7 @@ void mpm_free(mpm_model *m) {
         }
     }
     mpm_moe_free(m);
+    mpm_linear_free(m);
     free(m->layers);
     free(m->final_norm);
     free(m->inv_freq);

@@ -18,7 +18,8 @@
 #define MPM_CHUNK 16      /* the smallest prefill chunk (tokens per forward pass; in the floor) */
 #define MPM_MAX_CHUNK 512 /* the largest: the memory plan picks one in between (mpm_load) */
 
-enum { MPM_MIXTRAL = 0, MPM_QWEN3_MOE, MPM_DEEPSEEK_V3, MPM_GLM4_MOE, MPM_MINIMAX_M2, MPM_KIMI_K25 };
+enum { MPM_MIXTRAL = 0, MPM_QWEN3_MOE, MPM_DEEPSEEK_V3, MPM_GLM4_MOE, MPM_MINIMAX_M2, MPM_KIMI_K25,
+       MPM_QWEN3_NEXT, MPM_QWEN3_5_MOE };
 
 typedef struct mpm_config {
     int arch;
@@ -49,6 +50,12 @@ typedef struct mpm_config {
     int32_t eos[MPM_MAX_EOS];
     int n_eos;
     int32_t bos;
+    /* Qwen3-Next (model_linear.c): (1 + w) RMSNorms, sigmoid-gated attention output and shared
+     * expert, Gated DeltaNet layers (layer_is_linear NULL: every layer full attention) */
+    int norm_offset, attn_gate, shared_gate;
+    uint8_t *layer_is_linear;
+    int64_t la_nk, la_nv, la_dk, la_dv, la_conv;
+    int la_grouped; /* in_proj_qkvz + in_proj_ba (Qwen3-Next), else qkv, z, b, a */
 } mpm_config;
 
 /* Parses manifest.model (and, for rope details, manifest.source.config, which may be NULL).
@@ -114,6 +121,10 @@ void mpm_set_lookahead(mpm_model *m, int on);
 
 /* Bytes of KV/latent cache and scratch this model needs for ctx tokens (memory planning). */
 uint64_t mpm_kv_bytes(const mpm_config *c, int ctx);
+/* Linear-attention state (conv + recurrent, all linear layers; fixed, whatever ctx) and the
+ * per-token buffers of model_linear.c. */
+uint64_t mpm_state_bytes(const mpm_config *c);
+uint64_t mpm_linear_scratch_bytes(const mpm_config *c);
 /* activations and buffers for prefill chunks of `chunk` tokens (MoE tables: mpm_moe_chunk_bytes) */
 uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk);
 

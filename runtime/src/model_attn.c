@@ -122,7 +122,10 @@ static void gqa(mpm_model *m, int l, int pos, int T, const float *xn, float *out
     const mpm_config *c = &m->c;
     mpm_layer *ly = &m->layers[l];
     int64_t hd = c->head_dim, kvd = c->n_kv_heads * hd, qd = c->n_heads * hd;
-    mpk_matmat(m->kern, m->pool, &ly->q, xn, T, m->q);
+    if (c->attn_gate) /* q rows interleaved with output-gate rows: per token (model_linear.c) */
+        for (int t = 0; t < T; t++) mpm_gated_query(m, ly, xn + t * c->hidden, m->q + t * qd, NULL);
+    else
+        mpk_matmat(m->kern, m->pool, &ly->q, xn, T, m->q);
     mpk_matmat(m->kern, m->pool, &ly->k, xn, T, m->kbuf);
     mpk_matmat(m->kern, m->pool, &ly->v, xn, T, m->vbuf);
     /* per-head qk-norm (Qwen3, GLM) or one norm over all heads (MiniMax-M2), after the biases */
@@ -154,6 +157,10 @@ static void gqa(mpm_model *m, int l, int pos, int T, const float *xn, float *out
     for (int t = 0; t < T; t++) {
         head_job j = {m, l, pos + t, m->q + t * qd, m->att + t * qd};
         mpk_pool_run(pos + t < 64 ? NULL : m->pool, (size_t)c->n_heads, gqa_head, &j);
+        if (c->attn_gate) { /* sigmoid output gate, recomputed: no chunk-sized gate buffer */
+            mpm_gated_query(m, ly, xn + t * c->hidden, NULL, m->q + t * qd);
+            mpm_apply_gate(m->att + t * qd, m->q + t * qd, qd);
+        }
     }
     mpk_matmat(m->kern, m->pool, &ly->o, m->att, T, out);
 }
@@ -218,6 +225,7 @@ static void mla(mpm_model *m, int l, int pos, int T, const float *xn, float *out
 }
 
 void mpm_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out) {
-    if (m->c.mla) mla(m, layer, pos, T, xn, out);
+    if (m->layers[layer].linear) mpm_linear_attention(m, layer, pos, T, xn, out);
+    else if (m->c.mla) mla(m, layer, pos, T, xn, out);
     else gqa(m, layer, pos, T, xn, out);
 }

@@ -29,6 +29,7 @@
 #define MAX_LORA (INT64_C(1) << 16)
 #define MAX_POS (INT64_C(1) << 30)
 #define MAX_SHARED 1024
+#define MAX_CONV_KERNEL 64
 
 /* `pre` names the object for messages: "" (manifest.model), "attention.", "moe.", ... */
 static int get_int(const mp_json *o, const char *pre, const char *key, int64_t lo, int64_t hi,
@@ -75,6 +76,44 @@ static int get_bool(const mp_json *o, const char *key, int dflt) {
     return mp_json_as_bool(mp_json_get(o, key), &b) == 0 ? b : dflt;
 }
 
+/* layer_attention (absent: every layer full attention) and, with any linear layer,
+ * linear_attention (Gated DeltaNet) */
+static int parse_linear(const mp_json *m, mpm_config *c, char *err, size_t errlen) {
+    const mp_json *la = mp_json_get(m, "layer_attention");
+    if (!la || mp_json_is_null(la)) return 0;
+    if (mp_json_type_of(la) != MP_JSON_ARRAY || (int64_t)mp_json_len(la) != c->n_layers)
+        FAIL(MP_EFORMAT, "manifest.model: layer_attention must list num_layers kinds");
+    c->layer_is_linear = calloc((size_t)c->n_layers, 1);
+    if (!c->layer_is_linear) FAIL(MP_ENOMEM, "out of memory");
+    int any = 0;
+    for (int64_t i = 0; i < c->n_layers; i++) {
+        const char *k = mp_json_as_str(mp_json_at(la, (size_t)i), NULL);
+        if (k && !strcmp(k, "linear")) c->layer_is_linear[i] = 1, any = 1;
+        else if (!k || strcmp(k, "full")) FAIL(MP_EFORMAT, "manifest.model: layer_attention[%lld] must be full or linear", (long long)i);
+    }
+    if (!any) return 0;
+    if (c->mla) FAIL(MP_EFORMAT, "manifest.model: layer_attention: linear layers need attention.kind gqa");
+    const mp_json *o = mp_json_get(m, "linear_attention");
+    if (mp_json_type_of(o) != MP_JSON_OBJECT) FAIL(MP_EFORMAT, "manifest.model: linear_attention must be an object");
+    const char *kind = mp_json_as_str(mp_json_get(o, "kind"), NULL);
+    if (!kind || strcmp(kind, "gated_deltanet"))
+        FAIL(MP_EUNSUPPORTED, "manifest.model: linear_attention.kind must be one of gated_deltanet");
+    const char *proj = mp_json_as_str(mp_json_get(o, "projection"), NULL);
+    if (!proj || (strcmp(proj, "grouped_qkvz") && strcmp(proj, "split")))
+        FAIL(MP_EFORMAT, "manifest.model: linear_attention.projection must be one of grouped_qkvz, split");
+    c->la_grouped = !strcmp(proj, "grouped_qkvz");
+    const char *a = "linear_attention.";
+    int rc;
+    if ((rc = get_int(o, a, "num_key_heads", 1, MAX_HEADS, &c->la_nk, err, errlen)) ||
+        (rc = get_int(o, a, "num_value_heads", 1, MAX_HEADS, &c->la_nv, err, errlen)) ||
+        (rc = get_int(o, a, "key_head_dim", 1, MAX_HEAD_DIM, &c->la_dk, err, errlen)) ||
+        (rc = get_int(o, a, "value_head_dim", 1, MAX_HEAD_DIM, &c->la_dv, err, errlen)) ||
+        (rc = get_int(o, a, "conv_kernel_size", 1, MAX_CONV_KERNEL, &c->la_conv, err, errlen)))
+        return rc;
+    if (c->la_nv % c->la_nk) FAIL(MP_EFORMAT, "manifest.model: linear_attention.num_value_heads must be a multiple of num_key_heads");
+    return 0;
+}
+
 int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *err,
                      size_t errlen) {
     memset(c, 0, sizeof *c);
@@ -88,7 +127,9 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
     else if (!strcmp(arch, "glm4_moe")) c->arch = MPM_GLM4_MOE;
     else if (!strcmp(arch, "minimax_m2")) c->arch = MPM_MINIMAX_M2;
     else if (!strcmp(arch, "kimi_k25")) c->arch = MPM_KIMI_K25;
-    else FAIL(MP_EUNSUPPORTED, "architecture %s is not supported (mixtral, qwen3_moe, deepseek_v3, glm4_moe, minimax_m2, kimi_k25)", arch);
+    else if (!strcmp(arch, "qwen3_next")) c->arch = MPM_QWEN3_NEXT;
+    else if (!strcmp(arch, "qwen3_5_moe")) c->arch = MPM_QWEN3_5_MOE;
+    else FAIL(MP_EUNSUPPORTED, "architecture %s is not supported (mixtral, qwen3_moe, deepseek_v3, glm4_moe, minimax_m2, kimi_k25, qwen3_next, qwen3_5_moe)", arch);
     int rc;
 #define INT(key, lo, hi, dst) if ((rc = get_int(m, "", key, lo, hi, &c->dst, err, errlen))) return rc
     INT("vocab_size", 1, MAX_VOCAB, vocab);
@@ -106,6 +147,7 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
     if (get_num(m, "rope_theta", 10000.0, &c->rope_theta) || !(c->rope_theta > 1.0)) FAIL(MP_EFORMAT, "manifest.model: rope_theta must be a finite number > 1");
     c->tie_embeddings = get_bool(m, "tie_word_embeddings", 0);
     c->qk_norm = get_bool(m, "qk_norm", 0);
+    if ((rc = get_opt_bool(m, "", "rms_norm_unit_offset", 0, &c->norm_offset, err, errlen))) return rc;
 
     const mp_json *rs = mp_json_get(m, "rope_scaling");
     if (rs && !mp_json_is_null(rs)) {
@@ -154,7 +196,8 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
     } else if (!strcmp(kind, "gqa")) {
         const char *a = "attention.";
         if ((rc = get_opt_int(at, a, "rotary_dim", 2, c->head_dim, c->head_dim, &c->rotary_dim, err, errlen)) ||
-            (rc = get_opt_bool(at, a, "qkv_bias", 0, &c->qkv_bias, err, errlen)))
+            (rc = get_opt_bool(at, a, "qkv_bias", 0, &c->qkv_bias, err, errlen)) ||
+            (rc = get_opt_bool(at, a, "output_gate", 0, &c->attn_gate, err, errlen)))
             return rc;
         if (c->rotary_dim % 2) FAIL(MP_EFORMAT, "manifest.model: attention.rotary_dim must be even (rotary pairs)");
         const mp_json *sc = mp_json_get(at, "qk_norm_scope");
@@ -181,6 +224,7 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
         else FAIL(MP_EFORMAT, "manifest.model: layer_kinds[%lld] must be moe or dense", (long long)i);
     }
     if (any_dense && (rc = get_int(m, "", "dense_intermediate_size", 1, MAX_INTER, &c->dense_inter, err, errlen))) return rc;
+    if ((rc = parse_linear(m, c, err, errlen))) return rc;
 
     const mp_json *moe = mp_json_get(m, "moe");
     if (mp_json_type_of(moe) != MP_JSON_OBJECT) FAIL(MP_EFORMAT, "manifest.model: moe must be an object");
@@ -201,6 +245,8 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
     if (c->n_group > 1 && c->top_k > c->topk_group * (c->n_experts / c->n_group))
         FAIL(MP_EFORMAT, "manifest.model: moe.top_k exceeds the experts that topk_group groups hold");
     if (c->n_shared && (rc = get_int(moe, mo, "shared_intermediate_size", 1, MAX_INTER, &c->shared_inter, err, errlen))) return rc;
+    if ((rc = get_opt_bool(moe, mo, "shared_expert_gate", 0, &c->shared_gate, err, errlen))) return rc;
+    if (c->shared_gate && !c->n_shared) FAIL(MP_EFORMAT, "manifest.model: moe.shared_expert_gate needs num_shared_experts >= 1");
     const char *sc = mp_json_as_str(mp_json_get(moe, "scoring"), NULL);
     if (!sc || (strcmp(sc, "softmax") && strcmp(sc, "sigmoid"))) FAIL(MP_EUNSUPPORTED, "manifest.model: moe.scoring must be softmax or sigmoid");
     c->sigmoid = !strcmp(sc, "sigmoid");
@@ -226,6 +272,8 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
 void mpm_config_free(mpm_config *c) {
     free(c->layer_is_moe);
     c->layer_is_moe = NULL;
+    free(c->layer_is_linear);
+    c->layer_is_linear = NULL;
 }
 
 int mpm_config_moe_layers(const mpm_config *c) {

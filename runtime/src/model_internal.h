@@ -30,6 +30,12 @@ typedef struct mpm_layer {
     float *signs[3];
     int rot_block[3];
     uint64_t part_off[3];
+    /* Gated DeltaNet (model_linear.c): input projections, conv [conv_dim][K], dt_bias, A_log,
+     * gated-norm weight, output; state slices of mpm_model.lstate */
+    int linear, la_nin;
+    mpk_mat la_in[4], la_out;
+    float *la_conv, *la_dt, *la_A, *la_norm, *conv_st, *rec_st;
+    float *shared_gate; /* [hidden]: shared expert x sigmoid(shared_gate . x) */
 } mpm_layer;
 
 struct mpm_model {
@@ -73,6 +79,8 @@ struct mpm_model {
     float *ceo;
     int32_t *cpairs, *corder, *cstart, *cfill;
     uint8_t *allowed;
+    float *lstate, *lbuf, *lqg; /* linear-attention states, model_linear.c scratch, gated q */
+    int32_t *lperm;
     double io_wait;
     uint64_t prefetches;
 };
@@ -81,6 +89,17 @@ struct mpm_model {
 int mpm_rope_init(mpm_model *m);
 /* attention for T chunk tokens at positions pos..: xn T x hidden -> out T x hidden */
 void mpm_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out);
+/* model_linear.c */
+int mpm_linear_load(mpm_model *m, void *loader, int layer);
+int mpm_linear_init(mpm_model *m); /* after the layers are loaded */
+void mpm_linear_free(mpm_model *m);
+void mpm_linear_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out);
+void mpm_gated_query(mpm_model *m, const mpm_layer *ly, const float *x, float *q, float *gate);
+void mpm_apply_gate(float *out, const float *gate, int64_t n);
+void mpm_shared_gate(mpm_model *m, const mpm_layer *ly, int T, const float *xn, float *out);
+/* model.c's tensor loaders for model_linear.c (required tensors) */
+int mpm_load_mat(void *loader, const char *name, int64_t rows, int64_t cols, mpk_mat *out);
+int mpm_load_f32(void *loader, const char *name, uint64_t numel, float **out);
 /* model_moe.c */
 int mpm_moe(mpm_model *m, int layer, int T, const float *xn, float *out);
 int mpm_moe_alloc(mpm_model *m); /* chunk scratch, after the layers are loaded */

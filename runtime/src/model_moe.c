@@ -228,6 +228,7 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
         m->io.release(m->io.user, l, grp, ng);
     }
     if (ly->has_shared) mpm_ffn_dense(m, &ly->shared, T, xn, out);
+    if (ly->shared_gate) mpm_shared_gate(m, ly, T, xn, out);
     for (int t = 0; t < T; t++) {
         float *o = out + t * H;
         memset(m->moe_out, 0, (size_t)H * sizeof(float));

@@ -1,0 +1,269 @@
+/* Gated DeltaNet linear attention (Qwen3-Next; FORMAT.md §7 `linear_attention`) and the other
+ * pieces of that family: (1 + w) RMSNorm weights, the sigmoid output gate of its full-attention
+ * layers, the sigmoid gate of its shared expert.
+ *
+ * Per linear layer the state is fixed-size: the last K-1 inputs of the depthwise causal conv
+ * ([conv_dim][K-1]) and the recurrent matrix S ([value heads][dk][dv]).  For each token:
+ *   [q k v] = silu(causal_conv(Wqkv x)), z = Wz x, b = Wb x, a = Wa x
+ *   q, k L2-normalised per head (eps 1e-6), q /= sqrt(dk); value head h reads q/k head h / (nv/nk)
+ *   g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)
+ *   S *= exp(g);  S += k (x) ((v - S^T k) * beta);  o = S^T q
+ *   out = Wout (rmsnorm(o) * norm_w * silu(z))   (per value head)
+ * Prompts are processed token by token through the recurrence (the chunkwise-parallel form is not
+ * implemented): exact, and any chunk size gives the same bits.  The state is zeroed when a
+ * sequence starts (pos 0); it cannot be rolled back (engine.c refuses truncation). */
+#include "model_internal.h"
+#include "moepack.h"
+#include "seterr.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int64_t conv_dim(const mpm_config *c) { return 2 * c->la_nk * c->la_dk + c->la_nv * c->la_dv; }
+/* canonical projection vector per token: [q kd | k kd | v vd | z vd | b nv | a nv] */
+static int64_t proj_dim(const mpm_config *c) { return conv_dim(c) + c->la_nv * c->la_dv + 2 * c->la_nv; }
+static int64_t state_floats(const mpm_config *c) {
+    return conv_dim(c) * (c->la_conv - 1) + c->la_nv * c->la_dk * c->la_dv;
+}
+
+static int n_linear(const mpm_config *c) {
+    int n = 0;
+    for (int64_t l = 0; c->layer_is_linear && l < c->n_layers; l++) n += c->layer_is_linear[l];
+    return n;
+}
+
+uint64_t mpm_state_bytes(const mpm_config *c) {
+    return 4u * (uint64_t)state_floats(c) * (uint64_t)n_linear(c);
+}
+
+uint64_t mpm_linear_scratch_bytes(const mpm_config *c) {
+    if (!n_linear(c) && !c->attn_gate) return 0;
+    /* raw + canonical projections, recurrence output, per-head row; q + gate of a gated query */
+    uint64_t lin = n_linear(c) ? (uint64_t)(2 * proj_dim(c) + c->la_nv * c->la_dv + c->la_dv) : 0;
+    return 4u * (lin + 2u * (uint64_t)(c->n_heads * c->head_dim));
+}
+
+int mpm_linear_load(mpm_model *m, void *L, int l) {
+    const mpm_config *c = &m->c;
+    mpm_layer *ly = &m->layers[l];
+    const int64_t H = c->hidden, vd = c->la_nv * c->la_dv, nv = c->la_nv;
+    const int64_t cd = conv_dim(c);
+    char n[160];
+    int rc;
+#define LOAD_MAT(suffix, rows, dst)                                                            \
+    do {                                                                                       \
+        snprintf(n, sizeof n, "layers.%d.linear.%s", l, suffix);                               \
+        if ((rc = mpm_load_mat(L, n, rows, H, dst))) return rc;                            \
+    } while (0)
+#define LOAD_F32(suffix, numel, dst)                                                           \
+    do {                                                                                       \
+        snprintf(n, sizeof n, "layers.%d.linear.%s", l, suffix);                               \
+        if ((rc = mpm_load_f32(L, n, (uint64_t)(numel), dst))) return rc;                     \
+    } while (0)
+    if (c->la_grouped) {
+        ly->la_nin = 2;
+        LOAD_MAT("qkvz", cd + vd, &ly->la_in[0]);
+        LOAD_MAT("ba", 2 * nv, &ly->la_in[1]);
+    } else {
+        ly->la_nin = 4;
+        LOAD_MAT("qkv", cd, &ly->la_in[0]);
+        LOAD_MAT("z", vd, &ly->la_in[1]);
+        LOAD_MAT("b", nv, &ly->la_in[2]);
+        LOAD_MAT("a", nv, &ly->la_in[3]);
+    }
+    LOAD_F32("conv", cd * c->la_conv, &ly->la_conv);
+    LOAD_F32("dt_bias", nv, &ly->la_dt);
+    LOAD_F32("A_log", nv, &ly->la_A);
+    LOAD_F32("norm", c->la_dv, &ly->la_norm);
+    snprintf(n, sizeof n, "layers.%d.linear.out", l);
+    if ((rc = mpm_load_mat(L, n, H, vd, &ly->la_out))) return rc;
+    return 0;
+#undef LOAD_MAT
+#undef LOAD_F32
+}
+
+/* perm[j]: where canonical element j sits in the concatenated raw projection outputs */
+static void build_perm(const mpm_config *c, int32_t *perm) {
+    const int64_t nk = c->la_nk, dk = c->la_dk, dv = c->la_dv, r = c->la_nv / c->la_nk;
+    const int64_t kd = nk * dk, vd = c->la_nv * dv, P = proj_dim(c);
+    if (!c->la_grouped) { /* qkv, z, b, a: already in canonical order */
+        for (int64_t j = 0; j < P; j++) perm[j] = (int32_t)j;
+        return;
+    }
+    /* in_proj_qkvz per key head g: [q dk | k dk | v r*dv | z r*dv]; in_proj_ba per g: [b r | a r] */
+    const int64_t blk = 2 * dk + 2 * r * dv, ba0 = nk * blk;
+    for (int64_t g = 0; g < nk; g++) {
+        for (int64_t i = 0; i < dk; i++) {
+            perm[g * dk + i] = (int32_t)(g * blk + i);
+            perm[kd + g * dk + i] = (int32_t)(g * blk + dk + i);
+        }
+        for (int64_t i = 0; i < r * dv; i++) {
+            perm[2 * kd + g * r * dv + i] = (int32_t)(g * blk + 2 * dk + i);
+            perm[2 * kd + vd + g * r * dv + i] = (int32_t)(g * blk + 2 * dk + r * dv + i);
+        }
+        for (int64_t i = 0; i < r; i++) {
+            perm[2 * kd + 2 * vd + g * r + i] = (int32_t)(ba0 + g * 2 * r + i);
+            perm[2 * kd + 2 * vd + c->la_nv + g * r + i] = (int32_t)(ba0 + g * 2 * r + r + i);
+        }
+    }
+}
+
+int mpm_linear_init(mpm_model *m) {
+    const mpm_config *c = &m->c;
+    const float one = 1.0f;
+    if (c->norm_offset) { /* (1 + w) RMSNorms: fold the 1 in once (the gated norm keeps w) */
+        for (int64_t l = 0; l < c->n_layers; l++) {
+            mpm_layer *ly = &m->layers[l];
+            for (int64_t i = 0; i < c->hidden; i++) ly->attn_norm[i] += one, ly->ffn_norm[i] += one;
+            int64_t nq = c->qk_norm_full ? c->n_heads * c->head_dim : c->head_dim;
+            int64_t nk = c->qk_norm_full ? c->n_kv_heads * c->head_dim : c->head_dim;
+            for (int64_t i = 0; ly->q_norm && i < nq; i++) ly->q_norm[i] += one;
+            for (int64_t i = 0; ly->k_norm && i < nk; i++) ly->k_norm[i] += one;
+        }
+        for (int64_t i = 0; i < c->hidden; i++) m->final_norm[i] += one;
+    }
+    uint64_t scratch = mpm_linear_scratch_bytes(c) / 4u;
+    if (scratch && !(m->lbuf = calloc((size_t)scratch, 4))) return MP_ENOMEM;
+    if (scratch) m->lqg = m->lbuf + scratch - 2u * (uint64_t)(c->n_heads * c->head_dim);
+    int nl = n_linear(c);
+    /* the caller's array may go before the model; the layers carry the flag from here on */
+    m->c.layer_is_linear = NULL;
+    if (!nl) return 0;
+    const int64_t sf = state_floats(c);
+    m->lstate = calloc((size_t)(sf * nl), 4);
+    m->lperm = calloc((size_t)proj_dim(c), sizeof *m->lperm);
+    if (!m->lstate || !m->lperm) return MP_ENOMEM;
+    build_perm(c, m->lperm);
+    int k = 0;
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        mpm_layer *ly = &m->layers[l];
+        if (!ly->linear) continue;
+        ly->conv_st = m->lstate + (size_t)(k++) * (size_t)sf;
+        ly->rec_st = ly->conv_st + conv_dim(c) * (c->la_conv - 1);
+    }
+    return 0;
+}
+
+void mpm_linear_free(mpm_model *m) {
+    for (int64_t l = 0; m->layers && l < m->c.n_layers; l++) {
+        mpm_layer *ly = &m->layers[l];
+        free(ly->la_conv);
+        free(ly->la_dt);
+        free(ly->la_A);
+        free(ly->la_norm);
+        free(ly->shared_gate);
+    }
+    free(m->lstate);
+    free(m->lperm);
+    free(m->lbuf);
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* torch.nn.functional.softplus (beta 1, threshold 20) */
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+static void l2norm(float *v, int64_t n, float scale) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; i++) ss += v[i] * v[i];
+    float inv = 1.0f / sqrtf(ss + 1e-6f) * scale;
+    for (int64_t i = 0; i < n; i++) v[i] *= inv;
+}
+
+typedef struct {
+    mpm_model *m;
+    const mpm_layer *ly;
+    const float *cv; /* this token's canonical projection, q/k/v after the conv */
+    float *o;        /* [nv][dv] */
+} lin_job;
+
+/* one value head: decay, delta-rule update, read-out, gated RMSNorm */
+static void lin_head(void *ctx, size_t h) {
+    lin_job *j = ctx;
+    const mpm_config *c = &j->m->c;
+    const int64_t dk = c->la_dk, dv = c->la_dv, kd = c->la_nk * dk, vd = c->la_nv * dv;
+    const int64_t kh = (int64_t)h / (c->la_nv / c->la_nk);
+    const float *q = j->cv + kh * dk, *k = j->cv + kd + kh * dk, *v = j->cv + 2 * kd + (int64_t)h * dv;
+    const float *z = j->cv + 2 * kd + vd + (int64_t)h * dv;
+    const float b = j->cv[2 * kd + 2 * vd + (int64_t)h], a = j->cv[2 * kd + 2 * vd + c->la_nv + (int64_t)h];
+    const float g = -expf(j->ly->la_A[h]) * softplus(a + j->ly->la_dt[h]);
+    const float decay = expf(g), beta = sigm(b);
+    float *S = j->ly->rec_st + (size_t)h * (size_t)(dk * dv), *o = j->o + (int64_t)h * dv;
+    /* o doubles as scratch for S^T k before holding S^T q */
+    for (int64_t e = 0; e < dk * dv; e++) S[e] *= decay;
+    for (int64_t jv = 0; jv < dv; jv++) o[jv] = 0.0f;
+    for (int64_t i = 0; i < dk; i++) mpk_axpy(o, k[i], S + i * dv, dv);
+    for (int64_t jv = 0; jv < dv; jv++) o[jv] = (v[jv] - o[jv]) * beta;
+    for (int64_t i = 0; i < dk; i++) mpk_axpy(S + i * dv, k[i], o, dv);
+    for (int64_t jv = 0; jv < dv; jv++) o[jv] = 0.0f;
+    for (int64_t i = 0; i < dk; i++) mpk_axpy(o, q[i], S + i * dv, dv);
+    float ss = 0.0f;
+    for (int64_t jv = 0; jv < dv; jv++) ss += o[jv] * o[jv];
+    const float inv = 1.0f / sqrtf(ss / (float)dv + c->eps);
+    for (int64_t jv = 0; jv < dv; jv++) o[jv] = j->ly->la_norm[jv] * (o[jv] * inv) * silu(z[jv]);
+}
+
+void mpm_linear_attention(mpm_model *m, int l, int pos, int T, const float *xn, float *out) {
+    const mpm_config *c = &m->c;
+    const mpm_layer *ly = &m->layers[l];
+    const int64_t H = c->hidden, P = proj_dim(c), cd = conv_dim(c), K = c->la_conv;
+    const int64_t dk = c->la_dk, kd = c->la_nk * dk;
+    float *raw = m->lbuf, *cv = raw + P, *o = cv + P;
+    if (pos == 0) memset(ly->conv_st, 0, (size_t)state_floats(c) * sizeof(float)); /* new sequence */
+    for (int t = 0; t < T; t++) {
+        const float *x = xn + (int64_t)t * H;
+        int64_t off = 0;
+        for (int i = 0; i < ly->la_nin; i++) {
+            mpk_matmat(m->kern, m->pool, &ly->la_in[i], x, 1, raw + off);
+            off += ly->la_in[i].rows;
+        }
+        for (int64_t jj = 0; jj < P; jj++) cv[jj] = raw[m->lperm[jj]];
+        /* depthwise causal conv over [q k v] channels, then silu; the state keeps K-1 inputs */
+        for (int64_t ch = 0; ch < cd; ch++) {
+            float *st = ly->conv_st + ch * (K - 1);
+            const float *w = ly->la_conv + ch * K, xin = cv[ch];
+            float y = 0.0f;
+            for (int64_t i = 0; i < K - 1; i++) y += w[i] * st[i];
+            y += w[K - 1] * xin;
+            if (K > 1) {
+                memmove(st, st + 1, (size_t)(K - 2) * sizeof(float));
+                st[K - 2] = xin;
+            }
+            cv[ch] = silu(y);
+        }
+        for (int64_t h = 0; h < c->la_nk; h++) {
+            l2norm(cv + h * dk, dk, 1.0f / sqrtf((float)dk));
+            l2norm(cv + kd + h * dk, dk, 1.0f);
+        }
+        lin_job j = {m, ly, cv, o};
+        mpk_pool_run(m->pool, (size_t)c->la_nv, lin_head, &j);
+        mpk_matmat(m->kern, m->pool, &ly->la_out, o, 1, out + (int64_t)t * H);
+    }
+}
+
+/* Gated full attention (Qwen3-Next): q_proj rows hold, per head, hd query rows then hd gate rows.
+ * Query of token t into q (heads x hd); with gate != NULL the gate instead. */
+void mpm_gated_query(mpm_model *m, const mpm_layer *ly, const float *x, float *q, float *gate) {
+    const mpm_config *c = &m->c;
+    const int64_t hd = c->head_dim;
+    float *qg = m->lqg;
+    mpk_matmat(m->kern, m->pool, &ly->q, x, 1, qg);
+    for (int64_t h = 0; h < c->n_heads; h++)
+        memcpy(gate ? gate + h * hd : q + h * hd, qg + 2 * h * hd + (gate ? hd : 0), (size_t)hd * sizeof(float));
+}
+
+/* out[i] *= sigmoid(gate[i]) for one token's attention output */
+void mpm_apply_gate(float *out, const float *gate, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] *= sigm(gate[i]);
+}
+
+/* Shared expert scaled by sigmoid(shared_gate . x) (Qwen3-Next), T tokens. */
+void mpm_shared_gate(mpm_model *m, const mpm_layer *ly, int T, const float *xn, float *out) {
+    const int64_t H = m->c.hidden;
+    for (int t = 0; t < T; t++) {
+        float s = sigm(mpk_dot(ly->shared_gate, xn + (int64_t)t * H, H));
+        for (int64_t i = 0; i < H; i++) out[(int64_t)t * H + i] *= s;
+    }
+}
