@@ -112,7 +112,7 @@ static int load_ffn(loader *L, int l, const char *prefix, int64_t inter, int64_t
 uint64_t mpm_kv_bytes(const mpm_config *c, int ctx) {
     uint64_t per = c->mla ? (uint64_t)(c->kv_lora_rank + c->qk_rope_dim)
                           : 2u * (uint64_t)(c->n_kv_heads * c->head_dim);
-    return per * (uint64_t)c->n_layers * (uint64_t)ctx * 4u;
+    return per * (uint64_t)(c->n_layers - c->n_linear) * (uint64_t)ctx * 4u; /* linear: no KV */
 }
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }

@@ -54,6 +54,7 @@ typedef struct mpm_config {
      * expert, Gated DeltaNet layers (layer_is_linear NULL: every layer full attention) */
     int norm_offset, attn_gate, shared_gate;
     uint8_t *layer_is_linear;
+    int64_t n_linear; /* linear layers (they have no KV cache) */
     int64_t la_nk, la_nv, la_dk, la_dv, la_conv;
     int la_grouped; /* in_proj_qkvz + in_proj_ba (Qwen3-Next), else qkv, z, b, a */
 } mpm_config;

@@ -105,8 +105,9 @@ static void gqa_head(void *ctx, size_t h) {
     const mpm_config *c = &m->c;
     int64_t hd = c->head_dim, kvd = c->n_kv_heads * hd, g = (int64_t)h / (c->n_heads / c->n_kv_heads);
     const float *q = j->q + (int64_t)h * hd;
-    const float *K = m->kc + (size_t)j->layer * (size_t)m->ctx * (size_t)kvd + (size_t)(g * hd);
-    const float *V = m->vc + (size_t)j->layer * (size_t)m->ctx * (size_t)kvd + (size_t)(g * hd);
+    const size_t slot = (size_t)m->layers[j->layer].kv_slot; /* linear layers have no KV */
+    const float *K = m->kc + slot * (size_t)m->ctx * (size_t)kvd + (size_t)(g * hd);
+    const float *V = m->vc + slot * (size_t)m->ctx * (size_t)kvd + (size_t)(g * hd);
     float *sc = m->scores + h * (size_t)m->ctx, *out = j->out + (int64_t)h * hd;
     int64_t w = c->sliding_window, t0 = w > 0 && j->pos + 1 > w ? j->pos + 1 - w : 0;
     for (int64_t t = t0; t <= j->pos; t++)
@@ -150,7 +151,7 @@ static void gqa(mpm_model *m, int l, int pos, int T, const float *xn, float *out
             if (per_head) rms_inplace(k + h * hd, ly->k_norm, hd, c->eps);
             rope_apply(m, k + h * hd, 0);
         }
-        size_t at = ((size_t)l * (size_t)m->ctx + (size_t)(pos + t)) * (size_t)kvd;
+        size_t at = ((size_t)ly->kv_slot * (size_t)m->ctx + (size_t)(pos + t)) * (size_t)kvd;
         memcpy(m->kc + at, k, (size_t)kvd * sizeof(float));
         memcpy(m->vc + at, m->vbuf + t * kvd, (size_t)kvd * sizeof(float));
     }

@@ -88,7 +88,7 @@ static int parse_linear(const mp_json *m, mpm_config *c, char *err, size_t errle
     int any = 0;
     for (int64_t i = 0; i < c->n_layers; i++) {
         const char *k = mp_json_as_str(mp_json_at(la, (size_t)i), NULL);
-        if (k && !strcmp(k, "linear")) c->layer_is_linear[i] = 1, any = 1;
+        if (k && !strcmp(k, "linear")) c->layer_is_linear[i] = 1, any = 1, c->n_linear++;
         else if (!k || strcmp(k, "full")) FAIL(MP_EFORMAT, "manifest.model: layer_attention[%lld] must be full or linear", (long long)i);
     }
     if (!any) return 0;

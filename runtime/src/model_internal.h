@@ -36,6 +36,7 @@ typedef struct mpm_layer {
     mpk_mat la_in[4], la_out;
     float *la_conv, *la_dt, *la_A, *la_norm, *conv_st, *rec_st;
     float *shared_gate; /* [hidden]: shared expert x sigmoid(shared_gate . x) */
+    int kv_slot;        /* GQA: this layer's place in the KV cache (full-attention layers only) */
 } mpm_layer;
 
 struct mpm_model {

@@ -127,7 +127,9 @@ int mpm_linear_init(mpm_model *m) {
     uint64_t scratch = mpm_linear_scratch_bytes(c) / 4u;
     if (scratch && !(m->lbuf = calloc((size_t)scratch, 4))) return MP_ENOMEM;
     if (scratch) m->lqg = m->lbuf + scratch - 2u * (uint64_t)(c->n_heads * c->head_dim);
-    int nl = n_linear(c);
+    int nl = n_linear(c), slot = 0;
+    for (int64_t l = 0; l < c->n_layers; l++) /* the KV cache holds full-attention layers only */
+        m->layers[l].kv_slot = m->layers[l].linear ? -1 : slot++;
     /* the caller's array may go before the model; the layers carry the flag from here on */
     m->c.layer_is_linear = NULL;
     if (!nl) return 0;
