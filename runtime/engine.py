@@ -26,6 +26,17 @@ POLICIES = {"lru": 0, "lfu": 1}
 KERNELS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512vbmi": 3}
 
 
+def with_rates(d: dict) -> dict:
+    """`d` (engine stats or a difference of two) with hit rate, tok/s and I/O-wait share added."""
+    acc = d["cache_hits"] + d["cache_misses"]
+    d["hit_rate"] = d["cache_hits"] / acc if acc else 0.0
+    d["prompt_tok_s"] = d["prompt_tokens"] / d["prompt_seconds"] if d["prompt_seconds"] else 0.0
+    d["decode_tok_s"] = d["decode_tokens"] / d["decode_seconds"] if d["decode_seconds"] else 0.0
+    busy = d["prompt_seconds"] + d["decode_seconds"]
+    d["io_wait_share"] = d["io_wait_seconds"] / busy if busy else 0.0
+    return d
+
+
 class EngineError(RuntimeError):
     """The engine refused or failed; `code` is the MP_E* value."""
 
@@ -306,13 +317,7 @@ class Engine:
         d = {name: getattr(s, name) for name, _ in _Stats._fields_}
         d["o_direct"] = bool(d["o_direct"])
         d["kernels"] = self.kernels
-        acc = d["cache_hits"] + d["cache_misses"]
-        d["hit_rate"] = d["cache_hits"] / acc if acc else 0.0
-        d["prompt_tok_s"] = d["prompt_tokens"] / d["prompt_seconds"] if d["prompt_seconds"] else 0.0
-        d["decode_tok_s"] = d["decode_tokens"] / d["decode_seconds"] if d["decode_seconds"] else 0.0
-        busy = d["prompt_seconds"] + d["decode_seconds"]
-        d["io_wait_share"] = d["io_wait_seconds"] / busy if busy else 0.0
-        return d
+        return with_rates(d)
 
     def reset_stats(self) -> None:
         self._lib.mp_reset_stats(self._handle())

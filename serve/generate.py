@@ -7,7 +7,7 @@ import ctypes as C
 import time
 
 import numpy as np
-from moepack.runtime.engine import MP_ECTX, Engine, EngineError
+from moepack.runtime.engine import MP_ECTX, Engine, EngineError, with_rates
 from moepack.runtime.tokenizer import StreamDecoder
 from moepack.serve.job import Done, Job, Piece, TokenLogprob
 from moepack.serve.stops import StopMatcher
@@ -30,13 +30,7 @@ def stats_delta(before: dict, after: dict) -> dict:
     """Engine stats of the work between two snapshots, with the derived rates."""
     d = {k: after[k] - before[k] for k in _DELTA_KEYS}
     d["o_direct"] = after["o_direct"]
-    acc = d["cache_hits"] + d["cache_misses"]
-    d["hit_rate"] = d["cache_hits"] / acc if acc else 0.0
-    d["prompt_tok_s"] = d["prompt_tokens"] / d["prompt_seconds"] if d["prompt_seconds"] else 0.0
-    d["decode_tok_s"] = d["decode_tokens"] / d["decode_seconds"] if d["decode_seconds"] else 0.0
-    busy = d["prompt_seconds"] + d["decode_seconds"]
-    d["io_wait_share"] = d["io_wait_seconds"] / busy if busy else 0.0
-    return d
+    return with_rates(d)
 
 
 def _logprob(vocab: Vocab, logits: np.ndarray, tid: int, top: int) -> TokenLogprob:

@@ -221,8 +221,8 @@ def test_truncate_to_a_prefix(model):
         state = p["state_bytes"]
         e.reset()
         e.feed(toks[:15])
-        if name in ("qwen3_next", "qwen3_5_moe"):  # 3 linear layers: conv 56 channels x 3 + 4 heads x 8 x 6
-            assert state == 3 * 4 * (56 * 3 + 4 * 8 * 6)
+        if name in ("qwen3_next", "qwen3_5_moe"):  # 3 linear layers:
+            assert state == 3 * 4 * (56 * 3 + 4 * 8 * 6)  # conv 56 ch x 3 + 4 heads x 8 x 6
             # KV only for the one full-attention layer: k and v, 2 heads x 8 dims, f32
             assert p["kv_bytes"] - state == p["ctx"] * 2 * 2 * 8 * 4
             with pytest.raises(EngineError, match="cannot be rolled back"):

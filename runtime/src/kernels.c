@@ -187,30 +187,6 @@ static void s_rvq_tables(const float *cbt, const float *x, mpk_rvq_tab *t, int64
     }
 }
 
-static void s_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
-                        float *acc) {
-    const int S = w->stages;
-    const int64_t nv = w->nv, J = nv * S;
-    memset(acc, 0, (size_t)ntiles * 64 * sizeof *acc);
-    for (int64_t g = 0; g < t->ngroups; g++) {
-        int64_t v0 = g * MPK_RVQ_GROUP, v1 = v0 + MPK_RVQ_GROUP < nv ? v0 + MPK_RVQ_GROUP : nv;
-        for (int64_t i = 0; i < ntiles; i++) {
-            const uint8_t *c = w->codes + (size_t)((tile0 + i) * J) * 64;
-            for (int st = 0; st < S; st++) {
-                float d = t->d[g * S + st];
-                for (int l = 0; l < 64; l++) {
-                    int32_t n = 0;
-                    for (int64_t v = v0; v < v1; v++) {
-                        size_t j = (size_t)(v * S + st);
-                        n += t->q[j * 256 + c[j * 64 + (size_t)l]];
-                    }
-                    acc[i * 64 + l] = fmaf((float)n, d, acc[i * 64 + l]);
-                }
-            }
-        }
-    }
-}
-
 static void s_rvq_acc(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
                       int64_t g0, int64_t g1, float *acc) {
     const int S = w->stages;
@@ -233,6 +209,13 @@ static void s_rvq_acc(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int
         }
     }
 }
+
+static void s_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
+                        float *acc) {
+    memset(acc, 0, (size_t)ntiles * 64 * sizeof *acc);
+    s_rvq_acc(w, t, tile0, ntiles, 0, t->ngroups, acc);
+}
+
 
 static void s_rvq_unperm(const float *p, int64_t ntiles, float *acc) {
     memcpy(acc, p, (size_t)ntiles * 64 * sizeof *acc);
