@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from moepack.runtime.engine import MP_ECTX, Engine, EngineError
@@ -22,10 +23,12 @@ from moepack.serve.responses import ChatOutput, ChatResponder, CompletionRespond
 from moepack.serve.schemas import ChatRequest, CompletionRequest
 from moepack.serve.vocab import Vocab
 from moepack.serve.worker import Worker
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp
+
+BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
 
 PAGE = Path(__file__).parent / "static" / "index.html"
 _ENDPOINTS = {"/", "/health", "/metrics", "/v1/models", "/v1/chat/completions",
@@ -96,6 +99,14 @@ class Server:
             raise ApiError(401, "Incorrect API key provided" if got else
                            "You didn't provide an API key (Authorization: Bearer KEY)",
                            code="invalid_api_key")
+
+    async def parse(self, request: Request, model: type[BaseModelT]) -> BaseModelT:
+        """The key checked, then the body (size-limited) validated as `model`."""
+        self.check_key(request)
+        try:
+            return model.model_validate_json(await self.body(request))
+        except ValidationError as e:
+            raise from_validation(e) from None
 
     async def body(self, request: Request) -> bytes:
         limit = self.cfg.max_body
@@ -240,11 +251,7 @@ def create_app(cfg: ServeConfig) -> ASGIApp:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        srv.check_key(request)
-        try:
-            req = ChatRequest.model_validate_json(await srv.body(request))
-        except ValidationError as e:
-            raise from_validation(e) from None
+        req = await srv.parse(request, ChatRequest)
         job, mode = srv.prep.chat(req)
         responder = ChatResponder(cfg.model_id, ChatOutput(mode.family, list(mode.names),
                                                            mode.forced), bool(req.logprobs))
@@ -260,11 +267,7 @@ def create_app(cfg: ServeConfig) -> ASGIApp:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        srv.check_key(request)
-        try:
-            req = CompletionRequest.model_validate_json(await srv.body(request))
-        except ValidationError as e:
-            raise from_validation(e) from None
+        req = await srv.parse(request, CompletionRequest)
         job = srv.prep.completion(req)
         responder = CompletionResponder(cfg.model_id, req.logprobs is not None)
         srv.submit(job)

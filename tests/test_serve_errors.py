@@ -224,6 +224,18 @@ def test_full_queue_is_429_with_retry_after(strict):
     assert m["moepack_requests_rejected_total"] == 1
 
 
+
+def tokens_until_cancelled(srv, before: dict) -> int:
+    """Waits (15 s at most) for the server to count a cancelled request; the tokens it made."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        m = srv.metrics()
+        if m["moepack_requests_cancelled_total"] > before["moepack_requests_cancelled_total"]:
+            return m["moepack_completion_tokens_total"] - before["moepack_completion_tokens_total"]
+        time.sleep(0.05)
+    pytest.fail("the server did not cancel the generation")
+
+
 def test_disconnect_mid_stream_cancels_then_healthy(srv):
     before = srv.metrics()
     body = json.dumps({"model": "demo", "prompt": "def f(x):", "max_tokens": 1000,
@@ -236,15 +248,7 @@ def test_disconnect_mid_stream_cancels_then_healthy(srv):
         assert r.readline().startswith(b"data: ") and r.readline() == b"\n"
     r.close()
     conn.close()
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        m = srv.metrics()
-        if m["moepack_requests_cancelled_total"] > before["moepack_requests_cancelled_total"]:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("the server did not cancel the generation")
-    produced = m["moepack_completion_tokens_total"] - before["moepack_completion_tokens_total"]
+    produced = tokens_until_cancelled(srv, before)
     # the engine checks for a cancel before every token; what it made is what it made before
     # the server saw the socket close (5 here, at ~500 tok/s)
     assert 3 <= produced < 100
@@ -262,15 +266,7 @@ def test_disconnect_while_waiting_for_a_whole_reply_cancels(srv):
                  headers={"Content-Type": "application/json"})
     time.sleep(0.3)  # generation under way (the demo makes ~500 tok/s)
     conn.close()
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        m = srv.metrics()
-        if m["moepack_requests_cancelled_total"] > before["moepack_requests_cancelled_total"]:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("the server did not cancel the generation")
-    produced = m["moepack_completion_tokens_total"] - before["moepack_completion_tokens_total"]
+    produced = tokens_until_cancelled(srv, before)
     assert produced < 1000
     assert srv.get_json("/health")["status"] == "ok"
 
