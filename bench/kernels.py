@@ -31,6 +31,7 @@ import tarfile
 import time
 from pathlib import Path
 
+from bench.doc_sections import replace_section
 from bench.run_all import git_commit, lscpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +49,6 @@ VARIANTS = {"native": ["-DGGML_NATIVE=ON"],
             "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX512=OFF"]}
 SIMD_FLAGS = ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl", "avx512vbmi",
               "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
-MD_BEGIN, MD_END = "<!-- bench-kernels:begin -->", "<!-- bench-kernels:end -->"
 
 
 def log(msg: str) -> None:
@@ -325,15 +325,7 @@ def markdown(res: dict) -> str:
 
 
 def write_benchmarks_md(section: str) -> None:
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text() if path.exists() else ""
-    block = f"{MD_BEGIN}\n{section}{MD_END}\n"
-    if MD_BEGIN in text and MD_END in text:
-        a, rest = text.split(MD_BEGIN, 1)
-        text = a + block + rest.split(MD_END, 1)[1].lstrip("\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.write_text(text)
+    replace_section(ROOT / "BENCHMARKS.md", "kernels", section)
 
 
 def cpu_simd_flags() -> list[str]:

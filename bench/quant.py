@@ -32,10 +32,11 @@ from moepack.convert.quant import (
 )
 from moepack.format.codecs import codebook_shape, decode, encoded_nbytes
 
+from bench.doc_sections import replace_section
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "QUANTIZATION.md"
 DEMO = ROOT / "demo" / "model" / "model.safetensors"
-BEGIN, END = "<!-- bench-quant:begin -->", "<!-- bench-quant:end -->"
 DEMO_CODECS = ("rvq3-baseline", "rvq3", "rvq3-hadamard", "rvq2", "rvq4")  # ablations: synthetic
 GROUP_CODECS = ("q8", "q6", "q4", "q4-zp", "q4-g16", "q4-g64", "q4-zp-g64")  # bits-matched pairs
 EXPERTS_AMORTISED = 128  # realistic routed-expert count per layer (DeepSeek-V3: 256, Qwen3: 128)
@@ -199,7 +200,6 @@ def main() -> None:
         return
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = [
-        BEGIN,
         f"Measured {now} on {machine()}, commit {commit()}, by `python -m bench.quant`.",
         f"Synthetic sets: {count} experts of {list(shape)}; bits/weight amortise codebooks over "
         f"{EXPERTS_AMORTISED} experts. Demo: every layer × projection, codebooks over its "
@@ -215,11 +215,8 @@ def main() -> None:
     body += ["Throughput on the Gaussian set, 1 thread, CPU time (process_time, so other load "
              "on the machine inflates it less than wall time). Training cost is per layer × "
              "projection and independent of the expert count; encoding cost is per weight:", "",
-             "| codec | train s / (layer, proj) | encode weights/s |", "|---|---:|---:|", rates,
-             "", END]
-    text = DOC.read_text() if DOC.exists() else f"# Quantisation\n\n{BEGIN}\n{END}\n"
-    head, rest = text.split(BEGIN, 1)
-    DOC.write_text(head + "\n".join(body) + rest.split(END, 1)[1])
+             "| codec | train s / (layer, proj) | encode weights/s |", "|---|---:|---:|", rates]
+    replace_section(DOC, "quant", "\n".join(body))
     print(f"wrote {DOC}")
 
 
