@@ -11,6 +11,14 @@ from pathlib import Path
 import numpy as np
 from moepack.convert.errors import SourceError
 from moepack.convert.fp8 import dequant_blocks, scale_grid, to_f32
+from moepack.convert.mxfp4 import (
+    MXFP4,
+    Mxfp4FormatError,
+    layout_from_config,
+    part_names,
+    virtual_tensors,
+)
+from moepack.convert.mxfp4 import dequantize as mxfp4_dequantize
 from moepack.convert.packed_int import (
     PACKED,
     PackedFormatError,
@@ -98,6 +106,21 @@ class Checkpoint:
             raise SourceError(f"config.json: {e}") from None
         if self.packed is not None:
             self._add_packed()
+        try:
+            self.mxfp4 = layout_from_config(self.config)
+        except Mxfp4FormatError as e:
+            raise SourceError(f"config.json: {e}") from None
+        if self.mxfp4 is not None:
+            self._add_mxfp4()
+
+    def _add_mxfp4(self) -> None:
+        """Every MXFP4 codes + scales pair becomes a readable tensor of dtype MXFP4 whose shape
+        is the dequantised one (convert/mxfp4.py); header reads only."""
+        assert self.mxfp4 is not None
+        try:
+            self.tensors.update(virtual_tensors(self.tensors, self.mxfp4))
+        except Mxfp4FormatError as e:
+            raise SourceError(str(e)) from None
 
     def _add_packed(self) -> None:
         """Every `X.weight_packed` (+ `weight_scale`) becomes a readable `X.weight` of dtype
@@ -227,6 +250,8 @@ class Checkpoint:
                 raise SourceError(f"{info.file}: tensor {ref.name!r}: pack-quantized weights "
                                   "are read per tensor only")
             return
+        if info.dtype == MXFP4:
+            return
         if info.dtype not in FLOAT_DTYPES + (FP8,):
             raise SourceError(f"{info.file}: tensor {ref.name!r} has unsupported dtype "
                               f"{info.dtype} (convert reads {', '.join(FLOAT_DTYPES + (FP8,))})")
@@ -239,8 +264,8 @@ class Checkpoint:
         self.check_readable(ref)
         info = self.info(ref.name)
         shape = self.ref_shape(ref)
-        if info.dtype == PACKED:
-            w = self._read_packed(info, ref)
+        if info.dtype in (PACKED, MXFP4):
+            w = self._read_packed(info, ref) if info.dtype == PACKED else self._read_mxfp4(ref)
             check_finite(w, info.file, ref.name)
             return w
         w = to_f32(self._raw(info, ref, shape), info.dtype, shape)
@@ -290,6 +315,23 @@ class Checkpoint:
         s = to_f32(self._raw(scale, SourceRef(base + "_scale", rows=(lo, hi)), sshape),
                    scale.dtype, sshape)
         return dequantize(unpack(words, self.packed.num_bits, cols), s, self.packed.group_size)
+
+    def _read_mxfp4(self, ref: SourceRef) -> np.ndarray:
+        """Dequantised values of an MXFP4 tensor, or of one expert / row range of a fused one:
+        the codes and scales tensors share the leading axes, so the same ref selects both."""
+        assert self.mxfp4 is not None
+        shape = self.ref_shape(ref)
+        rows = prod(shape[:-1])  # value rows: each holds its own codes and scales
+        codes, exps = (
+            np.frombuffer(self._raw(self.info(n), SourceRef(n, ref.index, ref.rows),
+                                    self.ref_shape(SourceRef(n, ref.index, ref.rows))),
+                          dtype=np.uint8).reshape(rows, -1)
+            for n in part_names(ref.name, self.mxfp4))
+        try:
+            w = mxfp4_dequantize(codes, exps, f"tensor {ref.name!r}")
+        except Mxfp4FormatError as e:
+            raise SourceError(f"{self.info(ref.name).file}: {e}") from None
+        return w.reshape(shape)
 
     def _fp8_scale(self, info: TensorInfo, ref: SourceRef) -> tuple[str, tuple[int, int]]:
         """(scale tensor name, its grid) of an fp8 weight; SourceError when unusable."""

@@ -23,8 +23,8 @@ from moepack.format.model_desc import (
 
 from moepack.untrusted_json import loads
 
-DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "I64": 8, "I32": 4,
-               "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+DTYPE_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E8M0": 1, "I64": 8,
+               "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 MAX_HEADER = MAX_HEADER_BYTES
 
 
