@@ -56,10 +56,12 @@ _JOBS = typer.Option(None, "--jobs", "-j", min=1, show_default=False,
 _RAY = typer.Option(None, "--ray", show_default=False, metavar="ADDRESS",
                     help="Run the work as tasks on this Ray cluster (host:port; auto: the local "
                     "cluster, started if there is none). SRC must be the same path on every "
-                    "node. Needs pip install 'moepack[cluster]'.")
+                    "node, or hf:ORG/REPO (read from the hub by every node). Needs pip install "
+                    "'moepack[cluster]'.")
 _STAGING = typer.Option(None, "--staging", show_default=False, metavar="SIZE",
                         help="hf: sources: most bytes of source shards on disk at once "
-                        "(e.g. 40G); shards are downloaded as needed and deleted when done.")
+                        "(e.g. 40G); shards are downloaded as needed and deleted when done. "
+                        "Not needed with --ray: tasks read checked byte ranges from the hub.")
 _EXPERT = typer.Option(None, "--expert-codec", show_default=False,
                        help="Expert codec preset: rvq3-l (default), rvq3-m, rvq3, rvq4, rvq2...")
 _TRUNK = typer.Option(None, "--trunk-codec",
@@ -118,20 +120,17 @@ def convert_cmd(
     if ray is not None and not ray.strip():
         raise _fail("--ray expects an address (host:port) or auto")
     hub = str(src).startswith("hf:")
-    if hub and staging is None:
+    if hub and staging is None and ray is None:
         raise _fail("hf: sources need --staging SIZE (the most source bytes kept on disk, e.g. "
                     "40G; at least the largest shard)")
     if staging is not None and not hub:
         raise _fail("--staging is for hf:ORG/REPO sources (a local SRC is read in place)")
-    if hub and ray is not None:
-        raise _fail("--ray with an hf: source is not supported yet: fetch the checkpoint to a "
-                    "shared path first (moepack fetch), then convert it with --ray")
     reporter = Reporter() if (quiet or as_json or dry_run) else RichReporter()
     try:
         settings = _settings(expert_codec, trunk_codec, codec or [], seed, alignment, sample, iters)
         if hub:
-            return _convert_hub(str(src), out, settings, staging or "", jobs, force, restart,
-                                dry_run, reporter, pause_per_unit, as_json, quiet)
+            return _convert_hub(str(src), out, settings, staging or "0", jobs, force, restart,
+                                dry_run, reporter, pause_per_unit, as_json, quiet, ray)
         summary = convert(src, out, settings, jobs=jobs, force=force, restart=restart,
                           dry_run=dry_run, reporter=reporter, pause_per_unit=pause_per_unit,
                           ray=ray)
@@ -165,7 +164,7 @@ def convert_cmd(
 
 def _convert_hub(source: str, out: Path, settings, staging: str, jobs: int | None,
                  force: bool, restart: bool, dry_run: bool, reporter, pause: float,
-                 as_json: bool, quiet: bool) -> None:
+                 as_json: bool, quiet: bool, ray: str | None = None) -> None:
     from moepack.convert.stream import convert_from_hub
     from moepack.fetch.units import parse_size
 
@@ -175,7 +174,7 @@ def _convert_hub(source: str, out: Path, settings, staging: str, jobs: int | Non
         raise _fail(f"--staging: {e}") from None
     summary, facts = convert_from_hub(source, out, settings, staging=bound, jobs=jobs,
                                       force=force, restart=restart, dry_run=dry_run,
-                                      reporter=reporter, pause_per_unit=pause)
+                                      reporter=reporter, pause_per_unit=pause, ray=ray)
     if as_json:
         doc = {"stream": facts, **(asdict(summary) if summary else {})}
         typer.echo(json.dumps(doc, sort_keys=True))

@@ -24,7 +24,7 @@ from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import blake3
 from moepack.convert.adapters import EXPERT_PARTS
@@ -118,21 +118,48 @@ class Source:
     path: str
     sizes: tuple[tuple[str, int], ...]
 
+    def open(self) -> Checkpoint:
+        ck = _CHECKPOINTS.get(self)
+        if ck is None:
+            ck = Checkpoint(self.path)
+            for name, size in self.sizes:
+                have = (ck.dir / name).stat().st_size
+                if have != size:
+                    raise SourceError(f"{self.path}/{name} on node {_node()}: {have:,} bytes, "
+                                      f"the driver's has {size:,}; SRC must be the same on "
+                                      "every node")
+            _CHECKPOINTS[self] = ck
+        return ck
+
 
 _CHECKPOINTS: dict[Source, Checkpoint] = {}
 
 
-def _checkpoint(src: Source) -> Checkpoint:
-    ck = _CHECKPOINTS.get(src)
-    if ck is None:
-        ck = Checkpoint(src.path)
-        for name, size in src.sizes:
-            have = (ck.dir / name).stat().st_size
-            if have != size:
-                raise SourceError(f"{src.path}/{name} on node {_node()}: {have:,} bytes, the "
-                                  f"driver's has {size:,}; SRC must be the same on every node")
-        _CHECKPOINTS[src] = ck
-    return ck
+class TaskSource(Protocol):
+    """What a task reads: `Source` (a shared path) or cluster_hub.HubView (the hub)."""
+
+    def open(self) -> Checkpoint: ...
+
+
+class SharedPath:
+    """Sources of a shared-path conversion: every task reads the same `Source`, at once."""
+
+    def __init__(self, src: Source) -> None:
+        self.src = src
+
+    def view(self, task: Task) -> TaskSource | None:
+        return self.src
+
+    def wait(self, seconds: float) -> None: ...
+    def close(self) -> None: ...
+
+
+class Sources(Protocol):
+    """A task's source once it can run (None: not yet, e.g. its shards are being verified)."""
+
+    def view(self, task: Task) -> TaskSource | None: ...
+    def wait(self, seconds: float) -> None: ...
+    def close(self) -> None: ...
 
 
 def _node() -> str:
@@ -150,14 +177,14 @@ def _digest(data: bytes | bytearray) -> str:
     return blake3.blake3(data).hexdigest()
 
 
-def trunk_task(src: Source, name: str, codec: dict, ref: SourceRef) -> tuple:
-    data = bytes(encode_trunk(_checkpoint(src), codec, ref, threads=1))
+def trunk_task(src: TaskSource, name: str, codec: dict, ref: SourceRef) -> tuple:
+    data = bytes(encode_trunk(src.open(), codec, ref, threads=1))
     return ("tensor", name, data, None, _digest(data), _whoami())
 
 
-def codebook_task(src: Source, bank: BankLayout, part: str, experts: dict[int, dict],
+def codebook_task(src: TaskSource, bank: BankLayout, part: str, experts: dict[int, dict],
                   rvq: RvqSettings, seed: int, cb_codec: dict, rotated: bool) -> tuple:
-    book = train_codebook(_checkpoint(src), bank, part, experts, rvq, seed, cb_codec, rotated,
+    book = train_codebook(src.open(), bank, part, experts, rvq, seed, cb_codec, rotated,
                           threads=1)
     return ("codebook", part, book.data, book.rotation, _digest(book.data), _whoami())
 
@@ -172,12 +199,12 @@ class BookSpec:
     cols: int
 
 
-def experts_task(src: Source, bank: BankLayout, todo: list[tuple[int, dict[str, SourceRef]]],
+def experts_task(src: TaskSource, bank: BankLayout, todo: list[tuple[int, dict[str, SourceRef]]],
                  rvq: RvqSettings, specs: dict[str, BookSpec], pause: float,
                  *books: tuple) -> tuple:
     """Records of `todo` experts; `books` are codebook_task results (or stored bytes) in
     EXPERT_PARTS order."""
-    ck = _checkpoint(src)
+    ck = src.open()
     values: dict[str, Codebook] = {}
     for part, book in zip(EXPERT_PARTS, books, strict=True):
         s = specs[part]
@@ -205,11 +232,14 @@ class Driver:
     """Submits a conversion's units as Ray tasks (bounded in flight) and writes their results."""
 
     def __init__(self, ray: ModuleType, cfg: WorkerConfig, cluster: Cluster,
-                 on_message: OnMessage) -> None:
+                 on_message: OnMessage, sources: Sources | None = None) -> None:
         self.ray, self.cfg, self.on_message = ray, cfg, on_message
-        ck = Checkpoint(cfg.src)
-        self.src = Source(str(Path(cfg.src).resolve()),
-                          tuple((f, (ck.dir / f).stat().st_size) for f in ck.files))
+        if sources is None:
+            ck = Checkpoint(cfg.src)
+            sources = SharedPath(Source(str(Path(cfg.src).resolve()),
+                                        tuple((f, (ck.dir / f).stat().st_size)
+                                              for f in ck.files)))
+        self.sources = sources
         self.writer = ContainerWriter(cfg.out, cfg.layout, create=False,
                                       overwrite=cfg.overwrite)
         self.fd = os.open(self.writer.partial, os.O_RDONLY)
@@ -223,31 +253,38 @@ class Driver:
         self.inflight: dict[Any, _Pending] = {}
 
     def close(self) -> None:
+        self.sources.close()
         self.writer.close()
         os.close(self.fd)
 
     def run(self, tasks: list[Task], done: Mapping[str, str]) -> None:
+        waiting = deque(tasks)          # in order: a task's source may not be ready yet
         queue: deque[tuple[Callable[[], Any], _Pending]] = deque()
-        pendings = []
-        for task in tasks:
-            p = _Pending(task, 0)
-            pendings.append(p)
-            for submit in self._plan(task, done):
-                p.left += 1
-                queue.append((submit, p))
-            if not p.left:  # nothing left to do in it
-                self.on_message(("task_done", task.key, 0))
-        while queue or self.inflight:
+        while waiting or queue or self.inflight:
+            while waiting and (src := self.sources.view(waiting[0])) is not None:
+                task = waiting.popleft()
+                p = _Pending(task, 0)
+                for submit in self._plan(task, done, src):
+                    p.left += 1
+                    queue.append((submit, p))
+                if not p.left:  # nothing left to do in it
+                    self.on_message(("task_done", task.key, 0))
             while queue and len(self.inflight) < self.limit:
                 submit, p = queue.popleft()
                 self.inflight[submit()] = p
-            ready, _ = self.ray.wait(list(self.inflight), num_returns=1)
+            if not self.inflight:
+                if waiting:
+                    self.sources.wait(0.5)
+                continue
+            ready, _ = self.ray.wait(list(self.inflight), num_returns=1,
+                                     timeout=0.5 if waiting else None)
             for ref in ready:
                 self._collect(ref, self.inflight.pop(ref))
 
-    def _plan(self, task: Task, done: Mapping[str, str]) -> list[Callable[[], Any]]:
+    def _plan(self, task: Task, done: Mapping[str, str],
+              src: TaskSource) -> list[Callable[[], Any]]:
         """Closures that submit this task's missing units (codebooks before their experts)."""
-        r, src, cfg = self.remote, self.src, self.cfg
+        r, cfg = self.remote, self.cfg
         out: list[Callable[[], Any]] = []
         for job in task.trunk:
             if tensor_unit(job.name) not in done:
@@ -338,11 +375,12 @@ class Driver:
 
 
 def run_on_ray(cfg: WorkerConfig, tasks: list[Task], done: Mapping[str, str], cluster: Cluster,
-               on_message: OnMessage) -> None:
-    """Run `tasks` on the connected cluster (inside `connect`), reporting like local workers."""
+               on_message: OnMessage, sources: Sources | None = None) -> None:
+    """Run `tasks` on the connected cluster (inside `connect`), reporting like local workers;
+    `sources`: where tasks read (default: SRC, the same path on every node)."""
     if not tasks:
         return
-    driver = Driver(import_ray(), cfg, cluster, on_message)
+    driver = Driver(import_ray(), cfg, cluster, on_message, sources)
     try:
         driver.run(tasks, done)
     finally:

@@ -287,15 +287,19 @@ class Checkpoint:
             start += ref.index * prod(info.shape[1:]) * item
         if ref.rows is not None:
             start += ref.rows[0] * row
-        length = prod(shape) * item
+        return self._read_at(info, ref.name, start, prod(shape) * item)
+
+    def _read_at(self, info: TensorInfo, name: str, start: int, length: int) -> bytes:
+        """`length` bytes of `info.file` from `start` (a subclass reads them elsewhere: Ray
+        workers of an hf: source, by checked HTTP range requests)."""
         path = self.dir / info.file
         try:
             with open(path, "rb", buffering=0) as f:
                 data = os.pread(f.fileno(), length, start)
         except OSError as e:
-            raise SourceError(f"{info.file}: cannot read tensor {ref.name!r}: {e}") from e
+            raise SourceError(f"{info.file}: cannot read tensor {name!r}: {e}") from e
         if len(data) != length:
-            raise SourceError(f"{info.file}: truncated while reading tensor {ref.name!r} "
+            raise SourceError(f"{info.file}: truncated while reading tensor {name!r} "
                               f"({len(data)} of {length} bytes)")
         return data
 

@@ -257,10 +257,13 @@ def _weight_files(stage: Path) -> list[str]:
 def convert_from_hub(source: str, out: str | Path, settings: Settings, *, staging: int,
                      jobs: int | None = 1, force: bool = False, restart: bool = False,
                      dry_run: bool = False, reporter: Reporter | None = None,
-                     pause_per_unit: float = 0.0) -> tuple[Summary | None, dict]:
+                     pause_per_unit: float = 0.0,
+                     ray: str | None = None) -> tuple[Summary | None, dict]:
     """Convert hub repository `source` (hf:ORG/REPO[@REV]) into `out` with at most `staging`
     bytes of weight shards on disk. Returns the pipeline's summary (None for a dry run) and the
-    streaming facts (bytes downloaded, peak staged, planned peak disk)."""
+    streaming facts (bytes downloaded, peak staged, planned peak disk).
+    ray: run on this Ray cluster, tasks reading checked byte ranges from the hub and no shard
+    stored anywhere (convert/cluster_hub.py); `staging` is then unused."""
     from moepack.fetch.errors import FetchError
     from moepack.fetch.hub_listing import list_repo, parse_hf_source
 
@@ -298,7 +301,9 @@ def convert_from_hub(source: str, out: str | Path, settings: Settings, *, stagin
     facts = {"repo": repo, "revision": listing.revision, "staging_dir": str(stage),
              "staging_bound": staging, "source_bytes": stats.source_bytes,
              "largest_shard": largest, "small_files": small}
-    if staging < largest:
+    if ray is not None:
+        staging = facts["staging_bound"] = 0   # nothing staged: tasks read ranges
+    elif staging < largest:
         raise ConvertError(f"--staging {staging:,} bytes is smaller than the largest shard "
                            f"({largest:,} bytes); give at least that, better a few shards")
     for name in weights:  # stand-ins: headers by range request, no shard data
@@ -324,14 +329,36 @@ def convert_from_hub(source: str, out: str | Path, settings: Settings, *, stagin
         if sha is None:
             raise ConvertError(f"{name}: the hub gives no SHA-256 for it (not an LFS file)")
         known[name] = (st.st_size, st.st_mtime_ns, sha)
-    executor = StreamExecutor(hub, sizes, staging, jobs or 1, rep, stats)
+    if ray is not None:
+        execute = _ray_execute(ray, hub, weights, sizes, known, stage, rep, stats)
+    else:
+        execute = StreamExecutor(hub, sizes, staging, jobs or 1, rep, stats).execute
     summary = convert(stage, out, settings, jobs=jobs, force=force, restart=restart,
                       reporter=rep, pause_per_unit=pause_per_unit, known_files=known,
-                      execute=executor.execute)
+                      execute=execute)
     facts.update(downloaded=stats.downloaded, shards_downloaded=stats.shards_downloaded,
                  peak_staged=stats.peak_staged, waves=stats.waves)
     _remove_staging(stage, files)
     return summary, facts
+
+
+def _ray_execute(address: str, hub: _Hub, weights: list[str], sizes: dict[str, int],
+                 known: Mapping[str, tuple[int, int, str]], stage: Path, rep: Reporter,
+                 stats: StreamStats) -> Callable[..., None]:
+    from moepack.convert.cluster_hub import HubRayPlan, bulk_of, execute_on_ray, source_key
+
+    headers = {n: _read_prefix(stage / n) for n in weights}
+    small = [n for n in ("config.json", INDEX_NAME) if (stage / n).is_file()]
+    bulk = bulk_of(stage, small, headers, sizes)
+    files = _Files(Checkpoint(stage))
+
+    def on_bytes(n: int) -> None:
+        stats.downloaded += n
+
+    plan = HubRayPlan(address, source_key(hub.repo, hub.revision, bulk),
+                      {n: hub.url(n) for n in weights}, dict(sizes),
+                      {n: known[n][2] for n in weights}, headers, bulk, stage, files.of)
+    return execute_on_ray(plan, on_bytes, rep.message)
 
 
 def _valid_standin(path: Path, size: int) -> bool:
@@ -347,7 +374,8 @@ def _remove_staging(stage: Path, files: Mapping[str, object]) -> None:
     from moepack.fetch.staging import STAGING_DIR
 
     for name in files:
-        for p in (stage / name, stage / f"{name}.incomplete", stage / f".{name}.standin"):
+        for p in (stage / name, stage / f"{name}.incomplete", stage / f".{name}.standin",
+                  stage / f".{name}.blocks"):
             if p.is_file() and not p.is_symlink():
                 p.unlink()
     shutil.rmtree(stage / STAGING_DIR, ignore_errors=True)

@@ -8,8 +8,9 @@ listings):
   "lfs": {"oid", "size", "pointerSize"}}]
 - HEAD/GET /ORG/REPO/resolve/REV/FILE: plain files directly, with a git-blob-SHA-1 ETag; LFS files
   302 to /cdn/SHA256 with X-Linked-Etag (the SHA-256) and X-Linked-Size; X-Repo-Commit always.
-  The CDN answers Range requests. Faults (range_server.Fault) are keyed by "/cdn/SHA256" or
-  "/ORG/REPO/resolve/REV/FILE" paths: use `fault_path(repo, name)`.
+  The CDN answers Range requests (`tampered_ranges`: the last byte wrong in ranges only).
+  Faults (range_server.Fault) are keyed by "/cdn/SHA256" or "/ORG/REPO/resolve/REV/FILE"
+  paths: use `fault_path(repo, name)`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class HubServer(LoopbackServer):
         super().__init__()
         self.repos = repos
         self.cdn: dict[str, bytes] = {}
+        self.tampered_ranges: set[str] = set()   # SHA-256s: Range answers end in a wrong byte
         for r in repos.values():
             for name, data in r.files.items():
                 if r.is_lfs(name):
@@ -66,7 +68,10 @@ class HubServer(LoopbackServer):
         if p[:2] == ["api", "models"] and len(p) >= 4:
             return self._api(p[2] + "/" + p[3], p[4:])
         if p[0] == "cdn" and len(p) == 2 and p[1] in self.cdn:
-            return Body(self.cdn[p[1]], headers={"ETag": f'"{p[1]}"'})
+            data = self.cdn[p[1]]
+            if p[1] in self.tampered_ranges and handler.headers.get("Range"):
+                data = data[:-1] + bytes([data[-1] ^ 0xFF])   # whole-file GETs stay right
+            return Body(data, headers={"ETag": f'"{p[1]}"'})
         if len(p) >= 5 and p[2] == "resolve":
             return self._resolve(p[0] + "/" + p[1], p[3], "/".join(p[4:]), handler)
         return _error(404, "EntryNotFound", f"no route {path}")

@@ -5,15 +5,19 @@ the same command rerun (resumed from the journal); Ray missing."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from hub_server import HubRepo, HubServer
+from moepack.convert.hub_ranges import block_size
 from moepack.convert.pipeline import convert
 from moepack.convert.settings import Settings
 from ray_cluster import local_cluster
@@ -21,6 +25,7 @@ from tiny_models import make_checkpoint
 
 pytest.importorskip("ray")
 
+REPO = "org/tiny-dsv3"
 FAST = Settings(expert_preset="rvq3-baseline", iters=3)
 CLI_FAST = ["--expert-codec", "rvq3-baseline", "--iters", "3"]
 
@@ -65,6 +70,61 @@ def test_two_nodes_byte_identical_to_jobs_1(cluster, source, reference, tmp_path
     assert summary["plan"]["ray"] == cluster.address
     assert summary["peak_rss_worker"] > 50 << 20
     assert not Path(f"{out}.journal").exists() and not Path(f"{out}.partial").exists()
+
+
+@pytest.fixture
+def hub(source):
+    files = {p.name: p.read_bytes() for p in source.iterdir() if p.is_file()}
+    with HubServer({REPO: HubRepo(files)}) as server:
+        yield server
+
+
+def hub_env(hub: HubServer) -> dict[str, str]:
+    return {**os.environ, "HF_ENDPOINT": hub.base}
+
+
+@pytest.mark.network
+def test_hub_source_two_nodes_read_checked_ranges(cluster, source, reference, hub, tmp_path):
+    """hf: + --ray: the driver streams each shard once (SHA-256 checked, not stored); the tasks
+    on both nodes read block-aligned ranges; the container equals the local --jobs 1 one."""
+    out = tmp_path / "hub.moepack"
+    doc = finish(cli(f"hf:{REPO}", str(out), "--ray", cluster.address, "--json", *CLI_FAST,
+                     "--pause-per-unit", "0.3", env=hub_env(hub)))
+    assert out.read_bytes() == reference
+    assert doc["ray_nodes"] == 2
+    shards = {p.name: p.stat().st_size for p in source.glob("*.safetensors")}
+    s = doc["stream"]
+    assert s["peak_staged"] == 0 and s["downloaded"] == s["source_bytes"] == sum(shards.values())
+    cdn = {hashlib.sha256((source / n).read_bytes()).hexdigest(): n for n in shards}
+    whole, ranges = Counter(), Counter()
+    for method, path, rng in hub.requests:
+        name = cdn.get(path.removeprefix("/cdn/"))
+        if method != "GET" or name is None:
+            continue
+        if rng is None:
+            whole[name] += 1
+            continue
+        lo, hi = (int(x) for x in rng.removeprefix("bytes=").split("-"))
+        block = block_size(shards[name])
+        headers = rng == "bytes=0-7" or lo == 8     # planning's header reads
+        assert headers or (lo % block == 0 and ((hi + 1) % block == 0 or hi + 1 == shards[name]))
+        ranges[name] += not headers
+    assert whole == dict.fromkeys(shards, 1)          # the driver's one pass per shard
+    assert set(ranges) == set(shards)                 # tasks read every shard by ranges
+    assert not Path(f"{out}.staging").exists()
+
+
+@pytest.mark.network
+def test_hub_source_range_not_matching_the_verified_shard_stops(cluster, source, hub, tmp_path):
+    hub.tampered_ranges.update(hub.cdn)   # whole files right; ranges with a shard's end wrong
+    out = tmp_path / "bad.moepack"
+    p = cli(f"hf:{REPO}", str(out), "--ray", cluster.address, "--quiet", *CLI_FAST,
+            env=hub_env(hub))
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 1
+    assert "differ from the file whose SHA-256 was verified" in err.strip().splitlines()[-1]
+    assert "Traceback" not in err
+    assert not out.exists()
 
 
 @pytest.mark.slow

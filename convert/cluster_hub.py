@@ -1,0 +1,252 @@
+"""`moepack convert hf:ORG/REPO OUT --ray ADDRESS`: Ray tasks read their source bytes straight
+from the hub, checked, and no node holds shards on disk.
+
+The hub's SHA-256 covers a whole file, so a range cannot be checked alone. The driver streams
+each shard once, in the order the tasks use them, without writing it (convert/hub_ranges.py):
+the SHA-256 must be the hub's and the header the one planning used, and the BLAKE3 digest of
+every block is kept (`OUT.staging/.NAME.blocks`, so a rerun does not stream it again). A task is
+submitted once all of its shards are verified; it fetches its tensors' byte ranges rounded out
+to whole blocks and checks each block, so each node fetches only what its tasks read. The
+source crosses the network twice (the driver's pass, the tasks' ranges), never the disk.
+
+Workers rebuild the checkpoint's header view once per node: the config, the index and each
+shard's safetensors header in sparse stand-in files in a private temp folder (a few MB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moepack.convert.errors import ConvertError, SourceError
+from moepack.convert.hub_ranges import BlockTable, fetch_range, stream_digests
+from moepack.convert.source import Checkpoint
+from moepack.convert.st_header import TensorInfo
+from moepack.convert.tasks import Task
+
+OnMessage = Callable[[tuple], None]
+
+
+# -- the worker side ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HubSource:
+    """What every task needs to read the repository: `bulk` (an object ref) holds the small
+    files and the shard headers; shards' URLs are the driver's (pinned to the commit)."""
+
+    key: str                                # repo@commit and a digest of the bulk
+    urls: tuple[tuple[str, str], ...]       # shard -> resolve URL
+    bulk: Any                               # ray ObjectRef of {name: (bytes, size)}
+
+
+@dataclass(frozen=True)
+class HubView:
+    """A task's source: the repository and the block tables of the shards the task reads."""
+
+    hub: HubSource
+    tables: tuple[tuple[str, Any], ...]     # shard -> ray ObjectRef of its BlockTable
+
+    def open(self) -> Checkpoint:
+        import ray
+
+        ck = _OPENED.get(self.hub.key)
+        if ck is None:
+            folder = _header_folder(self.hub.key, ray.get(self.hub.bulk))
+            ck = _OPENED[self.hub.key] = RangeCheckpoint(folder, dict(self.hub.urls))
+        for name, ref in self.tables:
+            if name not in ck.tables:
+                ck.tables[name] = ray.get(ref)
+        return ck
+
+
+class RangeCheckpoint(Checkpoint):
+    """A checkpoint whose headers are local stand-ins and whose tensor bytes are read from the
+    hub by range requests, each block checked against its shard's verified digests."""
+
+    def __init__(self, folder: Path, urls: dict[str, str]) -> None:
+        super().__init__(folder)
+        self.urls = urls
+        self.tables: dict[str, BlockTable] = {}
+
+    def _read_at(self, info: TensorInfo, name: str, start: int, length: int) -> bytes:
+        table = self.tables.get(info.file)
+        if table is None:
+            raise ConvertError(f"{info.file}: read before the driver verified it (internal)")
+        lo, hi = table.span(start, start + length)
+        for _ in range(2):  # one more fetch: a proxy may have mangled the first answer
+            data = fetch_range(self.urls[info.file], info.file, lo, hi)
+            if table.check(lo, data):
+                return data[start - lo:start - lo + length]
+        raise SourceError(f"{info.file}: bytes {lo}-{hi} from the hub differ from the file whose "
+                          f"SHA-256 was verified (reading tensor {name!r})")
+
+
+_OPENED: dict[str, RangeCheckpoint] = {}
+
+
+def _header_folder(key: str, bulk: Mapping[str, tuple[bytes, int]]) -> Path:
+    """This node's stand-in folder for `key`, made once (atomic rename; concurrent workers of
+    one node race harmlessly)."""
+    base = Path(tempfile.gettempdir())
+    final = base / f"moepack-ray-{os.getuid()}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    if final.is_dir() and not final.is_symlink() and final.stat().st_uid == os.getuid():
+        return final
+    tmp = Path(tempfile.mkdtemp(prefix=".moepack-ray-", dir=base))
+    for name, (data, size) in bulk.items():
+        with open(tmp / name, "wb") as f:
+            f.write(data)
+            f.truncate(size)   # sparse: the header alone, at the shard's size
+    try:
+        os.rename(tmp, final)
+    except OSError:  # another worker of this node was first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# -- the driver side ------------------------------------------------------------------------
+class ShardVerifier(threading.Thread):
+    """Streams the shards in the order given (a saved table is reused), one at a time."""
+
+    def __init__(self, order: list[str], verify: Callable[[str], BlockTable]) -> None:
+        super().__init__(name="moepack-verify-shards", daemon=True)
+        self.order, self.verify = order, verify
+        self.tables: dict[str, BlockTable] = {}
+        self.error: BaseException | None = None
+        self.changed = threading.Condition()
+        self.stopping = False
+
+    def run(self) -> None:
+        try:
+            for name in self.order:
+                if self.stopping:
+                    return
+                table = self.verify(name)
+                with self.changed:
+                    self.tables[name] = table
+                    self.changed.notify_all()
+        except BaseException as e:  # reported by the driver's loop
+            with self.changed:
+                self.error = e
+                self.changed.notify_all()
+
+
+class HubSources:
+    """The driver's view provider for `cluster.Driver`: a task's HubView once its shards are
+    verified, None before."""
+
+    def __init__(self, ray: Any, source: HubSource, need: Callable[[Task], frozenset],
+                 verifier: ShardVerifier) -> None:
+        self.ray, self.source, self.need, self.verifier = ray, source, need, verifier
+        self.refs: dict[str, Any] = {}
+
+    def view(self, task: Task) -> HubView | None:
+        self.raise_error()
+        names = sorted(self.need(task))
+        if any(n not in self.verifier.tables for n in names):
+            return None
+        for n in names:
+            if n not in self.refs:
+                self.refs[n] = self.ray.put(self.verifier.tables[n])
+        return HubView(self.source, tuple((n, self.refs[n]) for n in names))
+
+    def wait(self, seconds: float) -> None:
+        with self.verifier.changed:
+            self.verifier.changed.wait(seconds)
+        self.raise_error()
+
+    def raise_error(self) -> None:
+        e = self.verifier.error
+        if isinstance(e, ConvertError):
+            raise type(e)(str(e)) from None
+        if e is not None:
+            raise ConvertError(f"verifying shards: {type(e).__name__}: {e}") from None
+
+    def close(self) -> None:
+        self.verifier.stopping = True
+
+
+def blocks_path(stage: Path, name: str) -> Path:
+    return stage / f".{name}.blocks"
+
+
+def bulk_of(stage: Path, small: list[str], headers: Mapping[str, bytes],
+            sizes: Mapping[str, int]) -> dict[str, tuple[bytes, int]]:
+    """The files a worker's header folder holds: small files whole, shard stand-ins."""
+    out = {n: ((stage / n).read_bytes(), (stage / n).stat().st_size) for n in small}
+    out.update({n: (headers[n], sizes[n]) for n in headers})
+    return out
+
+
+def source_key(repo: str, revision: str, bulk: Mapping[str, tuple[bytes, int]]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(bulk):
+        data, size = bulk[name]
+        h.update(f"{name}\0{size}\0{len(data)}\0".encode() + data)
+    return f"{repo}@{revision}:{h.hexdigest()[:16]}"
+
+
+def verify_shard(stage: Path, name: str, url: str, size: int, sha256: str, header: bytes,
+                 on_bytes: Callable[[int], None]) -> BlockTable:
+    """The shard's block table: saved by an earlier run for this SHA-256, or streamed now."""
+    path = blocks_path(stage, name)
+    table = BlockTable.load(path, name, size, sha256)
+    if table is None:
+        table = stream_digests(url, name, size, sha256, header, on_bytes)
+        table.save(path, sha256)
+    return table
+
+
+@dataclass
+class HubRayPlan:
+    """What the driver knows of the repository after planning (convert/stream.py)."""
+
+    address: str                                # --ray
+    key: str
+    urls: dict[str, str]                        # shard -> resolve URL
+    sizes: dict[str, int]
+    sha256: dict[str, str]
+    headers: dict[str, bytes]                   # shard -> its stand-in's header bytes
+    bulk: dict[str, tuple[bytes, int]]
+    stage: Path
+    files_of: Callable[[list[str]], frozenset]  # tensor names -> the shards holding them
+
+
+def task_tensors(task: Task) -> list[str]:
+    return [j.ref.name for j in task.trunk] + [r.name for _, refs in task.experts
+                                               for r in refs.values()]
+
+
+def execute_on_ray(plan: HubRayPlan, on_bytes: Callable[[int], None],
+                   message: Callable[[str], None]) -> Callable[..., None]:
+    """The pipeline's `execute`: connect, verify shards in the order the tasks use them, and
+    run the tasks on the cluster as they become readable."""
+    def execute(cfg: Any, tasks: list[Task], done: dict[str, str],
+                on_message: OnMessage) -> None:
+        from moepack.convert.cluster import connect, import_ray, run_on_ray
+
+        if not tasks:
+            return
+        order: list[str] = []
+        for t in tasks:
+            order += [n for n in sorted(plan.files_of(task_tensors(t))) if n not in order]
+
+        def verify(name: str) -> BlockTable:
+            message(f"verifying {name} ({plan.sizes[name]:,} bytes, streamed, not stored)")
+            return verify_shard(plan.stage, name, plan.urls[name], plan.sizes[name],
+                                plan.sha256[name], plan.headers[name], on_bytes)
+
+        with connect(plan.address) as cluster:
+            message(cluster.describe())
+            ray = import_ray()
+            source = HubSource(plan.key, tuple(sorted(plan.urls.items())), ray.put(plan.bulk))
+            verifier = ShardVerifier(order, verify)
+            sources = HubSources(ray, source, lambda t: plan.files_of(task_tensors(t)), verifier)
+            verifier.start()
+            run_on_ray(cfg, tasks, done, cluster, on_message, sources)
+    return execute
