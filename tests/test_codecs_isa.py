@@ -195,8 +195,11 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
                                                            b[~nb].view(np.uint32)))
 
 
+# stages 5 and 7 split into passes of 4 + 1 and 4 + 3 on AVX-512; 1030 rows = 17 tiles: blocks
+# of 4, 2 and 1 tiles for each thread count
 @pytest.mark.parametrize("rows,cols,stages", [(1, 7, 1), (100, 20, 2), (130, 300, 4),
-                                              (64, 1100, 3), (257, 520, 8), (700, 1536, 4)])
+                                              (64, 1100, 3), (257, 520, 8), (700, 1536, 4),
+                                              (1030, 264, 5), (520, 72, 7)])
 def test_expert_kernels_match_reference(kernels: ctypes.CDLL, rows: int, cols: int,
                                         stages: int) -> None:
     rng = np.random.default_rng(rows * 7 + cols * 3 + stages)

@@ -56,47 +56,98 @@ AVX512 static void v_rvq_tables(const float *cbt, const float *x, mpk_rvq_tab *t
     }
 }
 
-/* One stage of one group for NB tiles sharing each table load: int8 lookups summed in int16
- * lanes split into even and odd rows (|n| <= 32 * 127 fits), then f32(n) fma'd with d into
- * p[tile][k][16]: k = 0 even rows 0-30, 1 even rows 32-62, 2 odd rows 1-31, 3 odd rows 33-63
- * (the order cvtepi16_epi32 widens to). */
+/* int8 lookups of 64 codes in one (vector, stage) table held in four registers: vpermi2b looks
+ * up both 128-entry halves, a blend on code bit 7 picks one. */
+AVX512 static inline __attribute__((always_inline)) __m512i
+v_look(const __m512i t[4], __m512i code) {
+    __mmask64 hi = _mm512_movepi8_mask(code);
+    return _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(t[0], code, t[1]),
+                                  _mm512_permutex2var_epi8(t[2], code, t[3]));
+}
+
+/* Tuning (override with -D to measure): code lines prefetched ahead of each tile's read
+ * position, stages per pass, tiles per table load.  With codes in RAM, four tiles read as four
+ * strictly sequential streams ran 1.7-2.3x the previous group-hopping order (LEARNED.md). */
+#ifndef V_PF
+#define V_PF 24
+#endif
+
+/* Stages [s0, s0 + SC) of one group for NB tiles: for each vector, every stage of the chunk in
+ * turn, so each tile's codes are read strictly in storage order (one sequential stream per
+ * tile); int8 lookups summed in int16 lanes split into even and odd rows (|n| <= 32 * 127
+ * fits), then per stage in order f32(n) fma'd with d into p[tile][k][16]: k = 0 even rows 0-30,
+ * 1 even rows 32-62, 2 odd rows 1-31, 3 odd rows 33-63 (the order cvtepi16_epi32 widens to). */
 AVX512 static inline __attribute__((always_inline)) void
-v_stage(const int8_t *q, const uint8_t *c, size_t tile_bytes, int64_t v0, int64_t v1, int S, int st,
-        float d, float (*p)[4][16], const int NB) {
-    __m512i ev[4], od[4];
+v_stages(const int8_t *q, const uint8_t *c, size_t tile_bytes, int64_t v0, int64_t v1, int S,
+         int s0, const float *d, float (*p)[4][16], const int NB, const int SC) {
+    __m512i ev[8][4], od[8][4];
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; b++)
 #pragma GCC unroll 4
-    for (int b = 0; b < NB; b++) ev[b] = od[b] = _mm512_setzero_si512();
+        for (int s = 0; s < SC; s++) ev[b][s] = od[b][s] = _mm512_setzero_si512();
     for (int64_t v = v0; v < v1; v++) {
-        size_t j = (size_t)(v * S + st);
-        const int8_t *tab = q + j * 256;
-        const __m512i t0 = _mm512_load_si512(tab), t1 = _mm512_load_si512(tab + 64);
-        const __m512i t2 = _mm512_load_si512(tab + 128), t3 = _mm512_load_si512(tab + 192);
 #pragma GCC unroll 4
-        for (int b = 0; b < NB; b++) {
-            __m512i code = _mm512_loadu_si512(c + b * tile_bytes + j * 64);
-            /* the same line one group ahead (a few % with codes in RAM) */
-            _mm_prefetch((const char *)(c + b * tile_bytes + (j + MPK_RVQ_GROUP * (size_t)S) * 64), _MM_HINT_T0);
-            __mmask64 hi = _mm512_movepi8_mask(code);
-            __m512i r = _mm512_mask_blend_epi8(hi, _mm512_permutex2var_epi8(t0, code, t1),
-                                               _mm512_permutex2var_epi8(t2, code, t3));
-            ev[b] = _mm512_add_epi16(ev[b], _mm512_srai_epi16(_mm512_slli_epi16(r, 8), 8));
-            od[b] = _mm512_add_epi16(od[b], _mm512_srai_epi16(r, 8));
+        for (int s = 0; s < SC; s++) {
+            size_t j = (size_t)(v * S + s0 + s);
+            const int8_t *tab = q + j * 256;
+            const __m512i t[4] = {_mm512_load_si512(tab), _mm512_load_si512(tab + 64),
+                                  _mm512_load_si512(tab + 128), _mm512_load_si512(tab + 192)};
+#pragma GCC unroll 8
+            for (int b = 0; b < NB; b++) {
+                const uint8_t *cl = c + b * tile_bytes + j * 64;
+                _mm_prefetch((const char *)(cl + V_PF * 64), _MM_HINT_T0);
+                __m512i r = v_look(t, _mm512_loadu_si512(cl));
+                ev[b][s] = _mm512_add_epi16(ev[b][s], _mm512_srai_epi16(_mm512_slli_epi16(r, 8), 8));
+                od[b][s] = _mm512_add_epi16(od[b][s], _mm512_srai_epi16(r, 8));
+            }
         }
     }
-    const __m512 dv = _mm512_set1_ps(d);
 #pragma GCC unroll 4
-    for (int b = 0; b < NB; b++) {
-        __m512i n[4] = {_mm512_cvtepi16_epi32(_mm512_castsi512_si256(ev[b])),
-                        _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(ev[b], 1)),
-                        _mm512_cvtepi16_epi32(_mm512_castsi512_si256(od[b])),
-                        _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(od[b], 1))};
-        #pragma GCC unroll 8
-        for (int k = 0; k < 4; k++)
-            _mm512_storeu_ps(p[b][k], _mm512_fmadd_ps(_mm512_cvtepi32_ps(n[k]), dv, _mm512_loadu_ps(p[b][k])));
+    for (int s = 0; s < SC; s++) {
+        const __m512 dv = _mm512_set1_ps(d[s0 + s]);
+#pragma GCC unroll 8
+        for (int b = 0; b < NB; b++) {
+            __m512i n[4] = {_mm512_cvtepi16_epi32(_mm512_castsi512_si256(ev[b][s])),
+                            _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(ev[b][s], 1)),
+                            _mm512_cvtepi16_epi32(_mm512_castsi512_si256(od[b][s])),
+                            _mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(od[b][s], 1))};
+#pragma GCC unroll 8
+            for (int k = 0; k < 4; k++)
+                _mm512_storeu_ps(p[b][k], _mm512_fmadd_ps(_mm512_cvtepi32_ps(n[k]), dv, _mm512_loadu_ps(p[b][k])));
+        }
     }
 }
 
-#define V_NB 4 /* tiles per table load: 8 int16 accumulators + 4 table registers */
+#ifndef V_SC
+#define V_SC 4
+#endif
+#ifndef V_NB
+#define V_NB 4
+#endif
+
+/* Stages in passes of up to V_SC (V_NB x 2 x V_SC int16 accumulators, 4 table registers). */
+AVX512 static void v_group(const int8_t *q, const uint8_t *c, size_t tile_bytes, int64_t v0, int64_t v1,
+                           int S, const float *d, float (*p)[4][16], int64_t nb) {
+    for (int s0 = 0; s0 < S;) {
+        int sc = S - s0 <= V_SC ? S - s0 : V_SC;
+#define V_CASES(NB)                                                                          \
+        switch (sc) {                                                                        \
+        case 4: v_stages(q, c, tile_bytes, v0, v1, S, s0, d, p, NB, 4); break;               \
+        case 3: v_stages(q, c, tile_bytes, v0, v1, S, s0, d, p, NB, 3); break;               \
+        case 2: v_stages(q, c, tile_bytes, v0, v1, S, s0, d, p, NB, 2); break;               \
+        default: v_stages(q, c, tile_bytes, v0, v1, S, s0, d, p, NB, 1); break;              \
+        }
+        if (nb == V_NB) {
+            V_CASES(V_NB)
+        } else if (nb == 2) {
+            V_CASES(2)
+        } else {
+            V_CASES(1)
+        }
+#undef V_CASES
+        s0 += sc;
+    }
+}
 
 AVX512 static void v_rvq_acc(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
                              int64_t g0, int64_t g1, float *pf) {
@@ -104,24 +155,14 @@ AVX512 static void v_rvq_acc(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t til
     const int64_t nv = w->nv, J = nv * S;
     const size_t tile_bytes = (size_t)J * 64;
     float (*p)[4][16] = (float (*)[4][16])pf;
-    /* tile-block-outer: each tile's codes stream sequentially (V_NB streams) while the block's
-     * tables come from L2; measured 5-10 % faster with codes in RAM than group-outer (tables in
-     * L1, codes read in 32-vector chunks hopping between tiles), equal with codes in cache */
-    for (int64_t i = 0; i < ntiles; i += V_NB) {
+    for (int64_t i = 0; i < ntiles;) {
+        int64_t nb = ntiles - i >= V_NB ? V_NB : ntiles - i >= 2 ? 2 : 1;
+        const uint8_t *c = w->codes + (size_t)(tile0 + i) * tile_bytes;
         for (int64_t g = g0; g < g1; g++) {
             int64_t v0 = g * MPK_RVQ_GROUP, v1 = v0 + MPK_RVQ_GROUP < nv ? v0 + MPK_RVQ_GROUP : nv;
-            const uint8_t *c = w->codes + (size_t)(tile0 + i) * tile_bytes;
-            int64_t nb = ntiles - i < V_NB ? ntiles - i : V_NB;
-            for (int st = 0; st < S; st++) {
-                float d = t->d[g * S + st];
-                switch (nb) {
-                case 4: v_stage(t->q, c, tile_bytes, v0, v1, S, st, d, p + i, 4); break;
-                case 3: v_stage(t->q, c, tile_bytes, v0, v1, S, st, d, p + i, 3); break;
-                case 2: v_stage(t->q, c, tile_bytes, v0, v1, S, st, d, p + i, 2); break;
-                default: v_stage(t->q, c, tile_bytes, v0, v1, S, st, d, p + i, 1); break;
-                }
-            }
+            v_group(t->q, c, tile_bytes, v0, v1, S, t->d + g * S, p + i, nb);
         }
+        i += nb;
     }
 }
 
