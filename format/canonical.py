@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from moepack.format.errors import FormatError
+from moepack.format.errors import FormatError, reject
 from moepack.format.limits import MAX_JSON_DEPTH
 
 from moepack.untrusted_json import json_depth
@@ -24,22 +24,23 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise FormatError(f"duplicate key {key!r}")
+            raise FormatError(f"duplicate key {key!r}", "duplicate_key")
         out[key] = value
     return out
 
 
 def _parse_int(text: str) -> int:
     if len(text) > 20:  # longer than any int64; refused before Python builds a huge integer
-        raise FormatError(f"integer out of range: {text[:24]}... (JSON integers must fit int64)")
+        raise FormatError(f"integer out of range: {text[:24]}... (JSON integers must fit int64)",
+                          "integer_range")
     return int(text)
 
 
 def _no_constant(name: str) -> Any:
-    raise FormatError(f"forbidden constant {name}")
+    raise FormatError(f"forbidden constant {name}", "forbidden_constant")
 
 
-def _check_ints(obj: Any, where: str) -> None:
+def _check_ints(obj: Any, field: str, offset: int | None) -> None:
     """Every integer must fit a signed 64-bit value, so C readers parse the same documents."""
     stack = [obj]
     while stack:
@@ -49,35 +50,38 @@ def _check_ints(obj: Any, where: str) -> None:
         elif isinstance(x, list):
             stack.extend(x)
         elif isinstance(x, int) and not isinstance(x, bool) and not INT_MIN <= x <= INT_MAX:
-            raise FormatError(f"{where}: integer out of range: {x} (JSON integers must fit int64)")
+            raise reject("integer_range", field,
+                         f"integer out of range: {x} (JSON integers must fit int64)", offset)
 
 
-def parse_canonical(data: bytes, where: str) -> Any:
-    """Parse `data` as canonical JSON; `where` names the field and offset for error messages."""
+def parse_canonical(data: bytes, field: str, offset: int | None = None) -> Any:
+    """Parse `data` as canonical JSON; errors name `field` and the file `offset` of `data`."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise FormatError(f"{where}: invalid UTF-8 at byte {e.start}") from None
+        raise reject("invalid_utf8", field, f"invalid UTF-8 at byte {e.start}", offset) from None
     depth = json_depth(data, MAX_JSON_DEPTH)  # before parsing: no parser recursion
     if depth > MAX_JSON_DEPTH:
-        raise FormatError(f"{where}: JSON nesting depth {depth} exceeds {MAX_JSON_DEPTH}")
+        raise reject("json_depth", field, f"JSON nesting depth {depth} exceeds {MAX_JSON_DEPTH}",
+                     offset)
     try:
         obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
                          parse_int=_parse_int)
     except FormatError as e:
-        kind = "" if str(e).startswith("integer out of range") else "bad JSON: "
-        raise FormatError(f"{where}: {kind}{e}") from None
-    except (ValueError, RecursionError) as e:
-        raise FormatError(f"{where}: bad JSON: {e}") from None
-    _check_ints(obj, where)
+        kind = "" if e.code == "integer_range" else "bad JSON: "
+        raise reject(e.code, field, f"{kind}{e}", offset) from None
+    except json.JSONDecodeError as e:  # the detail is CPython's wording; only the code is stable
+        raise reject("json_syntax", field, f"bad JSON: {e}", offset) from None
+    _check_ints(obj, field, offset)
     try:
         again = json.dumps(
             obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
     except ValueError as e:  # e.g. 1e400 parsed as infinity
-        raise FormatError(f"{where}: not canonical JSON: {e}") from None
+        raise reject("not_canonical", field, f"not canonical JSON: {e}", offset) from None
     if again != text:
         pairs = enumerate(zip(again, text, strict=False))
         at = next((i for i, (a, b) in pairs if a != b), min(len(again), len(text)))
-        raise FormatError(f"{where}: not canonical JSON (first difference at character {at})")
+        raise reject("not_canonical", field,
+                     f"not canonical JSON (first difference at character {at})", offset)
     return obj

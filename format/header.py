@@ -6,7 +6,7 @@ import struct
 from dataclasses import dataclass
 
 import blake3
-from moepack.format.errors import FormatError
+from moepack.format.errors import FormatError, reject
 from moepack.format.limits import (
     HEADER_SIZE,
     KNOWN_REQUIRED_FLAGS,
@@ -45,8 +45,8 @@ class Header:
         return body + blake3.blake3(body).digest()
 
 
-def _fail(field: str, offset: int, why: str) -> FormatError:
-    return FormatError(f"header.{field} at offset {offset}: {why}")
+def _fail(code: str, field: str, offset: int, why: str) -> FormatError:
+    return reject(code, f"header.{field}", why, offset)
 
 
 def parse_header(head: bytes, real_size: int) -> Header:
@@ -55,48 +55,44 @@ def parse_header(head: bytes, real_size: int) -> Header:
     `head` is the first min(real_size, 128) bytes of the file.
     """
     if real_size < HEADER_SIZE or len(head) < HEADER_SIZE:
-        raise FormatError(
-            f"truncated: file is {real_size} bytes, shorter than the {HEADER_SIZE}-byte header"
-        )
+        raise reject("truncated", None, f"truncated: file is {real_size} bytes, shorter than "
+                     f"the {HEADER_SIZE}-byte header")
     head = bytes(head[:HEADER_SIZE])
     if head.count(0) == HEADER_SIZE:
-        raise FormatError("unfinished conversion: header is all zero (offset 0, 128 bytes)")
+        raise reject("unfinished", None,
+                     "unfinished conversion: header is all zero (offset 0, 128 bytes)", 0)
     (magic, major, minor, flags, alignment, header_size, file_size, index_offset, index_length,
      root_hash, reserved) = _BODY.unpack(head[:96])
     if magic != MAGIC:
-        raise _fail("magic", 0, f"bad magic {magic.hex()} (not a moepack file)")
+        raise _fail("bad_magic", "magic", 0, f"bad magic {magic.hex()} (not a moepack file)")
     if major != MAJOR:
-        raise _fail("major", 8, f"unsupported major version {major} (this reader supports {MAJOR})")
+        raise _fail("unsupported_major", "major", 8,
+                    f"unsupported major version {major} (this reader supports {MAJOR})")
     if blake3.blake3(head[:96]).digest() != head[96:]:
-        raise _fail("header_hash", 96, "header hash mismatch (header damaged)")
+        raise _fail("header_hash_mismatch", "header_hash", 96,
+                    "header hash mismatch (header damaged)")
     if header_size != HEADER_SIZE:
-        raise _fail("header_size", 20, f"header_size {header_size} != {HEADER_SIZE}")
+        raise _fail("header_size", "header_size", 20, f"header_size {header_size} != {HEADER_SIZE}")
     unknown = flags & REQUIRED_FLAGS_MASK & ~KNOWN_REQUIRED_FLAGS
     if unknown:
-        raise _fail("flags", 12, f"unknown required flag bits 0x{unknown:04x}")
+        raise _fail("unknown_required_flag", "flags", 12,
+                    f"unknown required flag bits 0x{unknown:04x}")
     if reserved.count(0) != len(reserved):
-        raise _fail("reserved", 80, "reserved bytes are not zero")
+        raise _fail("reserved_nonzero", "reserved", 80, "reserved bytes are not zero")
     if not (MIN_ALIGNMENT <= alignment <= MAX_ALIGNMENT) or alignment & (alignment - 1):
-        raise _fail(
-            "alignment", 16,
-            f"alignment {alignment} is not a power of two in {MIN_ALIGNMENT}..{MAX_ALIGNMENT}",
-        )
+        raise _fail("bad_alignment", "alignment", 16, f"alignment {alignment} is not a power of "
+                    f"two in {MIN_ALIGNMENT}..{MAX_ALIGNMENT}")
     if file_size != real_size:
-        raise _fail("file_size", 24, f"file_size {file_size} != actual file size {real_size}")
+        raise _fail("file_size_mismatch", "file_size", 24,
+                    f"file_size {file_size} != actual file size {real_size}")
     if not MIN_INDEX_LENGTH <= index_length <= MAX_INDEX_LENGTH:
-        raise _fail(
-            "index_length", 40,
-            f"index length {index_length} outside {MIN_INDEX_LENGTH}..{MAX_INDEX_LENGTH}",
-        )
+        raise _fail("index_length", "index_length", 40,
+                    f"index length {index_length} outside {MIN_INDEX_LENGTH}..{MAX_INDEX_LENGTH}")
     if index_offset < alignment or index_offset % SECTION_ALIGNMENT:
-        raise _fail(
-            "index_offset", 32,
-            f"index offset {index_offset} must be >= alignment {alignment} and a multiple of "
-            f"{SECTION_ALIGNMENT}",
-        )
+        raise _fail("index_offset", "index_offset", 32,
+                    f"index offset {index_offset} must be >= alignment {alignment} and a "
+                    f"multiple of {SECTION_ALIGNMENT}")
     if index_offset + index_length != file_size:
-        raise _fail(
-            "index_offset", 32,
-            f"index extent {index_offset}+{index_length} does not end at file size {file_size}",
-        )
+        raise _fail("index_extent", "index_offset", 32, f"index extent {index_offset}+"
+                    f"{index_length} does not end at file size {file_size}")
     return Header(major, minor, flags, alignment, file_size, index_offset, index_length, root_hash)

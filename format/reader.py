@@ -13,7 +13,7 @@ import numpy as np
 from moepack.format import codecs
 from moepack.format.blobs import decompress_blob
 from moepack.format.canonical import parse_canonical
-from moepack.format.errors import FormatError
+from moepack.format.errors import FormatError, reject
 from moepack.format.header import Header, parse_header
 from moepack.format.limits import HEADER_SIZE
 from moepack.format.rules import check_obj, validate_manifest
@@ -25,17 +25,18 @@ def parse_index(data: bytes, h: Header) -> tuple[dict[str, Any], Sections]:
 
     Does not check the bytes against h.root_hash; callers that trust the header do that first.
     """
-    doc = check_obj(parse_canonical(data, f"index at offset {h.index_offset}"), "index")
+    doc = check_obj(parse_canonical(data, "index", h.index_offset), "index")
     for key in ("manifest", "sections"):
         if key not in doc:
-            raise FormatError(f"index: missing key {key!r}")
+            raise reject("missing_key", "index", f"missing key {key!r}")
     return validate_manifest(doc["manifest"]), validate_sections(doc["sections"], h)
 
 
 def _validate_index(mm: mmap.mmap, h: Header) -> tuple[dict[str, Any], Sections]:
     data = mm[h.index_offset : h.index_offset + h.index_length]
     if blake3.blake3(data).digest() != h.root_hash:
-        raise FormatError("header.root_hash at offset 48: index hash mismatch (index damaged)")
+        raise reject("index_hash_mismatch", "header.root_hash",
+                     "index hash mismatch (index damaged)", 48)
     return parse_index(data, h)
 
 
@@ -67,17 +68,16 @@ class Container:
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise FormatError("file: not a regular file (a directory, device or FIFO)")
+                raise reject("not_regular_file", "file",
+                             "not a regular file (a directory, device or FIFO)")
             size = st.st_size
             head = os.pread(fd, HEADER_SIZE, 0)
             header = parse_header(head, size)
             mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
             pad = mm[HEADER_SIZE : header.alignment]
             if pad.count(0) != len(pad):
-                raise FormatError(
-                    f"header padding at offset {HEADER_SIZE}: bytes up to the alignment "
-                    f"({header.alignment}) are not zero"
-                )
+                raise reject("header_padding", "header.padding", "header padding bytes up to "
+                             f"the alignment ({header.alignment}) are not zero", HEADER_SIZE)
             manifest, sections = _validate_index(mm, header)
         except BaseException:
             if mm is not None:
@@ -125,7 +125,7 @@ class Container:
         try:
             return codecs.decode(codec, tuple(shape), data, **refs)
         except FormatError as e:
-            raise FormatError(f"{where}: {e}") from None
+            raise FormatError(f"{where}: {e}", e.code) from None
 
     def blob_names(self) -> list[str]:
         return [s["name"] for s in self.sections if s["type"] == "blob"]

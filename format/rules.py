@@ -7,7 +7,7 @@ from math import prod
 from typing import Any
 
 from moepack.format import codecs
-from moepack.format.errors import FormatError
+from moepack.format.errors import FormatError, reject
 from moepack.format.limits import MAX_DIM, MAX_DIMS, MAX_ELEMENTS, MAX_NAME_BYTES, MAX_U63
 
 from moepack.safefs import name_problem
@@ -22,15 +22,15 @@ def is_int(value: Any) -> bool:
 
 def check_int(value: Any, where: str, lo: int = 0, hi: int = MAX_U63) -> int:
     if not is_int(value):
-        raise FormatError(f"{where}: expected an integer, got {type(value).__name__}")
+        raise reject("wrong_type", where, f"expected an integer, got {type(value).__name__}")
     if not lo <= value <= hi:
-        raise FormatError(f"{where}: {value} outside {lo}..{hi}")
+        raise reject("out_of_range", where, f"{value} outside {lo}..{hi}")
     return value
 
 
 def _check_type(value: Any, kind: type, what: str, where: str) -> Any:
     if not isinstance(value, kind):
-        raise FormatError(f"{where}: expected {what}, got {type(value).__name__}")
+        raise reject("wrong_type", where, f"expected {what}, got {type(value).__name__}")
     return value
 
 
@@ -49,7 +49,8 @@ def check_list(value: Any, where: str) -> list:
 def check_name(value: Any, where: str) -> str:
     name = check_str(value, where)
     if not 1 <= len(name) <= MAX_NAME_BYTES or not _NAME.fullmatch(name):
-        raise FormatError(f"{where}: name must be 1-{MAX_NAME_BYTES} printable ASCII characters")
+        raise reject("bad_name", where,
+                     f"name must be 1-{MAX_NAME_BYTES} printable ASCII characters")
     return name
 
 
@@ -58,38 +59,40 @@ def check_blob_name(name: str, where: str) -> str:
     by the same rule as moepack.safefs.name_problem."""
     problem = name_problem(name)
     if problem:
-        raise FormatError(f"{where}: {problem}; a blob name must be a plain file name")
+        raise reject("blob_name", where, f"{problem}; a blob name must be a plain file name")
     return name
 
 
 def check_hex_hash(value: Any, where: str) -> bytes:
     text = check_str(value, where)
     if not _HEX64.fullmatch(text):
-        raise FormatError(f"{where}: bad hash string (want 64 lowercase hex characters)")
+        raise reject("bad_hash_string", where, "bad hash string (want 64 lowercase hex characters)")
     return bytes.fromhex(text)
 
 
 def check_shape(value: Any, where: str) -> tuple[int, ...]:
     dims = check_list(value, where)
     if not 1 <= len(dims) <= MAX_DIMS:
-        raise FormatError(f"{where}: shape must have 1..{MAX_DIMS} dimensions, has {len(dims)}")
+        raise reject("bad_shape", where,
+                     f"shape must have 1..{MAX_DIMS} dimensions, has {len(dims)}")
     shape = tuple(check_int(d, f"{where}[{i}]", 1, MAX_DIM) for i, d in enumerate(dims))
     if prod(shape) > MAX_ELEMENTS:
-        raise FormatError(f"{where}: shape has more than {MAX_ELEMENTS} elements")
+        raise reject("bad_shape", where, f"shape has more than {MAX_ELEMENTS} elements")
     return shape
 
 
 def codec_nbytes(codec: Any, shape: tuple[int, ...], where: str) -> int:
-    """Encoded size of `shape` under `codec`; any problem with the codec object is a FormatError."""
+    """Encoded size of `shape` under `codec`; any problem with the codec object is a FormatError.
+
+    The codec checks validate every key's type explicitly: any other exception is a bug."""
     codec = check_obj(codec, f"{where}.codec")
-    check_str(codec.get("name"), f"{where}.codec.name")
+    name = check_str(codec.get("name"), f"{where}.codec.name")
+    code = "bad_codec" if name in codecs.CODECS else "unknown_codec"
     try:
-        validate = getattr(codecs, "validate_codec", None)
-        if validate is not None:
-            validate(codec, shape)
+        codecs.validate_codec(codec, shape)
         n = codecs.encoded_nbytes(codec, shape)
-    except (ValueError, KeyError, TypeError, ZeroDivisionError, OverflowError) as e:
-        raise FormatError(f"{where}.codec: {e}") from None
+    except FormatError as e:
+        raise reject(code, f"{where}.codec", str(e)) from None
     return check_int(n, f"{where}.codec size")
 
 
@@ -100,8 +103,8 @@ def check_class_codec(cls: str, codec: dict, where: str) -> None:
     """A class in CLASS_CODECS takes only its listed codecs (call after the codec is valid)."""
     allowed = CLASS_CODECS.get(cls)
     if allowed is not None and codec["name"] not in allowed:
-        raise FormatError(f"{where}.codec: codec {codec['name']!r} not allowed for class "
-                          f"{cls!r} (must be {' or '.join(map(repr, allowed))})")
+        raise reject("class_codec", f"{where}.codec", f"codec {codec['name']!r} not allowed for "
+                     f"class {cls!r} (must be {' or '.join(map(repr, allowed))})")
 
 
 def validate_manifest(manifest: Any, where: str = "index.manifest") -> dict:
@@ -109,7 +112,7 @@ def validate_manifest(manifest: Any, where: str = "index.manifest") -> dict:
     m = check_obj(manifest, where)
     for key in ("model", "source", "converter", "codecs"):
         if key not in m:
-            raise FormatError(f"{where}: missing key {key!r}")
+            raise reject("missing_key", where, f"missing key {key!r}")
         check_obj(m[key], f"{where}.{key}")
     check_str(m["model"].get("arch"), f"{where}.model.arch")
     src = m["source"]
@@ -124,7 +127,8 @@ def validate_manifest(manifest: Any, where: str = "index.manifest") -> dict:
         check_int(f.get("size"), f"{fw}.size")
         check_hex_hash(f.get("sha256"), f"{fw}.sha256")
     if names != sorted(names) or len(set(names)) != len(names):
-        raise FormatError(f"{where}.source.files: not sorted by name or names repeat")
+        raise reject("files_unsorted", f"{where}.source.files",
+                     "not sorted by name or names repeat")
     conv = m["converter"]
     check_str(conv.get("name"), f"{where}.converter.name")
     check_str(conv.get("version"), f"{where}.converter.version")

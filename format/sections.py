@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from moepack.format.errors import FormatError
+from moepack.format.errors import reject
 from moepack.format.header import Header
 from moepack.format.limits import (
     BANK_PARTS,
@@ -58,16 +58,16 @@ def _check_common(i: int, s: Any, h: Header) -> tuple[str, int, int]:
     length = check_int(s.get("length"), f"{w}.length", 1)
     need = h.alignment if kind == "expert_bank" else SECTION_ALIGNMENT
     if offset % need:
-        raise FormatError(f"{w}.offset: {offset} is not a multiple of {need}")
+        raise reject("misaligned", f"{w}.offset", f"{offset} is not a multiple of {need}")
     if offset < h.alignment:
-        raise FormatError(f"{w}.offset: {offset} lies in the header region (< {h.alignment})")
+        raise reject("header_region", f"{w}.offset",
+                     f"{offset} lies in the header region (< {h.alignment})")
     if offset + length > h.index_offset:  # Python ints: no overflow; both are <= 2^63-1
-        raise FormatError(
-            f"{w}: extent {offset}+{length} runs past the index at offset {h.index_offset}"
-        )
+        raise reject("past_index", w,
+                     f"extent {offset}+{length} runs past the index at offset {h.index_offset}")
     if kind == "expert_bank":
         if "hash" in s:
-            raise FormatError(f"{w}.hash: expert banks carry no section hash")
+            raise reject("bank_hash", f"{w}.hash", "expert banks carry no section hash")
     else:
         check_hex_hash(s.get("hash"), f"{w}.hash")
     return kind, offset, length
@@ -79,56 +79,54 @@ def _check_extents(sections: list[dict[str, Any]], h: Header) -> None:
     for i, s in enumerate(sections):
         w = _where(i, s)
         if s["offset"] < end:
-            raise FormatError(
-                f"{w}.offset: {s['offset']} overlaps the previous extent (ending at {end})"
-            )
+            raise reject("extent_overlap", f"{w}.offset",
+                         f"{s['offset']} overlaps the previous extent (ending at {end})")
         need = h.alignment if s["type"] == "expert_bank" else SECTION_ALIGNMENT
         if s["offset"] - end >= need:
-            raise FormatError(
-                f"{w}.offset: gap of {s['offset'] - end} bytes before it (must be < {need})"
-            )
+            raise reject("extent_gap", f"{w}.offset",
+                         f"gap of {s['offset'] - end} bytes before it (must be < {need})")
         end = s["offset"] + s["length"]
     if h.index_offset - end >= SECTION_ALIGNMENT:
-        raise FormatError(
-            f"header.index_offset at offset 32: gap of {h.index_offset - end} bytes before the "
-            f"index (must be < {SECTION_ALIGNMENT})"
-        )
+        raise reject("extent_gap", "header.index_offset", f"gap of {h.index_offset - end} bytes "
+                     f"before the index (must be < {SECTION_ALIGNMENT})", 32)
 
 
 def _check_layout_flag(w: str, codec: dict, h: Header) -> None:
     """rvq codes are tiled since 1.1 (CODECS.md §3); a 1.0 file's rows would be misread."""
     if codec["name"] == "rvq" and not h.flags & FLAG_RVQ_TILED:
-        raise FormatError(f"{w}.codec: rvq codes without header flag bit 0 (64-row tiles): the "
-                          "file was made by format 1.0 and must be reconverted")
+        raise reject("needs_reconversion", f"{w}.codec", "rvq codes without header flag bit 0 "
+                     "(64-row tiles): the file was made by format 1.0 and must be reconverted")
 
 
 def _check_tensor(w: str, s: dict[str, Any], h: Header) -> None:
     cls = check_str(s.get("class"), f"{w}.class")
     if not cls:
-        raise FormatError(f"{w}.class: empty")
+        raise reject("empty_class", f"{w}.class", "empty")
     shape = check_shape(s.get("shape"), f"{w}.shape")
     n = codec_nbytes(s.get("codec"), shape, w)
     check_class_codec(cls, s["codec"], w)
     _check_layout_flag(w, s["codec"], h)
     if n != s["length"]:
-        raise FormatError(f"{w}.length: {s['length']} != {n} bytes for shape × codec")
+        raise reject("length_mismatch", f"{w}.length",
+                     f"{s['length']} != {n} bytes for shape × codec")
 
 
 def _check_blob(w: str, s: dict[str, Any]) -> None:
     check_blob_name(s["name"], f"{w}.name")
     comp = s.get("compression")
     if comp not in ("none", "zstd"):
-        raise FormatError(f"{w}.compression: {comp!r} is not 'none' or 'zstd'")
+        raise reject("blob_compression", f"{w}.compression", f"{comp!r} is not 'none' or 'zstd'")
     raw = check_int(s.get("raw_length"), f"{w}.raw_length", 0, MAX_BLOB_RAW)
     if comp == "none" and raw != s["length"]:
-        raise FormatError(f"{w}.raw_length: {raw} != length {s['length']} for compression 'none'")
+        raise reject("blob_raw_length", f"{w}.raw_length",
+                     f"{raw} != length {s['length']} for compression 'none'")
 
 
 def _check_parts(w: str, s: dict[str, Any], h: Header) -> int:
     parts = check_list(s.get("parts"), f"{w}.parts")
     names = [check_obj(p, f"{w}.parts[{j}]").get("name") for j, p in enumerate(parts)]
     if tuple(names) != BANK_PARTS:
-        raise FormatError(f"{w}.parts: names must be {list(BANK_PARTS)} in order")
+        raise reject("part_names", f"{w}.parts", f"names must be {list(BANK_PARTS)} in order")
     pos = 0
     for j, p in enumerate(parts):
         pw = f"{w}.parts[{j}]"
@@ -138,9 +136,11 @@ def _check_parts(w: str, s: dict[str, Any], h: Header) -> int:
         off = check_int(p.get("offset"), f"{pw}.offset")
         length = check_int(p.get("length"), f"{pw}.length", 1)
         if off != align_up(pos, SECTION_ALIGNMENT):
-            raise FormatError(f"{pw}.offset: {off} != {align_up(pos, SECTION_ALIGNMENT)}")
+            raise reject("part_offset", f"{pw}.offset",
+                         f"{off} != {align_up(pos, SECTION_ALIGNMENT)}")
         if length != n:
-            raise FormatError(f"{pw}.length: {length} != {n} bytes for shape × codec")
+            raise reject("length_mismatch", f"{pw}.length",
+                         f"{length} != {n} bytes for shape × codec")
         pos = off + length
     return pos
 
@@ -153,37 +153,40 @@ def _check_bank(w: str, s: dict[str, Any], h: Header) -> None:
     record_length = check_int(s.get("record_length"), f"{w}.record_length", 1)
     check_name(s.get("hashes"), f"{w}.hashes")
     if stride % alignment:
-        raise FormatError(f"{w}.stride: {stride} is not a multiple of the alignment {alignment}")
+        raise reject("stride", f"{w}.stride",
+                     f"{stride} is not a multiple of the alignment {alignment}")
     if count * stride != s["length"]:
-        raise FormatError(f"{w}.length: {s['length']} != count {count} × stride {stride}")
+        raise reject("bank_length", f"{w}.length",
+                     f"{s['length']} != count {count} × stride {stride}")
     end = _check_parts(w, s, h)
     if record_length != end:
-        raise FormatError(f"{w}.record_length: {record_length} != end of last part {end}")
+        raise reject("record_length", f"{w}.record_length",
+                     f"{record_length} != end of last part {end}")
     if stride != align_up(record_length, alignment):
-        raise FormatError(
-            f"{w}.stride: {stride} != record_length rounded up to the alignment "
-            f"({align_up(record_length, alignment)})"
-        )
+        raise reject("stride", f"{w}.stride", f"{stride} != record_length rounded up to the "
+                     f"alignment ({align_up(record_length, alignment)})")
 
 
 def validate_sections(value: Any, h: Header) -> Sections:
     """Check every section's keys, types and extents, then the cross-references."""
     sections = check_list(value, "index.sections")
     if len(sections) > MAX_SECTIONS:
-        raise FormatError(f"index.sections: {len(sections)} entries exceed {MAX_SECTIONS}")
+        raise reject("too_many_sections", "index.sections",
+                     f"{len(sections)} entries exceed {MAX_SECTIONS}")
     by_name: dict[str, dict[str, Any]] = {}
     for i, s in enumerate(sections):
         kind, _, _ = _check_common(i, s, h)
         w = _where(i, s)
         if s["name"] in by_name:
-            raise FormatError(f"{w}.name: duplicate section name")
+            raise reject("duplicate_name", f"{w}.name", "duplicate section name")
         by_name[s["name"]] = s
         if kind == "tensor":
             _check_tensor(w, s, h)
         elif kind == "blob":
             _check_blob(w, s)
         elif kind == "expert_hashes" and s["length"] % 32:
-            raise FormatError(f"{w}.length: {s['length']} is not a multiple of 32")
+            raise reject("hash_table_length", f"{w}.length",
+                         f"{s['length']} is not a multiple of 32")
         elif kind == "expert_bank":
             _check_bank(w, s, h)
     _check_extents(sections, h)
@@ -194,20 +197,21 @@ def validate_sections(value: Any, h: Header) -> Sections:
             continue
         w = _where(i, s)
         if s["layer"] in banks:
-            raise FormatError(f"{w}.layer: a second bank for layer {s['layer']}")
+            raise reject("second_bank", f"{w}.layer", f"a second bank for layer {s['layer']}")
         banks[s["layer"]] = s
         table = by_name.get(s["hashes"])
         if table is None or table["type"] != "expert_hashes":
-            raise FormatError(f"{w}.hashes: no expert_hashes section named {s['hashes']!r}")
+            raise reject("missing_hash_table", f"{w}.hashes",
+                         f"no expert_hashes section named {s['hashes']!r}")
         if s["hashes"] in users:
-            raise FormatError(f"{w}.hashes: {s['hashes']!r} already used by {users[s['hashes']]}")
+            raise reject("hash_table_shared", f"{w}.hashes",
+                         f"{s['hashes']!r} already used by {users[s['hashes']]}")
         users[s["hashes"]] = s["name"]
         if table["length"] != 32 * s["count"]:
-            raise FormatError(
-                f"{w}.hashes: {s['hashes']!r} has length {table['length']}, "
-                f"expected count × 32 = {32 * s['count']}"
-            )
+            raise reject("hash_table_length", f"{w}.hashes", f"{s['hashes']!r} has length "
+                         f"{table['length']}, expected count × 32 = {32 * s['count']}")
     for i, s in enumerate(sections):
         if s["type"] == "expert_hashes" and s["name"] not in users:
-            raise FormatError(f"{_where(i, s)}: no expert bank refers to this hash table")
+            raise reject("orphan_hash_table", _where(i, s),
+                         "no expert bank refers to this hash table")
     return Sections(sections, by_name, banks)

@@ -1,10 +1,12 @@
-"""Locates and loads the compiled engine library."""
+"""Locates and loads the compiled engine library; the C container check with its error code."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
 import importlib.machinery
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -23,3 +25,25 @@ def load() -> ctypes.CDLL:
 
 def version() -> str:
     return load().mp_version().decode()
+
+
+@dataclass(frozen=True)
+class ContainerCheck:
+    """The C reader's verdict on a file: rc (0 = opens), the stable code of spec/FORMAT.md §11
+    (moepack.format.errors.CODES; "" when rc is not a format error) and the message."""
+
+    rc: int
+    code: str
+    message: str
+
+
+def check_container(path: str | os.PathLike) -> ContainerCheck:
+    """Open and validate `path` with the C reader (runtime/src/container.c), then close it."""
+    lib = load()
+    fn = lib.mp_container_check_code
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
+                   ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    code, err = ctypes.create_string_buffer(64), ctypes.create_string_buffer(4096)
+    rc = fn(os.fsencode(path), code, len(code), err, len(err))
+    return ContainerCheck(rc, code.value.decode("ascii"), err.value.decode("utf-8", "replace"))

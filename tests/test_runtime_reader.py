@@ -1,8 +1,8 @@
 """The C reader (runtime/src/container.c) against the spec vectors and the Python reader.
 
-Every valid vector must open; every invalid one must be refused with the substring its
-.expected.json names AND with the Python reader's message. Damaged variants (bit flips,
-truncations, rewritten and resealed indexes) must get the same verdict and text from both
+Every valid vector must open; every invalid one must be refused with the code and substring its
+.expected.json names AND with the Python reader's code and message. Damaged variants (bit flips,
+truncations, rewritten and resealed indexes) must get the same verdict, code and text from both
 readers, and never crash the C side. BLAKE3 is compared with the reference `blake3` package.
 
 "The same text" stops at CPython's own words: for JSON syntax errors the Python reader quotes the
@@ -23,6 +23,7 @@ from pathlib import Path
 import blake3
 import pytest
 from moepack.format import Container, FormatError
+from moepack.format.errors import CODES
 from moepack.runtime import _lib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,25 +35,22 @@ INVALID = sorted((VECTORS / "invalid").glob("*.moepack"))
 @pytest.fixture(scope="module")
 def lib():
     lib = _lib.load()
-    lib.mp_container_check.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-    lib.mp_container_check.restype = ctypes.c_int
     lib.mp_blake3_digest.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p]
     lib.mp_blake3_digest.restype = ctypes.c_int
     return lib
 
 
 def c_check(lib, path: Path) -> tuple[int, str]:
-    err = ctypes.create_string_buffer(4096)
-    rc = lib.mp_container_check(str(path).encode(), err, len(err))
-    return rc, err.value.decode("utf-8", "replace")
+    r = _lib.check_container(path)
+    return r.rc, r.message
 
 
-def py_check(path: Path) -> str | None:
+def py_error(path: Path) -> FormatError | None:
     try:
         with Container.open(path):
             return None
     except FormatError as e:
-        return str(e)
+        return e
 
 
 # `{where}: bad JSON: {CPython's json message}: line L column C (char N)`
@@ -80,12 +78,13 @@ def test_valid_vector_opens(lib, path):
 
 @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
 def test_invalid_vector_refused(lib, path):
-    expected = json.loads(path.with_suffix(".expected.json").read_text())["error"]
-    rc, msg = c_check(lib, path)
-    assert rc == -2, f"rc {rc}: {msg}"  # MP_EFORMAT
-    assert expected in msg
-    py = py_check(path)
-    assert same_message(msg, py), f"\n  C : {msg}\n  Py: {py}"
+    expected = json.loads(path.with_suffix(".expected.json").read_text())
+    c = _lib.check_container(path)
+    assert c.rc == -2, f"rc {c.rc}: {c.message}"  # MP_EFORMAT
+    assert expected["error"] in c.message and c.code == expected["code"], c
+    py = py_error(path)
+    assert py is not None and py.code == c.code
+    assert same_message(c.message, str(py)), f"\n  C : {c.message}\n  Py: {py}"
 
 
 def test_missing_file_is_io_error(lib, tmp_path):
@@ -144,12 +143,13 @@ def test_damaged_variants_same_verdict_and_message(lib, path, tmp_path):
     target = tmp_path / "m.moepack"
     for i, variant in enumerate(_mutations(data, rng)):
         target.write_bytes(variant)
-        rc, msg = c_check(lib, target)
-        py = py_check(target)
+        c = _lib.check_container(target)
+        py = py_error(target)
         if py is None:
-            assert rc == 0, f"variant {i}: Python opens it, C says {msg}"
+            assert c.rc == 0, f"variant {i}: Python opens it, C says {c.message}"
         else:
-            assert rc == -2 and same_message(msg, py), f"variant {i}:\n  C : {msg}\n  Py: {py}"
+            assert (c.rc, c.code) == (-2, py.code) and same_message(c.message, str(py)), \
+                f"variant {i}:\n  C : {c}\n  Py: {py.code} {py}"
 
 
 @pytest.mark.parametrize("bad, detail", [
@@ -162,10 +162,11 @@ def test_json_syntax_errors_agree_up_to_the_stable_substring(lib, tmp_path, bad,
     whatever this Python's `json` says, both readers refuse at the same place with `bad JSON`."""
     target = tmp_path / "m.moepack"
     target.write_bytes(_reseal(VALID[0].read_bytes(), bad))
-    rc, msg = c_check(lib, target)
-    py = py_check(target)
-    assert rc == -2 and f"bad JSON: {detail}: line 1 column" in msg, msg
-    assert "bad JSON: " in py and same_message(msg, py), f"\n  C : {msg}\n  Py: {py}"
+    c = _lib.check_container(target)
+    py = py_error(target)
+    assert c.rc == -2 and f"bad JSON: {detail}: line 1 column" in c.message, c
+    assert c.code == "json_syntax" and py is not None and py.code == "json_syntax"
+    assert same_message(c.message, str(py)), f"\n  C : {c.message}\n  Py: {py}"
 
 
 LENGTHS = [0, 1, 63, 64, 65, 127, 128, 1023, 1024, 1025, 2047, 2048, 2049, 3072, 4095, 4096,
@@ -180,3 +181,13 @@ def test_blake3_matches_reference(lib):
         out = ctypes.create_string_buffer(32)
         assert lib.mp_blake3_digest(data, n, out) == 0
         assert out.raw == blake3.blake3(data).digest(), n
+
+
+def test_c_codes_are_the_spec_codes():
+    """Every code the C reader can give is one of moepack.format.errors.CODES (FORMAT.md §11.1)."""
+    src = ROOT / "runtime" / "src"
+    text = (src / "container.c").read_text() + (src / "json.c").read_text()
+    used = set(re.findall(r'FAIL\("([a-z0-9_]+)"', text))
+    used |= set(re.findall(r'(?:code|\*code|e->code|p->code) = "([a-z0-9_]+)"', text))
+    used |= set(re.findall(r'fail_text\(p, "([a-z0-9_]+)"', text))
+    assert len(used) > 40 and used <= set(CODES), sorted(used - set(CODES))

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from moepack.format import Container, FormatError
+from moepack.format.errors import CODES
 from moepack.format.info import container_info
 from typer.testing import CliRunner
 
@@ -68,10 +70,23 @@ def test_info_command_json_matches(path: Path) -> None:
 
 @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
 def test_invalid_vector_is_rejected(path: Path) -> None:
-    expected = json.loads(path.with_suffix(".expected.json").read_text())["error"]
+    expected = json.loads(path.with_suffix(".expected.json").read_text())
     with pytest.raises(FormatError) as err:
         Container.open(path)
-    assert expected in str(err.value)
+    e = err.value
+    assert (e.code, expected["error"] in str(e)) == (expected["code"], True), str(e)
+    # the message starts with the field (and offset) it carries
+    if e.field is not None:
+        at = "" if e.offset is None else f" at offset {e.offset}"
+        assert str(e).startswith(f"{e.field}{at}: ")
+
+
+def test_every_code_is_in_the_spec_table() -> None:
+    """FORMAT.md §11 lists exactly the codes of moepack.format.errors.CODES."""
+    text = (VECTORS.parent / "FORMAT.md").read_text()
+    table = text[text.index("### 11.1"):text.index("## 12.")]
+    listed = set(re.findall(r"^\| `([a-z0-9_]+)` \|", table, re.MULTILINE))
+    assert listed == set(CODES)
 
 
 def test_info_command_reports_errors() -> None:

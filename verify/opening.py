@@ -59,8 +59,8 @@ def _header(head: bytes, size: int) -> tuple[Header, list[Damage]]:
         return parse_header(head, size), []
     except FormatError as e:
         first = str(e)
-        if not first.startswith("header.header_hash"):
-            if first.startswith("header.file_size") and size < _declared_size(head):
+        if e.code != "header_hash_mismatch":
+            if e.code == "file_size_mismatch" and size < _declared_size(head):
                 first = f"truncated: {first}"
             raise Unverifiable(first) from None
     # Re-seal the header so the reader's own field checks run on the damaged bytes.

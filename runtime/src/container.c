@@ -1,6 +1,7 @@
 /* Container open + validation, a line-by-line mirror of format/reader.py, header.py, rules.py,
- * sections.py and codecs.validate_codec: same checks in the same order with the same messages,
- * so both readers refuse every damaged file with the same text (spec/vectors). */
+ * sections.py and codecs.validate_codec: same checks in the same order with the same stable
+ * codes (FAIL's first argument, moepack.format.errors.CODES) and messages, so both readers
+ * refuse every damaged file the same way (spec/vectors). */
 #define _GNU_SOURCE
 #include "container.h"
 
@@ -54,9 +55,10 @@ struct mp_container {
 };
 
 /* ---------- messages ---------- */
-typedef struct { char *err; size_t errlen; } E;
+typedef struct { char *err; size_t errlen; const char *code; } E;
 
-#define FAIL(...) mp_seterr(e->err, e->errlen, MP_EFORMAT, __VA_ARGS__)
+/* A format error with its stable code (spec/FORMAT.md §11, moepack.format.errors.CODES). */
+#define FAIL(CODE, ...) (e->code = (CODE), mp_seterr(e->err, e->errlen, MP_EFORMAT, __VA_ARGS__))
 
 typedef char rbuf[600];
 static const char *R(const mp_json *j, char *buf) { mp_json_pyrepr(j, buf, sizeof(rbuf)); return buf; }
@@ -74,30 +76,30 @@ static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 static int chk_int(E *e, const mp_json *v, const char *where, uint64_t lo, uint64_t hi, uint64_t *out) {
     rbuf b;
     if (mp_json_type_of(v) != MP_JSON_INT || !v)
-        return FAIL("%s: expected an integer, got %s", where, mp_json_pytype(v));
+        return FAIL("wrong_type", "%s: expected an integer, got %s", where, mp_json_pytype(v));
     uint64_t u;
     if (mp_json_as_u64(v, &u) || u < lo || u > hi)
-        return FAIL("%s: %s outside %llu..%llu", where, R(v, b), U(lo), U(hi));
+        return FAIL("out_of_range", "%s: %s outside %llu..%llu", where, R(v, b), U(lo), U(hi));
     *out = u;
     return 0;
 }
 
 static int chk_str(E *e, const mp_json *v, const char *where, const char **s, size_t *len) {
     const char *p = mp_json_as_str(v, len);
-    if (!p) return FAIL("%s: expected a string, got %s", where, mp_json_pytype(v));
+    if (!p) return FAIL("wrong_type", "%s: expected a string, got %s", where, mp_json_pytype(v));
     if (s) *s = p;
     return 0;
 }
 
 static int chk_obj(E *e, const mp_json *v, const char *where) {
     if (mp_json_type_of(v) != MP_JSON_OBJECT || !v)
-        return FAIL("%s: expected an object, got %s", where, mp_json_pytype(v));
+        return FAIL("wrong_type", "%s: expected an object, got %s", where, mp_json_pytype(v));
     return 0;
 }
 
 static int chk_list(E *e, const mp_json *v, const char *where) {
     if (mp_json_type_of(v) != MP_JSON_ARRAY || !v)
-        return FAIL("%s: expected an array, got %s", where, mp_json_pytype(v));
+        return FAIL("wrong_type", "%s: expected an array, got %s", where, mp_json_pytype(v));
     return 0;
 }
 
@@ -106,7 +108,7 @@ static int chk_name(E *e, const mp_json *v, const char *where, const char **out)
     if (chk_str(e, v, where, &s, &n)) return MP_EFORMAT;
     int ok = n >= 1 && n <= MAX_NAME_BYTES;
     for (size_t i = 0; ok && i < n; i++) ok = (unsigned char)s[i] >= 0x21 && (unsigned char)s[i] <= 0x7E;
-    if (!ok) return FAIL("%s: name must be 1-%u printable ASCII characters", where, MAX_NAME_BYTES);
+    if (!ok) return FAIL("bad_name", "%s: name must be 1-%u printable ASCII characters", where, MAX_NAME_BYTES);
     if (out) *out = s;
     return 0;
 }
@@ -116,7 +118,7 @@ static int chk_hex(E *e, const mp_json *v, const char *where, uint8_t out[32]) {
     if (chk_str(e, v, where, &s, &n)) return MP_EFORMAT;
     int ok = n == 64;
     for (size_t i = 0; ok && i < 64; i++) ok = (s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f');
-    if (!ok) return FAIL("%s: bad hash string (want 64 lowercase hex characters)", where);
+    if (!ok) return FAIL("bad_hash_string", "%s: bad hash string (want 64 lowercase hex characters)", where);
     if (out)
         for (int i = 0; i < 32; i++) {
             int hi = s[2 * i] <= '9' ? s[2 * i] - '0' : s[2 * i] - 'a' + 10;
@@ -129,7 +131,7 @@ static int chk_hex(E *e, const mp_json *v, const char *where, uint8_t out[32]) {
 static int chk_shape(E *e, const mp_json *v, const char *where, int *ndim, int64_t shape[4]) {
     if (chk_list(e, v, where)) return MP_EFORMAT;
     size_t n = mp_json_len(v);
-    if (n < 1 || n > 4) return FAIL("%s: shape must have 1..4 dimensions, has %zu", where, n);
+    if (n < 1 || n > 4) return FAIL("bad_shape", "%s: shape must have 1..4 dimensions, has %zu", where, n);
     uint64_t prod = 1;
     int over = 0;
     for (size_t i = 0; i < n; i++) {
@@ -140,7 +142,7 @@ static int chk_shape(E *e, const mp_json *v, const char *where, int *ndim, int64
         shape[i] = (int64_t)d;
         if (__builtin_mul_overflow(prod, d, &prod)) over = 1;
     }
-    if (over || prod > MAX_ELEMENTS) return FAIL("%s: shape has more than %llu elements", where, U(MAX_ELEMENTS));
+    if (over || prod > MAX_ELEMENTS) return FAIL("bad_shape", "%s: shape has more than %llu elements", where, U(MAX_ELEMENTS));
     *ndim = (int)n;
     return 0;
 }
@@ -160,11 +162,14 @@ static int codec_check(E *e, const mp_json *codec, int ndim, const int64_t *shap
     if (chk_obj(e, codec, pre)) return MP_EFORMAT;
     snprintf(w, sizeof w, "%s.codec.name", where);
     if (chk_str(e, mp_json_get(codec, "name"), w, NULL, NULL)) return MP_EFORMAT;
+    const char *code = "unknown_codec";
+    for (int k = 0; k < MP_CODEC_COUNT; k++)
+        if (is_str(mp_json_get(codec, "name"), mp_codecs[k].name)) code = "bad_codec";
     int rc = mp_codec_parse(codec, ndim, shape, ci, msg, sizeof msg);
     if (rc == MP_ENOMEM) return mp_seterr(e->err, e->errlen, MP_ENOMEM, "out of memory");
-    if (rc) return FAIL("%s: %s", pre, msg);
+    if (rc) return FAIL(code, "%s: %s", pre, msg);
     *nbytes = mp_codec_nbytes(ci, ndim, shape);
-    if (*nbytes == 0 || *nbytes > MAX_U63) return FAIL("%s.codec size: size out of range", where);
+    if (*nbytes == 0 || *nbytes > MAX_U63) return FAIL("out_of_range", "%s.codec size: size out of range", where);
     return 0;
 }
 
@@ -261,12 +266,12 @@ static int check_common(E *e, mp_container *c, size_t i, const mp_json *s, sec *
     wcat(w, sizeof w, W, ".length");
     if (chk_int(e, mp_json_get(s, "length"), w, 1, MAX_U63, &x->len)) return MP_EFORMAT;
     uint64_t need = x->kind == K_BANK ? c->alignment : SECTION_ALIGNMENT;
-    if (x->off % need) return FAIL("%s.offset: %llu is not a multiple of %llu", W, U(x->off), U(need));
-    if (x->off < c->alignment) return FAIL("%s.offset: %llu lies in the header region (< %u)", W, U(x->off), c->alignment);
+    if (x->off % need) return FAIL("misaligned", "%s.offset: %llu is not a multiple of %llu", W, U(x->off), U(need));
+    if (x->off < c->alignment) return FAIL("header_region", "%s.offset: %llu lies in the header region (< %u)", W, U(x->off), c->alignment);
     if (x->off + x->len > c->index_offset) /* both <= 2^63-1: no overflow */
-        return FAIL("%s: extent %llu+%llu runs past the index at offset %llu", W, U(x->off), U(x->len), U(c->index_offset));
+        return FAIL("past_index", "%s: extent %llu+%llu runs past the index at offset %llu", W, U(x->off), U(x->len), U(c->index_offset));
     if (x->kind == K_BANK) {
-        if (mp_json_get(s, "hash")) return FAIL("%s.hash: expert banks carry no section hash", W);
+        if (mp_json_get(s, "hash")) return FAIL("bank_hash", "%s.hash: expert banks carry no section hash", W);
     } else {
         wcat(w, sizeof w, W, ".hash");
         if (chk_hex(e, mp_json_get(s, "hash"), w, NULL)) return MP_EFORMAT;
@@ -277,7 +282,7 @@ static int check_common(E *e, mp_container *c, size_t i, const mp_json *s, sec *
 /* rvq codes are tiled since 1.1; a 1.0 file (no flag bit 0) would be misread, so it is refused */
 static int check_layout_flag(E *e, uint32_t flags, const mp_codec_info *ci, const char *where) {
     if (ci->kind == MP_CODEC_RVQ && !(flags & FLAG_RVQ_TILED))
-        return FAIL("%s.codec: rvq codes without header flag bit 0 (64-row tiles): the file was made by format 1.0 and must be reconverted", where);
+        return FAIL("needs_reconversion", "%s.codec: rvq codes without header flag bit 0 (64-row tiles): the file was made by format 1.0 and must be reconverted", where);
     return 0;
 }
 
@@ -287,7 +292,7 @@ static int check_tensor(E *e, uint32_t flags, sec *x, mp_tensor_info *t) {
     size_t n;
     wcat(w, sizeof w, W, ".class");
     if (chk_str(e, mp_json_get(x->j, "class"), w, &t->cls, &n)) return MP_EFORMAT;
-    if (n == 0) return FAIL("%s.class: empty", W);
+    if (n == 0) return FAIL("empty_class", "%s.class: empty", W);
     wcat(w, sizeof w, W, ".shape");
     if (chk_shape(e, mp_json_get(x->j, "shape"), w, &t->ndim, t->shape)) return MP_EFORMAT;
     uint64_t nb;
@@ -295,10 +300,10 @@ static int check_tensor(E *e, uint32_t flags, sec *x, mp_tensor_info *t) {
     if (r) return r;
     /* length-checked compare: a class with an embedded NUL is not 'codebook' (as in Python) */
     if (n == 8 && !memcmp(t->cls, "codebook", 8) && t->codec.kind != MP_CODEC_F32 && t->codec.kind != MP_CODEC_F16)
-        return FAIL("%s.codec: codec '%s' not allowed for class 'codebook' (must be 'f32' or 'f16')", W,
+        return FAIL("class_codec", "%s.codec: codec '%s' not allowed for class 'codebook' (must be 'f32' or 'f16')", W,
                     mp_codecs[t->codec.kind].name);
     if ((r = check_layout_flag(e, flags, &t->codec, W))) return r;
-    if (nb != x->len) return FAIL("%s.length: %llu != %llu bytes for shape \xc3\x97 codec", W, U(x->len), U(nb));
+    if (nb != x->len) return FAIL("length_mismatch", "%s.length: %llu != %llu bytes for shape \xc3\x97 codec", W, U(x->len), U(nb));
     t->name = x->name; t->offset = x->off; t->length = x->len;
     chk_hex(e, mp_json_get(x->j, "hash"), "", t->hash);
     return 0;
@@ -323,15 +328,15 @@ static int check_blob(E *e, uint32_t i_unused, sec *x, mp_blob_info *bl) {
     rbuf b;
     const char *W = x->where;
     const char *why = file_name_problem(x->name, strlen(x->name));
-    if (why) return FAIL("%s.name: %s; a blob name must be a plain file name", W, why);
+    if (why) return FAIL("blob_name", "%s.name: %s; a blob name must be a plain file name", W, why);
     const mp_json *comp = mp_json_get(x->j, "compression");
     int none = is_str(comp, "none"), zstd = is_str(comp, "zstd");
-    if (!none && !zstd) return FAIL("%s.compression: %s is not 'none' or 'zstd'", W, R(comp, b));
+    if (!none && !zstd) return FAIL("blob_compression", "%s.compression: %s is not 'none' or 'zstd'", W, R(comp, b));
     uint64_t raw;
     wcat(w, sizeof w, W, ".raw_length");
     if (chk_int(e, mp_json_get(x->j, "raw_length"), w, 0, MAX_BLOB_RAW, &raw)) return MP_EFORMAT;
     if (none && raw != x->len)
-        return FAIL("%s.raw_length: %llu != length %llu for compression 'none'", W, U(raw), U(x->len));
+        return FAIL("blob_raw_length", "%s.raw_length: %llu != length %llu for compression 'none'", W, U(raw), U(x->len));
     bl->name = x->name; bl->zstd = zstd; bl->offset = x->off; bl->length = x->len; bl->raw_length = raw;
     chk_hex(e, mp_json_get(x->j, "hash"), "", bl->hash);
     return 0;
@@ -352,7 +357,7 @@ static int check_parts(E *e, uint32_t flags, sec *x, mp_bank_info *bk, uint64_t 
     }
     int ok = np == 3;
     for (size_t j = 0; ok && j < 3; j++) ok = is_str(mp_json_get(mp_json_at(parts, j), "name"), PARTS[j]);
-    if (!ok) return FAIL("%s.parts: names must be ['gate', 'up', 'down'] in order", W);
+    if (!ok) return FAIL("part_names", "%s.parts: names must be ['gate', 'up', 'down'] in order", W);
     uint64_t pos = 0;
     for (size_t j = 0; j < 3; j++) {
         const mp_json *p = mp_json_at(parts, j);
@@ -368,11 +373,11 @@ static int check_parts(E *e, uint32_t flags, sec *x, mp_bank_info *bk, uint64_t 
         if (chk_int(e, mp_json_get(p, "offset"), w, 0, MAX_U63, &off)) return MP_EFORMAT;
         wcat(w, sizeof w, pw, ".length");
         if (chk_int(e, mp_json_get(p, "length"), w, 1, MAX_U63, &len)) return MP_EFORMAT;
-        if (off != align_up(pos, SECTION_ALIGNMENT)) return FAIL("%s.offset: %llu != %llu", pw, U(off), U(align_up(pos, SECTION_ALIGNMENT)));
-        if (len != nb) return FAIL("%s.length: %llu != %llu bytes for shape \xc3\x97 codec", pw, U(len), U(nb));
+        if (off != align_up(pos, SECTION_ALIGNMENT)) return FAIL("part_offset", "%s.offset: %llu != %llu", pw, U(off), U(align_up(pos, SECTION_ALIGNMENT)));
+        if (len != nb) return FAIL("length_mismatch", "%s.length: %llu != %llu bytes for shape \xc3\x97 codec", pw, U(len), U(nb));
         pi->offset = off; pi->length = len;
         pos = off + len; /* both <= 2^63-1 */
-        if (pos > MAX_U63) return FAIL("%s.length: record too large", pw);
+        if (pos > MAX_U63) return FAIL("out_of_range", "%s.length: record too large", pw);
     }
     *end = pos;
     return 0;
@@ -392,14 +397,14 @@ static int check_bank(E *e, mp_container *c, sec *x, mp_bank_info *bk) {
     if (chk_int(e, mp_json_get(x->j, "record_length"), w, 1, MAX_U63, &rl)) return MP_EFORMAT;
     wcat(w, sizeof w, W, ".hashes");
     if (chk_name(e, mp_json_get(x->j, "hashes"), w, &bk->hashes_name)) return MP_EFORMAT;
-    if (stride % c->alignment) return FAIL("%s.stride: %llu is not a multiple of the alignment %u", W, U(stride), c->alignment);
+    if (stride % c->alignment) return FAIL("stride", "%s.stride: %llu is not a multiple of the alignment %u", W, U(stride), c->alignment);
     if (__builtin_mul_overflow(count, stride, &prod) || prod != x->len)
-        return FAIL("%s.length: %llu != count %llu \xc3\x97 stride %llu", W, U(x->len), U(count), U(stride));
+        return FAIL("bank_length", "%s.length: %llu != count %llu \xc3\x97 stride %llu", W, U(x->len), U(count), U(stride));
     int r = check_parts(e, c->flags, x, bk, &end);
     if (r) return r;
-    if (rl != end) return FAIL("%s.record_length: %llu != end of last part %llu", W, U(rl), U(end));
+    if (rl != end) return FAIL("record_length", "%s.record_length: %llu != end of last part %llu", W, U(rl), U(end));
     if (stride != align_up(rl, c->alignment))
-        return FAIL("%s.stride: %llu != record_length rounded up to the alignment (%llu)", W, U(stride), U(align_up(rl, c->alignment)));
+        return FAIL("stride", "%s.stride: %llu != record_length rounded up to the alignment (%llu)", W, U(stride), U(align_up(rl, c->alignment)));
     bk->name = x->name; bk->layer = (int)layer; bk->count = (uint32_t)count; bk->offset = x->off;
     bk->stride = stride; bk->record_length = rl; bk->length = x->len;
     return 0;
@@ -416,7 +421,7 @@ static int cmp_bank_layer(const void *a, const void *b) {
 static int validate_sections(E *e, mp_container *c, const mp_json *value) {
     if (chk_list(e, value, "index.sections")) return MP_EFORMAT;
     size_t n = mp_json_len(value);
-    if (n > MAX_SECTIONS) return FAIL("index.sections: %zu entries exceed %u", n, MAX_SECTIONS);
+    if (n > MAX_SECTIONS) return FAIL("too_many_sections", "index.sections: %zu entries exceed %u", n, MAX_SECTIONS);
     int r = MP_ENOMEM;
     sec *S = calloc(n ? n : 1, sizeof *S);
     const char **names = calloc(n ? n : 1, sizeof *names);
@@ -437,7 +442,7 @@ static int validate_sections(E *e, mp_container *c, const mp_json *value) {
         x->where = wbuf;
         if ((r = check_common(e, c, i, mp_json_at(value, i), x))) goto out;
         names[i] = x->name;
-        if (htab_put(&by_name, names, x->name, (uint32_t)i) >= 0) { r = FAIL("%s.name: duplicate section name", x->where); goto out; }
+        if (htab_put(&by_name, names, x->name, (uint32_t)i) >= 0) { r = FAIL("duplicate_name", "%s.name: duplicate section name", x->where); goto out; }
         bank_of[i] = -1;
         if (x->kind == K_TENSOR) {
             if ((r = check_tensor(e, c->flags, x, &c->tensors[c->ntensors]))) goto out;
@@ -446,7 +451,7 @@ static int validate_sections(E *e, mp_container *c, const mp_json *value) {
             if ((r = check_blob(e, 0, x, &c->blobs[c->nblobs]))) goto out;
             c->nblobs++;
         } else if (x->kind == K_HASHES && x->len % 32) {
-            r = FAIL("%s.length: %llu is not a multiple of 32", x->where, U(x->len));
+            r = FAIL("hash_table_length", "%s.length: %llu is not a multiple of 32", x->where, U(x->len));
             goto out;
         } else if (x->kind == K_BANK) {
             if ((r = check_bank(e, c, x, &c->banks[c->nbanks]))) goto out;
@@ -459,13 +464,13 @@ static int validate_sections(E *e, mp_container *c, const mp_json *value) {
         sec *x = &S[i];
         make_where(i, x->j, wbuf, sizeof wbuf);
         x->where = wbuf;
-        if (x->off < end) { r = FAIL("%s.offset: %llu overlaps the previous extent (ending at %llu)", x->where, U(x->off), U(end)); goto out; }
+        if (x->off < end) { r = FAIL("extent_overlap", "%s.offset: %llu overlaps the previous extent (ending at %llu)", x->where, U(x->off), U(end)); goto out; }
         uint64_t need = x->kind == K_BANK ? c->alignment : SECTION_ALIGNMENT;
-        if (x->off - end >= need) { r = FAIL("%s.offset: gap of %llu bytes before it (must be < %llu)", x->where, U(x->off - end), U(need)); goto out; }
+        if (x->off - end >= need) { r = FAIL("extent_gap", "%s.offset: gap of %llu bytes before it (must be < %llu)", x->where, U(x->off - end), U(need)); goto out; }
         end = x->off + x->len;
     }
     if (c->index_offset - end >= SECTION_ALIGNMENT) {
-        r = FAIL("header.index_offset at offset 32: gap of %llu bytes before the index (must be < %d)", U(c->index_offset - end), SECTION_ALIGNMENT);
+        r = FAIL("extent_gap", "header.index_offset at offset 32: gap of %llu bytes before the index (must be < %d)", U(c->index_offset - end), SECTION_ALIGNMENT);
         goto out;
     }
     /* banks <-> hash tables */
@@ -484,19 +489,19 @@ static int validate_sections(E *e, mp_container *c, const mp_json *value) {
         snprintf(lkbuf[nb], 16, "%d", bk->layer);
         layer_keys[nb] = lkbuf[nb];
         if (htab_put(&layers, layer_keys, lkbuf[nb], (uint32_t)nb) >= 0) {
-            r = FAIL("%s.layer: a second bank for layer %d", W, bk->layer); free(lkbuf); goto out;
+            r = FAIL("second_bank", "%s.layer: a second bank for layer %d", W, bk->layer); free(lkbuf); goto out;
         }
         nb++;
         long t = htab_get(&by_name, names, bk->hashes_name);
         if (t < 0 || S[t].kind != K_HASHES) {
-            r = FAIL("%s.hashes: no expert_hashes section named %s", W, RS(bk->hashes_name, b)); free(lkbuf); goto out;
+            r = FAIL("missing_hash_table", "%s.hashes: no expert_hashes section named %s", W, RS(bk->hashes_name, b)); free(lkbuf); goto out;
         }
         if (users[t] >= 0) {
-            r = FAIL("%s.hashes: %s already used by %s", W, RS(bk->hashes_name, b), S[users[t]].name); free(lkbuf); goto out;
+            r = FAIL("hash_table_shared", "%s.hashes: %s already used by %s", W, RS(bk->hashes_name, b), S[users[t]].name); free(lkbuf); goto out;
         }
         users[t] = (long)i;
         if (S[t].len != 32ull * bk->count) {
-            r = FAIL("%s.hashes: %s has length %llu, expected count \xc3\x97 32 = %llu", W, RS(bk->hashes_name, b), U(S[t].len), 32ull * bk->count);
+            r = FAIL("hash_table_length", "%s.hashes: %s has length %llu, expected count \xc3\x97 32 = %llu", W, RS(bk->hashes_name, b), U(S[t].len), 32ull * bk->count);
             free(lkbuf); goto out;
         }
         bk->hashes_offset = S[t].off;
@@ -505,7 +510,7 @@ static int validate_sections(E *e, mp_container *c, const mp_json *value) {
     for (size_t i = 0; i < n; i++)
         if (S[i].kind == K_HASHES && users[i] < 0) {
             make_where(i, S[i].j, wbuf, sizeof wbuf);
-            r = FAIL("%s: no expert bank refers to this hash table", wbuf);
+            r = FAIL("orphan_hash_table", "%s: no expert bank refers to this hash table", wbuf);
             goto out;
         }
     /* lookup tables */
@@ -531,7 +536,7 @@ static int validate_manifest(E *e, const mp_json *m) {
     if (chk_obj(e, m, W)) return MP_EFORMAT;
     for (int k = 0; k < 4; k++) {
         const mp_json *v = mp_json_get(m, KEYS[k]);
-        if (!v) return FAIL("%s: missing key %s", W, RS(KEYS[k], b));
+        if (!v) return FAIL("missing_key", "%s: missing key %s", W, RS(KEYS[k], b));
         snprintf(w, sizeof w, "%s.%s", W, KEYS[k]);
         if (chk_obj(e, v, w)) return MP_EFORMAT;
     }
@@ -562,7 +567,7 @@ static int validate_manifest(E *e, const mp_json *m) {
         }
         prev = name; prevlen = nl;
     }
-    if (!sorted) return FAIL("index.manifest.source.files: not sorted by name or names repeat");
+    if (!sorted) return FAIL("files_unsorted", "index.manifest.source.files: not sorted by name or names repeat");
     const mp_json *conv = mp_json_get(m, "converter");
     if (chk_str(e, mp_json_get(conv, "name"), "index.manifest.converter.name", NULL, NULL)) return MP_EFORMAT;
     if (chk_str(e, mp_json_get(conv, "version"), "index.manifest.converter.version", NULL, NULL)) return MP_EFORMAT;
@@ -585,41 +590,41 @@ static uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | ((uint64_t)r
 
 static int parse_header(E *e, mp_container *c, const uint8_t *h, uint64_t real) {
     if (real < HEADER_SIZE)
-        return FAIL("truncated: file is %llu bytes, shorter than the %d-byte header", U(real), HEADER_SIZE);
+        return FAIL("truncated", "truncated: file is %llu bytes, shorter than the %d-byte header", U(real), HEADER_SIZE);
     int zero = 1;
     for (int i = 0; i < HEADER_SIZE && zero; i++) zero = h[i] == 0;
-    if (zero) return FAIL("unfinished conversion: header is all zero (offset 0, 128 bytes)");
+    if (zero) return FAIL("unfinished", "unfinished conversion: header is all zero (offset 0, 128 bytes)");
     if (memcmp(h, MAGIC, 8) != 0) {
         char hx[17];
         for (int i = 0; i < 8; i++) snprintf(hx + 2 * i, 3, "%02x", h[i]);
-        return FAIL("header.magic at offset 0: bad magic %s (not a moepack file)", hx);
+        return FAIL("bad_magic", "header.magic at offset 0: bad magic %s (not a moepack file)", hx);
     }
     c->major = rd16(h + 8); c->minor = rd16(h + 10);
     c->flags = rd32(h + 12); c->alignment = rd32(h + 16);
     uint32_t header_size = rd32(h + 20);
     c->file_size = rd64(h + 24); c->index_offset = rd64(h + 32); c->index_length = rd64(h + 40);
-    if (c->major != 1) return FAIL("header.major at offset 8: unsupported major version %u (this reader supports 1)", c->major);
+    if (c->major != 1) return FAIL("unsupported_major", "header.major at offset 8: unsupported major version %u (this reader supports 1)", c->major);
     uint8_t d[32];
     mp_blake3_hash(h, 96, d);
-    if (memcmp(d, h + 96, 32) != 0) return FAIL("header.header_hash at offset 96: header hash mismatch (header damaged)");
-    if (header_size != HEADER_SIZE) return FAIL("header.header_size at offset 20: header_size %u != %d", header_size, HEADER_SIZE);
+    if (memcmp(d, h + 96, 32) != 0) return FAIL("header_hash_mismatch", "header.header_hash at offset 96: header hash mismatch (header damaged)");
+    if (header_size != HEADER_SIZE) return FAIL("header_size", "header.header_size at offset 20: header_size %u != %d", header_size, HEADER_SIZE);
     uint32_t unknown = c->flags & REQUIRED_FLAGS_MASK & ~KNOWN_REQUIRED_FLAGS;
-    if (unknown) return FAIL("header.flags at offset 12: unknown required flag bits 0x%04x", unknown);
+    if (unknown) return FAIL("unknown_required_flag", "header.flags at offset 12: unknown required flag bits 0x%04x", unknown);
     for (int i = 80; i < 96; i++)
-        if (h[i]) return FAIL("header.reserved at offset 80: reserved bytes are not zero");
+        if (h[i]) return FAIL("reserved_nonzero", "header.reserved at offset 80: reserved bytes are not zero");
     uint32_t a = c->alignment;
     if (a < MIN_ALIGNMENT || a > MAX_ALIGNMENT || (a & (a - 1)))
-        return FAIL("header.alignment at offset 16: alignment %u is not a power of two in %u..%u", a, MIN_ALIGNMENT, MAX_ALIGNMENT);
+        return FAIL("bad_alignment", "header.alignment at offset 16: alignment %u is not a power of two in %u..%u", a, MIN_ALIGNMENT, MAX_ALIGNMENT);
     if (c->file_size != real)
-        return FAIL("header.file_size at offset 24: file_size %llu != actual file size %llu", U(c->file_size), U(real));
+        return FAIL("file_size_mismatch", "header.file_size at offset 24: file_size %llu != actual file size %llu", U(c->file_size), U(real));
     if (c->index_length < MIN_INDEX_LENGTH || c->index_length > MAX_INDEX_LENGTH)
-        return FAIL("header.index_length at offset 40: index length %llu outside %u..%u", U(c->index_length), MIN_INDEX_LENGTH, MAX_INDEX_LENGTH);
+        return FAIL("index_length", "header.index_length at offset 40: index length %llu outside %u..%u", U(c->index_length), MIN_INDEX_LENGTH, MAX_INDEX_LENGTH);
     if (c->index_offset < a || c->index_offset % SECTION_ALIGNMENT)
-        return FAIL("header.index_offset at offset 32: index offset %llu must be >= alignment %u and a multiple of %d",
+        return FAIL("index_offset", "header.index_offset at offset 32: index offset %llu must be >= alignment %u and a multiple of %d",
                     U(c->index_offset), a, SECTION_ALIGNMENT);
     uint64_t end;
     if (__builtin_add_overflow(c->index_offset, c->index_length, &end) || end != c->file_size)
-        return FAIL("header.index_offset at offset 32: index extent %llu+%llu does not end at file size %llu",
+        return FAIL("index_extent", "header.index_offset at offset 32: index extent %llu+%llu does not end at file size %llu",
                     U(c->index_offset), U(c->index_length), U(c->file_size));
     memcpy(c->id, "", 1);
     mp_blake3_hex(h + 48, c->id);
@@ -640,7 +645,7 @@ static int pread_all(int fd, void *dst, uint64_t len, uint64_t off) {
 }
 
 int mpc_read_at(const mp_container *c, uint64_t off, void *dst, uint64_t len, char *err, size_t errlen) {
-    E ee = {err, errlen}, *e = &ee;
+    E ee = {err, errlen, NULL}, *e = &ee;
     uint64_t end;
     if (!c || (!dst && len)) return mp_seterr(e->err, e->errlen, MP_EINVAL, "bad argument");
     if (__builtin_add_overflow(off, len, &end) || end > c->file_size)
@@ -653,7 +658,7 @@ int mpc_read_at(const mp_container *c, uint64_t off, void *dst, uint64_t len, ch
 
 static int read_verified(const mp_container *c, const char *what, const char *name, uint64_t off, uint64_t len,
                          const uint8_t *hash, void *dst, uint64_t dst_len, int verify, char *err, size_t errlen) {
-    E ee = {err, errlen}, *e = &ee;
+    E ee = {err, errlen, NULL}, *e = &ee;
     if (dst_len < len) return mp_seterr(e->err, e->errlen, MP_EINVAL, "%s '%s': buffer of %llu bytes < %llu", what, name, U(dst_len), U(len));
     int r = mpc_read_at(c, off, dst, len, err, errlen);
     if (r || !verify) return r;
@@ -685,7 +690,10 @@ int mpc_read_expert_hashes(const mp_container *c, const mp_bank_info *b, uint8_t
 static int open_checked(mp_container *c, E *e) {
     struct stat st;
     if (fstat(c->fd, &st) != 0) return mp_seterr(e->err, e->errlen, MP_EIO, "%s: %s", c->path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) return mp_seterr(e->err, e->errlen, MP_EIO, "%s: not a regular file", c->path);
+    if (!S_ISREG(st.st_mode)) {
+        e->code = "not_regular_file";
+        return mp_seterr(e->err, e->errlen, MP_EIO, "%s: not a regular file", c->path);
+    }
     uint64_t real = (uint64_t)st.st_size;
     uint8_t h[HEADER_SIZE] = {0};
     if (real && pread_all(c->fd, h, real < HEADER_SIZE ? real : HEADER_SIZE, 0))
@@ -700,7 +708,7 @@ static int open_checked(mp_container *c, E *e) {
     int nz = 0;
     for (size_t i = 0; i < padn && !nz; i++) nz = pad[i] != 0;
     free(pad);
-    if (nz) return FAIL("header padding at offset %d: bytes up to the alignment (%u) are not zero", HEADER_SIZE, c->alignment);
+    if (nz) return FAIL("header_padding", "header.padding at offset %d: header padding bytes up to the alignment (%u) are not zero", HEADER_SIZE, c->alignment);
     /* index: root hash, canonical JSON */
     c->index_text = malloc((size_t)c->index_length + 1);
     if (!c->index_text) return mp_seterr(e->err, e->errlen, MP_ENOMEM, "out of memory");
@@ -714,29 +722,31 @@ static int open_checked(mp_container *c, E *e) {
         sscanf(c->id + 2 * i, "%2x", &v);
         root[i] = (uint8_t)v;
     }
-    if (memcmp(d, root, 32) != 0) return FAIL("header.root_hash at offset 48: index hash mismatch (index damaged)");
+    if (memcmp(d, root, 32) != 0) return FAIL("index_hash_mismatch", "header.root_hash at offset 48: index hash mismatch (index damaged)");
     char jerr[400];
-    c->doc = mp_json_parse(c->index_text, (size_t)c->index_length, MAX_INDEX_LENGTH, jerr, sizeof jerr);
-    if (!c->doc) return FAIL("index at offset %llu: %s", U(c->index_offset), jerr);
-    if (mp_json_check_int64(c->doc, jerr, sizeof jerr)) return FAIL("index at offset %llu: %s", U(c->index_offset), jerr);
+    const char *jcode = "json_syntax";
+    c->doc = mp_json_parse_coded(c->index_text, (size_t)c->index_length, MAX_INDEX_LENGTH, &jcode, jerr, sizeof jerr);
+    if (!c->doc) return FAIL(jcode, "index at offset %llu: %s", U(c->index_offset), jerr);
+    if (mp_json_check_int64(c->doc, jerr, sizeof jerr)) return FAIL("integer_range", "index at offset %llu: %s", U(c->index_offset), jerr);
     size_t at;
     int canon = mp_json_canonical(c->doc, c->index_text, (size_t)c->index_length, &at, jerr, sizeof jerr);
-    if (canon < 0) return FAIL("index at offset %llu: not canonical JSON: %s", U(c->index_offset), jerr);
-    if (canon == 0) return FAIL("index at offset %llu: not canonical JSON (first difference at character %zu)", U(c->index_offset), at);
+    if (canon < 0) return FAIL("not_canonical", "index at offset %llu: not canonical JSON: %s", U(c->index_offset), jerr);
+    if (canon == 0) return FAIL("not_canonical", "index at offset %llu: not canonical JSON (first difference at character %zu)", U(c->index_offset), at);
     const mp_json *root_obj = mp_json_root(c->doc);
     if (chk_obj(e, root_obj, "index")) return MP_EFORMAT;
-    if (!mp_json_get(root_obj, "manifest")) return FAIL("index: missing key 'manifest'");
-    if (!mp_json_get(root_obj, "sections")) return FAIL("index: missing key 'sections'");
+    if (!mp_json_get(root_obj, "manifest")) return FAIL("missing_key", "index: missing key 'manifest'");
+    if (!mp_json_get(root_obj, "sections")) return FAIL("missing_key", "index: missing key 'sections'");
     c->manifest = mp_json_get(root_obj, "manifest");
     if ((r = validate_manifest(e, c->manifest))) return r;
     c->model = mp_json_get(c->manifest, "model");
     return validate_sections(e, c, mp_json_get(root_obj, "sections"));
 }
 
-mp_container *mpc_open_rc(const char *path, int *rc, char *err, size_t errlen) {
-    E ee = {err, errlen};
+mp_container *mpc_open_coded(const char *path, int *rc, const char **code, char *err, size_t errlen) {
+    E ee = {err, errlen, NULL};
     int r;
     if (err && errlen) err[0] = 0;
+    if (code) *code = NULL;
     if (!path) { r = mp_seterr(err, errlen, MP_EINVAL, "no path"); if (rc) *rc = r; return NULL; }
     mp_container *c = calloc(1, sizeof *c);
     if (!c || !(c->path = strdup(path))) {
@@ -749,8 +759,13 @@ mp_container *mpc_open_rc(const char *path, int *rc, char *err, size_t errlen) {
     if (c->fd < 0) r = mp_seterr(err, errlen, MP_EIO, "%s: %s", path, strerror(errno));
     else r = open_checked(c, &ee);
     if (rc) *rc = r;
+    if (code) *code = r ? ee.code : NULL;
     if (r) { mpc_close(c); return NULL; }
     return c;
+}
+
+mp_container *mpc_open_rc(const char *path, int *rc, char *err, size_t errlen) {
+    return mpc_open_coded(path, rc, NULL, err, errlen);
 }
 
 mp_container *mpc_open(const char *path, char *err, size_t errlen) { return mpc_open_rc(path, NULL, err, errlen); }
@@ -811,8 +826,14 @@ const mp_blob_info *mpc_blob(const mp_container *c, const char *name) {
 }
 
 MP_API int mp_container_check(const char *path, char *err, size_t errlen) {
+    return mp_container_check_code(path, NULL, 0, err, errlen);
+}
+
+MP_API int mp_container_check_code(const char *path, char *code, size_t codelen, char *err, size_t errlen) {
     int rc = MP_OK;
-    mp_container *c = mpc_open_rc(path, &rc, err, errlen);
+    const char *cd = NULL;
+    mp_container *c = mpc_open_coded(path, &rc, &cd, err, errlen);
     mpc_close(c);
+    if (code && codelen) snprintf(code, codelen, "%s", cd ? cd : "");
     return rc;
 }

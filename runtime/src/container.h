@@ -1,8 +1,8 @@
 /* Open and validate a moepack container exactly like format/reader.py (spec/FORMAT.md):
  * header (check order of section 2), header padding, root hash, canonical index JSON, manifest
  * keys, every section (common keys, extents, packing, per-type rules, codec sizes), bank ↔ hash
- * table cross-references. Same message texts as the Python reader; errors return MP_EFORMAT
- * (or MP_EIO / MP_ENOMEM) with the message in err. No payload hashing at open.
+ * table cross-references. Same stable codes and message texts as the Python reader; errors
+ * return MP_EFORMAT (or MP_EIO / MP_ENOMEM) with the message in err. No payload hashing at open.
  *
  * All pointers returned by accessors live until mpc_close. Thread-safe for concurrent readers
  * (reads use pread on a shared descriptor). */
@@ -58,6 +58,9 @@ typedef struct mp_container mp_container;
 /* Open + full structural validation. NULL on failure (message in err). *rc (may be NULL) gets
  * MP_OK, MP_EFORMAT, MP_EIO or MP_ENOMEM. */
 mp_container *mpc_open_rc(const char *path, int *rc, char *err, size_t errlen);
+/* The same; on failure *code (may be NULL) gets the stable code of spec/FORMAT.md §11 for a
+ * format error (and not_regular_file), or NULL (I/O, memory, argument errors). */
+mp_container *mpc_open_coded(const char *path, int *rc, const char **code, char *err, size_t errlen);
 mp_container *mpc_open(const char *path, char *err, size_t errlen);
 void mpc_close(mp_container *c);
 
@@ -99,5 +102,7 @@ int mpc_read_expert_hashes(const mp_container *c, const mp_bank_info *b, uint8_t
 /* Exported for tests and the Python binding: open + validate + close. Returns MP_OK or an error
  * code with the message in err. */
 MP_API int mp_container_check(const char *path, char *err, size_t errlen);
+/* The same, writing the stable code ("" when none) into code. */
+MP_API int mp_container_check_code(const char *path, char *code, size_t codelen, char *err, size_t errlen);
 
 #endif

@@ -53,6 +53,7 @@ typedef struct {
     char *sbuf; size_t scap;                        /* string decode scratch */
     char *err; size_t errlen;
     int failed;
+    const char *code; /* stable code of the failure (spec/FORMAT.md §11) */
 } parser;
 
 /* ---- small growable byte buffer (serialisation, repr) ---- */
@@ -100,6 +101,7 @@ static void *arena_alloc(mp_json_doc *d, size_t size) {
 static void fail(parser *p, size_t at, const char *msg) {
     if (p->failed) return;
     p->failed = 1;
+    p->code = "json_syntax";
     if (!p->err || !p->errlen) return;
     size_t line = 1, col = 1, ch = 0;
     for (size_t i = 0; i < at && i < p->n; i++) {
@@ -111,9 +113,10 @@ static void fail(parser *p, size_t at, const char *msg) {
     snprintf(p->err, p->errlen, "bad JSON: %s: line %zu column %zu (char %zu)", msg, line, col, ch);
 }
 
-static void fail_text(parser *p, const char *msg) {
+static void fail_text(parser *p, const char *code, const char *msg) {
     if (p->failed) return;
     p->failed = 1;
+    p->code = code;
     if (p->err && p->errlen) snprintf(p->err, p->errlen, "bad JSON: %s", msg);
 }
 
@@ -235,7 +238,7 @@ static char *parse_string(parser *p, size_t *out_len) {
                 if (d == '"' || d == '\\' || d < 0x20) break;
                 run++;
             }
-            if (scratch_put(p, &len, p->t + p->pos, run - p->pos)) { fail_text(p, "out of memory"); return NULL; }
+            if (scratch_put(p, &len, p->t + p->pos, run - p->pos)) { fail_text(p, "invalid", "out of memory"); return NULL; }
             p->pos = run;
             continue;
         }
@@ -255,7 +258,7 @@ static char *parse_string(parser *p, size_t *out_len) {
         default: fail(p, esc, "Invalid \\escape"); return NULL;
         }
         if (e != 'u') {
-            if (scratch_put(p, &len, &outc, 1)) { fail_text(p, "out of memory"); return NULL; }
+            if (scratch_put(p, &len, &outc, 1)) { fail_text(p, "invalid", "out of memory"); return NULL; }
             p->pos += 2;
             continue;
         }
@@ -272,10 +275,10 @@ static char *parse_string(parser *p, size_t *out_len) {
         }
         char u[4];
         size_t k = put_cp(u, cp);
-        if (scratch_put(p, &len, u, k)) { fail_text(p, "out of memory"); return NULL; }
+        if (scratch_put(p, &len, u, k)) { fail_text(p, "invalid", "out of memory"); return NULL; }
     }
     char *s = arena_alloc(p->doc, len + 1);
-    if (!s) { fail_text(p, "index too large to parse (memory bound)"); return NULL; }
+    if (!s) { fail_text(p, "invalid", "index too large to parse (memory bound)"); return NULL; }
     if (len) memcpy(s, p->sbuf, len);
     s[len] = 0;
     *out_len = len;
@@ -330,7 +333,7 @@ static int parse_number(parser *p, mp_json *out) {
     if (p->t[i] == '-') { neg = 1; i++; }
     if (i >= p->n || p->t[i] < '0' || p->t[i] > '9') {
         if (neg && p->n - i >= 8 && memcmp(p->t + i, "Infinity", 8) == 0) {
-            fail_text(p, "forbidden constant -Infinity"); return -1;
+            fail_text(p, "forbidden_constant", "forbidden constant -Infinity"); return -1;
         }
         fail(p, start, "Expecting value"); return -1;
     }
@@ -367,7 +370,7 @@ static int parse_number(parser *p, mp_json *out) {
         if (!big) return 0;
         out->big = 1;
         char *s = arena_alloc(p->doc, toklen + 1);
-        if (!s) { fail_text(p, "index too large to parse (memory bound)"); return -1; }
+        if (!s) { fail_text(p, "invalid", "index too large to parse (memory bound)"); return -1; }
         memcpy(s, p->t + start, toklen);
         s[toklen] = 0;
         out->v.s = s;
@@ -377,7 +380,7 @@ static int parse_number(parser *p, mp_json *out) {
     out->type = MP_JSON_FLOAT;
     char small[64];
     char *tok = toklen < sizeof small ? small : malloc(toklen + 1);
-    if (!tok) { fail_text(p, "out of memory"); return -1; }
+    if (!tok) { fail_text(p, "invalid", "out of memory"); return -1; }
     memcpy(tok, p->t + start, toklen);
     tok[toklen] = 0;
     out->v.f = strtod(tok, NULL); /* may be inf: Python accepts it here, dumps() refuses later */
@@ -428,7 +431,7 @@ static int parse_array(parser *p, mp_json *out) {
     for (;;) {
         mp_json v;
         if (parse_value(p, &v)) return -1;
-        if (push_val(p, &v)) { fail_text(p, "out of memory"); return -1; }
+        if (push_val(p, &v)) { fail_text(p, "invalid", "out of memory"); return -1; }
         skip_ws(p);
         if (p->pos < p->n && p->t[p->pos] == ']') { p->pos++; break; }
         if (p->pos >= p->n || p->t[p->pos] != ',') { fail(p, p->pos, "Expecting ',' delimiter"); return -1; }
@@ -437,7 +440,7 @@ static int parse_array(parser *p, mp_json *out) {
     }
     size_t cnt = p->nvals - base;
     mp_json *items = arena_alloc(p->doc, cnt * sizeof *items);
-    if (!items) { fail_text(p, "index too large to parse (memory bound)"); return -1; }
+    if (!items) { fail_text(p, "invalid", "index too large to parse (memory bound)"); return -1; }
     memcpy(items, p->vals + base, cnt * sizeof *items);
     p->nvals = base;
     out->v.items = items; out->len = cnt;
@@ -463,7 +466,7 @@ static int parse_object(parser *p, mp_json *out) {
         p->pos++;
         skip_ws(p);
         if (parse_value(p, &m.val)) return -1;
-        if (push_mem(p, &m)) { fail_text(p, "out of memory"); return -1; }
+        if (push_mem(p, &m)) { fail_text(p, "invalid", "out of memory"); return -1; }
         skip_ws(p);
         if (p->pos < p->n && p->t[p->pos] == '}') { p->pos++; break; }
         if (p->pos >= p->n || p->t[p->pos] != ',') { fail(p, p->pos, "Expecting ',' delimiter"); return -1; }
@@ -472,13 +475,13 @@ static int parse_object(parser *p, mp_json *out) {
     }
     size_t cnt = p->nmems - base;
     mp_json_member *mem = arena_alloc(p->doc, cnt * sizeof *mem);
-    if (!mem) { fail_text(p, "index too large to parse (memory bound)"); return -1; }
+    if (!mem) { fail_text(p, "invalid", "index too large to parse (memory bound)"); return -1; }
     memcpy(mem, p->mems + base, cnt * sizeof *mem);
     p->nmems = base;
     out->v.members = mem; out->len = cnt;
     if (cnt > 1) { /* duplicates: Python's hook reports the first repeated key in text order */
         const mp_json_member **ptr = malloc(cnt * sizeof *ptr);
-        if (!ptr) { fail_text(p, "out of memory"); return -1; }
+        if (!ptr) { fail_text(p, "invalid", "out of memory"); return -1; }
         for (size_t i = 0; i < cnt; i++) ptr[i] = &mem[i];
         qsort(ptr, cnt, sizeof *ptr, member_ptr_cmp);
         /* within each group of equal keys the second occurrence in text order is where
@@ -502,7 +505,7 @@ static int parse_object(parser *p, mp_json *out) {
             char r[200], msg[240];
             mp_json_pyrepr_str(first->key, first->keylen, r, sizeof r);
             snprintf(msg, sizeof msg, "duplicate key %s", r);
-            fail_text(p, msg);
+            fail_text(p, "duplicate_key", msg);
             return -1;
         }
     }
@@ -531,10 +534,10 @@ static int parse_value(parser *p, mp_json *out) {
         out->v.s = parse_string(p, &out->len);
         return out->v.s ? 0 : -1;
     case 'N':
-        if (lit(p, "NaN")) { fail_text(p, "forbidden constant NaN"); return -1; }
+        if (lit(p, "NaN")) { fail_text(p, "forbidden_constant", "forbidden constant NaN"); return -1; }
         break;
     case 'I':
-        if (lit(p, "Infinity")) { fail_text(p, "forbidden constant Infinity"); return -1; }
+        if (lit(p, "Infinity")) { fail_text(p, "forbidden_constant", "forbidden constant Infinity"); return -1; }
         break;
     case 't': if (lit(p, "true")) { out->type = MP_JSON_BOOL; out->boolean = 1; p->pos += 4; return 0; } break;
     case 'f': if (lit(p, "false")) { out->type = MP_JSON_BOOL; p->pos += 5; return 0; } break;
@@ -547,6 +550,14 @@ static int parse_value(parser *p, mp_json *out) {
 }
 
 mp_json_doc *mp_json_parse(const char *text, size_t len, size_t max_len, char *err, size_t errlen) {
+    return mp_json_parse_coded(text, len, max_len, NULL, err, errlen);
+}
+
+mp_json_doc *mp_json_parse_coded(const char *text, size_t len, size_t max_len, const char **code,
+                                 char *err, size_t errlen) {
+    const char *dummy;
+    if (!code) code = &dummy;
+    *code = "invalid";
     if (err && errlen) err[0] = 0;
     if (!text && len) { if (err && errlen) snprintf(err, errlen, "no input"); return NULL; }
     if (len > max_len) {
@@ -555,11 +566,13 @@ mp_json_doc *mp_json_parse(const char *text, size_t len, size_t max_len, char *e
     }
     size_t bad = utf8_invalid_at((const unsigned char *)text, len);
     if (bad != len) {
+        *code = "invalid_utf8";
         if (err && errlen) snprintf(err, errlen, "invalid UTF-8 at byte %zu", bad);
         return NULL;
     }
     long depth = max_depth(text, len);
     if (depth > MP_JSON_MAX_DEPTH) {
+        *code = "json_depth";
         if (err && errlen) snprintf(err, errlen, "JSON nesting depth %ld exceeds %d", depth, MP_JSON_MAX_DEPTH);
         return NULL;
     }
@@ -582,7 +595,7 @@ mp_json_doc *mp_json_parse(const char *text, size_t len, size_t max_len, char *e
         }
     }
     free(p.vals); free(p.mems); free(p.sbuf);
-    if (r) { mp_json_free(d); return NULL; }
+    if (r) { *code = p.code ? p.code : "json_syntax"; mp_json_free(d); return NULL; }
     return d;
 }
 

@@ -30,6 +30,10 @@ typedef struct mp_json_doc mp_json_doc;
 
 /* Parses text[0..len). On failure returns NULL and writes the message to err. */
 mp_json_doc *mp_json_parse(const char *text, size_t len, size_t max_len, char *err, size_t errlen);
+/* The same; on failure *code (may be NULL) gets the stable code of spec/FORMAT.md §11:
+ * invalid_utf8, json_depth, json_syntax, duplicate_key, forbidden_constant, or invalid. */
+mp_json_doc *mp_json_parse_coded(const char *text, size_t len, size_t max_len, const char **code,
+                                 char *err, size_t errlen);
 void mp_json_free(mp_json_doc *doc);
 const mp_json *mp_json_root(const mp_json_doc *doc);
 

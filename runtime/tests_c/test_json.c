@@ -1,4 +1,4 @@
-/* json.c: accessors, exact integers, limits, and the Python-identical messages. */
+/* json.c: accessors, exact integers, limits, stable codes and messages. */
 #include <string.h>
 
 #include "json.h"
@@ -6,10 +6,13 @@
 
 static mp_json_doc *P(const char *s, char *err) { return mp_json_parse(s, strlen(s), 1 << 20, err, 512); }
 
-static void refused(const char *s, const char *want) {
+/* refused with the stable code (spec/FORMAT.md §11) and a message containing want */
+static void refused(const char *s, const char *code, const char *want) {
     char err[512];
-    mp_json_doc *d = P(s, err);
+    const char *got = NULL;
+    mp_json_doc *d = mp_json_parse_coded(s, strlen(s), 1 << 20, &got, err, sizeof err);
     CHECK(d == NULL && strstr(err, want), "%s -> %s (want %s)", s, d ? "accepted" : err, want);
+    CHECK(got && !strcmp(got, code), "%s -> code %s (want %s)", s, got ? got : "none", code);
     mp_json_free(d);
 }
 
@@ -45,17 +48,17 @@ int main(void) {
     CHECK(mp_json_check_int64(d, err, sizeof err) == -1 && strstr(err, "18446744073709551615"), "int64 walk: %s", err);
     mp_json_free(d);
 
-    refused("{\"a\":1,\"a\":2}", "duplicate key 'a'");
-    refused("[NaN]", "forbidden constant NaN");
-    refused("[1,]", "Expecting value: line 1 column 4 (char 3)");
-    refused("\xEF\xBB\xBF{}", "Unexpected UTF-8 BOM");
-    refused("\"\xC0\x80\"", "invalid UTF-8 at byte 1");
-    refused("\"\xED\xA0\x80\"", "invalid UTF-8 at byte 1"); /* surrogate */
-    refused("{} x", "Extra data: line 1 column 4 (char 3)");
-    refused("\"abc", "Unterminated string starting at");
+    refused("{\"a\":1,\"a\":2}", "duplicate_key", "duplicate key 'a'");
+    refused("[NaN]", "forbidden_constant", "forbidden constant NaN");
+    refused("[1,]", "json_syntax", "Expecting value: line 1 column 4 (char 3)");
+    refused("\xEF\xBB\xBF{}", "json_syntax", "Unexpected UTF-8 BOM");
+    refused("\"\xC0\x80\"", "invalid_utf8", "invalid UTF-8 at byte 1");
+    refused("\"\xED\xA0\x80\"", "invalid_utf8", "invalid UTF-8 at byte 1"); /* surrogate */
+    refused("{} x", "json_syntax", "Extra data: line 1 column 4 (char 3)");
+    refused("\"abc", "json_syntax", "Unterminated string starting at");
     char deep[200];
     memset(deep, '[', 65); memset(deep + 65, ']', 65); deep[130] = 0;
-    refused(deep, "JSON nesting depth 65 exceeds 64");
+    refused(deep, "json_depth", "JSON nesting depth 65 exceeds 64");
     deep[64] = ']'; deep[129] = 0; /* 64 deep is fine */
     memset(deep, '[', 64); memset(deep + 64, ']', 64); deep[128] = 0;
     CHECK((d = P(deep, err)) != NULL, "64 deep: %s", err);

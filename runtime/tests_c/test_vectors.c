@@ -1,6 +1,6 @@
 /* The C reader on every spec vector: valid files open (and their payload hashes check out
- * through the read accessors); invalid files are refused with MP_EFORMAT and a message that
- * contains the substring of their .expected.json. Usage: test_vectors SPEC_VECTORS_DIR */
+ * through the read accessors); invalid files are refused with MP_EFORMAT, the code of their
+ * .expected.json and a message that contains its substring. Usage: test_vectors SPEC_VECTORS_DIR */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <string.h>
@@ -73,10 +73,13 @@ static void check_invalid(const char *path) {
     if (!text) return;
     mp_json_doc *doc = mp_json_parse(text, n, 1 << 20, err, sizeof err);
     const char *want = doc ? mp_json_as_str(mp_json_get(mp_json_root(doc), "error"), NULL) : NULL;
-    CHECK(want != NULL, "%s: no error key", exp_path);
-    int rc = mp_container_check(path, err, sizeof err);
+    const char *want_code = doc ? mp_json_as_str(mp_json_get(mp_json_root(doc), "code"), NULL) : NULL;
+    CHECK(want != NULL && want_code != NULL, "%s: no error or code key", exp_path);
+    char code[64];
+    int rc = mp_container_check_code(path, code, sizeof code, err, sizeof err);
     CHECK(rc == MP_EFORMAT, "%s: rc %d (%s)", path, rc, err);
     CHECK(want && strstr(err, want), "%s:\n   want substring: %s\n   got: %s", path, want ? want : "?", err);
+    CHECK(want_code && !strcmp(code, want_code), "%s: code %s, want %s", path, code, want_code ? want_code : "?");
     mp_json_free(doc);
     free(text);
 }

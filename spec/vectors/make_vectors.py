@@ -352,6 +352,39 @@ INVALID: dict[str, tuple[Callable[[bytes], bytes], str]] = {
 }
 
 
+# name -> the stable code (moepack.format.errors.CODES, FORMAT.md §11) both readers must give
+EXPECTED_CODE: dict[str, str] = {
+    "empty": "truncated", "truncated_header": "truncated", "zero_header": "unfinished",
+    "bad_magic": "bad_magic", "future_major": "unsupported_major",
+    "bad_header_hash": "header_hash_mismatch", "header_size": "header_size",
+    "unknown_required_flag": "unknown_required_flag", "nonzero_reserved": "reserved_nonzero",
+    "alignment_not_power_of_two": "bad_alignment", "alignment_too_small": "bad_alignment",
+    "truncated_file": "file_size_mismatch", "trailing_bytes": "file_size_mismatch",
+    "index_too_large": "index_length", "index_extent": "index_extent",
+    "index_in_header_region": "index_offset", "header_padding": "header_padding",
+    "wrong_root_hash": "index_hash_mismatch", "bad_json": "json_syntax",
+    "duplicate_key": "duplicate_key", "non_canonical_json": "not_canonical",
+    "too_deep_json": "json_depth", "invalid_utf8": "invalid_utf8",
+    "nan_in_json": "forbidden_constant", "index_not_object": "wrong_type",
+    "missing_manifest_key": "missing_key", "overlapping_extents": "extent_overlap",
+    "gap_before_index": "extent_gap", "offset_past_eof": "past_index", "huge_length": "past_index",
+    "int64_overflow": "integer_range", "negative_offset": "out_of_range",
+    "float_offset": "wrong_type", "misaligned_section": "misaligned",
+    "misaligned_bank": "misaligned", "stride_not_multiple": "stride", "bank_length": "bank_length",
+    "shape_codec_mismatch": "length_mismatch", "zero_dim": "out_of_range",
+    "too_many_dims": "bad_shape", "unknown_codec": "unknown_codec", "q6_group_size": "bad_codec",
+    "bad_hash_string": "bad_hash_string", "duplicate_name": "duplicate_name",
+    "bad_name": "bad_name", "hash_table_length": "hash_table_length",
+    "missing_hash_table": "missing_hash_table", "part_offset": "part_offset",
+    "part_names": "part_names", "record_length": "record_length",
+    "blob_raw_length": "blob_raw_length", "blob_compression": "blob_compression",
+    "blob_name_parent": "blob_name", "blob_name_absolute": "blob_name",
+    "blob_name_backslash": "blob_name", "blob_name_dot": "blob_name",
+    "blob_name_dotdot": "blob_name", "blob_name_long": "blob_name",
+    "codebook_codec": "class_codec", "rvq_format_1_0": "needs_reconversion",
+}
+
+
 def generate(out: Path) -> list[Path]:
     """Write every vector under `out`; returns the files written."""
     written = []
@@ -371,8 +404,9 @@ def generate(out: Path) -> list[Path]:
     for name, (mutate, error) in INVALID.items():
         path = out / "invalid" / f"{name}.moepack"
         path.write_bytes(mutate(base))
+        expected = {"code": EXPECTED_CODE[name], "error": error}
         (out / "invalid" / f"{name}.expected.json").write_text(
-            json.dumps({"error": error}, indent=2) + "\n")
+            json.dumps(expected, indent=2) + "\n")
         written += [path, out / "invalid" / f"{name}.expected.json"]
     return written
 
