@@ -38,9 +38,11 @@ class LocalCluster:
     temp_dir: Path
     groups: list[int] = field(default_factory=list)   # process groups of the nodes
 
-    def processes(self) -> list[tuple[int, str]]:
-        """(pid, command line) of every process in this cluster's process groups and of their
-        descendants (Ray's worker processes run in sessions of their own)."""
+    def processes(self, groups: list[int] | None = None) -> list[tuple[int, str]]:
+        """(pid, command line) of every process in this cluster's process groups (or just
+        `groups`: one node's) and of their descendants (Ray's worker processes run in sessions
+        of their own)."""
+        groups = self.groups if groups is None else groups
         table = {}
         for d in Path("/proc").iterdir():
             if d.name.isdigit():
@@ -49,7 +51,7 @@ class LocalCluster:
                     table[int(d.name)] = (int(stat[1]), int(stat[2]))  # ppid, pgid
                 except (OSError, IndexError, ValueError):
                     continue
-        ours = {pid for pid, (_, pgid) in table.items() if pgid in self.groups}
+        ours = {pid for pid, (_, pgid) in table.items() if pgid in groups}
         grew = True
         while grew:
             more = {pid for pid, (ppid, _) in table.items() if ppid in ours} - ours
@@ -64,9 +66,26 @@ class LocalCluster:
             out.append((pid, cmd.decode(errors="replace").strip()))
         return out
 
-    def task_workers(self, function: str) -> list[int]:
-        """PIDs of worker processes running `function` now (Ray titles them ray::NAME)."""
-        return [pid for pid, cmd in self.processes() if cmd.startswith(f"ray::{function}")]
+    def task_workers(self, function: str, node: int | None = None) -> list[int]:
+        """PIDs of worker processes running `function` now (Ray titles them ray::NAME), on
+        node number `node` (0: the head, in start order) or on any."""
+        groups = None if node is None else [self.groups[node]]
+        return [pid for pid, cmd in self.processes(groups) if cmd.startswith(f"ray::{function}")]
+
+    def add_node(self, cpus: int = 1) -> int:
+        """Start one more node; returns its number."""
+        _start(self, ["--address", self.address, *_common(cpus), *_node_ports()])
+        _wait_ready(self.address, len(self.groups))
+        return len(self.groups) - 1
+
+    def kill_node(self, node: int) -> list[int]:
+        """SIGKILL every process of node number `node` at once (raylet, its agents, its
+        workers): the machine died. Returns the PIDs killed."""
+        pids = [pid for pid, _ in self.processes([self.groups[node]])]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
 
     def stop(self) -> None:
         for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
@@ -149,18 +168,21 @@ def _node_ports() -> list[str]:
             "--min-worker-port", str(lo), "--max-worker-port", str(lo + 40)]
 
 
+def _common(cpus: int) -> list[str]:
+    return ["--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus),
+            "--object-store-memory", str(100 << 20), "--disable-usage-stats"]
+
+
 @contextlib.contextmanager
 def local_cluster(nodes: int = 2, cpus: int = 1) -> Iterator[LocalCluster]:
     tmp = Path(tempfile.mkdtemp(prefix="mpray", dir="/tmp"))  # short: unix socket paths
     port = free_port()
     cluster = LocalCluster(f"127.0.0.1:{port}", tmp)
-    common = ["--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus),
-              "--object-store-memory", str(100 << 20), "--disable-usage-stats"]
     try:
         _start(cluster, ["--head", "--port", str(port), "--temp-dir", str(tmp),
-                         "--include-dashboard", "false", *common, *_node_ports()])
+                         "--include-dashboard", "false", *_common(cpus), *_node_ports()])
         for _ in range(nodes - 1):
-            _start(cluster, ["--address", cluster.address, *common, *_node_ports()])
+            _start(cluster, ["--address", cluster.address, *_common(cpus), *_node_ports()])
         _wait_ready(cluster.address, nodes)
         yield cluster
     finally:

@@ -1,7 +1,8 @@
 """`moepack convert --ray`: a real two-node Ray cluster on this machine (head + one more node,
 one CPU each, tests/ray_cluster.py), real conversions across both, outputs byte-identical to
-`--jobs 1`; a Ray worker SIGKILLed mid-task (Ray runs the task again); the driver SIGKILLed and
-the same command rerun (resumed from the journal); Ray missing."""
+`--jobs 1`; a Ray worker SIGKILLed mid-task (Ray runs the task again); a whole node SIGKILLed
+mid-run (its tasks rerun on the survivors); the driver SIGKILLed and the same command rerun
+(resumed from the journal); an hf: source read by ranges from the fake hub; Ray missing."""
 
 from __future__ import annotations
 
@@ -147,6 +148,30 @@ def test_worker_killed_mid_task_is_retried(cluster, source, reference, tmp_path)
     finish(p)
     assert out.read_bytes() == reference
     assert victim not in [pid for pid, _ in cluster.processes()]
+
+
+@pytest.mark.slow
+def test_node_killed_mid_run_work_moves_to_the_survivors(cluster, source, reference, tmp_path):
+    """A third node joins; while it runs an expert task, every process of it is SIGKILLed at
+    once (the machine died). Ray runs its tasks again on the two survivors: the conversion
+    completes, identical."""
+    node = cluster.add_node()
+    out = tmp_path / "node.moepack"
+    p = cli(str(source), str(out), "--ray", cluster.address, "--json", *CLI_FAST,
+            "--pause-per-unit", "0.5")
+    killed: list[int] = []
+    deadline = time.monotonic() + 120
+    while not killed and time.monotonic() < deadline and p.poll() is None:
+        if cluster.task_workers("experts_task", node):
+            time.sleep(1.0)  # inside the task: some experts encoded, none returned
+            killed = cluster.kill_node(node)
+        else:
+            time.sleep(0.2)
+    assert killed, "no expert task was seen running on the third node"
+    summary = finish(p)
+    assert out.read_bytes() == reference
+    assert summary["ray_nodes"] >= 2
+    assert not set(killed) & {pid for pid, _ in cluster.processes()}   # it stayed dead
 
 
 @pytest.mark.slow
