@@ -22,7 +22,7 @@ def _fail(msg: str) -> typer.Exit:
 
 
 def _settings(expert_codec: str | None, trunk_codec: str | None, codec: list[str], seed: int,
-              alignment: int, sample: int | None, iters: int | None):
+              alignment: int, sample: int | None, iters: int | None, mtp: str = "keep"):
     from moepack.convert.settings import Settings
 
     trunk = [(cls, trunk_codec) for cls in QUANTISED_CLASSES] if trunk_codec else []
@@ -33,7 +33,7 @@ def _settings(expert_codec: str | None, trunk_codec: str | None, codec: list[str
         trunk = [t for t in trunk if t[0] != cls] + [(cls, name)]
     preset = {} if expert_codec is None else {"expert_preset": expert_codec}  # None: the default
     return Settings(**preset, trunk=tuple(sorted(trunk)), seed=seed, alignment=alignment,
-                    sample=sample, iters=iters)
+                    sample=sample, iters=iters, mtp=mtp)
 
 
 def _human(n: float) -> str:
@@ -71,6 +71,9 @@ _SEED = typer.Option(0, "--seed", help="Seed of codebook sampling and training."
 _ALIGN = typer.Option(4096, "--alignment", help="Expert record alignment in bytes.")
 _SAMPLE = typer.Option(None, "--sample", help="Training vectors per projection (preset default).")
 _ITERS = typer.Option(None, "--iters", help="Lloyd iterations (preset default).")
+_MTP = typer.Option("keep", "--mtp", help="Multi-token-prediction layers (DeepSeek-V3, "
+                    "GLM-4.5): keep (when the checkpoint has them; not run by the engine, "
+                    "kept for speculative decoding) or drop. See docs/CONVERT.md for the cost.")
 _DRY = typer.Option(False, "--dry-run", help="Print the plan and stop.")
 _FORCE = typer.Option(False, "--force", help="Replace an existing finished output.")
 _EXPORT_FORCE = typer.Option(False, "--force", help="Replace OUTDIR and remove OUTDIR.partial / "
@@ -100,6 +103,7 @@ def convert_cmd(
     alignment: int = _ALIGN,
     sample: Optional[int] = _SAMPLE,  # noqa: UP045
     iters: Optional[int] = _ITERS,  # noqa: UP045
+    mtp: str = _MTP,
     dry_run: bool = _DRY,
     force: bool = _FORCE,
     restart: bool = _RESTART,
@@ -127,7 +131,8 @@ def convert_cmd(
         raise _fail("--staging is for hf:ORG/REPO sources (a local SRC is read in place)")
     reporter = Reporter() if (quiet or as_json or dry_run) else RichReporter()
     try:
-        settings = _settings(expert_codec, trunk_codec, codec or [], seed, alignment, sample, iters)
+        settings = _settings(expert_codec, trunk_codec, codec or [], seed, alignment, sample, iters,
+                             mtp)
         if hub:
             return _convert_hub(str(src), out, settings, staging or "0", jobs, force, restart,
                                 dry_run, reporter, pause_per_unit, as_json, quiet, ray)

@@ -17,10 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from moepack.convert.adapters import EXPERT_PARTS, adapter_for
+from moepack.convert.adapters import EXPERT_PARTS, Adapter, adapter_for
 from moepack.convert.errors import ConvertError
 from moepack.convert.st_writer import DTYPES, TORCH_NAMES, tensor_nbytes, write_safetensors
 from moepack.format import Container, FormatError
+from moepack.format.mtp import mtp_layer_of
 
 from moepack.safefs import (
     UnsafePathError,
@@ -50,13 +51,26 @@ def _entries(c: Container) -> list[tuple[str, tuple[int, ...], Callable[[], np.n
         _check_trunk(c, t.name, tuple(t.shape))
         out.append((t.sources[0], t.shape, lambda n=t.name: c.tensor(n)))
     for bank in c.banks():
-        layer = bank["layer"]
-        shapes = {p["name"]: tuple(p["shape"]) for p in bank["parts"]}
-        for e in range(bank["count"]):
-            names = adapter.native_expert_names(layer, e)
-            for part in EXPERT_PARTS:
-                out.append((names[part], shapes[part],
-                            lambda L=layer, e=e, p=part: c.expert_part(L, e, p)))
+        out += _bank_entries(c, adapter, bank)
+    # multi-token-prediction layers (FORMAT.md §4.6), under the checkpoint's own names
+    for layer in sorted({mtp_layer_of(n) for n in c.mtp_tensor_names()} - {None}):
+        for t in adapter.mtp_tensors(layer):
+            _check_trunk(c, t.name, tuple(t.shape))
+            out.append((t.sources[0], t.shape, lambda n=t.name: c.tensor(n)))
+    for bank in c.mtp_banks():
+        out += _bank_entries(c, adapter, bank)
+    return out
+
+
+def _bank_entries(c: Container, adapter: Adapter, bank: dict) -> list:
+    layer = bank["layer"]
+    shapes = {p["name"]: tuple(p["shape"]) for p in bank["parts"]}
+    out: list = []
+    for e in range(bank["count"]):
+        names = adapter.native_expert_names(layer, e)
+        for part in EXPERT_PARTS:
+            out.append((names[part], shapes[part],
+                        lambda L=layer, e=e, p=part: c.expert_part(L, e, p)))
     return out
 
 

@@ -23,14 +23,15 @@ def bind(ck: Checkpoint, adapter: Adapter) -> SourceMap:
     """Resolve and shape-check every tensor; raises SourceError naming file and tensor."""
     names = ck.tensors.keys()
     trunk = []
-    for t in adapter.trunk():
+    mtp = [t for layer in adapter.mtp_layer_numbers() for t in adapter.mtp_tensors(layer)]
+    for t in adapter.trunk() + mtp:
         ref = adapter.resolve(t, names)
         ck.check_shape(ref, t.shape, t.name)
         ck.check_readable(ref)
         trunk.append((t, ref))
     experts = {}
     count = int(adapter.model["moe"]["num_experts"])
-    for layer in adapter.moe_layers():
+    for layer in adapter.all_moe_layers():
         for e in range(count):
             refs = adapter.expert_refs(layer, e, names)
             if e == 0:

@@ -7,8 +7,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, replace
 from math import prod
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from moepack.convert.source import Checkpoint
 from moepack.format import BankSpec, BlobSpec, ContainerSpec, Layout, TensorSpec, plan_layout
 from moepack.format.codecs import codebook_shape, rotation_shape
 from moepack.format.model_desc import ModelDescError, validate_model
+from moepack.format.mtp import MTP_BANK, MTP_TENSOR
 
 import moepack
 
@@ -67,14 +68,23 @@ def build_spec(adapter: Adapter, settings: Settings, files: list[dict],
         nxt = layer_of(trunk[i + 1].name) if i + 1 < len(trunk) else None
         if layer in moe and nxt != layer:  # codebooks close their layer (FORMAT.md §7 order)
             tensors += codebook_specs(layer, codecs, shapes, cb_codec)
+    for layer in adapter.mtp_layer_numbers():  # FORMAT.md §4.6: trunk codecs, own types
+        for t in adapter.mtp_tensors(layer):
+            codec = settings.trunk_codec(t.cls, len(t.shape))
+            used.setdefault(t.cls, codec)
+            tensors.append(TensorSpec(t.name, t.cls, t.shape, codec, MTP_TENSOR))
+        if adapter.mtp_is_moe(layer):
+            tensors += [replace(cb, kind=MTP_TENSOR)
+                        for cb in codebook_specs(layer, codecs, shapes, cb_codec)]
     if moe:
         used["codebook"] = cb_codec
         used.update({f"expert.{p}": c for p, c in codecs.items()})
     count = int(adapter.model["moe"]["num_experts"])
     banks = tuple(
         BankSpec(layer, count, tuple(TensorSpec(p, "expert", shapes[p], codecs[p])
-                                     for p in EXPERT_PARTS))
-        for layer in sorted(moe))
+                                     for p in EXPERT_PARTS),
+                 "expert_bank" if layer in moe else MTP_BANK)
+        for layer in adapter.all_moe_layers())
     source = {"architecture": adapter.hf_architecture, "config": adapter.config,
               "files": sorted(files, key=lambda f: f["name"])}
     if skipped := adapter.skipped():
@@ -139,20 +149,46 @@ def config_field(adapter: Adapter, field: str) -> str:
 
 
 def plan_for_config(config: dict, settings: Settings, files: list[dict] | None = None,
-                    blobs: Mapping[str, int] | None = None) -> Layout:
+                    blobs: Mapping[str, int] | None = None,
+                    names: Collection[str] | None = None) -> Layout:
     """Exact layout (and so `file_size`) of converting a checkpoint with this config.json.
 
     `files`: `[{name, size, sha256}]` of the weight files (sha256 may be unknown: any 64-hex
-    placeholder gives the same size); `blobs`: sizes of tokenizer.json etc. to be embedded."""
+    placeholder gives the same size); `blobs`: sizes of tokenizer.json etc. to be embedded;
+    `names`: the checkpoint's tensor names if known (they say whether the declared MTP layers
+    are there; unknown: assumed there, as in the published checkpoints)."""
     files = [{"name": f["name"], "size": int(f["size"]),
               "sha256": f.get("sha256") or PLACEHOLDER_SHA} for f in (files or [])]
-    return plan_layout(build_spec(described(config), settings, files, blobs or {}))
+    adapter = described(config)
+    choose_mtp(adapter, settings, names)
+    return plan_layout(build_spec(adapter, settings, files, blobs or {}))
+
+
+def choose_mtp(adapter: Adapter, settings: Settings, names: Collection[str] | None) -> None:
+    """How many of the declared MTP layers to convert (FORMAT.md §4.6): with `--mtp keep`, the
+    leading ones the checkpoint holds (`names`; None: assume all, for planning from a config
+    alone). A layer that is present in part fails later, naming the missing tensor."""
+    declared = adapter.mtp_declared()
+    if not declared or not adapter.mtp_tensors(int(adapter.model["num_layers"])):
+        return  # nothing declared, or the architecture's MTP layers are not supported
+    if settings.mtp == "drop":
+        adapter.mtp_note = "dropped by --mtp drop"
+        return
+    first = int(adapter.model["num_layers"])
+    kept = 0
+    for layer in range(first, first + declared):
+        if names is not None and not any(s in names for t in adapter.mtp_tensors(layer)
+                                         for s in t.sources):
+            break
+        kept += 1
+    adapter.mtp_layers = kept
 
 
 def checkpoint_plan(ck: Checkpoint, settings: Settings,
                     files: list[dict] | None = None) -> tuple[Plan, SourceMap]:
     """Plan for an opened checkpoint; validates every source tensor against config.json."""
     adapter = described(ck.config)
+    choose_mtp(adapter, settings, ck.tensors.keys())
     smap = bind(ck, adapter)
     if files is None:
         files = [{"name": f, "size": (ck.dir / f).stat().st_size, "sha256": PLACEHOLDER_SHA}

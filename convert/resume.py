@@ -12,6 +12,7 @@ from moepack.convert.journal import Journal, differences
 from moepack.convert.plan import PLACEHOLDER_SHA, Plan
 from moepack.convert.progress import Reporter
 from moepack.convert.tasks import blob_unit, expert_unit, tensor_unit
+from moepack.format.mtp import MTP_TENSOR
 
 import moepack
 from moepack.safefs import open_existing
@@ -22,7 +23,7 @@ COMPARED = ("source", "settings", "converter", "layout")  # header keys that mus
 def unit_extents(plan: Plan) -> dict[str, tuple[int, int]]:
     """unit -> (offset, length) of its bytes in the file."""
     out = {tensor_unit(e.name): (e.offset, e.length)
-           for e in plan.layout.sections if e.type == "tensor"}
+           for e in plan.layout.sections if e.type in ("tensor", MTP_TENSOR)}
     out.update({blob_unit(e.name): (e.offset, e.length)
                 for e in plan.layout.sections if e.type == "blob"})
     for b in plan.layout.banks():

@@ -18,7 +18,8 @@ from moepack.format.limits import DEFAULT_ALIGNMENT
 from moepack.format.rules import CLASS_CODECS
 
 EXPERT_PARTS_CLASS = "expert"
-FLOAT_ONLY = ("f32", "f16", "bf16")  # 1-D tensors (norms, biases) cannot take group codecs
+FLOAT_ONLY = ("f32", "f16", "bf16")
+MTP_MODES = ("keep", "drop")  # 1-D tensors (norms, biases) cannot take group codecs
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,11 @@ class Settings:
     alignment: int = DEFAULT_ALIGNMENT
     sample: int | None = None  # override of the preset's training sample size (vectors)
     iters: int | None = None   # override of the preset's Lloyd iterations
+    mtp: str = "keep"  # multi-token-prediction layers: "keep" (when present) or "drop"
 
     def __post_init__(self) -> None:
+        if self.mtp not in MTP_MODES:
+            raise ConvertError(f"--mtp must be one of {', '.join(MTP_MODES)}, got {self.mtp!r}")
         if self.expert_preset not in EXPERT_PRESETS:
             raise ConvertError(f"unknown expert codec {self.expert_preset!r}; choose one of "
                                f"{', '.join(sorted(EXPERT_PRESETS))}")
@@ -65,6 +69,9 @@ class Settings:
     def as_manifest(self) -> dict:
         """Every byte-influencing setting (manifest.converter.settings)."""
         classes = {cls: dict(self.trunk).get(cls) or name for cls, name in TRUNK_DEFAULTS.items()}
-        return {"expert_codec": self.expert_preset, "expert": self.rvq.manifest(),
-                "trunk": {c: TRUNK_CODECS[n] for c, n in sorted(classes.items())},
-                "seed": self.seed, "alignment": self.alignment}
+        out = {"expert_codec": self.expert_preset, "expert": self.rvq.manifest(),
+               "trunk": {c: TRUNK_CODECS[n] for c, n in sorted(classes.items())},
+               "seed": self.seed, "alignment": self.alignment}
+        if self.mtp != "keep":  # the default leaves containers without MTP layers unchanged
+            out["mtp"] = self.mtp
+        return out

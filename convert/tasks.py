@@ -63,7 +63,7 @@ def make_tasks(plan: Plan, smap: SourceMap) -> list[Task]:
         if t.cls == "codebook":
             continue
         by_layer.setdefault(layer_of(t.name), []).append(TrunkJob(t.name, t.codec, refs[t.name]))
-    moe = set(plan.adapter.moe_layers())
+    moe = set(plan.adapter.all_moe_layers())
     count = int(plan.adapter.model["moe"]["num_experts"])
     tasks = [Task("globals", tuple(by_layer.pop(None, [])))]
     for layer in sorted(by_layer):

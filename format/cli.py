@@ -21,6 +21,12 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.3f} GiB" if n >= 2**30 else f"{n / 2**20:.3f} MiB"
 
 
+def _mtp_line(m: dict) -> str:
+    """Multi-token-prediction sections: kept for speculative decoding, not run (FORMAT.md §4.6)."""
+    layers = f"{m['layers']} layer" + ("s" if m["layers"] != 1 else "")
+    return f"{layers}, {m['bytes']:,} bytes (not used by the engine)"
+
+
 def _show(path: Path, info: dict) -> None:
     console = Console()
     t = Table(show_header=False, box=None)
@@ -39,6 +45,7 @@ def _show(path: Path, info: dict) -> None:
         ("tensors", str(info["counts"]["tensors"])),
         ("experts", f"{info['counts']['experts']} in {info['counts']['expert_banks']} banks"),
         ("alignment", str(info["alignment"])),
+        *[("MTP", _mtp_line(info["mtp"])) for _ in ("mtp",) if "mtp" in info],
         *[("not converted", note) for note in info.get("skipped", [])],
     ]
     for k, v in rows:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from math import prod
 from typing import Any
 
+from moepack.format.mtp import MTP_TYPES, mtp_summary
 from moepack.format.reader import Container
 
 INFO_SCHEMA = 1  # bump when a key of the --json output changes meaning or disappears
@@ -36,7 +37,10 @@ def container_info(c: Container) -> dict[str, Any]:
             experts += s["count"]
             payload += s["count"] * s["record_length"]
             params["experts"] += s["count"] * sum(prod(p["shape"]) for p in s["parts"])
-    size["other"] = c.file_size - size["trunk"] - size["experts"] - size["codebooks"]
+    mtp = mtp_summary(c.sections)  # kept for speculative decoding, not run (FORMAT.md §4.6)
+    if mtp:
+        size["mtp"] = mtp["bytes"]
+    size["other"] = c.file_size - sum(size.values())
     total = params["trunk"] + params["experts"]
     src = c.manifest["source"]
     skipped = src.get("skipped")  # what the converter left out of the checkpoint (FORMAT.md §6)
@@ -67,10 +71,11 @@ def container_info(c: Container) -> dict[str, Any]:
             "experts": experts,
             "unknown_sections": sum(
                 1 for s in c.sections
-                if s["type"] not in ("tensor", "blob", "expert_hashes", "expert_bank")
+                if s["type"] not in ("tensor", "blob", "expert_hashes", "expert_bank", *MTP_TYPES)
             ),
         },
         "classes": dict(sorted(classes.items())),
         "codecs": c.manifest["codecs"],
         **({"skipped": skipped} if skipped else {}),
+        **({"mtp": mtp} if mtp else {}),
     }

@@ -24,6 +24,7 @@ from moepack.format.limits import (
     SECTION_ALIGNMENT,
     align_up,
 )
+from moepack.format.mtp import MTP_BANK, MTP_TENSOR
 from moepack.format.rules import (
     check_blob_name,
     check_class_codec,
@@ -43,6 +44,7 @@ class TensorSpec:
     cls: str
     shape: tuple[int, ...]
     codec: dict
+    kind: str = "tensor"  # or MTP_TENSOR: laid out after the banks (FORMAT.md §4.6)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class BankSpec:
     layer: int
     count: int
     parts: tuple[TensorSpec, ...]  # gate, up, down (names "gate"/"up"/"down")
+    kind: str = "expert_bank"  # or MTP_BANK: no hash table, one section hash
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ class BankLayout:
     count: int
     record_length: int
     parts: tuple[Part, ...]
-    hashes: str  # name of the expert_hashes section
+    hashes: str | None  # name of the expert_hashes section; None for an MTP bank
 
     def record_offset(self, expert: int) -> int:
         if not 0 <= expert < self.count:
@@ -108,6 +111,14 @@ def bank_name(layer: int) -> str:
 
 def hashes_name(layer: int) -> str:
     return f"expert_hashes.{layer}"
+
+
+def mtp_bank_name(layer: int) -> str:
+    return f"mtp_experts.{layer}"
+
+
+def where_mtp(layer: int) -> str:
+    return f"MTP bank {layer!r}"
 
 
 def plan_parts(parts: tuple[TensorSpec, ...], where: str) -> tuple[tuple[Part, ...], int]:
@@ -154,14 +165,14 @@ class Layout:
         self._by_name = {x.name: x for x in self.sections}
         self._banks: dict[int, BankLayout] = {}
         for e in entries:
-            if e["type"] == "expert_bank":
+            if e["type"] in ("expert_bank", MTP_BANK):
                 parts = tuple(
                     Part(p["name"], tuple(p["shape"]), p["codec"], p["offset"], p["length"])
                     for p in e["parts"]
                 )
                 self._banks[e["layer"]] = BankLayout(
                     e["layer"], e["offset"], e["stride"], e["count"], e["record_length"], parts,
-                    e["hashes"],
+                    e.get("hashes"),
                 )
 
     @property
@@ -171,6 +182,8 @@ class Layout:
 
     def _get(self, name: str, kind: str) -> Extent:
         ext = self._by_name.get(name)
+        if ext is not None and (ext.type, kind) == (MTP_TENSOR, "tensor"):
+            return ext  # MTP tensors are written like any tensor
         if ext is None or ext.type != kind:
             raise KeyError(f"no {kind} section named {name!r} in the layout")
         return ext
@@ -190,6 +203,7 @@ class Layout:
         return self._banks[layer]
 
     def banks(self) -> list[BankLayout]:
+        """Every bank to write, MTP banks included (they have no hash table)."""
         return list(self._banks.values())
 
     def index_bytes(self, hashes: Mapping[str, str], manifest: dict | None = None) -> bytes:
@@ -214,13 +228,15 @@ def _check_alignment(a: int) -> int:
 
 def _tensor_entry(t: TensorSpec, pos: int) -> dict[str, Any]:
     where = f"tensor {t.name!r}"
+    if t.kind not in ("tensor", MTP_TENSOR):
+        raise FormatError(f"{where}: section type {t.kind!r} is not a tensor type")
     check_name(t.name, where)
     if not isinstance(t.cls, str) or not t.cls:
         raise FormatError(f"{where}.class: must be a non-empty string")
     shape = check_shape(list(t.shape), f"{where}.shape")
     length = codec_nbytes(t.codec, shape, where)
     check_class_codec(t.cls, t.codec, where)
-    return {"type": "tensor", "name": t.name, "class": t.cls, "shape": list(shape),
+    return {"type": t.kind, "name": t.name, "class": t.cls, "shape": list(shape),
             "codec": dict(t.codec), "offset": align_up(pos, SECTION_ALIGNMENT), "length": length,
             "hash": PLACEHOLDER_HASH}
 
@@ -247,6 +263,8 @@ def plan_layout(spec: ContainerSpec) -> Layout:
     entries: list[dict[str, Any]] = []
     pos = alignment  # the header region ends here
     for t in spec.tensors:
+        if t.kind == MTP_TENSOR:
+            continue  # after the banks
         entries.append(_tensor_entry(t, pos))
         pos = entries[-1]["offset"] + entries[-1]["length"]
     for b in spec.blobs:
@@ -263,21 +281,37 @@ def plan_layout(spec: ContainerSpec) -> Layout:
         layers.add(bank.layer)
         parts, record_length = plan_parts(tuple(bank.parts), where)
         planned.append((bank, parts, record_length))
+        if bank.kind == MTP_BANK:
+            continue  # hashed as one section
+        if bank.kind != "expert_bank":
+            raise FormatError(f"{where}: section type {bank.kind!r} is not a bank type")
         off = align_up(pos, SECTION_ALIGNMENT)
         entries.append({"type": "expert_hashes", "name": hashes_name(bank.layer), "offset": off,
                          "length": 32 * bank.count, "hash": PLACEHOLDER_HASH})
         pos = off + 32 * bank.count
-    for bank, parts, record_length in planned:
+    # regular banks first: an MTP bank then starts where the previous bank ends (no gap)
+    for bank, parts, record_length in sorted(planned, key=lambda b: b[0].kind == MTP_BANK):
         stride = align_up(record_length, alignment)
         off = align_up(pos, alignment)
-        entries.append({
-            "type": "expert_bank", "name": bank_name(bank.layer), "layer": bank.layer,
+        entry = {
+            "type": bank.kind, "name": bank_name(bank.layer), "layer": bank.layer,
             "count": bank.count, "stride": stride, "record_length": record_length,
-            "hashes": hashes_name(bank.layer), "offset": off, "length": bank.count * stride,
+            "offset": off, "length": bank.count * stride,
             "parts": [{"name": p.name, "shape": list(p.shape), "codec": p.codec,
                        "offset": p.offset, "length": p.length} for p in parts],
-        })
+        }
+        if bank.kind == MTP_BANK:
+            if off - pos >= SECTION_ALIGNMENT:  # readers that do not know it allow < 64
+                raise FormatError(f"{where_mtp(bank.layer)}: must follow an expert bank")
+            entry.update(name=mtp_bank_name(bank.layer), hash=PLACEHOLDER_HASH)
+        else:
+            entry["hashes"] = hashes_name(bank.layer)
+        entries.append(entry)
         pos = off + bank.count * stride
+    for t in spec.tensors:
+        if t.kind == MTP_TENSOR:
+            entries.append(_tensor_entry(t, pos))
+            pos = entries[-1]["offset"] + entries[-1]["length"]
     names = [e["name"] for e in entries]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})

@@ -16,6 +16,7 @@ from moepack.format.canonical import parse_canonical
 from moepack.format.errors import FormatError, reject
 from moepack.format.header import Header, parse_header
 from moepack.format.limits import HEADER_SIZE
+from moepack.format.mtp import MTP_TENSOR
 from moepack.format.rules import check_obj, validate_manifest
 from moepack.format.sections import Sections, validate_sections
 
@@ -91,6 +92,8 @@ class Container:
 
     def _section(self, name: str, kind: str) -> dict[str, Any]:
         s = self._sections.by_name.get(name)
+        if s is not None and (s["type"], kind) == (MTP_TENSOR, "tensor"):
+            return s  # read (only on request) like any tensor
         if s is None or s["type"] != kind:
             raise KeyError(f"{self.path}: no {kind} section named {name!r}")
         return s
@@ -147,10 +150,19 @@ class Container:
         """The expert_bank index entries, in file order."""
         return list(self._sections.banks.values())
 
+    def mtp_banks(self) -> list[dict[str, Any]]:
+        """The MTP expert banks (FORMAT.md §4.6), in file order; `banks()` leaves them out."""
+        return list(self._sections.mtp_banks.values())
+
+    def mtp_tensor_names(self) -> list[str]:
+        return [s["name"] for s in self.sections if s["type"] == MTP_TENSOR]
+
     def bank(self, layer: int) -> dict[str, Any]:
-        if layer not in self._sections.banks:
+        """The expert bank of `layer`, or its MTP bank (records are read the same way)."""
+        b = self._sections.banks.get(layer) or self._sections.mtp_banks.get(layer)
+        if b is None:
             raise KeyError(f"{self.path}: no expert bank for layer {layer}")
-        return self._sections.banks[layer]
+        return b
 
     def expert_range(self, layer: int, expert: int) -> tuple[int, int]:
         """(offset, stride): the one aligned read that fetches expert `expert` of `layer`."""

@@ -17,6 +17,7 @@ from moepack.format.limits import (
     SECTION_ALIGNMENT,
     align_up,
 )
+from moepack.format.mtp import MTP_BANK, MTP_TENSOR, MTP_TYPES, check_mtp_bank, mtp_banks
 from moepack.format.rules import (
     check_blob_name,
     check_class_codec,
@@ -30,7 +31,7 @@ from moepack.format.rules import (
     codec_nbytes,
 )
 
-KNOWN_TYPES = ("tensor", "blob", "expert_hashes", "expert_bank")
+KNOWN_TYPES = ("tensor", "blob", "expert_hashes", "expert_bank", *MTP_TYPES)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Sections:
     all: list[dict[str, Any]]
     by_name: dict[str, dict[str, Any]]
     banks: dict[int, dict[str, Any]]  # layer -> expert_bank entry
+    mtp_banks: dict[int, dict[str, Any]]  # layer -> mtp_expert_bank entry (FORMAT.md §4.6)
 
 
 def _where(i: int, s: dict[str, Any]) -> str:
@@ -151,7 +153,10 @@ def _check_bank(w: str, s: dict[str, Any], h: Header) -> None:
     count = check_int(s.get("count"), f"{w}.count", 1, MAX_EXPERTS)
     stride = check_int(s.get("stride"), f"{w}.stride", 1)
     record_length = check_int(s.get("record_length"), f"{w}.record_length", 1)
-    check_name(s.get("hashes"), f"{w}.hashes")
+    if s["type"] == MTP_BANK:
+        check_mtp_bank(w, s, alignment)
+    else:
+        check_name(s.get("hashes"), f"{w}.hashes")
     if stride % alignment:
         raise reject("stride", f"{w}.stride",
                      f"{stride} is not a multiple of the alignment {alignment}")
@@ -180,14 +185,14 @@ def validate_sections(value: Any, h: Header) -> Sections:
         if s["name"] in by_name:
             raise reject("duplicate_name", f"{w}.name", "duplicate section name")
         by_name[s["name"]] = s
-        if kind == "tensor":
+        if kind in ("tensor", MTP_TENSOR):
             _check_tensor(w, s, h)
         elif kind == "blob":
             _check_blob(w, s)
         elif kind == "expert_hashes" and s["length"] % 32:
             raise reject("hash_table_length", f"{w}.length",
                          f"{s['length']} is not a multiple of 32")
-        elif kind == "expert_bank":
+        elif kind in ("expert_bank", MTP_BANK):
             _check_bank(w, s, h)
     _check_extents(sections, h)
     banks: dict[int, dict[str, Any]] = {}
@@ -214,4 +219,4 @@ def validate_sections(value: Any, h: Header) -> Sections:
         if s["type"] == "expert_hashes" and s["name"] not in users:
             raise reject("orphan_hash_table", _where(i, s),
                          "no expert bank refers to this hash table")
-    return Sections(sections, by_name, banks)
+    return Sections(sections, by_name, banks, mtp_banks(sections, banks, _where))

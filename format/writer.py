@@ -13,6 +13,7 @@ from moepack.format.errors import FormatError
 from moepack.format.header import Header
 from moepack.format.layout import BankLayout, Extent, Layout
 from moepack.format.limits import HASH_SIZE, MAJOR, MINOR
+from moepack.format.mtp import MTP_TYPES
 
 from moepack.durable import fsync_path
 from moepack.safefs import open_existing, open_new
@@ -173,9 +174,10 @@ class ContainerWriter:
         given = dict(hashes or {})
         hex_hashes: dict[str, str] = {}
         for bank in self.layout.banks():
-            hex_hashes[bank.hashes] = self._write_hash_table(bank, given).hex()
+            if bank.hashes is not None:  # an MTP bank has a section hash instead
+                hex_hashes[bank.hashes] = self._write_hash_table(bank, given).hex()
         for ext in self.layout.sections:
-            if ext.type in ("tensor", "blob"):
+            if ext.type in ("tensor", "blob", *MTP_TYPES):
                 hex_hashes[ext.name] = self._digest_of(ext.name, given).hex()
         index = self.layout.index_bytes(hex_hashes, manifest)
         if len(index) != self.layout.index_length:

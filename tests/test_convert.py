@@ -98,7 +98,7 @@ def test_plan_for_config_predicts_exact_size(sources, reference):
         ck = Checkpoint(src)
         files = [{"name": f, "size": (src / f).stat().st_size} for f in ck.files]
         blobs = {n: (src / n).stat().st_size for n in ck.blob_files()}
-        assert plan_for_config(ck.config, FAST, files, blobs).file_size == \
+        assert plan_for_config(ck.config, FAST, files, blobs, ck.tensors.keys()).file_size == \
             reference[arch][1].stat().st_size
 
 

@@ -158,12 +158,37 @@ class Adapter:
     def skipped(self) -> list[str]:
         """What the container leaves out of the checkpoint (FORMAT.md §6 `source.skipped`)."""
         out = list(self.skipped_parts)
-        mtp = self.cfg_int("num_nextn_predict_layers", default=0)
-        if mtp:
+        mtp = self.mtp_declared()
+        if mtp > self.mtp_layers:
             n = int(self.model["num_layers"])
-            out.append(f"multi-token-prediction layers {n}..{n + mtp - 1}: not converted (the "
-                       "engine decodes one token per step)")
+            out.append(f"multi-token-prediction layers {n + self.mtp_layers}..{n + mtp - 1}: "
+                       f"not converted ({self.mtp_note})")
         return out
+
+    # -- multi-token prediction (FORMAT.md §4.6) -------------------------------------------
+    # How many MTP layers the container carries and, when fewer than declared, why: set by the
+    # planner once it knows the checkpoint and the --mtp setting.
+    mtp_layers: int = 0
+    mtp_note: str = "this architecture's MTP layers are not supported"
+
+    def mtp_declared(self) -> int:
+        return self.cfg_int("num_nextn_predict_layers", default=0)
+
+    def mtp_tensors(self, layer: int) -> list[TrunkTensor]:
+        """Canonical tensors of MTP decoder layer `layer` (>= num_layers), experts excluded;
+        empty where the architecture's MTP layers are not supported."""
+        return []
+
+    def mtp_is_moe(self, layer: int) -> bool:
+        return False
+
+    def mtp_layer_numbers(self) -> list[int]:
+        n = int(self.model["num_layers"])
+        return list(range(n, n + self.mtp_layers))
+
+    def all_moe_layers(self) -> list[int]:
+        """MoE layers whose experts are converted: the decoder's, then the MTP layers'."""
+        return self.moe_layers() + [x for x in self.mtp_layer_numbers() if self.mtp_is_moe(x)]
 
     # -- per architecture ------------------------------------------------------------------
     @cached_property

@@ -1,6 +1,7 @@
 """DeepSeek-V3 / Kimi-K2 (`DeepseekV3ForCausalLM`): MLA attention, `first_k_dense_replace`
 dense layers, shared experts, sigmoid routing with `e_score_correction_bias` and group-limited
-top-k. Multi-token-prediction layers (index >= num_hidden_layers) are not converted."""
+top-k. Multi-token-prediction layers (index >= num_hidden_layers) are carried as MTP sections
+(FORMAT.md §4.6) unless the converter is told to drop them."""
 
 from __future__ import annotations
 
@@ -114,3 +115,33 @@ class DeepseekV3Adapter(Adapter):
             out += self.mlp(f"layers.{layer}.shared", "shared_expert", f"{p}.shared_experts",
                             moe["shared_intermediate_size"])
         return out
+
+    # -- multi-token prediction: `model.layers.{num_hidden_layers + i}` (FORMAT.md §4.6) ------
+    mtp_note = "not in the checkpoint"
+
+    def mtp_is_moe(self, layer: int) -> bool:
+        return self._kinds(layer + 1)[layer] == "moe"
+
+    def mtp_tensors(self, layer: int) -> list[TrunkTensor]:
+        """Embedding, the two input norms and their projection, the decoder layer, the head."""
+        h, vocab = self.hidden, int(self.model["vocab_size"])
+        p, c = f"model.layers.{layer}", f"layers.{layer}"
+        out = [TrunkTensor(f"{c}.mtp.embed", "embed", (vocab, h), (f"{p}.embed_tokens.weight",)),
+               self.linear(f"{c}.mtp.enorm", (h,), f"{p}.enorm.weight", "norm"),
+               self.linear(f"{c}.mtp.hnorm", (h,), f"{p}.hnorm.weight", "norm"),
+               self.linear(f"{c}.mtp.eh_proj", (h, 2 * h), f"{p}.eh_proj.weight"),
+               self.linear(f"{c}.attn_norm", (h,), f"{p}.input_layernorm.weight", "norm"),
+               self.linear(f"{c}.ffn_norm", (h,), f"{p}.post_attention_layernorm.weight", "norm")]
+        out += self.attention(layer)
+        if self.mtp_is_moe(layer):
+            out.append(TrunkTensor(f"{c}.router", "router",
+                                   (int(self.model["moe"]["num_experts"]), h),
+                                   tuple(f"{q}.gate.weight" for q in self.moe_prefixes(layer))))
+            out += self.moe_extra(layer)
+        else:
+            out += self.mlp(f"{c}.ffn", "dense_ffn", f"{p}.mlp",
+                            int(self.model["dense_intermediate_size"] or 0))
+        return out + [
+            self.linear(f"{c}.mtp.head_norm", (h,), f"{p}.shared_head.norm.weight", "norm"),
+            TrunkTensor(f"{c}.mtp.head", "lm_head", (vocab, h), (f"{p}.shared_head.head.weight",)),
+        ]

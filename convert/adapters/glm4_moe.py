@@ -2,7 +2,8 @@
 (`attention_bias`) and per-head q/k RMSNorm (`use_qk_norm`), rotate-half RoPE over the first
 `partial_rotary_factor` of each head's dims; the DeepSeek-V3 router (sigmoid, correction bias,
 groups, routed scaling), shared experts and `first_k_dense_replace` dense layers. The
-multi-token-prediction layers (index >= num_hidden_layers) are not converted."""
+multi-token-prediction layers (index >= num_hidden_layers) are carried as MTP sections
+(FORMAT.md §4.6), laid out as DeepSeek-V3's."""
 
 from __future__ import annotations
 

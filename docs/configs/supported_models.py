@@ -31,10 +31,11 @@ def row(stem: str) -> str:
     cfg = json.loads((HERE / f"{stem}.json").read_text())
     layout = plan_for_config(cfg, Settings())
     spec = layout.spec
-    trunk = sum(prod(t.shape) for t in spec.tensors if t.cls != "codebook")
+    # what the engine runs: the multi-token-prediction sections are only in the file size
+    trunk = sum(prod(t.shape) for t in spec.tensors if t.cls != "codebook" and t.kind == "tensor")
     moe = spec.manifest["model"]["moe"]
     per_expert = sum(prod(p.shape) for p in spec.banks[0].parts)
-    layers = len(spec.banks)
+    layers = sum(1 for b in spec.banks if b.kind == "expert_bank")
     total = trunk + layers * int(moe["num_experts"]) * per_expert
     active = trunk + layers * int(moe["top_k"]) * per_expert
     record = layout.bank(spec.banks[0].layer).record_length

@@ -1,0 +1,225 @@
+"""Multi-token-prediction layers (spec/FORMAT.md §4.6): carried as their own section types by
+`convert --mtp keep` (the default), left out by `--mtp drop`, ignored by the engine, shown by
+`info`, hashed by `verify`, written back by `export`."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from damage import flip
+from moepack.convert.export import export
+from moepack.convert.pipeline import convert
+from moepack.convert.settings import Settings
+from moepack.format import Container, FormatError
+from moepack.format.info import container_info
+from moepack.format.mtp import MTP_BANK, MTP_TENSOR
+from moepack.runtime.engine import Engine
+from moepack.verify import verify
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tiny_models import make_checkpoint, model_class
+from typer.testing import CliRunner
+
+from moepack.cli import app
+
+FAST = Settings(expert_preset="rvq3-baseline", iters=3)
+LAYERS = 3  # tiny_models' deepseek_v3: layer 0 dense, 1-2 MoE; the MTP layer is layer 3
+# What DeepSeek-V3's published checkpoints hold for MTP layer 61 beyond a decoder layer
+MTP_ONLY = ("embed_tokens.weight", "enorm.weight", "hnorm.weight", "eh_proj.weight",
+            "shared_head.norm.weight", "shared_head.head.weight")
+
+
+def _add_mtp_layer(src: Path) -> dict[str, torch.Tensor]:
+    """transformers does not build MTP layers, so save_pretrained writes none: write layer
+    LAYERS as the published checkpoints do (a MoE decoder layer plus MTP_ONLY) into a shard
+    of its own, listed in the index. Returns the tensors written."""
+    index_path = src / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    cfg = json.loads((src / "config.json").read_text())
+    h, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    g = torch.Generator().manual_seed(7)
+    like = f"model.layers.{LAYERS - 1}."  # a MoE layer: the MTP layer has its shapes
+    out: dict[str, torch.Tensor] = {}
+    for name, file in index["weight_map"].items():
+        if name.startswith(like):
+            with safe_open(src / file, "pt") as f:
+                shape = f.get_tensor(name).shape
+            out[f"model.layers.{LAYERS}." + name[len(like):]] = torch.randn(shape, generator=g)
+    shapes = {"embed_tokens.weight": (vocab, h), "enorm.weight": (h,), "hnorm.weight": (h,),
+              "eh_proj.weight": (h, 2 * h), "shared_head.norm.weight": (h,),
+              "shared_head.head.weight": (vocab, h)}
+    for name in MTP_ONLY:
+        out[f"model.layers.{LAYERS}.{name}"] = torch.randn(shapes[name], generator=g)
+    save_file(out, src / "mtp.safetensors")
+    index["weight_map"].update({n: "mtp.safetensors" for n in out})
+    index_path.write_text(json.dumps(index))
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mtp")
+    src = make_checkpoint("deepseek_v3", root / "src", num_nextn_predict_layers=1)
+    written = _add_mtp_layer(src)
+    keep, drop = root / "keep.moepack", root / "drop.moepack"
+    convert(src, keep, FAST)
+    convert(src, drop, Settings(expert_preset="rvq3-baseline", iters=3, mtp="drop"))
+    return src, written, keep, drop
+
+
+def _regular(c: Container) -> dict[str, str]:
+    """name -> hash of every section that is not MTP (banks: their hash-table's hash)."""
+    return {s["name"]: s.get("hash", s.get("hashes")) for s in c.sections
+            if s["type"] not in (MTP_TENSOR, MTP_BANK)}
+
+
+def test_keep_adds_mtp_sections_and_changes_nothing_else(built):
+    _, written, keep, drop = built
+    with Container.open(keep) as k, Container.open(drop) as d:
+        assert not d.mtp_banks() and not d.mtp_tensor_names()
+        assert [b["layer"] for b in k.mtp_banks()] == [LAYERS]
+        names = set(k.mtp_tensor_names())
+        assert {f"layers.{LAYERS}.mtp.{x}" for x in ("embed", "enorm", "hnorm", "eh_proj",
+                                                     "head_norm", "head")} <= names
+        assert f"layers.{LAYERS}.experts.gate.codebook" in names
+        assert not any(n.startswith(f"layers.{LAYERS}.") for n in k.tensor_names())
+        assert _regular(k) == _regular(d)  # the same bytes for everything the engine reads
+        eh = k.tensor(f"layers.{LAYERS}.mtp.eh_proj")
+        want = written[f"model.layers.{LAYERS}.eh_proj.weight"].numpy()
+        assert np.abs(eh - want).max() < 0.05 * np.abs(want).max()  # q6 of the source
+        skipped = d.manifest["source"]["skipped"]
+        assert any("multi-token-prediction" in s and "--mtp drop" in s for s in skipped)
+        assert "skipped" not in k.manifest["source"]
+
+
+def test_engine_ignores_the_section(built):
+    _, _, keep, drop = built
+    toks = [int(x) for x in np.random.default_rng(1).integers(0, 67, 24)]
+    with Engine(str(keep), threads=2) as a, Engine(str(drop), threads=2) as b:
+        assert np.array_equal(a.logits(toks), b.logits(toks))
+        assert a.plan()["trunk_bytes"] == b.plan()["trunk_bytes"]
+
+
+def test_info_counts_the_mtp_bytes(built):
+    _, _, keep, drop = built
+    with Container.open(keep) as k, Container.open(drop) as d:
+        ik, idr = container_info(k), container_info(d)
+    assert "mtp" not in idr and "mtp" not in idr["bytes"]
+    m = ik["mtp"]
+    assert m["layers"] == 1 and m["bytes"] == ik["bytes"]["mtp"]
+    assert m["bytes"] == sum(s["length"] for s in k.sections if s["type"] in (MTP_TENSOR,
+                                                                              MTP_BANK))
+    assert sum(ik["bytes"].values()) == ik["file_size"]
+    assert ik["parameters"] == idr["parameters"]  # what the engine runs
+    assert ik["counts"]["unknown_sections"] == 0
+
+
+def test_info_command_shows_the_mtp_line(built):
+    _, _, keep, drop = built
+    runner = CliRunner()
+    with Container.open(keep) as k:
+        nbytes = container_info(k)["mtp"]["bytes"]
+    shown = runner.invoke(app, ["info", str(keep)], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert re.search(rf"MTP\s+1 layer, {nbytes:,} bytes", shown.output), shown.output
+    assert "MTP" not in runner.invoke(app, ["info", str(drop)]).output
+
+
+def test_verify_covers_the_mtp_bytes(built, tmp_path):
+    _, _, keep, _ = built
+    assert verify(keep).ok
+    copy = tmp_path / "damaged.moepack"
+    copy.write_bytes(keep.read_bytes())
+    with Container.open(copy) as c:
+        bank = c.mtp_banks()[0]
+    flip(copy, bank["offset"] + bank["stride"] + 5)  # inside the second record
+    r = verify(copy)
+    assert [d.label for d in r.damaged] == [f"section mtp_experts.{LAYERS}"]
+
+
+def test_export_writes_them_back_and_transformers_loads_it(built, tmp_path):
+    src, written, keep, _ = built
+    hf = tmp_path / "hf"
+    export(keep, hf, shard_bytes=20_000)
+    index = json.loads((hf / "model.safetensors.index.json").read_text())
+    mtp_names = {n for n in index["weight_map"] if n.startswith(f"model.layers.{LAYERS}.")}
+    assert mtp_names == set(written)  # every tensor, under the checkpoint's own name
+    with Container.open(keep) as c:
+        name = f"model.layers.{LAYERS}.mlp.experts.5.down_proj.weight"
+        with safe_open(hf / index["weight_map"][name], "np") as f:
+            assert np.array_equal(f.get_tensor(name), c.expert_part(LAYERS, 5, "down"))
+    model, info = model_class("deepseek_v3").from_pretrained(hf, output_loading_info=True)
+    assert not info["missing_keys"]
+    # transformers has no MTP layer: it loads the rest and reports these as unexpected
+    assert info["unexpected_keys"]
+    assert all(k.startswith(f"model.layers.{LAYERS}.") for k in info["unexpected_keys"])
+    again = tmp_path / "again.moepack"
+    convert(hf, again, FAST)
+    with Container.open(again) as c:
+        assert [b["layer"] for b in c.mtp_banks()] == [LAYERS]
+
+
+def test_checkpoint_without_mtp_weights_converts_with_a_note(tmp_path):
+    src = make_checkpoint("deepseek_v3", tmp_path / "src", num_nextn_predict_layers=1)
+    out = tmp_path / "out.moepack"
+    convert(src, out, FAST)
+    with Container.open(out) as c:
+        assert not c.mtp_banks()
+        assert any("not in the checkpoint" in s for s in c.manifest["source"]["skipped"])
+
+
+def _rewrite_index(path: Path, edit) -> None:
+    """Apply `edit` to the index document, re-serialise and re-hash (a hostile writer)."""
+    from moepack.format.canonical import canonical_json
+    from moepack.format.header import Header, parse_header
+
+    data = bytearray(path.read_bytes())
+    h = parse_header(bytes(data[:128]), len(data))
+    doc = json.loads(bytes(data[h.index_offset:]).decode())
+    edit(doc)
+    index = canonical_json(doc)
+    import blake3
+    data = data[:h.index_offset] + index
+    hdr = Header(h.major, h.minor, h.flags, h.alignment, len(data), h.index_offset,
+                 len(index), blake3.blake3(index).digest())
+    data[:128] = hdr.pack()
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("edit, message, code", [
+    (lambda s: s.update(hashes="expert_hashes.1"), "an MTP bank has no hash table", "bank_hash"),
+    (lambda s: s.update(layer=1), "a second bank for layer 1", "second_bank"),
+    (lambda s: s.update(stride=s["stride"] // 2), "stride", "stride"),
+    (lambda s: s.update(hash="00"), "bad hash string", "bad_hash_string"),
+])
+def test_reader_rejects_bad_mtp_banks(built, tmp_path, edit, message, code):
+    _, _, keep, _ = built
+    copy = tmp_path / "bad.moepack"
+    copy.write_bytes(keep.read_bytes())
+
+    def change(doc: dict) -> None:
+        edit(next(s for s in doc["sections"] if s["type"] == MTP_BANK))
+
+    _rewrite_index(copy, change)
+    with pytest.raises(FormatError, match=message) as e:
+        Container.open(copy)
+    assert e.value.code == code
+
+
+def test_glm4_moe_keeps_and_exports_its_mtp_layer(tmp_path):
+    src = make_checkpoint("glm4_moe", tmp_path / "src", num_nextn_predict_layers=1)
+    written = _add_mtp_layer(src)
+    out, hf = tmp_path / "glm.moepack", tmp_path / "hf"
+    convert(src, out, FAST)
+    with Container.open(out) as c:
+        assert [b["layer"] for b in c.mtp_banks()] == [LAYERS]
+        assert f"layers.{LAYERS}.attn.q_bias" in c.mtp_tensor_names()  # GLM's own attention
+    export(out, hf, shard_bytes=20_000)
+    index = json.loads((hf / "model.safetensors.index.json").read_text())
+    assert {n for n in index["weight_map"] if n.startswith(f"model.layers.{LAYERS}.")} \
+        == set(written)
