@@ -24,7 +24,7 @@ $(VENV)/.deps: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install --quiet -e '.[test]' --no-build-isolation
 	touch $@
 
-$(STAMP): $(VENV)/.deps setup.py $(C_SOURCES)
+$(STAMP): $(VENV)/.deps setup.py moepack/__init__.py $(C_SOURCES)
 	$(PIP) install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 

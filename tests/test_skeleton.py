@@ -3,9 +3,11 @@ import sys
 
 from moepack.runtime import _lib
 
+import moepack
 
-def test_engine_library_loads():
-    assert _lib.version() == "0.1.0"
+
+def test_engine_library_loads_and_has_the_package_version():
+    assert _lib.version() == moepack.__version__  # one definition, passed in by setup.py
 
 
 def test_cli_help_lists_every_command():
