@@ -81,6 +81,11 @@ _EXPORT_FORCE = typer.Option(False, "--force", help="Replace OUTDIR and remove O
 _RESTART = typer.Option(False, "--restart", help="Discard an unfinished conversion of OUT.")
 _QUIET = typer.Option(False, "--quiet", "-q", help="No progress display.")
 _JSON = typer.Option(False, "--json", help="Print a JSON summary on stdout.")
+_PROGRESS = typer.Option(None, "--progress", show_default=False, metavar="bars|lines|json",
+                         help="Progress on stderr: bars, or one line per --progress-every "
+                         "seconds as text (lines) or JSON (json); default: bars on a terminal, "
+                         "lines otherwise, none with --json.")
+_EVERY = typer.Option(60.0, "--progress-every", min=0.0, help="Seconds between progress lines.")
 _PAUSE = typer.Option(0.0, "--pause-per-unit", hidden=True, min=0.0,
                       help="Journal every unit and pause this many seconds (tests).")
 _FILE = typer.Argument(..., help="A .moepack container.", show_default=False)
@@ -109,12 +114,14 @@ def convert_cmd(
     restart: bool = _RESTART,
     quiet: bool = _QUIET,
     as_json: bool = _JSON,
+    progress: Optional[str] = _PROGRESS,  # noqa: UP045
+    progress_every: float = _EVERY,
     pause_per_unit: float = _PAUSE,
 ) -> None:
     """Convert a Hugging Face MoE checkpoint into a .moepack container (resumable)."""
     from moepack.convert.errors import ConvertError
     from moepack.convert.pipeline import convert
-    from moepack.convert.progress import Reporter, RichReporter
+    from moepack.convert.progress_lines import MODES, choose_reporter
     from moepack.format import FormatError
 
     from moepack.safefs import UnsafePathError
@@ -129,7 +136,9 @@ def convert_cmd(
                     "40G; at least the largest shard)")
     if staging is not None and not hub:
         raise _fail("--staging is for hf:ORG/REPO sources (a local SRC is read in place)")
-    reporter = Reporter() if (quiet or as_json or dry_run) else RichReporter()
+    if progress is not None and progress not in MODES:
+        raise _fail(f"--progress must be one of {', '.join(MODES)}, got {progress!r}")
+    reporter = choose_reporter(progress, progress_every, quiet or dry_run, as_json)
     try:
         settings = _settings(expert_codec, trunk_codec, codec or [], seed, alignment, sample, iters,
                              mtp)

@@ -239,11 +239,13 @@ class StreamExecutor:
                                f"{stage} and rerun")
         staged = sum(self.sizes[n] for n in self.real())
         self.stats.peak_staged = max(self.stats.peak_staged, staged)
+        self.rep.transfer(self.stats.downloaded, staged)
 
     def _keep_only(self, keep: frozenset) -> None:
         for name in self.real() - keep:
             path = self.hub.stage / name
             _write_standin(self.hub.stage, name, _read_prefix(path), self.sizes[name])
+        self.rep.transfer(self.stats.downloaded, sum(self.sizes[n] for n in self.real()))
 
 
 def _weight_files(stage: Path) -> list[str]:
@@ -354,6 +356,7 @@ def _ray_execute(address: str, hub: _Hub, weights: list[str], sizes: dict[str, i
 
     def on_bytes(n: int) -> None:
         stats.downloaded += n
+        rep.transfer(stats.downloaded, 0)   # streamed, never staged
 
     plan = HubRayPlan(address, source_key(hub.repo, hub.revision, bulk),
                       {n: hub.url(n) for n in weights}, dict(sizes),

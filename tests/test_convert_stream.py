@@ -56,9 +56,14 @@ def cli(hub: HubServer, *args: str, **kw) -> subprocess.Popen:
 
 
 def finish(p: subprocess.Popen) -> dict:
+    return finish_with_progress(p)[0]
+
+
+def finish_with_progress(p: subprocess.Popen) -> tuple[dict, list[dict]]:
+    """The --json summary and the --progress json lines."""
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err[-3000:]
-    return json.loads(out)
+    return json.loads(out), [json.loads(x) for x in err.splitlines() if x.startswith("{")]
 
 
 def bound(checkpoint: Path) -> int:
@@ -70,11 +75,16 @@ def test_streamed_with_a_small_bound_is_byte_identical(hub, checkpoint, referenc
     out = tmp_path / "m.moepack"
     total = sum(shard_sizes(checkpoint))
     assert len(shard_sizes(checkpoint)) >= 5 and bound(checkpoint) < total * 0.7
-    doc = finish(cli(hub, str(out), "--staging", str(bound(checkpoint)), "--json", *CLI_FAST))
+    doc, progress = finish_with_progress(cli(hub, str(out), "--staging", str(bound(checkpoint)),
+                                             "--json", "--progress", "json",
+                                             "--progress-every", "0", *CLI_FAST))
     assert out.read_bytes() == reference
     s = doc["stream"]
     assert 0 < s["peak_staged"] <= bound(checkpoint) < s["source_bytes"] == total
     assert s["downloaded"] == total and s["waves"] >= 2   # each shard once, in several waves
+    staged = [d["staged"] for d in progress if "staged" in d]
+    assert max(staged) == s["peak_staged"] and min(staged) < max(staged)   # released as it goes
+    assert progress[-1]["phase"] == "finished" and progress[-1]["downloaded"] == total
     assert not Path(f"{out}.staging").exists()            # shards and stand-ins removed
 
 
