@@ -45,6 +45,10 @@ ThreadsOpt = Annotated[int | None, typer.Option(
     "--threads", min=1, max=MAX_THREADS, help="Compute threads (default: all CPUs).")]
 CtxOpt = Annotated[int | None, typer.Option(
     "--ctx", min=1, max=INT32_MAX, help="Context length (KV cache size).")]
+_kv_type = choice("f32", "f16")
+KvOpt = Annotated[str | None, typer.Option(
+    "--kv", callback=lambda v: v if v is None else _kv_type(v),
+    help="KV cache entries: f16 (default: half the bytes) or f32.")]
 TempOpt = Annotated[float, typer.Option(
     "--temp", min=0.0, max=100.0, callback=finite, help="Temperature (0 = greedy).")]
 TopPOpt = Annotated[float, typer.Option(
@@ -66,13 +70,13 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.3f} GB" if n >= 1e9 else f"{n / 1e6:.3f} MB"
 
 
-def _check_budget(file: Path, budget: str | None, ctx: int | None) -> None:
+def _check_budget(file: Path, budget: str | None, ctx: int | None, kv: str | None) -> None:
     """Warn when a user budget exceeds usable RAM (the engine itself refuses below the floor)."""
     if not budget:
         return
     from moepack.runtime.engine import parse_bytes, plan
 
-    p = plan(str(file), ctx)
+    p = plan(str(file), ctx, kv)
     b = parse_bytes(budget)
     if b > p["usable_ram_bytes"]:
         _err.print(f"[yellow]warning:[/yellow] budget {_gb(b)} is above usable RAM "
@@ -80,14 +84,15 @@ def _check_budget(file: Path, budget: str | None, ctx: int | None) -> None:
                    "cache hits turn into disk reads (a peer measured 8x slower decode)")
 
 
-def _open(file: Path, *, budget, threads, ctx, prefetch=True, o_direct=None,
+def _open(file: Path, *, budget, threads, ctx, kv=None, prefetch=True, o_direct=None,
           cache_policy="lfu", verify_reads=False):
     from moepack.runtime.engine import Engine, EngineError
 
     try:
-        _check_budget(file, budget, ctx)
-        return Engine(str(file), budget=budget, threads=threads, ctx=ctx, prefetch=prefetch,
-                      o_direct=o_direct, cache_policy=cache_policy, verify_reads=verify_reads)
+        _check_budget(file, budget, ctx, kv)
+        return Engine(str(file), budget=budget, threads=threads, ctx=ctx, kv=kv,
+                      prefetch=prefetch, o_direct=o_direct, cache_policy=cache_policy,
+                      verify_reads=verify_reads)
     except (EngineError, ValueError, OSError) as e:
         fail(f"{file}: {e}")
 
@@ -105,6 +110,7 @@ def plan_cmd(
     file: FileArg,
     ctx: CtxOpt = None,
     budget: BudgetOpt = None,
+    kv: KvOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Memory plan: floor, recommended and default budget for this machine.
@@ -114,8 +120,8 @@ def plan_cmd(
 
     _require_file(file)
     try:
-        p = plan(str(file), ctx)
         b = parse_bytes(budget) if budget else None
+        p = plan(str(file), ctx, kv, b)
     except (EngineError, ValueError, OSError) as e:
         fail(f"{file}: {e}")
     verdict = None
@@ -131,6 +137,10 @@ def plan_cmd(
                 ("KV cache", _gb(p["kv_bytes"]) + (
                     f" (of which {_gb(p['state_bytes'])} linear-attention state)"
                     if p["state_bytes"] else "")),
+                ("KV per token", f"{p['kv_token_bytes']} bytes ({p['kv']} entries)"),
+                ("longest context", f"{p['max_ctx']} tokens fit "
+                 f"{'the budget' if b is not None else 'usable RAM'} "
+                 f"(model maximum {p['max_pos']})"),
                 ("scratch", _gb(p["scratch_bytes"])),
                 ("one token's experts", f"{_gb(p['step_expert_bytes'])} "
                  f"({p['moe_layers']} MoE layers x top-{p['top_k']})"),
@@ -146,8 +156,10 @@ def plan_cmd(
         for k, v in rows:
             print(f"{k:>22}  {v}")
     if verdict == "below_floor":
+        fits = (f"the longest context that fits is {p['max_ctx']} tokens (--ctx)"
+                if p["max_ctx"] else "not even one token of context fits")
         fail(f"budget {_gb(b)} is below the floor: this model needs at least "
-              f"{_gb(p['floor_bytes'])} for ctx {p['ctx']}")
+              f"{_gb(p['floor_bytes'])} for ctx {p['ctx']}; {fits}")
     if verdict == "above_usable_ram":
         _err.print(f"[yellow]warning:[/yellow] budget {_gb(b)} is above usable RAM "
                    f"{_gb(p['usable_ram_bytes'])}")
@@ -182,6 +194,7 @@ def run_cmd(
     budget: BudgetOpt = None,
     threads: ThreadsOpt = None,
     ctx: CtxOpt = None,
+    kv: KvOpt = None,
     tokens: Annotated[str | None, typer.Option(
         "--tokens", callback=token_ids,
         help="Comma-separated prompt token ids instead of text.")] = None,
@@ -202,7 +215,7 @@ def run_cmd(
     ids, tok = _prompt_ids(file, prompt, tokens)
     if not ids:
         fail("empty prompt")
-    eng = _open(file, budget=budget, threads=threads, ctx=ctx, prefetch=prefetch,
+    eng = _open(file, budget=budget, threads=threads, ctx=ctx, kv=kv, prefetch=prefetch,
                 o_direct=o_direct, cache_policy=cache_policy, verify_reads=verify_reads)
     stop = [tok.eos_id] if tok and tok.eos_id is not None else []
     out: list[int] = []
@@ -289,6 +302,7 @@ def eval_cmd(
     threads: ThreadsOpt = None,
     budget: BudgetOpt = None,
     ctx: CtxOpt = None,
+    kv: KvOpt = None,
 ) -> None:
     """Teacher-forced logits for every position, saved as a float32 .npy."""
     from moepack.runtime.engine import EngineError
@@ -300,7 +314,7 @@ def eval_cmd(
     if problem:
         raise typer.BadParameter(problem, param_hint="'--logits'")
     _require_file(file)
-    eng = _open(file, budget=budget, threads=threads, ctx=max(ctx or 0, len(ids)))
+    eng = _open(file, budget=budget, threads=threads, ctx=max(ctx or 0, len(ids)), kv=kv)
     try:
         with eng:
             out = eng.logits(ids)
@@ -323,6 +337,7 @@ def chat_cmd(
     budget: BudgetOpt = None,
     threads: ThreadsOpt = None,
     ctx: CtxOpt = None,
+    kv: KvOpt = None,
 ) -> None:
     """Interactive chat with the container's chat template (KV cache kept across turns).
 
@@ -338,7 +353,7 @@ def chat_cmd(
             raise TokenizerError("the container has no chat template")
     except (TokenizerError, OSError) as e:
         fail(str(e))
-    eng = _open(file, budget=budget, threads=threads, ctx=ctx)
+    eng = _open(file, budget=budget, threads=threads, ctx=ctx, kv=kv)
     messages = [{"role": "system", "content": system}] if system else []
     cached: list[int] = []  # tokens now in the KV cache
     stop = [tok.eos_id] if tok.eos_id is not None else []

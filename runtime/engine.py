@@ -24,6 +24,8 @@ MP_EUNSUPPORTED, MP_ECORRUPT, MP_ECTX, MP_ENONFINITE = -6, -7, -8, -9
 POLICIES = {"lru": 0, "lfu": 1}
 # mp_config.kernels (moepack.h MP_KERNELS_*); a path this CPU lacks fails at open
 KERNELS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512vbmi": 3}
+# mp_config.kv (moepack.h MP_KV_*): KV cache entry type; None = the engine's default
+KV_TYPES = {"f32": 1, "f16": 2}
 
 
 def with_rates(d: dict) -> dict:
@@ -62,7 +64,7 @@ class _Config(C.Structure):
     _fields_ = [("budget_bytes", C.c_uint64), ("threads", C.c_int), ("ctx", C.c_int),
                 ("prefetch", C.c_int), ("o_direct", C.c_int), ("cache_policy", C.c_int),
                 ("verify_reads", C.c_int), ("io_threads", C.c_int), ("cache_experts", C.c_int),
-                ("kernels", C.c_int), ("chunk", C.c_int)]
+                ("kernels", C.c_int), ("chunk", C.c_int), ("kv", C.c_int)]
 
 
 class _Plan(C.Structure):
@@ -71,7 +73,8 @@ class _Plan(C.Structure):
         "recommended_bytes", "default_bytes", "usable_ram_bytes", "expert_record_bytes")] + [
         ("ctx", C.c_int), ("moe_layers", C.c_int), ("top_k", C.c_int),
         ("experts_bytes", C.c_uint64), ("expert_count", C.c_uint64),
-        ("chunk_token_bytes", C.c_uint64), ("max_chunk", C.c_int), ("state_bytes", C.c_uint64)]
+        ("chunk_token_bytes", C.c_uint64), ("max_chunk", C.c_int), ("state_bytes", C.c_uint64),
+        ("kv", C.c_int), ("kv_token_bytes", C.c_uint64), ("max_pos", C.c_int), ("max_ctx", C.c_int)]
 
 
 class _Stats(C.Structure):
@@ -101,6 +104,8 @@ def _library() -> C.CDLL:
         return lib
     lib.mp_config_default.argtypes = [C.POINTER(_Config)]
     lib.mp_plan.argtypes = [C.c_char_p, C.c_int, C.POINTER(_Plan), C.c_char_p, C.c_size_t]
+    lib.mp_plan_config.argtypes = [C.c_char_p, C.POINTER(_Config), C.POINTER(_Plan), C.c_char_p,
+                                   C.c_size_t]
     lib.mp_open.argtypes = [C.c_char_p, C.POINTER(_Config), C.POINTER(_P), C.c_char_p, C.c_size_t]
     lib.mp_close.argtypes = [_P]
     lib.mp_close.restype = None
@@ -157,13 +162,27 @@ def _sampler(temperature: float, top_k: int, top_p: float, seed: int = 0) -> _Sa
     return _Sampler(float(temperature), int(top_k), float(top_p), seed)
 
 
-def plan(path: str, ctx: int | None = None) -> dict:
-    """Memory plan of a container (bytes): floor, recommended and default budgets."""
+def _kv_code(kv: str | None) -> int:
+    if kv is not None and kv not in KV_TYPES:
+        raise ValueError(f"kv must be one of {list(KV_TYPES)}, not {kv!r}")
+    return KV_TYPES[kv] if kv else 0
+
+
+def plan(path: str, ctx: int | None = None, kv: str | None = None,
+         budget: int | str | None = None) -> dict:
+    """Memory plan of a container (bytes): floor, recommended and default budgets; `kv` the KV
+    entry type ("f32"/"f16", None = default, the plan says which as "kv"); max_ctx the longest
+    context whose floor fits `budget` (None: usable RAM)."""
     lib, p, err = _library(), _Plan(), C.create_string_buffer(_ERRLEN)
-    rc = lib.mp_plan(os.fsencode(path), int(ctx or 0), C.byref(p), err, _ERRLEN)
+    cfg = _Config()
+    lib.mp_config_default(C.byref(cfg))
+    cfg.ctx, cfg.kv, cfg.budget_bytes = int(ctx or 0), _kv_code(kv), parse_bytes(budget)
+    rc = lib.mp_plan_config(os.fsencode(path), C.byref(cfg), C.byref(p), err, _ERRLEN)
     if rc:
         _raise(rc, err.value.decode(errors="replace"))
-    return {name: getattr(p, name) for name, _ in _Plan._fields_}
+    d = {name: getattr(p, name) for name, _ in _Plan._fields_}
+    d["kv"] = next(k for k, v in KV_TYPES.items() if v == d["kv"])
+    return d
 
 
 class Engine:
@@ -172,7 +191,7 @@ class Engine:
                  cache_policy: str = "lfu", verify_reads: bool = False, ctx: int | None = None,
                  cache_experts: int | None = None, io_threads: int | None = None,
                  kernels: str = "auto", scalar_kernels: bool = False,
-                 chunk: int | None = None) -> None:
+                 chunk: int | None = None, kv: str | None = None) -> None:
         self._lib = _library()
         cfg = _Config()
         self._lib.mp_config_default(C.byref(cfg))
@@ -193,6 +212,7 @@ class Engine:
         if chunk is not None and not 1 <= int(chunk) <= 512:
             raise ValueError("chunk must be 1..512")
         cfg.chunk = int(chunk or 0)
+        cfg.kv = _kv_code(kv)
         self._h = _P()
         err = C.create_string_buffer(_ERRLEN)
         rc = self._lib.mp_open(os.fsencode(path), C.byref(cfg), C.byref(self._h), err, _ERRLEN)
@@ -202,6 +222,7 @@ class Engine:
         self.path = str(path)
         self.vocab_size = self._lib.mp_vocab_size(self._h)
         self.ctx = self._lib.mp_context_size(self._h)
+        self.kv = kv
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -248,7 +269,7 @@ class Engine:
             _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"))
 
     def plan(self, ctx: int | None = None) -> dict:
-        return plan(self.path, ctx or self.ctx)
+        return plan(self.path, ctx or self.ctx, self.kv)
 
     def _eval(self, tokens: Sequence[int], out: np.ndarray | None, all_pos: bool) -> None:
         bad = EngineError(f"token ids must be in 0..{self.vocab_size - 1}", MP_EINVAL)

@@ -42,6 +42,7 @@ class ServeConfig:
     api_key: str | None = None
     budget: str | None = None
     ctx: int | None = None
+    kv: str | None = None  # KV cache entries: "f32", "f16" or None (the engine's default)
     threads: int | None = None
     max_queue: int = 16
     max_body: int = 4 << 20
@@ -78,7 +79,8 @@ class Server:
         self.cfg = cfg
         # without a chat template /v1/completions still works; chat requests get a 400
         self.tok = Tokenizer.from_container(cfg.path)
-        self.engine = Engine(cfg.path, budget=cfg.budget, threads=cfg.threads, ctx=cfg.ctx)
+        self.engine = Engine(cfg.path, budget=cfg.budget, threads=cfg.threads, ctx=cfg.ctx,
+                             kv=cfg.kv)
         self.vocab = Vocab(self.tok, self.engine.vocab_size)
         self.prep = Preparer(self.tok, self.vocab, self.engine.ctx)
         self.metrics = Metrics()

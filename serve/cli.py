@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from moepack.runtime.cli import BudgetOpt, CtxOpt, FileArg, ThreadsOpt
+from moepack.runtime.cli import BudgetOpt, CtxOpt, FileArg, KvOpt, ThreadsOpt
 
 from moepack.cliargs import fail, file_problem, utf8_text
 
@@ -20,6 +20,7 @@ def serve_cmd(
         help="Require 'Authorization: Bearer KEY' on /v1/* and /metrics.")] = None,
     budget: BudgetOpt = None,
     ctx: CtxOpt = None,
+    kv: KvOpt = None,
     threads: ThreadsOpt = None,
     max_queue: Annotated[int, typer.Option(
         "--max-queue", min=0, help="Requests waiting behind the running one; more get 429.")] = 16,
@@ -40,7 +41,7 @@ def serve_cmd(
     if problem:
         fail(problem)
     cfg = ServeConfig(path=str(file), model_id=model_name or file.stem, api_key=api_key,
-                      budget=budget, ctx=ctx, threads=threads, max_queue=max_queue,
+                      budget=budget, ctx=ctx, kv=kv, threads=threads, max_queue=max_queue,
                       max_body=max_body)
     try:
         app = create_app(cfg)

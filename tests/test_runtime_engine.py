@@ -32,7 +32,7 @@ def mixtral(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("mixtral")
     make_checkpoint("mixtral", d / "src", hidden_size=64, intermediate_size=40,
-                    num_local_experts=6, num_experts_per_tok=2, max_position_embeddings=128)
+                    num_local_experts=6, num_experts_per_tok=2, max_position_embeddings=512)
     convert(d / "src", d / "m.moepack", Settings())
     return d / "m.moepack"
 

@@ -54,7 +54,14 @@ typedef struct mp_config {
     int chunk;             /* prompt tokens per forward pass (1..512); 0 = from the memory plan:
                               16 plus what the budget above the floor pays for after all experts,
                               or at least half of it (up to min(512, ctx)) */
+    int kv;                /* MP_KV_*: KV cache entry type; 0 = the default (MP_KV_DEFAULT) */
 } mp_config;
+
+/* mp_config.kv: how the KV cache (GQA keys/values, MLA latent + rope part) stores entries.  f16
+ * halves the KV bytes per token; logits stay identical for any thread count and chunking with
+ * either (docs/RUNTIME.md, "KV cache"). */
+enum { MP_KV_F32 = 1, MP_KV_F16 = 2 };
+#define MP_KV_DEFAULT MP_KV_F16
 
 /* mp_config.kernels; mp_kernels() names the path an engine uses. */
 enum {
@@ -83,6 +90,11 @@ typedef struct mp_plan_info {
     uint64_t chunk_token_bytes;/* scratch per prompt-chunk token beyond the floor's 16 */
     int max_chunk;             /* the largest prompt chunk (min(512, ctx)) */
     uint64_t state_bytes;      /* linear-attention conv + recurrent state (part of kv_bytes) */
+    int kv;                    /* MP_KV_F32 or MP_KV_F16: the entry type planned */
+    uint64_t kv_token_bytes;   /* KV cache bytes per token of context (all layers) */
+    int max_pos;               /* the model's longest context (max_position_embeddings) */
+    int max_ctx;               /* the longest context whose floor fits the budget (given, or
+                                  usable RAM), at most max_pos; 0 = not even one token */
 } mp_plan_info;
 
 typedef struct mp_stats {
@@ -111,8 +123,12 @@ MP_API const char *mp_version(void);
 
 MP_API void mp_config_default(mp_config *cfg);
 
-/* Memory plan without opening an engine.  err gets a message on failure. */
+/* Memory plan without opening an engine (the default config with this ctx).  err gets a message
+ * on failure. */
 MP_API int mp_plan(const char *path, int ctx, mp_plan_info *out, char *err, size_t errlen);
+/* The same for a config: its ctx, kv and budget_bytes (max_ctx is planned against it). */
+MP_API int mp_plan_config(const char *path, const mp_config *cfg, mp_plan_info *out, char *err,
+                          size_t errlen);
 
 /* Open a container.  Refuses with MP_EBUDGET (and a message giving the floor) when the budget
  * is below the floor. */

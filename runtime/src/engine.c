@@ -58,15 +58,36 @@ static uint64_t chunk_bytes(const mpm_config *cfg, int chunk, int stages) {
     return mpm_scratch_bytes(cfg, chunk) + mpm_moe_chunk_bytes(cfg, chunk, stages);
 }
 
-static int plan_for(const mp_container *c, const mpm_config *cfg, int ctx, mp_plan_info *p,
-                    char *err, size_t errlen) {
+/* The longest context whose floor fits `limit` bytes: the floor grows by the KV bytes and one
+ * score per head for each token of context, the rest is fixed. */
+static int fitting_ctx(const mpm_config *cfg, const mp_plan_info *p, uint64_t limit) {
+    uint64_t per = p->kv_token_bytes + (uint64_t)cfg->n_heads * 4u;
+    uint64_t fixed = p->floor_bytes - (p->kv_bytes - p->state_bytes) - (uint64_t)cfg->n_heads * (uint64_t)p->ctx * 4u;
+    uint64_t n = limit > fixed ? (limit - fixed) / per : 0;
+    return n < (uint64_t)p->max_pos ? (int)n : p->max_pos;
+}
+
+/* kv: MP_KV_* or 0 (the default); budget: the user's total, or 0 (plan against usable RAM) */
+static int plan_for(const mp_container *c, const mpm_config *model, int ctx, int kv, uint64_t budget,
+                    mp_plan_info *p, char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
+    if (!kv) kv = MP_KV_DEFAULT;
+    if (kv != MP_KV_F32 && kv != MP_KV_F16)
+        return mp_seterr(err, errlen, MP_EINVAL, "kv %d: must be %d (f32) or %d (f16)", kv, MP_KV_F32, MP_KV_F16);
+    mpm_config planned = *model; /* shares the arrays: read-only here */
+    planned.kv_f16 = kv == MP_KV_F16;
+    const mpm_config *cfg = &planned;
+    p->max_pos = cfg->max_pos < INT32_MAX ? (int)cfg->max_pos : INT32_MAX;
     if (ctx <= 0) ctx = cfg->max_pos < 4096 ? (int)cfg->max_pos : 4096;
+    if (ctx > p->max_pos)
+        return mp_seterr(err, errlen, MP_EINVAL, "ctx %d is longer than this model's longest context, %d tokens (max_position_embeddings)", ctx, p->max_pos);
     p->ctx = ctx;
+    p->kv = kv;
     p->top_k = (int)cfg->top_k;
     p->trunk_bytes = trunk_bytes(c);
     /* linear-attention layers' conv + recurrent state: fixed size, counted with the KV cache */
     p->state_bytes = mpm_state_bytes(cfg);
+    p->kv_token_bytes = mpm_kv_bytes(cfg, 1);
     p->kv_bytes = mpm_kv_bytes(cfg, ctx) + p->state_bytes;
     int stages = 1;
     for (int64_t l = 0; l < cfg->n_layers; l++) {
@@ -102,6 +123,7 @@ static int plan_for(const mp_container *c, const mpm_config *cfg, int ctx, mp_pl
         in.floor = p->floor_bytes;
         if (mp_default_budget(&in, &out) == 0) p->default_bytes = out.total;
     }
+    p->max_ctx = fitting_ctx(cfg, p, budget ? budget : p->usable_ram_bytes);
     return 0;
 }
 
@@ -111,12 +133,20 @@ static int parse_model(const mp_container *c, mpm_config *cfg, char *err, size_t
 }
 
 int mp_plan(const char *path, int ctx, mp_plan_info *out, char *err, size_t errlen) {
+    mp_config cfg;
+    mp_config_default(&cfg);
+    cfg.ctx = ctx;
+    return mp_plan_config(path, &cfg, out, err, errlen);
+}
+
+int mp_plan_config(const char *path, const mp_config *pc, mp_plan_info *out, char *err, size_t errlen) {
+    if (!path || !pc || !out) return mp_seterr(err, errlen, MP_EINVAL, "mp_plan_config: NULL argument");
     int rc = MP_OK;
     mp_container *c = mpc_open_rc(path, &rc, err, errlen);
     if (!c) return rc ? rc : MP_EFORMAT;
     mpm_config cfg;
     rc = parse_model(c, &cfg, err, errlen);
-    if (!rc) rc = plan_for(c, &cfg, ctx, out, err, errlen);
+    if (!rc) rc = plan_for(c, &cfg, pc->ctx, pc->kv, pc->budget_bytes, out, err, errlen);
     mpm_config_free(&cfg);
     mpc_close(c);
     return rc;
@@ -218,18 +248,21 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
         return rc ? rc : MP_EFORMAT;
     }
     if ((rc = parse_model(e->c, &e->cfg, err, errlen))) goto fail;
-    if ((rc = plan_for(e->c, &e->cfg, cfg.ctx, &e->plan, err, errlen))) goto fail;
+    if ((rc = plan_for(e->c, &e->cfg, cfg.ctx, cfg.kv, cfg.budget_bytes, &e->plan, err, errlen))) goto fail;
     const mp_plan_info *p = &e->plan;
-    char a[32], b[32];
+    e->cfg.kv_f16 = p->kv == MP_KV_F16;
+    char a[32], b[32], fits[96];
+    if (p->max_ctx > 0) snprintf(fits, sizeof fits, "; the longest context that fits is %d tokens (--ctx)", p->max_ctx);
+    else snprintf(fits, sizeof fits, "; not even one token of context fits");
     uint64_t total = cfg.budget_bytes ? cfg.budget_bytes : p->default_bytes;
     if (!total) {
-        rc = mp_seterr(err, errlen, MP_EBUDGET, "this model needs at least %s of memory (floor for ctx %d) but only %s is usable",
-                  fmt_gb(p->floor_bytes, a, sizeof a), p->ctx, fmt_gb(p->usable_ram_bytes, b, sizeof b));
+        rc = mp_seterr(err, errlen, MP_EBUDGET, "this model needs at least %s of memory (floor for ctx %d) but only %s is usable%s",
+                  fmt_gb(p->floor_bytes, a, sizeof a), p->ctx, fmt_gb(p->usable_ram_bytes, b, sizeof b), fits);
         goto fail;
     }
     if (total < p->floor_bytes) {
-        rc = mp_seterr(err, errlen, MP_EBUDGET, "budget %s is below the floor: this model needs at least %s (%llu bytes) for ctx %d",
-                  fmt_gb(total, a, sizeof a), fmt_gb(p->floor_bytes, b, sizeof b), (unsigned long long)p->floor_bytes, p->ctx);
+        rc = mp_seterr(err, errlen, MP_EBUDGET, "budget %s is below the floor: this model needs at least %s (%llu bytes) for ctx %d%s",
+                  fmt_gb(total, a, sizeof a), fmt_gb(p->floor_bytes, b, sizeof b), (unsigned long long)p->floor_bytes, p->ctx, fits);
         goto fail;
     }
     e->budget = total;

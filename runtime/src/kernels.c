@@ -71,6 +71,31 @@ float mpk_f16_to_f32(uint16_t h) {
     return f;
 }
 
+/* IEEE binary16 with round to nearest, ties to even (what numpy's astype(float16) and F16C do);
+ * NaN stays a quiet NaN with the top payload bits, beyond 65504 rounds to Inf. */
+uint16_t mpk_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520: Inf */
+    uint32_t e = ax >> 23, man = ax & 0x7fffffu, h, rem, half;
+    if (e >= 113) { /* normal in f16: drop 13 mantissa bits */
+        h = ((e - 112) << 10) | (man >> 13);
+        rem = man & 0x1fffu;
+        half = 0x1000u;
+    } else { /* subnormal (or zero) in f16: units of 2^-24 */
+        if (e < 102) return (uint16_t)sign; /* below 2^-25: rounds to 0 */
+        uint32_t shift = 126 - e;         /* 14..24 */
+        man |= 0x800000u;
+        h = man >> shift;
+        rem = man & ((1u << shift) - 1);
+        half = 1u << (shift - 1);
+    }
+    if (rem > half || (rem == half && (h & 1))) h++; /* a carry moves into the exponent: right */
+    return (uint16_t)(sign | h);
+}
+
 float mpk_bf16_to_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float f;

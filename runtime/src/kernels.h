@@ -91,6 +91,7 @@ const char *mpk_impl_name(const mpk_impl *k);
 
 float mpk_f16_to_f32(uint16_t h);
 float mpk_bf16_to_f32(uint16_t h);
+uint16_t mpk_f32_to_f16(float f); /* round to nearest even */
 
 /* Fills m from codec parameters (kind: mp_codec_kind); returns 0, or -1 on an unsupported/invalid
  * combination. */

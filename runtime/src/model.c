@@ -109,12 +109,6 @@ static int load_ffn(loader *L, int l, const char *prefix, int64_t inter, int64_t
     return 0;
 }
 
-uint64_t mpm_kv_bytes(const mpm_config *c, int ctx) {
-    uint64_t per = c->mla ? (uint64_t)(c->kv_lora_rank + c->qk_rope_dim)
-                          : 2u * (uint64_t)(c->n_kv_heads * c->head_dim);
-    return per * (uint64_t)(c->n_layers - c->n_linear) * (uint64_t)ctx * 4u; /* linear: no KV */
-}
-
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
@@ -133,7 +127,7 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
     uint64_t per_layer = 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +
                                                           c->q_lora_rank + c->kv_lora_rank + c->n_experts) +
                          (c->mla ? 0u : (uint64_t)((2 * c->n_heads + 3 * c->n_kv_heads) * c->head_dim));
-    return 4u * (T * per_tok + 16 * (uint64_t)max64(H, I) +
+    return mpm_kv_scratch_bytes(c) + 4u * (T * per_tok + 16 * (uint64_t)max64(H, I) +
                  (uint64_t)c->vocab + 2 * (uint64_t)c->n_experts + chunk +
                  per_layer * (uint64_t)c->n_layers + (uint64_t)H);
 }
@@ -325,15 +319,7 @@ int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void
         mp_seterr(err, errlen, rc, "out of memory allocating the linear-attention state");
         goto fail;
     }
-    uint64_t per = mpm_kv_bytes(c, ctx) / 4u;
-    if (c->mla) {
-        m->kc = xcalloc(per, 4);
-        m->vc = m->kc;
-    } else {
-        m->kc = xcalloc(per / 2, 4);
-        m->vc = xcalloc(per / 2, 4);
-    }
-    if (!m->kc || !m->vc || alloc_scratch(m)) {
+    if (mpm_kv_alloc(m) || alloc_scratch(m)) {
         rc = mp_seterr(err, errlen, MP_ENOMEM, "out of memory allocating the KV cache / scratch");
         goto fail;
     }
@@ -368,8 +354,7 @@ void mpm_free(mpm_model *m) {
     free(m->layers);
     free(m->final_norm);
     free(m->inv_freq);
-    if (m->vc != m->kc) free(m->vc);
-    free(m->kc);
+    mpm_kv_free(m);
     void *bufs[] = {m->xn, m->q, m->kbuf, m->vbuf, m->att, m->scores, m->cosb, m->sinb, m->qlat,
                     m->olat, m->lat, m->router_logits, m->moe_out, m->eo, m->g, m->u, m->xr, m->ar,
                     m->selw, m->sel, m->bx, m->bxn, m->bout,

@@ -57,6 +57,7 @@ typedef struct mpm_config {
     int64_t n_linear; /* linear layers (they have no KV cache) */
     int64_t la_nk, la_nv, la_dk, la_dv, la_conv;
     int la_grouped; /* in_proj_qkvz + in_proj_ba (Qwen3-Next), else qkv, z, b, a */
+    int kv_f16;     /* KV cache entries as IEEE f16: the engine's choice (mp_config.kv), not the manifest's */
 } mpm_config;
 
 /* Parses manifest.model (and, for rope details, manifest.source.config, which may be NULL).
@@ -120,7 +121,7 @@ void mpm_set_pool(mpm_model *m, mpk_pool *pool);
 void mpm_set_kernels(mpm_model *m, const mpk_impl *k);
 void mpm_set_lookahead(mpm_model *m, int on);
 
-/* Bytes of KV/latent cache and scratch this model needs for ctx tokens (memory planning). */
+/* Bytes of KV/latent cache for ctx tokens (f32 or f16 entries: c->kv_f16; memory planning). */
 uint64_t mpm_kv_bytes(const mpm_config *c, int ctx);
 /* Linear-attention state (conv + recurrent, all linear layers; fixed, whatever ctx) and the
  * per-token buffers of model_linear.c. */

@@ -92,29 +92,15 @@ static void rope_apply(const mpm_model *m, float *v, int interleaved) {
 
 static void rms_inplace(float *v, const float *w, int64_t n, float eps) { mpk_rmsnorm(v, v, w, n, eps); }
 
-typedef struct {
-    mpm_model *m;
-    int layer, pos;
-    const float *q; /* this token's queries (all heads) */
-    float *out;     /* this token's head outputs */
-} head_job;
-
-static void gqa_head(void *ctx, size_t h) {
-    head_job *j = ctx;
-    mpm_model *m = j->m;
+/* Attention of the token at pos over this layer's cached positions (sliding window: the last
+ * w); the tasks are model_kv.c's. */
+static void gqa_token(mpm_model *m, const mpm_layer *ly, int pos, const float *q, float *out) {
     const mpm_config *c = &m->c;
-    int64_t hd = c->head_dim, kvd = c->n_kv_heads * hd, g = (int64_t)h / (c->n_heads / c->n_kv_heads);
-    const float *q = j->q + (int64_t)h * hd;
-    const size_t slot = (size_t)m->layers[j->layer].kv_slot; /* linear layers have no KV */
-    const float *K = m->kc + slot * (size_t)m->ctx * (size_t)kvd + (size_t)(g * hd);
-    const float *V = m->vc + slot * (size_t)m->ctx * (size_t)kvd + (size_t)(g * hd);
-    float *sc = m->scores + h * (size_t)m->ctx, *out = j->out + (int64_t)h * hd;
-    int64_t w = c->sliding_window, t0 = w > 0 && j->pos + 1 > w ? j->pos + 1 - w : 0;
-    for (int64_t t = t0; t <= j->pos; t++)
-        sc[t - t0] = mpk_dot(q, K + (size_t)t * (size_t)kvd, hd) * m->attn_scale;
-    mpk_softmax(sc, j->pos + 1 - t0);
-    memset(out, 0, (size_t)hd * sizeof(float));
-    for (int64_t t = t0; t <= j->pos; t++) mpk_axpy(out, sc[t - t0], V + (size_t)t * (size_t)kvd, hd);
+    int64_t w = c->sliding_window, t0 = w > 0 && pos + 1 > w ? pos + 1 - w : 0;
+    mpm_attn_span a = {mpm_kv_row(m, m->kc, ly->kv_slot, t0), mpm_kv_row(m, m->vc, ly->kv_slot, t0),
+                    pos + 1 - t0, c->n_heads, c->head_dim, 0, c->head_dim, c->head_dim,
+                    q, c->head_dim, out, c->head_dim, m->attn_scale};
+    mpm_attend(m, &a);
 }
 
 /* Projections for the whole chunk at once (rows read once), then RoPE and the cache write per
@@ -151,13 +137,11 @@ static void gqa(mpm_model *m, int l, int pos, int T, const float *xn, float *out
             if (per_head) rms_inplace(k + h * hd, ly->k_norm, hd, c->eps);
             rope_apply(m, k + h * hd, 0);
         }
-        size_t at = ((size_t)ly->kv_slot * (size_t)m->ctx + (size_t)(pos + t)) * (size_t)kvd;
-        memcpy(m->kc + at, k, (size_t)kvd * sizeof(float));
-        memcpy(m->vc + at, m->vbuf + t * kvd, (size_t)kvd * sizeof(float));
+        mpm_kv_put(m, mpm_kv_row(m, m->kc, ly->kv_slot, pos + t), k, kvd);
+        mpm_kv_put(m, mpm_kv_row(m, m->vc, ly->kv_slot, pos + t), m->vbuf + t * kvd, kvd);
     }
     for (int t = 0; t < T; t++) {
-        head_job j = {m, l, pos + t, m->q + t * qd, m->att + t * qd};
-        mpk_pool_run(pos + t < 64 ? NULL : m->pool, (size_t)c->n_heads, gqa_head, &j);
+        gqa_token(m, ly, pos + t, m->q + t * qd, m->att + t * qd);
         if (c->attn_gate) { /* sigmoid output gate, recomputed: no chunk-sized gate buffer */
             mpm_gated_query(m, ly, xn + t * c->hidden, NULL, m->q + t * qd);
             mpm_apply_gate(m->att + t * qd, m->q + t * qd, qd);
@@ -166,34 +150,52 @@ static void gqa(mpm_model *m, int l, int pos, int T, const float *xn, float *out
     mpk_matmat(m->kern, m->pool, &ly->o, m->att, T, out);
 }
 
-static void mla_head(void *ctx, size_t h) {
-    head_job *j = ctx;
-    mpm_model *m = j->m;
-    const mpm_config *c = &m->c;
-    const mpm_layer *ly = &m->layers[j->layer];
+typedef struct {
+    mpm_model *m;
+    const mpm_layer *ly;
+    const float *q; /* this token's queries (all heads) */
+    float *out;     /* this token's head outputs */
+} mla_job;
+
+/* absorbed query of head h: ql = sum_j q_nope[j] * kv_b[h*(nope+vd) + j][:], then q_rope */
+static void mla_query(void *ctx, size_t h) {
+    const mla_job *j = ctx;
+    const mpm_config *c = &j->m->c;
     const int64_t R = c->kv_lora_rank, nope = c->qk_nope_dim, rope = c->qk_rope_dim;
-    const int64_t vd = c->v_head_dim, qk = nope + rope, lat = R + rope;
+    const int64_t vd = c->v_head_dim, qk = nope + rope;
     const float *q = j->q + (int64_t)h * qk;
-    float *ql = m->qlat + (int64_t)h * lat; /* [R] absorbed query + [rope] */
-    float *ol = m->olat + (int64_t)h * R;   /* row scratch, then the latent output */
-    /* absorbed query: ql = sum_j q_nope[j] * kv_b[h*(nope+vd) + j][:] */
+    float *ql = j->m->qlat + (int64_t)h * (R + rope);
+    float *row = j->m->olat + (int64_t)h * R; /* row scratch until the attention writes it */
     memset(ql, 0, (size_t)R * sizeof(float));
     for (int64_t jn = 0; jn < nope; jn++) {
-        mpk_row(&ly->kv_b, (int64_t)h * (nope + vd) + jn, ol);
-        mpk_axpy(ql, q[jn], ol, R);
+        mpk_row(&j->ly->kv_b, (int64_t)h * (nope + vd) + jn, row);
+        mpk_axpy(ql, q[jn], row, R);
     }
     memcpy(ql + R, q + nope, (size_t)rope * sizeof(float));
-    const float *C = m->kc + (size_t)j->layer * (size_t)m->ctx * (size_t)lat;
-    float *sc = m->scores + h * (size_t)m->ctx;
-    for (int t = 0; t <= j->pos; t++) {
-        const float *ct = C + (size_t)t * (size_t)lat;
-        sc[t] = (mpk_dot(ql, ct, R) + mpk_dot(ql + R, ct + R, rope)) * m->attn_scale;
-    }
-    mpk_softmax(sc, j->pos + 1);
-    memset(ol, 0, (size_t)R * sizeof(float));
-    for (int t = 0; t <= j->pos; t++) mpk_axpy(ol, sc[t], C + (size_t)t * (size_t)lat, R);
+}
+
+/* head h's value: kv_b's value rows times its latent output */
+static void mla_value(void *ctx, size_t h) {
+    const mla_job *j = ctx;
+    const mpm_config *c = &j->m->c;
+    const int64_t R = c->kv_lora_rank, nope = c->qk_nope_dim, vd = c->v_head_dim;
+    const float *ol = j->m->olat + (int64_t)h * R;
     float *out = j->out + (int64_t)h * vd;
-    for (int64_t i = 0; i < vd; i++) out[i] = mpk_row_dot(m->kern, &ly->kv_b, (int64_t)h * (nope + vd) + nope + i, ol);
+    for (int64_t i = 0; i < vd; i++)
+        out[i] = mpk_row_dot(j->m->kern, &j->ly->kv_b, (int64_t)h * (nope + vd) + nope + i, ol);
+}
+
+/* scores against the cached latents, the value read back through kv_b: K and V never expanded */
+static void mla_token(mpm_model *m, const mpm_layer *ly, int pos, const float *q, float *out) {
+    const mpm_config *c = &m->c;
+    const int64_t R = c->kv_lora_rank, rope = c->qk_rope_dim;
+    mla_job j = {m, ly, q, out};
+    mpk_pool_run(m->pool, (size_t)c->n_heads, mla_query, &j);
+    const void *C = mpm_kv_row(m, m->kc, ly->kv_slot, 0);
+    mpm_attn_span a = {C, C, pos + 1, c->n_heads, R, rope, R, 0, m->qlat, R + rope, m->olat, R,
+                       m->attn_scale};
+    mpm_attend(m, &a);
+    mpk_pool_run(m->pool, (size_t)c->n_heads, mla_value, &j);
 }
 
 static void mla(mpm_model *m, int l, int pos, int T, const float *xn, float *out) {
@@ -213,15 +215,12 @@ static void mla(mpm_model *m, int l, int pos, int T, const float *xn, float *out
         rope_tables(m, pos + t);
         for (int64_t h = 0; h < c->n_heads; h++)
             rope_apply(m, m->q + t * qd + h * qk + c->qk_nope_dim, c->rope_interleave);
-        float *ct = m->kc + ((size_t)l * (size_t)m->ctx + (size_t)(pos + t)) * (size_t)lat;
-        memcpy(ct, m->kbuf + t * lat, (size_t)lat * sizeof(float));
+        float *ct = m->kbuf + t * lat;
         rms_inplace(ct, ly->kv_a_norm, R, c->eps);
         rope_apply(m, ct + R, c->rope_interleave);
+        mpm_kv_put(m, mpm_kv_row(m, m->kc, ly->kv_slot, pos + t), ct, lat);
     }
-    for (int t = 0; t < T; t++) {
-        head_job j = {m, l, pos + t, m->q + t * qd, m->att + t * od};
-        mpk_pool_run(m->pool, (size_t)c->n_heads, mla_head, &j);
-    }
+    for (int t = 0; t < T; t++) mla_token(m, ly, pos + t, m->q + t * qd, m->att + t * od);
     mpk_matmat(m->kern, m->pool, &ly->o, m->att, T, out);
 }
 

@@ -55,8 +55,11 @@ struct mpm_model {
     double *inv_freq;
     float rope_mscale, attn_scale;
     int64_t rope_dim;
-    /* caches: GQA k/v [L][ctx][kv*hd]; MLA latent [L][ctx][kv_lora] and k_rope [L][ctx][rope] */
-    float *kc, *vc;
+    /* caches (model_kv.c): GQA k/v [slot][ctx][kv*hd]; MLA latent + k_rope [slot][ctx][kv_lora +
+     * rope] (vc = kc); entries f32, or f16 when c.kv_f16 */
+    void *kc, *vc;
+    float *kvrows; /* f16 key rows read back by the attention tasks */
+    int kv_f16c;   /* the CPU converts f16 with F16C */
     /* scratch */
     float *xn, *q, *kbuf, *vbuf, *att, *scores, *cosb, *sinb;
     float *qlat, *olat, *lat;
@@ -86,6 +89,27 @@ struct mpm_model {
     uint64_t prefetches;
 };
 
+/* model_kv.c: KV cache rows (f32 or f16 entries) and attention over cached positions */
+int mpm_kv_alloc(mpm_model *m); /* after m->ctx is set; -1 out of memory */
+void mpm_kv_free(mpm_model *m);
+uint64_t mpm_kv_scratch_bytes(const mpm_config *c);
+void *mpm_kv_row(const mpm_model *m, void *cache, int slot, int64_t pos);
+void mpm_kv_put(const mpm_model *m, void *dst, const float *src, int64_t n); /* n floats -> entries */
+/* One token's attention over n cached positions: head h (of heads) scores
+ * dot(q_h, k[..kd]) (+ dot over the next kd2 columns) * scale against each row, softmax, and
+ * out_h = sum_t p_t v_t[..vw].  Head h reads the columns of its group (GQA: KV head; MLA: every
+ * head reads the same latent row), which start at group * goff. */
+typedef struct mpm_attn_span {
+    const void *K, *V;        /* cache rows of the first attended position */
+    int64_t n, heads;
+    int64_t kd, kd2, vw, goff;
+    const float *q;           /* head h's query at q + h * qs */
+    int64_t qs;
+    float *out;               /* head h's output at out + h * os */
+    int64_t os;
+    float scale;
+} mpm_attn_span;
+void mpm_attend(mpm_model *m, const mpm_attn_span *a);
 /* model_attn.c */
 int mpm_rope_init(mpm_model *m);
 /* attention for T chunk tokens at positions pos..: xn T x hidden -> out T x hidden */

@@ -1,0 +1,194 @@
+/* The KV cache and attention over it.
+ *
+ * Entries are f32, or IEEE f16 when c.kv_f16 (mp_config.kv): written once per token with
+ * mpk_f32_to_f16 (round to nearest even), read back exactly (f16 -> f32 is exact), so f16 only
+ * changes what is stored, never how it is summed.
+ *
+ * Attention for one token is split into tasks fixed by the model and the number of positions,
+ * never by the thread count: scores per (head group, block of positions), softmax per head,
+ * weighted values per (head group, slice of value columns), each output element summed over
+ * positions in increasing order.  Every number is computed by one task in one fixed order, so
+ * the result is the same bits for any thread count (and the same as one head at a time). */
+#include "model_internal.h"
+#include "moepack.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#define ATT_MAX_BLOCKS 32 /* position blocks per head group */
+#define ATT_MIN_BLOCK 128 /* positions per block at least (short contexts: one block) */
+#define ATT_SLICE 64      /* value columns per output task */
+#define ATT_MLA_GROUP 16  /* MLA heads per task: all heads share each latent row */
+#define ATT_INLINE 2048   /* heads x positions below which the pool is not worth waking */
+
+static size_t elt(const mpm_config *c) { return c->kv_f16 ? 2u : 4u; }
+
+/* columns of one cached position: GQA keys (values alike), MLA latent + rope part */
+static int64_t row_width(const mpm_config *c) {
+    return c->mla ? c->kv_lora_rank + c->qk_rope_dim : c->n_kv_heads * c->head_dim;
+}
+
+static int64_t kv_slots(const mpm_config *c) { return c->n_layers - c->n_linear; }
+
+/* Head groups of a layer's attention: GQA one per KV head, MLA ATT_MLA_GROUP heads each. */
+static int64_t head_groups(const mpm_config *c) {
+    return c->mla ? (c->n_heads + ATT_MLA_GROUP - 1) / ATT_MLA_GROUP : c->n_kv_heads;
+}
+
+/* f16 rows read back as f32 by the scores tasks: one key row per task (f32 caches need none) */
+static uint64_t key_scratch_floats(const mpm_config *c) {
+    if (!c->kv_f16) return 0;
+    int64_t kw = c->mla ? row_width(c) : c->head_dim;
+    return (uint64_t)head_groups(c) * ATT_MAX_BLOCKS * (uint64_t)kw;
+}
+
+#if defined(__x86_64__)
+/* F16C's conversion is exact like mpk_f16_to_f32, only faster */
+__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const uint16_t *s, int64_t n, float *d) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    for (; i < n; i++) d[i] = mpk_f16_to_f32(s[i]);
+}
+static int have_f16c(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+}
+#else
+static int have_f16c(void) { return 0; }
+#endif
+
+uint64_t mpm_kv_bytes(const mpm_config *c, int ctx) {
+    uint64_t per = (uint64_t)row_width(c) * (c->mla ? 1u : 2u); /* MLA: one latent row */
+    return per * (uint64_t)kv_slots(c) * (uint64_t)ctx * elt(c); /* linear layers: no KV */
+}
+
+uint64_t mpm_kv_scratch_bytes(const mpm_config *c) { return 4u * key_scratch_floats(c); }
+
+int mpm_kv_alloc(mpm_model *m) {
+    const mpm_config *c = &m->c;
+    uint64_t one = (uint64_t)row_width(c) * (uint64_t)kv_slots(c) * (uint64_t)m->ctx;
+    m->kc = calloc(one ? (size_t)one : 1, elt(c));
+    m->vc = c->mla ? m->kc : calloc(one ? (size_t)one : 1, elt(c));
+    uint64_t ks = key_scratch_floats(c);
+    m->kvrows = ks ? malloc((size_t)ks * sizeof(float)) : NULL;
+    m->kv_f16c = have_f16c();
+    return !m->kc || !m->vc || (ks && !m->kvrows) ? -1 : 0;
+}
+
+void mpm_kv_free(mpm_model *m) {
+    if (m->vc != m->kc) free(m->vc);
+    free(m->kc);
+    free(m->kvrows);
+    m->kc = m->vc = NULL;
+    m->kvrows = NULL;
+}
+
+void *mpm_kv_row(const mpm_model *m, void *cache, int slot, int64_t pos) {
+    size_t at = ((size_t)slot * (size_t)m->ctx + (size_t)pos) * (size_t)row_width(&m->c);
+    return (char *)cache + at * elt(&m->c);
+}
+
+void mpm_kv_put(const mpm_model *m, void *dst, const float *src, int64_t n) {
+    if (!m->c.kv_f16) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *h = dst;
+    for (int64_t i = 0; i < n; i++) h[i] = mpk_f32_to_f16(src[i]);
+}
+
+/* n entries at src as f32: src itself for an f32 cache, else converted into tmp */
+static const float *kv_get(const mpm_model *m, const void *src, int64_t n, float *tmp) {
+    if (!m->c.kv_f16) return src;
+#if defined(__x86_64__)
+    if (m->kv_f16c) {
+        f16_to_f32_f16c(src, n, tmp);
+        return tmp;
+    }
+#endif
+    const uint16_t *h = src;
+    for (int64_t i = 0; i < n; i++) tmp[i] = mpk_f16_to_f32(h[i]);
+    return tmp;
+}
+
+typedef struct {
+    mpm_model *m;
+    const mpm_attn_span *a;
+    size_t row;          /* bytes per cached position */
+    int64_t groups, hg;  /* head groups, heads per group */
+    int64_t blk, nblk;   /* positions per scores task, blocks */
+    int64_t nslice;      /* value slices per group */
+} attend_job;
+
+static void group_heads(const attend_job *j, int64_t g, int64_t *h0, int64_t *h1) {
+    *h0 = g * j->hg;
+    *h1 = *h0 + j->hg < j->a->heads ? *h0 + j->hg : j->a->heads;
+}
+
+static void scores_task(void *ctx, size_t task) {
+    const attend_job *j = ctx;
+    const mpm_attn_span *a = j->a;
+    const mpm_config *c = &j->m->c;
+    int64_t g = (int64_t)task / j->nblk, b = (int64_t)task % j->nblk, h0, h1;
+    group_heads(j, g, &h0, &h1);
+    int64_t kw = a->kd + a->kd2, t1 = (b + 1) * j->blk < a->n ? (b + 1) * j->blk : a->n;
+    float *tmp = j->m->kvrows ? j->m->kvrows + (size_t)task * (size_t)kw : NULL;
+    const char *K = (const char *)a->K + (size_t)(g * a->goff) * elt(c);
+    for (int64_t t = b * j->blk; t < t1; t++) {
+        const float *k = kv_get(j->m, K + (size_t)t * j->row, kw, tmp);
+        for (int64_t h = h0; h < h1; h++) {
+            const float *q = a->q + h * a->qs;
+            float s = a->kd2 ? mpk_dot(q, k, a->kd) + mpk_dot(q + a->kd, k + a->kd, a->kd2)
+                             : mpk_dot(q, k, a->kd);
+            j->m->scores[(size_t)h * (size_t)j->m->ctx + (size_t)t] = s * a->scale;
+        }
+    }
+}
+
+static void softmax_task(void *ctx, size_t h) {
+    const attend_job *j = ctx;
+    mpk_softmax(j->m->scores + h * (size_t)j->m->ctx, j->a->n);
+}
+
+/* out[h][c0 .. c0+cw) = sum over t of p[h][t] v[t][..], t increasing (mpk_axpy's order) */
+static void values_task(void *ctx, size_t task) {
+    const attend_job *j = ctx;
+    const mpm_attn_span *a = j->a;
+    const mpm_config *c = &j->m->c;
+    int64_t g = (int64_t)task / j->nslice, c0 = (int64_t)task % j->nslice * ATT_SLICE, h0, h1;
+    int64_t cw = a->vw - c0 < ATT_SLICE ? a->vw - c0 : ATT_SLICE;
+    group_heads(j, g, &h0, &h1);
+    for (int64_t h = h0; h < h1; h++) memset(a->out + h * a->os + c0, 0, (size_t)cw * sizeof(float));
+    const char *V = (const char *)a->V + (size_t)(g * a->goff + c0) * elt(c);
+    float tmp[ATT_SLICE];
+    for (int64_t t = 0; t < a->n; t++) {
+        const float *v = kv_get(j->m, V + (size_t)t * j->row, cw, tmp);
+        for (int64_t h = h0; h < h1; h++)
+            mpk_axpy(a->out + h * a->os + c0, j->m->scores[(size_t)h * (size_t)j->m->ctx + (size_t)t], v, cw);
+    }
+}
+
+void mpm_attend(mpm_model *m, const mpm_attn_span *a) {
+    const mpm_config *c = &m->c;
+    attend_job j = {m, a, (size_t)row_width(c) * elt(c), head_groups(c), 0, 0, 0, 0};
+    j.hg = c->mla ? ATT_MLA_GROUP : c->n_heads / c->n_kv_heads;
+    j.blk = (a->n + ATT_MAX_BLOCKS - 1) / ATT_MAX_BLOCKS;
+    if (j.blk < ATT_MIN_BLOCK) j.blk = ATT_MIN_BLOCK;
+    j.nblk = (a->n + j.blk - 1) / j.blk;
+    j.nslice = (a->vw + ATT_SLICE - 1) / ATT_SLICE;
+    mpk_pool *pool = a->heads * a->n < ATT_INLINE ? NULL : m->pool; /* same bits either way */
+    mpk_pool_run(pool, (size_t)(j.groups * j.nblk), scores_task, &j);
+    mpk_pool_run(pool, (size_t)a->heads, softmax_task, &j);
+    mpk_pool_run(pool, (size_t)(j.groups * j.nslice), values_task, &j);
+}
+
+/* mpk_f32_to_f16 over an array, exported so that tests compare the cache's rounding with numpy's
+ * astype(float16) bit for bit */
+MP_API void mp_f32_to_f16(const float *in, uint16_t *out, size_t n);
+void mp_f32_to_f16(const float *in, uint16_t *out, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = mpk_f32_to_f16(in[i]);
+}
