@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from moepack.cliargs import error_line
+from moepack.sizes import SIZE_HELP, format_size
 
 QUANTISED_CLASSES = ("attn", "shared_expert", "dense_ffn", "embed", "lm_head")
 
@@ -36,14 +37,6 @@ def _settings(expert_codec: str | None, trunk_codec: str | None, codec: list[str
                     sample=sample, iters=iters, mtp=mtp)
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return str(n)
-
-
 # Module-level option objects (ruff B008); Optional[...] because typer parses annotations at
 # runtime and `X | None` is not understood on Python 3.10.
 _SRC = typer.Argument(..., show_default=False,
@@ -61,6 +54,7 @@ _RAY = typer.Option(None, "--ray", show_default=False, metavar="ADDRESS",
 _STAGING = typer.Option(None, "--staging", show_default=False, metavar="SIZE",
                         help="hf: sources: most bytes of source shards on disk at once "
                         "(e.g. 40G); shards are downloaded as needed and deleted when done. "
+                        f"{SIZE_HELP} "
                         "Not needed with --ray: tasks read checked byte ranges from the hub.")
 _EXPERT = typer.Option(None, "--expert-codec", show_default=False,
                        help="Expert codec preset: rvq3-l (default), rvq3-m, rvq3, rvq4, rvq2...")
@@ -157,22 +151,22 @@ def convert_cmd(
         return
     p = summary.plan
     if dry_run:
-        typer.echo(f"plan for {out}: {_human(p['file_size'])} ({p['file_size']:,} bytes), "
+        typer.echo(f"plan for {out}: {format_size(p['file_size'])} ({p['file_size']:,} bytes), "
                    f"{p['tensors']} tensors, {p['experts']} experts in {p['expert_banks']} banks")
         avail = p["available_memory"]
         typer.echo(f"ray: {p['ray']} (each node reads SRC at the same path)" if p["ray"]
                    else p["jobs_choice"])
-        typer.echo(f"free space: {_human(p['free_space'])}; peak memory estimate: "
-                   f"{_human(p['peak_memory_estimate'])} with {p['jobs']} worker(s) x "
+        typer.echo(f"free space: {format_size(p['free_space'])}; peak memory estimate: "
+                   f"{format_size(p['peak_memory_estimate'])} with {p['jobs']} worker(s) x "
                    f"{p['threads_per_worker']} thread(s)"
-                   + (f" ({_human(avail)} available)" if avail else ""))
+                   + (f" ({format_size(avail)} available)" if avail else ""))
         typer.echo(f"bits per weight: {summary.bits_per_weight} overall, "
                    f"{summary.expert_bits_per_weight} experts")
         typer.echo("codecs: " + ", ".join(f"{k}={v['name']}" for k, v in p["codecs"].items()))
         if p["output_exists"]:
             typer.echo(f"note: {out} exists; converting needs --force")
     elif not quiet:
-        typer.echo(f"{out}: {_human(summary.file_size)}, container {summary.container_id}, "
+        typer.echo(f"{out}: {format_size(summary.file_size)}, container {summary.container_id}, "
                    f"{summary.seconds:.1f} s, {summary.bits_per_weight} bits/weight")
 
 
@@ -180,7 +174,7 @@ def _convert_hub(source: str, out: Path, settings, staging: str, jobs: int | Non
                  force: bool, restart: bool, dry_run: bool, reporter, pause: float,
                  as_json: bool, quiet: bool, ray: str | None = None) -> None:
     from moepack.convert.stream import convert_from_hub
-    from moepack.fetch.units import parse_size
+    from moepack.sizes import parse_size
 
     try:
         bound = parse_size(staging)
@@ -193,16 +187,18 @@ def _convert_hub(source: str, out: Path, settings, staging: str, jobs: int | Non
         doc = {"stream": facts, **(asdict(summary) if summary else {})}
         typer.echo(json.dumps(doc, sort_keys=True))
     elif dry_run:
-        typer.echo(f"{source} ({facts['revision'][:12]}): {_human(facts['source_bytes'])} of "
-                   f"shards (largest {_human(facts['largest_shard'])}) -> {out}: "
-                   f"{_human(facts['container_bytes'])}")
-        typer.echo(f"peak disk: {_human(facts['peak_disk'])} = container "
-                   f"{_human(facts['container_bytes'])} + staging {_human(bound)} + small files "
-                   f"{_human(facts['small_files'])}; free: {_human(facts['free_space'])}")
+        typer.echo(f"{source} ({facts['revision'][:12]}): {format_size(facts['source_bytes'])} of "
+                   f"shards (largest {format_size(facts['largest_shard'])}) -> {out}: "
+                   f"{format_size(facts['container_bytes'])}")
+        typer.echo(f"peak disk: {format_size(facts['peak_disk'])} = container "
+                   f"{format_size(facts['container_bytes'])} + staging {format_size(bound)} + "
+                   "small files "
+                   f"{format_size(facts['small_files'])}; free: {format_size(facts['free_space'])}")
     elif not quiet and summary is not None:
-        typer.echo(f"{out}: {_human(summary.file_size)}, container {summary.container_id}, "
-                   f"{summary.seconds:.1f} s; downloaded {_human(facts['downloaded'])}, at most "
-                   f"{_human(facts['peak_staged'])} of shards on disk")
+        typer.echo(f"{out}: {format_size(summary.file_size)}, container {summary.container_id}, "
+                   f"{summary.seconds:.1f} s; downloaded {format_size(facts['downloaded'])}, "
+                   "at most "
+                   f"{format_size(facts['peak_staged'])} of shards on disk")
 
 
 def export_cmd(
@@ -229,7 +225,7 @@ def export_cmd(
     if as_json:
         typer.echo(json.dumps(res, sort_keys=True))
     else:
-        typer.echo(f"{outdir}: {res['tensors']} tensors, {_human(res['bytes'])} "
+        typer.echo(f"{outdir}: {res['tensors']} tensors, {format_size(res['bytes'])} "
                    f"in {len(res['files'])} file(s)")
 
 

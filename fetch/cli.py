@@ -9,6 +9,7 @@ import typer
 from moepack.fetch.errors import FetchError
 
 from moepack.cliargs import fail, one_line
+from moepack.sizes import SIZE_HELP
 
 torrent_app = typer.Typer(help="Make torrents of containers.", no_args_is_help=True)
 
@@ -30,7 +31,8 @@ Stall = Annotated[float | None, typer.Option(
 Output = Annotated[Path | None, typer.Option(
     "-o", "--output", help="Default: FILE.torrent next to FILE.")]
 PieceSize = Annotated[str | None, typer.Option(
-    "--piece-size", help="Power of two ≥ 16KiB, e.g. 16MiB. Default: automatic (docs/FETCH.md).")]
+    "--piece-size", help="Power of two ≥ 16KiB, e.g. 16MiB. Default: automatic (docs/FETCH.md). "
+    f"{SIZE_HELP}")]
 Trackers = Annotated[list[str] | None, typer.Option("--tracker", help="Tracker URL (repeatable).")]
 WebSeeds = Annotated[list[str] | None, typer.Option(
     "--web-seed", help="HTTP(S) URL of the same file (repeatable).")]

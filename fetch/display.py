@@ -6,7 +6,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from moepack.fetch.space import SAFETY_MARGIN, SpaceVerdict
-from moepack.fetch.units import human
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
@@ -20,6 +19,7 @@ from rich.progress import (
 from rich.table import Table
 
 from moepack.cliargs import one_line
+from moepack.sizes import format_size
 
 console = Console()
 
@@ -29,8 +29,9 @@ def verdict_table(rows: list[SpaceVerdict]) -> Table:
     for col in ("for", "filesystem of", "needed", "free", "verdict"):
         t.add_column(col)
     for v in rows:
-        short = human(v.need_with_margin - v.free)
-        t.add_row(v.label, escape(one_line(str(v.path))), human(v.need_with_margin), human(v.free),
+        short = format_size(v.need_with_margin - v.free)
+        t.add_row(v.label, escape(one_line(str(v.path))), format_size(v.need_with_margin),
+                  format_size(v.free),
                   "[green]fits[/]" if v.ok else f"[red]short by {short}[/]")
     return t
 

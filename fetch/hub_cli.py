@@ -9,12 +9,12 @@ from moepack.fetch.display import console, transfer_bar, verdict_table
 from moepack.fetch.errors import FetchError
 from moepack.fetch.hub import HubPlan, fetch_hub, plan_hub
 from moepack.fetch.hub_download import DownloadPolicy
-from moepack.fetch.units import human
 from rich.markup import escape
 from rich.table import Table
 
 from moepack.cliargs import one_line
 from moepack.safefs import printable
+from moepack.sizes import format_size
 
 
 def files_table(plan: HubPlan) -> Table:
@@ -25,18 +25,19 @@ def files_table(plan: HubPlan) -> Table:
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for s in plan.files:
         on_disk = {"complete": "[green]complete[/]", "unverified": "present, hashed at fetch",
-                   "partial": f"partial ({human(s.present)})", "missing": "—"}[s.status]
-        fetch = human(s.to_fetch) if s.to_fetch else "0"
-        t.add_row(escape(printable(s.file.name)), human(s.file.size), on_disk, fetch)
+                   "partial": f"partial ({format_size(s.present)})", "missing": "—"}[s.status]
+        fetch = format_size(s.to_fetch) if s.to_fetch else "0"
+        t.add_row(escape(printable(s.file.name)), format_size(s.file.size), on_disk, fetch)
     t.add_section()
-    t.add_row(f"{len(plan.files)} files", human(lst.total), "", human(plan.to_fetch))
+    t.add_row(f"{len(plan.files)} files", format_size(lst.total), "", format_size(plan.to_fetch))
     return t
 
 
 def print_plan(plan: HubPlan) -> None:
     console.print(files_table(plan))
     if plan.conversion is not None:
-        console.print(f"conversion output: {human(plan.conversion)} ({plan.conversion} bytes; "
+        console.print(f"conversion output: {format_size(plan.conversion)} "
+                      f"({plan.conversion} bytes; "
                       f"{one_line(plan.conversion_note)})", highlight=False, markup=False)
     else:   # the note can quote the hub's config.json: escaped, one line
         console.print(f"conversion output: unknown — {one_line(plan.conversion_note)}",

@@ -18,7 +18,8 @@ from moepack.fetch.torrent_create import (
     write_torrent,
 )
 from moepack.fetch.torrent_fetch import FetchOptions, Progress, TorrentPlan, fetch_torrent
-from moepack.fetch.units import human, parse_size
+
+from moepack.sizes import format_size, parse_size
 
 
 def run_create(file: Path, output: Path | None, piece_size: str | None, trackers: list[str],
@@ -41,8 +42,8 @@ def run_create(file: Path, output: Path | None, piece_size: str | None, trackers
     ti = lt.torrent_info(data)
     ih = ti.info_hashes()
     console.print(f"wrote {out} in {time.perf_counter() - t0:.1f} s: {ti.num_pieces()} pieces of "
-                  f"{human(ti.piece_length())}, {ti.comment()}", highlight=False, soft_wrap=True,
-                  markup=False)
+                  f"{format_size(ti.piece_length())}, {ti.comment()}", highlight=False,
+                  soft_wrap=True, markup=False)
     console.print(f"info-hash v1 {ih.v1}  v2 {ih.v2}", highlight=False, soft_wrap=True)
     console.print(lt.make_magnet_uri(ti), highlight=False, soft_wrap=True, markup=False)
 
@@ -67,7 +68,7 @@ def run_torrent_fetch(source: str, dest: Path, dry_run: bool, peers: list[str],
                       markup=False)
         return 0
     console.print(f"{result.path}: verified, container {result.container_id}; downloaded "
-                  f"{human(result.downloaded_bytes)} in {result.seconds:.1f} s "
+                  f"{format_size(result.downloaded_bytes)} in {result.seconds:.1f} s "
                   f"({result.pieces_at_start}/{result.pieces} pieces were already valid)",
                   highlight=False, soft_wrap=True, markup=False)
     return 0
@@ -75,11 +76,12 @@ def run_torrent_fetch(source: str, dest: Path, dry_run: bool, peers: list[str],
 
 def _print_plan(p: TorrentPlan) -> int:
     m = p.meta
-    console.print(f"{m.source}: {m.name}, {human(m.size)} ({m.size} bytes), {m.num_pieces} pieces "
-                  f"of {human(m.piece_length)}, container {m.container_id or 'not stated'}",
+    console.print(f"{m.source}: {m.name}, {format_size(m.size)} ({m.size} bytes), "
+                  f"{m.num_pieces} pieces "
+                  f"of {format_size(m.piece_length)}, container {m.container_id or 'not stated'}",
                   highlight=False, soft_wrap=True, markup=False)
     if p.present:
-        console.print(f"already on disk (partial or damaged copy): {human(p.present)}")
+        console.print(f"already on disk (partial or damaged copy): {format_size(p.present)}")
     console.print(verdict_table([p.verdict]))
     return 0 if p.verdict.ok else 1
 
@@ -109,6 +111,6 @@ def _seed_loop(torrent: Path, path: Path, listen: str, full_verify: bool, durati
                 # seed_mode checks each piece on first request; a failed one leaves the set.
                 bad = st.num_pieces - st.pieces
                 warn = f", [red]{bad} pieces failed their check (repair: fetch)[/]" if bad else ""
-                status.update(f"{st.peers} peers, up {human(st.upload_rate)}/s, "
-                              f"{human(st.uploaded)} sent{warn}")
+                status.update(f"{st.peers} peers, up {format_size(st.upload_rate)}/s, "
+                              f"{format_size(st.uploaded)} sent{warn}")
                 time.sleep(1.0)

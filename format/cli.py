@@ -15,10 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from moepack.cliargs import fail, one_line
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.3f} GiB" if n >= 2**30 else f"{n / 2**20:.3f} MiB"
+from moepack.sizes import format_size
 
 
 def _mtp_line(m: dict) -> str:
@@ -38,8 +35,8 @@ def _show(path: Path, info: dict) -> None:
         ("architecture", f"{info['architecture']} ({info['arch']})"),
         ("converter", info["converter"]),
         ("parameters", f"{par['total']:,} (trunk {par['trunk']:,}, experts {par['experts']:,})"),
-        ("file size", f"{info['file_size']:,} B ({_gib(info['file_size'])})"),
-        *[(f"  {k}", f"{v:,} B ({_gib(v)})") for k, v in info["bytes"].items()],
+        ("file size", f"{info['file_size']:,} B ({format_size(info['file_size'])})"),
+        *[(f"  {k}", f"{v:,} B ({format_size(v)})") for k, v in info["bytes"].items()],
         ("bits/weight",
          f"experts {bpw['experts']}, trunk {bpw['trunk']}, overall {bpw['overall']}"),
         ("tensors", str(info["counts"]["tensors"])),

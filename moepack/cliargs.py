@@ -20,31 +20,13 @@ from typing import NoReturn
 import typer
 
 from moepack.safefs import UnsafePathError, one_line, printable, regular_file
+from moepack.sizes import parse_size
 
 INT32_MAX = 2**31 - 1        # the C engine's int (ctx, top_k, token ids, n)
 UINT64_MAX = 2**64 - 1       # the C engine's uint64_t (seed, budget bytes)
 MAX_THREADS = 256            # the engine's compute pool caps threads here (kernels_pool.c)
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
-               "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20,
-               "gib": 2**30, "tib": 2**40}
-_SIZE = re.compile(r"\s*([0-9]{1,20}(?:\.[0-9]{1,20})?|\.[0-9]{1,20})\s*([a-zA-Z]{0,3})\s*")
 _TOKEN_ID = re.compile(r"\s*[0-9]{1,10}\s*")   # more digits cannot be an int32 token id
-
-
-def parse_size(text: str) -> int:
-    """"8G", "512MiB", "1.5gb" or a plain byte count -> bytes; ValueError saying what is
-    accepted otherwise (no exponents, no NaN: the regex admits digits and one dot only)."""
-    m = _SIZE.fullmatch(text)
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in _SIZE_UNITS:
-        raise ValueError(f"cannot read {printable(text, 40)} as a size "
-                         "(examples: 8G, 512MiB, 1.5GB)")
-    whole, _, frac = m.group(1).partition(".")
-    scale = _SIZE_UNITS[unit]
-    # exact integer arithmetic: float() would round sizes above 2**53
-    value = int(whole or "0") * scale + int(frac or "0") * scale // 10 ** len(frac)
-    return value
 
 
 def size_option(value: str | None) -> str | None:

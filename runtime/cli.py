@@ -30,6 +30,7 @@ from moepack.cliargs import (
     utf8_problem,
     utf8_text,
 )
+from moepack.sizes import SIZE_HELP, format_size
 
 if TYPE_CHECKING:  # imported lazily at run time: `moepack --help` stays fast
     import numpy as np
@@ -40,7 +41,7 @@ _err = Console(stderr=True, soft_wrap=True, highlight=False)
 FileArg = Annotated[Path, typer.Argument(help="A .moepack container.")]
 BudgetOpt = Annotated[str | None, typer.Option(
     "--budget", callback=size_option,
-    help="Total memory budget (e.g. 8G, 512MiB). Default: from usable RAM.")]
+    help=f"Total memory budget (e.g. 8G, 512MiB). Default: from usable RAM. {SIZE_HELP}")]
 ThreadsOpt = Annotated[int | None, typer.Option(
     "--threads", min=1, max=MAX_THREADS, help="Compute threads (default: all CPUs).")]
 CtxOpt = Annotated[int | None, typer.Option(
@@ -66,10 +67,6 @@ def _require_file(file: Path) -> None:
         fail(problem)
 
 
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.3f} GB" if n >= 1e9 else f"{n / 1e6:.3f} MB"
-
-
 def _check_budget(file: Path, budget: str | None, ctx: int | None, kv: str | None) -> None:
     """Warn when a user budget exceeds usable RAM (the engine itself refuses below the floor)."""
     if not budget:
@@ -79,8 +76,8 @@ def _check_budget(file: Path, budget: str | None, ctx: int | None, kv: str | Non
     p = plan(str(file), ctx, kv)
     b = parse_bytes(budget)
     if b > p["usable_ram_bytes"]:
-        _err.print(f"[yellow]warning:[/yellow] budget {_gb(b)} is above usable RAM "
-                   f"{_gb(p['usable_ram_bytes'])}: the OS will page the expert cache and "
+        _err.print(f"[yellow]warning:[/yellow] budget {format_size(b)} is above usable RAM "
+                   f"{format_size(p['usable_ram_bytes'])}: the OS will page the expert cache and "
                    "cache hits turn into disk reads (a peer measured 8x slower decode)")
 
 
@@ -133,36 +130,36 @@ def plan_cmd(
                          sort_keys=True))
     else:
         rows = [("context", f"{p['ctx']} tokens"),
-                ("trunk (resident)", _gb(p["trunk_bytes"])),
-                ("KV cache", _gb(p["kv_bytes"]) + (
-                    f" (of which {_gb(p['state_bytes'])} linear-attention state)"
+                ("trunk (resident)", format_size(p["trunk_bytes"])),
+                ("KV cache", format_size(p["kv_bytes"]) + (
+                    f" (of which {format_size(p['state_bytes'])} linear-attention state)"
                     if p["state_bytes"] else "")),
                 ("KV per token", f"{p['kv_token_bytes']} bytes ({p['kv']} entries)"),
                 ("longest context", f"{p['max_ctx']} tokens fit "
                  f"{'the budget' if b is not None else 'usable RAM'} "
                  f"(model maximum {p['max_pos']})"),
-                ("scratch", _gb(p["scratch_bytes"])),
-                ("one token's experts", f"{_gb(p['step_expert_bytes'])} "
+                ("scratch", format_size(p["scratch_bytes"])),
+                ("one token's experts", f"{format_size(p['step_expert_bytes'])} "
                  f"({p['moe_layers']} MoE layers x top-{p['top_k']})"),
-                ("all experts (on disk)", f"{_gb(p['experts_bytes'])} "
-                 f"({p['expert_count']} records of {_gb(p['expert_record_bytes'])})"),
+                ("all experts (on disk)", f"{format_size(p['experts_bytes'])} "
+                 f"({p['expert_count']} records of {format_size(p['expert_record_bytes'])})"),
                 ("prompt chunk", f"16 tokens in the floor, up to {p['max_chunk']} "
-                 f"(+{_gb(p['chunk_token_bytes'])} per token, from the budget)"),
-                ("floor", _gb(p["floor_bytes"])),
-                ("recommended", _gb(p["recommended_bytes"])),
-                ("default budget", _gb(p["default_bytes"]) if p["default_bytes"]
+                 f"(+{format_size(p['chunk_token_bytes'])} per token, from the budget)"),
+                ("floor", format_size(p["floor_bytes"])),
+                ("recommended", format_size(p["recommended_bytes"])),
+                ("default budget", format_size(p["default_bytes"]) if p["default_bytes"]
                  else "none: the floor does not fit in usable RAM"),
-                ("usable RAM", _gb(p["usable_ram_bytes"]))]
+                ("usable RAM", format_size(p["usable_ram_bytes"]))]
         for k, v in rows:
             print(f"{k:>22}  {v}")
     if verdict == "below_floor":
         fits = (f"the longest context that fits is {p['max_ctx']} tokens (--ctx)"
                 if p["max_ctx"] else "not even one token of context fits")
-        fail(f"budget {_gb(b)} is below the floor: this model needs at least "
-              f"{_gb(p['floor_bytes'])} for ctx {p['ctx']}; {fits}")
+        fail(f"budget {format_size(b)} is below the floor: this model needs at least "
+              f"{format_size(p['floor_bytes'])} for ctx {p['ctx']}; {fits}")
     if verdict == "above_usable_ram":
-        _err.print(f"[yellow]warning:[/yellow] budget {_gb(b)} is above usable RAM "
-                   f"{_gb(p['usable_ram_bytes'])}")
+        _err.print(f"[yellow]warning:[/yellow] budget {format_size(b)} is above usable RAM "
+                   f"{format_size(p['usable_ram_bytes'])}")
 
 
 def _token_ids(tokens: str) -> list[int]:

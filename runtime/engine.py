@@ -17,7 +17,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from moepack.runtime import _lib
 
-from moepack.cliargs import INT32_MAX, UINT64_MAX, parse_size
+from moepack.cliargs import INT32_MAX, UINT64_MAX
+from moepack.sizes import parse_size
 
 MP_OK, MP_EINVAL, MP_EFORMAT, MP_EIO, MP_ENOMEM, MP_EBUDGET = 0, -1, -2, -3, -4, -5
 MP_EUNSUPPORTED, MP_ECORRUPT, MP_ECTX, MP_ENONFINITE = -6, -7, -8, -9
