@@ -111,7 +111,7 @@ def described(config: dict) -> Adapter:
     and the field."""
     adapter = adapter_for(config)
     try:
-        validate_model(adapter.model, adapter.config)
+        validate_model(adapter.model)
     except ModelDescError as e:
         raise SourceError(f"config.json: {config_field(adapter, e.field)} {e.reason}") from None
     _check_portable(config)  # after the rules: their messages say more about model fields

@@ -41,10 +41,9 @@ __all__ = [
 def codec_class(codec: dict) -> Codec:
     """The class of a codec object (FormatError for an unknown name)."""
     name = codec.get("name") if isinstance(codec, dict) else None
-    try:
-        return CODECS[name]
-    except (KeyError, TypeError):  # TypeError: an unhashable name
-        raise FormatError(f"unknown codec {name!r}") from None
+    if not isinstance(name, str) or name not in CODECS:
+        raise FormatError(f"unknown codec {name!r}", "unknown_codec")
+    return CODECS[name]
 
 
 def _need_matrix(c: Codec, shape: tuple[int, ...]) -> None:

@@ -54,6 +54,7 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "attention.qk_rope_head_dim": (2, MAX_ROPE_HEAD_DIM),
     "attention.v_head_dim": (1, MAX_HEAD_DIM),
     "attention.rotary_dim": (2, MAX_HEAD_DIM),
+    "attention.sliding_window": (1, (1 << 63) - 1),
     "moe.num_experts": (1, MAX_EXPERTS),
     "moe.top_k": (1, MAX_EXPERTS),
     "moe.moe_intermediate_size": (1, MAX_INTERMEDIATE),
@@ -73,7 +74,6 @@ SOURCE_INT_BOUNDS: dict[str, tuple[int, int]] = {
     "first_k_dense_replace": (0, MAX_LAYERS),
     "moe_layer_freq": (1, MAX_LAYERS),
     "decoder_sparse_step": (1, MAX_LAYERS),
-    "sliding_window": (1, (1 << 63) - 1),
 }
 
 
@@ -124,9 +124,9 @@ def _choice(m: dict, field: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def validate_model(model: Any, source: Any = None) -> None:
-    """Raise ModelDescError for the first rule `model` (manifest.model) breaks; `source` is
-    manifest.source.config (sliding-window settings live only there)."""
+def validate_model(model: Any) -> None:
+    """Raise ModelDescError for the first rule `model` (manifest.model) breaks. The description
+    is all an engine reads: never manifest.source.config (FORMAT.md §7)."""
     if not isinstance(model, dict):
         raise ModelDescError("model", "must be an object")
     _choice(model, "arch", ARCHS)
@@ -146,7 +146,6 @@ def validate_model(model: Any, source: Any = None) -> None:
     _layers(model)
     _linear_attention(model)
     _moe(model)
-    _source(model["arch"], source if isinstance(source, dict) else {})
 
 
 def _rope_scaling(m: dict) -> None:
@@ -182,6 +181,7 @@ def _attention(m: dict) -> None:
             raise ModelDescError("attention.rotary_dim", "must be even (rotary pairs)")
         _bool(m, "attention.qkv_bias")
         _bool(m, "attention.output_gate")
+        _int(m, "attention.sliding_window", optional=True)  # absent or null: no window
         if _get(m, "attention.qk_norm_scope") is not None:
             _choice(m, "attention.qk_norm_scope", ("head", "all_heads"))
         return
@@ -262,13 +262,3 @@ def _moe(m: dict) -> None:
         raise ModelDescError("moe.shared_expert_gate", "needs num_shared_experts >= 1")
     _choice(m, "moe.scoring", ("softmax", "sigmoid"))
     _number(m, "moe.routed_scaling_factor", lambda v: v > 0, "> 0", default=1.0)
-
-
-def _source(arch: str, src: dict) -> None:
-    """Attention settings only the source config carries (manifest.source.config)."""
-    if arch == "mixtral" and src.get("sliding_window") is not None:
-        lo, hi = SOURCE_INT_BOUNDS["sliding_window"]
-        check_int(src["sliding_window"], "source.config.sliding_window", lo, hi)
-    if arch == "qwen3_moe" and src.get("use_sliding_window") is True:
-        raise ModelDescError("source.config.use_sliding_window",
-                             "sliding-window attention of qwen3_moe is not supported")

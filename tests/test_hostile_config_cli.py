@@ -74,8 +74,10 @@ ENGINE_REFUSES = [
     ("rms_norm_eps", 0, "'rms_norm_eps' must be a finite number in (0, 1)"),
     ("rms_norm_eps", -1e-5, "'rms_norm_eps' must be a finite number in (0, 1)"),
     ("rms_norm_eps", float("inf"), "'rms_norm_eps' must be a finite number in (0, 1)"),
-    ("sliding_window", -4, "'sliding_window' must be an integer in 1.."),
-    ("sliding_window", 0, "'sliding_window' must be an integer in 1.."),
+    ("sliding_window", -4, "'sliding_window' (model description attention.sliding_window) "
+                           "must be an integer in 1.."),
+    ("sliding_window", 0, "'sliding_window' (model description attention.sliding_window) "
+                          "must be an integer in 1.."),
     ("num_hidden_layers", 0, "'num_hidden_layers' must be an integer in 1..4096, got 0"),
     ("num_key_value_heads", 3, "'num_attention_heads' must be a multiple of "
                                "num_key_value_heads (3)"),

@@ -19,7 +19,7 @@ class MixtralAdapter(Adapter):
         m.update(self.gqa_heads(m["hidden_size"]))
         m.update({
             "qk_norm": False,
-            "attention": {"kind": "gqa"},
+            "attention": {"kind": "gqa", **self.sliding_window()},
             "layer_kinds": ["moe"] * n,
             "dense_intermediate_size": None,
             "moe": self.softmax_moe(
@@ -28,6 +28,14 @@ class MixtralAdapter(Adapter):
                 norm_topk_prob=True),
         })
         return m
+
+    def sliding_window(self) -> dict:
+        """`attention.sliding_window` when config.json sets one (checked by the shared rules)."""
+        window = self.cfg("sliding_window", default=None)
+        if window is None:
+            return {}
+        self.origin["attention.sliding_window"] = "sliding_window"
+        return {"sliding_window": window}
 
     def moe_prefixes(self, layer: int) -> tuple[str, ...]:
         # Hub checkpoints say block_sparse_moe; transformers >= 5 in memory says mlp.

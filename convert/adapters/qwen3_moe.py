@@ -26,6 +26,10 @@ class Qwen3MoeAdapter(Adapter):
 
     @cached_property
     def model(self) -> dict:
+        if self.cfg("use_sliding_window", default=False) is True:
+            # attention.sliding_window could describe it, but no test compares it with transformers
+            raise SourceError("config.json: 'use_sliding_window' is true: sliding-window "
+                              "attention of qwen3_moe is not supported")
         m = self.common_model()
         experts = self.cfg_int("num_experts", "num_local_experts", field="moe.num_experts")
         kinds = self._kinds(m["num_layers"], experts)

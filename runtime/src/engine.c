@@ -128,8 +128,7 @@ static int plan_for(const mp_container *c, const mpm_config *model, int ctx, int
 }
 
 static int parse_model(const mp_container *c, mpm_config *cfg, char *err, size_t errlen) {
-    const mp_json *src = mp_json_get(mp_json_get(mpc_manifest(c), "source"), "config");
-    return mpm_config_parse(mpc_model(c), src, cfg, err, errlen);
+    return mpm_config_parse(mpc_model(c), cfg, err, errlen);
 }
 
 int mp_plan(const char *path, int ctx, mp_plan_info *out, char *err, size_t errlen) {

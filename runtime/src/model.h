@@ -60,11 +60,10 @@ typedef struct mpm_config {
     int kv_f16;     /* KV cache entries as IEEE f16: the engine's choice (mp_config.kv), not the manifest's */
 } mpm_config;
 
-/* Parses manifest.model (and, for rope details, manifest.source.config, which may be NULL).
+/* Parses manifest.model, the only part of the manifest the engine reads (FORMAT.md §7).
  * Returns 0 or MP_EFORMAT/MP_EUNSUPPORTED with a message in err.  Call mpm_config_free after
  * it either way. */
-int mpm_config_parse(const mp_json *model, const mp_json *source_config, mpm_config *c,
-                     char *err, size_t errlen);
+int mpm_config_parse(const mp_json *model, mpm_config *c, char *err, size_t errlen);
 void mpm_config_free(mpm_config *c);
 int mpm_config_moe_layers(const mpm_config *c);
 

@@ -114,8 +114,7 @@ static int parse_linear(const mp_json *m, mpm_config *c, char *err, size_t errle
     return 0;
 }
 
-int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *err,
-                     size_t errlen) {
+int mpm_config_parse(const mp_json *m, mpm_config *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     c->bos = -1;
     if (mp_json_type_of(m) != MP_JSON_OBJECT) FAIL(MP_EFORMAT, "manifest.model must be an object");
@@ -170,13 +169,6 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
             FAIL(MP_EUNSUPPORTED, "manifest.model: rope_scaling type %s is not supported (yarn)", t);
         }
     }
-    /* sliding-window attention lives only in the source config (not in manifest.model) */
-    if (c->arch == MPM_MIXTRAL &&
-        (rc = get_opt_int(src, "source.config.", "sliding_window", 1, INT64_MAX, 0, &c->sliding_window, err, errlen)))
-        return rc;
-    if (c->arch == MPM_QWEN3_MOE && get_bool(src, "use_sliding_window", 0))
-        FAIL(MP_EUNSUPPORTED, "manifest.model: source.config.use_sliding_window: qwen3_moe with sliding-window attention is not supported");
-
     const mp_json *at = mp_json_get(m, "attention");
     const char *kind = mp_json_as_str(mp_json_get(at, "kind"), NULL);
     if (!kind) FAIL(MP_EFORMAT, "manifest.model: attention.kind must be gqa or mla");
@@ -190,14 +182,13 @@ int mpm_config_parse(const mp_json *m, const mp_json *src, mpm_config *c, char *
             (rc = get_int(at, a, "v_head_dim", 1, MAX_HEAD_DIM, &c->v_head_dim, err, errlen)))
             return rc;
         if (c->qk_rope_dim % 2) FAIL(MP_EFORMAT, "manifest.model: attention.qk_rope_head_dim must be even");
-        /* absent in containers written before it was described: DeepSeek-V3's source config */
-        int dflt = c->arch == MPM_DEEPSEEK_V3 ? get_bool(src, "rope_interleave", 1) : 1;
-        if ((rc = get_opt_bool(at, "attention.", "rope_interleave", dflt, &c->rope_interleave, err, errlen))) return rc;
+        if ((rc = get_opt_bool(at, "attention.", "rope_interleave", 1, &c->rope_interleave, err, errlen))) return rc;
     } else if (!strcmp(kind, "gqa")) {
         const char *a = "attention.";
         if ((rc = get_opt_int(at, a, "rotary_dim", 2, c->head_dim, c->head_dim, &c->rotary_dim, err, errlen)) ||
             (rc = get_opt_bool(at, a, "qkv_bias", 0, &c->qkv_bias, err, errlen)) ||
-            (rc = get_opt_bool(at, a, "output_gate", 0, &c->attn_gate, err, errlen)))
+            (rc = get_opt_bool(at, a, "output_gate", 0, &c->attn_gate, err, errlen)) ||
+            (rc = get_opt_int(at, a, "sliding_window", 1, INT64_MAX, 0, &c->sliding_window, err, errlen)))
             return rc;
         if (c->rotary_dim % 2) FAIL(MP_EFORMAT, "manifest.model: attention.rotary_dim must be even (rotary pairs)");
         const mp_json *sc = mp_json_get(at, "qk_norm_scope");
