@@ -6,14 +6,16 @@ whole) and, for every weight shard, either the real file (downloaded and SHA-256
 moepack.fetch, recorded in its verified record) or a *stand-in*: the shard's safetensors header,
 fetched by an HTTP range request, in a sparse file of the shard's size. With stand-ins the folder
 is a complete checkpoint for planning (headers only), so the ordinary pipeline plans, journals
-and finalizes; this module's executor runs the tasks in waves: it takes the next tasks in file
-order whose shards fit the bound together, turns every real shard no task of the wave needs back
-into a stand-in (freeing its blocks), downloads the missing ones, and runs the wave with the
-local workers. A shard is released as soon as no remaining task needs it. No task runs unless
-all its shards are real. kill -9 at any point, then the same command: journaled units are skipped,
-verified shards kept, an interrupted download resumed; the container is byte-identical to a
-local conversion (the manifest's source hashes are the hub's SHA-256, which every download is
-checked against; a downloaded shard's header must equal its stand-in's).
+and finalizes; this module's executor runs the tasks in waves: the next tasks in file order
+whose shards fill at most half the bound together. While a wave runs on the local workers, the
+next wave's shards download beside it, within the bound; room is made by turning real shards
+back into stand-ins (freeing their blocks), the one needed again last first, never one the
+running wave reads. No task runs unless all its shards are real. kill -9 at any point, then
+the same command: journaled units are skipped, verified shards kept, an interrupted download of
+the first wave resumed (a cut prefetch is dropped: it would exceed the bound); the container is
+byte-identical to a local conversion (the manifest's source hashes are the hub's SHA-256,
+which every download is checked against; a downloaded shard's header must equal its
+stand-in's).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import bisect
 import os
 import shutil
 import struct
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +54,7 @@ class StreamStats:
     shards_downloaded: int = 0
     peak_staged: int = 0           # most real shard bytes on disk at once
     waves: int = 0
+    prefetched: int = 0            # shards downloaded while a wave was encoding
 
 
 @dataclass
@@ -179,11 +183,33 @@ def pieces(tasks: list[Task], done: Mapping[str, str], files: _Files) -> list[Pi
     return out
 
 
+def plan_waves(work: list[Piece], sizes: Mapping[str, int],
+               bound: int) -> list[tuple[list[Piece], frozenset]]:
+    """Pieces grouped in order into waves whose shards fill at most half the bound (a piece
+    that needs more is a wave alone), so the next wave's shards can download while one runs."""
+    waves: list[tuple[list[Piece], frozenset]] = []
+    for piece in work:
+        if waves:
+            wave, need = waves[-1]
+            if sum(sizes[n] for n in need | piece[1]) <= bound // 2:
+                waves[-1] = (wave + [piece], need | piece[1])
+                continue
+        waves.append(([piece], piece[1]))
+    return waves
+
+
+def in_order(names: Iterable[str], wave: list[Piece]) -> list[str]:
+    """`names` in the order the wave's pieces first use them."""
+    return sorted(names, key=lambda n: min(i for i, (_, nd) in enumerate(wave) if n in nd))
+
+
 class StreamExecutor:
     def __init__(self, hub: _Hub, sizes: Mapping[str, int], bound: int, jobs: int,
                  rep: Reporter, stats: StreamStats) -> None:
         self.hub, self.sizes, self.bound, self.jobs = hub, sizes, bound, jobs
         self.rep, self.stats = rep, stats
+        self.prefetch_error: BaseException | None = None
+        self.uses: dict[str, list[int]] = {}   # shard -> the waves that need it, ascending
 
     def real(self) -> set[str]:
         return {n for n in self.sizes if self.hub.verified(n)}
@@ -211,22 +237,72 @@ class StreamExecutor:
             if left[msg[1]] == 0:
                 on_message(("task_done", msg[1], rss[msg[1]]))
 
-        while work:
-            wave, need = [], frozenset()
-            for piece in work:
-                more = need | piece[1]
-                if wave and sum(self.sizes[n] for n in more) > self.bound:
-                    break
-                wave.append(piece)
-                need = more
-            self._keep_only(need)
-            for name in sorted(need - self.real(), key=lambda n: min(
-                    i for i, (_, nd) in enumerate(wave) if n in nd)):
+        waves = plan_waves(work, self.sizes, self.bound)
+        self.uses = {}
+        for k, (_, need) in enumerate(waves):
+            for name in need:
+                self.uses.setdefault(name, []).append(k)
+        self._drop_partials(waves[0][1])
+        for k, (wave, need) in enumerate(waves):
+            for name in in_order(need - self.real(), wave):  # what no prefetch brought
+                self._make_room(name, need, k)
                 self._fetch(cfg.src, name)
+            later = waves[k + 1] if k + 1 < len(waves) else ([], frozenset())
+            prefetch = threading.Thread(target=self._prefetch, name="moepack-prefetch",
+                                        args=(cfg.src, in_order(later[1] - self.real(), later[0]),
+                                              need, k + 1),
+                                        daemon=True)  # an error stops the run, not a download
+            self.prefetch_error = None
+            prefetch.start()
             self.stats.waves += 1
             run_tasks(cfg, [t for t, _ in wave], done, self.jobs, relay)
-            work = work[len(wave):]
-            self._keep_only(frozenset().union(*(nd for _, nd in work)))
+            prefetch.join()
+            if self.prefetch_error is not None:
+                raise self.prefetch_error
+        for name in self.real():
+            self._release(name)
+
+    def _prefetch(self, stage: Path, names: list[str], running: frozenset, k: int) -> None:
+        """While a wave runs: download wave k's shards, in order, as long as room can be made
+        without touching the running wave's shards (the rest is downloaded after the wave)."""
+        try:
+            for name in names:
+                if not self._make_room(name, running, k):
+                    return
+                self._fetch(stage, name)
+                self.stats.prefetched += 1
+        except BaseException as e:  # raised by the coordinator after the wave
+            self.prefetch_error = e
+
+    def _next_use(self, name: str, k: int) -> float:
+        uses = self.uses.get(name, [])
+        i = bisect.bisect_left(uses, k)
+        return uses[i] if i < len(uses) else float("inf")
+
+    def _make_room(self, name: str, protect: frozenset, k: int) -> bool:
+        """Room for shard `name` (next used by wave k) within the bound: release shards not in
+        `protect`, the one used again last first, never one needed sooner than `name`."""
+        real = self.real()
+        free = self.bound - sum(self.sizes[n] for n in real)
+        for victim in sorted(real - protect, key=lambda n: -self._next_use(n, k)):
+            if free >= self.sizes[name] or self._next_use(victim, k) <= k:
+                break
+            self._release(victim)
+            free += self.sizes[victim]
+        return free >= self.sizes[name]
+
+    def _release(self, name: str) -> None:
+        path = self.hub.stage / name
+        _write_standin(self.hub.stage, name, _read_prefix(path), self.sizes[name])
+        self.rep.transfer(self.stats.downloaded, sum(self.sizes[n] for n in self.real()))
+
+    def _drop_partials(self, keep: frozenset) -> None:
+        """An interrupted prefetch's NAME.incomplete would sit beside the first wave's shards,
+        over the bound: it goes (at most one shard of download is redone)."""
+        for name in set(self.sizes) - keep:
+            part = self.hub.stage / f"{name}.incomplete"
+            if part.is_file() and not part.is_symlink():
+                part.unlink()
 
     def _fetch(self, stage: Path, name: str) -> None:
         standin = _read_prefix(stage / name)
@@ -240,12 +316,6 @@ class StreamExecutor:
         staged = sum(self.sizes[n] for n in self.real())
         self.stats.peak_staged = max(self.stats.peak_staged, staged)
         self.rep.transfer(self.stats.downloaded, staged)
-
-    def _keep_only(self, keep: frozenset) -> None:
-        for name in self.real() - keep:
-            path = self.hub.stage / name
-            _write_standin(self.hub.stage, name, _read_prefix(path), self.sizes[name])
-        self.rep.transfer(self.stats.downloaded, sum(self.sizes[n] for n in self.real()))
 
 
 def _weight_files(stage: Path) -> list[str]:
@@ -339,7 +409,7 @@ def convert_from_hub(source: str, out: str | Path, settings: Settings, *, stagin
                       reporter=rep, pause_per_unit=pause_per_unit, known_files=known,
                       execute=execute)
     facts.update(downloaded=stats.downloaded, shards_downloaded=stats.shards_downloaded,
-                 peak_staged=stats.peak_staged, waves=stats.waves)
+                 peak_staged=stats.peak_staged, waves=stats.waves, prefetched=stats.prefetched)
     _remove_staging(stage, files)
     return summary, facts
 

@@ -16,6 +16,8 @@ import pytest
 from hub_server import HubRepo, HubServer
 from moepack.convert.pipeline import convert
 from moepack.convert.settings import Settings
+from moepack.convert.stream import plan_waves
+from moepack.convert.tasks import Task
 from tiny_models import make_checkpoint
 
 pytestmark = [pytest.mark.network]
@@ -82,6 +84,7 @@ def test_streamed_with_a_small_bound_is_byte_identical(hub, checkpoint, referenc
     s = doc["stream"]
     assert 0 < s["peak_staged"] <= bound(checkpoint) < s["source_bytes"] == total
     assert s["downloaded"] == total and s["waves"] >= 2   # each shard once, in several waves
+    assert s["prefetched"] >= 1      # some shards downloaded while a wave encoded, within bound
     staged = [d["staged"] for d in progress if "staged" in d]
     assert max(staged) == s["peak_staged"] and min(staged) < max(staged)   # released as it goes
     assert progress[-1]["phase"] == "finished" and progress[-1]["downloaded"] == total
@@ -125,3 +128,12 @@ def test_kill_9_then_rerun_redoes_only_missing_work(hub, checkpoint, reference, 
     assert out.read_bytes() == reference
     assert doc["resumed_units"] >= 6
     assert doc["stream"]["downloaded"] < sum(shard_sizes(checkpoint))  # kept shards reused
+
+
+def test_waves_fill_half_the_bound_so_the_next_can_download_meanwhile():
+    sizes = {"a": 4, "b": 4, "c": 4, "d": 9}
+    needs = [{"a"}, {"a"}, {"b"}, {"b", "c"}, {"d"}]
+    work = [(Task(f"t{i}", ()), frozenset(n)) for i, n in enumerate(needs)]
+    waves = plan_waves(work, sizes, 10)
+    assert [[t.key for t, _ in w] for w, _ in waves] == [["t0", "t1"], ["t2"], ["t3"], ["t4"]]
+    assert [sorted(n) for _, n in waves] == [["a"], ["b"], ["b", "c"], ["d"]]
