@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import numpy as np
 from moepack.convert.st_writer import write_safetensors
 
 from bench import convert_rates
+from bench.machine import cpu_model, git_commit, utc_now
 
 HIDDEN, INTER, EXPERTS, VOCAB = 1024, 512, 32, 1024
 
@@ -102,24 +102,6 @@ def _run(src: Path, out: Path, how: list[str], extra: list[str]) -> dict:
     return summary
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-gb", type=float, default=1.0, help="expert bytes of the source (bf16)")
@@ -166,8 +148,8 @@ def main(argv: list[str] | None = None) -> None:
                 outputs[-1].unlink()
         for r in rows:
             r["scaling_vs_first"] = round(rows[0]["seconds"] / r["seconds"], 3)
-        report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                  "commit": _commit(), "cpu": _cpu(), "cores": os.cpu_count(),
+        report = {"date": utc_now(),
+                  "commit": git_commit(), "cpu": cpu_model(), "cores": os.cpu_count(),
                   "load_avg_1m": round(os.getloadavg()[0], 2), "source_bytes": src_bytes,
                   "experts": experts, "expert_shape": [hidden, inter],
                   "convert_args": args.convert_args, "runs": rows,

@@ -21,7 +21,6 @@ Writes bench/results/kernels.json and the "Expert kernels" section of BENCHMARKS
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ import time
 from pathlib import Path
 
 from bench.doc_sections import replace_section
-from bench.run_all import git_commit, lscpu
+from bench.machine import cpu_simd_flags, git_commit, lscpu, utc_now
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "ggml"
@@ -47,8 +46,6 @@ COMMON = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_OPENM
           "-DGGML_BUILD_TESTS=OFF", "-DGGML_BUILD_EXAMPLES=OFF", "-DGGML_CCACHE=OFF"]
 VARIANTS = {"native": ["-DGGML_NATIVE=ON"],
             "avx2": ["-DGGML_NATIVE=OFF", "-DGGML_AVX512=OFF"]}
-SIMD_FLAGS = ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl", "avx512vbmi",
-              "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
 
 
 def log(msg: str) -> None:
@@ -328,14 +325,6 @@ def write_benchmarks_md(section: str) -> None:
     replace_section(ROOT / "BENCHMARKS.md", "kernels", section)
 
 
-def cpu_simd_flags() -> list[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            have = set(line.split(":", 1)[1].split())
-            return [f for f in SIMD_FLAGS if f in have]
-    return []
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="rounds, engines alternating")
@@ -366,7 +355,7 @@ def main() -> None:
     if missing:
         log(f"moepack's side {missing}")
 
-    res = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    res = {"date": utc_now(),
            "commit": git_commit(), "hardware": lscpu(), "cpu_simd_flags": cpu_simd_flags(),
            "cpu": cpu, "load_avg_start": os.getloadavg(), "repeat": a.repeat,
            "variants": variants, "ram_mib": a.ram_mib, "sweeps": a.sweeps,

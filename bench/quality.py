@@ -29,12 +29,10 @@ Results are kept in WORKDIR/results.json (a rerun skips the rows already there u
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -43,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import kl
+from bench.machine import cpu_simd_flags, git_commit, machine_line, utc_now
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "QUALITY.md"
@@ -292,35 +291,16 @@ def _convert(src: Path, out: Path, preset: str, trunk, seed: int = 0) -> float:
     return time.monotonic() - t0
 
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 def environment() -> dict:
-    cpu = "?"
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
-        cpu = (f"{fields.get('Model name', '?').strip()}, {fields.get('CPU(s)', '?').strip()} "
-               f"CPU(s), flags avx2={'avx2' in fields.get('Flags', '')} "
-               f"avx512f={'avx512f' in fields.get('Flags', '')}")
-    except OSError:
-        pass
     versions = {}
     for mod in ("torch", "transformers", "numpy", "llama_cpp"):
         try:
             versions[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001 - absent or broken: say so
             versions[mod] = "not installed"
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
-    return {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": _git("rev-parse", "--short", "HEAD") + (" (+ uncommitted changes)"
-                                                              if dirty and dirty != "?" else ""),
-            "cpu": cpu, "python": platform.python_version(), "versions": versions}
+    return {"date": utc_now(), "commit": git_commit(),
+            "cpu": f"{machine_line()}, flags {' '.join(cpu_simd_flags()) or 'none'}",
+            "python": platform.python_version(), "versions": versions}
 
 
 def describe_model(src: Path) -> dict:

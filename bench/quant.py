@@ -14,9 +14,6 @@ over the real expert count for the demo model.
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +30,7 @@ from moepack.convert.quant import (
 from moepack.format.codecs import codebook_shape, decode, encoded_nbytes
 
 from bench.doc_sections import replace_section
+from bench.machine import git_commit, machine_line, utc_now
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "QUANTIZATION.md"
@@ -126,21 +124,6 @@ def run_group(mats: list[np.ndarray], codec: dict) -> tuple[float, float]:
     return rel_err(pairs), bits
 
 
-def machine() -> str:
-    model = "unknown CPU"
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            model = line.split(":", 1)[1].strip()
-    cpus = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    return f"{model}, {cpus} cores visible (shared), {platform.system()} {platform.machine()}"
-
-
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                         text=True)
-    return out.stdout.strip() or "unknown"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sets, fewer codecs; print only")
@@ -198,9 +181,9 @@ def main() -> None:
     print(rates)
     if args.quick or args.no_write:
         return
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = utc_now()
     body = [
-        f"Measured {now} on {machine()}, commit {commit()}, by `python -m bench.quant`.",
+        f"Measured {now} on {machine_line()}, commit {git_commit()}, by `python -m bench.quant`.",
         f"Synthetic sets: {count} experts of {list(shape)}; bits/weight amortise codebooks over "
         f"{EXPERTS_AMORTISED} experts. Demo: every layer × projection, codebooks over its "
         "8 experts.",

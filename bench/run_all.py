@@ -26,7 +26,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 
 from bench.doc_sections import replace_section
+from bench.machine import git_commit, lscpu
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -50,37 +50,6 @@ def forced_tokens(n: int, vocab: int, seed: int = 12345) -> list[int]:
         x = (1103515245 * x + 12345) % (1 << 31)
         out.append(3 + x % (vocab - 3))
     return out
-
-
-def lscpu() -> dict:
-    keep = ("Model name", "CPU(s)", "Thread(s) per core", "L3 cache", "Flags")
-    out = {}
-    try:
-        txt = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in txt.splitlines():
-            k, _, v = line.partition(":")
-            if k.strip() in keep:
-                v = v.strip()
-                if k.strip() == "Flags":
-                    v = " ".join(f for f in v.split() if f in ("avx2", "fma", "avx512f"))
-                out[k.strip()] = v
-    except (OSError, subprocess.SubprocessError):
-        pass
-    mem = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]
-    out["MemTotal GB"] = round(int(mem) * 1024 / 1e9, 1)
-    out["kernel"] = f"{platform.system()} {platform.release()}"
-    return out
-
-
-def git_commit() -> str:
-    try:
-        c = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                           text=True, timeout=10, cwd=ROOT).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10, cwd=ROOT).stdout
-        return c + ("+dirty" if dirty.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def log(msg: str) -> None:

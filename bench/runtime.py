@@ -13,7 +13,6 @@ speed. Prints a markdown block for docs/RUNTIME.md. The container is deleted unl
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import tempfile
 import time
@@ -23,7 +22,7 @@ from moepack.format.synthetic import mixtral_spec, write_synthetic
 from moepack.runtime.engine import Engine, plan
 
 from bench.disk import drop_cache, random_read
-from bench.verify import commit, hardware
+from bench.machine import git_commit, machine_line, utc_now
 
 
 def build(path: Path, layers: int, experts: int, hidden: int, inter: int, top_k: int) -> float:
@@ -104,9 +103,8 @@ def main() -> None:
             path.unlink(missing_ok=True)
     load1 = os.getloadavg()[0]
     cold_bw = cold["bytes_read"] / cold["io_wait_seconds"] / 1e9 if cold["io_wait_seconds"] else 0
-    now = datetime.datetime.now(datetime.timezone.utc)
-    print(f"### Runtime benchmark ({now:%Y-%m-%d %H:%M} UTC, commit {commit()})\n")
-    print(f"- Hardware: {hardware()}; compute threads {threads}.")
+    print(f"### Runtime benchmark ({utc_now()}, commit {git_commit()})\n")
+    print(f"- Hardware: {machine_line()}; compute threads {threads}.")
     print(f"- Load average (1 min) at start / end: {load0:.1f} / {load1:.1f}.")
     print(f"- Container: synthetic, {size / 1e9:.2f} GB, {a.layers} MoE layers x {a.experts} "
           f"experts, hidden {a.hidden}, moe_intermediate {a.inter}, top-{a.top_k}, rvq 3 stages; "

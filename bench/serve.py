@@ -11,7 +11,6 @@ markdown block for BENCHMARKS.md and writes bench/results/serve.json."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import http.client
 import json
 import os
@@ -24,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.verify import commit, hardware
+from bench.machine import git_commit, machine_line, utc_now
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "def read_config(path):"
@@ -227,8 +226,8 @@ def main() -> None:
             proc.wait(timeout=10)
     run_pt = statistics.median(r["per_token"] for r in runs)
     srv_pt = statistics.median(s["per_token"] for s in serves)
-    res = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "commit": commit(), "hardware": hardware(), "threads": a.threads,
+    res = {"date": utc_now(),
+           "commit": git_commit(), "hardware": machine_line(), "threads": a.threads,
            "load_avg_start_end": [load0, os.getloadavg()[0]], "prompt": PROMPT,
            "tokens": a.tokens, "repeat": a.repeat,
            "run_per_token_ms": 1e3 * run_pt, "serve_per_token_ms": 1e3 * srv_pt,

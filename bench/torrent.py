@@ -15,7 +15,6 @@ Everything is deleted at the end. Prints a markdown block for docs/FETCH.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import shutil
 import tempfile
@@ -33,7 +32,8 @@ from moepack.fetch.torrent import (
 )
 
 from bench.disk import drop_cache, sequential_read
-from bench.verify import build, commit, hardware
+from bench.machine import git_commit, machine_line, utc_now
+from bench.verify import build
 
 
 def transfer(path: Path, torrent: Path,
@@ -85,11 +85,10 @@ def main() -> None:
     gb = size / 1e9
     read_s = gb / disk.gb_per_s
     rate = gb / move_s
-    when = datetime.datetime.now(datetime.timezone.utc)
     print(f"""
-### bench/torrent.py — {when:%Y-%m-%d %H:%M} UTC, commit {commit()}
+### bench/torrent.py — {utc_now()}, commit {git_commit()}
 
-{hardware()}; load average {load0:.1f} → {load1:.1f} (shared machine);
+{machine_line()}; load average {load0:.1f} → {load1:.1f} (shared machine);
 container {gb:.2f} GB, {result.pieces} pieces.
 
 | measurement | value |

@@ -15,11 +15,8 @@ the end. Prints a markdown block for docs/VERIFY.md.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +27,7 @@ from moepack.verify import Report, verify
 from moepack.verify.container import default_threads
 
 from bench.disk import drop_cache, sequential_read
+from bench.machine import git_commit, machine_line, utc_now
 
 HIDDEN, INTER, LAYERS = 2048, 1024, 4
 RECORD = 3 * HIDDEN * INTER * 2  # gate + up + down in f16: 12 MiB
@@ -65,26 +63,6 @@ def blake3_ceiling(mib: int = 256) -> tuple[float, float]:
     blake3.blake3(data).digest()
     return (len(data) / (time.perf_counter() - t0) / 1e9,
             len(data) / (time.process_time() - c0) / 1e9)
-
-
-def hardware() -> str:
-    model = "unknown CPU"
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                model = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return f"{model}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def main() -> None:
@@ -131,8 +109,7 @@ def main() -> None:
     med = statistics.median
     disk_gbs, cold_gbs = med(disk), med(cold)
     print()
-    print(f"- Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
-          f"commit {commit()}, {hardware()}.")
+    print(f"- Measured {utc_now()}, commit {git_commit()}, {machine_line()}.")
     print(f"- Container: {size / 1e9:.2f} GB, {LAYERS} layers of 12 MiB f16 expert records; "
           f"medians of {args.repeat} runs (disk probe: {len(disk)} runs).")
     print("- Cold (O_DIRECT): disk sequential read "

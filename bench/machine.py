@@ -1,0 +1,85 @@
+"""What every benchmark records about the run: commit, date, CPU and the machine line.
+
+One copy for all of bench/: each figure in the documents must say where and at which commit it
+was measured, and the same words should mean the same facts in every record."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SIMD_FLAGS = ("avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl", "avx512vbmi",
+              "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+
+
+def git_commit() -> str:
+    """Short hash of HEAD, `+dirty` when tracked files differ from it; `unknown` without git."""
+    try:
+        def git(*args: str) -> str:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=10, check=True).stdout.strip()
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def utc_now() -> str:
+    """`YYYY-MM-DD HH:MM UTC`, the date format of every record."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def lscpu() -> dict:
+    """CPU model, count, threads per core, L3, the SIMD flags the kernels use, RAM and kernel."""
+    keep = ("Model name", "CPU(s)", "Thread(s) per core", "L3 cache", "Flags")
+    out: dict = {}
+    try:
+        txt = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        txt = ""
+    for line in txt.splitlines():
+        k, _, v = line.partition(":")
+        if k.strip() in keep:
+            v = v.strip()
+            if k.strip() == "Flags":
+                v = " ".join(f for f in v.split() if f in ("avx2", "fma", "avx512f"))
+            out[k.strip()] = v
+    try:
+        mem = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]
+        out["MemTotal GB"] = round(int(mem) * 1024 / 1e9, 1)
+    except (OSError, IndexError, ValueError):
+        pass
+    out["kernel"] = f"{platform.system()} {platform.release()}"
+    return out
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo, else what platform says)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def cpu_simd_flags() -> list[str]:
+    """Which of SIMD_FLAGS the CPU has (the kernel paths the engine can choose from)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in SIMD_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
+def machine_line() -> str:
+    """`MODEL, N CPUs, Linux 6.x`: the hardware sentence of a record."""
+    return f"{cpu_model()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
