@@ -28,7 +28,7 @@ MAX_POSITIONS = 1 << 30
 MAX_GROUPS = 1024                  # MPM_MAX_GROUPS in runtime/src/model.h
 MAX_SHARED_EXPERTS = 1024
 ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax_m2", "kimi_k25",
-         "qwen3_next", "qwen3_5_moe")
+         "qwen3_next", "qwen3_5_moe", "kimi_linear")
 MAX_CONV_KERNEL = 64               # linear attention's causal conv (real: 4)
 
 # Source files (config.json, model.safetensors.index.json, safetensors headers).
@@ -68,6 +68,8 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "linear_attention.key_head_dim": (1, MAX_HEAD_DIM),
     "linear_attention.value_head_dim": (1, MAX_HEAD_DIM),
     "linear_attention.conv_kernel_size": (1, MAX_CONV_KERNEL),
+    "linear_attention.num_heads": (1, MAX_HEADS),
+    "linear_attention.head_dim": (1, MAX_HEAD_DIM),
 }
 # config.json keys that only shape the description (layer patterns): bounded the same way.
 SOURCE_INT_BOUNDS: dict[str, tuple[int, int]] = {
@@ -186,6 +188,9 @@ def _attention(m: dict) -> None:
             _choice(m, "attention.qk_norm_scope", ("head", "all_heads"))
         return
     _bool(m, "attention.rope_interleave")
+    _bool(m, "attention.rope")  # false: the rope dims are used unrotated (Kimi-Linear)
+    _number(m, "attention.latent_norm_eps", lambda v: 0 < v < 1, "in (0, 1)",
+            default=m.get("rms_norm_eps") or 1e-6)
     _int(m, "attention.q_lora_rank", optional=True)
     for field in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         _int(m, f"attention.{field}")
@@ -206,7 +211,7 @@ def _layers(m: dict) -> None:
 
 def _linear_attention(m: dict) -> None:
     """`layer_attention` (optional: absent means every layer full attention) and, when any
-    layer is linear, the `linear_attention` object (Gated DeltaNet)."""
+    layer is linear, the `linear_attention` object (Gated DeltaNet or KDA)."""
     kinds = m.get("layer_attention")
     if kinds is None:
         return
@@ -218,11 +223,14 @@ def _linear_attention(m: dict) -> None:
             raise ModelDescError(f"layer_attention[{i}]", f"must be full or linear, got {k!r}")
     if "linear" not in kinds:
         return
-    if m["attention"]["kind"] != "gqa":
-        raise ModelDescError("layer_attention", "linear layers need attention.kind gqa")
     if not isinstance(m.get("linear_attention"), dict):
         raise ModelDescError("linear_attention", "must be an object")
-    _choice(m, "linear_attention.kind", ("gated_deltanet",))
+    if _choice(m, "linear_attention.kind", ("gated_deltanet", "kda")) == "kda":
+        for field in ("num_heads", "head_dim", "conv_kernel_size"):  # KDA: q, k, v alike
+            _int(m, f"linear_attention.{field}")
+        return
+    if m["attention"]["kind"] != "gqa":
+        raise ModelDescError("layer_attention", "gated_deltanet layers need attention.kind gqa")
     _choice(m, "linear_attention.projection", ("grouped_qkvz", "split"))
     nk = _int(m, "linear_attention.num_key_heads")
     nv = _int(m, "linear_attention.num_value_heads")

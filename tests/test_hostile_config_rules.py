@@ -202,7 +202,7 @@ HYBRID_TABLE: list[tuple[dict[str, Any], str]] = [
     ({"layer_attention": ["linear"]}, "layer_attention"),
     ({"layer_attention": ["linear", "mamba"]}, "layer_attention[1]"),
     ({"linear_attention": None}, "linear_attention"),
-    ({"linear_attention.kind": "kda"}, "linear_attention.kind"),
+    ({"linear_attention.kind": "mamba2"}, "linear_attention.kind"),
     ({"linear_attention.projection": "fused"}, "linear_attention.projection"),
     ({"linear_attention.num_key_heads": 0}, "linear_attention.num_key_heads"),
     ({"linear_attention.num_value_heads": 3}, "linear_attention.num_value_heads"),

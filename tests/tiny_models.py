@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax_m2", "kimi_k25",
-         "qwen3_next", "qwen3_5_moe")
+         "qwen3_next", "qwen3_5_moe", "kimi_linear")
 
 _TINY: dict[str, dict[str, Any]] = {
     "mixtral": dict(vocab_size=67, hidden_size=20, intermediate_size=12, num_hidden_layers=2,
@@ -55,6 +55,17 @@ _TINY: dict[str, dict[str, Any]] = {
                        head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
                        linear_key_head_dim=8, linear_value_head_dim=6, num_experts=5,
                        num_experts_per_tok=2, mlp_only_layers=[1], max_position_embeddings=64),
+    # Kimi-Linear: KDA layers 0, 2, 3 (3 heads of 6 dims), MLA without RoPE at layer 1 (no q
+    # LoRA, 3 heads, rope part 4); dense layer 0, then sigmoid routing over 7 experts + 1 shared
+    "kimi_linear": dict(vocab_size=67, hidden_size=36, intermediate_size=20,
+                        moe_intermediate_size=12, num_hidden_layers=4, num_attention_heads=3,
+                        num_key_value_heads=3, kv_lora_rank=8, q_lora_rank=None,
+                        qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, num_experts=7,
+                        num_experts_per_tok=2, routed_scaling_factor=1.5,
+                        linear_attn_config={"head_dim": 6, "num_heads": 3,
+                                            "short_conv_kernel_size": 4,
+                                            "full_attn_layers": [2], "kda_layers": [1, 3, 4]},
+                        pad_token_id=0, max_position_embeddings=64),
 }
 # Kimi K2.5: the DeepSeek-V3 text model under text_config (hidden 28: partial 8-vectors), with a
 # one-layer vision tower that the converter must skip.
@@ -78,6 +89,7 @@ def tiny_config(arch: str, **overrides: Any):
         DeepseekV3Config,
         Glm4MoeConfig,
         Kimi_K25Config,
+        KimiLinearConfig,
         MiniMaxM2Config,
         MixtralConfig,
         Qwen3_5MoeConfig,
@@ -95,7 +107,8 @@ def tiny_config(arch: str, **overrides: Any):
                               projection_hidden_size=16, tie_word_embeddings=False)
     cls = {"mixtral": MixtralConfig, "qwen3_moe": Qwen3MoeConfig,
            "deepseek_v3": DeepseekV3Config, "glm4_moe": Glm4MoeConfig,
-           "minimax_m2": MiniMaxM2Config, "qwen3_next": Qwen3NextConfig}[arch]
+           "minimax_m2": MiniMaxM2Config, "qwen3_next": Qwen3NextConfig,
+           "kimi_linear": KimiLinearConfig}[arch]
     return cls(**{**_TINY[arch], "bos_token_id": 1, "eos_token_id": 2, **overrides})
 
 

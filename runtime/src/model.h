@@ -19,7 +19,8 @@
 #define MPM_MAX_CHUNK 512 /* the largest: the memory plan picks one in between (mpm_load) */
 
 enum { MPM_MIXTRAL = 0, MPM_QWEN3_MOE, MPM_DEEPSEEK_V3, MPM_GLM4_MOE, MPM_MINIMAX_M2, MPM_KIMI_K25,
-       MPM_QWEN3_NEXT, MPM_QWEN3_5_MOE };
+       MPM_QWEN3_NEXT, MPM_QWEN3_5_MOE, MPM_KIMI_LINEAR };
+enum { MPM_LA_GATED_DELTANET = 0, MPM_LA_KDA }; /* mpm_config.la_kind */
 
 typedef struct mpm_config {
     int arch;
@@ -36,6 +37,8 @@ typedef struct mpm_config {
     double yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_mscale, yarn_mscale_all_dim;
     int64_t yarn_orig_max_pos;
     int rope_interleave; /* DeepSeek: rope dims stored interleaved (pairs 2i, 2i+1) */
+    int mla_no_rope;     /* MLA without rotation: the rope dims are used as they are (Kimi-Linear) */
+    float latent_eps;    /* MLA q_a/kv_a RMSNorm eps */
     int64_t sliding_window; /* Mixtral: attend to the last `sliding_window` positions; 0 = all */
     /* attention */
     int mla;
@@ -57,6 +60,7 @@ typedef struct mpm_config {
     int64_t n_linear; /* linear layers (they have no KV cache) */
     int64_t la_nk, la_nv, la_dk, la_dv, la_conv;
     int la_grouped; /* in_proj_qkvz + in_proj_ba (Qwen3-Next), else qkv, z, b, a */
+    int la_kind;    /* MPM_LA_*; KDA (model_kda.c): la_nk = la_nv heads, la_dk = la_dv */
     int kv_f16;     /* KV cache entries as IEEE f16: the engine's choice (mp_config.kv), not the manifest's */
 } mpm_config;
 

@@ -205,19 +205,20 @@ static void mla(mpm_model *m, int l, int pos, int T, const float *xn, float *out
     const int64_t qd = c->n_heads * qk, od = c->n_heads * c->v_head_dim, lat = R + rope;
     if (c->q_lora_rank) {
         mpk_matmat(m->kern, m->pool, &ly->q_a, xn, T, m->lat);
-        for (int t = 0; t < T; t++) rms_inplace(m->lat + t * c->q_lora_rank, ly->q_a_norm, c->q_lora_rank, c->eps);
+        for (int t = 0; t < T; t++) rms_inplace(m->lat + t * c->q_lora_rank, ly->q_a_norm, c->q_lora_rank, c->latent_eps);
         mpk_matmat(m->kern, m->pool, &ly->q_b, m->lat, T, m->q);
     } else {
         mpk_matmat(m->kern, m->pool, &ly->q, xn, T, m->q);
     }
     mpk_matmat(m->kern, m->pool, &ly->kv_a, xn, T, m->kbuf);
     for (int t = 0; t < T; t++) {
-        rope_tables(m, pos + t);
-        for (int64_t h = 0; h < c->n_heads; h++)
+        const int rot = !c->mla_no_rope; /* Kimi-Linear: the rope dims stay as projected */
+        if (rot) rope_tables(m, pos + t);
+        for (int64_t h = 0; rot && h < c->n_heads; h++)
             rope_apply(m, m->q + t * qd + h * qk + c->qk_nope_dim, c->rope_interleave);
         float *ct = m->kbuf + t * lat;
-        rms_inplace(ct, ly->kv_a_norm, R, c->eps);
-        rope_apply(m, ct + R, c->rope_interleave);
+        rms_inplace(ct, ly->kv_a_norm, R, c->latent_eps);
+        if (rot) rope_apply(m, ct + R, c->rope_interleave);
         mpm_kv_put(m, mpm_kv_row(m, m->kc, ly->kv_slot, pos + t), ct, lat);
     }
     for (int t = 0; t < T; t++) mla_token(m, ly, pos + t, m->q + t * qd, m->att + t * od);

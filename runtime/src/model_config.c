@@ -92,18 +92,27 @@ static int parse_linear(const mp_json *m, mpm_config *c, char *err, size_t errle
         else if (!k || strcmp(k, "full")) FAIL(MP_EFORMAT, "manifest.model: layer_attention[%lld] must be full or linear", (long long)i);
     }
     if (!any) return 0;
-    if (c->mla) FAIL(MP_EFORMAT, "manifest.model: layer_attention: linear layers need attention.kind gqa");
     const mp_json *o = mp_json_get(m, "linear_attention");
     if (mp_json_type_of(o) != MP_JSON_OBJECT) FAIL(MP_EFORMAT, "manifest.model: linear_attention must be an object");
     const char *kind = mp_json_as_str(mp_json_get(o, "kind"), NULL);
-    if (!kind || strcmp(kind, "gated_deltanet"))
-        FAIL(MP_EUNSUPPORTED, "manifest.model: linear_attention.kind must be one of gated_deltanet");
+    if (!kind || (strcmp(kind, "gated_deltanet") && strcmp(kind, "kda")))
+        FAIL(MP_EUNSUPPORTED, "manifest.model: linear_attention.kind must be one of gated_deltanet, kda");
+    const char *a = "linear_attention.";
+    int rc;
+    if (!strcmp(kind, "kda")) { /* one head count and one head size for q, k and v */
+        c->la_kind = MPM_LA_KDA;
+        if ((rc = get_int(o, a, "num_heads", 1, MAX_HEADS, &c->la_nk, err, errlen)) ||
+            (rc = get_int(o, a, "head_dim", 1, MAX_HEAD_DIM, &c->la_dk, err, errlen)) ||
+            (rc = get_int(o, a, "conv_kernel_size", 1, MAX_CONV_KERNEL, &c->la_conv, err, errlen)))
+            return rc;
+        c->la_nv = c->la_nk, c->la_dv = c->la_dk;
+        return 0;
+    }
+    if (c->mla) FAIL(MP_EFORMAT, "manifest.model: layer_attention: gated_deltanet layers need attention.kind gqa");
     const char *proj = mp_json_as_str(mp_json_get(o, "projection"), NULL);
     if (!proj || (strcmp(proj, "grouped_qkvz") && strcmp(proj, "split")))
         FAIL(MP_EFORMAT, "manifest.model: linear_attention.projection must be one of grouped_qkvz, split");
     c->la_grouped = !strcmp(proj, "grouped_qkvz");
-    const char *a = "linear_attention.";
-    int rc;
     if ((rc = get_int(o, a, "num_key_heads", 1, MAX_HEADS, &c->la_nk, err, errlen)) ||
         (rc = get_int(o, a, "num_value_heads", 1, MAX_HEADS, &c->la_nv, err, errlen)) ||
         (rc = get_int(o, a, "key_head_dim", 1, MAX_HEAD_DIM, &c->la_dk, err, errlen)) ||
@@ -128,7 +137,8 @@ int mpm_config_parse(const mp_json *m, mpm_config *c, char *err, size_t errlen) 
     else if (!strcmp(arch, "kimi_k25")) c->arch = MPM_KIMI_K25;
     else if (!strcmp(arch, "qwen3_next")) c->arch = MPM_QWEN3_NEXT;
     else if (!strcmp(arch, "qwen3_5_moe")) c->arch = MPM_QWEN3_5_MOE;
-    else FAIL(MP_EUNSUPPORTED, "architecture %s is not supported (mixtral, qwen3_moe, deepseek_v3, glm4_moe, minimax_m2, kimi_k25, qwen3_next, qwen3_5_moe)", arch);
+    else if (!strcmp(arch, "kimi_linear")) c->arch = MPM_KIMI_LINEAR;
+    else FAIL(MP_EUNSUPPORTED, "architecture %s is not supported (mixtral, qwen3_moe, deepseek_v3, glm4_moe, minimax_m2, kimi_k25, qwen3_next, qwen3_5_moe, kimi_linear)", arch);
     int rc;
 #define INT(key, lo, hi, dst) if ((rc = get_int(m, "", key, lo, hi, &c->dst, err, errlen))) return rc
     INT("vocab_size", 1, MAX_VOCAB, vocab);
@@ -182,6 +192,12 @@ int mpm_config_parse(const mp_json *m, mpm_config *c, char *err, size_t errlen) 
             (rc = get_int(at, a, "v_head_dim", 1, MAX_HEAD_DIM, &c->v_head_dim, err, errlen)))
             return rc;
         if (c->qk_rope_dim % 2) FAIL(MP_EFORMAT, "manifest.model: attention.qk_rope_head_dim must be even");
+        int rope;
+        if ((rc = get_opt_bool(at, "attention.", "rope", 1, &rope, err, errlen))) return rc;
+        c->mla_no_rope = !rope;
+        if (get_num(at, "latent_norm_eps", (double)c->eps, &d) || !(d > 0 && d < 1))
+            FAIL(MP_EFORMAT, "manifest.model: attention.latent_norm_eps must be a finite number in (0, 1)");
+        c->latent_eps = (float)d;
         if ((rc = get_opt_bool(at, "attention.", "rope_interleave", 1, &c->rope_interleave, err, errlen))) return rc;
     } else if (!strcmp(kind, "gqa")) {
         const char *a = "attention.";

@@ -35,6 +35,7 @@ typedef struct mpm_layer {
     int linear, la_nin;
     mpk_mat la_in[4], la_out;
     float *la_conv, *la_dt, *la_A, *la_norm, *conv_st, *rec_st;
+    mpk_mat kda_fa, kda_fb, kda_ga, kda_gb, kda_b; /* KDA: decay and output-gate low-rank pairs, beta */
     float *shared_gate; /* [hidden]: shared expert x sigmoid(shared_gate . x) */
     int kv_slot;        /* GQA: this layer's place in the KV cache (full-attention layers only) */
 } mpm_layer;
@@ -122,6 +123,10 @@ void mpm_linear_attention(mpm_model *m, int layer, int pos, int T, const float *
 void mpm_gated_query(mpm_model *m, const mpm_layer *ly, const float *x, float *q, float *gate);
 void mpm_apply_gate(float *out, const float *gate, int64_t n);
 void mpm_shared_gate(mpm_model *m, const mpm_layer *ly, int T, const float *xn, float *out);
+/* model_kda.c (through model_linear.c's entry points when la_kind is MPM_LA_KDA) */
+int mpm_kda_load(mpm_model *m, void *loader, int layer);
+uint64_t mpm_kda_scratch_floats(const mpm_config *c);
+void mpm_kda_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out);
 /* model.c's tensor loaders for model_linear.c (required tensors) */
 int mpm_load_mat(void *loader, const char *name, int64_t rows, int64_t cols, mpk_mat *out);
 int mpm_load_f32(void *loader, const char *name, uint64_t numel, float **out);

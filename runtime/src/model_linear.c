@@ -1,4 +1,5 @@
-/* Gated DeltaNet linear attention (Qwen3-Next; FORMAT.md §7 `linear_attention`) and the other
+/* Gated DeltaNet linear attention (Qwen3-Next; FORMAT.md §7 `linear_attention`; KDA layers are
+ * model_kda.c's, reached through the same entry points) and the other
  * pieces of that family: (1 + w) RMSNorm weights, the sigmoid output gate of its full-attention
  * layers, the sigmoid gate of its shared expert.
  *
@@ -12,6 +13,7 @@
  * Prompts are processed token by token through the recurrence (the chunkwise-parallel form is not
  * implemented): exact, and any chunk size gives the same bits.  The state is zeroed when a
  * sequence starts (pos 0); it cannot be rolled back (engine.c refuses truncation). */
+#include "linear_ops.h"
 #include "model_internal.h"
 #include "moepack.h"
 #include "seterr.h"
@@ -41,7 +43,9 @@ uint64_t mpm_state_bytes(const mpm_config *c) {
 uint64_t mpm_linear_scratch_bytes(const mpm_config *c) {
     if (!n_linear(c) && !c->attn_gate) return 0;
     /* raw + canonical projections, recurrence output, per-head row; q + gate of a gated query */
-    uint64_t lin = n_linear(c) ? (uint64_t)(2 * proj_dim(c) + c->la_nv * c->la_dv + c->la_dv) : 0;
+    uint64_t lin = !n_linear(c) ? 0
+                   : c->la_kind == MPM_LA_KDA ? mpm_kda_scratch_floats(c)
+                                              : (uint64_t)(2 * proj_dim(c) + c->la_nv * c->la_dv + c->la_dv);
     return 4u * (lin + 2u * (uint64_t)(c->n_heads * c->head_dim));
 }
 
@@ -52,6 +56,7 @@ int mpm_linear_load(mpm_model *m, void *L, int l) {
     const int64_t cd = conv_dim(c);
     char n[160];
     int rc;
+    if (c->la_kind == MPM_LA_KDA) return mpm_kda_load(m, L, l);
 #define LOAD_MAT(suffix, rows, dst)                                                            \
     do {                                                                                       \
         snprintf(n, sizeof n, "layers.%d.linear.%s", l, suffix);                               \
@@ -135,9 +140,11 @@ int mpm_linear_init(mpm_model *m) {
     if (!nl) return 0;
     const int64_t sf = state_floats(c);
     m->lstate = calloc((size_t)(sf * nl), 4);
-    m->lperm = calloc((size_t)proj_dim(c), sizeof *m->lperm);
-    if (!m->lstate || !m->lperm) return MP_ENOMEM;
-    build_perm(c, m->lperm);
+    if (!m->lstate) return MP_ENOMEM;
+    if (c->la_kind != MPM_LA_KDA) { /* KDA's projections are already split */
+        if (!(m->lperm = calloc((size_t)proj_dim(c), sizeof *m->lperm))) return MP_ENOMEM;
+        build_perm(c, m->lperm);
+    }
     int k = 0;
     for (int64_t l = 0; l < c->n_layers; l++) {
         mpm_layer *ly = &m->layers[l];
@@ -162,18 +169,6 @@ void mpm_linear_free(mpm_model *m) {
     free(m->lbuf);
 }
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
-static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
-/* torch.nn.functional.softplus (beta 1, threshold 20) */
-static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-static void l2norm(float *v, int64_t n, float scale) {
-    float ss = 0.0f;
-    for (int64_t i = 0; i < n; i++) ss += v[i] * v[i];
-    float inv = 1.0f / sqrtf(ss + 1e-6f) * scale;
-    for (int64_t i = 0; i < n; i++) v[i] *= inv;
-}
-
 typedef struct {
     mpm_model *m;
     const mpm_layer *ly;
@@ -190,8 +185,8 @@ static void lin_head(void *ctx, size_t h) {
     const float *q = j->cv + kh * dk, *k = j->cv + kd + kh * dk, *v = j->cv + 2 * kd + (int64_t)h * dv;
     const float *z = j->cv + 2 * kd + vd + (int64_t)h * dv;
     const float b = j->cv[2 * kd + 2 * vd + (int64_t)h], a = j->cv[2 * kd + 2 * vd + c->la_nv + (int64_t)h];
-    const float g = -expf(j->ly->la_A[h]) * softplus(a + j->ly->la_dt[h]);
-    const float decay = expf(g), beta = sigm(b);
+    const float g = -expf(j->ly->la_A[h]) * mpl_softplus(a + j->ly->la_dt[h]);
+    const float decay = expf(g), beta = mpl_sigmoid(b);
     float *S = j->ly->rec_st + (size_t)h * (size_t)(dk * dv), *o = j->o + (int64_t)h * dv;
     /* o doubles as scratch for S^T k before holding S^T q */
     for (int64_t e = 0; e < dk * dv; e++) S[e] *= decay;
@@ -201,10 +196,7 @@ static void lin_head(void *ctx, size_t h) {
     for (int64_t i = 0; i < dk; i++) mpk_axpy(S + i * dv, k[i], o, dv);
     for (int64_t jv = 0; jv < dv; jv++) o[jv] = 0.0f;
     for (int64_t i = 0; i < dk; i++) mpk_axpy(o, q[i], S + i * dv, dv);
-    float ss = 0.0f;
-    for (int64_t jv = 0; jv < dv; jv++) ss += o[jv] * o[jv];
-    const float inv = 1.0f / sqrtf(ss / (float)dv + c->eps);
-    for (int64_t jv = 0; jv < dv; jv++) o[jv] = j->ly->la_norm[jv] * (o[jv] * inv) * silu(z[jv]);
+    mpl_gated_rmsnorm(o, j->ly->la_norm, z, dv, c->eps, 0);
 }
 
 void mpm_linear_attention(mpm_model *m, int l, int pos, int T, const float *xn, float *out) {
@@ -212,6 +204,10 @@ void mpm_linear_attention(mpm_model *m, int l, int pos, int T, const float *xn, 
     const mpm_layer *ly = &m->layers[l];
     const int64_t H = c->hidden, P = proj_dim(c), cd = conv_dim(c), K = c->la_conv;
     const int64_t dk = c->la_dk, kd = c->la_nk * dk;
+    if (c->la_kind == MPM_LA_KDA) {
+        mpm_kda_attention(m, l, pos, T, xn, out);
+        return;
+    }
     float *raw = m->lbuf, *cv = raw + P, *o = cv + P;
     if (pos == 0) memset(ly->conv_st, 0, (size_t)state_floats(c) * sizeof(float)); /* new sequence */
     for (int t = 0; t < T; t++) {
@@ -223,21 +219,10 @@ void mpm_linear_attention(mpm_model *m, int l, int pos, int T, const float *xn, 
         }
         for (int64_t jj = 0; jj < P; jj++) cv[jj] = raw[m->lperm[jj]];
         /* depthwise causal conv over [q k v] channels, then silu; the state keeps K-1 inputs */
-        for (int64_t ch = 0; ch < cd; ch++) {
-            float *st = ly->conv_st + ch * (K - 1);
-            const float *w = ly->la_conv + ch * K, xin = cv[ch];
-            float y = 0.0f;
-            for (int64_t i = 0; i < K - 1; i++) y += w[i] * st[i];
-            y += w[K - 1] * xin;
-            if (K > 1) {
-                memmove(st, st + 1, (size_t)(K - 2) * sizeof(float));
-                st[K - 2] = xin;
-            }
-            cv[ch] = silu(y);
-        }
+        mpl_conv_step(cv, cd, ly->la_conv, ly->conv_st, K);
         for (int64_t h = 0; h < c->la_nk; h++) {
-            l2norm(cv + h * dk, dk, 1.0f / sqrtf((float)dk));
-            l2norm(cv + kd + h * dk, dk, 1.0f);
+            mpl_l2norm(cv + h * dk, dk, 1.0f / sqrtf((float)dk));
+            mpl_l2norm(cv + kd + h * dk, dk, 1.0f);
         }
         lin_job j = {m, ly, cv, o};
         mpk_pool_run(m->pool, (size_t)c->la_nv, lin_head, &j);
@@ -258,14 +243,14 @@ void mpm_gated_query(mpm_model *m, const mpm_layer *ly, const float *x, float *q
 
 /* out[i] *= sigmoid(gate[i]) for one token's attention output */
 void mpm_apply_gate(float *out, const float *gate, int64_t n) {
-    for (int64_t i = 0; i < n; i++) out[i] *= sigm(gate[i]);
+    for (int64_t i = 0; i < n; i++) out[i] *= mpl_sigmoid(gate[i]);
 }
 
 /* Shared expert scaled by sigmoid(shared_gate . x) (Qwen3-Next), T tokens. */
 void mpm_shared_gate(mpm_model *m, const mpm_layer *ly, int T, const float *xn, float *out) {
     const int64_t H = m->c.hidden;
     for (int t = 0; t < T; t++) {
-        float s = sigm(mpk_dot(ly->shared_gate, xn + (int64_t)t * H, H));
+        float s = mpl_sigmoid(mpk_dot(ly->shared_gate, xn + (int64_t)t * H, H));
         for (int64_t i = 0; i < H; i++) out[(int64_t)t * H + i] *= s;
     }
 }

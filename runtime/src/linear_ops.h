@@ -1,0 +1,52 @@
+/* Per-token pieces shared by the linear-attention layers (model_linear.c: Gated DeltaNet,
+ * model_kda.c: Kimi Delta Attention): activations, L2 norm, one step of the depthwise causal
+ * conv, the gated RMSNorm of the output.  Header-only so both units inline them. */
+#ifndef MP_LINEAR_OPS_H
+#define MP_LINEAR_OPS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float mpl_silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float mpl_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* torch.nn.functional.softplus (beta 1, threshold 20) */
+static inline float mpl_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* v *= scale / sqrt(sum v^2 + 1e-6) (fla's l2norm) */
+static inline void mpl_l2norm(float *v, int64_t n, float scale) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; i++) ss += v[i] * v[i];
+    float inv = 1.0f / sqrtf(ss + 1e-6f) * scale;
+    for (int64_t i = 0; i < n; i++) v[i] *= inv;
+}
+
+/* One token through a depthwise causal conv of kernel K, then silu, in place over `channels`:
+ * w [channels][K], st [channels][K-1] holds each channel's previous K-1 inputs (oldest first). */
+static inline void mpl_conv_step(float *x, int64_t channels, const float *w, float *st, int64_t K) {
+    for (int64_t ch = 0; ch < channels; ch++) {
+        float *s = st + ch * (K - 1);
+        const float *wc = w + ch * K, xin = x[ch];
+        float y = 0.0f;
+        for (int64_t i = 0; i < K - 1; i++) y += wc[i] * s[i];
+        y += wc[K - 1] * xin;
+        if (K > 1) {
+            memmove(s, s + 1, (size_t)(K - 2) * sizeof(float));
+            s[K - 2] = xin;
+        }
+        x[ch] = mpl_silu(y);
+    }
+}
+
+/* o[i] = w[i] * rmsnorm(o)[i] * act(z[i]) over one head of n values; sigmoid_gate selects
+ * sigmoid (KDA) instead of silu (Gated DeltaNet) */
+static inline void mpl_gated_rmsnorm(float *o, const float *w, const float *z, int64_t n, float eps,
+                                     int sigmoid_gate) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; i++) ss += o[i] * o[i];
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; i++)
+        o[i] = w[i] * (o[i] * inv) * (sigmoid_gate ? mpl_sigmoid(z[i]) : mpl_silu(z[i]));
+}
+
+#endif

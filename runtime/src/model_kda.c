@@ -1,0 +1,122 @@
+/* Kimi Delta Attention (Kimi-Linear; FORMAT.md §7 `linear_attention` kind `kda`): a gated delta
+ * rule whose decay is per channel of each key head instead of per head.
+ *
+ * Per linear layer the state is the last K-1 inputs of the depthwise causal conv over the
+ * [q k v] channels ([3·heads·dk][K-1]) and the recurrent matrix S ([heads][dk][dv], dk = dv).
+ * For each token x:
+ *   [q k v] = silu(causal_conv([Wq x, Wk x, Wv x]))
+ *   q, k L2-normalised per head (eps 1e-6), q /= sqrt(dk)
+ *   g = -exp(A_log[h]) * softplus(Wfb (Wfa x) + dt_bias)        (per channel)
+ *   beta = sigmoid(Wb x)                                         (per head)
+ *   S = diag(exp(g)) S;  S += k (x) ((v - S^T k) * beta);  o = S^T q
+ *   out = Wout (rmsnorm(o) * norm_w * sigmoid(Wgb (Wga x)))     (per head)
+ * Token by token, like model_linear.c: any chunk size gives the same bits. */
+#include "linear_ops.h"
+#include "model_internal.h"
+#include "moepack.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* per token: [q k v] after the conv, decay, output gate, o, beta, one low-rank vector */
+uint64_t mpm_kda_scratch_floats(const mpm_config *c) {
+    const uint64_t qd = (uint64_t)(c->la_nk * c->la_dk);
+    return 6u * qd + (uint64_t)c->la_nk + (uint64_t)c->la_dk;
+}
+
+int mpm_kda_load(mpm_model *m, void *L, int l) {
+    const mpm_config *c = &m->c;
+    mpm_layer *ly = &m->layers[l];
+    const int64_t H = c->hidden, nh = c->la_nk, dk = c->la_dk, qd = nh * dk, K = c->la_conv;
+    char n[160];
+    int rc;
+#define NAME(suffix) snprintf(n, sizeof n, "layers.%d.linear.%s", l, suffix)
+    static const char *const QKV[3] = {"q", "k", "v"}, *const CONV[3] = {"q_conv", "k_conv", "v_conv"};
+    ly->la_nin = 3;
+    for (int i = 0; i < 3; i++) {
+        NAME(QKV[i]);
+        if ((rc = mpm_load_mat(L, n, qd, H, &ly->la_in[i]))) return rc;
+    }
+    /* the three convs as one [3·qd][K] weight, the channel order of [q k v] */
+    if (!(ly->la_conv = malloc((size_t)(3 * qd * K) * sizeof(float)))) return MP_ENOMEM;
+    for (int i = 0; i < 3; i++) {
+        float *w;
+        NAME(CONV[i]);
+        if ((rc = mpm_load_f32(L, n, (uint64_t)(qd * K), &w))) return rc;
+        memcpy(ly->la_conv + (int64_t)i * qd * K, w, (size_t)(qd * K) * sizeof(float));
+        free(w);
+    }
+    struct { const char *name; int64_t rows, cols; mpk_mat *dst; } mats[] = {
+        {"f_a", dk, H, &ly->kda_fa}, {"f_b", qd, dk, &ly->kda_fb}, {"b", nh, H, &ly->kda_b},
+        {"g_a", dk, H, &ly->kda_ga}, {"g_b", qd, dk, &ly->kda_gb}, {"out", H, qd, &ly->la_out}};
+    for (size_t i = 0; i < sizeof mats / sizeof *mats; i++) {
+        NAME(mats[i].name);
+        if ((rc = mpm_load_mat(L, n, mats[i].rows, mats[i].cols, mats[i].dst))) return rc;
+    }
+    NAME("dt_bias");
+    if ((rc = mpm_load_f32(L, n, (uint64_t)qd, &ly->la_dt))) return rc;
+    NAME("A_log");
+    if ((rc = mpm_load_f32(L, n, (uint64_t)nh, &ly->la_A))) return rc;
+    NAME("norm");
+    return mpm_load_f32(L, n, (uint64_t)dk, &ly->la_norm);
+#undef NAME
+}
+
+typedef struct {
+    const mpm_config *c;
+    const mpm_layer *ly;
+    const float *qkv, *decay, *gate, *beta;
+    float *o; /* [heads][dv] */
+} kda_job;
+
+/* one head: per-channel decay, delta-rule update, read-out, sigmoid-gated RMSNorm */
+static void kda_head(void *ctx, size_t h) {
+    const kda_job *j = ctx;
+    const mpm_config *c = j->c;
+    const int64_t dk = c->la_dk, dv = c->la_dv, qd = c->la_nk * dk, at = (int64_t)h * dk;
+    const float *q = j->qkv + at, *k = j->qkv + qd + at, *v = j->qkv + 2 * qd + (int64_t)h * dv;
+    const float *decay = j->decay + at, beta = j->beta[h];
+    float *S = j->ly->rec_st + (size_t)h * (size_t)(dk * dv), *o = j->o + (int64_t)h * dv;
+    for (int64_t i = 0; i < dk; i++)
+        for (int64_t jv = 0; jv < dv; jv++) S[i * dv + jv] *= decay[i];
+    /* o doubles as scratch for S^T k before holding S^T q */
+    memset(o, 0, (size_t)dv * sizeof(float));
+    for (int64_t i = 0; i < dk; i++) mpk_axpy(o, k[i], S + i * dv, dv);
+    for (int64_t jv = 0; jv < dv; jv++) o[jv] = (v[jv] - o[jv]) * beta;
+    for (int64_t i = 0; i < dk; i++) mpk_axpy(S + i * dv, k[i], o, dv);
+    memset(o, 0, (size_t)dv * sizeof(float));
+    for (int64_t i = 0; i < dk; i++) mpk_axpy(o, q[i], S + i * dv, dv);
+    mpl_gated_rmsnorm(o, j->ly->la_norm, j->gate + (int64_t)h * dv, dv, c->eps, 1);
+}
+
+void mpm_kda_attention(mpm_model *m, int l, int pos, int T, const float *xn, float *out) {
+    const mpm_config *c = &m->c;
+    const mpm_layer *ly = &m->layers[l];
+    const int64_t H = c->hidden, nh = c->la_nk, dk = c->la_dk, qd = nh * dk, K = c->la_conv;
+    float *qkv = m->lbuf, *decay = qkv + 3 * qd, *gate = decay + qd, *o = gate + qd;
+    float *beta = o + qd, *low = beta + nh;
+    if (pos == 0) /* a new sequence: conv inputs and S start at zero */
+        memset(ly->conv_st, 0, (size_t)(3 * qd * (K - 1) + nh * dk * c->la_dv) * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        const float *x = xn + (int64_t)t * H;
+        for (int i = 0; i < 3; i++) mpk_matmat(m->kern, m->pool, &ly->la_in[i], x, 1, qkv + i * qd);
+        mpl_conv_step(qkv, 3 * qd, ly->la_conv, ly->conv_st, K);
+        for (int64_t h = 0; h < nh; h++) {
+            mpl_l2norm(qkv + h * dk, dk, 1.0f / sqrtf((float)dk));
+            mpl_l2norm(qkv + qd + h * dk, dk, 1.0f);
+        }
+        mpk_matmat(m->kern, m->pool, &ly->kda_fa, x, 1, low);
+        mpk_matmat(m->kern, m->pool, &ly->kda_fb, low, 1, decay);
+        for (int64_t i = 0; i < qd; i++)
+            decay[i] = expf(-expf(ly->la_A[i / dk]) * mpl_softplus(decay[i] + ly->la_dt[i]));
+        mpk_matmat(m->kern, m->pool, &ly->kda_b, x, 1, beta);
+        for (int64_t h = 0; h < nh; h++) beta[h] = mpl_sigmoid(beta[h]);
+        mpk_matmat(m->kern, m->pool, &ly->kda_ga, x, 1, low);
+        mpk_matmat(m->kern, m->pool, &ly->kda_gb, low, 1, gate);
+        kda_job j = {c, ly, qkv, decay, gate, beta, o};
+        mpk_pool_run(m->pool, (size_t)nh, kda_head, &j);
+        mpk_matmat(m->kern, m->pool, &ly->la_out, o, 1, out + (int64_t)t * H);
+    }
+}

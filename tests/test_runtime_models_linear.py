@@ -1,0 +1,179 @@
+"""Linear-attention hybrids in the C engine against transformers (KDA: Kimi-Linear).
+
+As tests/test_runtime_models.py: a tiny random checkpoint converted by the real converter,
+exported, loaded by transformers (PyTorch fallback kernels: its chunked KDA for prompts, 64
+tokens a chunk) with the routed experts patched to the container's table products; tolerance
+max |Δlogit| <= 1e-4 x max |logit| over 80 positions.  The engine runs the prompt in chunks of
+16 tokens, so both sides cross their chunk boundaries.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from moepack.runtime.engine import Engine, EngineError
+from test_runtime_models import use_spec_expert_numerics
+from tiny_models import make_checkpoint, model_class
+
+N_POS = 80
+CHUNK = 16
+# Kimi-Linear (tests/tiny_models.py): 3 KDA layers of 3 heads x 6 dims, conv kernel 4; one MLA
+# layer with kv_lora 8 + rope part 4
+KDA_LAYERS, KDA_QD, KDA_HEADS, KDA_DIM, CONV = 3, 18, 3, 6, 4
+LATENT = 8 + 4
+# comparisons with transformers use an f32 KV cache (f16 entries round the cached latent)
+EXACT_KV = {"kv": "f32"}
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory):
+    from moepack.convert.export import export
+    from moepack.convert.pipeline import convert
+    from moepack.convert.settings import Settings
+
+    d = tmp_path_factory.mktemp("kimi_linear")
+    make_checkpoint("kimi_linear", d / "src", max_position_embeddings=128)
+    convert(d / "src", d / "m.moepack", Settings())
+    export(d / "m.moepack", d / "hf")
+    ref = model_class("kimi_linear").from_pretrained(d / "hf", dtype=torch.float32).eval()
+    use_spec_expert_numerics(ref, d / "m.moepack")
+    return d / "m.moepack", ref
+
+
+def _tokens(vocab: int, n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocab, n).tolist()
+
+
+def _vocab(ref: torch.nn.Module) -> int:
+    return int(ref.config.vocab_size)
+
+
+def test_description_has_kda_and_unrotated_mla(kimi):
+    from moepack.format.reader import Container
+
+    path, _ = kimi
+    with Container.open(path) as c:
+        m = c.manifest["model"]
+    assert m["layer_attention"] == ["linear", "full", "linear", "linear"]
+    assert m["linear_attention"] == {"kind": "kda", "num_heads": 3, "head_dim": 6,
+                                     "conv_kernel_size": 4}
+    assert m["attention"]["rope"] is False and m["attention"]["q_lora_rank"] is None
+    assert m["layer_kinds"] == ["dense", "moe", "moe", "moe"]
+
+
+def test_logits_match_transformers(kimi):
+    path, ref = kimi
+    toks = _tokens(_vocab(ref), N_POS, seed=0)
+    with torch.no_grad():
+        want = ref(torch.tensor([toks])).logits[0].numpy()
+    with Engine(path, threads=2, chunk=CHUNK, **EXACT_KV) as e:
+        got = e.logits(toks)
+    assert got.shape == want.shape == (N_POS, _vocab(ref))
+    err = np.abs(got - want).max()
+    assert err <= 1e-4 * np.abs(want).max(), (err, np.abs(want).max())
+
+
+def test_greedy_generation_matches_transformers(kimi):
+    path, ref = kimi
+    prompt = _tokens(_vocab(ref), 10, seed=1)
+    ref.generation_config.eos_token_id = None  # neither side may stop early
+    with torch.no_grad():
+        out = ref.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)
+    want = out[0, len(prompt):].tolist()
+    with Engine(path, threads=2, **EXACT_KV) as e:
+        got = list(e.generate(prompt, 32))
+    assert got == want
+
+
+def test_threads_and_chunk_sizes_bit_identical(kimi):
+    path, ref = kimi
+    toks = _tokens(_vocab(ref), N_POS, seed=3)
+    with Engine(path, threads=1, chunk=CHUNK) as e1:
+        base = e1.logits(toks)
+    for threads, chunk in ((2, CHUNK), (2, 1), (1, 45)):
+        with Engine(path, threads=threads, chunk=chunk) as e:
+            np.testing.assert_array_equal(e.logits(toks), base, err_msg=f"{threads} {chunk}")
+
+
+def test_continuation_equals_one_pass(kimi):
+    path, ref = kimi
+    toks = _tokens(_vocab(ref), 40, seed=2)
+    with Engine(path, threads=1, chunk=CHUNK) as e:
+        full = e.logits(toks)
+        e.reset()
+        e.feed(toks[:7])
+        e.feed(toks[7:30])
+        last = e.feed(toks[30:])
+        assert e.position == 40
+    np.testing.assert_array_equal(last, full[-1])
+
+
+def test_plan_counts_state_and_one_latent_cache(kimi):
+    path, ref = kimi
+    with Engine(path, threads=1) as e:
+        p = e.plan()
+        conv = 3 * KDA_QD * (CONV - 1)
+        rec = KDA_HEADS * KDA_DIM * KDA_DIM
+        assert p["state_bytes"] == KDA_LAYERS * 4 * (conv + rec)
+        # the MLA layer alone has a cache: latent + rope part per position, f32 or f16 entries
+        per_token = (p["kv_bytes"] - p["state_bytes"]) / p["ctx"]
+        assert per_token in (LATENT * 4, LATENT * 2), per_token
+        e.feed(_tokens(_vocab(ref), 12, seed=5))
+        with pytest.raises(EngineError, match="cannot be rolled back"):
+            e.truncate(5)
+        assert e.position == 12
+
+
+# KDA description fields: (change under manifest.model, field both validators name)
+KDA_CONFIG = {"architectures": ["KimiLinearForCausalLM"], "vocab_size": 64, "hidden_size": 16,
+              "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 16,
+              "moe_intermediate_size": 8, "num_experts": 4, "num_experts_per_token": 2,
+              "kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 4,
+              "model_max_length": 64, "linear_attn_config": {
+                  "num_heads": 2, "head_dim": 4, "short_conv_kernel_size": 4,
+                  "full_attn_layers": [2], "kda_layers": [1]}}
+KDA_TABLE: list[tuple[dict, str]] = [
+    ({"linear_attention.kind": "kda2"}, "linear_attention.kind"),
+    ({"linear_attention.num_heads": 0}, "linear_attention.num_heads"),
+    ({"linear_attention.num_heads": 4097}, "linear_attention.num_heads"),
+    ({"linear_attention.head_dim": 0}, "linear_attention.head_dim"),
+    ({"linear_attention.head_dim": "6"}, "linear_attention.head_dim"),
+    ({"linear_attention.conv_kernel_size": 65}, "linear_attention.conv_kernel_size"),
+    ({"attention.rope": "no"}, "attention.rope"),
+    ({"attention.latent_norm_eps": 0}, "attention.latent_norm_eps"),
+    ({"attention.latent_norm_eps": 2.0}, "attention.latent_norm_eps"),
+]
+
+
+@pytest.mark.parametrize("change,field", KDA_TABLE, ids=[f"{f}-{c}" for c, f in KDA_TABLE])
+def test_kda_fields_refused_by_both(tmp_path, change: dict, field: str) -> None:
+    import json
+
+    from moepack.convert.plan import described
+    from moepack.format.model_desc import ModelDescError, validate_model
+    from test_hostile_config_rules import _c_refusal, _reseal_model
+
+    adapter = described(KDA_CONFIG)
+    model = json.loads(json.dumps(adapter.model))
+    for key, value in change.items():
+        obj, _, leaf = key.rpartition(".")
+        model[obj][leaf] = value
+    with pytest.raises(ModelDescError) as d:
+        validate_model(model)
+    assert d.value.field == field
+    msg = _c_refusal(_reseal_model(tmp_path, model, adapter.config))
+    assert "manifest.model: " in msg and field in msg, msg
+
+
+def test_kda_base_description_passes_both(tmp_path) -> None:
+    from moepack.convert.plan import described
+    from moepack.runtime.engine import plan
+    from test_hostile_config_rules import _reseal_model
+
+    adapter = described(KDA_CONFIG)
+    assert adapter.model["layer_attention"] == ["linear", "full"]
+    try:  # C parses manifest.model; the base container's tensors are another model's
+        plan(str(_reseal_model(tmp_path, adapter.model, adapter.config)))
+    except EngineError as e:
+        assert "manifest.model" not in str(e), e
