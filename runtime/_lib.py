@@ -29,21 +29,29 @@ def version() -> str:
 
 @dataclass(frozen=True)
 class ContainerCheck:
-    """The C reader's verdict on a file: rc (0 = opens), the stable code of spec/FORMAT.md §11
-    (moepack.format.errors.CODES; "" when rc is not a format error) and the message."""
+    """The C reader's verdict on a file: rc (0 = opens); for a refusal the stable code of
+    spec/FORMAT.md §11.1 (moepack.format.errors.CODES; "" for I/O errors), the field and byte
+    offset (None when the message names none, as FormatError.field / .offset) and the message."""
 
     rc: int
     code: str
+    field: str | None
+    offset: int | None
     message: str
 
 
 def check_container(path: str | os.PathLike) -> ContainerCheck:
     """Open and validate `path` with the C reader (runtime/src/container.c), then close it."""
-    lib = load()
-    fn = lib.mp_container_check_code
+    fn = load().mp_container_check_info
     fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
+                   ctypes.c_size_t, ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p,
                    ctypes.c_size_t]
     fn.restype = ctypes.c_int
-    code, err = ctypes.create_string_buffer(64), ctypes.create_string_buffer(4096)
-    rc = fn(os.fsencode(path), code, len(code), err, len(err))
-    return ContainerCheck(rc, code.value.decode("ascii"), err.value.decode("utf-8", "replace"))
+    code, field = ctypes.create_string_buffer(64), ctypes.create_string_buffer(768)
+    offset, err = ctypes.c_int64(-1), ctypes.create_string_buffer(4096)
+    rc = fn(os.fsencode(path), code, len(code), field, len(field), ctypes.byref(offset), err,
+            len(err))
+    text = field.value.decode("utf-8", "replace")
+    return ContainerCheck(rc, code.value.decode("ascii"), text or None,
+                          None if offset.value < 0 else offset.value,
+                          err.value.decode("utf-8", "replace"))

@@ -59,7 +59,7 @@ def test_both_readers_refuse_with_the_same_reason(lib, tmp_path: Path, name: str
     with pytest.raises(FormatError, match=want.replace(".", r"\.")) as e:
         Container.open(path)
     c = _lib.check_container(path)
-    assert (c.rc, c.code, c.message) == (-2, "blob_name", str(e.value))
+    assert (c.rc, c.code, c.field, c.message) == (-2, "blob_name", e.value.field, str(e.value))
     assert e.value.code == "blob_name" and e.value.field.endswith(".name")
     assert name_problem(name) == HOSTILE[name]  # the spec's rule is safefs's rule
 

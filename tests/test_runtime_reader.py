@@ -1,9 +1,10 @@
 """The C reader (runtime/src/container.c) against the spec vectors and the Python reader.
 
 Every valid vector must open; every invalid one must be refused with the code and substring its
-.expected.json names AND with the Python reader's code and message. Damaged variants (bit flips,
-truncations, rewritten and resealed indexes) must get the same verdict, code and text from both
-readers, and never crash the C side. BLAKE3 is compared with the reference `blake3` package.
+.expected.json names AND with the Python reader's code, field, offset and message. Damaged
+variants (bit flips, truncations, rewritten and resealed indexes) must get the same verdict,
+code, field, offset and text from both readers, and never crash the C side. BLAKE3 is compared
+with the reference `blake3` package.
 
 "The same text" stops at CPython's own words: for JSON syntax errors the Python reader quotes the
 `json` module, whose wording changes between versions (3.13: "Illegal trailing comma before end
@@ -83,7 +84,7 @@ def test_invalid_vector_refused(lib, path):
     assert c.rc == -2, f"rc {c.rc}: {c.message}"  # MP_EFORMAT
     assert expected["error"] in c.message and c.code == expected["code"], c
     py = py_error(path)
-    assert py is not None and py.code == c.code
+    assert py is not None and (py.code, py.field, py.offset) == (c.code, c.field, c.offset), c
     assert same_message(c.message, str(py)), f"\n  C : {c.message}\n  Py: {py}"
 
 
@@ -148,8 +149,9 @@ def test_damaged_variants_same_verdict_and_message(lib, path, tmp_path):
         if py is None:
             assert c.rc == 0, f"variant {i}: Python opens it, C says {c.message}"
         else:
-            assert (c.rc, c.code) == (-2, py.code) and same_message(c.message, str(py)), \
-                f"variant {i}:\n  C : {c}\n  Py: {py.code} {py}"
+            assert (c.rc, c.code, c.field, c.offset) == (-2, py.code, py.field, py.offset) \
+                and same_message(c.message, str(py)), \
+                f"variant {i}:\n  C : {c}\n  Py: {py.code} {py.field} {py.offset} {py}"
 
 
 @pytest.mark.parametrize("bad, detail", [

@@ -6,6 +6,7 @@
 #include "container.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,10 +56,40 @@ struct mp_container {
 };
 
 /* ---------- messages ---------- */
-typedef struct { char *err; size_t errlen; const char *code; } E;
+typedef struct { char *err; size_t errlen; mpc_error_info *info; } E;
 
-/* A format error with its stable code (spec/FORMAT.md §11, moepack.format.errors.CODES). */
-#define FAIL(CODE, ...) (e->code = (CODE), mp_seterr(e->err, e->errlen, MP_EFORMAT, __VA_ARGS__))
+/* A format error "FIELD[ at offset N]: WHY" with its stable code (spec/FORMAT.md §11.1,
+ * moepack.format.errors.CODES). FIELD and N are recorded in e->info by formatting the part of
+ * fmt before its first ": " (with_field = 0: the message names no field; offset as given). */
+__attribute__((format(printf, 5, 6)))
+static int fail_at(E *e, const char *code, int with_field, int64_t offset, const char *fmt, ...) {
+    va_list ap, aq;
+    va_start(ap, fmt);
+    va_copy(aq, ap);
+    if (e->err && e->errlen) vsnprintf(e->err, e->errlen, fmt, ap);
+    mpc_error_info *in = e->info;
+    if (in) {
+        in->code = code; in->field[0] = 0; in->offset = offset;
+        const char *sep = with_field ? strstr(fmt, ": ") : NULL;
+        char pre[128];
+        if (sep && (size_t)(sep - fmt) < sizeof pre) {
+            memcpy(pre, fmt, (size_t)(sep - fmt));
+            pre[sep - fmt] = 0;
+            vsnprintf(in->field, sizeof in->field, pre, aq); /* the field's arguments come first */
+            char *at = NULL;
+            for (char *p = strstr(in->field, " at offset "); p; p = strstr(p + 1, " at offset ")) at = p;
+            if (at && at[11] && strspn(at + 11, "0123456789") == strlen(at + 11)) {
+                in->offset = strtoll(at + 11, NULL, 10);
+                *at = 0;
+            }
+        }
+    }
+    va_end(aq);
+    va_end(ap);
+    return MP_EFORMAT;
+}
+
+#define FAIL(CODE, ...) fail_at(e, CODE, 1, -1, __VA_ARGS__)
 
 typedef char rbuf[600];
 static const char *R(const mp_json *j, char *buf) { mp_json_pyrepr(j, buf, sizeof(rbuf)); return buf; }
@@ -590,10 +621,10 @@ static uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | ((uint64_t)r
 
 static int parse_header(E *e, mp_container *c, const uint8_t *h, uint64_t real) {
     if (real < HEADER_SIZE)
-        return FAIL("truncated", "truncated: file is %llu bytes, shorter than the %d-byte header", U(real), HEADER_SIZE);
+        return fail_at(e, "truncated", 0, -1, "truncated: file is %llu bytes, shorter than the %d-byte header", U(real), HEADER_SIZE);
     int zero = 1;
     for (int i = 0; i < HEADER_SIZE && zero; i++) zero = h[i] == 0;
-    if (zero) return FAIL("unfinished", "unfinished conversion: header is all zero (offset 0, 128 bytes)");
+    if (zero) return fail_at(e, "unfinished", 0, 0, "unfinished conversion: header is all zero (offset 0, 128 bytes)");
     if (memcmp(h, MAGIC, 8) != 0) {
         char hx[17];
         for (int i = 0; i < 8; i++) snprintf(hx + 2 * i, 3, "%02x", h[i]);
@@ -691,7 +722,7 @@ static int open_checked(mp_container *c, E *e) {
     struct stat st;
     if (fstat(c->fd, &st) != 0) return mp_seterr(e->err, e->errlen, MP_EIO, "%s: %s", c->path, strerror(errno));
     if (!S_ISREG(st.st_mode)) {
-        e->code = "not_regular_file";
+        if (e->info) *e->info = (mpc_error_info){"not_regular_file", "file", -1};
         return mp_seterr(e->err, e->errlen, MP_EIO, "%s: not a regular file", c->path);
     }
     uint64_t real = (uint64_t)st.st_size;
@@ -742,11 +773,12 @@ static int open_checked(mp_container *c, E *e) {
     return validate_sections(e, c, mp_json_get(root_obj, "sections"));
 }
 
-mp_container *mpc_open_coded(const char *path, int *rc, const char **code, char *err, size_t errlen) {
-    E ee = {err, errlen, NULL};
+mp_container *mpc_open_info(const char *path, int *rc, mpc_error_info *info, char *err, size_t errlen) {
+    mpc_error_info scratch;
+    E ee = {err, errlen, info ? info : &scratch};
     int r;
     if (err && errlen) err[0] = 0;
-    if (code) *code = NULL;
+    *ee.info = (mpc_error_info){NULL, "", -1};
     if (!path) { r = mp_seterr(err, errlen, MP_EINVAL, "no path"); if (rc) *rc = r; return NULL; }
     mp_container *c = calloc(1, sizeof *c);
     if (!c || !(c->path = strdup(path))) {
@@ -759,13 +791,12 @@ mp_container *mpc_open_coded(const char *path, int *rc, const char **code, char 
     if (c->fd < 0) r = mp_seterr(err, errlen, MP_EIO, "%s: %s", path, strerror(errno));
     else r = open_checked(c, &ee);
     if (rc) *rc = r;
-    if (code) *code = r ? ee.code : NULL;
     if (r) { mpc_close(c); return NULL; }
     return c;
 }
 
 mp_container *mpc_open_rc(const char *path, int *rc, char *err, size_t errlen) {
-    return mpc_open_coded(path, rc, NULL, err, errlen);
+    return mpc_open_info(path, rc, NULL, err, errlen);
 }
 
 mp_container *mpc_open(const char *path, char *err, size_t errlen) { return mpc_open_rc(path, NULL, err, errlen); }
@@ -826,14 +857,17 @@ const mp_blob_info *mpc_blob(const mp_container *c, const char *name) {
 }
 
 MP_API int mp_container_check(const char *path, char *err, size_t errlen) {
-    return mp_container_check_code(path, NULL, 0, err, errlen);
+    return mp_container_check_info(path, NULL, 0, NULL, 0, NULL, err, errlen);
 }
 
-MP_API int mp_container_check_code(const char *path, char *code, size_t codelen, char *err, size_t errlen) {
+MP_API int mp_container_check_info(const char *path, char *code, size_t codelen, char *field, size_t fieldlen,
+                                   int64_t *offset, char *err, size_t errlen) {
     int rc = MP_OK;
-    const char *cd = NULL;
-    mp_container *c = mpc_open_coded(path, &rc, &cd, err, errlen);
+    mpc_error_info info;
+    mp_container *c = mpc_open_info(path, &rc, &info, err, errlen);
     mpc_close(c);
-    if (code && codelen) snprintf(code, codelen, "%s", cd ? cd : "");
+    if (code && codelen) snprintf(code, codelen, "%s", rc && info.code ? info.code : "");
+    if (field && fieldlen) snprintf(field, fieldlen, "%s", rc ? info.field : "");
+    if (offset) *offset = rc ? info.offset : -1;
     return rc;
 }

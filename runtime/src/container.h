@@ -58,9 +58,16 @@ typedef struct mp_container mp_container;
 /* Open + full structural validation. NULL on failure (message in err). *rc (may be NULL) gets
  * MP_OK, MP_EFORMAT, MP_EIO or MP_ENOMEM. */
 mp_container *mpc_open_rc(const char *path, int *rc, char *err, size_t errlen);
-/* The same; on failure *code (may be NULL) gets the stable code of spec/FORMAT.md §11 for a
- * format error (and not_regular_file), or NULL (I/O, memory, argument errors). */
-mp_container *mpc_open_coded(const char *path, int *rc, const char **code, char *err, size_t errlen);
+/* Where a refusal is: its stable code, field and byte offset (spec/FORMAT.md §11). */
+typedef struct {
+    const char *code;  /* §11.1 code of a format error (and not_regular_file); NULL for I/O,
+                        * memory and argument errors */
+    char field[768];   /* header.FIELD, index, index.manifest.KEY…, index.sections[I] ('NAME').KEY…;
+                        * "" when the message names none */
+    int64_t offset;    /* byte offset in the file, -1 when not known */
+} mpc_error_info;
+/* The same; on failure *info (may be NULL) says where. */
+mp_container *mpc_open_info(const char *path, int *rc, mpc_error_info *info, char *err, size_t errlen);
 mp_container *mpc_open(const char *path, char *err, size_t errlen);
 void mpc_close(mp_container *c);
 
@@ -102,7 +109,8 @@ int mpc_read_expert_hashes(const mp_container *c, const mp_bank_info *b, uint8_t
 /* Exported for tests and the Python binding: open + validate + close. Returns MP_OK or an error
  * code with the message in err. */
 MP_API int mp_container_check(const char *path, char *err, size_t errlen);
-/* The same, writing the stable code ("" when none) into code. */
-MP_API int mp_container_check_code(const char *path, char *code, size_t codelen, char *err, size_t errlen);
+/* The same, also writing the refusal's code and field ("" when none) and offset (-1 when none). */
+MP_API int mp_container_check_info(const char *path, char *code, size_t codelen, char *field, size_t fieldlen,
+                                   int64_t *offset, char *err, size_t errlen);
 
 #endif

@@ -75,11 +75,17 @@ static void check_invalid(const char *path) {
     const char *want = doc ? mp_json_as_str(mp_json_get(mp_json_root(doc), "error"), NULL) : NULL;
     const char *want_code = doc ? mp_json_as_str(mp_json_get(mp_json_root(doc), "code"), NULL) : NULL;
     CHECK(want != NULL && want_code != NULL, "%s: no error or code key", exp_path);
-    char code[64];
-    int rc = mp_container_check_code(path, code, sizeof code, err, sizeof err);
+    char code[64], field[768];
+    int64_t offset;
+    int rc = mp_container_check_info(path, code, sizeof code, field, sizeof field, &offset, err, sizeof err);
     CHECK(rc == MP_EFORMAT, "%s: rc %d (%s)", path, rc, err);
     CHECK(want && strstr(err, want), "%s:\n   want substring: %s\n   got: %s", path, want ? want : "?", err);
     CHECK(want_code && !strcmp(code, want_code), "%s: code %s, want %s", path, code, want_code ? want_code : "?");
+    /* the message is "FIELD[ at offset N]: ..." with the field and offset reported */
+    char head[1024];
+    if (offset >= 0 && *field) snprintf(head, sizeof head, "%s at offset %lld: ", field, (long long)offset);
+    else snprintf(head, sizeof head, "%s: ", field);
+    CHECK(!*field || !strncmp(err, head, strlen(head)), "%s: field '%s' offset %lld vs %s", path, field, (long long)offset, err);
     mp_json_free(doc);
     free(text);
 }
