@@ -40,6 +40,109 @@ AVX2 static __m256 lanes_f32(const float *row, const float *x, int64_t n) {
     return acc;
 }
 
+/* Eight codes of a grouped codec from column c (a multiple of 8) as floats: q8 the int8, q6 the
+ * 6-bit code minus 32, q4 the nibble (minus 8 when symmetric). */
+AVX2 static inline __attribute__((always_inline)) __m256 codes8(const uint8_t *q, int64_t c, const int codec,
+                                                                 __m256i off4) {
+    if (codec == MP_CODEC_Q8)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + c))));
+    if (codec == MP_CODEC_Q6) { /* 8 codes = 6 bytes = two 24-bit words k0|k1<<6|k2<<12|k3<<18 */
+        uint32_t lo; /* bytes 0..3 and 4..5 (not one 8-byte load: the tensor may end) */
+        uint16_t hi;
+        memcpy(&lo, q + (c >> 2) * 3, 4);
+        memcpy(&hi, q + (c >> 2) * 3 + 4, 2);
+        uint64_t v = lo | (uint64_t)hi << 32;
+        uint64_t words = (v & 0xffffffu) | (v >> 24) << 32;
+        __m256i u = _mm256_permutevar8x32_epi32(_mm256_castsi128_si256(_mm_cvtsi64_si128((long long)words)),
+                                                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+        __m256i k = _mm256_and_si256(_mm256_srlv_epi32(u, _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18)),
+                                     _mm256_set1_epi32(63));
+        return _mm256_cvtepi32_ps(_mm256_sub_epi32(k, _mm256_set1_epi32(32)));
+    }
+    uint32_t b4; /* q4: nibbles, low nibble = even column */
+    memcpy(&b4, q + (c >> 1), 4);
+    __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128((int)b4)),
+                                                _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+    __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)),
+                                   _mm256_set1_epi32(15));
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(nib, off4));
+}
+
+/* red8 of eight lane vectors at once: lane g is red8(L[g]) in red8's exact order (hadd adds
+ * adjacent lanes twice, the last add joins the 128-bit halves). */
+AVX2 static inline __m256 red8x8(const __m256 L[8]) {
+    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(L[0], L[1]), _mm256_hadd_ps(L[2], L[3]));
+    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(L[4], L[5]), _mm256_hadd_ps(L[6], L[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/* Row r of a grouped codec (q8/q6/q4) times x: row_dot's order (lane = element mod 8 of the
+ * group, multiply then add, red8, scaled part added to the row sum group by group), with eight
+ * full groups' red8s and scale products done in one register (the scalar reduction was most of
+ * the time). */
+AVX2 static inline __attribute__((always_inline)) float grouped_dot(const mpk_mat *w, int64_t r, const float *x,
+                                                                     const int codec) {
+    const int64_t n = w->cols, G = w->group, ng = w->ngroups;
+    const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
+    const int zp = codec == MP_CODEC_Q4 && w->zero_point;
+    const uint8_t *mins = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
+    const uint8_t *q;
+    if (codec == MP_CODEC_Q8) q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p);
+    else if (codec == MP_CODEC_Q6) q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
+    else q = w->data + (zp ? 2 : 1) * (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 2;
+    const __m256i off4 = _mm256_set1_epi32(zp ? 0 : 8);
+    float acc = 0.0f;
+    int64_t g = 0;
+    for (; (g + 8) * G <= n; g += 8) { /* eight full groups (G is a multiple of 8) */
+        __m256 L[8], XL[8];
+        for (int i = 0; i < 8; i++) {
+            __m256 l = _mm256_setzero_ps(), xl = _mm256_setzero_ps();
+            for (int64_t c = (g + i) * G; c < (g + i + 1) * G; c += 8) {
+                __m256 xv = _mm256_loadu_ps(x + c);
+                l = _mm256_add_ps(l, _mm256_mul_ps(codes8(q, c, codec, off4), xv));
+                if (zp) xl = _mm256_add_ps(xl, xv);
+            }
+            L[i] = l;
+            XL[i] = xl;
+        }
+        __m256 part = _mm256_mul_ps(f16x8(sc + 2 * g), red8x8(L));
+        if (zp) part = _mm256_add_ps(part, _mm256_mul_ps(f16x8(mins + 2 * g), red8x8(XL)));
+        float p[8];
+        _mm256_storeu_ps(p, part);
+        for (int i = 0; i < 8; i++) acc += p[i];
+    }
+    for (; g < ng; g++) {
+        int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n, c = c0;
+        __m256 gl = _mm256_setzero_ps(), xl = _mm256_setzero_ps();
+        for (; c + 8 <= c1; c += 8) { /* c is a multiple of 8: c0 is a multiple of G */
+            __m256 xv = _mm256_loadu_ps(x + c);
+            gl = _mm256_add_ps(gl, _mm256_mul_ps(codes8(q, c, codec, off4), xv));
+            if (zp) xl = _mm256_add_ps(xl, xv);
+        }
+        float l[8], lx[8];
+        _mm256_storeu_ps(l, gl);
+        _mm256_storeu_ps(lx, xl);
+        for (; c < c1; c++) {
+            float v;
+            if (codec == MP_CODEC_Q8) v = (float)((const int8_t *)q)[c];
+            else if (codec == MP_CODEC_Q6) {
+                const uint8_t *b = q + (c >> 2) * 3;
+                uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16;
+                v = (float)((int)((u >> ((c & 3) * 6)) & 63) - 32);
+            } else {
+                int nib = (q[c >> 1] >> ((c & 1) * 4)) & 15;
+                v = (float)(zp ? nib : nib - 8);
+            }
+            l[(c - c0) & 7] += v * x[c];
+            lx[(c - c0) & 7] += x[c];
+        }
+        float part = mpk_f16_to_f32(ld16(sc + 2 * g)) * mpk_red8(l);
+        if (zp) part += mpk_f16_to_f32(ld16(mins + 2 * g)) * mpk_red8(lx);
+        acc += part;
+    }
+    return acc;
+}
+
 AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
     const int64_t n = w->cols;
     if (w->codec == MP_CODEC_F32) return hred(lanes_f32((const float *)w->data + r * n, x, n));
@@ -68,91 +171,11 @@ AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
         for (; c < n; c++) l[c & 7] += mpk_f16_to_f32(ld16(row + 2 * c)) * x[c];
         return mpk_red8(l);
     }
-    const int64_t G = w->group, ng = w->ngroups;
-    const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
-    float acc = 0.0f;
-    if (w->codec == MP_CODEC_Q8) {
-        const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
-        for (int64_t g = 0; g < ng; g++) {
-            int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n, c = c0;
-            __m256 gl = _mm256_setzero_ps();
-            for (; c + 8 <= c1; c += 8) {
-                __m128i b = _mm_loadl_epi64((const __m128i *)(q + c));
-                __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-                gl = _mm256_add_ps(gl, _mm256_mul_ps(v, _mm256_loadu_ps(x + c)));
-            }
-            float l[8];
-            _mm256_storeu_ps(l, gl);
-            for (; c < c1; c++) l[(c - c0) & 7] += (float)q[c] * x[c];
-            acc += mpk_f16_to_f32(ld16(sc + 2 * g)) * mpk_red8(l);
-        }
-        return acc;
+    switch (w->codec) {
+    case MP_CODEC_Q8: return grouped_dot(w, r, x, MP_CODEC_Q8);
+    case MP_CODEC_Q6: return grouped_dot(w, r, x, MP_CODEC_Q6);
+    default: return grouped_dot(w, r, x, MP_CODEC_Q4);
     }
-    if (w->codec == MP_CODEC_Q6) { /* 8 codes = 6 bytes = two 24-bit words k0|k1<<6|k2<<12|k3<<18 */
-        const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
-        const __m256i shifts = _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18);
-        const __m256i pick = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-        for (int64_t g = 0; g < ng; g++) {
-            int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n, c = c0;
-            __m256 gl = _mm256_setzero_ps();
-            for (; c + 8 <= c1; c += 8) { /* c is a multiple of 8: c0 is a multiple of G */
-                uint32_t lo; /* bytes 0..3 and 4..5 (not one 8-byte load: the tensor may end) */
-                uint16_t hi;
-                memcpy(&lo, q + (c >> 2) * 3, 4);
-                memcpy(&hi, q + (c >> 2) * 3 + 4, 2);
-                uint64_t v = lo | (uint64_t)hi << 32;
-                uint64_t words = (v & 0xffffffu) | (v >> 24) << 32;
-                __m256i u = _mm256_permutevar8x32_epi32(
-                    _mm256_castsi128_si256(_mm_cvtsi64_si128((long long)words)), pick);
-                __m256i k = _mm256_and_si256(_mm256_srlv_epi32(u, shifts), _mm256_set1_epi32(63));
-                __m256 val = _mm256_cvtepi32_ps(_mm256_sub_epi32(k, _mm256_set1_epi32(32)));
-                gl = _mm256_add_ps(gl, _mm256_mul_ps(val, _mm256_loadu_ps(x + c)));
-            }
-            float l[8];
-            _mm256_storeu_ps(l, gl);
-            for (; c < c1; c++) {
-                const uint8_t *b = q + (c >> 2) * 3;
-                uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16;
-                l[(c - c0) & 7] += (float)((int)((u >> ((c & 3) * 6)) & 63) - 32) * x[c];
-            }
-            acc += mpk_f16_to_f32(ld16(sc + 2 * g)) * mpk_red8(l);
-        }
-        return acc;
-    }
-    /* MP_CODEC_Q4: nibbles, low nibble = even column */
-    const size_t planes = w->zero_point ? 2 : 1;
-    const uint8_t *mins = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
-    const uint8_t *q = w->data + planes * (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 2;
-    const __m256i shifts = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
-    const __m256i pick = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-    const __m256i off = _mm256_set1_epi32(w->zero_point ? 0 : 8);
-    for (int64_t g = 0; g < ng; g++) {
-        int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n, c = c0;
-        __m256 gl = _mm256_setzero_ps(), xl = _mm256_setzero_ps();
-        for (; c + 8 <= c1; c += 8) { /* c is even: c0 is a multiple of G (a multiple of 8) */
-            uint32_t b4;
-            memcpy(&b4, q + (c >> 1), 4);
-            __m256i bytes = _mm256_permutevar8x32_epi32(
-                _mm256_cvtepu8_epi32(_mm_cvtsi32_si128((int)b4)), pick);
-            __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(bytes, shifts), _mm256_set1_epi32(15));
-            __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(nib, off));
-            __m256 xv = _mm256_loadu_ps(x + c);
-            gl = _mm256_add_ps(gl, _mm256_mul_ps(v, xv));
-            xl = _mm256_add_ps(xl, xv);
-        }
-        float l[8], lx[8];
-        _mm256_storeu_ps(l, gl);
-        _mm256_storeu_ps(lx, xl);
-        for (; c < c1; c++) {
-            int nib = (q[c >> 1] >> ((c & 1) * 4)) & 15;
-            l[(c - c0) & 7] += (float)(w->zero_point ? nib : nib - 8) * x[c];
-            lx[(c - c0) & 7] += x[c];
-        }
-        float part = mpk_f16_to_f32(ld16(sc + 2 * g)) * mpk_red8(l);
-        if (w->zero_point) part += mpk_f16_to_f32(ld16(mins + 2 * g)) * mpk_red8(lx);
-        acc += part;
-    }
-    return acc;
 }
 
 /* Rows [r0, r1) times many inputs: one input per lane.  Per input this is exactly row_dot's

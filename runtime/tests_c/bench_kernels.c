@@ -3,6 +3,7 @@
  *
  *   build/rel/bench_kernels [--paths scalar,avx2,avx512vbmi] [--shapes 4096x1536,...]
  *                           [--stages 3,4] [--modes ram,cache] [--seconds 0.15] [--ram-mib 128]
+ *                           [--trunk q8,q6,q4] [--group 32]
  *   (make -C runtime bench-kernels builds and runs it with the defaults)
  *
  * Output: one JSON object per line, fields:
@@ -16,6 +17,8 @@
  *   read_gws     G weights/s of merely reading the same bytes (64-bit loads, one pass over the
  *                projections cycled through): the memory-speed bound for this mode;
  *   experts      distinct projections cycled through.
+ * Trunk codecs (--trunk, "" for none): the same fields where they apply (codec "q8"/"q6"/"q4",
+ * group size "group", gws of mpk_matvec with a float activation; no table), per path and mode.
  * mode "ram": the projections cycled through span --ram-mib (default 128 MiB, beyond a 32 MiB L3),
  * so codes stream from memory; mode "cache": one projection, codes in cache after the first call.
  * The activation is random and fixed; each timed call builds the table and runs the matvec. */
@@ -50,9 +53,52 @@ static int in_list(const char *list, const char *item) {
     return 0;
 }
 
+static void f16_ones(uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++) memcpy(p + 2 * i, "\x00\x3c", 2);
+}
+
+/* mpk_matvec of one trunk codec: copies spread over `ram` bytes (mode ram) or one (cache). */
+static void trunk(const mpk_impl *k, const char *name, int codec, long rows, long cols, long group,
+                  uint8_t *buf, size_t ram, const char *modes, double secs, const float *x, float *y) {
+    mpk_mat m;
+    if (mpk_mat_init(&m, codec, rows, cols, group, 0, buf)) return;
+    size_t nb = (size_t)mpk_mat_nbytes(&m), stride = (nb + 63) & ~(size_t)63, nexp_ram = ram / stride;
+    if (nexp_ram < 1) return;
+    for (size_t e = 0; e < nexp_ram; e++) f16_ones(buf + e * stride, (size_t)(rows * m.ngroups)); /* scales 1.0 */
+    for (int mi = 0; mi < 2; mi++) {
+        const char *mode = mi ? "cache" : "ram";
+        if (!in_list(modes, mode)) continue;
+        size_t nexp = mi ? 1 : nexp_ram, e = 0;
+        double t0 = now();
+        mpk_matvec(k, NULL, &m, x, y);
+        double one = now() - t0;
+        long calls = (long)(secs / 5 / (one > 1e-7 ? one : 1e-7));
+        if (calls < 2) calls = 2;
+        double best = 1e30;
+        for (int blk = 0; blk < 5; blk++) {
+            double a = now();
+            for (long c = 0; c < calls; c++) {
+                m.data = buf + e * stride;
+                e = (e + 1) % nexp;
+                mpk_matvec(k, NULL, &m, x, y);
+            }
+            double t = (now() - a) / (double)calls;
+            best = t < best ? t : best;
+        }
+        double wts = (double)rows * (double)cols;
+        printf("{\"codec\": \"%s\", \"group\": %ld, \"rows\": %ld, \"cols\": %ld, \"shape\": \"%ldx%ld\", "
+               "\"path\": \"%s\", \"mode\": \"%s\", \"threads\": 1, \"gws\": %.3f, \"matvec_us\": %.2f, "
+               "\"bytes_per_weight\": %.4f, \"experts\": %zu, \"check\": %.6g}\n",
+               name, group, rows, cols, rows, cols, mpk_impl_name(k), mode, wts / best / 1e9, best * 1e6,
+               (double)nb / wts, nexp, (double)y[0]);
+        fflush(stdout);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *paths = "scalar,avx2,avx512vbmi", *shapes = "4096x1536,1536x4096,7168x2048,2048x7168";
-    const char *stages = "3,4", *modes = "ram,cache";
+    const char *stages = "3,4", *modes = "ram,cache", *trunks = "q8,q6,q4";
+    long group = 32;
     double secs = 0.15;
     size_t ram = (size_t)128 << 20;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -62,6 +108,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--modes")) modes = argv[i + 1];
         else if (!strcmp(argv[i], "--seconds")) secs = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--ram-mib")) ram = (size_t)atol(argv[i + 1]) << 20;
+        else if (!strcmp(argv[i], "--trunk")) trunks = argv[i + 1];
+        else if (!strcmp(argv[i], "--group")) group = atol(argv[i + 1]);
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -165,6 +213,11 @@ int main(int argc, char **argv) {
                     fflush(stdout);
                 }
             }
+            static const struct { const char *name; int codec; } tc[3] = {
+                {"q8", MP_CODEC_Q8}, {"q6", MP_CODEC_Q6}, {"q4", MP_CODEC_Q4}};
+            for (int ti = 0; ti < 3; ti++)
+                if (in_list(trunks, tc[ti].name))
+                    trunk(k, tc[ti].name, tc[ti].codec, rows, cols, group, buf, ram, modes, secs, x, y);
             sp = strchr(sp, ',');
             if (!sp) break;
             sp++;
