@@ -28,7 +28,7 @@ MAX_POSITIONS = 1 << 30
 MAX_GROUPS = 1024                  # MPM_MAX_GROUPS in runtime/src/model.h
 MAX_SHARED_EXPERTS = 1024
 ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax_m2", "kimi_k25",
-         "qwen3_next", "qwen3_5_moe", "kimi_linear")
+         "qwen3_next", "qwen3_5_moe", "deepseek_v32", "glm_moe_dsa", "kimi_linear")
 MAX_CONV_KERNEL = 64               # linear attention's causal conv (real: 4)
 
 # Source files (config.json, model.safetensors.index.json, safetensors headers).
@@ -55,6 +55,9 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "attention.v_head_dim": (1, MAX_HEAD_DIM),
     "attention.rotary_dim": (2, MAX_HEAD_DIM),
     "attention.sliding_window": (1, (1 << 63) - 1),
+    "attention.dsa.index_n_heads": (1, MAX_HEADS),
+    "attention.dsa.index_head_dim": (2, MAX_HEAD_DIM),
+    "attention.dsa.index_topk": (1, MAX_POSITIONS),
     "moe.num_experts": (1, MAX_EXPERTS),
     "moe.top_k": (1, MAX_EXPERTS),
     "moe.moe_intermediate_size": (1, MAX_INTERMEDIATE),
@@ -197,6 +200,39 @@ def _attention(m: dict) -> None:
     if m["attention"]["qk_rope_head_dim"] % 2:
         raise ModelDescError("attention.qk_rope_head_dim", "must be even (rotary pairs)")
 
+    _dsa(m)
+
+
+def _dsa(m: dict) -> None:
+    """`attention.dsa` (optional, MLA only): DeepSeek Sparse Attention's lightning indexer."""
+    dsa = _get(m, "attention.dsa")
+    if dsa is None:
+        return
+    if not isinstance(dsa, dict):
+        raise ModelDescError("attention.dsa", "must be null or an object")
+    if _get(m, "attention.q_lora_rank") is None:
+        raise ModelDescError("attention.dsa", "needs attention.q_lora_rank (the indexer's "
+                             "queries come from the q LoRA latent)")
+    _int(m, "attention.dsa.index_n_heads")
+    _int(m, "attention.dsa.index_topk")
+    rope = m["attention"]["qk_rope_head_dim"]
+    # the first qk_rope_head_dim dims of each indexer head are rotated
+    check_int(dsa.get("index_head_dim"), "attention.dsa.index_head_dim", lo=rope)
+    if not isinstance(dsa.get("rope_interleave"), bool):
+        raise ModelDescError("attention.dsa.rope_interleave",
+                             f"must be true or false, got {dsa.get('rope_interleave')!r}")
+    types = dsa.get("indexer_types")
+    if not isinstance(types, list) or len(types) != m["num_layers"]:
+        raise ModelDescError("attention.dsa.indexer_types",
+                             f"must list num_layers ({m['num_layers']}) entries")
+    for i, t in enumerate(types):
+        if t not in ("full", "shared"):
+            raise ModelDescError(f"attention.dsa.indexer_types[{i}]",
+                                 f"must be full or shared, got {t!r}")
+    if types[0] != "full":
+        raise ModelDescError("attention.dsa.indexer_types[0]",
+                             "must be full (a shared layer reuses an earlier full layer's "
+                             "selection)")
 
 def _layers(m: dict) -> None:
     kinds = m.get("layer_kinds")

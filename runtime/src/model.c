@@ -127,7 +127,7 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
     uint64_t per_layer = 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +
                                                           c->q_lora_rank + c->kv_lora_rank + c->n_experts) +
                          (c->mla ? 0u : (uint64_t)((2 * c->n_heads + 3 * c->n_kv_heads) * c->head_dim));
-    return mpm_kv_scratch_bytes(c) + 4u * (T * per_tok + 16 * (uint64_t)max64(H, I) +
+    return mpm_kv_scratch_bytes(c) + mpm_dsa_scratch_bytes(c, chunk_tokens) + 4u * (T * per_tok + 16 * (uint64_t)max64(H, I) +
                  (uint64_t)c->vocab + 2 * (uint64_t)c->n_experts + chunk +
                  per_layer * (uint64_t)c->n_layers + (uint64_t)H);
 }
@@ -230,6 +230,7 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
         NAME("layers.%d.attn.kv_a_norm", l); TRY(load_f32(L, n, (uint64_t)c->kv_lora_rank, &ly->kv_a_norm, 1));
         NAME("layers.%d.attn.kv_b", l); TRY(load_mat(L, n, c->n_heads * (c->qk_nope_dim + c->v_head_dim), c->kv_lora_rank, &ly->kv_b, 1));
         NAME("layers.%d.attn.o", l); TRY(load_mat(L, n, H, c->n_heads * c->v_head_dim, &ly->o, 1));
+        if (c->dsa.on) TRY(mpm_dsa_load(m, L, l));
     }
     ly->moe = c->layer_is_moe[l];
     if (!ly->moe) {
@@ -319,7 +320,7 @@ int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void
         mp_seterr(err, errlen, rc, "out of memory allocating the linear-attention state");
         goto fail;
     }
-    if (mpm_kv_alloc(m) || alloc_scratch(m)) {
+    if (mpm_kv_alloc(m) || alloc_scratch(m) || (c->dsa.on && mpm_dsa_alloc(m))) {
         rc = mp_seterr(err, errlen, MP_ENOMEM, "out of memory allocating the KV cache / scratch");
         goto fail;
     }
@@ -355,6 +356,7 @@ void mpm_free(mpm_model *m) {
     free(m->final_norm);
     free(m->inv_freq);
     mpm_kv_free(m);
+    mpm_dsa_free(m);
     void *bufs[] = {m->xn, m->q, m->kbuf, m->vbuf, m->att, m->scores, m->cosb, m->sinb, m->qlat,
                     m->olat, m->lat, m->router_logits, m->moe_out, m->eo, m->g, m->u, m->xr, m->ar,
                     m->selw, m->sel, m->bx, m->bxn, m->bout,

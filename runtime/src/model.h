@@ -22,6 +22,16 @@ enum { MPM_MIXTRAL = 0, MPM_QWEN3_MOE, MPM_DEEPSEEK_V3, MPM_GLM4_MOE, MPM_MINIMA
        MPM_QWEN3_NEXT, MPM_QWEN3_5_MOE, MPM_KIMI_LINEAR };
 enum { MPM_LA_GATED_DELTANET = 0, MPM_LA_KDA }; /* mpm_config.la_kind */
 
+enum { MPM_DEEPSEEK_V32 = 32, MPM_GLM_MOE_DSA }; /* MLA + DeepSeek Sparse Attention (model_dsa.c) */
+
+/* DeepSeek Sparse Attention's lightning indexer (FORMAT.md §7 attention.dsa) */
+typedef struct mpm_dsa_config {
+    int on, rope_interleave; /* rope_interleave: GLM-5; half-split: DeepSeek-V3.2 */
+    int64_t heads, dim, topk;
+    uint8_t *layer_full; /* [n_layers]: 1 runs the indexer, 0 reuses the latest full layer's top-k */
+    int64_t n_full;
+} mpm_dsa_config;
+
 typedef struct mpm_config {
     int arch;
     int64_t vocab, hidden, n_layers, n_heads, n_kv_heads, head_dim, max_pos;
@@ -43,6 +53,7 @@ typedef struct mpm_config {
     /* attention */
     int mla;
     int64_t q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim;
+    mpm_dsa_config dsa;
     /* layers */
     uint8_t *layer_is_moe; /* [n_layers] */
     int64_t dense_inter;

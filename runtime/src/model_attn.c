@@ -90,6 +90,9 @@ static void rope_apply(const mpm_model *m, float *v, int interleaved) {
     }
 }
 
+void mpm_rope_tables(mpm_model *m, int pos) { rope_tables(m, pos); }
+void mpm_rope_apply(const mpm_model *m, float *v, int interleaved) { rope_apply(m, v, interleaved); }
+
 static void rms_inplace(float *v, const float *w, int64_t n, float eps) { mpk_rmsnorm(v, v, w, n, eps); }
 
 /* Attention of the token at pos over this layer's cached positions (sliding window: the last
@@ -186,13 +189,14 @@ static void mla_value(void *ctx, size_t h) {
 }
 
 /* scores against the cached latents, the value read back through kv_b: K and V never expanded */
-static void mla_token(mpm_model *m, const mpm_layer *ly, int pos, const float *q, float *out) {
+static void mla_token(mpm_model *m, const mpm_layer *ly, int pos, int t, const float *q, float *out) {
     const mpm_config *c = &m->c;
     const int64_t R = c->kv_lora_rank, rope = c->qk_rope_dim;
     mla_job j = {m, ly, q, out};
     mpk_pool_run(m->pool, (size_t)c->n_heads, mla_query, &j);
-    const void *C = mpm_kv_row(m, m->kc, ly->kv_slot, 0);
-    mpm_attn_span a = {C, C, pos + 1, c->n_heads, R, rope, R, 0, m->qlat, R + rope, m->olat, R,
+    int64_t n = pos + 1; /* DSA: chunk token t's selected positions */
+    const void *C = c->dsa.on ? mpm_dsa_rows(m, ly->kv_slot, t, &n) : mpm_kv_row(m, m->kc, ly->kv_slot, 0);
+    mpm_attn_span a = {C, C, n, c->n_heads, R, rope, R, 0, m->qlat, R + rope, m->olat, R,
                        m->attn_scale};
     mpm_attend(m, &a);
     mpk_pool_run(m->pool, (size_t)c->n_heads, mla_value, &j);
@@ -221,7 +225,8 @@ static void mla(mpm_model *m, int l, int pos, int T, const float *xn, float *out
         if (rot) rope_apply(m, ct + R, c->rope_interleave);
         mpm_kv_put(m, mpm_kv_row(m, m->kc, ly->kv_slot, pos + t), ct, lat);
     }
-    for (int t = 0; t < T; t++) mla_token(m, ly, pos + t, m->q + t * qd, m->att + t * od);
+    if (c->dsa.on) mpm_dsa_select(m, l, pos, T, xn, m->lat); /* m->lat: the q LoRA latent */
+    for (int t = 0; t < T; t++) mla_token(m, ly, pos + t, t, m->q + t * qd, m->att + t * od);
     mpk_matmat(m->kern, m->pool, &ly->o, m->att, T, out);
 }
 

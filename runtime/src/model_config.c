@@ -123,6 +123,36 @@ static int parse_linear(const mp_json *m, mpm_config *c, char *err, size_t errle
     return 0;
 }
 
+/* attention.dsa (optional, MLA with a q LoRA): DeepSeek Sparse Attention's lightning indexer */
+static int parse_dsa(const mp_json *at, mpm_config *c, char *err, size_t errlen) {
+    const mp_json *o = mp_json_get(at, "dsa");
+    if (!o || mp_json_is_null(o)) return 0;
+    if (mp_json_type_of(o) != MP_JSON_OBJECT) FAIL(MP_EFORMAT, "manifest.model: attention.dsa must be null or an object");
+    if (!c->q_lora_rank) FAIL(MP_EFORMAT, "manifest.model: attention.dsa needs attention.q_lora_rank");
+    mpm_dsa_config *d = &c->dsa;
+    const char *a = "attention.dsa.";
+    int rc;
+    if ((rc = get_int(o, a, "index_n_heads", 1, MAX_HEADS, &d->heads, err, errlen)) ||
+        (rc = get_int(o, a, "index_topk", 1, MAX_POS, &d->topk, err, errlen)) ||
+        (rc = get_int(o, a, "index_head_dim", c->qk_rope_dim, MAX_HEAD_DIM, &d->dim, err, errlen)))
+        return rc;
+    if (mp_json_as_bool(mp_json_get(o, "rope_interleave"), &d->rope_interleave) != 0)
+        FAIL(MP_EFORMAT, "manifest.model: attention.dsa.rope_interleave must be true or false");
+    const mp_json *types = mp_json_get(o, "indexer_types");
+    if (mp_json_type_of(types) != MP_JSON_ARRAY || (int64_t)mp_json_len(types) != c->n_layers)
+        FAIL(MP_EFORMAT, "manifest.model: attention.dsa.indexer_types must list num_layers entries");
+    d->layer_full = calloc((size_t)c->n_layers, 1);
+    if (!d->layer_full) FAIL(MP_ENOMEM, "out of memory");
+    for (int64_t i = 0; i < c->n_layers; i++) {
+        const char *k = mp_json_as_str(mp_json_at(types, (size_t)i), NULL);
+        if (k && !strcmp(k, "full")) d->layer_full[i] = 1, d->n_full++;
+        else if (!k || strcmp(k, "shared")) FAIL(MP_EFORMAT, "manifest.model: attention.dsa.indexer_types[%lld] must be full or shared", (long long)i);
+    }
+    if (!d->layer_full[0]) FAIL(MP_EFORMAT, "manifest.model: attention.dsa.indexer_types[0] must be full (a shared layer reuses an earlier full layer's selection)");
+    d->on = 1;
+    return 0;
+}
+
 int mpm_config_parse(const mp_json *m, mpm_config *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     c->bos = -1;
@@ -137,8 +167,10 @@ int mpm_config_parse(const mp_json *m, mpm_config *c, char *err, size_t errlen) 
     else if (!strcmp(arch, "kimi_k25")) c->arch = MPM_KIMI_K25;
     else if (!strcmp(arch, "qwen3_next")) c->arch = MPM_QWEN3_NEXT;
     else if (!strcmp(arch, "qwen3_5_moe")) c->arch = MPM_QWEN3_5_MOE;
+    else if (!strcmp(arch, "deepseek_v32")) c->arch = MPM_DEEPSEEK_V32;
+    else if (!strcmp(arch, "glm_moe_dsa")) c->arch = MPM_GLM_MOE_DSA;
     else if (!strcmp(arch, "kimi_linear")) c->arch = MPM_KIMI_LINEAR;
-    else FAIL(MP_EUNSUPPORTED, "architecture %s is not supported (mixtral, qwen3_moe, deepseek_v3, glm4_moe, minimax_m2, kimi_k25, qwen3_next, qwen3_5_moe, kimi_linear)", arch);
+    else FAIL(MP_EUNSUPPORTED, "architecture %s is not supported (mixtral, qwen3_moe, deepseek_v3, glm4_moe, minimax_m2, kimi_k25, qwen3_next, qwen3_5_moe, kimi_linear, deepseek_v32, glm_moe_dsa)", arch);
     int rc;
 #define INT(key, lo, hi, dst) if ((rc = get_int(m, "", key, lo, hi, &c->dst, err, errlen))) return rc
     INT("vocab_size", 1, MAX_VOCAB, vocab);
@@ -199,6 +231,7 @@ int mpm_config_parse(const mp_json *m, mpm_config *c, char *err, size_t errlen) 
             FAIL(MP_EFORMAT, "manifest.model: attention.latent_norm_eps must be a finite number in (0, 1)");
         c->latent_eps = (float)d;
         if ((rc = get_opt_bool(at, "attention.", "rope_interleave", 1, &c->rope_interleave, err, errlen))) return rc;
+        if ((rc = parse_dsa(at, c, err, errlen))) return rc;
     } else if (!strcmp(kind, "gqa")) {
         const char *a = "attention.";
         if ((rc = get_opt_int(at, a, "rotary_dim", 2, c->head_dim, c->head_dim, &c->rotary_dim, err, errlen)) ||
@@ -281,6 +314,8 @@ void mpm_config_free(mpm_config *c) {
     c->layer_is_moe = NULL;
     free(c->layer_is_linear);
     c->layer_is_linear = NULL;
+    free(c->dsa.layer_full);
+    c->dsa.layer_full = NULL;
 }
 
 int mpm_config_moe_layers(const mpm_config *c) {

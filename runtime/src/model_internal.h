@@ -18,6 +18,11 @@ typedef struct mpm_layer {
     /* MLA */
     mpk_mat q_a, q_b, kv_a, kv_b;
     float *q_a_norm, *kv_a_norm;
+    /* DSA indexer (model_dsa.c), full layers: queries from the q LoRA latent, one key per token
+     * with a LayerNorm (weight, bias), per-head weights; idx_slot: its key cache, -1 shared */
+    mpk_mat idx_q, idx_k, idx_w;
+    float *idx_kn_w, *idx_kn_b;
+    int idx_slot;
     /* FFN */
     int moe;
     mpk_mat router;
@@ -66,6 +71,11 @@ struct mpm_model {
     float *qlat, *olat, *lat;
     float *router_logits, *moe_out, *eo, *g, *u, *xr, *ar;
     int32_t *sel;
+    /* DSA (model_dsa.c): indexer key cache [full layers][ctx][dim]; per chunk token its indexer
+     * queries, key, head weights, and selected positions (dsa_n of them; -1: all past ones) */
+    float *dsa_kc, *dsa_q, *dsa_k, *dsa_w;
+    int32_t *dsa_sel, *dsa_n;
+    void *dsa_rows; /* one token's selected cache rows, gathered for mpm_attend */
     const uint8_t **recs;
     float *selw;
     int32_t *ahead; /* look-ahead predictions */
@@ -119,6 +129,32 @@ void mpm_attention(mpm_model *m, int layer, int pos, int T, const float *xn, flo
 int mpm_linear_load(mpm_model *m, void *loader, int layer);
 int mpm_linear_init(mpm_model *m); /* after the layers are loaded */
 void mpm_linear_free(mpm_model *m);
+/* RoPE of position pos into the shared cos/sin tables, then rotation of one rope_dim vector */
+void mpm_rope_tables(mpm_model *m, int pos);
+void mpm_rope_apply(const mpm_model *m, float *v, int interleaved);
+/* model_dsa.c: DeepSeek Sparse Attention, one function per step, for any MLA-style layer with
+ * a q LoRA latent.  Load: the indexer weights of a full layer (sets idx_slot).  Memory: the key
+ * cache (part of mpm_kv_bytes) and chunk buffers (part of mpm_scratch_bytes), allocated by
+ * mpm_dsa_alloc after the layers are loaded. */
+int mpm_dsa_load(mpm_model *m, void *loader, int layer);
+uint64_t mpm_dsa_cache_bytes(const mpm_config *c, int ctx);
+uint64_t mpm_dsa_scratch_bytes(const mpm_config *c, int chunk);
+int mpm_dsa_alloc(mpm_model *m);
+void mpm_dsa_free(mpm_model *m);
+/* Steps for T chunk tokens at pos..: keys (LayerNorm, RoPE) into the cache; queries (RoPE) and
+ * head weights (scaled by heads^-1/2); one token's index scores over positions 0..pos (pool
+ * tasks of 64 positions); the top k of n scores (higher score first, ties: lower position),
+ * returned in ascending position order. */
+void mpm_dsa_keys(mpm_model *m, int layer, int pos, int T, const float *xn);
+void mpm_dsa_queries(mpm_model *m, int layer, int pos, int T, const float *xn, const float *qres);
+void mpm_dsa_scores(mpm_model *m, int layer, int t, int pos, float *scores);
+int mpm_dsa_topk(const float *scores, int n, int k, int32_t *sel);
+/* All steps for a chunk on a full layer (shared layers keep the selection); uses m->scores.
+ * Then mpm_dsa_rows gives the cache rows chunk token t attends to, for mpm_attend: with *n =
+ * pos + 1 on entry, either the layer's cache itself (pos + 1 <= top-k: dense attention, same
+ * bits) or its selected rows gathered in ascending position order, *n set to their count. */
+void mpm_dsa_select(mpm_model *m, int layer, int pos, int T, const float *xn, const float *qres);
+const void *mpm_dsa_rows(mpm_model *m, int kv_slot, int t, int64_t *n);
 void mpm_linear_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out);
 void mpm_gated_query(mpm_model *m, const mpm_layer *ly, const float *x, float *q, float *gate);
 void mpm_apply_gate(float *out, const float *gate, int64_t n);

@@ -1,0 +1,228 @@
+/* DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): the lightning indexer picks, per query token,
+ * the index_topk past positions its MLA heads attend to (FORMAT.md §7 `attention.dsa`).
+ *
+ * Per full layer and token: indexer queries from the q LoRA latent (idx_q), one indexer key from
+ * the layer input (idx_k, LayerNorm with bias), both rotated on their first qk_rope_head_dim dims
+ * (half-split or interleaved); score of a past position s = Σ_h w_h · relu(q_h·k_s / √dim) with
+ * w = idx_weights·x / √heads.  The keys are cached per position (one vector per token per full
+ * layer).  Shared layers reuse the latest full layer's selection for the same tokens.  While
+ * pos + 1 <= index_topk every position is selected and the layer is dense MLA, bit for bit. */
+#include "model_internal.h"
+#include "moepack.h"
+#include "seterr.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DSA_LN_EPS 1e-6 /* the indexer key LayerNorm's eps (fixed in both reference models) */
+#define DSA_BLOCK 64    /* positions per scoring task */
+
+int mpm_dsa_load(mpm_model *m, void *L, int l) {
+    const mpm_config *c = &m->c;
+    const mpm_dsa_config *d = &c->dsa;
+    mpm_layer *ly = &m->layers[l];
+    ly->idx_slot = -1;
+    if (!d->layer_full[l]) return 0;
+    int slot = 0;
+    for (int i = 0; i < l; i++) slot += d->layer_full[i];
+    ly->idx_slot = slot;
+    char n[160];
+    int rc;
+#define NAME(s) snprintf(n, sizeof n, "layers.%d.attn.%s", l, s)
+    NAME("idx_q");
+    if ((rc = mpm_load_mat(L, n, d->heads * d->dim, c->q_lora_rank, &ly->idx_q))) return rc;
+    NAME("idx_k");
+    if ((rc = mpm_load_mat(L, n, d->dim, c->hidden, &ly->idx_k))) return rc;
+    NAME("idx_k_norm");
+    if ((rc = mpm_load_f32(L, n, (uint64_t)d->dim, &ly->idx_kn_w))) return rc;
+    NAME("idx_k_norm_bias");
+    if ((rc = mpm_load_f32(L, n, (uint64_t)d->dim, &ly->idx_kn_b))) return rc;
+    NAME("idx_weights");
+    return mpm_load_mat(L, n, d->heads, c->hidden, &ly->idx_w);
+#undef NAME
+}
+
+/* selections hold at most min(index_topk, ctx) positions */
+static int64_t kept(const mpm_dsa_config *d, int64_t ctx) { return d->topk < ctx ? d->topk : ctx; }
+
+uint64_t mpm_dsa_cache_bytes(const mpm_config *c, int ctx) {
+    if (!c->dsa.on) return 0;
+    return (uint64_t)c->dsa.n_full * (uint64_t)ctx * (uint64_t)c->dsa.dim * 4u;
+}
+
+uint64_t mpm_dsa_scratch_bytes(const mpm_config *c, int chunk) {
+    const mpm_dsa_config *d = &c->dsa;
+    if (!d->on) return 0;
+    /* per chunk token: queries, key, head weights, selection and its count; per full layer the
+     * f32 LayerNorm weight and bias; the selected latent rows of one token (f32 at most); the
+     * scores reuse the attention's [heads][ctx] buffer */
+    int64_t k = kept(d, c->max_pos);
+    uint64_t per_tok = (uint64_t)(d->heads * d->dim + d->dim + d->heads + k + 1);
+    return 4u * ((uint64_t)chunk * per_tok + 2u * (uint64_t)(d->n_full * d->dim) +
+                 (uint64_t)(k * (c->kv_lora_rank + c->qk_rope_dim)));
+}
+
+int mpm_dsa_alloc(mpm_model *m) {
+    const mpm_dsa_config *d = &m->c.dsa;
+    const size_t T = (size_t)m->chunk;
+    m->dsa_kc = calloc((size_t)d->n_full * (size_t)m->ctx * (size_t)d->dim + 1, sizeof(float));
+    m->dsa_q = calloc(T * (size_t)(d->heads * d->dim), sizeof(float));
+    m->dsa_k = calloc(T * (size_t)d->dim, sizeof(float));
+    m->dsa_w = calloc(T * (size_t)d->heads, sizeof(float));
+    m->dsa_sel = calloc(T * (size_t)kept(d, m->ctx), sizeof(int32_t));
+    m->dsa_n = calloc(T, sizeof(int32_t));
+    m->dsa_rows = calloc((size_t)kept(d, m->ctx), (size_t)(m->c.kv_lora_rank + m->c.qk_rope_dim) * 4u);
+    return m->dsa_kc && m->dsa_q && m->dsa_k && m->dsa_w && m->dsa_sel && m->dsa_n && m->dsa_rows
+               ? 0 : MP_ENOMEM;
+}
+
+void mpm_dsa_free(mpm_model *m) {
+    for (int64_t l = 0; m->layers && l < m->c.n_layers; l++) {
+        free(m->layers[l].idx_kn_w);
+        free(m->layers[l].idx_kn_b);
+    }
+    void *bufs[] = {m->dsa_kc, m->dsa_q, m->dsa_k, m->dsa_w, m->dsa_sel, m->dsa_n, m->dsa_rows};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+}
+
+/* LayerNorm over n values with weight and bias (biased variance, as torch) */
+static void layer_norm(float *v, const float *w, const float *b, int64_t n) {
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < n; i++) mean += v[i];
+    mean /= (double)n;
+    for (int64_t i = 0; i < n; i++) var += ((double)v[i] - mean) * ((double)v[i] - mean);
+    float inv = (float)(1.0 / sqrt(var / (double)n + DSA_LN_EPS));
+    for (int64_t i = 0; i < n; i++) v[i] = ((float)((double)v[i] - mean)) * inv * w[i] + b[i];
+}
+
+void mpm_dsa_keys(mpm_model *m, int l, int pos, int T, const float *xn) {
+    const mpm_dsa_config *d = &m->c.dsa;
+    const mpm_layer *ly = &m->layers[l];
+    mpk_matmat(m->kern, m->pool, &ly->idx_k, xn, T, m->dsa_k);
+    for (int t = 0; t < T; t++) {
+        float *k = m->dsa_k + (int64_t)t * d->dim;
+        layer_norm(k, ly->idx_kn_w, ly->idx_kn_b, d->dim);
+        mpm_rope_tables(m, pos + t);
+        mpm_rope_apply(m, k, d->rope_interleave);
+        size_t at = ((size_t)ly->idx_slot * (size_t)m->ctx + (size_t)(pos + t)) * (size_t)d->dim;
+        memcpy(m->dsa_kc + at, k, (size_t)d->dim * sizeof(float));
+    }
+}
+
+void mpm_dsa_queries(mpm_model *m, int l, int pos, int T, const float *xn, const float *qres) {
+    const mpm_dsa_config *d = &m->c.dsa;
+    const mpm_layer *ly = &m->layers[l];
+    mpk_matmat(m->kern, m->pool, &ly->idx_q, qres, T, m->dsa_q);
+    mpk_matmat(m->kern, m->pool, &ly->idx_w, xn, T, m->dsa_w);
+    const float wscale = 1.0f / sqrtf((float)d->heads);
+    for (int t = 0; t < T; t++) {
+        mpm_rope_tables(m, pos + t);
+        for (int64_t h = 0; h < d->heads; h++)
+            mpm_rope_apply(m, m->dsa_q + ((int64_t)t * d->heads + h) * d->dim, d->rope_interleave);
+        for (int64_t h = 0; h < d->heads; h++) m->dsa_w[(int64_t)t * d->heads + h] *= wscale;
+    }
+}
+
+typedef struct {
+    const mpm_model *m;
+    const float *q, *w, *K; /* one token's queries and weights; this layer's key cache */
+    int n;                  /* positions 0..n-1 */
+    float *out;
+} score_job;
+
+static void score_block(void *ctx, size_t b) {
+    const score_job *j = ctx;
+    const mpm_dsa_config *d = &j->m->c.dsa;
+    const float scale = 1.0f / sqrtf((float)d->dim);
+    int end = (int)(b + 1) * DSA_BLOCK < j->n ? (int)(b + 1) * DSA_BLOCK : j->n;
+    for (int s = (int)b * DSA_BLOCK; s < end; s++) {
+        const float *k = j->K + (size_t)s * (size_t)d->dim;
+        float acc = 0.0f;
+        for (int64_t h = 0; h < d->heads; h++) {
+            float v = mpk_dot(j->q + h * d->dim, k, d->dim) * scale;
+            acc += j->w[h] * (v > 0.0f ? v : 0.0f);
+        }
+        j->out[s] = acc;
+    }
+}
+
+void mpm_dsa_scores(mpm_model *m, int l, int t, int pos, float *scores) {
+    const mpm_dsa_config *d = &m->c.dsa;
+    const mpm_layer *ly = &m->layers[l];
+    score_job j = {m, m->dsa_q + (int64_t)t * d->heads * d->dim, m->dsa_w + (int64_t)t * d->heads,
+                   m->dsa_kc + (size_t)ly->idx_slot * (size_t)m->ctx * (size_t)d->dim, pos + 1,
+                   scores};
+    size_t blocks = (size_t)(pos + DSA_BLOCK) / DSA_BLOCK;
+    mpk_pool_run(blocks > 1 ? m->pool : NULL, blocks, score_block, &j);
+}
+
+/* a ranks before b: higher score, then lower position (NaN ranks last) */
+static int better(const float *sc, int32_t a, int32_t b) {
+    float x = isnan(sc[a]) ? -INFINITY : sc[a], y = isnan(sc[b]) ? -INFINITY : sc[b];
+    return x > y || (x == y && a < b);
+}
+
+static void sift_down(const float *sc, int32_t *heap, int n, int i) {
+    for (;;) { /* min-heap on rank: the worst kept position at the root */
+        int l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && better(sc, heap[w], heap[l])) w = l;
+        if (r < n && better(sc, heap[w], heap[r])) w = r;
+        if (w == i) return;
+        int32_t tmp = heap[i];
+        heap[i] = heap[w];
+        heap[w] = tmp;
+        i = w;
+    }
+}
+
+static int cmp_pos(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+int mpm_dsa_topk(const float *scores, int n, int k, int32_t *sel) {
+    if (k >= n) {
+        for (int i = 0; i < n; i++) sel[i] = i;
+        return n;
+    }
+    for (int i = 0; i < k; i++) sel[i] = i;
+    for (int i = k / 2 - 1; i >= 0; i--) sift_down(scores, sel, k, i);
+    for (int s = k; s < n; s++)
+        if (better(scores, s, sel[0])) {
+            sel[0] = s;
+            sift_down(scores, sel, k, 0);
+        }
+    qsort(sel, (size_t)k, sizeof *sel, cmp_pos); /* attention sums in position order */
+    return k;
+}
+
+void mpm_dsa_select(mpm_model *m, int l, int pos, int T, const float *xn, const float *qres) {
+    const mpm_dsa_config *d = &m->c.dsa;
+    if (m->layers[l].idx_slot < 0) return; /* shared: keep the latest full layer's selection */
+    mpm_dsa_keys(m, l, pos, T, xn);
+    mpm_dsa_queries(m, l, pos, T, xn, qres);
+    for (int t = 0; t < T; t++) {
+        int n = pos + t + 1;
+        if (n <= d->topk) { /* every past position: dense MLA */
+            m->dsa_n[t] = -1;
+            continue;
+        }
+        mpm_dsa_scores(m, l, t, pos + t, m->scores);
+        int64_t k = kept(d, m->ctx);
+        m->dsa_n[t] = mpm_dsa_topk(m->scores, n, (int)k, m->dsa_sel + (int64_t)t * k);
+    }
+}
+
+const void *mpm_dsa_rows(mpm_model *m, int slot, int t, int64_t *n) {
+    const void *first = mpm_kv_row(m, m->kc, slot, 0);
+    if (m->dsa_n[t] < 0) return first; /* *n stays pos + 1: every position */
+    /* the cache's own entries (f32 or f16), copied whole in ascending position order */
+    size_t row = (size_t)((const char *)mpm_kv_row(m, m->kc, slot, 1) - (const char *)first);
+    const int32_t *sel = m->dsa_sel + (int64_t)t * kept(&m->c.dsa, m->ctx);
+    for (int i = 0; i < m->dsa_n[t]; i++)
+        memcpy((char *)m->dsa_rows + (size_t)i * row, (const char *)first + (size_t)sel[i] * row, row);
+    *n = m->dsa_n[t];
+    return m->dsa_rows;
+}

@@ -1,0 +1,169 @@
+"""DeepSeek Sparse Attention (DeepSeek-V3.2 `deepseek_v32`, GLM-5 `glm_moe_dsa`): the C engine
+against transformers on the container's dequantised weights, as tests/test_runtime_models.py
+does for the other families (routed experts patched to CODECS.md §3.5's products).
+
+Each family is built twice from the same random weights: `index_topk` 8 (sparse: from position 8
+on each query attends to 8 indexer-selected positions) and 128 (dense: every context of the test
+is within top-k, so DSA is plain MLA). The indexer has 16 heads of 12 dims (4 of them rotated),
+so equal index scores, where the tie rule would decide, are not the common case. The prompt is
+fed in chunks of 16 tokens (Engine(chunk=16)), 80 positions: longer than one chunk. Comparisons
+with transformers keep the KV cache in f32 (kv="f32"); the other tests use the default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from moepack.format.reader import Container
+from moepack.runtime.engine import Engine
+from test_runtime_models import use_spec_expert_numerics
+from tiny_models import write_tokenizer
+
+N_POS = 80
+CHUNK = 16
+# awkward sizes: hidden 36 (partial 8-vectors), indexer head dim 12 with 4 rotated dims,
+# 5 experts in one group... top-k 3; a dense first layer
+_COMMON = dict(vocab_size=67, hidden_size=36, intermediate_size=24, moe_intermediate_size=12,
+               num_attention_heads=4, num_key_value_heads=4, n_routed_experts=6,
+               n_shared_experts=1, num_experts_per_tok=3, n_group=2, topk_group=1,
+               first_k_dense_replace=1, q_lora_rank=10, kv_lora_rank=8, qk_nope_head_dim=4,
+               qk_rope_head_dim=4, v_head_dim=6, index_n_heads=16, index_head_dim=12,
+               max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
+               tie_word_embeddings=False)
+FAMILIES = {
+    # every layer runs its indexer; the indexer's RoPE is half-split (rotate-half)
+    "deepseek_v32": dict(num_hidden_layers=3),
+    # interleaved indexer RoPE; layers 1 and 2 reuse layer 0's selection, layer 3 its own
+    "glm_moe_dsa": dict(num_hidden_layers=4, index_topk_pattern="FSSF", routed_scaling_factor=1.5),
+}
+TOPK = {"sparse": 8, "dense": 128}
+
+
+def _config(arch: str, topk: int):
+    from transformers import DeepseekV32Config, GlmMoeDsaConfig
+
+    cls = {"deepseek_v32": DeepseekV32Config, "glm_moe_dsa": GlmMoeDsaConfig}[arch]
+    return cls(**_COMMON, **FAMILIES[arch], index_topk=topk)
+
+
+def make_checkpoint(arch: str, out, topk: int, seed: int = 0):
+    """Random weights (seed 0, whatever topk: the two regimes share them) with random norms."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_config(arch, topk))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(out, max_shard_size="24KB")
+    write_tokenizer(out, int(model.config.vocab_size))
+    return out
+
+
+_BUILT: dict[tuple[str, str], Path] = {}
+
+
+def built(tmp_path_factory, arch: str, regime: str) -> Path:
+    """Converted and exported once per session: the folder holding m.moepack and hf/."""
+    from moepack.convert.export import export
+    from moepack.convert.pipeline import convert
+    from moepack.convert.settings import Settings
+
+    if (arch, regime) not in _BUILT:
+        d = tmp_path_factory.mktemp(f"{arch}_{regime}")
+        make_checkpoint(arch, d / "src", TOPK[regime])
+        convert(d / "src", d / "m.moepack", Settings())
+        export(d / "m.moepack", d / "hf")
+        _BUILT[arch, regime] = d
+    return _BUILT[arch, regime]
+
+
+@pytest.fixture(scope="module", params=[(a, r) for a in FAMILIES for r in TOPK],
+                ids=lambda p: "-".join(p))
+def model(request, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    arch, regime = request.param
+    d = built(tmp_path_factory, arch, regime)
+    ref = AutoModelForCausalLM.from_pretrained(d / "hf", dtype=torch.float32).eval()
+    use_spec_expert_numerics(ref, d / "m.moepack")
+    return arch, regime, d / "m.moepack", ref
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 67, n).tolist()
+
+
+def test_container_describes_the_indexer(model):
+    arch, regime, path, _ = model
+    with Container.open(path) as c:
+        dsa = c.manifest["model"]["attention"]["dsa"]
+        names = set(c.tensor_names())
+    assert dsa["index_topk"] == TOPK[regime] and dsa["index_n_heads"] == 16
+    assert dsa["rope_interleave"] is (arch == "glm_moe_dsa")
+    full = [i for i, t in enumerate(dsa["indexer_types"]) if t == "full"]
+    assert full == ([0, 3] if arch == "glm_moe_dsa" else [0, 1, 2])
+    for layer in range(len(dsa["indexer_types"])):  # shared layers carry no indexer
+        assert (f"layers.{layer}.attn.idx_q" in names) is (layer in full)
+
+
+def test_logits_match_transformers(model):
+    arch, regime, path, ref = model
+    toks = _tokens(N_POS, 0)
+    with torch.no_grad():
+        want = ref(torch.tensor([toks])).logits[0].numpy()
+    with Engine(str(path), threads=2, chunk=CHUNK, kv="f32") as e:
+        got = e.logits(toks)
+    assert got.shape == want.shape == (N_POS, 67)
+    err = np.abs(got - want).max()
+    assert err <= 1e-4 * np.abs(want).max(), (arch, regime, err, np.abs(want).max())
+
+
+def test_one_and_two_threads_bit_identical(model):
+    _, _, path, _ = model
+    toks = _tokens(N_POS, 3)
+    with Engine(str(path), threads=1, chunk=CHUNK) as e1, \
+            Engine(str(path), threads=2, chunk=7) as e2:
+        np.testing.assert_array_equal(e1.logits(toks), e2.logits(toks))
+
+
+def test_greedy_generation_matches_transformers(model):
+    arch, regime, path, ref = model
+    prompt = _tokens(10, 1)
+    ref.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = ref.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)
+    want = out[0, len(prompt):].tolist()
+    with Engine(str(path), threads=2, chunk=CHUNK, kv="f32") as e:
+        got = list(e.generate(prompt, 32))
+    assert got == want, (arch, regime)
+
+
+def test_truncate_and_continue_equals_one_pass(model):
+    """The indexer keys are cached per position like the latents: a prefix kept and the rest fed
+    again gives the one-pass logits."""
+    _, _, path, _ = model
+    toks = _tokens(40, 4)
+    with Engine(str(path), threads=1, chunk=CHUNK) as e:
+        full = e.logits(toks)
+        e.truncate(13)
+        last = e.feed(toks[13:])
+    np.testing.assert_array_equal(last, full[-1])
+
+
+@pytest.mark.parametrize("arch", list(FAMILIES))
+def test_sparse_equals_dense_within_topk(tmp_path_factory, arch):
+    """Same weights, index_topk 8 vs 128: positions 0..7 (context <= 8) give the same bits;
+    later positions differ, so the selection is really used."""
+    sparse = built(tmp_path_factory, arch, "sparse") / "m.moepack"
+    dense = built(tmp_path_factory, arch, "dense") / "m.moepack"
+    toks = _tokens(N_POS, 5)
+    with Engine(str(sparse), threads=2, chunk=CHUNK) as s, \
+            Engine(str(dense), threads=2, chunk=CHUNK) as d:
+        sparse_logits, dense_logits = s.logits(toks), d.logits(toks)
+    np.testing.assert_array_equal(sparse_logits[:8], dense_logits[:8])
+    assert np.abs(sparse_logits[8:] - dense_logits[8:]).max() > 1e-3
