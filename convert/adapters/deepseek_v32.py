@@ -63,7 +63,9 @@ class DeepseekV32Adapter(DeepseekV3Adapter):
         out = super().attention(layer)
         a, h = self.model["attention"], self.hidden
         dsa = a["dsa"]
-        if dsa["indexer_types"][layer] != "full":
+        # multi-token-prediction layers (index >= num_layers) are carried without an indexer:
+        # whether a checkpoint holds one for them is not known here
+        if layer >= len(dsa["indexer_types"]) or dsa["indexer_types"][layer] != "full":
             return out
         heads, dim = dsa["index_n_heads"], dsa["index_head_dim"]
         p, c = f"model.layers.{layer}.self_attn.indexer", f"layers.{layer}.attn"

@@ -20,6 +20,8 @@ MODELS = {
     "GLM-4.5": "GLM-4.5",
     "GLM-4.6": "GLM-4.6 / GLM-4.7",
     "GLM-4.5-Air": "GLM-4.5-Air",
+    "GLM-5": "GLM-5",
+    "DeepSeek-V3.2": "DeepSeek-V3.2",
     "MiniMax-M2": "MiniMax-M2 / M2.1",
     "Kimi-K2.5": "Kimi K2.5 / K2.6",
 }
