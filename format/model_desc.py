@@ -28,7 +28,8 @@ MAX_POSITIONS = 1 << 30
 MAX_GROUPS = 1024                  # MPM_MAX_GROUPS in runtime/src/model.h
 MAX_SHARED_EXPERTS = 1024
 ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax_m2", "kimi_k25",
-         "qwen3_next", "qwen3_5_moe", "deepseek_v32", "glm_moe_dsa", "kimi_linear")
+         "qwen3_next", "qwen3_5_moe", "deepseek_v32", "glm_moe_dsa", "kimi_linear",
+         "kimi_k3")
 MAX_CONV_KERNEL = 64               # linear attention's causal conv (real: 4)
 
 # Source files (config.json, model.safetensors.index.json, safetensors headers).
@@ -73,6 +74,8 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "linear_attention.conv_kernel_size": (1, MAX_CONV_KERNEL),
     "linear_attention.num_heads": (1, MAX_HEADS),
     "linear_attention.head_dim": (1, MAX_HEAD_DIM),
+    "attn_res.block_size": (1, MAX_LAYERS),
+    "moe.latent_size": (MIN_HIDDEN, MAX_HIDDEN),
 }
 # config.json keys that only shape the description (layer patterns): bounded the same way.
 SOURCE_INT_BOUNDS: dict[str, tuple[int, int]] = {
@@ -151,6 +154,7 @@ def validate_model(model: Any) -> None:
     _layers(model)
     _linear_attention(model)
     _moe(model)
+    _k3_parts(model)
 
 
 def _rope_scaling(m: dict) -> None:
@@ -306,3 +310,25 @@ def _moe(m: dict) -> None:
         raise ModelDescError("moe.shared_expert_gate", "needs num_shared_experts >= 1")
     _choice(m, "moe.scoring", ("softmax", "sigmoid"))
     _number(m, "moe.routed_scaling_factor", lambda v: v > 0, "> 0", default=1.0)
+
+
+def _k3_parts(m: dict) -> None:
+    """SiTU activation, block attention residuals, the routed experts' latent width, KDA's
+    bounded decay gate and full-rank output gate, MLA's output gate."""
+    if m.get("activation") is not None:
+        if not isinstance(m["activation"], dict):
+            raise ModelDescError("activation", "must be null or an object")
+        if _choice(m, "activation.kind", ("silu", "situ")) == "situ":
+            _number(m, "activation.beta", lambda v: v > 0, "> 0")
+            _number(m, "activation.linear_beta", lambda v: v >= 0, ">= 0", default=0.0)
+    if m.get("attn_res") is not None:
+        if not isinstance(m["attn_res"], dict):
+            raise ModelDescError("attn_res", "must be null or an object")
+        _int(m, "attn_res.block_size", hi=m["num_layers"])
+    _int(m, "moe.latent_size", optional=True)
+    la = m.get("linear_attention")
+    if isinstance(la, dict) and la.get("gate_lower_bound") is not None:
+        _number(m, "linear_attention.gate_lower_bound", lambda v: v < 0, "< 0")
+    if isinstance(la, dict) and la.get("output_gate") is not None:
+        _choice(m, "linear_attention.output_gate", ("low_rank", "full_rank"))
+    _bool(m, "attention.output_gate")

@@ -7,6 +7,7 @@ from moepack.convert.adapters.deepseek_v3 import DeepseekV3Adapter
 from moepack.convert.adapters.deepseek_v32 import DeepseekV32Adapter
 from moepack.convert.adapters.glm4_moe import Glm4MoeAdapter
 from moepack.convert.adapters.glm_moe_dsa import GlmMoeDsaAdapter
+from moepack.convert.adapters.kimi_k3 import KimiK3Adapter
 from moepack.convert.adapters.kimi_k25 import KimiK25Adapter
 from moepack.convert.adapters.kimi_linear import KimiLinearAdapter
 from moepack.convert.adapters.minimax_m2 import MiniMaxM2Adapter
@@ -19,7 +20,7 @@ from moepack.convert.errors import UnsupportedArchitecture
 ADAPTERS: tuple[type[Adapter], ...] = (MixtralAdapter, Qwen3MoeAdapter, DeepseekV3Adapter,
                                        Glm4MoeAdapter, MiniMaxM2Adapter, KimiK25Adapter,
                                        Qwen3NextAdapter, Qwen3_5MoeAdapter, DeepseekV32Adapter,
-                                       GlmMoeDsaAdapter, KimiLinearAdapter)
+                                       GlmMoeDsaAdapter, KimiLinearAdapter, KimiK3Adapter)
 _BY_ARCH = {name: a for a in ADAPTERS for name in (a.hf_architecture, *a.hf_aliases)}
 _BY_MODEL_TYPE = {a.arch: a for a in ADAPTERS}
 

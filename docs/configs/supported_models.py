@@ -24,6 +24,8 @@ MODELS = {
     "DeepSeek-V3.2": "DeepSeek-V3.2",
     "MiniMax-M2": "MiniMax-M2 / M2.1",
     "Kimi-K2.5": "Kimi K2.5 / K2.6",
+    # converted, not yet run; sizes the model card leaves open are assumed (docs/K3.md)
+    "Kimi-K3": "Kimi K3 (convert only, config partly assumed: docs/K3.md)",
 }
 HEADER = ("| model | arch | parameters converted (total / active per token) | expert bytes per "
           "token | container (default codecs) |\n|---|---|---|---|---|")
