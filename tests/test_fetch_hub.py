@@ -241,3 +241,28 @@ def test_cli_download(hub: HubServer, tmp_path: Path) -> None:
     assert json.loads((tmp_path / "moepack-source.json").read_text())["repo"] == REPO
     bad = CliRunner().invoke(app, ["fetch", "hf:org/missing", "--dest", str(tmp_path)])
     assert bad.exit_code == 1 and "org/missing@main" in bad.output
+
+
+def test_dry_run_sees_whether_declared_mtp_layers_are_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config declaring a multi-token-prediction layer the checkpoint does not hold (what
+    save_pretrained writes): the safetensors index says so, and the predicted size is the
+    container convert writes, not one with the layer."""
+    from moepack.convert.plan import plan_for_config
+    from moepack.convert.settings import Settings
+    from tiny_models import make_checkpoint
+
+    src = make_checkpoint("deepseek_v3", tmp_path / "src", num_nextn_predict_layers=1)
+    files = {p.relative_to(src).as_posix(): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    with HubServer({"org/tiny-ds": HubRepo(files)}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.base)
+        plan = plan_hub("hf:org/tiny-ds", tmp_path / "raw", [], tmp_path / "m.moepack")
+    config = json.loads(files["config.json"])
+    weights = [{"name": n, "size": len(b)} for n, b in files.items() if n.endswith(".safetensors")]
+    blobs = {n: len(b) for n, b in files.items() if n in ("tokenizer.json",
+                                                         "tokenizer_config.json",
+                                                         "generation_config.json")}
+    names = json.loads(files["model.safetensors.index.json"])["weight_map"]
+    held = plan_for_config(config, Settings(), weights, blobs, names).file_size
+    assumed = plan_for_config(config, Settings(), weights, blobs).file_size
+    assert plan.conversion == held < assumed
