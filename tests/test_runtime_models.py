@@ -223,8 +223,9 @@ def test_truncate_to_a_prefix(model):
         e.feed(toks[:15])
         if name in ("qwen3_next", "qwen3_5_moe"):  # 3 linear layers:
             assert state == 3 * 4 * (56 * 3 + 4 * 8 * 6)  # conv 56 ch x 3 + 4 heads x 8 x 6
-            # KV only for the one full-attention layer: k and v, 2 heads x 8 dims, f32
-            assert p["kv_bytes"] - state == p["ctx"] * 2 * 2 * 8 * 4
+            # KV only for the one full-attention layer: k and v, 2 heads x 8 dims, f16 entries
+            assert p["kv"] == "f16" and p["kv_token_bytes"] == 2 * 2 * 8 * 2
+            assert p["kv_bytes"] - state == p["ctx"] * p["kv_token_bytes"]
             with pytest.raises(EngineError, match="cannot be rolled back"):
                 e.truncate(10)
             assert e.position == 15
