@@ -12,6 +12,7 @@ with transformers keep the KV cache in f32 (kv="f32"); the other tests use the d
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +168,91 @@ def test_sparse_equals_dense_within_topk(tmp_path_factory, arch):
         sparse_logits, dense_logits = s.logits(toks), d.logits(toks)
     np.testing.assert_array_equal(sparse_logits[:8], dense_logits[:8])
     assert np.abs(sparse_logits[8:] - dense_logits[8:]).max() > 1e-3
+
+
+def test_plan_counts_the_indexer_key_cache(tmp_path_factory):
+    """kv_bytes = the MLA latents (f32 here) plus one f32 indexer key per position on each
+    full layer: GLM's FSSF has 2 full layers of 4."""
+    from moepack.runtime.engine import plan
+
+    path = built(tmp_path_factory, "glm_moe_dsa", "sparse") / "m.moepack"
+    got = plan(str(path), ctx=64, kv="f32")
+    latent = _COMMON["kv_lora_rank"] + _COMMON["qk_rope_head_dim"]
+    assert got["kv_bytes"] == 64 * 4 * (4 * latent + 2 * _COMMON["index_head_dim"])
+
+
+def _described(arch: str, **change):
+    from moepack.convert.plan import described
+
+    cfg = _config(arch, 8).to_dict()
+    cfg["architectures"] = [{"deepseek_v32": "DeepseekV32ForCausalLM",
+                             "glm_moe_dsa": "GlmMoeDsaForCausalLM"}[arch]]
+    for key in ("indexer_types", "index_topk_pattern"):  # derived again from `change`
+        cfg.pop(key, None)
+    return described({**cfg, **change})
+
+
+@pytest.mark.parametrize("source", [dict(index_topk_pattern="FSFS"),
+                                    dict(index_topk_freq=2, index_skip_topk_offset=1),
+                                    dict(index_topk_freq=3)])
+def test_glm_indexer_types_as_transformers_derives_them(source):
+    from transformers import GlmMoeDsaConfig
+
+    kw = {**_COMMON, "num_hidden_layers": 4, **source}
+    want = GlmMoeDsaConfig(**kw).indexer_types
+    assert _described("glm_moe_dsa", **source).model["attention"]["dsa"]["indexer_types"] == want
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(indexer_types=["full", "shared", "sparse", "full"]), "'indexer_types' must list"),
+    (dict(index_topk_pattern="FSXF"), "'index_topk_pattern' must be letters"),
+    (dict(index_topk_pattern="SFFF"), "indexer_types[0]"),
+    (dict(q_lora_rank=None), "q_lora_rank is required"),
+    (dict(index_topk=0), "'index_topk' must be an integer"),
+])
+def test_bad_sources_are_refused_in_one_line(change, message):
+    from moepack.convert.errors import ConvertError
+
+    with pytest.raises(ConvertError) as e:
+        _described("glm_moe_dsa", **change)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+# manifest.model.attention.dsa changes both validators refuse, naming the field
+DSA_TABLE = [
+    ({"index_n_heads": 0}, "attention.dsa.index_n_heads"),
+    ({"index_topk": 0}, "attention.dsa.index_topk"),
+    ({"index_head_dim": 3}, "attention.dsa.index_head_dim"),  # < qk_rope_head_dim 4
+    ({"rope_interleave": "yes"}, "attention.dsa.rope_interleave"),
+    ({"indexer_types": ["full"]}, "attention.dsa.indexer_types"),
+    ({"indexer_types": ["full", "dense", "full"]}, "attention.dsa.indexer_types[1]"),
+    ({"indexer_types": ["shared", "full", "full"]}, "attention.dsa.indexer_types[0]"),
+]
+
+
+@pytest.mark.parametrize("change,field", DSA_TABLE, ids=[f for _, f in DSA_TABLE])
+def test_both_validators_refuse_bad_dsa(tmp_path, change, field):
+    from moepack.format.model_desc import ModelDescError, validate_model
+    from test_hostile_config_rules import _c_refusal, _reseal_model
+
+    adapter = _described("deepseek_v32")
+    model = json.loads(json.dumps(adapter.model))
+    model["attention"]["dsa"].update(change)
+    with pytest.raises(ModelDescError) as d:
+        validate_model(model)
+    assert d.value.field == field
+    msg = _c_refusal(_reseal_model(tmp_path, model, adapter.config))
+    assert f"manifest.model: {field}" in msg, msg
+
+
+def test_dsa_needs_a_q_lora(tmp_path):
+    from moepack.format.model_desc import ModelDescError, validate_model
+    from test_hostile_config_rules import _c_refusal, _reseal_model
+
+    adapter = _described("deepseek_v32")
+    model = json.loads(json.dumps(adapter.model))
+    model["attention"]["q_lora_rank"] = None
+    with pytest.raises(ModelDescError, match="attention.dsa"):
+        validate_model(model)
+    assert "attention.dsa needs attention.q_lora_rank" in _c_refusal(
+        _reseal_model(tmp_path, model, adapter.config))
