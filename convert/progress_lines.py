@@ -17,6 +17,8 @@ from typing import TextIO
 
 from moepack.convert.progress import Reporter
 
+from moepack.sizes import format_size
+
 RATE_WINDOW = 600.0      # seconds of history behind the rate (recent speed, not the average)
 
 
@@ -25,14 +27,6 @@ def _duration(seconds: float) -> str:
     if s >= 3600:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000:
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1000
-    return f"{n:,.2f} TB"
 
 
 class LineReporter(Reporter):
@@ -115,17 +109,18 @@ class LineReporter(Reporter):
     def line(self) -> str:
         d = self.state()
         if "layers_done" not in d:
-            text = f"{d['phase']}: {_size(d['hashed'])} of {_size(d['hash_total'])}"
+            text = f"{d['phase']}: {format_size(d['hashed'])} of {format_size(d['hash_total'])}"
         else:
             pct = 100 * d["bytes_done"] / max(1, d["bytes_total"])
             rate = "rate not measured yet" if d["bytes_per_s"] is None else \
-                f"{_size(d['bytes_per_s'])}/s"
+                f"{format_size(d['bytes_per_s'])}/s"
             eta = "ETA unknown" if d["eta_s"] is None else f"ETA {_duration(d['eta_s'])}"
             text = (f"{d['phase']}: layers {d['layers_done']}/{d['layers_total']}, experts "
-                    f"{d['experts_done']}/{d['experts_total']}, {_size(d['bytes_done'])} of "
-                    f"{_size(d['bytes_total'])} written ({pct:.1f}%), {rate}, {eta}")
+                    f"{d['experts_done']}/{d['experts_total']}, {format_size(d['bytes_done'])} of "
+                    f"{format_size(d['bytes_total'])} written ({pct:.1f}%), {rate}, {eta}")
         if "downloaded" in d:
-            text += f"; downloaded {_size(d['downloaded'])}, staged {_size(d['staged'])}"
+            text += (f"; downloaded {format_size(d['downloaded'])}, "
+                     f"staged {format_size(d['staged'])}")
         return f"[{_duration(d['elapsed_s'])}] {text}"
 
     def _tick(self, force: bool = False) -> None:
