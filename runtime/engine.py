@@ -13,6 +13,7 @@ import ctypes as C
 import math
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from moepack.runtime import _lib
@@ -120,6 +121,10 @@ def _library() -> C.CDLL:
     lib.mp_reset.restype = None
     lib.mp_truncate.argtypes = [_P, C.c_int]
     lib.mp_truncate.restype = C.c_int
+    lib.mp_state_bytes.argtypes = [_P]
+    lib.mp_state_bytes.restype = C.c_uint64
+    lib.mp_state_save.argtypes = [_P, C.c_void_p, C.c_uint64]
+    lib.mp_state_restore.argtypes = [_P, C.c_int, C.c_void_p, C.c_uint64]
     lib.mp_eval.argtypes = [_P, C.POINTER(C.c_int32), C.c_size_t, C.POINTER(C.c_float), C.c_int]
     lib.mp_sample.argtypes = [C.POINTER(C.c_float), C.c_int, C.POINTER(_Sampler),
                               C.POINTER(C.c_uint64)]
@@ -132,6 +137,15 @@ def _library() -> C.CDLL:
     lib.mp_reset_stats.restype = None
     lib._mp_engine_typed = True
     return lib
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Engine.snapshot(): the sequence's first `tokens` and the linear-attention state after
+    them (empty bytes for models without linear layers)."""
+
+    tokens: tuple[int, ...]
+    state: bytes
 
 
 def _raise(code: int, msg: str) -> None:
@@ -215,6 +229,7 @@ class Engine:
         cfg.chunk = int(chunk or 0)
         cfg.kv = _kv_code(kv)
         self._h = _P()
+        self._seq: list[int] = []  # the tokens now in the sequence (snapshot / restore)
         err = C.create_string_buffer(_ERRLEN)
         rc = self._lib.mp_open(os.fsencode(path), C.byref(cfg), C.byref(self._h), err, _ERRLEN)
         if rc:
@@ -259,6 +274,7 @@ class Engine:
 
     def reset(self) -> None:
         self._lib.mp_reset(self._handle())
+        self._seq.clear()
 
     def truncate(self, n: int) -> None:
         """Keep the first n tokens in the KV cache (no-op when n >= position). Models with
@@ -268,6 +284,30 @@ class Engine:
         rc = self._lib.mp_truncate(self._handle(), int(n))
         if rc:
             _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"))
+        del self._seq[n:]
+
+    def snapshot(self) -> Snapshot:
+        """The sequence so far and its linear-attention state, for `restore` (a recurrent state
+        cannot be truncated back like the KV cache: chat keeps one per turn boundary)."""
+        n = self._lib.mp_state_bytes(self._handle())
+        buf = C.create_string_buffer(n)
+        rc = self._lib.mp_state_save(self._h, buf, n)
+        if rc:
+            _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"))
+        return Snapshot(tuple(self._seq), buf.raw[:n])
+
+    def restore(self, snap: Snapshot) -> None:
+        """Go back to `snap`, taken earlier in this sequence: the tokens after it are dropped and
+        the next feed goes on from its state.  EngineError if the sequence no longer starts with
+        snap's tokens (a reset or truncation below it since)."""
+        k = len(snap.tokens)
+        if tuple(self._seq[:k]) != snap.tokens:
+            raise EngineError(f"snapshot of {k} tokens does not match the sequence's first "
+                              f"{min(k, len(self._seq))}", MP_EINVAL)
+        rc = self._lib.mp_state_restore(self._handle(), k, snap.state, len(snap.state))
+        if rc:
+            _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"))
+        del self._seq[k:]
 
     def plan(self, ctx: int | None = None) -> dict:
         return plan(self.path, ctx or self.ctx, self.kv)
@@ -286,6 +326,7 @@ class Engine:
                                arr.size, ptr, 1 if all_pos else 0)
         if rc:
             _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"))
+        self._seq.extend(int(t) for t in arr)
 
     def logits(self, tokens: Sequence[int], *, reset: bool = True) -> np.ndarray:
         """Teacher-forced logits for every position: float32 [len(tokens), vocab].

@@ -177,3 +177,55 @@ def test_kda_base_description_passes_both(tmp_path) -> None:
         plan(str(_reseal_model(tmp_path, adapter.model, adapter.config)))
     except EngineError as e:
         assert "manifest.model" not in str(e), e
+
+
+def test_failed_call_leaves_the_recurrent_state_as_it_was(kimi, tmp_path):
+    """A call that fails after the KDA layers have run (an expert record of the last MoE layer
+    damaged on disk after open, verify_reads) leaves position and state as before the call, and
+    the sequence goes on exactly as if the failed call had never been made."""
+    from damage import flip
+    from moepack.format.reader import Container
+    from moepack.runtime.engine import CorruptError
+
+    path, ref = kimi
+    bad = tmp_path / "bad.moepack"
+    bad.write_bytes(path.read_bytes())
+    with Container.open(bad) as c:
+        offsets = [c.expert_range(3, x)[0] + 5 for x in range(c.bank(3)["count"])]
+    head, rest = _tokens(_vocab(ref), 3, seed=6), _tokens(_vocab(ref), 40, seed=7)
+    with Engine(path, threads=1, chunk=CHUNK) as ok:
+        want = ok.logits(head + rest)
+    with Engine(bad, verify_reads=True, threads=1, chunk=CHUNK) as e:
+        e.feed(head)  # the experts it routes to stay cached
+        before = e.snapshot()
+        for off in offsets:
+            flip(bad, off)
+        with pytest.raises(CorruptError):
+            e.feed(rest)  # routes to an expert not yet cached: read, damaged
+        assert e.position == len(head) and e.snapshot() == before
+        for off in offsets:
+            flip(bad, off)  # repaired: the same call now succeeds
+        got = e.logits(rest, reset=False)
+    np.testing.assert_array_equal(got, want[len(head):])
+
+
+def test_chat_continuation_from_a_turn_snapshot_equals_one_pass(kimi):
+    """Turn 1's prompt, a snapshot, a reply; back to the snapshot and on with another reply (as
+    chat does when the template re-renders the reply differently): the same logits as one pass."""
+    path, ref = kimi
+    turn1, turn2 = _tokens(_vocab(ref), 21, seed=8), _tokens(_vocab(ref), 19, seed=9)
+    with Engine(path, threads=1, chunk=CHUNK) as e:
+        full = e.logits(turn1 + turn2)
+        e.reset()
+        e.feed(turn1)
+        snap = e.snapshot()
+        assert len(snap.state) == e.plan()["state_bytes"] > 0
+        list(e.generate([7], 5, reset=False))
+        e.restore(snap)
+        assert e.position == len(turn1)
+        last = e.feed(turn2)
+        np.testing.assert_array_equal(last, full[-1])
+        e.reset()
+        e.feed(turn2)
+        with pytest.raises(EngineError, match="does not match"):
+            e.restore(snap)  # another sequence: its KV rows are not turn 1's

@@ -152,6 +152,16 @@ MP_API void mp_reset(mp_engine *e);
  * Models with linear-attention layers (plan state_bytes > 0) can only go back to 0: other n
  * return MP_EUNSUPPORTED and leave the sequence as it was. */
 MP_API int mp_truncate(mp_engine *e, int n);
+/* Snapshots of the linear-attention state (conv + recurrent; 0 bytes for models without linear
+ * layers), which truncation cannot bring back: mp_state_save copies the state after the tokens
+ * now in the sequence (len = mp_state_bytes); mp_state_restore puts one back and sets the position
+ * to pos, the position it was saved at (0 <= pos <= the current position).  The caller promises
+ * that the first pos tokens of the sequence are still the ones the snapshot followed (the KV
+ * cache of full-attention layers keeps those positions).  A failed mp_eval never changes the
+ * state (nor the position). */
+MP_API uint64_t mp_state_bytes(const mp_engine *e);
+MP_API int mp_state_save(mp_engine *e, void *buf, uint64_t len);
+MP_API int mp_state_restore(mp_engine *e, int pos, const void *buf, uint64_t len);
 
 /* Append n tokens to the sequence.  logits: NULL, or room for vocab floats (all_positions = 0:
  * logits of the last token) or n*vocab floats (all_positions = 1).  All or nothing: on failure

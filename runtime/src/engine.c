@@ -359,6 +359,29 @@ int mp_truncate(mp_engine *e, int n) {
     return 0;
 }
 
+uint64_t mp_state_bytes(const mp_engine *e) { return mpm_state_size(e->model); }
+
+int mp_state_save(mp_engine *e, void *buf, uint64_t len) {
+    if (len != mpm_state_size(e->model) || (len && !buf)) {
+        snprintf(e->err, sizeof e->err, "state snapshot buffer of %llu bytes (need %llu)", (unsigned long long)len, (unsigned long long)mpm_state_size(e->model));
+        return MP_EINVAL;
+    }
+    mpm_state_save(e->model, buf);
+    return 0;
+}
+
+/* the KV cache keeps positions < pos of the same prefix (the caller's promise); the recurrent
+ * state comes back from the snapshot */
+int mp_state_restore(mp_engine *e, int pos, const void *buf, uint64_t len) {
+    if (len != mpm_state_size(e->model) || (len && !buf) || pos < 0 || pos > e->pos) {
+        snprintf(e->err, sizeof e->err, "state snapshot of %llu bytes at position %d cannot be restored at position %d (need %llu bytes, a position <= %d)", (unsigned long long)len, pos, e->pos, (unsigned long long)mpm_state_size(e->model), e->pos);
+        return MP_EINVAL;
+    }
+    mpm_state_load(e->model, buf);
+    e->pos = pos;
+    return 0;
+}
+
 /* Index of the first NaN or Inf in l[0..n), or n.  One pass over vocab floats per token: noise
  * next to the forward pass, and it turns a NaN/Inf weight into an error instead of garbage. */
 static size_t first_nonfinite(const float *l, size_t n) {
@@ -378,6 +401,7 @@ int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int al
     double t0 = mpm_now();
     const size_t V = (size_t)e->cfg.vocab;
     const size_t C = (size_t)e->chunk;
+    mpm_state_begin(e->model); /* linear-attention state: committed only if every chunk runs */
     for (size_t i = 0; i < n; i += C) {
         int k = n - i < C ? (int)(n - i) : (int)C;
         float *lo = NULL;
@@ -396,13 +420,15 @@ int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int al
         }
         if (rc) {
             /* roll back the chunks already run: their KV entries lie past pos0 and are simply
-             * overwritten by the next call (attention reads positions < pos only) */
+             * overwritten by the next call (attention reads positions < pos only); the
+             * linear-attention state was never committed */
             e->pos = pos0;
             if (rc != MP_ENONFINITE) snprintf(e->err, sizeof e->err, "%s", mpm_error(e->model));
             return rc;
         }
         e->pos += k;
     }
+    mpm_state_commit(e->model);
     double dt = mpm_now() - t0;
     if (prompt) {
         e->prompt_s += dt;

@@ -22,17 +22,20 @@ static inline void mpl_l2norm(float *v, int64_t n, float scale) {
 }
 
 /* One token through a depthwise causal conv of kernel K, then silu, in place over `channels`:
- * w [channels][K], st [channels][K-1] holds each channel's previous K-1 inputs (oldest first). */
-static inline void mpl_conv_step(float *x, int64_t channels, const float *w, float *st, int64_t K) {
+ * w [channels][K]; src [channels][K-1] holds each channel's previous K-1 inputs (oldest first),
+ * dst gets them shifted by this token (dst may be src). */
+static inline void mpl_conv_step(float *x, int64_t channels, const float *w, const float *src,
+                                 float *dst, int64_t K) {
     for (int64_t ch = 0; ch < channels; ch++) {
-        float *s = st + ch * (K - 1);
+        const float *s = src + ch * (K - 1);
+        float *d = dst + ch * (K - 1);
         const float *wc = w + ch * K, xin = x[ch];
         float y = 0.0f;
         for (int64_t i = 0; i < K - 1; i++) y += wc[i] * s[i];
         y += wc[K - 1] * xin;
         if (K > 1) {
-            memmove(s, s + 1, (size_t)(K - 2) * sizeof(float));
-            s[K - 2] = xin;
+            memmove(d, s + 1, (size_t)(K - 2) * sizeof(float));
+            d[K - 2] = xin;
         }
         x[ch] = mpl_silu(y);
     }

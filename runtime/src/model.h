@@ -71,8 +71,8 @@ typedef struct mpm_config {
     int64_t n_linear; /* linear layers (they have no KV cache) */
     int64_t la_nk, la_nv, la_dk, la_dv, la_conv;
     int la_grouped; /* in_proj_qkvz + in_proj_ba (Qwen3-Next), else qkv, z, b, a */
-    int la_kind;    /* MPM_LA_*; KDA (model_kda.c): la_nk = la_nv heads, la_dk = la_dv */
     int kv_f16;     /* KV cache entries as IEEE f16: the engine's choice (mp_config.kv), not the manifest's */
+    int la_kind;    /* MPM_LA_*; KDA (model_kda.c): la_nk = la_nv heads, la_dk = la_dv */
 } mpm_config;
 
 /* Parses manifest.model, the only part of the manifest the engine reads (FORMAT.md §7).
@@ -141,6 +141,15 @@ uint64_t mpm_kv_bytes(const mpm_config *c, int ctx);
  * per-token buffers of model_linear.c. */
 uint64_t mpm_state_bytes(const mpm_config *c);
 uint64_t mpm_linear_scratch_bytes(const mpm_config *c);
+/* Linear-attention state across calls: mpm_state_begin before a call's forward passes, and
+ * mpm_state_commit after all of them succeeded; without the commit the state stays as it was
+ * before the call (the passes advance a working copy).  save/load copy the committed state
+ * (mpm_state_size bytes; 0 without linear layers). */
+void mpm_state_begin(mpm_model *m);
+void mpm_state_commit(mpm_model *m);
+uint64_t mpm_state_size(const mpm_model *m);
+void mpm_state_save(const mpm_model *m, void *dst);
+void mpm_state_load(mpm_model *m, const void *src);
 /* activations and buffers for prefill chunks of `chunk` tokens (MoE tables: mpm_moe_chunk_bytes) */
 uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk);
 

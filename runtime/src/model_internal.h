@@ -39,7 +39,9 @@ typedef struct mpm_layer {
      * gated-norm weight, output; state slices of mpm_model.lstate */
     int linear, la_nin;
     mpk_mat la_in[4], la_out;
-    float *la_conv, *la_dt, *la_A, *la_norm, *conv_st, *rec_st;
+    float *la_conv, *la_dt, *la_A, *la_norm;
+    int la_slot;  /* this layer's state in mpm_model.lstate / lwork */
+    int la_fresh; /* no token of the current call has passed: read lstate, write lwork */
     mpk_mat kda_fa, kda_fb, kda_ga, kda_gb, kda_b; /* KDA: decay and output-gate low-rank pairs, beta */
     float *shared_gate; /* [hidden]: shared expert x sigmoid(shared_gate . x) */
     int kv_slot;        /* GQA: this layer's place in the KV cache (full-attention layers only) */
@@ -69,13 +71,13 @@ struct mpm_model {
     /* scratch */
     float *xn, *q, *kbuf, *vbuf, *att, *scores, *cosb, *sinb;
     float *qlat, *olat, *lat;
-    float *router_logits, *moe_out, *eo, *g, *u, *xr, *ar;
-    int32_t *sel;
     /* DSA (model_dsa.c): indexer key cache [full layers][ctx][dim]; per chunk token its indexer
      * queries, key, head weights, and selected positions (dsa_n of them; -1: all past ones) */
     float *dsa_kc, *dsa_q, *dsa_k, *dsa_w;
     int32_t *dsa_sel, *dsa_n;
     void *dsa_rows; /* one token's selected cache rows, gathered for mpm_attend */
+    float *router_logits, *moe_out, *eo, *g, *u, *xr, *ar;
+    int32_t *sel;
     const uint8_t **recs;
     float *selw;
     int32_t *ahead; /* look-ahead predictions */
@@ -95,6 +97,8 @@ struct mpm_model {
     int32_t *cpairs, *corder, *cstart, *cfill;
     uint8_t *allowed;
     float *lstate, *lbuf, *lqg; /* linear-attention states, model_linear.c scratch, gated q */
+    float *lwork;   /* the states a call advances; lstate changes only when the call succeeds */
+    int l_touched;  /* a token of the current call has passed the linear layers */
     int32_t *lperm;
     double io_wait;
     uint64_t prefetches;
@@ -125,10 +129,6 @@ void mpm_attend(mpm_model *m, const mpm_attn_span *a);
 int mpm_rope_init(mpm_model *m);
 /* attention for T chunk tokens at positions pos..: xn T x hidden -> out T x hidden */
 void mpm_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out);
-/* model_linear.c */
-int mpm_linear_load(mpm_model *m, void *loader, int layer);
-int mpm_linear_init(mpm_model *m); /* after the layers are loaded */
-void mpm_linear_free(mpm_model *m);
 /* RoPE of position pos into the shared cos/sin tables, then rotation of one rope_dim vector */
 void mpm_rope_tables(mpm_model *m, int pos);
 void mpm_rope_apply(const mpm_model *m, float *v, int interleaved);
@@ -155,12 +155,18 @@ int mpm_dsa_topk(const float *scores, int n, int k, int32_t *sel);
  * bits) or its selected rows gathered in ascending position order, *n set to their count. */
 void mpm_dsa_select(mpm_model *m, int layer, int pos, int T, const float *xn, const float *qres);
 const void *mpm_dsa_rows(mpm_model *m, int kv_slot, int t, int64_t *n);
+/* model_linear.c */
+int mpm_linear_load(mpm_model *m, void *loader, int layer);
+int mpm_linear_init(mpm_model *m); /* after the layers are loaded */
+void mpm_linear_free(mpm_model *m);
 void mpm_linear_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out);
 void mpm_gated_query(mpm_model *m, const mpm_layer *ly, const float *x, float *q, float *gate);
 void mpm_apply_gate(float *out, const float *gate, int64_t n);
 void mpm_shared_gate(mpm_model *m, const mpm_layer *ly, int T, const float *xn, float *out);
 /* model_kda.c (through model_linear.c's entry points when la_kind is MPM_LA_KDA) */
 int mpm_kda_load(mpm_model *m, void *loader, int layer);
+/* the state a token of linear layer ly reads (src) and writes (dst), at position pos */
+void mpm_linear_state(mpm_model *m, mpm_layer *ly, int pos, const float **src, float **dst);
 uint64_t mpm_kda_scratch_floats(const mpm_config *c);
 void mpm_kda_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out);
 /* model.c's tensor loaders for model_linear.c (required tensors) */

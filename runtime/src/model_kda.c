@@ -10,7 +10,8 @@
  *   beta = sigmoid(Wb x)                                         (per head)
  *   S = diag(exp(g)) S;  S += k (x) ((v - S^T k) * beta);  o = S^T q
  *   out = Wout (rmsnorm(o) * norm_w * sigmoid(Wgb (Wga x)))     (per head)
- * Token by token, like model_linear.c: any chunk size gives the same bits. */
+ * Token by token, like model_linear.c (whose state handling it shares: a failed call leaves the
+ * state as it was): any chunk size gives the same bits. */
 #include "linear_ops.h"
 #include "model_internal.h"
 #include "moepack.h"
@@ -68,7 +69,9 @@ typedef struct {
     const mpm_config *c;
     const mpm_layer *ly;
     const float *qkv, *decay, *gate, *beta;
-    float *o; /* [heads][dv] */
+    float *o;        /* [heads][dv] */
+    const float *S0; /* the recurrent state the token reads; S the one it writes (may be S0) */
+    float *S;
 } kda_job;
 
 /* one head: per-channel decay, delta-rule update, read-out, sigmoid-gated RMSNorm */
@@ -78,9 +81,10 @@ static void kda_head(void *ctx, size_t h) {
     const int64_t dk = c->la_dk, dv = c->la_dv, qd = c->la_nk * dk, at = (int64_t)h * dk;
     const float *q = j->qkv + at, *k = j->qkv + qd + at, *v = j->qkv + 2 * qd + (int64_t)h * dv;
     const float *decay = j->decay + at, beta = j->beta[h];
-    float *S = j->ly->rec_st + (size_t)h * (size_t)(dk * dv), *o = j->o + (int64_t)h * dv;
+    const float *S0 = j->S0 + (size_t)h * (size_t)(dk * dv);
+    float *S = j->S + (size_t)h * (size_t)(dk * dv), *o = j->o + (int64_t)h * dv;
     for (int64_t i = 0; i < dk; i++)
-        for (int64_t jv = 0; jv < dv; jv++) S[i * dv + jv] *= decay[i];
+        for (int64_t jv = 0; jv < dv; jv++) S[i * dv + jv] = S0[i * dv + jv] * decay[i];
     /* o doubles as scratch for S^T k before holding S^T q */
     memset(o, 0, (size_t)dv * sizeof(float));
     for (int64_t i = 0; i < dk; i++) mpk_axpy(o, k[i], S + i * dv, dv);
@@ -93,16 +97,17 @@ static void kda_head(void *ctx, size_t h) {
 
 void mpm_kda_attention(mpm_model *m, int l, int pos, int T, const float *xn, float *out) {
     const mpm_config *c = &m->c;
-    const mpm_layer *ly = &m->layers[l];
+    mpm_layer *ly = &m->layers[l];
     const int64_t H = c->hidden, nh = c->la_nk, dk = c->la_dk, qd = nh * dk, K = c->la_conv;
+    const int64_t rec = 3 * qd * (K - 1); /* state: [conv inputs | recurrent matrices] */
     float *qkv = m->lbuf, *decay = qkv + 3 * qd, *gate = decay + qd, *o = gate + qd;
     float *beta = o + qd, *low = beta + nh;
-    if (pos == 0) /* a new sequence: conv inputs and S start at zero */
-        memset(ly->conv_st, 0, (size_t)(3 * qd * (K - 1) + nh * dk * c->la_dv) * sizeof(float));
     for (int t = 0; t < T; t++) {
-        const float *x = xn + (int64_t)t * H;
+        const float *x = xn + (int64_t)t * H, *src;
+        float *dst;
+        mpm_linear_state(m, ly, pos + t, &src, &dst); /* zero at pos 0 */
         for (int i = 0; i < 3; i++) mpk_matmat(m->kern, m->pool, &ly->la_in[i], x, 1, qkv + i * qd);
-        mpl_conv_step(qkv, 3 * qd, ly->la_conv, ly->conv_st, K);
+        mpl_conv_step(qkv, 3 * qd, ly->la_conv, src, dst, K);
         for (int64_t h = 0; h < nh; h++) {
             mpl_l2norm(qkv + h * dk, dk, 1.0f / sqrtf((float)dk));
             mpl_l2norm(qkv + qd + h * dk, dk, 1.0f);
@@ -115,7 +120,7 @@ void mpm_kda_attention(mpm_model *m, int l, int pos, int T, const float *xn, flo
         for (int64_t h = 0; h < nh; h++) beta[h] = mpl_sigmoid(beta[h]);
         mpk_matmat(m->kern, m->pool, &ly->kda_ga, x, 1, low);
         mpk_matmat(m->kern, m->pool, &ly->kda_gb, low, 1, gate);
-        kda_job j = {c, ly, qkv, decay, gate, beta, o};
+        kda_job j = {c, ly, qkv, decay, gate, beta, o, src + rec, dst + rec};
         mpk_pool_run(m->pool, (size_t)nh, kda_head, &j);
         mpk_matmat(m->kern, m->pool, &ly->la_out, o, 1, out + (int64_t)t * H);
     }

@@ -12,7 +12,10 @@
  *   out = Wout (rmsnorm(o) * norm_w * silu(z))   (per value head)
  * Prompts are processed token by token through the recurrence (the chunkwise-parallel form is not
  * implemented): exact, and any chunk size gives the same bits.  The state is zeroed when a
- * sequence starts (pos 0); it cannot be rolled back (engine.c refuses truncation). */
+ * sequence starts (pos 0).  It cannot be truncated back like a KV cache (engine.c refuses), but
+ * a call never changes it in place: the first token of a call reads the committed state (lstate)
+ * and writes the working copy (lwork), which mpm_state_commit makes the committed one once the
+ * whole call succeeded, so a failed call leaves it as it was; snapshots copy lstate. */
 #include "linear_ops.h"
 #include "model_internal.h"
 #include "moepack.h"
@@ -40,14 +43,18 @@ uint64_t mpm_state_bytes(const mpm_config *c) {
     return 4u * (uint64_t)state_floats(c) * (uint64_t)n_linear(c);
 }
 
-uint64_t mpm_linear_scratch_bytes(const mpm_config *c) {
+/* floats of model_linear.c's per-token buffers (lbuf) */
+static uint64_t buf_floats(const mpm_config *c) {
     if (!n_linear(c) && !c->attn_gate) return 0;
     /* raw + canonical projections, recurrence output, per-head row; q + gate of a gated query */
     uint64_t lin = !n_linear(c) ? 0
                    : c->la_kind == MPM_LA_KDA ? mpm_kda_scratch_floats(c)
                                               : (uint64_t)(2 * proj_dim(c) + c->la_nv * c->la_dv + c->la_dv);
-    return 4u * (lin + 2u * (uint64_t)(c->n_heads * c->head_dim));
+    return lin + 2u * (uint64_t)(c->n_heads * c->head_dim);
 }
+
+/* the buffers and the working copy of the state (lwork) */
+uint64_t mpm_linear_scratch_bytes(const mpm_config *c) { return 4u * buf_floats(c) + mpm_state_bytes(c); }
 
 int mpm_linear_load(mpm_model *m, void *L, int l) {
     const mpm_config *c = &m->c;
@@ -129,7 +136,7 @@ int mpm_linear_init(mpm_model *m) {
         }
         for (int64_t i = 0; i < c->hidden; i++) m->final_norm[i] += one;
     }
-    uint64_t scratch = mpm_linear_scratch_bytes(c) / 4u;
+    uint64_t scratch = buf_floats(c);
     if (scratch && !(m->lbuf = calloc((size_t)scratch, 4))) return MP_ENOMEM;
     if (scratch) m->lqg = m->lbuf + scratch - 2u * (uint64_t)(c->n_heads * c->head_dim);
     int nl = n_linear(c), slot = 0;
@@ -140,19 +147,53 @@ int mpm_linear_init(mpm_model *m) {
     if (!nl) return 0;
     const int64_t sf = state_floats(c);
     m->lstate = calloc((size_t)(sf * nl), 4);
-    if (!m->lstate) return MP_ENOMEM;
+    m->lwork = calloc((size_t)(sf * nl), 4);
+    if (!m->lstate || !m->lwork) return MP_ENOMEM;
     if (c->la_kind != MPM_LA_KDA) { /* KDA's projections are already split */
         if (!(m->lperm = calloc((size_t)proj_dim(c), sizeof *m->lperm))) return MP_ENOMEM;
         build_perm(c, m->lperm);
     }
     int k = 0;
-    for (int64_t l = 0; l < c->n_layers; l++) {
-        mpm_layer *ly = &m->layers[l];
-        if (!ly->linear) continue;
-        ly->conv_st = m->lstate + (size_t)(k++) * (size_t)sf;
-        ly->rec_st = ly->conv_st + conv_dim(c) * (c->la_conv - 1);
-    }
+    for (int64_t l = 0; l < c->n_layers; l++)
+        if (m->layers[l].linear) m->layers[l].la_slot = k++;
     return 0;
+}
+
+void mpm_linear_state(mpm_model *m, mpm_layer *ly, int pos, const float **src, float **dst) {
+    const size_t sf = (size_t)state_floats(&m->c);
+    float *work = m->lwork + (size_t)ly->la_slot * sf;
+    *dst = work;
+    *src = work;
+    if (!ly->la_fresh) return;
+    ly->la_fresh = 0;
+    m->l_touched = 1;
+    if (pos == 0) memset(work, 0, sf * sizeof(float)); /* a new sequence starts from zero */
+    else *src = m->lstate + (size_t)ly->la_slot * sf;
+}
+
+void mpm_state_begin(mpm_model *m) {
+    for (int64_t l = 0; l < m->c.n_layers; l++) m->layers[l].la_fresh = m->layers[l].linear;
+    m->l_touched = 0;
+}
+
+void mpm_state_commit(mpm_model *m) {
+    if (!m->l_touched) return; /* no token passed: lwork holds nothing of this call */
+    float *t = m->lstate;
+    m->lstate = m->lwork;
+    m->lwork = t;
+    m->l_touched = 0;
+}
+
+uint64_t mpm_state_size(const mpm_model *m) {
+    return 4u * (uint64_t)state_floats(&m->c) * (uint64_t)m->c.n_linear;
+}
+
+void mpm_state_save(const mpm_model *m, void *dst) {
+    if (m->lstate) memcpy(dst, m->lstate, (size_t)mpm_state_size(m));
+}
+
+void mpm_state_load(mpm_model *m, const void *src) {
+    if (m->lstate) memcpy(m->lstate, src, (size_t)mpm_state_size(m));
 }
 
 void mpm_linear_free(mpm_model *m) {
@@ -165,6 +206,7 @@ void mpm_linear_free(mpm_model *m) {
         free(ly->shared_gate);
     }
     free(m->lstate);
+    free(m->lwork);
     free(m->lperm);
     free(m->lbuf);
 }
@@ -174,6 +216,8 @@ typedef struct {
     const mpm_layer *ly;
     const float *cv; /* this token's canonical projection, q/k/v after the conv */
     float *o;        /* [nv][dv] */
+    const float *S0; /* the recurrent state the token reads; S the one it writes (may be S0) */
+    float *S;
 } lin_job;
 
 /* one value head: decay, delta-rule update, read-out, gated RMSNorm */
@@ -187,9 +231,10 @@ static void lin_head(void *ctx, size_t h) {
     const float b = j->cv[2 * kd + 2 * vd + (int64_t)h], a = j->cv[2 * kd + 2 * vd + c->la_nv + (int64_t)h];
     const float g = -expf(j->ly->la_A[h]) * mpl_softplus(a + j->ly->la_dt[h]);
     const float decay = expf(g), beta = mpl_sigmoid(b);
-    float *S = j->ly->rec_st + (size_t)h * (size_t)(dk * dv), *o = j->o + (int64_t)h * dv;
+    const float *S0 = j->S0 + (size_t)h * (size_t)(dk * dv);
+    float *S = j->S + (size_t)h * (size_t)(dk * dv), *o = j->o + (int64_t)h * dv;
     /* o doubles as scratch for S^T k before holding S^T q */
-    for (int64_t e = 0; e < dk * dv; e++) S[e] *= decay;
+    for (int64_t e = 0; e < dk * dv; e++) S[e] = S0[e] * decay;
     for (int64_t jv = 0; jv < dv; jv++) o[jv] = 0.0f;
     for (int64_t i = 0; i < dk; i++) mpk_axpy(o, k[i], S + i * dv, dv);
     for (int64_t jv = 0; jv < dv; jv++) o[jv] = (v[jv] - o[jv]) * beta;
@@ -201,7 +246,7 @@ static void lin_head(void *ctx, size_t h) {
 
 void mpm_linear_attention(mpm_model *m, int l, int pos, int T, const float *xn, float *out) {
     const mpm_config *c = &m->c;
-    const mpm_layer *ly = &m->layers[l];
+    mpm_layer *ly = &m->layers[l];
     const int64_t H = c->hidden, P = proj_dim(c), cd = conv_dim(c), K = c->la_conv;
     const int64_t dk = c->la_dk, kd = c->la_nk * dk;
     if (c->la_kind == MPM_LA_KDA) {
@@ -209,7 +254,6 @@ void mpm_linear_attention(mpm_model *m, int l, int pos, int T, const float *xn, 
         return;
     }
     float *raw = m->lbuf, *cv = raw + P, *o = cv + P;
-    if (pos == 0) memset(ly->conv_st, 0, (size_t)state_floats(c) * sizeof(float)); /* new sequence */
     for (int t = 0; t < T; t++) {
         const float *x = xn + (int64_t)t * H;
         int64_t off = 0;
@@ -219,12 +263,16 @@ void mpm_linear_attention(mpm_model *m, int l, int pos, int T, const float *xn, 
         }
         for (int64_t jj = 0; jj < P; jj++) cv[jj] = raw[m->lperm[jj]];
         /* depthwise causal conv over [q k v] channels, then silu; the state keeps K-1 inputs */
-        mpl_conv_step(cv, cd, ly->la_conv, ly->conv_st, K);
+        const float *src;
+        float *dst;
+        mpm_linear_state(m, ly, pos + t, &src, &dst);
+        const int64_t rec = cd * (K - 1); /* [conv inputs | recurrent matrices] */
+        mpl_conv_step(cv, cd, ly->la_conv, src, dst, K);
         for (int64_t h = 0; h < c->la_nk; h++) {
             mpl_l2norm(cv + h * dk, dk, 1.0f / sqrtf((float)dk));
             mpl_l2norm(cv + kd + h * dk, dk, 1.0f);
         }
-        lin_job j = {m, ly, cv, o};
+        lin_job j = {m, ly, cv, o, src + rec, dst + rec};
         mpk_pool_run(m->pool, (size_t)c->la_nv, lin_head, &j);
         mpk_matmat(m->kern, m->pool, &ly->la_out, o, 1, out + (int64_t)t * H);
     }
