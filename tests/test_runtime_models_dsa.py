@@ -256,3 +256,19 @@ def test_dsa_needs_a_q_lora(tmp_path):
         validate_model(model)
     assert "attention.dsa needs attention.q_lora_rank" in _c_refusal(
         _reseal_model(tmp_path, model, adapter.config))
+
+
+@pytest.mark.parametrize("arch", list(FAMILIES))
+def test_every_kernel_path_bit_identical(tmp_path_factory, arch):
+    """The indexer's projections go through the same kernels as the trunk: every path this CPU
+    runs gives the auto path's logits bit for bit (sparse regime, 40 positions)."""
+    from test_runtime_engine import _best_kernels
+
+    path = str(built(tmp_path_factory, arch, "sparse") / "m.moepack")
+    toks = _tokens(40, 6)
+    with Engine(path, threads=2, chunk=CHUNK) as e:
+        base = e.logits(toks)
+    order = ["scalar", "avx2", "avx512vbmi"]
+    for name in order[:order.index(_best_kernels()) + 1]:
+        with Engine(path, threads=1, chunk=CHUNK, kernels=name) as e:
+            np.testing.assert_array_equal(e.logits(toks), base, err_msg=name)
