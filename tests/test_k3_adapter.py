@@ -76,7 +76,15 @@ def test_tiny_checkpoint_binds_every_tensor(k3):
                                                            raw[base + "weight_scale"]))
 
 
-def test_tiny_checkpoint_converts(k3, tmp_path):
+def _names(directory: Path) -> set[str]:
+    out: set[str] = set()
+    for f in directory.glob("*.safetensors"):
+        out |= set(load_file(f))
+    return out
+
+
+def test_tiny_checkpoint_converts_and_exports_the_published_names(k3, tmp_path):
+    from moepack.convert.export import export
     from moepack.convert.pipeline import convert
     from moepack.format import Container
 
@@ -87,6 +95,15 @@ def test_tiny_checkpoint_converts(k3, tmp_path):
         assert model["arch"] == "kimi_k3" and model["moe"]["latent_size"] == 32
         assert c.manifest["source"]["architecture"] == "KimiK3ForConditionalGeneration"
         assert any("vision tower" in s for s in c.manifest["source"]["skipped"])
+    export(out, tmp_path / "hf")
+    # the export is the checkpoint's text model, experts dequantised under their own names
+    want = {n.removesuffix("_packed") for n in _names(k3)
+            if n.startswith("language_model.") and not n.endswith("_scale")}
+    assert _names(tmp_path / "hf") == want
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert "quantization_config" not in cfg and cfg["text_config"]["hidden_act"] == "situ"
+    again = Checkpoint(tmp_path / "hf")
+    bind(again, adapter_for(again.config))  # and it converts again
 
 
 @pytest.mark.parametrize("change,message", [
