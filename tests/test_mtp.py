@@ -223,3 +223,11 @@ def test_glm4_moe_keeps_and_exports_its_mtp_layer(tmp_path):
     index = json.loads((hf / "model.safetensors.index.json").read_text())
     assert {n for n in index["weight_map"] if n.startswith(f"model.layers.{LAYERS}.")} \
         == set(written)
+
+
+def test_convert_refuses_an_unknown_mtp_mode(tmp_path):
+    result = CliRunner().invoke(app, ["convert", str(tmp_path), str(tmp_path / "o.moepack"),
+                                      "--mtp", "sometimes"])
+    assert result.exit_code == 1
+    assert "--mtp must be one of keep, drop, got 'sometimes'" in result.output
+    assert not (tmp_path / "o.moepack").exists()
