@@ -37,7 +37,8 @@ def container_info(c: Container) -> dict[str, Any]:
             experts += s["count"]
             payload += s["count"] * s["record_length"]
             params["experts"] += s["count"] * sum(prod(p["shape"]) for p in s["parts"])
-    mtp = mtp_summary(c.sections)  # kept for speculative decoding, not run (FORMAT.md §4.6)
+    c.mtp_banks()  # their rules first: they are not checked at open (FORMAT.md §4.6)
+    mtp = mtp_summary(c.sections)  # kept for speculative decoding, not run
     if mtp:
         size["mtp"] = mtp["bytes"]
     size["other"] = c.file_size - sum(size.values())

@@ -18,7 +18,7 @@ from moepack.format.header import Header, parse_header
 from moepack.format.limits import HEADER_SIZE
 from moepack.format.mtp import MTP_TENSOR
 from moepack.format.rules import check_obj, validate_manifest
-from moepack.format.sections import Sections, validate_sections
+from moepack.format.sections import Sections, validate_mtp, validate_sections
 
 
 def parse_index(data: bytes, h: Header) -> tuple[dict[str, Any], Sections]:
@@ -59,6 +59,7 @@ class Container:
         self.model: dict[str, Any] = manifest["model"]
         self.sections = sections.all
         self._sections = sections
+        self._mtp_banks: dict[int, dict[str, Any]] | None = None  # checked on request
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> Container:
@@ -93,7 +94,8 @@ class Container:
     def _section(self, name: str, kind: str) -> dict[str, Any]:
         s = self._sections.by_name.get(name)
         if s is not None and (s["type"], kind) == (MTP_TENSOR, "tensor"):
-            return s  # read (only on request) like any tensor
+            self._mtp()  # read (only on request) like any tensor, once its rules are checked
+            return s
         if s is None or s["type"] != kind:
             raise KeyError(f"{self.path}: no {kind} section named {name!r}")
         return s
@@ -150,16 +152,24 @@ class Container:
         """The expert_bank index entries, in file order."""
         return list(self._sections.banks.values())
 
+    def _mtp(self) -> dict[int, dict[str, Any]]:
+        """MTP banks by layer, after the MTP sections' rules (not checked at open, FORMAT.md
+        §4.6); FormatError naming the section when one breaks them."""
+        if self._mtp_banks is None:
+            self._mtp_banks = validate_mtp(self._sections, self.header)
+        return self._mtp_banks
+
     def mtp_banks(self) -> list[dict[str, Any]]:
         """The MTP expert banks (FORMAT.md §4.6), in file order; `banks()` leaves them out."""
-        return list(self._sections.mtp_banks.values())
+        return list(self._mtp().values())
 
     def mtp_tensor_names(self) -> list[str]:
+        self._mtp()
         return [s["name"] for s in self.sections if s["type"] == MTP_TENSOR]
 
     def bank(self, layer: int) -> dict[str, Any]:
         """The expert bank of `layer`, or its MTP bank (records are read the same way)."""
-        b = self._sections.banks.get(layer) or self._sections.mtp_banks.get(layer)
+        b = self._sections.banks.get(layer) or self._mtp().get(layer)
         if b is None:
             raise KeyError(f"{self.path}: no expert bank for layer {layer}")
         return b

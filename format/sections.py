@@ -17,7 +17,7 @@ from moepack.format.limits import (
     SECTION_ALIGNMENT,
     align_up,
 )
-from moepack.format.mtp import MTP_BANK, MTP_TENSOR, MTP_TYPES, check_mtp_bank, mtp_banks
+from moepack.format.mtp import MTP_BANK, MTP_TENSOR, check_mtp_bank, mtp_banks
 from moepack.format.rules import (
     check_blob_name,
     check_class_codec,
@@ -31,7 +31,7 @@ from moepack.format.rules import (
     codec_nbytes,
 )
 
-KNOWN_TYPES = ("tensor", "blob", "expert_hashes", "expert_bank", *MTP_TYPES)
+KNOWN_TYPES = ("tensor", "blob", "expert_hashes", "expert_bank")
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,6 @@ class Sections:
     all: list[dict[str, Any]]
     by_name: dict[str, dict[str, Any]]
     banks: dict[int, dict[str, Any]]  # layer -> expert_bank entry
-    mtp_banks: dict[int, dict[str, Any]]  # layer -> mtp_expert_bank entry (FORMAT.md §4.6)
 
 
 def _where(i: int, s: dict[str, Any]) -> str:
@@ -185,14 +184,14 @@ def validate_sections(value: Any, h: Header) -> Sections:
         if s["name"] in by_name:
             raise reject("duplicate_name", f"{w}.name", "duplicate section name")
         by_name[s["name"]] = s
-        if kind in ("tensor", MTP_TENSOR):
+        if kind == "tensor":
             _check_tensor(w, s, h)
         elif kind == "blob":
             _check_blob(w, s)
         elif kind == "expert_hashes" and s["length"] % 32:
             raise reject("hash_table_length", f"{w}.length",
                          f"{s['length']} is not a multiple of 32")
-        elif kind in ("expert_bank", MTP_BANK):
+        elif kind == "expert_bank":
             _check_bank(w, s, h)
     _check_extents(sections, h)
     banks: dict[int, dict[str, Any]] = {}
@@ -219,4 +218,16 @@ def validate_sections(value: Any, h: Header) -> Sections:
         if s["type"] == "expert_hashes" and s["name"] not in users:
             raise reject("orphan_hash_table", _where(i, s),
                          "no expert bank refers to this hash table")
-    return Sections(sections, by_name, banks, mtp_banks(sections, banks, _where))
+    return Sections(sections, by_name, banks)
+
+
+def validate_mtp(sections: Sections, h: Header) -> dict[int, dict[str, Any]]:
+    """The MTP sections' own rules (FORMAT.md §4.6), checked when a caller asks for them: `open`
+    checks them as unknown sections, as every reader that does not know them does, so the
+    readers agree on every file. Returns the MTP banks by layer."""
+    for i, s in enumerate(sections.all):
+        if s["type"] == MTP_TENSOR:
+            _check_tensor(_where(i, s), s, h)
+        elif s["type"] == MTP_BANK:
+            _check_bank(_where(i, s), s, h)
+    return mtp_banks(sections.all, sections.banks, _where)

@@ -191,13 +191,18 @@ def _rewrite_index(path: Path, edit) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("edit, message, code", [
-    (lambda s: s.update(hashes="expert_hashes.1"), "an MTP bank has no hash table", "bank_hash"),
-    (lambda s: s.update(layer=1), "a second bank for layer 1", "second_bank"),
-    (lambda s: s.update(stride=s["stride"] // 2), "stride", "stride"),
-    (lambda s: s.update(hash="00"), "bad hash string", "bad_hash_string"),
+@pytest.mark.parametrize("edit, message, code, at_open", [
+    (lambda s: s.update(hashes="expert_hashes.1"), "an MTP bank has no hash table", "bank_hash",
+     False),
+    (lambda s: s.update(layer=1), "a second bank for layer 1", "second_bank", False),
+    (lambda s: s.update(stride=s["stride"] // 2), "stride", "stride", False),
+    (lambda s: s.update(hash="00"), "bad hash string", "bad_hash_string", True),
 ])
-def test_reader_rejects_bad_mtp_banks(built, tmp_path, edit, message, code):
+def test_reader_rejects_bad_mtp_banks(built, tmp_path, edit, message, code, at_open):
+    """Common keys at open (as any section); the MTP rules when the sections are asked for, so
+    the C reader, which does not know the types, gives the same verdict at open."""
+    from moepack.runtime import _lib
+
     _, _, keep, _ = built
     copy = tmp_path / "bad.moepack"
     copy.write_bytes(keep.read_bytes())
@@ -206,9 +211,15 @@ def test_reader_rejects_bad_mtp_banks(built, tmp_path, edit, message, code):
         edit(next(s for s in doc["sections"] if s["type"] == MTP_BANK))
 
     _rewrite_index(copy, change)
+    assert (_lib.check_container(copy).rc != 0) == at_open
     with pytest.raises(FormatError, match=message) as e:
-        Container.open(copy)
+        with Container.open(copy) as c:
+            assert not at_open
+            c.mtp_banks()
     assert e.value.code == code
+    if not at_open:
+        with Container.open(copy) as c, pytest.raises(FormatError, match=message):
+            container_info(c)  # info shows them, so it asks
 
 
 def test_glm4_moe_keeps_and_exports_its_mtp_layer(tmp_path):

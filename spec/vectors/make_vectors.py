@@ -15,16 +15,19 @@ import struct
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import blake3
 import zstandard
+from moepack.format import BankSpec, TensorSpec
 from moepack.format.canonical import canonical_json
 from moepack.format.info import container_info
 from moepack.format.limits import align_up
+from moepack.format.mtp import MTP_BANK, MTP_TENSOR
 from moepack.format.reader import Container
-from moepack.format.synthetic import F16, RVQ3, mixtral_spec, write_synthetic, xof
+from moepack.format.synthetic import F16, F32, RVQ3, mixtral_spec, write_synthetic, xof
 
 HEADER = struct.Struct("<8sHHIIIQQQ32s16s")
 FIELDS = ("magic", "major", "minor", "flags", "alignment", "header_size", "file_size",
@@ -157,6 +160,19 @@ def valid_rvq_tiles() -> bytes:
     return _write(mixtral_spec(layers=1, experts=2, hidden=72, inter=20, vocab=32, heads=2,
                                kv_heads=1, alignment=512, attn=F16, embed=F16,
                                expert=dict(RVQ3, stages=2)))
+
+
+def valid_mtp() -> bytes:
+    """1 MoE layer plus one multi-token-prediction layer (FORMAT.md §4.6), alignment 512: two
+    mtp_tensor sections (an f32 norm, an f16 projection) after an mtp_expert_bank (q8 experts,
+    one section hash) that starts where the expert bank ends. Readers that do not know the
+    types check them as unknown sections."""
+    spec = mixtral_spec(layers=1, experts=2, hidden=16, inter=16, vocab=32, heads=2,
+                        kv_heads=1, alignment=512, attn=F16, embed=F16, expert=Q8_16)
+    mtp = (TensorSpec("layers.1.mtp.enorm", "norm", (16,), F32, MTP_TENSOR),
+           TensorSpec("layers.1.mtp.eh_proj", "attn", (16, 32), F16, MTP_TENSOR))
+    bank = BankSpec(1, 2, spec.banks[0].parts, MTP_BANK)
+    return _write(replace(spec, tensors=spec.tensors + mtp, banks=spec.banks + (bank,)))
 
 
 def _rvq_1_0_size(shape: list[int], codec: dict[str, Any]) -> int:
@@ -390,7 +406,8 @@ def generate(out: Path) -> list[Path]:
     written = []
     valid = {"mixtral2": valid_mixtral2(), "blobs": valid_blobs(),
              "future_minor": valid_future_minor(), "q6": valid_q6(),
-             "codebook_f16": valid_codebook_f16(), "rvq_tiles": valid_rvq_tiles()}
+             "codebook_f16": valid_codebook_f16(), "rvq_tiles": valid_rvq_tiles(),
+             "mtp": valid_mtp()}
     base = mini()
     for sub in ("valid", "invalid"):
         (out / sub).mkdir(parents=True, exist_ok=True)
