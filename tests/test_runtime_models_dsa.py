@@ -272,3 +272,19 @@ def test_every_kernel_path_bit_identical(tmp_path_factory, arch):
     for name in order[:order.index(_best_kernels()) + 1]:
         with Engine(path, threads=1, chunk=CHUNK, kernels=name) as e:
             np.testing.assert_array_equal(e.logits(toks), base, err_msg=name)
+
+
+@pytest.mark.parametrize("arch", list(FAMILIES))
+def test_native_names_are_what_save_pretrained_writes(tmp_path_factory, arch):
+    """Every tensor save_pretrained wrote is one the adapter maps (the indexer's included, on
+    full layers only), and nothing else: export writes these names back."""
+    from moepack.convert.adapters import adapter_for
+    from moepack.convert.source import Checkpoint
+
+    ck = Checkpoint(built(tmp_path_factory, arch, "sparse") / "src")
+    a = adapter_for(ck.config)
+    native = {t.sources[0] for t in a.trunk()}
+    for layer in a.moe_layers():
+        for e in range(a.model["moe"]["num_experts"]):
+            native |= set(a.native_expert_names(layer, e).values())
+    assert native == set(ck.tensors)
