@@ -8,7 +8,12 @@
    each --jobs value through the real CLI (`moepack convert --json` in a subprocess; `ray`: on a
    2-node local Ray cluster with one CPU per node, started for the run), and reports expert
    weights/s, weights/s per core, the scaling ratio against the first run, peak RSS of the
-   largest worker, and whether all outputs are byte-identical.
+   largest worker, and whether all outputs are byte-identical. With both `2` and `ray` in
+   --jobs: Ray's overhead at equal cores (2 local workers vs 2 one-CPU nodes), in %.
+   --repeat N runs the --jobs values N times, interleaved (load drifts on a shared machine),
+   and reports each one's median (lower median: of 2 runs, the faster). --quick: a small run
+   (2 layers of 8 1024x512 experts, rvq3-baseline, --jobs 2,ray, no encoder rates) to check
+   the Ray row in a few minutes.
 Results go to docs/CONVERT.md by hand, with hardware, commit, date and machine load.
 """
 
@@ -112,8 +117,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-rates", action="store_true", help="skip the encoder-rate part")
     ap.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint and outputs")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per --jobs value (median)")
+    ap.add_argument("--quick", action="store_true",
+                    help="small: --size-gb 0.05 --shape 1024x512 --experts 8 --jobs 2,ray "
+                    "--no-rates, rvq3-baseline")
     ap.add_argument("convert_args", nargs="*", help="extra `moepack convert` options after --")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.size_gb, args.shape, args.experts, args.jobs = 0.05, "1024x512", 8, "2,ray"
+        args.no_rates = True
+        if "--expert-codec" not in args.convert_args:
+            args.convert_args += ["--expert-codec", "rvq3-baseline"]
     rates = [] if args.no_rates else convert_rates.measure(
         log=lambda line: print(line, file=sys.stderr))
     work = args.workdir or Path(tempfile.mkdtemp(prefix="moepack-bench-convert-"))
@@ -125,14 +139,30 @@ def main(argv: list[str] | None = None) -> None:
         src_bytes = sum(f.stat().st_size for f in src.glob("*.safetensors"))
         print(f"synthetic checkpoint: {src_bytes / 1e9:.2f} GB, {experts} experts "
               f"({time.monotonic() - t:.0f} s to generate)", file=sys.stderr)
-        rows, outputs = [], []
-        for jobs in args.jobs.split(","):
-            out = work / f"out-j{jobs}.moepack"
-            load = os.getloadavg()[0]
-            s = run(src, out, jobs, args.convert_args)
-            outputs.append(out)
+        runs: dict[str, list[dict]] = {}
+        outputs: list[Path] = []
+        for i in range(args.repeat):
+            for jobs in args.jobs.split(","):
+                out = work / f"out-j{jobs}-{i}.moepack"
+                load = os.getloadavg()[0]
+                s = run(src, out, jobs, args.convert_args)
+                s["load_avg_1m_before"] = load
+                print(json.dumps({"jobs": jobs, "seconds": s["seconds"], "load": load}),
+                      file=sys.stderr)
+                runs.setdefault(jobs, []).append(s)
+                if not outputs:
+                    outputs.append(out)
+                else:  # keep disk use to two outputs
+                    s["identical_to_first"] = _same(outputs[0], out)
+                    out.unlink()
+        rows = []
+        for jobs, done in runs.items():
+            # the median run; of two middle ones the faster (the less disturbed by other load)
+            s = sorted(done, key=lambda d: d["seconds"])[(len(done) - 1) // 2]
             weights = experts * 3 * hidden * inter
-            rows.append({"jobs": jobs, "seconds": s["seconds"], "load_avg_1m_before": load,
+            rows.append({"jobs": jobs, "seconds": s["seconds"], "runs": len(done),
+                         "all_seconds": [d["seconds"] for d in done],
+                         "load_avg_1m_before": s["load_avg_1m_before"],
                          "experts_per_s": round(experts / s["seconds"], 3),
                          "expert_weights_per_s": round(weights / s["seconds"]),
                          "expert_weights_per_s_per_core": round(weights / s["seconds"] / 2),
@@ -140,19 +170,22 @@ def main(argv: list[str] | None = None) -> None:
                          "source_mb_per_s": round(src_bytes / 1e6 / s["seconds"], 2),
                          "peak_rss_worker_mb": round(s["peak_rss_worker"] / 2**20, 1),
                          "file_size": s["file_size"],
-                         "expert_bits_per_weight": s["expert_bits_per_weight"]})
+                         "expert_bits_per_weight": s["expert_bits_per_weight"],
+                         "identical_to_first": all(d.get("identical_to_first", True)
+                                                   for d in done)})
             print(json.dumps(rows[-1]), file=sys.stderr)
-            if len(outputs) > 1:  # keep disk use to two outputs
-                same = _same(outputs[0], outputs[-1])
-                rows[-1]["identical_to_first"] = same
-                outputs[-1].unlink()
         for r in rows:
             r["scaling_vs_first"] = round(rows[0]["seconds"] / r["seconds"], 3)
+        by = {r["jobs"]: r for r in rows}
+        overhead = None
+        if "2" in by and "ray" in by:  # equal cores: 2 local workers vs 2 one-CPU nodes
+            overhead = round((by["ray"]["seconds"] / by["2"]["seconds"] - 1) * 100, 1)
         report = {"date": utc_now(),
                   "commit": git_commit(), "cpu": cpu_model(), "cores": os.cpu_count(),
                   "load_avg_1m": round(os.getloadavg()[0], 2), "source_bytes": src_bytes,
                   "experts": experts, "expert_shape": [hidden, inter],
                   "convert_args": args.convert_args, "runs": rows,
+                  "ray_overhead_pct_vs_jobs_2": overhead,
                   "rates": [asdict(r) for r in rates],
                   "estimates_hours": {f"{p} x {c} cores": convert_rates.estimate(rates, p, c)
                                       for p in ("rvq3-l", "rvq3", "rvq3-baseline")

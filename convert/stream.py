@@ -405,9 +405,11 @@ def convert_from_hub(source: str, out: str | Path, settings: Settings, *, stagin
         execute = _ray_execute(ray, hub, weights, sizes, known, stage, rep, stats)
     else:
         execute = StreamExecutor(hub, sizes, staging, jobs or 1, rep, stats).execute
-    summary = convert(stage, out, settings, jobs=jobs, force=force, restart=restart,
-                      reporter=rep, pause_per_unit=pause_per_unit, known_files=known,
-                      execute=execute)
+    # With --ray the cluster's CPUs work: no local --jobs choice to announce.
+    summary = convert(stage, out, settings, jobs=1 if ray else jobs, force=force,
+                      restart=restart, reporter=rep, pause_per_unit=pause_per_unit,
+                      known_files=known, execute=execute)
+    summary.plan["ray"] = ray
     facts.update(downloaded=stats.downloaded, shards_downloaded=stats.shards_downloaded,
                  peak_staged=stats.peak_staged, waves=stats.waves, prefetched=stats.prefetched)
     _remove_staging(stage, files)

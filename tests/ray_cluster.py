@@ -37,6 +37,7 @@ class LocalCluster:
     address: str
     temp_dir: Path
     groups: list[int] = field(default_factory=list)   # process groups of the nodes
+    ports: set[int] = field(default_factory=set)      # every port given to a node
 
     def processes(self, groups: list[int] | None = None) -> list[tuple[int, str]]:
         """(pid, command line) of every process in this cluster's process groups (or just
@@ -74,7 +75,7 @@ class LocalCluster:
 
     def add_node(self, cpus: int = 1) -> int:
         """Start one more node; returns its number."""
-        _start(self, ["--address", self.address, *_common(cpus), *_node_ports()])
+        _start(self, ["--address", self.address, *_common(cpus), *_node_ports(self.ports)])
         _wait_ready(self.address, len(self.groups))
         return len(self.groups) - 1
 
@@ -158,13 +159,23 @@ def _wait_ready(address: str, nodes: int) -> None:
         raise RuntimeError(f"Ray cluster at {address} not ready:\n{r.stderr[-4000:]}")
 
 
-def _node_ports() -> list[str]:
+def _node_ports(taken: set[int]) -> list[str]:
+    """Free ports for one node's components and a 41-port worker range, none of them in
+    `taken` (the cluster's other ports) nor in each other's way (Ray refuses overlaps)."""
     lo = free_port()
-    return ["--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
-            "--dashboard-agent-listen-port", str(free_port()),
-            "--dashboard-agent-grpc-port", str(free_port()),
-            "--runtime-env-agent-port", str(free_port()),
-            "--metrics-export-port", str(free_port()),
+    while taken & set(range(lo, lo + 41)):
+        lo = free_port()
+    taken.update(range(lo, lo + 41))
+
+    def pick() -> str:
+        while (p := free_port()) in taken:
+            pass
+        taken.add(p)
+        return str(p)
+
+    return ["--node-manager-port", pick(), "--object-manager-port", pick(),
+            "--dashboard-agent-listen-port", pick(), "--dashboard-agent-grpc-port", pick(),
+            "--runtime-env-agent-port", pick(), "--metrics-export-port", pick(),
             "--min-worker-port", str(lo), "--max-worker-port", str(lo + 40)]
 
 
@@ -177,12 +188,14 @@ def _common(cpus: int) -> list[str]:
 def local_cluster(nodes: int = 2, cpus: int = 1) -> Iterator[LocalCluster]:
     tmp = Path(tempfile.mkdtemp(prefix="mpray", dir="/tmp"))  # short: unix socket paths
     port = free_port()
-    cluster = LocalCluster(f"127.0.0.1:{port}", tmp)
+    cluster = LocalCluster(f"127.0.0.1:{port}", tmp, ports={port})
     try:
         _start(cluster, ["--head", "--port", str(port), "--temp-dir", str(tmp),
-                         "--include-dashboard", "false", *_common(cpus), *_node_ports()])
+                         "--include-dashboard", "false", *_common(cpus),
+                         *_node_ports(cluster.ports)])
         for _ in range(nodes - 1):
-            _start(cluster, ["--address", cluster.address, *_common(cpus), *_node_ports()])
+            _start(cluster, ["--address", cluster.address, *_common(cpus),
+                             *_node_ports(cluster.ports)])
         _wait_ready(cluster.address, nodes)
         yield cluster
     finally:

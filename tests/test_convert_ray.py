@@ -92,7 +92,7 @@ def test_hub_source_two_nodes_read_checked_ranges(cluster, source, reference, hu
     doc = finish(cli(f"hf:{REPO}", str(out), "--ray", cluster.address, "--json", *CLI_FAST,
                      "--pause-per-unit", "0.3", env=hub_env(hub)))
     assert out.read_bytes() == reference
-    assert doc["ray_nodes"] == 2
+    assert doc["ray_nodes"] == 2 and doc["plan"]["ray"] == cluster.address
     shards = {p.name: p.stat().st_size for p in source.glob("*.safetensors")}
     s = doc["stream"]
     assert s["peak_staged"] == 0 and s["downloaded"] == s["source_bytes"] == sum(shards.values())
@@ -126,6 +126,32 @@ def test_hub_source_range_not_matching_the_verified_shard_stops(cluster, source,
     assert "differ from the file whose SHA-256 was verified" in err.strip().splitlines()[-1]
     assert "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_hub_source_driver_killed_then_rerun_reuses_verified_shards(cluster, source, reference,
+                                                                     hub, tmp_path):
+    out = tmp_path / "hubresume.moepack"
+    journal = Path(f"{out}.journal")
+    args = [f"hf:{REPO}", str(out), "--ray", cluster.address, "--json", *CLI_FAST]
+    p = cli(*args, "--pause-per-unit", "0.5", start_new_session=True, env=hub_env(hub))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        if journal.exists() and journal.read_text().count("expert:") >= 4:
+            break
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.communicate()
+    assert not out.exists() and journal.exists()
+    kept = list(Path(f"{out}.staging").glob(".*.blocks"))
+    assert kept                                       # digests of the shards verified so far
+    doc = finish(cli(*args, env=hub_env(hub)))
+    assert out.read_bytes() == reference
+    assert doc["resumed_units"] >= 4
+    # a verified shard is not streamed again: its block table was kept
+    assert doc["stream"]["downloaded"] <= doc["stream"]["source_bytes"] - sum(
+        source.joinpath(k.name[1:].removesuffix(".blocks")).stat().st_size for k in kept)
 
 
 @pytest.mark.slow
