@@ -41,7 +41,8 @@ int main(void) {
     const kind kinds[] = {{"f32", MP_CODEC_F32, 0, 0},  {"f16", MP_CODEC_F16, 0, 0},   {"bf16", MP_CODEC_BF16, 0, 0},
                           {"q8/32", MP_CODEC_Q8, 0, 32}, {"q8/8", MP_CODEC_Q8, 0, 8},   {"q6/16", MP_CODEC_Q6, 0, 16},
                           {"q4/32", MP_CODEC_Q4, 0, 32}, {"q4z/64", MP_CODEC_Q4, 1, 64}, {"q4z/16", MP_CODEC_Q4, 1, 16}};
-    const int64_t shapes[][2] = {{37, 100}, {16, 64}, {70, 523}, {1, 8}};
+    /* 1031 columns: many blocks of eight full groups (the AVX2 reduction) and a partial group */
+    const int64_t shapes[][2] = {{37, 100}, {16, 64}, {70, 523}, {1, 8}, {3, 1031}};
     const int64_t ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33};
     for (size_t ki = 0; ki < sizeof kinds / sizeof *kinds; ki++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
