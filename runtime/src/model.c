@@ -352,11 +352,11 @@ void mpm_free(mpm_model *m) {
     }
     mpm_moe_free(m);
     mpm_linear_free(m);
+    mpm_dsa_free(m); /* before the layers: it frees their indexer norms */
     free(m->layers);
     free(m->final_norm);
     free(m->inv_freq);
     mpm_kv_free(m);
-    mpm_dsa_free(m);
     void *bufs[] = {m->xn, m->q, m->kbuf, m->vbuf, m->att, m->scores, m->cosb, m->sinb, m->qlat,
                     m->olat, m->lat, m->router_logits, m->moe_out, m->eo, m->g, m->u, m->xr, m->ar,
                     m->selw, m->sel, m->bx, m->bxn, m->bout,
