@@ -341,6 +341,7 @@ def chat_cmd(
     Each turn evaluates only the part of the conversation not already cached. An empty line or
     EOF ends the chat; a line that is not UTF-8 ends it with an error."""
     from moepack.runtime.engine import EngineError
+    from moepack.runtime.prefix import PrefixReuse
     from moepack.runtime.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 
     _require_file(file)
@@ -352,7 +353,7 @@ def chat_cmd(
         fail(str(e))
     eng = _open(file, budget=budget, threads=threads, ctx=ctx, kv=kv)
     messages = [{"role": "system", "content": system}] if system else []
-    cached: list[int] = []  # tokens now in the KV cache
+    reuse = PrefixReuse(eng)  # KV truncation, or the linear-attention state of the last turn
     stop = [tok.eos_id] if tok.eos_id is not None else []
     with eng:
         while True:
@@ -361,21 +362,18 @@ def chat_cmd(
                 break
             messages.append({"role": "user", "content": line})
             ids = _encode_chat(tok, messages)
-            if cached and ids[:len(cached)] == cached:
-                new = ids[len(cached):]
-            else:
-                eng.reset()
-                cached, new = [], ids
             if len(ids) + max_tokens > eng.ctx:
                 _err.print("[yellow]context full: starting over[/yellow]")
                 messages = messages[-1:]
                 ids = _encode_chat(tok, messages)
                 eng.reset()
-                cached, new = [], ids
+            new = ids[reuse.rewind(ids):]
             dec, reply = StreamDecoder(tok), []
             try:
                 for t in eng.generate(new, max_tokens, temperature=temp, top_k=top_k,
                                       top_p=top_p, seed=seed, reset=False, stop=stop):
+                    if not reply:  # the prompt is in, the reply not yet: a turn boundary
+                        reuse.mark()
                     reply.append(t)
                     if t not in stop:
                         sys.stdout.write(terminal_text(dec.push(t)))
@@ -384,7 +382,6 @@ def chat_cmd(
                 fail(str(e))
             print()
             # the last sampled token was not fed; the next turn re-renders and feeds the rest
-            cached = ids + reply[:-1] if reply else ids
             messages.append({"role": "assistant",
                              "content": tok.decode([t for t in reply if t not in stop])})
 

@@ -286,6 +286,17 @@ class Engine:
             _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"))
         del self._seq[n:]
 
+    @property
+    def sequence(self) -> tuple[int, ...]:
+        """The tokens now in the sequence."""
+        return tuple(self._seq)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the linear-attention state (0: the KV cache is all there is, truncate
+        reaches any prefix)."""
+        return int(self._lib.mp_state_bytes(self._handle()))
+
     def snapshot(self) -> Snapshot:
         """The sequence so far and its linear-attention state, for `restore` (a recurrent state
         cannot be truncated back like the KV cache: chat keeps one per turn boundary)."""

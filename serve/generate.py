@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 from moepack.runtime.engine import MP_ECTX, Engine, EngineError, with_rates
+from moepack.runtime.prefix import PrefixReuse
 from moepack.runtime.tokenizer import StreamDecoder
 from moepack.serve.job import Done, Job, Piece, TokenLogprob
 from moepack.serve.stops import StopMatcher
@@ -16,14 +17,6 @@ from moepack.serve.vocab import Vocab
 _MASKED = np.float32(-1e30)  # finite: softmax of a row with -inf max would be NaN
 _DELTA_KEYS = ("prompt_tokens", "decode_tokens", "prompt_seconds", "decode_seconds",
                "cache_hits", "cache_misses", "bytes_read", "io_wait_seconds")
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def stats_delta(before: dict, after: dict) -> dict:
@@ -51,6 +44,7 @@ class Generator:
     def __init__(self, engine: Engine, vocab: Vocab) -> None:
         self.engine, self.vocab = engine, vocab
         self.cached: list[int] = []
+        self.prefix = PrefixReuse(engine)  # KV truncation, or a linear-attention snapshot
 
     def _feed(self, ids: list[int]) -> np.ndarray:
         logits = self.engine.feed(ids)  # all or nothing: on error the cache is as it was
@@ -78,14 +72,10 @@ class Generator:
             raise EngineError(f"prompt of {len(job.prompt)} tokens does not fit ctx {eng.ctx}",
                               MP_ECTX)
         # keep at least one prompt token to feed: its logits start the reply
-        reuse = min(common_prefix(self.cached, job.prompt), len(job.prompt) - 1)
-        try:
-            eng.truncate(reuse)
-        except EngineError:  # linear-attention state: no going back to a prefix, start over
-            reuse = 0
-            eng.truncate(0)
+        reuse = self.prefix.rewind(job.prompt)
         del self.cached[reuse:]
         logits = self._feed(job.prompt[reuse:])
+        self.prefix.mark()  # the prompt is in, the reply not yet: a turn boundary
         # the engine's own sampler and RNG, so a seed gives what `moepack run --seed` gives
         rng = C.c_uint64(eng._lib.mp_rng_seed(int(job.seed) & (2**64 - 1)))
         limit = min(job.max_tokens, eng.ctx - len(job.prompt))

@@ -229,3 +229,71 @@ def test_chat_continuation_from_a_turn_snapshot_equals_one_pass(kimi):
         e.feed(turn2)
         with pytest.raises(EngineError, match="does not match"):
             e.restore(snap)  # another sequence: its KV rows are not turn 1's
+
+
+def test_prefix_reuse_restores_the_turn_boundary(kimi):
+    """PrefixReuse (chat, serve): a new prompt that shares the last prompt but not the reply as
+    generated goes back to the turn snapshot and feeds only the rest; one that extends the whole
+    sequence feeds only its new tokens; the logits are the one-pass logits either way."""
+    from moepack.runtime.prefix import PrefixReuse
+
+    path, ref = kimi
+    v = _vocab(ref)
+    p1, user = _tokens(v, 20, seed=10), _tokens(v, 6, seed=11)
+    with Engine(path, threads=1, chunk=CHUNK) as e:
+        reuse = PrefixReuse(e)
+        assert reuse.rewind(p1) == 0
+        e.feed(p1)
+        reuse.mark()
+        reply = [5, 9, 13]  # fed as a reply would be
+        e.feed(reply)
+        # the reply re-rendered differently: back to the end of p1
+        p2 = p1 + [reply[0], 3] + user
+        n = reuse.rewind(p2)
+        assert n == len(p1) and e.position == len(p1)
+        got2 = e.feed(p2[n:])
+        # a prompt that extends everything fed: nothing dropped
+        p3 = p2 + user
+        assert reuse.rewind(p3) == len(p2)
+        got3 = e.feed(p3[len(p2):])
+        full = e.logits(p3)
+    np.testing.assert_array_equal(got2, full[len(p2) - 1])
+    np.testing.assert_array_equal(got3, full[-1])
+
+
+@pytest.mark.parametrize("keeps_reply", [True, False], ids=["reply-kept", "reply-dropped"])
+def test_chat_second_turn_equals_one_pass(kimi, monkeypatch, keeps_reply):
+    """`moepack chat` on a linear-attention model: turn 2 feeds only what turn 1 did not (when
+    the template drops the reply, as reasoning templates do, from turn 1's snapshot) and its
+    reply is what greedy generation over the whole rendered conversation gives."""
+    from moepack.runtime import cli
+    from moepack.runtime.tokenizer import Tokenizer
+    from typer.testing import CliRunner
+
+    from moepack.cli import app
+
+    path, _ = kimi
+    tok = Tokenizer.from_container(str(path))
+
+    def render(msgs):
+        return [m for m in msgs if keeps_reply or m["role"] != "assistant"]
+
+    real_encode, fed = cli._encode_chat, []
+    monkeypatch.setattr(cli, "_encode_chat", lambda t, msgs: real_encode(t, render(msgs)))
+    real_feed = Engine.feed
+    monkeypatch.setattr(Engine, "feed", lambda self, t: fed.append(len(t)) or real_feed(self, t))
+    r = CliRunner().invoke(app, ["chat", str(path), "-n", "6", "--kv", "f32"],
+                           input="w5 w6 w7\nw8 w9\n\n")
+    assert r.exit_code == 0, r.output
+    replies = [line.removeprefix("> ").strip() for line in r.output.splitlines()
+               if line.startswith("> ") and line.strip() != ">"]
+    assert len(replies) >= 2, r.output
+    msgs = render([{"role": "user", "content": "w5 w6 w7"},
+                   {"role": "assistant", "content": replies[0]},
+                   {"role": "user", "content": "w8 w9"}])
+    ids = tok.encode_chat(msgs)
+    prompts = [n for n in fed if n > 1]
+    assert prompts[0] == 3 and len(prompts) == 2 and prompts[1] <= len(ids) - 3
+    with Engine(path, threads=1, kv="f32") as e:
+        want = list(e.generate(ids, 6, stop=[tok.eos_id]))
+    assert replies[1] == tok.decode([t for t in want if t != tok.eos_id]).strip()

@@ -1,0 +1,51 @@
+"""Going back to the part of the engine's sequence that a new prompt shares: the KV cache is
+simply truncated; a linear-attention state cannot be, so it comes back from a snapshot taken at
+a turn boundary (the end of an earlier prompt) and only the rest is fed again."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from moepack.runtime.engine import Engine, Snapshot
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PrefixReuse:
+    """`rewind(ids)` before feeding a prompt, `mark()` once its tokens are in (before the reply).
+
+    Snapshots are kept for models with a linear-attention state only, `keep` at most (each is
+    plan's state_bytes: a few MB to a few hundred MB, outside the memory plan)."""
+
+    def __init__(self, engine: Engine, keep: int = 1) -> None:
+        self.engine, self.keep = engine, keep
+        self._snaps: list[Snapshot] = []
+
+    def mark(self) -> None:
+        """Remember the state after the tokens fed so far."""
+        if self.engine.state_bytes and self.keep > 0:
+            self._snaps = [*self._snaps, self.engine.snapshot()][-self.keep:]
+
+    def rewind(self, ids: Sequence[int]) -> int:
+        """Leaves the engine holding the longest prefix of `ids` it can reuse, at most
+        len(ids) - 1 tokens (the last one's logits start the reply); returns its length."""
+        e = self.engine
+        seq = e.sequence
+        n = min(common_prefix(seq, ids), max(len(ids) - 1, 0))
+        if n == len(seq) or not e.state_bytes:  # nothing to drop, or a KV cache only
+            e.truncate(n)
+            return n
+        best = max((s for s in self._snaps if len(s.tokens) <= n
+                    and tuple(seq[:len(s.tokens)]) == s.tokens),
+                   key=lambda s: len(s.tokens), default=None)
+        if best is None:
+            e.reset()
+            return 0
+        e.restore(best)
+        return len(best.tokens)
