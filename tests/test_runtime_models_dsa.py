@@ -50,8 +50,9 @@ def _config(arch: str, topk: int):
     return cls(**_COMMON, **FAMILIES[arch], index_topk=topk)
 
 
-def make_checkpoint(arch: str, out, topk: int, seed: int = 0):
-    """Random weights (seed 0, whatever topk: the two regimes share them) with random norms."""
+def make_checkpoint(arch: str, out, topk: int, seed: int = 0, flat_index: bool = False):
+    """Random weights (seed 0, whatever topk: the two regimes share them) with random norms;
+    flat_index: the indexer's head weights zero, so every index score ties at 0."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -60,6 +61,9 @@ def make_checkpoint(arch: str, out, topk: int, seed: int = 0):
         for p in model.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
+        for name, p in model.named_parameters():
+            if flat_index and "indexer.weights_proj" in name:
+                p.zero_()
     model.save_pretrained(out, max_shard_size="24KB")
     write_tokenizer(out, int(model.config.vocab_size))
     return out
@@ -314,3 +318,21 @@ def test_dsa_under_asan_and_ubsan(tmp_path_factory, tmp_path):
     r = subprocess.run([str(exe), *files], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "done 0" in r.stdout and "ERROR" not in r.stderr and "runtime error" not in r.stderr
+
+
+def test_ties_select_the_lowest_positions(tmp_path):
+    """Zero indexer head weights: every score is 0, so the tie rule alone decides and keeps
+    positions 0..7 for every later query. Then the logits at position p >= 8 depend on tokens
+    0..7 and p only: sequences that differ in between give the same bits there (with any other
+    rule the in-between tokens would be attended to)."""
+    from moepack.convert.pipeline import convert
+    from moepack.convert.settings import Settings
+
+    make_checkpoint("deepseek_v32", tmp_path / "src", 8, flat_index=True)
+    convert(tmp_path / "src", tmp_path / "m.moepack", Settings())
+    a, b = _tokens(40, 7), _tokens(40, 8)
+    b[:8], b[-1] = a[:8], a[-1]
+    with Engine(str(tmp_path / "m.moepack"), threads=2, chunk=CHUNK) as e:
+        la, lb = e.logits(a), e.logits(b)
+    np.testing.assert_array_equal(la[-1], lb[-1])
+    assert np.abs(la[8:-1] - lb[8:-1]).max() > 1e-3  # the tokens in between do differ
