@@ -3,8 +3,9 @@
  * Not a test.  Single thread, one 4096x1536 (or --shape) rvq3 projection, codes in cache.
  *
  *   gcc -std=c11 -O2 -ffp-contract=off -Iruntime/include -Iruntime/src \
- *       runtime/tests_c/bench_expert_gemm.c runtime/src/{kernels,kernels_avx2,kernels_avx512,\
- *       kernels_pool,codecs,json}.c -pthread -lm -o /tmp/bench_expert_gemm
+ *       runtime/tests_c/bench_expert_gemm.c runtime/src/kernels*.c runtime/src/codecs.c \
+ *       runtime/src/json.c -pthread -lm -o /tmp/bench_expert_gemm
+ *   /tmp/bench_expert_gemm [ROWSxCOLS [STAGES]]
  *
  * Prints one JSON line per token count n:
  *   table_ns_w   ns per (weight x token) of mpk_rvq_matmat on n prebuilt tables (the engine's
