@@ -336,3 +336,21 @@ def test_ties_select_the_lowest_positions(tmp_path):
         la, lb = e.logits(a), e.logits(b)
     np.testing.assert_array_equal(la[-1], lb[-1])
     assert np.abs(la[8:-1] - lb[8:-1]).max() > 1e-3  # the tokens in between do differ
+
+
+def test_real_configs_describe_as_expected():
+    """docs/configs (the published config.json values): GLM-5's indexer interleaved on all 78
+    layers, DeepSeek-V3.2's half-split with YaRN; both keep latent norms at eps 1e-6."""
+    from moepack.convert.plan import described
+
+    configs = Path(__file__).resolve().parent.parent / "docs" / "configs"
+    glm = described(json.loads((configs / "GLM-5.json").read_text())).model
+    v32 = described(json.loads((configs / "DeepSeek-V3.2.json").read_text())).model
+    assert glm["attention"]["dsa"] == {"index_n_heads": 32, "index_head_dim": 128,
+                                       "index_topk": 2048, "rope_interleave": True,
+                                       "indexer_types": ["full"] * 78}
+    assert v32["attention"]["dsa"]["rope_interleave"] is False
+    assert v32["attention"]["dsa"]["index_n_heads"] == 64
+    assert v32["rope_scaling"]["factor"] == 40
+    assert glm["attention"]["latent_norm_eps"] == v32["attention"]["latent_norm_eps"] == 1e-6
+    assert glm["rms_norm_eps"] == 1e-5
