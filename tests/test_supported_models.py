@@ -37,3 +37,8 @@ def test_real_configs_describe_as_expected():
     assert kimi.model["moe"]["num_experts"] == 384 and kimi.model["hidden_size"] == 7168
     assert kimi.model["rope_scaling"]["factor"] == 64.0
     assert any("vision tower" in s for s in kimi.skipped())
+    lin = described(json.loads((CONFIGS / "Kimi-Linear-48B-A3B.json").read_text())).model
+    assert lin["layer_attention"].count("linear") == 20 and lin["layer_attention"][3] == "full"
+    assert lin["linear_attention"] == {"kind": "kda", "num_heads": 32, "head_dim": 128,
+                                       "conv_kernel_size": 4}
+    assert lin["attention"]["rope"] is False and lin["max_position_embeddings"] == 1 << 20

@@ -24,6 +24,7 @@ MODELS = {
     "DeepSeek-V3.2": "DeepSeek-V3.2",
     "MiniMax-M2": "MiniMax-M2 / M2.1",
     "Kimi-K2.5": "Kimi K2.5 / K2.6",
+    "Kimi-Linear-48B-A3B": "Kimi-Linear 48B-A3B",
     # converted, not yet run; sizes the model card leaves open are assumed (docs/K3.md)
     "Kimi-K3": "Kimi K3 (convert only, config partly assumed: docs/K3.md)",
 }
@@ -44,9 +45,25 @@ def row(stem: str) -> str:
     active = trunk + layers * int(moe["top_k"]) * per_expert
     record = layout.bank(spec.banks[0].layer).record_length
     read = layers * int(moe["top_k"]) * record
-    return (f"| {MODELS[stem]} | `{spec.manifest['model']['arch']}` | {total / 1e9:.0f} B / "
+    model = spec.manifest["model"]
+    return (f"| {MODELS[stem]}{_state(model)} | `{model['arch']}` | {total / 1e9:.0f} B / "
             f"{active / 1e9:.1f} B | {read / 2**20:.0f} MiB ({layers} layers × {moe['top_k']} "
             f"× {record / 2**20:.2f} MiB) | {layout.file_size / 1e9:.0f} GB |")
+
+
+def _state(m: dict) -> str:
+    """The linear-attention state a sequence keeps (conv inputs + recurrent matrices, f32)."""
+    la, n = m.get("linear_attention"), (m.get("layer_attention") or []).count("linear")
+    if not n:
+        return ""
+    if la["kind"] == "kda":
+        heads, dk = la["num_heads"], la["head_dim"]
+        dv, conv = dk, 3 * heads * dk
+    else:
+        heads, dk, dv = la["num_value_heads"], la["key_head_dim"], la["value_head_dim"]
+        conv = 2 * la["num_key_heads"] * dk + heads * dv
+    floats = conv * (la["conv_kernel_size"] - 1) + heads * dk * dv
+    return f" (linear-attention state {n * 4 * floats / 2**20:.1f} MiB)"
 
 
 def table() -> str:
