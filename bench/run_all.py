@@ -34,6 +34,7 @@ from pathlib import Path
 
 from bench.doc_sections import replace_section
 from bench.machine import git_commit, lscpu
+from moepack.sizes import format_size
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -329,8 +330,9 @@ def _save(res: dict, quick: bool) -> None:
 
 # -- BENCHMARKS.md --------------------------------------------------------------------------------
 
-def _gb(n: float | None) -> str:
-    return "–" if n is None else f"{n / 1e9:.2f}"
+def _size(n: float | None) -> str:
+    """A table cell or prose size: moepack's one printer (decimal units, named in the cell)."""
+    return "–" if n is None else format_size(n)
 
 
 def _f(x: float | None, nd: int = 2) -> str:
@@ -356,9 +358,9 @@ def _engine_row(label: str, cap: str, capgb: str, run: dict | None, ref: dict | 
     hits = run.get("hit_rate")
     r1, r2 = _ratio(_tok(run, 0), _tok(ref, 0)), _ratio(_tok(run, -1), _tok(ref, -1))
     ratio = "–" if ref is None or run is ref else f"**{_f(r1)}** / **{_f(r2)}**"
-    return (f"| {cap} | {capgb} | {label} | {_gb(run.get('budget_bytes'))} | "
-            f"{_f(_tok(run, 0))} / {_f(_tok(run, -1))} | {_gb(run.get('peak_cgroup_bytes'))} | "
-            f"{_gb(run.get('max_rss_bytes'))} | {_gb(run.get('read_bytes'))} | "
+    return (f"| {cap} | {capgb} | {label} | {_size(run.get('budget_bytes'))} | "
+            f"{_f(_tok(run, 0))} / {_f(_tok(run, -1))} | {_size(run.get('peak_cgroup_bytes'))} | "
+            f"{_size(run.get('max_rss_bytes'))} | {_size(run.get('read_bytes'))} | "
             f"{'–' if not hits else '/'.join(f'{100 * h:.0f}%' for h in hits)} | {ratio} |\n")
 
 
@@ -390,9 +392,9 @@ def section(res: dict) -> str:
     out.append(f"- Model: synthetic, Qwen3-235B-A22B expert shapes (hidden {sh['hidden']}, "
                f"moe_intermediate {sh['inter']}, {sh['experts']} experts/layer, top-{sh['top_k']}"
                f"), {sh['layers']} MoE layers, vocab {sh['vocab']}, random weights. moepack "
-               f"container {_gb(mp_b)} GB (rvq 3 bpw experts, records of "
-               f"{res['plan']['expert_record_bytes'] / 1e6:.2f} MB; q8 trunk)"
-               + (f"; GGUF twin {_gb(gg['bytes'])} GB (IQ3_XXS experts, Q8_0 trunk)." if gg
+               f"container {_size(mp_b)} (rvq 3 bpw experts, records of "
+               f"{_size(res['plan']['expert_record_bytes'])}; q8 trunk)"
+               + (f"; GGUF twin {_size(gg['bytes'])} (IQ3_XXS experts, Q8_0 trunk)." if gg
                   else "; no GGUF twin (gguf/llama-cpp-python not installed)."))
     stream = ("decode steps on a fixed pseudo-random token stream (the same ids for both "
               "engines, fed one at a time)" if res.get("decode_stream") == "forced"
@@ -406,11 +408,11 @@ def section(res: dict) -> str:
                    f"during this run ({len(builds)} different builds ran); figures from "
                    "different rows may come from different engine code.")
     p = res["plan"]
-    out.append(f"- moepack plan: trunk {_gb(p['trunk_bytes'])} GB, one token's experts "
-               f"{_gb(p['step_expert_bytes'])} GB, floor {_gb(p['floor_bytes'])} GB.\n")
+    out.append(f"- moepack plan: trunk {_size(p['trunk_bytes'])}, one token's experts "
+               f"{_size(p['step_expert_bytes'])}, floor {_size(p['floor_bytes'])}.\n")
     if "disk" in res:
         out.append(f"### Disk limit (O_DIRECT random reads of one record, "
-                   f"{res['plan']['expert_record_bytes'] / 1e6:.2f} MB)\n")
+                   f"{_size(res['plan']['expert_record_bytes'])})\n")
         out.append("| queue depth | GB/s |\n|---|---|")
         for qd, d in res["disk"].items():
             out.append(f"| {qd} | {d['gb_s']:.2f} |")
@@ -418,14 +420,14 @@ def section(res: dict) -> str:
     if res.get("caps"):
         out.append("### Under a memory cap (each engine alone in a memory cgroup)\n")
         out.append("Decode tok/s as pass 1 (page cache dropped first) / pass 2 (same generation "
-                   "again, same process). *GB read* = block-device reads of the process "
+                   "again, same process). *read* = block-device reads of the process "
                    "(/proc io `read_bytes`, both passes and the load). Peak = cgroup "
                    "max_usage (anonymous + page cache); RSS = ru_maxrss.\n")
-        out.append("| cap | cap GB | engine | budget GB | decode tok/s (1 / 2) | peak GB | "
-                   "RSS GB | GB read | expert hits | moepack / llama.cpp (1 / 2) |")
+        out.append("| cap | cap size | engine | budget | decode tok/s (1 / 2) | peak | "
+                   "RSS | read | expert hits | moepack / llama.cpp (1 / 2) |")
         out.append("|---|---|---|---|---|---|---|---|---|---|")
         for row in res["caps"]:
-            cap, capgb = f"{100 * row['frac']:.0f}%", _gb(row["cap_bytes"])
+            cap, capgb = f"{100 * row['frac']:.0f}%", _size(row["cap_bytes"])
             ll = row.get("llama")
             lref = ll if ll and "tok_s" in ll else None
             out.append(_engine_row("moepack (default budget)", cap, capgb, row.get("moepack"),
@@ -455,7 +457,7 @@ def section(res: dict) -> str:
         d4 = res["disk"].get("4", {}).get("gb_s")
         bw = c.get("read_gb_s_while_waiting")
         out.append("### Cold expert reads (moepack, no expert cache, O_DIRECT)\n")
-        out.append(f"- decode {_f(s.get('decode_tok_s'))} tok/s; {_gb(s.get('bytes_read'))} GB "
+        out.append(f"- decode {_f(s.get('decode_tok_s'))} tok/s; {_size(s.get('bytes_read'))} "
                    f"of records read; I/O wait {100 * s.get('io_wait_share', 0):.0f}% of "
                    f"decode time; O_DIRECT {'on' if s.get('o_direct') else 'off'}.")
         rs = s.get("read_seconds")
@@ -470,8 +472,8 @@ def section(res: dict) -> str:
                    "\n")
     sw = res.get("sweep")
     if sw:
-        out.append(f"### Cache sweep (cgroup cap {_gb(sw['cap_bytes'])} GB = 50% of the model; "
-                   f"default budget under this cap: {_gb(sw.get('default_budget_under_cap'))} GB;"
+        out.append(f"### Cache sweep (cgroup cap {_size(sw['cap_bytes'])} = 50% of the model; "
+                   f"default budget under this cap: {_size(sw.get('default_budget_under_cap'))};"
                    f" {sw.get('tokens')} decode tokens per point, one pass)\n")
         if sw.get("carried_from"):
             out.append(f"*Carried over from the run of {sw['carried_from']} (this run skipped "
@@ -480,14 +482,14 @@ def section(res: dict) -> str:
                    "all of them, larger budgets change nothing (and cannot hit the cap).\n")
         if not sw.get("plot_error"):
             out.append(f"![cache sweep]({sw['png']})\n")
-        out.append("| point | budget GB | budget / cap | cache experts | hits | decode tok/s | "
-                   "GB read | peak GB |\n|---|---|---|---|---|---|---|---|")
+        out.append("| point | budget | budget / cap | cache experts | hits | decode tok/s | "
+                   "read | peak |\n|---|---|---|---|---|---|---|---|")
         for pt in sw["points"]:
             if "decode_tok_s" in pt:
-                out.append(f"| {pt['label']} | {_gb(pt['budget_bytes'])} | "
+                out.append(f"| {pt['label']} | {_size(pt['budget_bytes'])} | "
                            f"{pt['budget_over_cap']:.2f} | {pt.get('cache_experts')} | "
                            f"{100 * pt['hit_rate']:.0f}% | {pt['decode_tok_s']:.2f} | "
-                           f"{_gb(pt['read_bytes'])} | {_gb(pt['peak_cgroup_bytes'])} |")
+                           f"{_size(pt['read_bytes'])} | {_size(pt['peak_cgroup_bytes'])} |")
             else:
                 if pt.get("skipped"):
                     why = "not run (a smaller budget was already killed)"
@@ -496,7 +498,7 @@ def section(res: dict) -> str:
                 else:
                     err = " ".join(pt.get("error", []))[-120:].replace("|", "/")
                     why = f"failed rc {pt['rc']}: {err}"
-                out.append(f"| {pt['label']} | {_gb(pt['budget_bytes'])} | "
+                out.append(f"| {pt['label']} | {_size(pt['budget_bytes'])} | "
                            f"{pt['budget_over_cap']:.2f} | – | – | {why} | – | – |")
         out.append("")
     out.append(goals(res))
@@ -651,7 +653,7 @@ NOTES = """## How to read this and known limits
   about 0.5x. So "not slower when RAM is plenty" is NOT shown; the warm ratio in the tables
   flatters moepack. The 25% result (3-7x in every run, 4-9x fewer bytes read, llama.cpp I/O-bound
   there) is the robust one.
-- GB read counts block-device reads (O_DIRECT and page-fault read-ahead alike), not cache hits.
+- *read* counts block-device reads (O_DIRECT and page-fault read-ahead alike), not cache hits.
 - In these runs (2026-11-29) moepack's default budget was the old rule (a few tokens' experts),
   so at 110% of the model it still streamed experts from disk; `--budget` near the cap turned
   pass 2 into all hits. Since 2026-12-01 the default takes usable RAM minus a 10 % headroom, up

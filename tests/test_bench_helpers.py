@@ -135,6 +135,9 @@ def test_markdown_renders_partial_results(tmp_path, monkeypatch) -> None:
     assert "**3.00** / **6.00**" in md  # moepack / llama ratio, pass 1 / pass 2
     assert "| 25% cap: >= 3x llama.cpp decode | 3.00x (pass 1), 6.00x (pass 2) | yes |" in md
     assert "warm: >= 1.0x llama.cpp | not measured" in md
+    # sizes through moepack.sizes.format_size, the unit in the cell
+    assert "| 25% | 250.000 MB | moepack (default budget) | 100.000 MB |" in md
+    assert "records of 7.340 MB" in md
 
 
 def test_forced_token_stream_is_fixed_varied_and_in_range() -> None:
