@@ -166,11 +166,13 @@ def _node() -> str:
     return os.uname().nodename
 
 
-def _whoami() -> tuple[str, int]:
-    """(Ray node id, peak RSS of this worker process)."""
+def _whoami(ck: Checkpoint) -> tuple[str, int, int]:
+    """(Ray node id, peak RSS of this worker process, source bytes this task fetched over the
+    network: hub sources only)."""
     import ray
 
-    return ray.get_runtime_context().get_node_id(), peak_rss()
+    take = getattr(ck, "take_fetched", None)
+    return ray.get_runtime_context().get_node_id(), peak_rss(), take() if take else 0
 
 
 def _digest(data: bytes | bytearray) -> str:
@@ -178,15 +180,16 @@ def _digest(data: bytes | bytearray) -> str:
 
 
 def trunk_task(src: TaskSource, name: str, codec: dict, ref: SourceRef) -> tuple:
-    data = bytes(encode_trunk(src.open(), codec, ref, threads=1))
-    return ("tensor", name, data, None, _digest(data), _whoami())
+    ck = src.open()
+    data = bytes(encode_trunk(ck, codec, ref, threads=1))
+    return ("tensor", name, data, None, _digest(data), _whoami(ck))
 
 
 def codebook_task(src: TaskSource, bank: BankLayout, part: str, experts: dict[int, dict],
                   rvq: RvqSettings, seed: int, cb_codec: dict, rotated: bool) -> tuple:
-    book = train_codebook(src.open(), bank, part, experts, rvq, seed, cb_codec, rotated,
-                          threads=1)
-    return ("codebook", part, book.data, book.rotation, _digest(book.data), _whoami())
+    ck = src.open()
+    book = train_codebook(ck, bank, part, experts, rvq, seed, cb_codec, rotated, threads=1)
+    return ("codebook", part, book.data, book.rotation, _digest(book.data), _whoami(ck))
 
 
 @dataclass(frozen=True)
@@ -217,7 +220,7 @@ def experts_task(src: TaskSource, bank: BankLayout, todo: list[tuple[int, dict[s
         out.append((e, record, h.hexdigest()))
         if pause:
             time.sleep(pause)
-    return ("experts", bank.layer, out, None, None, _whoami())
+    return ("experts", bank.layer, out, None, None, _whoami(ck))
 
 
 # -- the driver -----------------------------------------------------------------------------
@@ -309,7 +312,7 @@ class Driver:
                                                  or tensor_unit(rot_name) in done):
                 book = read_codebook(cfg.layout, self.fd, self.writer.partial,
                                      (cb_name, rot_name), stages, done)
-                books.append(("codebook", part, book.data, book.rotation, None, ("", 0)))
+                books.append(("codebook", part, book.data, book.rotation, None, ("", 0, 0)))
                 continue
             books.append(None)  # the training task's ref, once submitted (before its experts)
 
@@ -328,7 +331,7 @@ class Driver:
 
     def _collect(self, ref: Any, p: _Pending) -> None:
         try:
-            kind, key, data, extra, digest, (node, rss) = self.ray.get(ref)
+            kind, key, data, extra, digest, (node, rss, fetched) = self.ray.get(ref)
         except self.ray.exceptions.RayTaskError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, ConvertError):
@@ -362,6 +365,8 @@ class Driver:
         os.fsync(self.fd)  # durable before journaled
         self.on_message(("units", units, nbytes, experts))
         self.on_message(("node", node))
+        if fetched:
+            self.on_message(("fetched", node, fetched))
         p.rss = max(p.rss, rss)
         p.left -= 1
         if p.left == 0:

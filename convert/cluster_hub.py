@@ -73,6 +73,11 @@ class RangeCheckpoint(Checkpoint):
         super().__init__(folder)
         self.urls = urls
         self.tables: dict[str, BlockTable] = {}
+        self.fetched = 0     # bytes fetched since the last take_fetched
+
+    def take_fetched(self) -> int:
+        n, self.fetched = self.fetched, 0
+        return n
 
     def _read_at(self, info: TensorInfo, name: str, start: int, length: int) -> bytes:
         table = self.tables.get(info.file)
@@ -81,6 +86,7 @@ class RangeCheckpoint(Checkpoint):
         lo, hi = table.span(start, start + length)
         for _ in range(2):  # one more fetch: a proxy may have mangled the first answer
             data = fetch_range(self.urls[info.file], info.file, lo, hi)
+            self.fetched += len(data)
             if table.check(lo, data):
                 return data[start - lo:start - lo + length]
         raise SourceError(f"{info.file}: bytes {lo}-{hi} from the hub differ from the file whose "
@@ -223,11 +229,19 @@ def task_tensors(task: Task) -> list[str]:
 
 
 def execute_on_ray(plan: HubRayPlan, on_bytes: Callable[[int], None],
-                   message: Callable[[str], None]) -> Callable[..., None]:
+                   message: Callable[[str], None],
+                   by_node: dict[str, int]) -> Callable[..., None]:
     """The pipeline's `execute`: connect, verify shards in the order the tasks use them, and
-    run the tasks on the cluster as they become readable."""
+    run the tasks on the cluster as they become readable. `by_node` gets the source bytes each
+    node's tasks fetched by range requests."""
     def execute(cfg: Any, tasks: list[Task], done: dict[str, str],
-                on_message: OnMessage) -> None:
+                report: OnMessage) -> None:
+        def on_message(msg: tuple) -> None:
+            if msg[0] == "fetched":
+                by_node[msg[1]] = by_node.get(msg[1], 0) + msg[2]
+            else:
+                report(msg)
+
         from moepack.convert.cluster import connect, import_ray, run_on_ray
 
         if not tasks:

@@ -55,6 +55,7 @@ class StreamStats:
     peak_staged: int = 0           # most real shard bytes on disk at once
     waves: int = 0
     prefetched: int = 0            # shards downloaded while a wave was encoding
+    fetched_by_node: dict[str, int] = field(default_factory=dict)  # --ray: range bytes per node
 
 
 @dataclass
@@ -411,7 +412,8 @@ def convert_from_hub(source: str, out: str | Path, settings: Settings, *, stagin
                       known_files=known, execute=execute)
     summary.plan["ray"] = ray
     facts.update(downloaded=stats.downloaded, shards_downloaded=stats.shards_downloaded,
-                 peak_staged=stats.peak_staged, waves=stats.waves, prefetched=stats.prefetched)
+                 peak_staged=stats.peak_staged, waves=stats.waves, prefetched=stats.prefetched,
+                 fetched_by_node=stats.fetched_by_node)
     _remove_staging(stage, files)
     return summary, facts
 
@@ -433,7 +435,7 @@ def _ray_execute(address: str, hub: _Hub, weights: list[str], sizes: dict[str, i
     plan = HubRayPlan(address, source_key(hub.repo, hub.revision, bulk),
                       {n: hub.url(n) for n in weights}, dict(sizes),
                       {n: known[n][2] for n in weights}, headers, bulk, stage, files.of)
-    return execute_on_ray(plan, on_bytes, rep.message)
+    return execute_on_ray(plan, on_bytes, rep.message, stats.fetched_by_node)
 
 
 def _valid_standin(path: Path, size: int) -> bool:

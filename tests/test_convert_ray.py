@@ -109,7 +109,7 @@ def test_hub_source_two_nodes_read_checked_ranges(cluster, source, reference, hu
     s = doc["stream"]
     assert s["peak_staged"] == 0 and s["downloaded"] == s["source_bytes"] == sum(shards.values())
     cdn = {hashlib.sha256((source / n).read_bytes()).hexdigest(): n for n in shards}
-    whole, ranges = Counter(), Counter()
+    whole, ranges, range_bytes = Counter(), Counter(), 0
     for method, path, rng in hub.requests:
         name = cdn.get(path.removeprefix("/cdn/"))
         if method != "GET" or name is None:
@@ -122,8 +122,12 @@ def test_hub_source_two_nodes_read_checked_ranges(cluster, source, reference, hu
         headers = rng == "bytes=0-7" or lo == 8     # planning's header reads
         assert headers or (lo % block == 0 and ((hi + 1) % block == 0 or hi + 1 == shards[name]))
         ranges[name] += not headers
+        range_bytes += 0 if headers else hi + 1 - lo
     assert whole == dict.fromkeys(shards, 1)          # the driver's one pass per shard
     assert set(ranges) == set(shards)                 # tasks read every shard by ranges
+    by_node = s["fetched_by_node"]                    # what each node's tasks fetched
+    assert len(by_node) == 2 and sum(by_node.values()) == range_bytes
+    assert all(0 < n < range_bytes for n in by_node.values())   # each only its tasks' part
     assert not Path(f"{out}.staging").exists()
 
 
