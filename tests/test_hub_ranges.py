@@ -1,0 +1,83 @@
+"""Checked byte ranges of hub files (convert/hub_ranges.py) against a loopback server: the
+streamed pass checks the whole file's SHA-256 and the planning header, block digests catch a
+changed byte, saved tables are reused only for the same file, and network faults end in one
+line naming the file."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from moepack.convert.errors import ConvertError, SourceError
+from moepack.convert.hub_ranges import (
+    MAX_BLOCK,
+    MIN_BLOCK,
+    BlockTable,
+    block_size,
+    fetch_range,
+    stream_digests,
+)
+from range_server import Fault, RangeServer
+
+pytestmark = [pytest.mark.network]
+
+DATA = bytes(range(256)) * 200            # 51,200 bytes: 4 KiB blocks, the last one partial
+SHA = hashlib.sha256(DATA).hexdigest()
+
+
+@pytest.fixture
+def server():
+    with RangeServer({"shard": DATA}) as s:
+        yield s
+
+
+def test_block_size_grows_with_the_file_up_to_1_mib():
+    assert block_size(1) == MIN_BLOCK and block_size(len(DATA)) == MIN_BLOCK
+    assert block_size(256 * 64 << 10) == 64 << 10
+    assert block_size(5 << 30) == MAX_BLOCK
+
+
+def test_streamed_digests_check_ranges(server):
+    table = stream_digests(server.url("shard"), "shard", len(DATA), SHA, DATA[:100])
+    assert len(table.digests) == 32 * -(-len(DATA) // table.block)
+    lo, hi = table.span(5000, 9000)
+    assert (lo, hi) == (4096, 12288)
+    assert table.check(lo, fetch_range(server.url("shard"), "shard", lo, hi))
+    tail_lo, tail_hi = table.span(len(DATA) - 10, len(DATA))   # the partial last block
+    assert tail_hi == len(DATA) and table.check(tail_lo, DATA[tail_lo:])
+    changed = bytearray(DATA[lo:hi])
+    changed[1234] ^= 1
+    assert not table.check(lo, bytes(changed))
+    with pytest.raises(SourceError, match="outside the 51,200-byte file"):
+        table.span(0, len(DATA) + 1)
+
+
+def test_stream_refuses_a_wrong_sha256_or_header(server):
+    with pytest.raises(ConvertError, match="shard: SHA-256 .* differs from the hub's"):
+        stream_digests(server.url("shard"), "shard", len(DATA), "0" * 64, DATA[:8])
+    with pytest.raises(ConvertError, match="header differs from the header the hub served"):
+        stream_digests(server.url("shard"), "shard", len(DATA), SHA, b"\xff" * 16)
+    with pytest.raises(ConvertError, match="more than its listed 100 bytes"):
+        stream_digests(server.url("shard"), "shard", 100, SHA, DATA[:8])
+
+
+def test_saved_table_is_reused_only_for_the_same_file(server, tmp_path):
+    table = stream_digests(server.url("shard"), "shard", len(DATA), SHA, DATA[:8])
+    path = tmp_path / ".shard.blocks"
+    table.save(path, SHA)
+    assert BlockTable.load(path, "shard", len(DATA), SHA) == table
+    assert BlockTable.load(path, "shard", len(DATA), "1" * 64) is None      # another commit
+    assert BlockTable.load(path, "shard", len(DATA) + 1, SHA) is None
+    path.write_bytes(path.read_bytes()[:-5])                                # cut by kill -9
+    assert BlockTable.load(path, "shard", len(DATA), SHA) is None
+    path.write_bytes(b"\xff\xfe garbage")
+    assert BlockTable.load(path, "shard", len(DATA), SHA) is None
+    assert BlockTable.load(tmp_path / "missing", "shard", len(DATA), SHA) is None
+
+
+def test_range_reads_retry_a_dropped_connection_and_name_the_file(server):
+    server.faults["/shard"] = Fault("drop", times=1, at=4096 + 100)
+    assert fetch_range(server.url("shard"), "shard", 4096, 8192) == DATA[4096:8192]
+    with pytest.raises(ConvertError, match=r"^missing: cannot read bytes 0-10 from the hub: "
+                                           r"HTTP 404$"):
+        fetch_range(server.url("missing"), "missing", 0, 10)
