@@ -105,6 +105,15 @@ def test_dry_run_states_peak_disk_and_downloads_no_shard(hub, checkpoint, tmp_pa
     assert "peak disk:" in text
 
 
+def test_dry_run_with_ray_stages_nothing(hub, tmp_path):
+    """--ray reads ranges from the hub: no --staging needed, no shard bytes in the peak disk
+    (the dry run plans from headers and connects to no cluster)."""
+    doc = finish(cli(hub, str(tmp_path / "m.moepack"), "--ray", "127.0.0.1:1", "--json",
+                     "--dry-run"))
+    s = doc["stream"]
+    assert s["staging_bound"] == 0 and s["peak_disk"] == s["container_bytes"] + s["small_files"]
+
+
 def test_bound_below_the_largest_shard_is_refused(hub, checkpoint, tmp_path):
     p = cli(hub, str(tmp_path / "m.moepack"), "--staging", str(shard_sizes(checkpoint)[-1] - 1))
     _, err = p.communicate(timeout=120)
