@@ -6,6 +6,7 @@ import ctypes
 import functools
 import importlib.machinery
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,3 +56,39 @@ def check_container(path: str | os.PathLike) -> ContainerCheck:
     return ContainerCheck(rc, code.value.decode("ascii"), text or None,
                           None if offset.value < 0 else offset.value,
                           err.value.decode("utf-8", "replace"))
+
+
+_MODEL_PREFIX = "manifest.model: "  # how the engine's model-description refusals begin
+_FIELD_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*|\[[0-9]+\])*")
+
+
+@dataclass(frozen=True)
+class FormatRefusal:
+    """Where a container the engine refused (MP_EFORMAT) breaks the format: code of
+    spec/FORMAT.md §11.1, field and byte offset (None where unknown)."""
+
+    code: str
+    field: str | None
+    offset: int | None
+
+
+def format_refusal(path: str | os.PathLike, message: str) -> FormatRefusal | None:
+    """The stable code, field and offset for the engine's MP_EFORMAT `message` on `path`.
+
+    The engine reports only a number and a message; the C reader's check on the same file says
+    which rule the container breaks. When the container itself is well-formed, the engine
+    refused its model description (`model_description`), a tensor that description needs
+    (`model_tensor`) or something else (`invalid`).
+    None when the file can no longer be read (the refusal's cause is then unknown)."""
+    check = check_container(path)
+    if check.rc != 0:
+        if check.code and check.message == message:
+            return FormatRefusal(check.code, check.field, check.offset)
+        return None  # the file changed or became unreadable since the engine looked at it
+    if message.startswith(_MODEL_PREFIX):
+        word = message[len(_MODEL_PREFIX):].split(" ", 1)[0].rstrip(":")
+        field = "index.manifest.model" + (f".{word}" if _FIELD_PATH.fullmatch(word) else "")
+        return FormatRefusal("model_description", field, None)
+    if message.startswith("tensor "):
+        return FormatRefusal("model_tensor", None, None)
+    return FormatRefusal("invalid", None, None)

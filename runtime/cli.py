@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -34,6 +34,7 @@ from moepack.sizes import SIZE_HELP, format_size
 
 if TYPE_CHECKING:  # imported lazily at run time: `moepack --help` stays fast
     import numpy as np
+    from moepack.runtime.engine import EngineError
     from moepack.runtime.tokenizer import Tokenizer
 
 _err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -82,7 +83,7 @@ def _check_budget(file: Path, budget: str | None, ctx: int | None, kv: str | Non
 
 
 def _open(file: Path, *, budget, threads, ctx, kv=None, prefetch=True, o_direct=None,
-          cache_policy="lfu", verify_reads=False):
+          cache_policy="lfu", verify_reads=False, as_json=False):
     from moepack.runtime.engine import Engine, EngineError
 
     try:
@@ -90,15 +91,26 @@ def _open(file: Path, *, budget, threads, ctx, kv=None, prefetch=True, o_direct=
         return Engine(str(file), budget=budget, threads=threads, ctx=ctx, kv=kv,
                       prefetch=prefetch, o_direct=o_direct, cache_policy=cache_policy,
                       verify_reads=verify_reads)
-    except (EngineError, ValueError, OSError) as e:
+    except EngineError as e:
+        _engine_fail(e, as_json, f"{file}: ")
+    except (ValueError, OSError) as e:
         fail(f"{file}: {e}")
+
+
+def _engine_fail(e: EngineError, as_json: bool, where: str = "") -> NoReturn:
+    """Exit 1 for an EngineError: with --json one `{"error": {...}}` object on stdout (its
+    stable format code, field and offset for a program to act on), else the error line."""
+    if as_json:
+        print(json.dumps({"error": {**e.as_dict(), "message": where + str(e)}}, indent=2))
+        raise typer.Exit(1)
+    fail(where + e.with_code())
 
 
 def stats_line(s: dict) -> str:
     """The one-line summary printed after `run`."""
     return (f"prompt {s['prompt_tokens']} tok @ {s['prompt_tok_s']:.2f} tok/s | "
             f"decode {s['decode_tokens']} tok @ {s['decode_tok_s']:.2f} tok/s | "
-            f"cache hits {100 * s['hit_rate']:.1f}% | read {s['bytes_read'] / 1e9:.3f} GB | "
+            f"cache hits {100 * s['hit_rate']:.1f}% | read {format_size(s['bytes_read'])} | "
             f"I/O wait {100 * s['io_wait_share']:.1f}% | "
             f"O_DIRECT {'on' if s['o_direct'] else 'off'}")
 
@@ -213,7 +225,8 @@ def run_cmd(
     if not ids:
         fail("empty prompt")
     eng = _open(file, budget=budget, threads=threads, ctx=ctx, kv=kv, prefetch=prefetch,
-                o_direct=o_direct, cache_policy=cache_policy, verify_reads=verify_reads)
+                o_direct=o_direct, cache_policy=cache_policy, verify_reads=verify_reads,
+                as_json=as_json)
     stop = [tok.eos_id] if tok and tok.eos_id is not None else []
     out: list[int] = []
     dec = StreamDecoder(tok) if tok else None
@@ -229,7 +242,7 @@ def run_cmd(
     except EngineError as e:
         if not as_json:
             print()
-        fail(str(e))
+        _engine_fail(e, as_json)
     if as_json:
         print(json.dumps({"prompt_tokens": ids, "tokens": out,
                           "text": tok.decode(out) if tok else None, "stats": s}, indent=2))

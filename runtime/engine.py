@@ -42,11 +42,24 @@ def with_rates(d: dict) -> dict:
 
 
 class EngineError(RuntimeError):
-    """The engine refused or failed; `code` is the MP_E* value."""
+    """The engine refused or failed; `code` is the MP_E* value. When the container broke a
+    format rule (MP_EFORMAT), `format_code` is its stable code (spec/FORMAT.md §11.1,
+    moepack.format.errors.CODES) and `field` / `offset` say where (None where unknown)."""
 
-    def __init__(self, message: str, code: int = MP_EINVAL) -> None:
+    def __init__(self, message: str, code: int = MP_EINVAL, format_code: str | None = None,
+                 field: str | None = None, offset: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.format_code, self.field, self.offset = format_code, field, offset
+
+    def with_code(self) -> str:
+        """The message, then the format code in brackets when there is one (for error lines)."""
+        return f"{self} [{self.format_code}]" if self.format_code else str(self)
+
+    def as_dict(self) -> dict:
+        """The error for machine-readable output (`run --json`, serve)."""
+        return {"message": str(self), "engine_code": self.code, "code": self.format_code,
+                "field": self.field, "offset": self.offset}
 
 
 class BudgetError(EngineError):
@@ -148,10 +161,15 @@ class Snapshot:
     state: bytes
 
 
-def _raise(code: int, msg: str) -> None:
+def _raise(code: int, msg: str, path: str | os.PathLike | None = None) -> None:
+    """Raise the EngineError for `code`; a format refusal of the container at `path` also
+    gets its stable code, field and offset."""
     cls = {MP_EBUDGET: BudgetError, MP_ECORRUPT: CorruptError,
            MP_ENONFINITE: NonFiniteError}.get(code, EngineError)
-    raise cls(msg or f"engine error {code}", code)
+    where = _lib.format_refusal(path, msg) if code == MP_EFORMAT and path is not None else None
+    if where is None:
+        raise cls(msg or f"engine error {code}", code)
+    raise cls(msg or f"engine error {code}", code, where.code, where.field, where.offset)
 
 
 def parse_bytes(v: int | str | None) -> int:
@@ -194,7 +212,7 @@ def plan(path: str, ctx: int | None = None, kv: str | None = None,
     cfg.ctx, cfg.kv, cfg.budget_bytes = int(ctx or 0), _kv_code(kv), parse_bytes(budget)
     rc = lib.mp_plan_config(os.fsencode(path), C.byref(cfg), C.byref(p), err, _ERRLEN)
     if rc:
-        _raise(rc, err.value.decode(errors="replace"))
+        _raise(rc, err.value.decode(errors="replace"), path)
     d = {name: getattr(p, name) for name, _ in _Plan._fields_}
     d["kv"] = next(k for k, v in KV_TYPES.items() if v == d["kv"])
     return d
@@ -234,7 +252,7 @@ class Engine:
         rc = self._lib.mp_open(os.fsencode(path), C.byref(cfg), C.byref(self._h), err, _ERRLEN)
         if rc:
             self._h = None
-            _raise(rc, err.value.decode(errors="replace"))
+            _raise(rc, err.value.decode(errors="replace"), path)
         self.path = str(path)
         self.vocab_size = self._lib.mp_vocab_size(self._h)
         self.ctx = self._lib.mp_context_size(self._h)

@@ -191,7 +191,8 @@ async def _disconnect(request: Request) -> None:
 def _engine_error(e: BaseException) -> ApiError:
     if isinstance(e, EngineError) and e.code == MP_ECTX:
         return ApiError(400, str(e), code="context_length_exceeded")
-    return ApiError(500, f"generation failed: {e}", code="engine_error")
+    code = e.format_code if isinstance(e, EngineError) else None  # a container rule it broke
+    return ApiError(500, f"generation failed: {e}", code=code or "engine_error")
 
 
 def create_app(cfg: ServeConfig) -> ASGIApp:

@@ -45,7 +45,9 @@ def serve_cmd(
                       max_body=max_body)
     try:
         app = create_app(cfg)
-    except (EngineError, TokenizerError, ValueError, OSError) as e:
+    except EngineError as e:
+        fail(f"{file}: {e.with_code()}")
+    except (TokenizerError, ValueError, OSError) as e:
         fail(f"{file}: {e}")
     # the worker thread owns the engine; uvicorn's loop only routes requests
     print(f"moepack serve: {cfg.model_id} on http://{host}:{port}/", flush=True)
