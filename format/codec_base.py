@@ -18,10 +18,15 @@ def align_up(x: int, a: int) -> int:
     return (x + a - 1) // a * a
 
 
+def bad_codec(why: str) -> FormatError:
+    """A codec object that breaks its codec's own rules (CODECS.md): code `bad_codec`."""
+    return FormatError(why, "bad_codec")
+
+
 def int_field(codec: dict, key: str) -> int:
     v = codec.get(key)
     if type(v) is not int:  # bool is an int subclass: refuse it too
-        raise FormatError(f"codec {codec.get('name')!r}: {key!r} must be an integer, got {v!r}")
+        raise bad_codec(f"codec {codec.get('name')!r}: {key!r} must be an integer, got {v!r}")
     return v
 
 

@@ -5,8 +5,7 @@ spec/CODECS.md §2). Layout: f16 scales [rows][ngroups] (q4 with zero point: the
 from __future__ import annotations
 
 import numpy as np
-from moepack.format.codec_base import Codec, align_up, int_field
-from moepack.format.errors import FormatError
+from moepack.format.codec_base import Codec, align_up, bad_codec, int_field
 
 GROUP_SIZES = (16, 32, 64, 128, 256)
 
@@ -18,7 +17,7 @@ class _GroupCodec(Codec):
     def check(self, codec: dict, shape: tuple[int, ...]) -> None:
         g = int_field(codec, "group_size")
         if g not in GROUP_SIZES:
-            raise FormatError(f"codec {self.name!r}: group_size {g} not in {list(GROUP_SIZES)}")
+            raise bad_codec(f"codec {self.name!r}: group_size {g} not in {list(GROUP_SIZES)}")
 
     def scale_planes(self, codec: dict) -> int:
         return 1
@@ -89,7 +88,7 @@ class Q4(_GroupCodec):
     def check(self, codec: dict, shape: tuple[int, ...]) -> None:
         super().check(codec, shape)
         if not isinstance(codec.get("zero_point", False), bool):
-            raise FormatError("codec 'q4': zero_point must be true or false")
+            raise bad_codec("codec 'q4': zero_point must be true or false")
 
     def scale_planes(self, codec: dict) -> int:
         return 2 if codec.get("zero_point") else 1

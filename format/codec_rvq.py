@@ -5,7 +5,7 @@ f16 row scales; optionally a random-sign Hadamard rotation of the input dimensio
 from __future__ import annotations
 
 import numpy as np
-from moepack.format.codec_base import Codec, align_up, int_field
+from moepack.format.codec_base import Codec, align_up, bad_codec, int_field
 from moepack.format.errors import FormatError
 
 RVQ_DIM = 8
@@ -79,21 +79,21 @@ class Rvq(Codec):
     def check(self, codec: dict, shape: tuple[int, ...]) -> None:
         stages = int_field(codec, "stages")
         if not 1 <= stages <= RVQ_MAX_STAGES:
-            raise FormatError(f"codec 'rvq': stages {stages} not in 1..{RVQ_MAX_STAGES}")
+            raise bad_codec(f"codec 'rvq': stages {stages} not in 1..{RVQ_MAX_STAGES}")
         if int_field(codec, "dim") != RVQ_DIM or int_field(codec, "entries") != RVQ_ENTRIES:
-            raise FormatError(f"codec 'rvq': only dim {RVQ_DIM} and entries {RVQ_ENTRIES} exist")
+            raise bad_codec(f"codec 'rvq': only dim {RVQ_DIM} and entries {RVQ_ENTRIES} exist")
         rot = codec.get("rotation", "none")
         if rot not in ROTATIONS:
-            raise FormatError(f"codec 'rvq': rotation {rot!r} not in {list(ROTATIONS)}")
+            raise bad_codec(f"codec 'rvq': rotation {rot!r} not in {list(ROTATIONS)}")
         if rot == "hadamard":
             b = int_field(codec, "rotation_block")
             if b < 1 or b & (b - 1) or shape[1] % b:
-                raise FormatError(
+                raise bad_codec(
                     f"codec 'rvq': rotation_block {b} must be a power of two dividing cols "
                     f"{shape[1]}"
                 )
         elif "rotation_block" in codec:
-            raise FormatError("codec 'rvq': rotation_block given without rotation 'hadamard'")
+            raise bad_codec("codec 'rvq': rotation_block given without rotation 'hadamard'")
 
     def nbytes(self, codec: dict, shape: tuple[int, ...]) -> int:
         rows, cols = shape
@@ -104,11 +104,13 @@ class Rvq(Codec):
         rows, cols = shape
         s = codec["stages"]
         if codebook is None:
-            raise FormatError("codec 'rvq': decoding needs the layer's codebook tensor")
+            raise FormatError("codec 'rvq': decoding needs the layer's codebook tensor",
+                              "rvq_reference")
         cb = np.asarray(codebook, dtype=np.float32)
         if cb.shape != codebook_shape(codec):
             want = list(codebook_shape(codec))
-            raise FormatError(f"codec 'rvq': codebook shape {list(cb.shape)} != {want}")
+            raise FormatError(f"codec 'rvq': codebook shape {list(cb.shape)} != {want}",
+                              "rvq_reference")
         codes, scales = untile(codec, shape, buf)
         acc = cb[0][codes[..., 0]]
         for st in range(1, s):  # stages summed in order, in f32
@@ -117,10 +119,12 @@ class Rvq(Codec):
         if codec.get("rotation", "none") == "hadamard":
             if rotation is None:
                 raise FormatError(
-                    "codec 'rvq': rotation 'hadamard' needs the layer's rotation tensor")
+                    "codec 'rvq': rotation 'hadamard' needs the layer's rotation tensor",
+                    "rvq_reference")
             signs = np.asarray(rotation, dtype=np.float32)
             if signs.shape != (cols,) or not np.all(np.abs(signs) == 1.0):
-                raise FormatError(f"codec 'rvq': rotation must be {cols} signs (+1/-1)")
+                raise FormatError(f"codec 'rvq': rotation must be {cols} signs (+1/-1)",
+                                  "rvq_reference")
             block = codec["rotation_block"]
             fwht_(out, block)
             out = out * inv_sqrt_block(block) * signs

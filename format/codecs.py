@@ -9,7 +9,7 @@ Adding a codec: write its class, list it in CODECS (and its C trait, runtime/src
 from __future__ import annotations
 
 import numpy as np
-from moepack.format.codec_base import Codec
+from moepack.format.codec_base import Codec, bad_codec
 from moepack.format.codec_float import BF16, F16, F32
 from moepack.format.codec_group import GROUP_SIZES, Q4, Q6, Q8
 from moepack.format.codec_rvq import (
@@ -48,7 +48,7 @@ def codec_class(codec: dict) -> Codec:
 
 def _need_matrix(c: Codec, shape: tuple[int, ...]) -> None:
     if c.matrix and len(shape) != 2:
-        raise FormatError(f"codec {c.name!r} needs a 2-D shape, got {list(shape)}")
+        raise bad_codec(f"codec {c.name!r} needs a 2-D shape, got {list(shape)}")
 
 
 def encoded_nbytes(codec: dict, shape: tuple[int, ...]) -> int:
@@ -62,14 +62,14 @@ def encoded_nbytes(codec: dict, shape: tuple[int, ...]) -> int:
 def validate_codec(codec: dict, shape) -> None:
     """Raise FormatError unless `codec` is a well-formed codec object usable for `shape`."""
     if not isinstance(codec, dict):
-        raise FormatError(f"codec must be an object, got {type(codec).__name__}")
+        raise bad_codec(f"codec must be an object, got {type(codec).__name__}")
     c = codec_class(codec)
     extra = set(codec) - c.keys - {"name"}
     if extra:
-        raise FormatError(f"codec {c.name!r}: unknown keys {sorted(extra)}")
+        raise bad_codec(f"codec {c.name!r}: unknown keys {sorted(extra)}")
     shape = tuple(shape)
     if not shape or any(type(d) is not int or d < 1 for d in shape):
-        raise FormatError(f"codec {c.name!r}: bad shape {list(shape)}")
+        raise bad_codec(f"codec {c.name!r}: bad shape {list(shape)}")
     _need_matrix(c, shape)
     c.check(codec, shape)
 
@@ -84,7 +84,8 @@ def uses_rvq(entry: dict) -> bool:
 def _buffer(data, nbytes: int, name: str) -> np.ndarray:
     buf = np.frombuffer(data, dtype=np.uint8)
     if buf.size != nbytes:
-        raise FormatError(f"codec {name!r}: expected {nbytes} bytes, got {buf.size}")
+        raise FormatError(f"codec {name!r}: expected {nbytes} bytes, got {buf.size}",
+                          "payload_length")
     return buf
 
 

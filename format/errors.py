@@ -69,7 +69,15 @@ CODES: dict[str, str] = {
     "missing_hash_table": "no expert_hashes section named",
     "hash_table_shared": "already used by",
     "orphan_hash_table": "no expert bank refers to this hash table",
-    # found after open (reading payloads) or while planning a container
+    # found after open (reading blobs and payloads; FORMAT.md §4.2, CODECS.md)
+    "blob_frame": "zstd (not a zstd frame / zstd frame is N bytes but the blob holds M / ...)",
+    "blob_decoded_length": "raw_length says",
+    "payload_length": "expected N bytes, got",
+    "rvq_reference": "needs the layer's / codebook shape / rotation must be",
+    # the engine's own checks of a well-formed container (FORMAT.md §7, §8)
+    "model_description": "manifest.model:",
+    "model_tensor": "tensor NAME missing / tensor NAME: shape / elements",
+    # any other violation found after open or while planning a container
     "invalid": "any other violation",
 }
 

@@ -125,7 +125,8 @@ def plan_parts(parts: tuple[TensorSpec, ...], where: str) -> tuple[tuple[Part, .
     """Offsets of a record's parts (each at a multiple of 64) and the record_length."""
     names = tuple(p.name for p in parts)
     if names != BANK_PARTS:
-        raise FormatError(f"{where}.parts: names must be {list(BANK_PARTS)}, got {list(names)}")
+        raise FormatError(f"{where}.parts: names must be {list(BANK_PARTS)}, got {list(names)}",
+                          "part_names")
     out, pos = [], 0
     for p in parts:
         pw = f"{where}.parts.{p.name}"
@@ -222,17 +223,17 @@ class Layout:
 def _check_alignment(a: int) -> int:
     check_int(a, "alignment", MIN_ALIGNMENT, MAX_ALIGNMENT)
     if a & (a - 1):
-        raise FormatError(f"alignment: {a} is not a power of two")
+        raise FormatError(f"alignment: {a} is not a power of two", "bad_alignment")
     return a
 
 
 def _tensor_entry(t: TensorSpec, pos: int) -> dict[str, Any]:
     where = f"tensor {t.name!r}"
     if t.kind not in ("tensor", MTP_TENSOR):
-        raise FormatError(f"{where}: section type {t.kind!r} is not a tensor type")
+        raise FormatError(f"{where}: section type {t.kind!r} is not a tensor type", "invalid")
     check_name(t.name, where)
     if not isinstance(t.cls, str) or not t.cls:
-        raise FormatError(f"{where}.class: must be a non-empty string")
+        raise FormatError(f"{where}.class: must be a non-empty string", "empty_class")
     shape = check_shape(list(t.shape), f"{where}.shape")
     length = codec_nbytes(t.codec, shape, where)
     check_class_codec(t.cls, t.codec, where)
@@ -248,9 +249,11 @@ def _blob_entry(b: BlobSpec, pos: int) -> dict[str, Any]:
     raw = b.length if b.raw_length is None else b.raw_length
     check_int(raw, f"{where}.raw_length", 0, MAX_BLOB_RAW)
     if b.compression not in ("none", "zstd"):
-        raise FormatError(f"{where}.compression: {b.compression!r} is not 'none' or 'zstd'")
+        raise FormatError(f"{where}.compression: {b.compression!r} is not 'none' or 'zstd'",
+                          "blob_compression")
     if b.compression == "none" and raw != b.length:
-        raise FormatError(f"{where}.raw_length: must equal length for uncompressed blobs")
+        raise FormatError(f"{where}.raw_length: must equal length for compression 'none'",
+                          "blob_raw_length")
     return {"type": "blob", "name": b.name, "compression": b.compression, "raw_length": raw,
             "offset": align_up(pos, SECTION_ALIGNMENT), "length": b.length,
             "hash": PLACEHOLDER_HASH}
@@ -277,14 +280,16 @@ def plan_layout(spec: ContainerSpec) -> Layout:
         check_int(bank.layer, f"{where}.layer", 0, MAX_LAYER)
         check_int(bank.count, f"{where}.count", 1, MAX_EXPERTS)
         if bank.layer in layers:
-            raise FormatError(f"{where}: two banks for the same layer")
+            raise FormatError(f"{where}: a second bank for layer {bank.layer} (two banks for the "
+                              "same layer)", "second_bank")
         layers.add(bank.layer)
         parts, record_length = plan_parts(tuple(bank.parts), where)
         planned.append((bank, parts, record_length))
         if bank.kind == MTP_BANK:
             continue  # hashed as one section
         if bank.kind != "expert_bank":
-            raise FormatError(f"{where}: section type {bank.kind!r} is not a bank type")
+            raise FormatError(f"{where}: section type {bank.kind!r} is not a bank type",
+                              "invalid")
         off = align_up(pos, SECTION_ALIGNMENT)
         entries.append({"type": "expert_hashes", "name": hashes_name(bank.layer), "offset": off,
                          "length": 32 * bank.count, "hash": PLACEHOLDER_HASH})
@@ -302,7 +307,8 @@ def plan_layout(spec: ContainerSpec) -> Layout:
         }
         if bank.kind == MTP_BANK:
             if off - pos >= SECTION_ALIGNMENT:  # readers that do not know it allow < 64
-                raise FormatError(f"{where_mtp(bank.layer)}: must follow an expert bank")
+                raise FormatError(f"{where_mtp(bank.layer)}: gap of {off - pos} bytes before "
+                                  "it (must follow an expert bank)", "extent_gap")
             entry.update(name=mtp_bank_name(bank.layer), hash=PLACEHOLDER_HASH)
         else:
             entry["hashes"] = hashes_name(bank.layer)
@@ -315,15 +321,18 @@ def plan_layout(spec: ContainerSpec) -> Layout:
     names = [e["name"] for e in entries]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
-        raise FormatError(f"section names repeat: {dup[:5]}")
+        raise FormatError(f"duplicate section name (names repeat): {dup[:5]}", "duplicate_name")
     if len(entries) > MAX_SECTIONS:
-        raise FormatError(f"{len(entries)} sections exceed the limit of {MAX_SECTIONS}")
+        raise FormatError(f"{len(entries)} sections exceed the limit of {MAX_SECTIONS}",
+                          "too_many_sections")
     index_offset = align_up(pos, SECTION_ALIGNMENT)
     doc = {"manifest": spec.manifest, "sections": entries}
     try:
         index_length = len(canonical_json(doc))
     except (TypeError, ValueError) as e:
-        raise FormatError(f"manifest: cannot be written as canonical JSON: {e}") from None
+        raise FormatError(f"manifest: cannot be written as canonical JSON: {e}",
+                          "invalid") from None
     if index_length > MAX_INDEX_LENGTH:
-        raise FormatError(f"index: {index_length} bytes exceed the limit of {MAX_INDEX_LENGTH}")
+        raise FormatError(f"index length {index_length} outside 2..{MAX_INDEX_LENGTH}",
+                          "index_length")
     return Layout(spec, entries, index_offset, index_length)

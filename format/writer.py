@@ -60,7 +60,7 @@ class ContainerWriter:
                 if size != layout.file_size:
                     raise FormatError(
                         f"{self.partial}: size {size} != planned file size {layout.file_size} "
-                        "(made from a different plan?)"
+                        "(made from a different plan?)", "invalid"
                     )
         except BaseException:
             self.close()  # e.g. the disk is too small for the planned size
@@ -133,7 +133,8 @@ class ContainerWriter:
         while len(out) < length:
             chunk = os.pread(self._fd, min(_CHUNK, length - len(out)), offset + len(out))
             if not chunk:
-                raise FormatError(f"{self.partial}: unexpected end of file at {offset + len(out)}")
+                raise FormatError(f"{self.partial}: unexpected end of file at {offset + len(out)}",
+                                  "invalid")
             out += chunk
         return bytes(out)
 
@@ -183,7 +184,7 @@ class ContainerWriter:
         if len(index) != self.layout.index_length:
             raise FormatError(
                 f"index is {len(index)} bytes but {self.layout.index_length} were planned "
-                "(a replaced manifest must serialise to the same length)"
+                "(a replaced manifest must serialise to the same length)", "invalid"
             )
         self._pwrite(index, self.layout.index_offset)
         os.fsync(self._fd)  # everything else is durable before the header says "finished"
