@@ -55,7 +55,8 @@ static uint64_t trunk_bytes(const mp_container *c) {
 }
 
 static uint64_t chunk_bytes(const mpm_config *cfg, int chunk, int stages) {
-    return mpm_scratch_bytes(cfg, chunk) + mpm_moe_chunk_bytes(cfg, chunk, stages);
+    return mpm_scratch_bytes(cfg, chunk) + mpm_moe_chunk_bytes(cfg, chunk, stages) +
+           mpm_linear_chunk_bytes(cfg, chunk);
 }
 
 /* The longest context whose floor fits `limit` bytes: the floor grows by the KV bytes and one

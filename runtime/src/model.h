@@ -141,6 +141,8 @@ uint64_t mpm_kv_bytes(const mpm_config *c, int ctx);
  * per-token buffers of model_linear.c. */
 uint64_t mpm_state_bytes(const mpm_config *c);
 uint64_t mpm_linear_scratch_bytes(const mpm_config *c);
+/* KDA's buffers for prompt chunks of `chunk` tokens (projections computed for the whole chunk) */
+uint64_t mpm_linear_chunk_bytes(const mpm_config *c, int chunk);
 /* Linear-attention state across calls: mpm_state_begin before a call's forward passes, and
  * mpm_state_commit after all of them succeeded; without the commit the state stays as it was
  * before the call (the passes advance a working copy).  save/load copy the committed state

@@ -167,7 +167,7 @@ void mpm_shared_gate(mpm_model *m, const mpm_layer *ly, int T, const float *xn, 
 int mpm_kda_load(mpm_model *m, void *loader, int layer);
 /* the state a token of linear layer ly reads (src) and writes (dst), at position pos */
 void mpm_linear_state(mpm_model *m, mpm_layer *ly, int pos, const float **src, float **dst);
-uint64_t mpm_kda_scratch_floats(const mpm_config *c);
+uint64_t mpm_kda_chunk_floats(const mpm_config *c); /* per chunk token */
 void mpm_kda_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out);
 /* model.c's tensor loaders for model_linear.c (required tensors) */
 int mpm_load_mat(void *loader, const char *name, int64_t rows, int64_t cols, mpk_mat *out);

@@ -21,10 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* per token: [q k v] after the conv, decay, output gate, o, beta, one low-rank vector */
-uint64_t mpm_kda_scratch_floats(const mpm_config *c) {
+#define MPM_KDA_MAX_DV 4096 /* linear_attention.head_dim's bound (model_config.c MAX_HEAD_DIM) */
+
+/* per chunk token: q, k, v (after the conv), decay, output gate, o, beta, two low-rank vectors */
+uint64_t mpm_kda_chunk_floats(const mpm_config *c) {
     const uint64_t qd = (uint64_t)(c->la_nk * c->la_dk);
-    return 6u * qd + (uint64_t)c->la_nk + (uint64_t)c->la_dk;
+    return 6u * qd + (uint64_t)c->la_nk + 2u * (uint64_t)c->la_dk;
 }
 
 int mpm_kda_load(mpm_model *m, void *L, int l) {
@@ -68,7 +70,7 @@ int mpm_kda_load(mpm_model *m, void *L, int l) {
 typedef struct {
     const mpm_config *c;
     const mpm_layer *ly;
-    const float *qkv, *decay, *gate, *beta;
+    const float *q, *k, *v, *decay, *gate, *beta;
     float *o;        /* [heads][dv] */
     const float *S0; /* the recurrent state the token reads; S the one it writes (may be S0) */
     float *S;
@@ -78,50 +80,64 @@ typedef struct {
 static void kda_head(void *ctx, size_t h) {
     const kda_job *j = ctx;
     const mpm_config *c = j->c;
-    const int64_t dk = c->la_dk, dv = c->la_dv, qd = c->la_nk * dk, at = (int64_t)h * dk;
-    const float *q = j->qkv + at, *k = j->qkv + qd + at, *v = j->qkv + 2 * qd + (int64_t)h * dv;
+    const int64_t dk = c->la_dk, dv = c->la_dv, at = (int64_t)h * dk;
+    const float *q = j->q + at, *k = j->k + at, *v = j->v + (int64_t)h * dv;
     const float *decay = j->decay + at, beta = j->beta[h];
     const float *S0 = j->S0 + (size_t)h * (size_t)(dk * dv);
     float *S = j->S + (size_t)h * (size_t)(dk * dv), *o = j->o + (int64_t)h * dv;
-    for (int64_t i = 0; i < dk; i++)
-        for (int64_t jv = 0; jv < dv; jv++) S[i * dv + jv] = S0[i * dv + jv] * decay[i];
-    /* o doubles as scratch for S^T k before holding S^T q */
+    float delta[MPM_KDA_MAX_DV];
+    /* two passes over S, each row finished before it is read: decay then S^T k; the update then
+     * S^T q (the same operations in the same order as four separate passes) */
+    memset(delta, 0, (size_t)dv * sizeof(float));
+    for (int64_t i = 0; i < dk; i++) {
+        float *row = S + i * dv;
+        const float *row0 = S0 + i * dv;
+        for (int64_t jv = 0; jv < dv; jv++) row[jv] = row0[jv] * decay[i];
+        mpk_axpy(delta, k[i], row, dv);
+    }
+    for (int64_t jv = 0; jv < dv; jv++) delta[jv] = (v[jv] - delta[jv]) * beta;
     memset(o, 0, (size_t)dv * sizeof(float));
-    for (int64_t i = 0; i < dk; i++) mpk_axpy(o, k[i], S + i * dv, dv);
-    for (int64_t jv = 0; jv < dv; jv++) o[jv] = (v[jv] - o[jv]) * beta;
-    for (int64_t i = 0; i < dk; i++) mpk_axpy(S + i * dv, k[i], o, dv);
-    memset(o, 0, (size_t)dv * sizeof(float));
-    for (int64_t i = 0; i < dk; i++) mpk_axpy(o, q[i], S + i * dv, dv);
+    for (int64_t i = 0; i < dk; i++) {
+        mpk_axpy(S + i * dv, k[i], delta, dv);
+        mpk_axpy(o, q[i], S + i * dv, dv);
+    }
     mpl_gated_rmsnorm(o, j->ly->la_norm, j->gate + (int64_t)h * dv, dv, c->eps, 1);
 }
 
+/* The projections of all T tokens at once (each weight read once per chunk; a token's values
+ * do not depend on T), then the conv and the recurrence token by token. */
 void mpm_kda_attention(mpm_model *m, int l, int pos, int T, const float *xn, float *out) {
     const mpm_config *c = &m->c;
     mpm_layer *ly = &m->layers[l];
-    const int64_t H = c->hidden, nh = c->la_nk, dk = c->la_dk, qd = nh * dk, K = c->la_conv;
+    const int64_t nh = c->la_nk, dk = c->la_dk, qd = nh * dk, K = c->la_conv;
     const int64_t rec = 3 * qd * (K - 1); /* state: [conv inputs | recurrent matrices] */
-    float *qkv = m->lbuf, *decay = qkv + 3 * qd, *gate = decay + qd, *o = gate + qd;
-    float *beta = o + qd, *low = beta + nh;
+    float *qkv[3], *b = m->lbuf;
+    for (int i = 0; i < 3; i++, b += T * qd) qkv[i] = b;
+    float *decay = b, *gate = decay + T * qd, *o = gate + T * qd, *beta = o + T * qd;
+    float *low = beta + T * nh, *lowg = low + T * dk;
+    for (int i = 0; i < 3; i++) mpk_matmat(m->kern, m->pool, &ly->la_in[i], xn, T, qkv[i]);
+    mpk_matmat(m->kern, m->pool, &ly->kda_fa, xn, T, low);
+    mpk_matmat(m->kern, m->pool, &ly->kda_fb, low, T, decay);
+    mpk_matmat(m->kern, m->pool, &ly->kda_b, xn, T, beta);
+    mpk_matmat(m->kern, m->pool, &ly->kda_ga, xn, T, lowg);
+    mpk_matmat(m->kern, m->pool, &ly->kda_gb, lowg, T, gate);
     for (int t = 0; t < T; t++) {
-        const float *x = xn + (int64_t)t * H, *src;
+        const float *src;
         float *dst;
         mpm_linear_state(m, ly, pos + t, &src, &dst); /* zero at pos 0 */
-        for (int i = 0; i < 3; i++) mpk_matmat(m->kern, m->pool, &ly->la_in[i], x, 1, qkv + i * qd);
-        mpl_conv_step(qkv, 3 * qd, ly->la_conv, src, dst, K);
+        for (int i = 0; i < 3; i++) /* the channels of q, then k, then v */
+            mpl_conv_step(qkv[i] + t * qd, qd, ly->la_conv + i * qd * K, src + i * qd * (K - 1),
+                          dst + i * qd * (K - 1), K);
+        float *q = qkv[0] + t * qd, *k = qkv[1] + t * qd, *dec = decay + t * qd, *bt = beta + t * nh;
         for (int64_t h = 0; h < nh; h++) {
-            mpl_l2norm(qkv + h * dk, dk, 1.0f / sqrtf((float)dk));
-            mpl_l2norm(qkv + qd + h * dk, dk, 1.0f);
+            mpl_l2norm(q + h * dk, dk, 1.0f / sqrtf((float)dk));
+            mpl_l2norm(k + h * dk, dk, 1.0f);
         }
-        mpk_matmat(m->kern, m->pool, &ly->kda_fa, x, 1, low);
-        mpk_matmat(m->kern, m->pool, &ly->kda_fb, low, 1, decay);
         for (int64_t i = 0; i < qd; i++)
-            decay[i] = expf(-expf(ly->la_A[i / dk]) * mpl_softplus(decay[i] + ly->la_dt[i]));
-        mpk_matmat(m->kern, m->pool, &ly->kda_b, x, 1, beta);
-        for (int64_t h = 0; h < nh; h++) beta[h] = mpl_sigmoid(beta[h]);
-        mpk_matmat(m->kern, m->pool, &ly->kda_ga, x, 1, low);
-        mpk_matmat(m->kern, m->pool, &ly->kda_gb, low, 1, gate);
-        kda_job j = {c, ly, qkv, decay, gate, beta, o, src + rec, dst + rec};
+            dec[i] = expf(-expf(ly->la_A[i / dk]) * mpl_softplus(dec[i] + ly->la_dt[i]));
+        for (int64_t h = 0; h < nh; h++) bt[h] = mpl_sigmoid(bt[h]);
+        kda_job j = {c, ly, q, k, qkv[2] + t * qd, dec, gate + t * qd, bt, o + t * qd, src + rec, dst + rec};
         mpk_pool_run(m->pool, (size_t)nh, kda_head, &j);
-        mpk_matmat(m->kern, m->pool, &ly->la_out, o, 1, out + (int64_t)t * H);
     }
+    mpk_matmat(m->kern, m->pool, &ly->la_out, o, T, out);
 }

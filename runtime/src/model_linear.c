@@ -48,13 +48,17 @@ static uint64_t buf_floats(const mpm_config *c) {
     if (!n_linear(c) && !c->attn_gate) return 0;
     /* raw + canonical projections, recurrence output, per-head row; q + gate of a gated query */
     uint64_t lin = !n_linear(c) ? 0
-                   : c->la_kind == MPM_LA_KDA ? mpm_kda_scratch_floats(c)
+                   : c->la_kind == MPM_LA_KDA ? 0 /* per chunk token: mpm_linear_chunk_bytes */
                                               : (uint64_t)(2 * proj_dim(c) + c->la_nv * c->la_dv + c->la_dv);
     return lin + 2u * (uint64_t)(c->n_heads * c->head_dim);
 }
 
 /* the buffers and the working copy of the state (lwork) */
 uint64_t mpm_linear_scratch_bytes(const mpm_config *c) { return 4u * buf_floats(c) + mpm_state_bytes(c); }
+
+uint64_t mpm_linear_chunk_bytes(const mpm_config *c, int chunk) {
+    return n_linear(c) && c->la_kind == MPM_LA_KDA ? 4u * (uint64_t)chunk * mpm_kda_chunk_floats(c) : 0;
+}
 
 int mpm_linear_load(mpm_model *m, void *L, int l) {
     const mpm_config *c = &m->c;
@@ -136,7 +140,8 @@ int mpm_linear_init(mpm_model *m) {
         }
         for (int64_t i = 0; i < c->hidden; i++) m->final_norm[i] += one;
     }
-    uint64_t scratch = buf_floats(c);
+    /* KDA's chunk buffers first, the gated query's two rows last */
+    uint64_t scratch = buf_floats(c) + mpm_linear_chunk_bytes(c, m->chunk) / 4u;
     if (scratch && !(m->lbuf = calloc((size_t)scratch, 4))) return MP_ENOMEM;
     if (scratch) m->lqg = m->lbuf + scratch - 2u * (uint64_t)(c->n_heads * c->head_dim);
     int nl = n_linear(c), slot = 0;
