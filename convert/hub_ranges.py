@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ MAX_BLOCK = 1 << 20
 MIN_BLOCK = 4 << 10
 BLOCKS_PER_SMALL_FILE = 256
 TRIES = 4               # HTTP attempts per range (network errors, short or wrong answers)
+BACKOFF = 0.5           # seconds before the second attempt, doubled after each (at most 8x)
 
 
 def block_size(size: int) -> int:
@@ -102,7 +104,7 @@ def fetch_range(url: str, name: str, start: int, end: int) -> bytes:
     why = ""
     for attempt in range(TRIES):
         if attempt:
-            time.sleep(min(0.5 * 2 ** attempt, 4.0))
+            time.sleep(min(BACKOFF * 2 ** attempt, 8 * BACKOFF))
         body = bytearray()
         try:
             with _session_get(url, {"Range": f"bytes={start}-{end - 1}"}) as r:
@@ -126,43 +128,74 @@ def fetch_range(url: str, name: str, start: int, end: int) -> bytes:
     raise ConvertError(f"{name}: cannot read bytes {start}-{end} from the hub: {why}")
 
 
+class _Digester:
+    """The running SHA-256 of a file and the BLAKE3 digests of its finished blocks."""
+
+    def __init__(self, name: str, size: int, header: bytes) -> None:
+        self.name, self.size, self.header = name, size, header
+        self.block = block_size(size)
+        self.whole, self.digests, self.pending = hashlib.sha256(), bytearray(), bytearray()
+        self.got = 0
+
+    def feed(self, chunk: bytes) -> None:
+        if self.got + len(chunk) > self.size:
+            raise ConvertError(f"{self.name}: the hub sent more than its listed "
+                               f"{self.size:,} bytes")
+        head = self.header[self.got:self.got + len(chunk)]
+        if head and chunk[:len(head)] != head:
+            raise ConvertError(f"{self.name}: the file's header differs from the header the hub "
+                               "served for planning; rerun to start over")
+        self.got += len(chunk)
+        self.whole.update(chunk)
+        self.pending += chunk
+        while len(self.pending) >= self.block:
+            self.digests += blake3.blake3(self.pending[:self.block]).digest()
+            del self.pending[:self.block]
+
+    def table(self, sha256: str) -> BlockTable:
+        if self.pending:
+            self.digests += blake3.blake3(self.pending).digest()
+            self.pending.clear()
+        if self.whole.hexdigest() != sha256:
+            raise ConvertError(f"{self.name}: SHA-256 {self.whole.hexdigest()} differs from the "
+                               f"hub's {sha256}; rerun the same command to continue")
+        return BlockTable(self.name, self.size, self.block, bytes(self.digests))
+
+
 def stream_digests(url: str, name: str, size: int, sha256: str, header: bytes,
-                   on_bytes=None) -> BlockTable:  # noqa: ANN001
+                   on_bytes: Callable[[int], None] | None = None) -> BlockTable:
     """Stream the whole file once (no disk): its SHA-256 must be the hub's, its first bytes the
-    header planning used; returns the BLAKE3 digest of every block."""
+    header planning used; returns the BLAKE3 digest of every block. A dropped connection goes
+    on from the byte it reached (Range), up to TRIES times in a row without progress."""
     import httpx2
 
-    block = block_size(size)
-    whole, digests, pending = hashlib.sha256(), bytearray(), bytearray()
-    got = 0
-    try:
-        with _session_get(url, {}) as r:
-            if r.status_code != 200:
-                raise ConvertError(f"{name}: HTTP {r.status_code} from the hub")
-            for chunk in r.iter_bytes():
-                if got + len(chunk) > size:
-                    raise ConvertError(f"{name}: the hub sent more than its listed "
-                                       f"{size:,} bytes")
-                if got < len(header) and chunk[:len(header) - got] != header[got:got + len(chunk)]:
-                    raise ConvertError(f"{name}: the file's header differs from the header the "
-                                       "hub served for planning; rerun to start over")
-                got += len(chunk)
-                whole.update(chunk)
-                pending += chunk
-                while len(pending) >= block:
-                    digests += blake3.blake3(pending[:block]).digest()
-                    del pending[:block]
-                if on_bytes:
-                    on_bytes(len(chunk))
-    except httpx2.HTTPError as e:
-        raise ConvertError(f"{name}: download failed: {type(e).__name__}: {e}; rerun the same "
-                           "command to continue") from None
-    if pending:
-        digests += blake3.blake3(pending).digest()
-    if got != size:
-        raise ConvertError(f"{name}: the hub sent {got:,} of its listed {size:,} bytes; rerun "
-                           "the same command to continue")
-    if whole.hexdigest() != sha256:
-        raise ConvertError(f"{name}: SHA-256 {whole.hexdigest()} differs from the hub's "
-                           f"{sha256}; rerun the same command to continue")
-    return BlockTable(name, size, block, bytes(digests))
+    d = _Digester(name, size, header)
+    why, failures = "", 0
+    while d.got < size and failures < TRIES:
+        if failures:
+            time.sleep(min(BACKOFF * 2 ** failures, 8 * BACKOFF))
+        before = d.got
+        try:
+            with _session_get(url, {"Range": f"bytes={d.got}-"} if d.got else {}) as r:
+                if r.status_code == 200 and d.got:      # Range ignored: from the start again
+                    d = _Digester(name, size, header)
+                elif r.status_code not in (200, 206) or (r.status_code == 206 and not r.headers
+                                                         .get("Content-Range", "")
+                                                         .startswith(f"bytes {d.got}-")):
+                    why = f"HTTP {r.status_code} {r.headers.get('Content-Range', '')}".strip()
+                    if r.status_code in (401, 403, 404):
+                        break
+                    failures += 1
+                    continue
+                for chunk in r.iter_bytes():
+                    d.feed(chunk)
+                    if on_bytes:
+                        on_bytes(len(chunk))
+        except httpx2.HTTPError as e:
+            why = f"{type(e).__name__}: {e}"
+        failures = 0 if d.got > before else failures + 1
+    if d.got != size:
+        raise ConvertError(f"{name}: the hub sent {d.got:,} of its listed {size:,} bytes "
+                           f"({why or 'the connection ended early'}); rerun the same command to "
+                           "continue")
+    return d.table(sha256)

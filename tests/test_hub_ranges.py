@@ -1,13 +1,14 @@
 """Checked byte ranges of hub files (convert/hub_ranges.py) against a loopback server: the
 streamed pass checks the whole file's SHA-256 and the planning header, block digests catch a
 changed byte, saved tables are reused only for the same file, and network faults end in one
-line naming the file."""
+line naming the file; a dropped stream goes on from where it stopped."""
 
 from __future__ import annotations
 
 import hashlib
 
 import pytest
+from moepack.convert import hub_ranges
 from moepack.convert.errors import ConvertError, SourceError
 from moepack.convert.hub_ranges import (
     MAX_BLOCK,
@@ -26,7 +27,8 @@ SHA = hashlib.sha256(DATA).hexdigest()
 
 
 @pytest.fixture
-def server():
+def server(monkeypatch):
+    monkeypatch.setattr(hub_ranges, "BACKOFF", 0.0)      # retries at once
     with RangeServer({"shard": DATA}) as s:
         yield s
 
@@ -59,6 +61,20 @@ def test_stream_refuses_a_wrong_sha256_or_header(server):
         stream_digests(server.url("shard"), "shard", len(DATA), SHA, b"\xff" * 16)
     with pytest.raises(ConvertError, match="more than its listed 100 bytes"):
         stream_digests(server.url("shard"), "shard", 100, SHA, DATA[:8])
+
+
+def test_stream_goes_on_from_where_a_dropped_connection_stopped(server):
+    clean = stream_digests(server.url("shard"), "shard", len(DATA), SHA, DATA[:8])
+    server.faults["/shard"] = Fault("drop", times=1, at=20_000)
+    counted: list[int] = []
+    assert stream_digests(server.url("shard"), "shard", len(DATA), SHA, DATA[:8],
+                          counted.append) == clean
+    assert sum(counted) == len(DATA)                       # no byte fetched twice
+    assert ("GET", "/shard", "bytes=20000-") in server.requests
+    server.faults["/shard"] = Fault("drop", times=-1, at=30_000)   # never gets further
+    with pytest.raises(ConvertError, match=r"^shard: the hub sent 30,000 of its listed 51,200 "
+                                           r"bytes .*rerun the same command to continue$"):
+        stream_digests(server.url("shard"), "shard", len(DATA), SHA, DATA[:8])
 
 
 def test_saved_table_is_reused_only_for_the_same_file(server, tmp_path):
