@@ -25,6 +25,9 @@ MODELS = {
     "MiniMax-M2": "MiniMax-M2 / M2.1",
     "Kimi-K2.5": "Kimi K2.5 / K2.6",
     "Kimi-Linear-48B-A3B": "Kimi-Linear 48B-A3B",
+    "Qwen3-Next-80B-A3B": "Qwen3-Next-80B-A3B",
+    # text model only (the vision tower is skipped); the MTP layer is not converted
+    "Qwen3.5-397B-A17B": "Qwen3.5-397B-A17B",
     # converted, not yet run; sizes the model card leaves open are assumed (docs/K3.md)
     "Kimi-K3": "Kimi K3 (convert only, config partly assumed: docs/K3.md)",
 }
