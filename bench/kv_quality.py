@@ -78,7 +78,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
         win = make_windows(ids, 0, args.ctx, None, args.windows or 8)
         res["model"] = f"random tiny {args.tiny} ({TINY.get(args.tiny, {})})"
     else:
-        path = args.container or convert_default(args.reference, work / "demo.moepack")
+        path = args.container or convert_default(args.reference,
+                                                 work / f"{args.reference.name}.moepack")
         win = load_windows(args.reference, args.text, args.ctx, None, args.windows)
         res["model"] = str(args.reference)
     t0 = time.monotonic()
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.workdir:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         res = measure(args, args.workdir or Path(tmp))
     if args.json:
