@@ -169,3 +169,14 @@ def test_cli_kv_flag_and_plan_rows(gqa):
     assert r.returncode == 2 and "--kv" in r.stderr
     r = _cli("run", gqa, "--tokens", "1,2,3", "--ctx", MAX_POS + 1)
     assert r.returncode == 1 and f"longest context, {MAX_POS} tokens" in r.stderr
+
+
+def test_serve_passes_kv_to_the_engine(gqa):
+    """A budget that pays the f16 floor but not the f32 one: `serve --kv f32` is refused at open
+    (with the f16 default it would start serving)."""
+    budget = plan(gqa, ctx=64, kv="f16")["floor_bytes"]
+    assert budget < plan(gqa, ctx=64, kv="f32")["floor_bytes"]
+    r = _cli("serve", gqa, "--ctx", 64, "--budget", budget, "--kv", "f32", "--port", 1)
+    assert r.returncode == 1 and "below the floor" in r.stderr, r.stderr
+    r = _cli("serve", gqa, "--kv", "f8")
+    assert r.returncode == 2 and "--kv" in r.stderr
