@@ -27,10 +27,11 @@ class Reporter:
 
 
 class RichReporter(Reporter):
-    """Bars for layers, experts and bytes written (with MB/s); ETA from rich's speed estimate."""
+    """Bars for layers, experts and bytes written (with MB/s); ETA from rich's speed estimate;
+    for hub sources a row of shard bytes downloaded and on disk."""
 
-    def __init__(self) -> None:
-        self.console = Console(stderr=True)
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
         self.progress = Progress(
             TextColumn("{task.description:<8}"), BarColumn(), TextColumn("{task.fields[extra]}"),
             TimeElapsedColumn(), TimeRemainingColumn(),
@@ -72,6 +73,14 @@ class RichReporter(Reporter):
             if n:
                 self.progress.advance(self._ids[key], n)
                 self._label(key)
+
+    def transfer(self, downloaded: int, staged: int) -> None:
+        if "shards" not in self._ids:
+            if not self.progress.live.is_started:
+                self.progress.start()
+            self._ids["shards"] = self.progress.add_task("shards", total=None, extra="")
+        self.progress.update(self._ids["shards"], extra=f"downloaded {downloaded / 1e6:,.1f} MB, "
+                             f"on disk {staged / 1e6:,.1f} MB")
 
     def stop(self) -> None:
         if self.progress.live.is_started:

@@ -10,7 +10,9 @@ import subprocess
 import sys
 
 import pytest
+from moepack.convert.progress import RichReporter
 from moepack.convert.progress_lines import RATE_WINDOW, LineReporter
+from rich.console import Console
 from tiny_models import make_checkpoint
 
 
@@ -84,6 +86,15 @@ def test_transfers_show_downloaded_and_staged():
     text.start((0, 1), (0, 1), (0, 10))
     text.transfer(5_000_000, 2_000_000)
     assert "downloaded 5.000 MB, staged 2.000 MB" in text.line()  # moepack.sizes.format_size
+
+
+def test_bars_show_shard_downloads_too():
+    console = Console(file=io.StringIO(), force_terminal=True, width=160)
+    rep = RichReporter(console)
+    rep.start((0, 3), (0, 8), (0, 1000))
+    rep.transfer(5_000_000, 2_000_000)
+    rep.stop()
+    assert "downloaded 5.0 MB, on disk 2.0 MB" in console.file.getvalue()
 
 
 def test_a_real_conversion_reports_every_layer_to_the_end(tmp_path):
