@@ -217,10 +217,14 @@ def run_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object at the end.")] = False,
 ) -> None:
     """Generate text: streams tokens, then prints a stats line."""
-    from moepack.runtime.engine import EngineError
+    from moepack.runtime.engine import EngineError, refuse_malformed
     from moepack.runtime.tokenizer import StreamDecoder
 
     _require_file(file)
+    try:  # the format's code first: the tokenizer's reader would word the refusal its own way
+        refuse_malformed(file)
+    except EngineError as e:
+        _engine_fail(e, as_json, f"{file}: ")
     ids, tok = _prompt_ids(file, prompt, tokens)
     if not ids:
         fail("empty prompt")

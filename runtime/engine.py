@@ -172,6 +172,15 @@ def _raise(code: int, msg: str, path: str | os.PathLike | None = None) -> None:
     raise cls(msg or f"engine error {code}", code, where.code, where.field, where.offset)
 
 
+def refuse_malformed(path: str | os.PathLike) -> None:
+    """EngineError with the stable code, field and offset if the C reader refuses the container
+    at `path` (a cheap check of header and index, no weights read): callers that read the file
+    with another reader first (the tokenizer) report the format's code this way."""
+    check = _lib.check_container(path)
+    if check.rc == MP_EFORMAT and check.code:
+        raise EngineError(check.message, check.rc, check.code, check.field, check.offset)
+
+
 def parse_bytes(v: int | str | None) -> int:
     """"8G", "512MiB", "1.5gb" or an int -> bytes (0 for None: the engine's default). ValueError
     for what the engine's uint64 cannot hold (ctypes would silently wrap it)."""

@@ -88,11 +88,18 @@ def test_run_json_prints_the_code(tmp_path: Path) -> None:
     assert err["message"].startswith(str(bad))
     plain = CliRunner().invoke(app, ["run", str(bad), "--tokens", "1"])
     assert plain.exit_code == 1 and "[bad_magic]" in plain.output
+    # a text prompt reads the tokenizer from the container first: the code still comes out
+    text = CliRunner().invoke(app, ["run", str(bad), "hello", "--json"])
+    assert text.exit_code == 1 and json.loads(text.stdout)["error"]["code"] == "bad_magic"
 
 
 def test_serve_error_object_names_the_code() -> None:
+    from moepack.cli import app
     from moepack.serve.app import _engine_error
 
+    bad = VECTORS / "invalid" / "bad_magic.moepack"
+    r = CliRunner().invoke(app, ["serve", str(bad)])
+    assert r.exit_code == 1 and "[bad_magic]" in r.output
     body = _engine_error(EngineError("x", MP_EFORMAT, "blob_frame")).body()["error"]
     assert body["code"] == "blob_frame"
     assert _engine_error(EngineError("y", -3)).body()["error"]["code"] == "engine_error"

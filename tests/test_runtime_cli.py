@@ -16,7 +16,8 @@ from moepack.cli import app
 
 runner = CliRunner()
 STATS = re.compile(r"prompt \d+ tok @ [\d.]+ tok/s \| decode \d+ tok @ [\d.]+ tok/s \| "
-                   r"cache hits [\d.]+% \| read [\d.]+ GB \| I/O wait [\d.]+% \| O_DIRECT (on|off)")
+                   r"cache hits [\d.]+% \| read [\d.]+ (B|kB|MB|GB|TB) \| I/O wait [\d.]+% \| "
+                   r"O_DIRECT (on|off)")
 
 
 @pytest.fixture(scope="module")
