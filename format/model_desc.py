@@ -325,7 +325,7 @@ def _k3_parts(m: dict) -> None:
         if not isinstance(m["attn_res"], dict):
             raise ModelDescError("attn_res", "must be null or an object")
         _int(m, "attn_res.block_size", hi=m["num_layers"])
-    _int(m, "moe.latent_size", optional=True)
+    _int(m, "moe.latent_size", hi=m["hidden_size"], optional=True)  # the engine's buffers
     la = m.get("linear_attention")
     if isinstance(la, dict) and la.get("gate_lower_bound") is not None:
         _number(m, "linear_attention.gate_lower_bound", lambda v: v < 0, "< 0")

@@ -51,7 +51,10 @@ class KimiK3Adapter(KimiLinearAdapter):
             "activation": {"kind": "situ", "beta": beta, "linear_beta": linear_beta},
             "attn_res": {"block_size": self.cfg_int("attn_res_block_size",
                                                     field="attn_res.block_size")},
-            "attention": {**m["attention"], "output_gate": True},
+            # llama.cpp's K3 graph norms the q/kv latents with rms_norm_eps (Kimi-Linear's
+            # transformers code: 1e-6)
+            "attention": {**m["attention"], "output_gate": True,
+                          "latent_norm_eps": m["rms_norm_eps"]},
             "linear_attention": {**m["linear_attention"], "output_gate": "full_rank",
                                  "gate_lower_bound": bound},
             "moe": {**m["moe"], "latent_size": self.cfg_int("routed_expert_hidden_size",

@@ -28,8 +28,8 @@ MODELS = {
     "Qwen3-Next-80B-A3B": "Qwen3-Next-80B-A3B",
     # text model only (the vision tower is skipped); the MTP layer is not converted
     "Qwen3.5-397B-A17B": "Qwen3.5-397B-A17B",
-    # converted, not yet run; sizes the model card leaves open are assumed (docs/K3.md)
-    "Kimi-K3": "Kimi K3 (convert only, config partly assumed: docs/K3.md)",
+    # sizes the model card leaves open are assumed (docs/K3.md)
+    "Kimi-K3": "Kimi K3 (config partly assumed: docs/K3.md)",
 }
 HEADER = ("| model | arch | parameters converted (total / active per token) | expert bytes per "
           "token | container (default codecs) |\n|---|---|---|---|---|")

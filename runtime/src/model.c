@@ -127,7 +127,8 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
     uint64_t per_layer = 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +
                                                           c->q_lora_rank + c->kv_lora_rank + c->n_experts) +
                          (c->mla ? 0u : (uint64_t)((2 * c->n_heads + 3 * c->n_kv_heads) * c->head_dim));
-    return mpm_kv_scratch_bytes(c) + mpm_dsa_scratch_bytes(c, chunk_tokens) + 4u * (T * per_tok + 16 * (uint64_t)max64(H, I) +
+    return mpm_kv_scratch_bytes(c) + mpm_dsa_scratch_bytes(c, chunk_tokens) +
+           mpm_k3_scratch_bytes(c, chunk_tokens) + 4u * (T * per_tok + 16 * (uint64_t)max64(H, I) +
                  (uint64_t)c->vocab + 2 * (uint64_t)c->n_experts + chunk +
                  per_layer * (uint64_t)c->n_layers + (uint64_t)H);
 }
@@ -175,6 +176,7 @@ static int alloc_scratch(mpm_model *m) {
     m->choice = xcalloc((uint64_t)c->n_experts, 4);
     m->allowed = xcalloc((uint64_t)c->n_experts, 1);
     if (mpm_config_moe_layers(c) && mpm_moe_alloc(m)) return -1;
+    if (mpm_k3_alloc(m)) return -1;
     if (!m->xn || !m->q || !m->kbuf || !m->vbuf || !m->att || !m->scores ||
         !m->cosb || !m->sinb || !m->router_logits || !m->moe_out || !m->eo || !m->g || !m->u ||
         !m->xr || !m->ar || !m->sel || !m->selw || !m->ahead || !m->recs || !m->aheadw || !m->choice ||
@@ -232,6 +234,7 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
         NAME("layers.%d.attn.o", l); TRY(load_mat(L, n, H, c->n_heads * c->v_head_dim, &ly->o, 1));
         if (c->dsa.on) TRY(mpm_dsa_load(m, L, l));
     }
+    TRY(mpm_k3_load_layer(m, L, l));
     ly->moe = c->layer_is_moe[l];
     if (!ly->moe) {
         return load_ffn(L, l, "ffn", c->dense_inter, H, &ly->dense);
@@ -255,8 +258,9 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
         return mp_seterr(L->err, L->errlen, rc < 0 ? rc : MP_EFORMAT, "expert bank of layer %d missing or invalid", l);
     if (bi.count != c->n_experts)
         return mp_seterr(L->err, L->errlen, MP_EFORMAT, "experts.%d: count %lld != num_experts %lld", l, (long long)bi.count, (long long)c->n_experts);
+    const int64_t D = c->latent ? c->latent : H; /* the routed experts' width */
     for (int p = 0; p < 3; p++) {
-        int64_t rows = p == 2 ? H : c->moe_inter, cols = p == 2 ? c->moe_inter : H;
+        int64_t rows = p == 2 ? D : c->moe_inter, cols = p == 2 ? c->moe_inter : D;
         if (bi.rows[p] != rows || bi.cols[p] != cols || bi.stages[p] < 1 || bi.stages[p] > 8)
             return mp_seterr(L->err, L->errlen, MP_EFORMAT, "experts.%d: part %s has the wrong shape or stages", l, PARTS[p]);
         ly->stages[p] = bi.stages[p];
@@ -307,6 +311,7 @@ int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void
     for (int l = 0; l < c->n_layers; l++)
         if ((rc = load_layer(m, &L, bank, user, l))) goto fail;
     if ((rc = load_f32(&L, "final_norm", (uint64_t)c->hidden, &m->final_norm, 1))) goto fail;
+    if ((rc = mpm_k3_load_final(m, &L))) goto fail;
     if (c->tie_embeddings) {
         m->lm_head = m->embed;
     } else if ((rc = load_mat(&L, "lm_head", c->vocab, c->hidden, &m->lm_head, 1))) {
@@ -351,6 +356,7 @@ void mpm_free(mpm_model *m) {
         }
     }
     mpm_moe_free(m);
+    mpm_k3_free(m);
     mpm_linear_free(m);
     mpm_dsa_free(m); /* before the layers: it frees their indexer norms */
     free(m->layers);
@@ -404,13 +410,27 @@ int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logi
         return MP_ECTX;
     }
     m->err[0] = 0;
+    m->rbank_n = 0; /* AttnRes (Kimi K3): each pass banks its tokens' streams anew */
     for (int t = 0; t < n; t++) mpk_row(&m->embed, tokens[t], m->bx + t * H);
     for (int l = 0; l < c->n_layers; l++) {
         mpm_layer *ly = &m->layers[l];
-        for (int t = 0; t < n; t++) mpk_rmsnorm(m->bxn + t * H, m->bx + t * H, ly->attn_norm, H, c->eps);
+        const float *in = m->bx; /* with AttnRes, the mix of the bank and the stream */
+        if (c->res_block) {
+            mpm_res_mix(m, ly->res_attn, n, m->bx, m->bout);
+            in = m->bout;
+        }
+        for (int t = 0; t < n; t++) mpk_rmsnorm(m->bxn + t * H, in + t * H, ly->attn_norm, H, c->eps);
+        const int restart = mpm_res_push(m, l, n, m->bx); /* a block start: bank, restart */
         mpm_attention(m, l, pos, n, m->bxn, m->bout);
-        for (int64_t i = 0; i < n * H; i++) m->bx[i] += m->bout[i];
-        for (int t = 0; t < n; t++) mpk_rmsnorm(m->bxn + t * H, m->bx + t * H, ly->ffn_norm, H, c->eps);
+        if (restart) memcpy(m->bx, m->bout, (size_t)(n * H) * sizeof(float));
+        else
+            for (int64_t i = 0; i < n * H; i++) m->bx[i] += m->bout[i];
+        in = m->bx;
+        if (c->res_block) {
+            mpm_res_mix(m, ly->res_ffn, n, m->bx, m->bout);
+            in = m->bout;
+        }
+        for (int t = 0; t < n; t++) mpk_rmsnorm(m->bxn + t * H, in + t * H, ly->ffn_norm, H, c->eps);
         if (ly->moe) {
             int rc = mpm_moe(m, l, n, m->bxn, m->bout);
             if (rc) return rc;
@@ -422,7 +442,12 @@ int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logi
     }
     if (logits) {
         int t0 = all ? 0 : n - 1;
-        for (int t = t0; t < n; t++) mpk_rmsnorm(m->bxn + (t - t0) * H, m->bx + t * H, m->final_norm, H, c->eps);
+        const float *in = m->bx;
+        if (c->res_block) {
+            mpm_res_mix(m, m->res_final, n, m->bx, m->bout);
+            in = m->bout;
+        }
+        for (int t = t0; t < n; t++) mpk_rmsnorm(m->bxn + (t - t0) * H, in + t * H, m->final_norm, H, c->eps);
         mpk_matmat(m->kern, m->pool, &m->lm_head, m->bxn, n - t0, logits);
     }
     return 0;

@@ -19,7 +19,7 @@
 #define MPM_MAX_CHUNK 512 /* the largest: the memory plan picks one in between (mpm_load) */
 
 enum { MPM_MIXTRAL = 0, MPM_QWEN3_MOE, MPM_DEEPSEEK_V3, MPM_GLM4_MOE, MPM_MINIMAX_M2, MPM_KIMI_K25,
-       MPM_QWEN3_NEXT, MPM_QWEN3_5_MOE, MPM_KIMI_LINEAR };
+       MPM_QWEN3_NEXT, MPM_QWEN3_5_MOE, MPM_KIMI_LINEAR, MPM_KIMI_K3 };
 enum { MPM_LA_GATED_DELTANET = 0, MPM_LA_KDA }; /* mpm_config.la_kind */
 
 enum { MPM_DEEPSEEK_V32 = 32, MPM_GLM_MOE_DSA }; /* MLA + DeepSeek Sparse Attention (model_dsa.c) */
@@ -73,6 +73,13 @@ typedef struct mpm_config {
     int la_grouped; /* in_proj_qkvz + in_proj_ba (Qwen3-Next), else qkv, z, b, a */
     int kv_f16;     /* KV cache entries as IEEE f16: the engine's choice (mp_config.kv), not the manifest's */
     int la_kind;    /* MPM_LA_*; KDA (model_kda.c): la_nk = la_nv heads, la_dk = la_dv */
+    /* Kimi K3 (model_k3.c, docs/K3.md): SiTU in every FFN (situ_beta > 0; situ_lb > 0 also
+     * clips the up branch), routed experts in a latent space of `latent` dims (0: hidden),
+     * block attention residuals every res_block layers (0: plain residual), bounded KDA decay
+     * (kda_bound < 0), full-rank KDA output gate, sigmoid output gate on MLA heads */
+    float situ_beta, situ_lb, kda_bound;
+    int64_t latent, res_block;
+    int kda_full_gate, mla_gate;
 } mpm_config;
 
 /* Parses manifest.model, the only part of the manifest the engine reads (FORMAT.md §7).

@@ -227,6 +227,7 @@ static void mla(mpm_model *m, int l, int pos, int T, const float *xn, float *out
     }
     if (c->dsa.on) mpm_dsa_select(m, l, pos, T, xn, m->lat); /* m->lat: the q LoRA latent */
     for (int t = 0; t < T; t++) mla_token(m, ly, pos + t, t, m->q + t * qd, m->att + t * od);
+    if (c->mla_gate) mpm_mla_gate(m, ly, T, xn, m->att); /* Kimi K3: sigmoid gate per head dim */
     mpk_matmat(m->kern, m->pool, &ly->o, m->att, T, out);
 }
 

@@ -153,6 +153,49 @@ static int parse_dsa(const mp_json *at, mpm_config *c, char *err, size_t errlen)
     return 0;
 }
 
+/* Kimi K3's optional fields (FORMAT.md 7.1): activation, attn_res, moe.latent_size, KDA's
+ * bounded decay and output gate, MLA's output gate */
+static int parse_k3(const mp_json *m, mpm_config *c, char *err, size_t errlen) {
+    const mp_json *act = mp_json_get(m, "activation");
+    double d;
+    int rc;
+    if (act && !mp_json_is_null(act)) {
+        const char *k = mp_json_as_str(mp_json_get(act, "kind"), NULL);
+        if (mp_json_type_of(act) != MP_JSON_OBJECT || !k || (strcmp(k, "silu") && strcmp(k, "situ")))
+            FAIL(MP_EFORMAT, "manifest.model: activation.kind must be one of silu, situ");
+        if (!strcmp(k, "situ")) {
+            if (get_num(act, "beta", NAN, &d) || !(d > 0))
+                FAIL(MP_EFORMAT, "manifest.model: activation.beta must be a finite number > 0");
+            c->situ_beta = (float)d;
+            if (get_num(act, "linear_beta", 0.0, &d) || !(d >= 0))
+                FAIL(MP_EFORMAT, "manifest.model: activation.linear_beta must be a finite number >= 0");
+            c->situ_lb = (float)d;
+        }
+    }
+    const mp_json *res = mp_json_get(m, "attn_res");
+    if (res && !mp_json_is_null(res)) {
+        if (mp_json_type_of(res) != MP_JSON_OBJECT) FAIL(MP_EFORMAT, "manifest.model: attn_res must be null or an object");
+        if ((rc = get_int(res, "attn_res.", "block_size", 1, c->n_layers, &c->res_block, err, errlen))) return rc;
+    }
+    if ((rc = get_opt_int(mp_json_get(m, "moe"), "moe.", "latent_size", 8, c->hidden, 0, &c->latent, err, errlen))) return rc;
+    const mp_json *la = mp_json_get(m, "linear_attention");
+    const mp_json *gb = mp_json_get(la, "gate_lower_bound");
+    if (gb && !mp_json_is_null(gb)) {
+        if (mp_json_as_f64(gb, &d) != 0 || !isfinite(d) || !(d < 0))
+            FAIL(MP_EFORMAT, "manifest.model: linear_attention.gate_lower_bound must be a finite number < 0");
+        c->kda_bound = (float)d;
+    }
+    const mp_json *og = mp_json_get(la, "output_gate");
+    if (og && !mp_json_is_null(og)) {
+        const char *k = mp_json_as_str(og, NULL);
+        if (!k || (strcmp(k, "low_rank") && strcmp(k, "full_rank")))
+            FAIL(MP_EFORMAT, "manifest.model: linear_attention.output_gate must be one of low_rank, full_rank");
+        c->kda_full_gate = !strcmp(k, "full_rank");
+    }
+    if (c->mla && (rc = get_opt_bool(mp_json_get(m, "attention"), "attention.", "output_gate", 0, &c->mla_gate, err, errlen))) return rc;
+    return 0;
+}
+
 int mpm_config_parse(const mp_json *m, mpm_config *c, char *err, size_t errlen) {
     memset(c, 0, sizeof *c);
     c->bos = -1;
@@ -170,7 +213,8 @@ int mpm_config_parse(const mp_json *m, mpm_config *c, char *err, size_t errlen) 
     else if (!strcmp(arch, "deepseek_v32")) c->arch = MPM_DEEPSEEK_V32;
     else if (!strcmp(arch, "glm_moe_dsa")) c->arch = MPM_GLM_MOE_DSA;
     else if (!strcmp(arch, "kimi_linear")) c->arch = MPM_KIMI_LINEAR;
-    else FAIL(MP_EUNSUPPORTED, "architecture %s is not supported (mixtral, qwen3_moe, deepseek_v3, glm4_moe, minimax_m2, kimi_k25, qwen3_next, qwen3_5_moe, kimi_linear, deepseek_v32, glm_moe_dsa)", arch);
+    else if (!strcmp(arch, "kimi_k3")) c->arch = MPM_KIMI_K3;
+    else FAIL(MP_EUNSUPPORTED, "architecture %s is not supported (mixtral, qwen3_moe, deepseek_v3, glm4_moe, minimax_m2, kimi_k25, qwen3_next, qwen3_5_moe, kimi_linear, deepseek_v32, glm_moe_dsa, kimi_k3)", arch);
     int rc;
 #define INT(key, lo, hi, dst) if ((rc = get_int(m, "", key, lo, hi, &c->dst, err, errlen))) return rc
     INT("vocab_size", 1, MAX_VOCAB, vocab);
@@ -294,6 +338,7 @@ int mpm_config_parse(const mp_json *m, mpm_config *c, char *err, size_t errlen) 
     if (get_num(moe, "routed_scaling_factor", 1.0, &d) || !(d > 0))
         FAIL(MP_EFORMAT, "manifest.model: moe.routed_scaling_factor must be a finite number > 0");
     c->routed_scale = (float)d;
+    if ((rc = parse_k3(m, c, err, errlen))) return rc;
 
     int64_t v;
     const mp_json *b = mp_json_get(m, "bos_token_id");

@@ -4,6 +4,8 @@
 
 #include "model.h"
 
+#include <math.h>
+
 typedef struct mpm_ffn {
     mpk_mat gate, up, down;
     int64_t inter;
@@ -44,6 +46,11 @@ typedef struct mpm_layer {
     int la_fresh; /* no token of the current call has passed: read lstate, write lwork */
     mpk_mat kda_fa, kda_fb, kda_ga, kda_gb, kda_b; /* KDA: decay and output-gate low-rank pairs, beta */
     float *shared_gate; /* [hidden]: shared expert x sigmoid(shared_gate . x) */
+    /* Kimi K3 (model_k3.c): AttnRes score vectors before attention and FFN (res_norm x
+     * res_proj), latent projections and norm of the routed experts, full-rank KDA gate, MLA
+     * output gate */
+    float *res_attn, *res_ffn, *lat_norm;
+    mpk_mat lat_down, lat_up, kda_g, mla_g;
     int kv_slot;        /* GQA: this layer's place in the KV cache (full-attention layers only) */
 } mpm_layer;
 
@@ -100,6 +107,10 @@ struct mpm_model {
     float *lwork;   /* the states a call advances; lstate changes only when the call succeeds */
     int l_touched;  /* a token of the current call has passed the linear layers */
     int32_t *lperm;
+    /* Kimi K3 (model_k3.c): final AttnRes score; per chunk token the AttnRes bank
+     * [chunk][banks][hidden] and its size; latent inputs/sums [chunk][latent]; MLA gates */
+    float *res_final, *rbank, *klat, *kgate;
+    int rbank_n;
     double io_wait;
     uint64_t prefetches;
 };
@@ -172,6 +183,27 @@ void mpm_kda_attention(mpm_model *m, int layer, int pos, int T, const float *xn,
 /* model.c's tensor loaders for model_linear.c (required tensors) */
 int mpm_load_mat(void *loader, const char *name, int64_t rows, int64_t cols, mpk_mat *out);
 int mpm_load_f32(void *loader, const char *name, uint64_t numel, float **out);
+/* model_k3.c: Kimi K3's parts, each a no-op for other architectures */
+#define MPM_MAX_RES_SOURCES 4097 /* AttnRes: at most one bank per layer (4096) + the stream */
+static inline float mpm_act(const mpm_config *c, float g, float u) { /* SiTU-GLU or SwiGLU */
+    if (!(c->situ_beta > 0)) return mpk_silu(g) * u;
+    if (c->situ_lb > 0) u = c->situ_lb * tanhf(u / c->situ_lb);
+    return c->situ_beta * tanhf(g / c->situ_beta) / (1.0f + expf(-g)) * u;
+}
+int mpm_k3_load_layer(mpm_model *m, void *loader, int layer);
+int mpm_k3_load_final(mpm_model *m, void *loader);
+uint64_t mpm_k3_scratch_bytes(const mpm_config *c, int chunk);
+int mpm_k3_alloc(mpm_model *m);
+void mpm_k3_free(mpm_model *m);
+/* AttnRes: the layer input `out` (T x hidden) mixed from each token's bank and current stream
+ * x, then bank x when layer starts a block; returns whether it did (the stream restarts) */
+void mpm_res_mix(mpm_model *m, const float *score, int T, const float *x, float *out);
+int mpm_res_push(mpm_model *m, int layer, int T, const float *x);
+/* latent MoE: routed experts' input z = lat_down . xn; their summed output -> lat_up . norm */
+void mpm_latent_in(mpm_model *m, const mpm_layer *ly, int T, const float *xn, float *z);
+void mpm_latent_out(mpm_model *m, const mpm_layer *ly, int T, float *sum, float *out);
+void mpm_mla_gate(mpm_model *m, const mpm_layer *ly, int T, const float *xn, float *att);
+
 /* model_moe.c */
 int mpm_moe(mpm_model *m, int layer, int T, const float *xn, float *out);
 int mpm_moe_alloc(mpm_model *m); /* chunk scratch, after the layers are loaded */

@@ -53,8 +53,12 @@ int mpm_kda_load(mpm_model *m, void *L, int l) {
     }
     struct { const char *name; int64_t rows, cols; mpk_mat *dst; } mats[] = {
         {"f_a", dk, H, &ly->kda_fa}, {"f_b", qd, dk, &ly->kda_fb}, {"b", nh, H, &ly->kda_b},
-        {"g_a", dk, H, &ly->kda_ga}, {"g_b", qd, dk, &ly->kda_gb}, {"out", H, qd, &ly->la_out}};
-    for (size_t i = 0; i < sizeof mats / sizeof *mats; i++) {
+        {"out", H, qd, &ly->la_out}, {"g_a", dk, H, &ly->kda_ga}, {"g_b", qd, dk, &ly->kda_gb},
+        {"g", qd, H, &ly->kda_g}};
+    /* the output gate: low-rank g_b . g_a (Kimi-Linear) or one full-rank g (Kimi K3) */
+    const size_t first = c->kda_full_gate ? 6 : 4, last = c->kda_full_gate ? 7 : 6;
+    for (size_t i = 0; i < last; i++) {
+        if (i >= 4 && i < first) continue;
         NAME(mats[i].name);
         if ((rc = mpm_load_mat(L, n, mats[i].rows, mats[i].cols, mats[i].dst))) return rc;
     }
@@ -119,8 +123,12 @@ void mpm_kda_attention(mpm_model *m, int l, int pos, int T, const float *xn, flo
     mpk_matmat(m->kern, m->pool, &ly->kda_fa, xn, T, low);
     mpk_matmat(m->kern, m->pool, &ly->kda_fb, low, T, decay);
     mpk_matmat(m->kern, m->pool, &ly->kda_b, xn, T, beta);
-    mpk_matmat(m->kern, m->pool, &ly->kda_ga, xn, T, lowg);
-    mpk_matmat(m->kern, m->pool, &ly->kda_gb, lowg, T, gate);
+    if (c->kda_full_gate) { /* Kimi K3: one full-rank output gate */
+        mpk_matmat(m->kern, m->pool, &ly->kda_g, xn, T, gate);
+    } else {
+        mpk_matmat(m->kern, m->pool, &ly->kda_ga, xn, T, lowg);
+        mpk_matmat(m->kern, m->pool, &ly->kda_gb, lowg, T, gate);
+    }
     for (int t = 0; t < T; t++) {
         const float *src;
         float *dst;
@@ -133,8 +141,12 @@ void mpm_kda_attention(mpm_model *m, int l, int pos, int T, const float *xn, flo
             mpl_l2norm(q + h * dk, dk, 1.0f / sqrtf((float)dk));
             mpl_l2norm(k + h * dk, dk, 1.0f);
         }
-        for (int64_t i = 0; i < qd; i++)
-            dec[i] = expf(-expf(ly->la_A[i / dk]) * mpl_softplus(dec[i] + ly->la_dt[i]));
+        if (c->kda_bound < 0) /* Kimi K3: bounded, bound . sigmoid(exp(A_log) (z + dt_bias)) */
+            for (int64_t i = 0; i < qd; i++)
+                dec[i] = expf(c->kda_bound * mpl_sigmoid(expf(ly->la_A[i / dk]) * (dec[i] + ly->la_dt[i])));
+        else
+            for (int64_t i = 0; i < qd; i++)
+                dec[i] = expf(-expf(ly->la_A[i / dk]) * mpl_softplus(dec[i] + ly->la_dt[i]));
         for (int64_t h = 0; h < nh; h++) bt[h] = mpl_sigmoid(bt[h]);
         kda_job j = {c, ly, q, k, qkv[2] + t * qd, dec, gate + t * qd, bt, o + t * qd, src + rec, dst + rec};
         mpk_pool_run(m->pool, (size_t)nh, kda_head, &j);

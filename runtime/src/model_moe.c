@@ -93,7 +93,7 @@ void mpm_route(const mpm_model *m, int layer, const float *xn, float *logits, in
 void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, int T, const float *xn, float *out) {
     mpk_matmat(m->kern, m->pool, &f->gate, xn, T, m->g);
     mpk_matmat(m->kern, m->pool, &f->up, xn, T, m->u);
-    for (int64_t i = 0; i < T * f->inter; i++) m->g[i] = mpk_silu(m->g[i]) * m->u[i];
+    for (int64_t i = 0; i < T * f->inter; i++) m->g[i] = mpm_act(&m->c, m->g[i], m->u[i]);
     mpk_matmat(m->kern, m->pool, &f->down, m->g, T, out);
 }
 
@@ -167,8 +167,14 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
     const mpm_config *c = &m->c;
     const mpm_layer *ly = &m->layers[l];
     const int64_t H = c->hidden, I = c->moe_inter, K = c->top_k;
-    for (int t = 0; t < T; t++)
+    const int64_t D = c->latent ? c->latent : H; /* the routed experts' width (Kimi K3: latent) */
+    for (int t = 0; t < T; t++) /* the router reads the full-width input */
         mpm_route(m, l, xn + t * H, m->router_logits, m->bsel + t * K, m->bselw + t * K);
+    const float *xe = xn;
+    if (c->latent) {
+        mpm_latent_in(m, ly, T, xn, m->klat);
+        xe = m->klat;
+    }
     /* distinct experts in order of first use, and each one's (token, rank) pairs in token order */
     int nu = 0;
     for (int64_t i = 0; i < T * K; i++) {
@@ -188,8 +194,8 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
     uint8_t *mem = (uint8_t *)(((uintptr_t)m->ctabmem + 63) & ~(uintptr_t)63);
     mpk_rvq_tab *tg = m->ctabs, *tu = m->ctabs + T, *td = m->ctabs + 2 * T;
     for (int t = 0; t < T; t++) { /* gate/up tables: once per token, shared by its experts */
-        build_tab(m, ly, 0, xn + t * H, H, &tg[t], mem + (size_t)t * sh);
-        build_tab(m, ly, 1, xn + t * H, H, &tu[t], mem + (size_t)(T + t) * sh);
+        build_tab(m, ly, 0, xe + t * D, D, &tg[t], mem + (size_t)t * sh);
+        build_tab(m, ly, 1, xe + t * D, D, &tu[t], mem + (size_t)(T + t) * sh);
     }
     uint8_t *dmem = mem + (size_t)(2 * T) * sh;
     const mpk_rvq_tab **tp = m->ctabp;
@@ -210,25 +216,35 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
             const int32_t *pr = pairs + start[g0 + gi];
             const int n = start[g0 + gi + 1] - start[g0 + gi];
             mpk_rvq wg, wu, wd;
-            rvq_part(ly, 0, m->recs[gi], I, H, &wg);
-            rvq_part(ly, 1, m->recs[gi], I, H, &wu);
-            rvq_part(ly, 2, m->recs[gi], H, I, &wd);
+            rvq_part(ly, 0, m->recs[gi], I, D, &wg);
+            rvq_part(ly, 1, m->recs[gi], I, D, &wu);
+            rvq_part(ly, 2, m->recs[gi], D, I, &wd);
             for (int j = 0; j < n; j++) tp[j] = &tg[pr[j] / K];
             mpk_rvq_matmat(m->kern, m->pool, &wg, tp, n, m->g);
             for (int j = 0; j < n; j++) tp[j] = &tu[pr[j] / K];
             mpk_rvq_matmat(m->kern, m->pool, &wu, tp, n, m->u);
-            for (int64_t j = 0; j < n * I; j++) m->g[j] = mpk_silu(m->g[j]) * m->u[j];
+            for (int64_t j = 0; j < n * I; j++) m->g[j] = mpm_act(c, m->g[j], m->u[j]);
             for (int j = 0; j < n; j++) {
                 build_tab(m, ly, 2, m->g + j * I, I, &td[j], dmem + (size_t)j * si);
                 tp[j] = &td[j];
             }
             mpk_rvq_matmat(m->kern, m->pool, &wd, tp, n, m->ceo);
-            for (int j = 0; j < n; j++) memcpy(m->beo + (int64_t)pr[j] * H, m->ceo + (int64_t)j * H, (size_t)H * sizeof(float));
+            for (int j = 0; j < n; j++) memcpy(m->beo + (int64_t)pr[j] * D, m->ceo + (int64_t)j * D, (size_t)D * sizeof(float));
         }
         m->io.release(m->io.user, l, grp, ng);
     }
     if (ly->has_shared) mpm_ffn_dense(m, &ly->shared, T, xn, out);
     if (ly->shared_gate) mpm_shared_gate(m, ly, T, xn, out);
+    if (c->latent) { /* rank-ordered sums at the latent width, RMSNorm, up-projection */
+        for (int t = 0; t < T; t++) {
+            float *s = m->klat + t * D;
+            memset(s, 0, (size_t)D * sizeof(float));
+            for (int64_t i = 0; i < K; i++) mpk_axpy(s, m->bselw[t * K + i], m->beo + (t * K + i) * D, D);
+        }
+        mpm_latent_out(m, ly, T, m->klat, m->beo); /* beo: free again, T x hidden */
+        for (int64_t j = 0; j < T * H; j++) out[j] = ly->has_shared ? m->beo[j] + out[j] : m->beo[j];
+        return 0;
+    }
     for (int t = 0; t < T; t++) {
         float *o = out + t * H;
         memset(m->moe_out, 0, (size_t)H * sizeof(float));
