@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
@@ -101,7 +102,11 @@ def _header_folder(key: str, bulk: Mapping[str, tuple[bytes, int]]) -> Path:
     one node race harmlessly)."""
     base = Path(tempfile.gettempdir())
     final = base / f"moepack-ray-{os.getuid()}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
-    if final.is_dir() and not final.is_symlink() and final.stat().st_uid == os.getuid():
+    if os.path.lexists(final):
+        st = os.lstat(final)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            raise ConvertError(f"{final} on node {os.uname().nodename} is not a folder of this "
+                               "user; refusing to read headers from it: remove it")
         return final
     tmp = Path(tempfile.mkdtemp(prefix=".moepack-ray-", dir=base))
     for name, (data, size) in bulk.items():
@@ -110,8 +115,11 @@ def _header_folder(key: str, bulk: Mapping[str, tuple[bytes, int]]) -> Path:
             f.truncate(size)   # sparse: the header alone, at the shard's size
     try:
         os.rename(tmp, final)
-    except OSError:  # another worker of this node was first
+    except OSError as e:  # another worker of this node was first: check theirs
         shutil.rmtree(tmp, ignore_errors=True)
+        if not os.path.lexists(final):
+            raise ConvertError(f"{final}: cannot create it: {e.strerror or e}") from None
+        return _header_folder(key, bulk)
     return final
 
 

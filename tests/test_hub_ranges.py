@@ -1,14 +1,18 @@
 """Checked byte ranges of hub files (convert/hub_ranges.py) against a loopback server: the
 streamed pass checks the whole file's SHA-256 and the planning header, block digests catch a
 changed byte, saved tables are reused only for the same file, and network faults end in one
-line naming the file; a dropped stream goes on from where it stopped."""
+line naming the file; a dropped stream goes on from where it stopped. A Ray node's header
+folder (convert/cluster_hub.py) is made once and never taken from someone else."""
 
 from __future__ import annotations
 
 import hashlib
+import shutil
+import tempfile
 
 import pytest
 from moepack.convert import hub_ranges
+from moepack.convert.cluster_hub import _header_folder
 from moepack.convert.errors import ConvertError, SourceError
 from moepack.convert.hub_ranges import (
     MAX_BLOCK,
@@ -97,3 +101,18 @@ def test_range_reads_retry_a_dropped_connection_and_name_the_file(server):
     with pytest.raises(ConvertError, match=r"^missing: cannot read bytes 0-10 from the hub: "
                                            r"HTTP 404$"):
         fetch_range(server.url("missing"), "missing", 0, 10)
+
+
+def test_a_nodes_header_folder_is_made_once_and_a_planted_entry_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    bulk = {"config.json": (b"{}", 2), "a.safetensors": (b"HEAD", 1 << 20)}
+    folder = _header_folder("repo@1", bulk)
+    standin = folder / "a.safetensors"
+    assert standin.stat().st_size == 1 << 20 and standin.read_bytes()[:4] == b"HEAD"
+    assert standin.stat().st_blocks * 512 < 1 << 20                     # sparse: header only
+    assert _header_folder("repo@1", bulk) == folder                     # made once
+    other = _header_folder("repo@2", bulk)
+    shutil.rmtree(other)
+    other.write_bytes(b"planted")                                        # not a folder
+    with pytest.raises(ConvertError, match="is not a folder of this user; refusing"):
+        _header_folder("repo@2", bulk)
