@@ -94,8 +94,9 @@ def test_run_json_prints_the_code(tmp_path: Path) -> None:
 
 
 def test_serve_error_object_names_the_code() -> None:
-    from moepack.cli import app
     from moepack.serve.app import _engine_error
+
+    from moepack.cli import app
 
     bad = VECTORS / "invalid" / "bad_magic.moepack"
     r = CliRunner().invoke(app, ["serve", str(bad)])
