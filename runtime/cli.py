@@ -357,11 +357,15 @@ def chat_cmd(
 
     Each turn evaluates only the part of the conversation not already cached. An empty line or
     EOF ends the chat; a line that is not UTF-8 ends it with an error."""
-    from moepack.runtime.engine import EngineError
+    from moepack.runtime.engine import EngineError, refuse_malformed
     from moepack.runtime.prefix import PrefixReuse
     from moepack.runtime.tokenizer import StreamDecoder, Tokenizer, TokenizerError
 
     _require_file(file)
+    try:  # the format's code first, as in run
+        refuse_malformed(file)
+    except EngineError as e:
+        _engine_fail(e, False, f"{file}: ")
     try:
         tok = Tokenizer.from_container(str(file))
         if not tok.chat_template:

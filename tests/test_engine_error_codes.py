@@ -91,6 +91,8 @@ def test_run_json_prints_the_code(tmp_path: Path) -> None:
     # a text prompt reads the tokenizer from the container first: the code still comes out
     text = CliRunner().invoke(app, ["run", str(bad), "hello", "--json"])
     assert text.exit_code == 1 and json.loads(text.stdout)["error"]["code"] == "bad_magic"
+    chat = CliRunner().invoke(app, ["chat", str(bad)], input="hi\n")
+    assert chat.exit_code == 1 and "[bad_magic]" in chat.output
 
 
 def test_serve_error_object_names_the_code() -> None:
