@@ -16,7 +16,7 @@ import pytest
 from hub_server import HubRepo, HubServer
 from moepack.convert.pipeline import convert
 from moepack.convert.settings import Settings
-from moepack.convert.stream import plan_waves
+from moepack.convert.stream_waves import plan_waves
 from moepack.convert.tasks import Task
 from tiny_models import make_checkpoint
 
