@@ -130,6 +130,8 @@ def _library() -> C.CDLL:
         getattr(lib, f).argtypes = [_P]
     lib.mp_kernels.argtypes = [_P]
     lib.mp_kernels.restype = C.c_char_p
+    lib.mp_kv_type.argtypes = [_P]
+    lib.mp_kv_type.restype = C.c_char_p
     lib.mp_reset.argtypes = [_P]
     lib.mp_reset.restype = None
     lib.mp_truncate.argtypes = [_P, C.c_int]
@@ -265,7 +267,7 @@ class Engine:
         self.path = str(path)
         self.vocab_size = self._lib.mp_vocab_size(self._h)
         self.ctx = self._lib.mp_context_size(self._h)
-        self.kv = kv
+        self.kv = self._lib.mp_kv_type(self._h).decode()  # the type in use: "f16" or "f32"
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -418,6 +420,7 @@ class Engine:
         d = {name: getattr(s, name) for name, _ in _Stats._fields_}
         d["o_direct"] = bool(d["o_direct"])
         d["kernels"] = self.kernels
+        d["kv"] = self.kv
         return with_rates(d)
 
     def reset_stats(self) -> None:

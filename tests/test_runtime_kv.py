@@ -5,6 +5,7 @@ and the refusals for a context beyond the model or the budget."""
 from __future__ import annotations
 
 import ctypes as C
+import json
 import subprocess
 import sys
 
@@ -90,7 +91,8 @@ def test_f16_halves_the_kv_bytes_per_token(request, fixture):
 def test_f16_kv_is_close_to_f32_and_not_the_same(request, fixture):
     path = request.getfixturevalue(fixture)
     toks = _tokens(64, seed=2)
-    with Engine(path, threads=2, kv="f32") as e32, Engine(path, threads=2, kv="f16") as e16:
+    with Engine(path, threads=2, kv="f32") as e32, Engine(path, threads=2) as e16:
+        assert (e32.kv, e16.kv, e16.stats()["kv"]) == ("f32", "f16", "f16")  # f16: the default
         a, b = e32.logits(toks), e16.logits(toks)
     assert not np.array_equal(a, b)  # the cache really holds f16
     assert np.abs(a - b).max() <= 1e-2 * np.abs(a).max()
@@ -165,6 +167,7 @@ def test_cli_kv_flag_and_plan_rows(gqa):
     assert r.returncode == 1 and "the longest context that fits is 63 tokens" in r.stderr
     r = _cli("run", gqa, "--tokens", "1,2,3", "-n", 2, "--kv", "f32", "--json")
     assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["stats"]["kv"] == "f32"
     r = _cli("run", gqa, "--tokens", "1,2,3", "--kv", "bf16")
     assert r.returncode == 2 and "--kv" in r.stderr
     r = _cli("run", gqa, "--tokens", "1,2,3", "--ctx", MAX_POS + 1)

@@ -144,6 +144,8 @@ MP_API int mp_context_size(const mp_engine *e);
 MP_API int mp_position(const mp_engine *e); /* tokens currently in the KV cache */
 /* Kernels this engine computes with: "avx2" or "scalar" (chosen per engine at mp_open). */
 MP_API const char *mp_kernels(const mp_engine *e);
+/* KV cache entry type this engine stores: "f16" or "f32" (mp_config.kv or the default). */
+MP_API const char *mp_kv_type(const mp_engine *e);
 
 /* Drop the KV cache (new sequence). */
 MP_API void mp_reset(mp_engine *e);

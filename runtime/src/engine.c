@@ -347,6 +347,7 @@ int mp_vocab_size(const mp_engine *e) { return (int)e->cfg.vocab; }
 int mp_context_size(const mp_engine *e) { return e->plan.ctx; }
 int mp_position(const mp_engine *e) { return e->pos; }
 const char *mp_kernels(const mp_engine *e) { return mpk_impl_name(e->kern); }
+const char *mp_kv_type(const mp_engine *e) { return e->plan.kv == MP_KV_F16 ? "f16" : "f32"; }
 void mp_reset(mp_engine *e) { e->pos = 0; }
 /* attention reads positions < pos only, so dropping the tail is just moving pos back; a
  * recurrent state (linear attention) holds every token folded in and cannot go back */
