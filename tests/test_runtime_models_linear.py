@@ -297,3 +297,26 @@ def test_chat_second_turn_equals_one_pass(kimi, monkeypatch, keeps_reply):
     with Engine(path, threads=1, kv="f32") as e:
         want = list(e.generate(ids, 6, stop=[tok.eos_id]))
     assert replies[1] == tok.decode([t for t in want if t != tok.eos_id]).strip()
+
+
+def test_serve_reuses_the_prompt_of_the_last_request(kimi):
+    """serve's Generator on a linear-attention model: a request that shares the previous prompt
+    but not its reply starts from the snapshot at that prompt's end (cached_tokens) and samples
+    what a fresh engine samples for the whole prompt."""
+    from moepack.runtime.tokenizer import Tokenizer
+    from moepack.serve.generate import Generator
+    from moepack.serve.job import Job
+    from moepack.serve.vocab import Vocab
+
+    path, ref = kimi
+    v = _vocab(ref)
+    p1, p2 = _tokens(v, 24, seed=12), _tokens(v, 9, seed=13)
+    vocab = Vocab(Tokenizer.from_container(str(path)), v)
+    with Engine(path, threads=1, chunk=CHUNK) as e, Engine(path, threads=1, chunk=CHUNK) as fresh:
+        gen = Generator(e, vocab)
+        first = gen.run(Job(prompt=p1, max_tokens=4, temperature=0.0))
+        assert first.cached_tokens == 0
+        again = gen.run(Job(prompt=p1 + p2, max_tokens=6, temperature=0.0))
+        want = Generator(fresh, vocab).run(Job(prompt=p1 + p2, max_tokens=6, temperature=0.0))
+    assert again.cached_tokens == len(p1) and want.cached_tokens == 0
+    assert again.text == want.text and again.completion_tokens == want.completion_tokens
