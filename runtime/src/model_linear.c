@@ -46,10 +46,9 @@ uint64_t mpm_state_bytes(const mpm_config *c) {
 /* floats of model_linear.c's per-token buffers (lbuf) */
 static uint64_t buf_floats(const mpm_config *c) {
     if (!n_linear(c) && !c->attn_gate) return 0;
-    /* raw + canonical projections, recurrence output, per-head row; q + gate of a gated query */
-    uint64_t lin = !n_linear(c) ? 0
-                   : c->la_kind == MPM_LA_KDA ? 0 /* per chunk token: mpm_linear_chunk_bytes */
-                                              : (uint64_t)(2 * proj_dim(c) + c->la_nv * c->la_dv + c->la_dv);
+    /* one token's raw and canonical projections (the rest is per chunk token:
+     * mpm_linear_chunk_bytes); q + gate of a gated query */
+    uint64_t lin = n_linear(c) && c->la_kind != MPM_LA_KDA ? 2u * (uint64_t)proj_dim(c) : 0;
     return lin + 2u * (uint64_t)(c->n_heads * c->head_dim);
 }
 
@@ -57,7 +56,11 @@ static uint64_t buf_floats(const mpm_config *c) {
 uint64_t mpm_linear_scratch_bytes(const mpm_config *c) { return 4u * buf_floats(c) + mpm_state_bytes(c); }
 
 uint64_t mpm_linear_chunk_bytes(const mpm_config *c, int chunk) {
-    return n_linear(c) && c->la_kind == MPM_LA_KDA ? 4u * (uint64_t)chunk * mpm_kda_chunk_floats(c) : 0;
+    if (!n_linear(c)) return 0;
+    /* Gated DeltaNet: the input projections' outputs and the recurrence output */
+    uint64_t per = c->la_kind == MPM_LA_KDA ? mpm_kda_chunk_floats(c)
+                                            : (uint64_t)(proj_dim(c) + c->la_nv * c->la_dv);
+    return 4u * (uint64_t)chunk * per;
 }
 
 int mpm_linear_load(mpm_model *m, void *L, int l) {
@@ -252,19 +255,23 @@ static void lin_head(void *ctx, size_t h) {
 void mpm_linear_attention(mpm_model *m, int l, int pos, int T, const float *xn, float *out) {
     const mpm_config *c = &m->c;
     mpm_layer *ly = &m->layers[l];
-    const int64_t H = c->hidden, P = proj_dim(c), cd = conv_dim(c), K = c->la_conv;
+    const int64_t P = proj_dim(c), cd = conv_dim(c), K = c->la_conv;
     const int64_t dk = c->la_dk, kd = c->la_nk * dk;
     if (c->la_kind == MPM_LA_KDA) {
         mpm_kda_attention(m, l, pos, T, xn, out);
         return;
     }
-    float *raw = m->lbuf, *cv = raw + P, *o = cv + P;
+    /* the input projections of all T tokens at once (matrix i's outputs: T x rows_i at T x the
+     * rows before it), then token by token */
+    const int64_t vd = c->la_nv * c->la_dv;
+    float *blk = m->lbuf, *o = blk + (int64_t)m->chunk * P, *raw = o + (int64_t)m->chunk * vd;
+    float *cv = raw + P;
+    for (int i = 0, off = 0; i < ly->la_nin; off += (int)ly->la_in[i].rows, i++)
+        mpk_matmat(m->kern, m->pool, &ly->la_in[i], xn, T, blk + (int64_t)T * off);
     for (int t = 0; t < T; t++) {
-        const float *x = xn + (int64_t)t * H;
-        int64_t off = 0;
-        for (int i = 0; i < ly->la_nin; i++) {
-            mpk_matmat(m->kern, m->pool, &ly->la_in[i], x, 1, raw + off);
-            off += ly->la_in[i].rows;
+        for (int i = 0, off = 0; i < ly->la_nin; off += (int)ly->la_in[i].rows, i++) {
+            const int64_t rows = ly->la_in[i].rows;
+            memcpy(raw + off, blk + (int64_t)T * off + t * rows, (size_t)rows * sizeof(float));
         }
         for (int64_t jj = 0; jj < P; jj++) cv[jj] = raw[m->lperm[jj]];
         /* depthwise causal conv over [q k v] channels, then silu; the state keeps K-1 inputs */
@@ -277,10 +284,10 @@ void mpm_linear_attention(mpm_model *m, int l, int pos, int T, const float *xn, 
             mpl_l2norm(cv + h * dk, dk, 1.0f / sqrtf((float)dk));
             mpl_l2norm(cv + kd + h * dk, dk, 1.0f);
         }
-        lin_job j = {m, ly, cv, o, src + rec, dst + rec};
+        lin_job j = {m, ly, cv, o + t * vd, src + rec, dst + rec};
         mpk_pool_run(m->pool, (size_t)c->la_nv, lin_head, &j);
-        mpk_matmat(m->kern, m->pool, &ly->la_out, o, 1, out + (int64_t)t * H);
     }
+    mpk_matmat(m->kern, m->pool, &ly->la_out, o, T, out);
 }
 
 /* Gated full attention (Qwen3-Next): q_proj rows hold, per head, hd query rows then hd gate rows.
