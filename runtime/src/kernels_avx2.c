@@ -81,8 +81,8 @@ AVX2 static inline __m256 red8x8(const __m256 L[8]) {
  * full groups' red8s and scale products done in one register (the scalar reduction was most of
  * the time). */
 AVX2 static inline __attribute__((always_inline)) float grouped_dot(const mpk_mat *w, int64_t r, const float *x,
-                                                                     const int codec) {
-    const int64_t n = w->cols, G = w->group, ng = w->ngroups;
+                                                                     const int codec, const int64_t GC) {
+    const int64_t n = w->cols, G = GC ? GC : w->group, ng = w->ngroups;
     const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
     const int zp = codec == MP_CODEC_Q4 && w->zero_point;
     const uint8_t *mins = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
@@ -97,6 +97,7 @@ AVX2 static inline __attribute__((always_inline)) float grouped_dot(const mpk_ma
         __m256 L[8], XL[8];
         for (int i = 0; i < 8; i++) {
             __m256 l = _mm256_setzero_ps(), xl = _mm256_setzero_ps();
+#pragma GCC unroll 4
             for (int64_t c = (g + i) * G; c < (g + i + 1) * G; c += 8) {
                 __m256 xv = _mm256_loadu_ps(x + c);
                 l = _mm256_add_ps(l, _mm256_mul_ps(codes8(q, c, codec, off4), xv));
@@ -171,10 +172,11 @@ AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
         for (; c < n; c++) l[c & 7] += mpk_f16_to_f32(ld16(row + 2 * c)) * x[c];
         return mpk_red8(l);
     }
+    /* q8 with group 32 (the common size): chunk loops unrolled, +10 % (q6/q4 gained nothing) */
     switch (w->codec) {
-    case MP_CODEC_Q8: return grouped_dot(w, r, x, MP_CODEC_Q8);
-    case MP_CODEC_Q6: return grouped_dot(w, r, x, MP_CODEC_Q6);
-    default: return grouped_dot(w, r, x, MP_CODEC_Q4);
+    case MP_CODEC_Q8: return w->group == 32 ? grouped_dot(w, r, x, MP_CODEC_Q8, 32) : grouped_dot(w, r, x, MP_CODEC_Q8, 0);
+    case MP_CODEC_Q6: return grouped_dot(w, r, x, MP_CODEC_Q6, 0);
+    default: return grouped_dot(w, r, x, MP_CODEC_Q4, 0);
     }
 }
 
