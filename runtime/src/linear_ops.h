@@ -8,6 +8,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
+
+#define MPL_MAX_DV 4096 /* value head size bound (model_config.c MAX_HEAD_DIM) */
+
 static inline float mpl_silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float mpl_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 /* torch.nn.functional.softplus (beta 1, threshold 20) */
@@ -38,6 +42,28 @@ static inline void mpl_conv_step(float *x, int64_t channels, const float *w, con
             d[K - 2] = xin;
         }
         x[ch] = mpl_silu(y);
+    }
+}
+
+/* One head's gated delta rule: S = diag(decay) S0 (row i scaled by decay[i], or all rows by
+ * decay_all when decay is NULL), S += k (x) ((v - S^T k) * beta), o = S^T q; S [dk][dv] may be S0.
+ * Two passes over S, each row finished before it is read. */
+static inline void mpl_delta_rule(const float *S0, float *S, const float *decay, float decay_all,
+                                  const float *q, const float *k, const float *v, float beta,
+                                  float *o, int64_t dk, int64_t dv) {
+    float delta[MPL_MAX_DV];
+    memset(delta, 0, (size_t)dv * sizeof(float));
+    for (int64_t i = 0; i < dk; i++) {
+        float *row = S + i * dv;
+        const float *row0 = S0 + i * dv, d = decay ? decay[i] : decay_all;
+        for (int64_t jv = 0; jv < dv; jv++) row[jv] = row0[jv] * d;
+        mpk_axpy(delta, k[i], row, dv);
+    }
+    for (int64_t jv = 0; jv < dv; jv++) delta[jv] = (v[jv] - delta[jv]) * beta;
+    memset(o, 0, (size_t)dv * sizeof(float));
+    for (int64_t i = 0; i < dk; i++) {
+        mpk_axpy(S + i * dv, k[i], delta, dv);
+        mpk_axpy(o, q[i], S + i * dv, dv);
     }
 }
 

@@ -21,8 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MPM_KDA_MAX_DV 4096 /* linear_attention.head_dim's bound (model_config.c MAX_HEAD_DIM) */
-
 /* per chunk token: q, k, v (after the conv), decay, output gate, o, beta, two low-rank vectors */
 uint64_t mpm_kda_chunk_floats(const mpm_config *c) {
     const uint64_t qd = (uint64_t)(c->la_nk * c->la_dk);
@@ -89,22 +87,7 @@ static void kda_head(void *ctx, size_t h) {
     const float *decay = j->decay + at, beta = j->beta[h];
     const float *S0 = j->S0 + (size_t)h * (size_t)(dk * dv);
     float *S = j->S + (size_t)h * (size_t)(dk * dv), *o = j->o + (int64_t)h * dv;
-    float delta[MPM_KDA_MAX_DV];
-    /* two passes over S, each row finished before it is read: decay then S^T k; the update then
-     * S^T q (the same operations in the same order as four separate passes) */
-    memset(delta, 0, (size_t)dv * sizeof(float));
-    for (int64_t i = 0; i < dk; i++) {
-        float *row = S + i * dv;
-        const float *row0 = S0 + i * dv;
-        for (int64_t jv = 0; jv < dv; jv++) row[jv] = row0[jv] * decay[i];
-        mpk_axpy(delta, k[i], row, dv);
-    }
-    for (int64_t jv = 0; jv < dv; jv++) delta[jv] = (v[jv] - delta[jv]) * beta;
-    memset(o, 0, (size_t)dv * sizeof(float));
-    for (int64_t i = 0; i < dk; i++) {
-        mpk_axpy(S + i * dv, k[i], delta, dv);
-        mpk_axpy(o, q[i], S + i * dv, dv);
-    }
+    mpl_delta_rule(S0, S, decay, 0.0f, q, k, v, beta, o, dk, dv);
     mpl_gated_rmsnorm(o, j->ly->la_norm, j->gate + (int64_t)h * dv, dv, c->eps, 1);
 }
 

@@ -241,14 +241,7 @@ static void lin_head(void *ctx, size_t h) {
     const float decay = expf(g), beta = mpl_sigmoid(b);
     const float *S0 = j->S0 + (size_t)h * (size_t)(dk * dv);
     float *S = j->S + (size_t)h * (size_t)(dk * dv), *o = j->o + (int64_t)h * dv;
-    /* o doubles as scratch for S^T k before holding S^T q */
-    for (int64_t e = 0; e < dk * dv; e++) S[e] = S0[e] * decay;
-    for (int64_t jv = 0; jv < dv; jv++) o[jv] = 0.0f;
-    for (int64_t i = 0; i < dk; i++) mpk_axpy(o, k[i], S + i * dv, dv);
-    for (int64_t jv = 0; jv < dv; jv++) o[jv] = (v[jv] - o[jv]) * beta;
-    for (int64_t i = 0; i < dk; i++) mpk_axpy(S + i * dv, k[i], o, dv);
-    for (int64_t jv = 0; jv < dv; jv++) o[jv] = 0.0f;
-    for (int64_t i = 0; i < dk; i++) mpk_axpy(o, q[i], S + i * dv, dv);
+    mpl_delta_rule(S0, S, NULL, decay, q, k, v, beta, o, dk, dv);
     mpl_gated_rmsnorm(o, j->ly->la_norm, z, dv, c->eps, 0);
 }
 
