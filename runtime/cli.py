@@ -179,14 +179,29 @@ def _token_ids(tokens: str) -> list[int]:
     return [int(t) for t in tokens.split(",") if t.strip()]
 
 
-def _prompt_ids(file: Path, prompt: str, tokens: str | None):
+def _prompt_ids(file: Path, prompt: str, tokens: str | None, as_json: bool):
     if tokens is not None:  # --tokens "" is an empty prompt, not "use the text"
         return _token_ids(tokens), None
+    from moepack.runtime.tokenizer import TokenizerError
+
+    tok = _tokenizer(file, as_json)
+    try:
+        return tok.encode_prompt(prompt), tok
+    except TokenizerError as e:
+        fail(str(e))
+
+
+def _tokenizer(file: Path, as_json: bool) -> Tokenizer:
+    """The container's tokenizer; a malformed container exits with its format code, as the
+    engine's refusal would."""
+    from moepack.format.errors import FormatError
+    from moepack.runtime.engine import EngineError
     from moepack.runtime.tokenizer import Tokenizer, TokenizerError
 
     try:
-        tok = Tokenizer.from_container(str(file))
-        return tok.encode_prompt(prompt), tok
+        return Tokenizer.from_container(str(file))
+    except FormatError as e:
+        _engine_fail(EngineError.from_format(e), as_json, f"{file}: ")
     except (TokenizerError, OSError) as e:
         fail(str(e))
 
@@ -217,15 +232,11 @@ def run_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object at the end.")] = False,
 ) -> None:
     """Generate text: streams tokens, then prints a stats line."""
-    from moepack.runtime.engine import EngineError, refuse_malformed
+    from moepack.runtime.engine import EngineError
     from moepack.runtime.tokenizer import StreamDecoder
 
     _require_file(file)
-    try:  # the format's code first: the tokenizer's reader would word the refusal its own way
-        refuse_malformed(file)
-    except EngineError as e:
-        _engine_fail(e, as_json, f"{file}: ")
-    ids, tok = _prompt_ids(file, prompt, tokens)
+    ids, tok = _prompt_ids(file, prompt, tokens, as_json)
     if not ids:
         fail("empty prompt")
     eng = _open(file, budget=budget, threads=threads, ctx=ctx, kv=kv, prefetch=prefetch,
@@ -357,21 +368,14 @@ def chat_cmd(
 
     Each turn evaluates only the part of the conversation not already cached. An empty line or
     EOF ends the chat; a line that is not UTF-8 ends it with an error."""
-    from moepack.runtime.engine import EngineError, refuse_malformed
+    from moepack.runtime.engine import EngineError
     from moepack.runtime.prefix import PrefixReuse
-    from moepack.runtime.tokenizer import StreamDecoder, Tokenizer, TokenizerError
+    from moepack.runtime.tokenizer import StreamDecoder
 
     _require_file(file)
-    try:  # the format's code first, as in run
-        refuse_malformed(file)
-    except EngineError as e:
-        _engine_fail(e, False, f"{file}: ")
-    try:
-        tok = Tokenizer.from_container(str(file))
-        if not tok.chat_template:
-            raise TokenizerError("the container has no chat template")
-    except (TokenizerError, OSError) as e:
-        fail(str(e))
+    tok = _tokenizer(file, False)
+    if not tok.chat_template:
+        fail("the container has no chat template")
     eng = _open(file, budget=budget, threads=threads, ctx=ctx, kv=kv)
     messages = [{"role": "system", "content": system}] if system else []
     reuse = PrefixReuse(eng)  # KV truncation, or the linear-attention state of the last turn

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from moepack.format.errors import FormatError
 from moepack.runtime import _lib
 
 from moepack.cliargs import INT32_MAX, UINT64_MAX
@@ -51,6 +52,12 @@ class EngineError(RuntimeError):
         super().__init__(message)
         self.code = code
         self.format_code, self.field, self.offset = format_code, field, offset
+
+    @classmethod
+    def from_format(cls, e: FormatError) -> EngineError:
+        """The refusal the Python reader (the tokenizer reads the container with it) gave,
+        as the C reader gives it: the same code, field, offset and message (FORMAT.md §11)."""
+        return cls(str(e), MP_EFORMAT, e.code, e.field, e.offset)
 
     def with_code(self) -> str:
         """The message, then the format code in brackets when there is one (for error lines)."""
@@ -172,15 +179,6 @@ def _raise(code: int, msg: str, path: str | os.PathLike | None = None) -> None:
     if where is None:
         raise cls(msg or f"engine error {code}", code)
     raise cls(msg or f"engine error {code}", code, where.code, where.field, where.offset)
-
-
-def refuse_malformed(path: str | os.PathLike) -> None:
-    """EngineError with the stable code, field and offset if the C reader refuses the container
-    at `path` (a cheap check of header and index, no weights read): callers that read the file
-    with another reader first (the tokenizer) report the format's code this way."""
-    check = _lib.check_container(path)
-    if check.rc == MP_EFORMAT and check.code:
-        raise EngineError(check.message, check.rc, check.code, check.field, check.offset)
 
 
 def parse_bytes(v: int | str | None) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from moepack.format.errors import FormatError
 from moepack.format.reader import Container
 
 from moepack.cliargs import utf8_problem
@@ -54,17 +53,16 @@ class Tokenizer:
 
     @classmethod
     def from_container(cls, path: str) -> Tokenizer:
-        try:
-            with Container.open(path) as c:
-                names = {s["name"] for s in c.sections if s["type"] == "blob"}
-                if "tokenizer.json" not in names:
-                    raise TokenizerError(f"{path} has no tokenizer.json blob; "
-                                         "pass token ids instead")
-                raw_cfg = (c.blob("tokenizer_config.json")
-                           if "tokenizer_config.json" in names else b"{}")
-                tokenizer_json = bytes(c.blob("tokenizer.json"))
-        except FormatError as e:
-            raise TokenizerError(f"{path}: {e}") from None
+        """The container's tokenizer. A malformed container raises the reader's FormatError
+        unchanged (its stable code, field and offset are what a caller reports)."""
+        with Container.open(path) as c:
+            names = {s["name"] for s in c.sections if s["type"] == "blob"}
+            if "tokenizer.json" not in names:
+                raise TokenizerError(f"{path} has no tokenizer.json blob; "
+                                     "pass token ids instead")
+            raw_cfg = (c.blob("tokenizer_config.json")
+                       if "tokenizer_config.json" in names else b"{}")
+            tokenizer_json = bytes(c.blob("tokenizer.json"))
         return cls(tokenizer_json, _parse_config(raw_cfg, path))
 
     def token_id(self, text: str | None) -> int | None:

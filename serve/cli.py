@@ -33,7 +33,8 @@ def serve_cmd(
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models) and a chat
     page at /. One sequence at a time; requests queue."""
     import uvicorn
-    from moepack.runtime.engine import EngineError, refuse_malformed
+    from moepack.format.errors import FormatError
+    from moepack.runtime.engine import EngineError
     from moepack.runtime.tokenizer import TokenizerError
     from moepack.serve.app import ServeConfig, create_app
 
@@ -44,8 +45,9 @@ def serve_cmd(
                       budget=budget, ctx=ctx, kv=kv, threads=threads, max_queue=max_queue,
                       max_body=max_body)
     try:
-        refuse_malformed(file)  # the format's code, before the tokenizer words it its own way
         app = create_app(cfg)
+    except FormatError as e:  # the tokenizer's reader refused the container
+        fail(f"{file}: {EngineError.from_format(e).with_code()}")
     except EngineError as e:
         fail(f"{file}: {e.with_code()}")
     except (TokenizerError, ValueError, OSError) as e:

@@ -106,3 +106,16 @@ def test_serve_error_object_names_the_code() -> None:
     body = _engine_error(EngineError("x", MP_EFORMAT, "blob_frame")).body()["error"]
     assert body["code"] == "blob_frame"
     assert _engine_error(EngineError("y", -3)).body()["error"]["code"] == "engine_error"
+
+
+@pytest.mark.parametrize("path", INVALID[:8], ids=[p.stem for p in INVALID[:8]])
+def test_tokenizer_passes_the_readers_format_error_through(path: Path) -> None:
+    from moepack.format.errors import FormatError
+    from moepack.runtime.tokenizer import Tokenizer
+
+    with pytest.raises(FormatError) as e:
+        Tokenizer.from_container(str(path))
+    assert e.value.code == _expected_code(path)
+    as_engine = EngineError.from_format(e.value)
+    assert (as_engine.format_code, as_engine.field, as_engine.offset, as_engine.code) == (
+        e.value.code, e.value.field, e.value.offset, MP_EFORMAT)
