@@ -229,6 +229,11 @@ def test_chat_continuation_from_a_turn_snapshot_equals_one_pass(kimi):
         e.feed(turn2)
         with pytest.raises(EngineError, match="does not match"):
             e.restore(snap)  # another sequence: its KV rows are not turn 1's
+        from moepack.runtime.engine import Snapshot
+
+        with pytest.raises(EngineError, match="cannot be restored"):
+            e.restore(Snapshot((), snap.state[:-4]))  # a cut-off state (or another model's)
+        assert e.position == len(turn2)
 
 
 def test_prefix_reuse_restores_the_turn_boundary(kimi):
