@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from moepack.convert.errors import SourceError
 from moepack.convert.st_header import TensorInfo
 
 MXFP4 = "MXFP4"  # the dtype the checkpoint reader reports for an MXFP4 weight
@@ -38,8 +39,9 @@ FP4_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                      -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)
 
 
-class Mxfp4FormatError(ValueError):
-    """The quantisation config or the tensors are not an MXFP4 layout moepack reads."""
+class Mxfp4Error(SourceError):
+    """The source checkpoint's quantisation config or tensors are not an MXFP4 layout moepack
+    reads (a source problem, not a container FormatError)."""
 
 
 def layout_from_config(config: Mapping[str, Any]) -> str | None:
@@ -57,7 +59,7 @@ def layout_from_config(config: Mapping[str, Any]) -> str | None:
         return None
     groups = qc.get("config_groups") or {}
     if not isinstance(groups, dict):
-        raise Mxfp4FormatError("quantization_config.config_groups must be an object")
+        raise Mxfp4Error("quantization_config.config_groups must be an object")
     mx = [g for g in groups.values()
           if isinstance(g, dict) and g.get("format", qc.get("format")) == CT_FORMAT]
     if not mx and qc.get("format") != CT_FORMAT:
@@ -72,10 +74,10 @@ def _check_weights(w: Any) -> None:
     if w is None:
         return
     if not isinstance(w, dict):
-        raise Mxfp4FormatError(f"quantization_config: {CT_FORMAT} 'weights' must be an object")
+        raise Mxfp4Error(f"quantization_config: {CT_FORMAT} 'weights' must be an object")
     bits, kind, size = w.get("num_bits", 4), w.get("type", "float"), w.get("group_size", GROUP)
     if bits != 4 or kind != "float" or size != GROUP or w.get("symmetric", True) is not True:
-        raise Mxfp4FormatError(f"quantization_config: {CT_FORMAT} weights of {bits!r}-bit "
+        raise Mxfp4Error(f"quantization_config: {CT_FORMAT} weights of {bits!r}-bit "
                                f"{kind!r}, group_size {size!r} are not MXFP4 (symmetric 4-bit "
                                f"float, groups of {GROUP})")
 
@@ -99,10 +101,10 @@ def virtual_tensors(tensors: Mapping[str, TensorInfo], layout: str) -> dict[str,
         codes, sname = tensors[cname], part_names(name, layout)[1]
         where = f"{codes.file}: tensor {cname!r}"
         if name in tensors:
-            raise Mxfp4FormatError(f"{where}: the checkpoint also has {name!r}")
+            raise Mxfp4Error(f"{where}: the checkpoint also has {name!r}")
         scales = tensors.get(sname)
         if scales is None:
-            raise Mxfp4FormatError(f"{where}: MXFP4 codes without their scales {sname!r}")
+            raise Mxfp4Error(f"{where}: MXFP4 codes without their scales {sname!r}")
         out[name] = replace(codes, dtype=MXFP4, shape=_shape(codes, scales, layout, where))
     return out
 
@@ -110,7 +112,7 @@ def virtual_tensors(tensors: Mapping[str, TensorInfo], layout: str) -> dict[str,
 def _shape(codes: TensorInfo, scales: TensorInfo, layout: str, where: str) -> tuple[int, ...]:
     """The dequantised shape, after checking the two tensors' dtypes and shapes agree."""
     if codes.dtype not in CODE_DTYPES or scales.dtype not in SCALE_DTYPES:
-        raise Mxfp4FormatError(f"{where}: MXFP4 codes must be {'/'.join(CODE_DTYPES)} and "
+        raise Mxfp4Error(f"{where}: MXFP4 codes must be {'/'.join(CODE_DTYPES)} and "
                                f"scales {'/'.join(SCALE_DTYPES)}, got {codes.dtype} and "
                                f"{scales.dtype}")
     c, s = codes.shape, scales.shape
@@ -123,17 +125,17 @@ def _shape(codes: TensorInfo, scales: TensorInfo, layout: str, where: str) -> tu
         want = "[rows, cols/2] with scales [rows, cols/32]"
         shape = (c[0], c[1] * 2) if ok else ()
     if not ok or 0 in shape:
-        raise Mxfp4FormatError(f"{where}: MXFP4 codes {list(c)} and scales {list(s)} do not "
+        raise Mxfp4Error(f"{where}: MXFP4 codes {list(c)} and scales {list(s)} do not "
                                f"fit (expected {want})")
     return shape
 
 
 def dequantize(codes: np.ndarray, exps: np.ndarray, where: str = "MXFP4 tensor") -> np.ndarray:
     """float32 `[rows, 32·G]` from uint8 codes `[rows, 16·G]` and E8M0 exponents `[rows, G]`;
-    Mxfp4FormatError naming row and group for a NaN scale or a value beyond float32."""
+    Mxfp4Error naming row and group for a NaN scale or a value beyond float32."""
     rows, groups = exps.shape
     if codes.shape != (rows, groups * GROUP // 2):
-        raise Mxfp4FormatError(f"{where}: {codes.shape[-1]} code bytes per row for {groups} "
+        raise Mxfp4Error(f"{where}: {codes.shape[-1]} code bytes per row for {groups} "
                                "scale groups")
     codes = codes.view(np.uint8) if codes.dtype == np.int8 else codes
     nibbles = np.stack((codes & 0xF, codes >> 4), axis=-1).reshape(rows, groups, GROUP)
@@ -141,12 +143,12 @@ def dequantize(codes: np.ndarray, exps: np.ndarray, where: str = "MXFP4 tensor")
     bad = e == E8M0_NAN
     if bad.any():
         r, g = (int(i[0]) for i in np.nonzero(bad))
-        raise Mxfp4FormatError(f"{where}: row {r} group {g}: scale byte 255 is E8M0's NaN")
+        raise Mxfp4Error(f"{where}: row {r} group {g}: scale byte 255 is E8M0's NaN")
     with np.errstate(over="ignore"):  # reported below, with the row and group
         w = np.ldexp(FP4_E2M1[nibbles], e.astype(np.int32)[..., None] - 127)
     if not np.isfinite(w).all():
         r, g, _ = (int(i[0]) for i in np.nonzero(~np.isfinite(w)))
-        raise Mxfp4FormatError(f"{where}: row {r} group {g}: scale 2^{int(e[r, g]) - 127} "
+        raise Mxfp4Error(f"{where}: row {r} group {g}: scale 2^{int(e[r, g]) - 127} "
                                "overflows float32 (a damaged checkpoint)")
     return w.reshape(rows, groups * GROUP)
 

@@ -26,14 +26,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from moepack.convert.errors import SourceError
 
 PACKED = "PACKED_INT"  # the dtype the checkpoint reader reports for a packed weight
 BITS = (1, 2, 4, 8)
 SUFFIXES = ("weight_packed", "weight_scale", "weight_shape")
 
 
-class PackedFormatError(ValueError):
-    """The quantisation config or the tensors are not a pack-quantized layout moepack reads."""
+class PackedIntError(SourceError):
+    """The source checkpoint's quantisation config or tensors are not a pack-quantized layout
+    moepack reads (a source problem, not a container FormatError)."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class PackedScheme:
 def _groups(qc: dict) -> list[dict]:
     groups = qc.get("config_groups") or {}
     if not isinstance(groups, dict):
-        raise PackedFormatError("quantization_config.config_groups must be an object")
+        raise PackedIntError("quantization_config.config_groups must be an object")
     return [g for g in groups.values() if isinstance(g, dict)]
 
 
@@ -66,29 +68,29 @@ def scheme_from_config(config: dict) -> PackedScheme | None:
     if not schemes:
         return None
     if len(schemes) > 1:
-        raise PackedFormatError("quantization_config: several pack-quantized weight schemes "
+        raise PackedIntError("quantization_config: several pack-quantized weight schemes "
                                 f"({sorted(map(repr, schemes))[:3]}); one is supported")
     return schemes.pop()
 
 
 def _scheme(w: Any) -> PackedScheme:
     if not isinstance(w, dict):
-        raise PackedFormatError("quantization_config: a pack-quantized group has no 'weights'")
+        raise PackedIntError("quantization_config: a pack-quantized group has no 'weights'")
     bits, kind, strategy = w.get("num_bits"), w.get("type", "int"), w.get("strategy")
     if kind != "int" or bits not in BITS or isinstance(bits, bool):
-        raise PackedFormatError(f"quantization_config: pack-quantized {kind!r} weights of "
+        raise PackedIntError(f"quantization_config: pack-quantized {kind!r} weights of "
                                 f"{bits!r} bits are not supported (int, {BITS} bits)")
     if w.get("symmetric", True) is not True:
-        raise PackedFormatError("quantization_config: asymmetric (zero-point) pack-quantized "
+        raise PackedIntError("quantization_config: asymmetric (zero-point) pack-quantized "
                                 "weights are not supported")
     if w.get("actorder") not in (None, "static", "weight"):
-        raise PackedFormatError(f"quantization_config: actorder {w.get('actorder')!r} "
+        raise PackedIntError(f"quantization_config: actorder {w.get('actorder')!r} "
                                 "(permuted groups) is not supported")
     if strategy == "channel":
         return PackedScheme(bits, None)
     size = w.get("group_size")
     if strategy != "group" or not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise PackedFormatError(f"quantization_config: strategy {strategy!r} with group_size "
+        raise PackedIntError(f"quantization_config: strategy {strategy!r} with group_size "
                                 f"{size!r} is not supported (group with a size >= 1, channel)")
     return PackedScheme(bits, size)
 

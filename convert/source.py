@@ -13,7 +13,7 @@ from moepack.convert.errors import SourceError
 from moepack.convert.fp8 import dequant_blocks, scale_grid, to_f32
 from moepack.convert.mxfp4 import (
     MXFP4,
-    Mxfp4FormatError,
+    Mxfp4Error,
     layout_from_config,
     part_names,
     virtual_tensors,
@@ -21,7 +21,7 @@ from moepack.convert.mxfp4 import (
 from moepack.convert.mxfp4 import dequantize as mxfp4_dequantize
 from moepack.convert.packed_int import (
     PACKED,
-    PackedFormatError,
+    PackedIntError,
     PackedScheme,
     dequantize,
     packed_words,
@@ -102,13 +102,13 @@ class Checkpoint:
         self.fp8_block = self._block_size()
         try:
             self.packed: PackedScheme | None = scheme_from_config(self.config)
-        except PackedFormatError as e:
+        except PackedIntError as e:
             raise SourceError(f"config.json: {e}") from None
         if self.packed is not None:
             self._add_packed()
         try:
             self.mxfp4 = layout_from_config(self.config)
-        except Mxfp4FormatError as e:
+        except Mxfp4Error as e:
             raise SourceError(f"config.json: {e}") from None
         if self.mxfp4 is not None:
             self._add_mxfp4()
@@ -117,10 +117,7 @@ class Checkpoint:
         """Every MXFP4 codes + scales pair becomes a readable tensor of dtype MXFP4 whose shape
         is the dequantised one (convert/mxfp4.py); header reads only."""
         assert self.mxfp4 is not None
-        try:
-            self.tensors.update(virtual_tensors(self.tensors, self.mxfp4))
-        except Mxfp4FormatError as e:
-            raise SourceError(str(e)) from None
+        self.tensors.update(virtual_tensors(self.tensors, self.mxfp4))  # Mxfp4Error names file
 
     def _add_packed(self) -> None:
         """Every `X.weight_packed` (+ `weight_scale`) becomes a readable `X.weight` of dtype
@@ -333,7 +330,7 @@ class Checkpoint:
             for n in part_names(ref.name, self.mxfp4))
         try:
             w = mxfp4_dequantize(codes, exps, f"tensor {ref.name!r}")
-        except Mxfp4FormatError as e:
+        except Mxfp4Error as e:
             raise SourceError(f"{self.info(ref.name).file}: {e}") from None
         return w.reshape(shape)
 

@@ -18,7 +18,7 @@ from moepack.convert.mapping import bind
 from moepack.convert.mxfp4 import (
     COMPRESSED,
     GPT_OSS,
-    Mxfp4FormatError,
+    Mxfp4Error,
     dequantize,
     encode,
     layout_from_config,
@@ -83,7 +83,7 @@ def test_against_transformers_gpt_oss(lo, hi):
     # transformers hands gpt-oss [E, in, out]; the stored matrix is [E, out, in]
     want = ref.transpose(1, 2).numpy()
     if not np.isfinite(want).all():  # exponents 253/254 overflow for large codes: refused
-        with pytest.raises(Mxfp4FormatError, match="overflows float32"):
+        with pytest.raises(Mxfp4Error, match="overflows float32"):
             dequantize(codes, exps)
         return
     got = dequantize(codes, exps).reshape(experts, rows, groups * 32)
@@ -107,12 +107,12 @@ def test_hostile_scales():
     codes = np.full((2, 32), 0x77, np.uint8)  # 6.0 everywhere
     exps = np.full((2, 2), 127, np.uint8)
     exps[1, 1] = 255
-    with pytest.raises(Mxfp4FormatError, match="row 1 group 1: scale byte 255 is E8M0's NaN"):
+    with pytest.raises(Mxfp4Error, match="row 1 group 1: scale byte 255 is E8M0's NaN"):
         dequantize(codes, exps, "x")
     exps[1, 1] = 253
-    with pytest.raises(Mxfp4FormatError, match=r"row 1 group 1: scale 2\^126 overflows"):
+    with pytest.raises(Mxfp4Error, match=r"row 1 group 1: scale 2\^126 overflows"):
         dequantize(codes, exps, "x")
-    with pytest.raises(Mxfp4FormatError, match="code bytes per row"):
+    with pytest.raises(Mxfp4Error, match="code bytes per row"):
         dequantize(codes[:, :20], exps[:, :1])
     # a zero code with the largest finite exponent is fine
     assert dequantize(np.zeros((1, 16), np.uint8), np.array([[254]], np.uint8)).max() == 0
@@ -130,7 +130,7 @@ def test_layout_from_config():
     assert layout_from_config({"quantization_config": int4}) is None
     bad = json.loads(json.dumps(CT_CONFIG))
     bad["config_groups"]["group_0"]["weights"]["group_size"] = 16
-    with pytest.raises(Mxfp4FormatError, match="group_size 16 are not MXFP4"):
+    with pytest.raises(Mxfp4Error, match="group_size 16 are not MXFP4"):
         layout_from_config({"quantization_config": bad})
 
 
@@ -260,3 +260,24 @@ def test_tiny_model_converts(mx_deepseek, tmp_path):
             cosines.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
     assert len(cosines) == len(smap.experts) * 3 > 0
     assert min(cosines) > 0.9  # 0.991 measured (tiny random model, rvq3-baseline)
+
+
+def test_convert_cli_names_a_nan_scale_in_one_line(mx_deepseek, tmp_path):
+    """A damaged MXFP4 scale is a source error (SourceError, not a container FormatError):
+    `convert` prints one line naming file and tensor and exits 1, as for other source errors."""
+    import shutil
+
+    from hostile_sources import convert_cli
+    from test_hostile_snapshot import assert_one_line_error
+
+    src = tmp_path / "src"
+    shutil.copytree(mx_deepseek, src)
+    f = next(f for f in sorted(src.glob("*.safetensors"))
+             if any(n.endswith("weight_scale") for n in load_file(f)))
+    tensors = load_file(f)
+    name = next(n for n in sorted(tensors) if n.endswith("weight_scale"))
+    tensors[name][0, 0] = 255  # E8M0's NaN
+    save_torch(tensors, str(f))
+    rc, output = convert_cli(src, tmp_path / "m.moepack", timeout=120)
+    assert_one_line_error(rc, output, 1, f"{f.name}: tensor {name.removesuffix('_scale')!r}")
+    assert "scale byte 255 is E8M0's NaN" in output

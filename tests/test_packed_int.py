@@ -14,7 +14,7 @@ from moepack.convert.adapters import adapter_for
 from moepack.convert.errors import SourceError
 from moepack.convert.mapping import bind
 from moepack.convert.packed_int import (
-    PackedFormatError,
+    PackedIntError,
     PackedScheme,
     dequantize,
     pack,
@@ -85,7 +85,7 @@ def test_scheme_from_config():
     for bad, msg in ((dict(num_bits=3), "3 bits"), (dict(symmetric=False), "asymmetric"),
                      (dict(type="float"), "'float'"), (dict(strategy="tensor"), "'tensor'"),
                      (dict(actorder="group"), "actorder")):
-        with pytest.raises(PackedFormatError, match=msg):
+        with pytest.raises(PackedIntError, match=msg):
             scheme_from_config(cfg(**bad))
 
 
