@@ -47,6 +47,7 @@ MAX_RETRIES = 3                 # runs of a task after its worker process or nod
 CHUNK_BYTES = 256 << 20         # expert records returned by one task, at most (>= 1 expert)
 CHUNK_EXPERTS = 16
 IN_FLIGHT_PER_CPU = 3           # tasks submitted ahead of results, per cluster CPU
+STOP_SECONDS = 10.0             # after a failure, wait at most this for cancelled tasks
 
 OnMessage = Callable[[tuple], None]
 _MISMATCH = ("the bytes received differ from the bytes the worker encoded (digest mismatch); "
@@ -257,8 +258,22 @@ class Driver:
 
     def close(self) -> None:
         self.sources.close()
+        self._stop_inflight()
         self.writer.close()
         os.close(self.fd)
+
+    def _stop_inflight(self) -> None:
+        """After a failure: cancel the tasks still running and wait (bounded) until they
+        ended, so none starts writing on a node after the run cleaned up."""
+        refs = list(self.inflight)
+        if not refs:
+            return
+        for ref in refs:
+            try:
+                self.ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 (already finished or its node gone: nothing to stop)
+                continue
+        self.ray.wait(refs, num_returns=len(refs), timeout=STOP_SECONDS)
 
     def run(self, tasks: list[Task], done: Mapping[str, str]) -> None:
         waiting = deque(tasks)          # in order: a task's source may not be ready yet

@@ -10,14 +10,17 @@ to whole blocks and checks each block, so each node fetches only what its tasks 
 source crosses the network twice (the driver's pass, the tasks' ranges), never the disk.
 
 Workers rebuild the checkpoint's header view once per node: the config, the index and each
-shard's safetensors header in sparse stand-in files in a private temp folder (a few MB).
+shard's safetensors header in sparse stand-in files in a private temp folder (a few MB), named
+after the source and this run, and removed from every live node when the run ends (or fails).
+A private repository's token goes to the tasks as an argument (hub_ranges.HubToken), not
+through the nodes' environment; the shard URLs are the driver's, so HF_ENDPOINT is its too.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
+import secrets
 import stat
 import tempfile
 import threading
@@ -27,12 +30,21 @@ from pathlib import Path
 from typing import Any
 
 from moepack.convert.errors import ConvertError, SourceError
-from moepack.convert.hub_ranges import BlockTable, fetch_range, stream_digests
+from moepack.convert.hub_ranges import (
+    BlockTable,
+    HubToken,
+    driver_token,
+    fetch_range,
+    stream_digests,
+)
 from moepack.convert.source import Checkpoint
 from moepack.convert.st_header import TensorInfo
 from moepack.convert.tasks import Task
 
+from moepack.safefs import remove_created
+
 OnMessage = Callable[[tuple], None]
+CLEANUP_SECONDS = 15.0      # at most this long waiting for the nodes to remove header folders
 
 
 # -- the worker side ------------------------------------------------------------------------
@@ -44,6 +56,8 @@ class HubSource:
     key: str                                # repo@commit and a digest of the bulk
     urls: tuple[tuple[str, str], ...]       # shard -> resolve URL
     bulk: Any                               # ray ObjectRef of {name: (bytes, size)}
+    run: str                                # this run's id: its header folders' suffix
+    token: HubToken | None = None           # the driver's hub token (repr hidden)
 
 
 @dataclass(frozen=True)
@@ -56,10 +70,11 @@ class HubView:
     def open(self) -> Checkpoint:
         import ray
 
-        ck = _OPENED.get(self.hub.key)
+        hub = self.hub
+        ck = _OPENED.get((hub.key, hub.run))
         if ck is None:
-            folder = _header_folder(self.hub.key, ray.get(self.hub.bulk))
-            ck = _OPENED[self.hub.key] = RangeCheckpoint(folder, dict(self.hub.urls))
+            folder = _header_folder(header_folder_path(hub.key, hub.run), ray.get(hub.bulk))
+            ck = _OPENED[hub.key, hub.run] = RangeCheckpoint(folder, dict(hub.urls), hub.token)
         for name, ref in self.tables:
             if name not in ck.tables:
                 ck.tables[name] = ray.get(ref)
@@ -70,9 +85,9 @@ class RangeCheckpoint(Checkpoint):
     """A checkpoint whose headers are local stand-ins and whose tensor bytes are read from the
     hub by range requests, each block checked against its shard's verified digests."""
 
-    def __init__(self, folder: Path, urls: dict[str, str]) -> None:
+    def __init__(self, folder: Path, urls: dict[str, str], token: HubToken | None) -> None:
         super().__init__(folder)
-        self.urls = urls
+        self.urls, self.token = urls, token
         self.tables: dict[str, BlockTable] = {}
         self.fetched = 0     # bytes fetched since the last take_fetched
 
@@ -86,7 +101,7 @@ class RangeCheckpoint(Checkpoint):
             raise ConvertError(f"{info.file}: read before the driver verified it (internal)")
         lo, hi = table.span(start, start + length)
         for _ in range(2):  # one more fetch: a proxy may have mangled the first answer
-            data = fetch_range(self.urls[info.file], info.file, lo, hi)
+            data = fetch_range(self.urls[info.file], info.file, lo, hi, self.token)
             self.fetched += len(data)
             if table.check(lo, data):
                 return data[start - lo:start - lo + length]
@@ -94,33 +109,57 @@ class RangeCheckpoint(Checkpoint):
                           f"SHA-256 was verified (reading tensor {name!r})")
 
 
-_OPENED: dict[str, RangeCheckpoint] = {}
+_OPENED: dict[tuple[str, str], RangeCheckpoint] = {}
 
 
-def _header_folder(key: str, bulk: Mapping[str, tuple[bytes, int]]) -> Path:
-    """This node's stand-in folder for `key`, made once (atomic rename; concurrent workers of
+def header_folder_path(key: str, run: str) -> Path:
+    """This node's stand-in folder for source `key` in run `run` (one per run: a run removes
+    its own at the end and never another's)."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"moepack-ray-{os.getuid()}-{digest}-{run}"
+
+
+def _header_folder(final: Path, bulk: Mapping[str, tuple[bytes, int]]) -> Path:
+    """The stand-in folder `final`, made once per node (atomic rename; concurrent workers of
     one node race harmlessly)."""
-    base = Path(tempfile.gettempdir())
-    final = base / f"moepack-ray-{os.getuid()}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
     if os.path.lexists(final):
         st = os.lstat(final)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             raise ConvertError(f"{final} on node {os.uname().nodename} is not a folder of this "
                                "user; refusing to read headers from it: remove it")
         return final
-    tmp = Path(tempfile.mkdtemp(prefix=".moepack-ray-", dir=base))
-    for name, (data, size) in bulk.items():
-        with open(tmp / name, "wb") as f:
-            f.write(data)
-            f.truncate(size)   # sparse: the header alone, at the shard's size
+    tmp = Path(tempfile.mkdtemp(prefix=".moepack-ray-", dir=final.parent))
     try:
+        for name, (data, size) in bulk.items():
+            with open(tmp / name, "wb") as f:
+                f.write(data)
+                f.truncate(size)   # sparse: the header alone, at the shard's size
         os.rename(tmp, final)
     except OSError as e:  # another worker of this node was first: check theirs
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_created(tmp, list(bulk))
         if not os.path.lexists(final):
             raise ConvertError(f"{final}: cannot create it: {e.strerror or e}") from None
-        return _header_folder(key, bulk)
+        return _header_folder(final, bulk)
     return final
+
+
+def remove_header_folder(key: str, run: str, names: list[str]) -> bool:
+    """Remove this node's header folder of `run` (the files this run wrote, then the folder if
+    nothing else is in it)."""
+    return remove_created(header_folder_path(key, run), names)
+
+
+def remove_header_folders(ray: Any, source: HubSource, names: list[str]) -> None:
+    """Remove `source`'s header folders on every live node (a dead one has no temp dir left to
+    clean). Bounded: a node that does not answer in CLEANUP_SECONDS keeps its folder."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0, max_retries=0)(remove_header_folder)
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"],
+                                                                             soft=False))
+            .remote(source.key, source.run, names)
+            for n in ray.nodes() if n.get("Alive")]
+    ray.wait(refs, num_returns=len(refs), timeout=CLEANUP_SECONDS)
 
 
 # -- the driver side ------------------------------------------------------------------------
@@ -266,9 +305,13 @@ def execute_on_ray(plan: HubRayPlan, on_bytes: Callable[[int], None],
         with connect(plan.address) as cluster:
             message(cluster.describe())
             ray = import_ray()
-            source = HubSource(plan.key, tuple(sorted(plan.urls.items())), ray.put(plan.bulk))
+            source = HubSource(plan.key, tuple(sorted(plan.urls.items())), ray.put(plan.bulk),
+                               secrets.token_hex(8), driver_token())
             verifier = ShardVerifier(order, verify)
             sources = HubSources(ray, source, lambda t: plan.files_of(task_tensors(t)), verifier)
             verifier.start()
-            run_on_ray(cfg, tasks, done, cluster, on_message, sources)
+            try:
+                run_on_ray(cfg, tasks, done, cluster, on_message, sources)
+            finally:  # after run_on_ray stopped its tasks: none can make a folder again
+                remove_header_folders(ray, source, list(plan.bulk))
     return execute

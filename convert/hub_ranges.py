@@ -87,18 +87,48 @@ class BlockTable:
         return cls(name, size, block_i, digests)
 
 
-def _session_get(url: str, headers: dict[str, str]):  # noqa: ANN202 (an httpx2 stream context)
+class HubToken:
+    """The driver's hub token, passed to the tasks as an argument (a cluster node has its own
+    environment, without the driver's HF_TOKEN); never shown in a repr, a log or an error."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "HubToken(hidden)"
+
+
+def driver_token() -> HubToken | None:
+    """The token this process sends to the hub (HF_TOKEN, else huggingface_hub's saved one)."""
+    from huggingface_hub import get_token
+
+    value = os.environ.get("HF_TOKEN") or get_token()
+    return HubToken(value) if value else None
+
+
+def refused(status: int) -> str:
+    """Why the hub answered `status` to a file request, for a one-line error."""
+    if status in (401, 403):
+        return (f"HTTP {status}: the hub refused access (a private or gated repository needs "
+                "HF_TOKEN set where convert runs)")
+    return f"HTTP {status}"
+
+
+def _session_get(url: str, headers: dict[str, str],  # noqa: ANN202 (an httpx2 stream context)
+                 token: HubToken | None = None):
     import httpx2
     from huggingface_hub.utils import build_hf_headers, get_session
 
-    h = build_hf_headers(token=os.environ.get("HF_TOKEN") or None)
+    h = build_hf_headers(token=token.value if token else os.environ.get("HF_TOKEN") or None)
     h.update({"Accept-Encoding": "identity", **headers})
     return get_session().stream("GET", url, headers=h, timeout=httpx2.Timeout(30.0, read=120.0))
 
 
-def fetch_range(url: str, name: str, start: int, end: int) -> bytes:
+def fetch_range(url: str, name: str, start: int, end: int,
+                token: HubToken | None = None) -> bytes:
     """Bytes [start, end) of the file at `url` (memory: end - start); a server that ignores
-    Range is read up to `end` only. ConvertError names the file after TRIES failures."""
+    Range is read up to `end` only. ConvertError names the file after TRIES failures.
+    token: sent instead of this process's own (a Ray task gets the driver's)."""
     import httpx2
 
     why = ""
@@ -107,9 +137,9 @@ def fetch_range(url: str, name: str, start: int, end: int) -> bytes:
             time.sleep(min(BACKOFF * 2 ** attempt, 8 * BACKOFF))
         body = bytearray()
         try:
-            with _session_get(url, {"Range": f"bytes={start}-{end - 1}"}) as r:
+            with _session_get(url, {"Range": f"bytes={start}-{end - 1}"}, token) as r:
                 if r.status_code not in (200, 206):
-                    why = f"HTTP {r.status_code}"
+                    why = refused(r.status_code)
                     if r.status_code in (401, 403, 404):
                         break
                     continue
@@ -182,7 +212,7 @@ def stream_digests(url: str, name: str, size: int, sha256: str, header: bytes,
                 elif r.status_code not in (200, 206) or (r.status_code == 206 and not r.headers
                                                          .get("Content-Range", "")
                                                          .startswith(f"bytes {d.got}-")):
-                    why = f"HTTP {r.status_code} {r.headers.get('Content-Range', '')}".strip()
+                    why = f"{refused(r.status_code)} {r.headers.get('Content-Range', '')}".strip()
                     if r.status_code in (401, 403, 404):
                         break
                     failures += 1

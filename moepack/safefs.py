@@ -152,3 +152,29 @@ def regular_file(path: str | os.PathLike, what: str = "file") -> Path:
         kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
         raise UnsafePathError(f"{what} {p} is {kind}")
     return p
+
+
+def remove_created(folder: str | os.PathLike, names: list[str]) -> bool:
+    """Remove the regular files `names` that the caller created in `folder` (this user's real
+    folder), then the folder if that emptied it. Links, sub-folders, unlisted entries and a
+    folder that is a link or another user's stay. True when the folder is gone."""
+    p = Path(folder)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return True
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        return False
+    for name in names:
+        if name_problem(name) is not None:
+            continue
+        try:
+            if stat.S_ISREG(os.lstat(p / name).st_mode):
+                os.unlink(p / name)
+        except FileNotFoundError:
+            continue
+    try:
+        os.rmdir(p)
+    except OSError:
+        return False
+    return True

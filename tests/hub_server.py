@@ -11,6 +11,9 @@ listings):
   The CDN answers Range requests (`tampered_ranges`: the last byte wrong in ranges only).
   Faults (range_server.Fault) are keyed by "/cdn/SHA256" or "/ORG/REPO/resolve/REV/FILE"
   paths: use `fault_path(repo, name)`.
+- `HubServer(repos, token=T)`: a private hub: /api and /resolve answer 401 without
+  `Authorization: Bearer T` (the CDN's URLs, signed on the real hub, need none); requests that
+  sent it are counted per path in `authorized`.
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ def git_blob_sha1(data: bytes) -> str:
 
 
 class HubServer(LoopbackServer):
-    def __init__(self, repos: dict[str, HubRepo]) -> None:
+    def __init__(self, repos: dict[str, HubRepo], token: str | None = None) -> None:
         super().__init__()
         self.repos = repos
+        self.token = token
+        self.authorized: dict[str, int] = {}     # path -> requests that carried the token
         self.cdn: dict[str, bytes] = {}
         self.tampered_ranges: set[str] = set()   # SHA-256s: Range answers end in a wrong byte
         for r in repos.values():
@@ -65,6 +70,10 @@ class HubServer(LoopbackServer):
     def route(self, method: str, path: str, query: dict[str, list[str]],
               handler: BaseHTTPRequestHandler) -> Body:
         p = path.strip("/").split("/")
+        if self.token is not None and p[0] != "cdn":
+            if handler.headers.get("Authorization") != f"Bearer {self.token}":
+                return _error(401, "RepoNotFound", "Invalid credentials in Authorization header")
+            self.authorized[path] = self.authorized.get(path, 0) + 1
         if p[:2] == ["api", "models"] and len(p) >= 4:
             return self._api(p[2] + "/" + p[3], p[4:])
         if p[0] == "cdn" and len(p) == 2 and p[1] in self.cdn:

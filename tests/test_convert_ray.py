@@ -1,8 +1,10 @@
 """`moepack convert --ray`: a real two-node Ray cluster on this machine (head + one more node,
 one CPU each, tests/ray_cluster.py), real conversions across both, outputs byte-identical to
 `--jobs 1`; a Ray worker SIGKILLed mid-task (Ray runs the task again); a whole node SIGKILLed
-mid-run (its tasks rerun on the survivors); the driver SIGKILLed and the same command rerun
-(resumed from the journal); an hf: source read by ranges from the fake hub; Ray missing."""
+mid-run (its tasks rerun on the survivors, also with an hf: source); the driver SIGKILLed and the
+same command rerun (resumed from the journal); an hf: source read by ranges from the fake hub,
+also a private one (the driver's token reaches the tasks); no header folder left on the nodes
+after a run, finished or failed; Ray missing."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -72,6 +75,35 @@ def kill_once_journaled(p: subprocess.Popen, journal: Path, experts: int) -> Non
     p.communicate()
 
 
+def kill_a_busy_node(cluster, p: subprocess.Popen) -> list[int]:
+    """SIGKILL every process of the first node other than the head seen running an expert
+    task, once inside it (some experts encoded, none returned); the PIDs killed."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        busy = [n for n in range(1, len(cluster.groups)) if cluster.task_workers("experts_task", n)]
+        if busy:
+            time.sleep(1.0)
+            return cluster.kill_node(busy[0])
+        time.sleep(0.2)
+    return []
+
+
+def header_folders() -> set[Path]:
+    """This user's Ray header folders in the nodes' temp dir (the nodes run on this machine)."""
+    return set(Path(tempfile.gettempdir()).glob(f"moepack-ray-{os.getuid()}-*"))
+
+
+@pytest.fixture
+def decoy():
+    """Another run's header folder: no run may remove it."""
+    folder = Path(tempfile.gettempdir()) / f"moepack-ray-{os.getuid()}-{'0' * 16}-decoy"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text("{}")
+    yield folder
+    (folder / "config.json").unlink()
+    folder.rmdir()
+
+
 def test_two_nodes_byte_identical_to_jobs_1(cluster, source, reference, tmp_path):
     """Expert tasks last ~2.4 s (--pause-per-unit), so while one node is busy the other one
     gets work even on a loaded machine (tiny tasks may all finish on the first node)."""
@@ -97,9 +129,12 @@ def hub_env(hub: HubServer) -> dict[str, str]:
 
 
 @pytest.mark.network
-def test_hub_source_two_nodes_read_checked_ranges(cluster, source, reference, hub, tmp_path):
+def test_hub_source_two_nodes_read_checked_ranges(cluster, source, reference, hub, tmp_path,
+                                                  decoy):
     """hf: + --ray: the driver streams each shard once (SHA-256 checked, not stored); the tasks
-    on both nodes read block-aligned ranges; the container equals the local --jobs 1 one."""
+    on both nodes read block-aligned ranges; the container equals the local --jobs 1 one; the
+    nodes' header folders are gone afterwards (another run's stays)."""
+    before = header_folders()
     out = tmp_path / "hub.moepack"
     doc = finish(cli(f"hf:{REPO}", str(out), "--ray", cluster.address, "--json", *CLI_FAST,
                      "--pause-per-unit", "0.3", env=hub_env(hub)))
@@ -129,10 +164,12 @@ def test_hub_source_two_nodes_read_checked_ranges(cluster, source, reference, hu
     assert len(by_node) == 2 and sum(by_node.values()) == range_bytes
     assert all(0 < n < range_bytes for n in by_node.values())   # each only its tasks' part
     assert not Path(f"{out}.staging").exists()
+    assert header_folders() == before and decoy.joinpath("config.json").is_file()
 
 
 @pytest.mark.network
 def test_hub_source_range_not_matching_the_verified_shard_stops(cluster, source, hub, tmp_path):
+    before = header_folders()
     hub.tampered_ranges.update(hub.cdn)   # whole files right; ranges with a shard's end wrong
     out = tmp_path / "bad.moepack"
     p = cli(f"hf:{REPO}", str(out), "--ray", cluster.address, "--quiet", *CLI_FAST,
@@ -142,6 +179,49 @@ def test_hub_source_range_not_matching_the_verified_shard_stops(cluster, source,
     assert "differ from the file whose SHA-256 was verified" in err.strip().splitlines()[-1]
     assert "Traceback" not in err
     assert not out.exists()
+    assert header_folders() == before           # removed on failure too
+
+
+@pytest.mark.network
+def test_private_hub_token_reaches_the_tasks(cluster, source, reference, tmp_path):
+    """The nodes were started without HF_TOKEN: the driver's token goes to the tasks as an
+    argument. Without it the run stops in one line; with it the container is identical, and
+    the token is in no output."""
+    assert "HF_TOKEN" not in os.environ, "the nodes must not inherit a token"
+    token = "hf_" + "s3cret" * 4
+    files = {p.name: p.read_bytes() for p in source.iterdir() if p.is_file()}
+    with HubServer({REPO: HubRepo(files)}, token=token) as hub:
+        out = tmp_path / "private.moepack"
+        args = [f"hf:{REPO}", str(out), "--ray", cluster.address, "--json", *CLI_FAST]
+        p = cli(*args, env=hub_env(hub))
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 1 and "Traceback" not in err
+        assert "HTTP 401" in err.strip().splitlines()[-1]
+        assert not out.exists()
+        p = cli(*args, env={**hub_env(hub), "HF_TOKEN": token})
+        stdout, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    assert out.read_bytes() == reference
+    assert token not in stdout + err
+    ranges = {path for method, path, rng in hub.requests if rng and "/resolve/" in path}
+    assert ranges and all(hub.authorized.get(path) for path in ranges)   # tasks sent it
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_hub_source_node_killed_mid_run(cluster, source, reference, hub, tmp_path):
+    """As test_node_killed_mid_run_work_moves_to_the_survivors, with tasks reading hub ranges:
+    the rerun tasks fetch their ranges again on the survivors; identical to --jobs 1."""
+    cluster.add_node()
+    out = tmp_path / "hubnode.moepack"
+    p = cli(f"hf:{REPO}", str(out), "--ray", cluster.address, "--json", *CLI_FAST,
+            "--pause-per-unit", "0.5", env=hub_env(hub))
+    killed = kill_a_busy_node(cluster, p)
+    assert killed, "no expert task was seen running on a node other than the head"
+    doc = finish(p)
+    assert out.read_bytes() == reference
+    assert doc["ray_nodes"] >= 2
+    assert not set(killed) & {pid for pid, _ in cluster.processes()}
 
 
 @pytest.mark.slow
@@ -196,15 +276,7 @@ def test_node_killed_mid_run_work_moves_to_the_survivors(cluster, source, refere
     out = tmp_path / "node.moepack"
     p = cli(str(source), str(out), "--ray", cluster.address, "--json", *CLI_FAST,
             "--pause-per-unit", "0.5")
-    killed: list[int] = []
-    deadline = time.monotonic() + 120
-    while not killed and time.monotonic() < deadline and p.poll() is None:
-        busy = [n for n in range(1, len(cluster.groups)) if cluster.task_workers("experts_task", n)]
-        if busy:
-            time.sleep(1.0)  # inside the task: some experts encoded, none returned
-            killed = cluster.kill_node(busy[0])
-        else:
-            time.sleep(0.2)
+    killed = kill_a_busy_node(cluster, p)
     assert killed, "no expert task was seen running on a node other than the head"
     summary = finish(p)
     assert out.read_bytes() == reference

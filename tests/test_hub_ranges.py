@@ -1,8 +1,9 @@
 """Checked byte ranges of hub files (convert/hub_ranges.py) against a loopback server: the
 streamed pass checks the whole file's SHA-256 and the planning header, block digests catch a
 changed byte, saved tables are reused only for the same file, and network faults end in one
-line naming the file; a dropped stream goes on from where it stopped. A Ray node's header
-folder (convert/cluster_hub.py) is made once and never taken from someone else."""
+line naming the file; a dropped stream goes on from where it stopped; a private hub's token is
+sent when given and its absence is one line. A Ray node's header folder (convert/cluster_hub.py)
+is made once, never taken from someone else, and its removal leaves what the run did not make."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ import shutil
 import tempfile
 
 import pytest
+from hub_server import HubRepo, HubServer
 from moepack.convert import hub_ranges
-from moepack.convert.cluster_hub import _header_folder
+from moepack.convert.cluster_hub import _header_folder, header_folder_path, remove_header_folder
 from moepack.convert.errors import ConvertError, SourceError
 from moepack.convert.hub_ranges import (
     MAX_BLOCK,
     MIN_BLOCK,
     BlockTable,
+    HubToken,
     block_size,
     fetch_range,
     stream_digests,
@@ -106,13 +109,51 @@ def test_range_reads_retry_a_dropped_connection_and_name_the_file(server):
 def test_a_nodes_header_folder_is_made_once_and_a_planted_entry_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     bulk = {"config.json": (b"{}", 2), "a.safetensors": (b"HEAD", 1 << 20)}
-    folder = _header_folder("repo@1", bulk)
+    folder = _header_folder(header_folder_path("repo@1", "run1"), bulk)
+    assert folder.parent == tmp_path
     standin = folder / "a.safetensors"
     assert standin.stat().st_size == 1 << 20 and standin.read_bytes()[:4] == b"HEAD"
     assert standin.stat().st_blocks * 512 < 1 << 20                     # sparse: header only
-    assert _header_folder("repo@1", bulk) == folder                     # made once
-    other = _header_folder("repo@2", bulk)
+    assert _header_folder(header_folder_path("repo@1", "run1"), bulk) == folder   # made once
+    assert header_folder_path("repo@1", "run2") != folder               # one folder per run
+    other = _header_folder(header_folder_path("repo@2", "run1"), bulk)
     shutil.rmtree(other)
     other.write_bytes(b"planted")                                        # not a folder
     with pytest.raises(ConvertError, match="is not a folder of this user; refusing"):
-        _header_folder("repo@2", bulk)
+        _header_folder(other, bulk)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
+
+
+def test_removing_a_header_folder_leaves_what_the_run_did_not_make(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    bulk = {"config.json": (b"{}", 2), "a.safetensors": (b"HEAD", 1 << 20)}
+    names = list(bulk)
+    mine = _header_folder(header_folder_path("repo@1", "run1"), bulk)
+    theirs = _header_folder(header_folder_path("repo@1", "run2"), bulk)   # a concurrent run
+    assert remove_header_folder("repo@1", "run1", names) and not mine.exists()
+    assert (theirs / "a.safetensors").is_file()                          # untouched
+    (theirs / "notes.txt").write_text("a user's file")                   # not the run's
+    outside = tmp_path / "precious"
+    outside.write_text("keep")
+    theirs.joinpath("config.json").unlink()
+    theirs.joinpath("config.json").symlink_to(outside)                   # a link: left alone
+    assert not remove_header_folder("repo@1", "run2", names + ["../precious"])
+    assert sorted(p.name for p in theirs.iterdir()) == ["config.json", "notes.txt"]
+    assert outside.read_text() == "keep"
+    assert remove_header_folder("repo@1", "run3", names)                 # none: nothing to do
+
+
+def test_a_private_hubs_token_is_sent_when_given(monkeypatch):
+    monkeypatch.setattr(hub_ranges, "BACKOFF", 0.0)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    repo = HubRepo({"config.json": b"{}", "a.safetensors": DATA})
+    with HubServer({"org/private": repo}, token="hf_secret") as hub:
+        url = f"{hub.base}/org/private/resolve/{repo.commit}/a.safetensors"
+        token = HubToken("hf_secret")
+        assert fetch_range(url, "a.safetensors", 100, 5000, token) == DATA[100:5000]
+        assert "hf_secret" not in repr(token)
+        with pytest.raises(ConvertError) as e:
+            fetch_range(url, "a.safetensors", 100, 5000)
+        line = str(e.value)
+        assert line.startswith("a.safetensors: cannot read bytes 100-5000 from the hub: HTTP 401")
+        assert "HF_TOKEN" in line and "\n" not in line
