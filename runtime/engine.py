@@ -96,7 +96,8 @@ class _Plan(C.Structure):
         ("ctx", C.c_int), ("moe_layers", C.c_int), ("top_k", C.c_int),
         ("experts_bytes", C.c_uint64), ("expert_count", C.c_uint64),
         ("chunk_token_bytes", C.c_uint64), ("max_chunk", C.c_int), ("state_bytes", C.c_uint64),
-        ("kv", C.c_int), ("kv_token_bytes", C.c_uint64), ("max_pos", C.c_int), ("max_ctx", C.c_int)]
+        ("kv", C.c_int), ("kv_token_bytes", C.c_uint64), ("max_pos", C.c_int), ("max_ctx", C.c_int),
+        ("pinned_expert_bytes", C.c_uint64)]
 
 
 class _Stats(C.Structure):
@@ -108,7 +109,8 @@ class _Stats(C.Structure):
                 ("prefetches", C.c_uint64), ("o_direct", C.c_int),
                 ("budget_bytes", C.c_uint64), ("floor_bytes", C.c_uint64),
                 ("cache_capacity_bytes", C.c_uint64), ("cache_capacity_experts", C.c_int),
-                ("chunk", C.c_int)]
+                ("chunk", C.c_int), ("cache_peak_bytes", C.c_uint64),
+                ("expert_peak_bytes", C.c_uint64)]
 
 
 class _Sampler(C.Structure):

@@ -40,7 +40,7 @@ def test_plan_json_and_refusal(mixtral):
     assert r.exit_code == 0, r.output
     p = json.loads(r.output)
     assert p["ctx"] == 32 and p["floor_bytes"] == (p["trunk_bytes"] + p["kv_bytes"] +
-                                                   p["scratch_bytes"] + p["step_expert_bytes"])
+                                                   p["scratch_bytes"] + p["pinned_expert_bytes"])
     assert p["floor_bytes"] <= p["recommended_bytes"]
     assert p["floor_bytes"] <= p["default_bytes"] <= p["usable_ram_bytes"]
     r = _run("plan", mixtral, "--budget", "1K")

@@ -216,7 +216,7 @@ def test_chunk_is_planned_and_checked(mixtral):
 def test_budget_below_floor_is_refused_with_the_floor(mixtral):
     p = plan(mixtral)
     assert p["floor_bytes"] == (p["trunk_bytes"] + p["kv_bytes"] + p["scratch_bytes"]
-                                + p["step_expert_bytes"])
+                                + p["pinned_expert_bytes"])
     assert p["step_expert_bytes"] == p["moe_layers"] * p["top_k"] * p["expert_record_bytes"]
     assert p["expert_count"] == 2 * 6
     assert p["experts_bytes"] == p["expert_count"] * p["expert_record_bytes"]

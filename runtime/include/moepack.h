@@ -76,9 +76,10 @@ typedef struct mp_plan_info {
     uint64_t trunk_bytes;      /* resident weights (trunk + codebooks) */
     uint64_t kv_bytes;         /* KV / latent cache for ctx tokens */
     uint64_t scratch_bytes;    /* activations, lookup tables, I/O buffers */
-    uint64_t step_expert_bytes;/* one token's routed experts over all MoE layers */
-    uint64_t floor_bytes;      /* trunk + kv + scratch + step experts */
-    uint64_t recommended_bytes;/* floor + room for a useful expert cache */
+    uint64_t step_expert_bytes;/* one token's routed experts over all MoE layers (read per token
+                                  when the cache is cold) */
+    uint64_t floor_bytes;      /* trunk + kv + scratch + pinned experts (pinned_expert_bytes) */
+    uint64_t recommended_bytes;/* floor + a cache of 4 tokens' routed experts (4 x step) */
     uint64_t default_bytes;    /* what budget_bytes = 0 picks on this machine */
     uint64_t usable_ram_bytes; /* min(physical RAM, cgroup limits) */
     uint64_t expert_record_bytes; /* largest record stride */
@@ -95,6 +96,8 @@ typedef struct mp_plan_info {
     int max_pos;               /* the model's longest context (max_position_embeddings) */
     int max_ctx;               /* the longest context whose floor fits the budget (given, or
                                   usable RAM), at most max_pos; 0 = not even one token */
+    uint64_t pinned_expert_bytes; /* expert records held beyond the cache at most: one acquire
+                                  group (top_k x largest stride) + recycled buffers as large */
 } mp_plan_info;
 
 typedef struct mp_stats {
@@ -109,6 +112,9 @@ typedef struct mp_stats {
     uint64_t budget_bytes, floor_bytes, cache_capacity_bytes;
     int cache_capacity_experts;
     int chunk;              /* prompt tokens per forward pass (mp_config.chunk or the plan's) */
+    uint64_t cache_peak_bytes;   /* most bytes of cached records at once (<= cache capacity) */
+    uint64_t expert_peak_bytes;  /* most bytes of expert record buffers allocated at once:
+                                    cache + pinned beyond it + recycled (<= capacity + pinned) */
 } mp_stats;
 
 typedef struct mp_sampler {

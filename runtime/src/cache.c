@@ -56,6 +56,7 @@ struct mp_experts {
      * process has already held at once. */
     void *spare;                  /* singly linked through the first bytes of each buffer */
     uint64_t spare_bytes, peak_transient, max_stride;
+    uint64_t allocated, peak_allocated, peak_used; /* record buffer bytes (memory plan checks) */
     mp_expert_stats st;
 };
 
@@ -72,12 +73,21 @@ static uint8_t *get_buf(mp_experts *e, uint64_t size) {
         }
         link = &h->next;
     }
-    return mp_aligned_alloc(e->balign, (size_t)size);
+    uint8_t *buf = mp_aligned_alloc(e->balign, (size_t)size);
+    if (buf) {
+        e->allocated += size;
+        if (e->allocated > e->peak_allocated) e->peak_allocated = e->allocated;
+    }
+    return buf;
 }
 
 static void put_buf(mp_experts *e, uint8_t *buf, uint64_t size) {
     uint64_t cap = e->peak_transient > e->max_stride ? e->peak_transient : e->max_stride;
-    if (size < sizeof(spare_hdr) || e->spare_bytes + size > cap) { mp_aligned_free(buf); return; }
+    if (size < sizeof(spare_hdr) || e->spare_bytes + size > cap) {
+        mp_aligned_free(buf);
+        e->allocated -= size;
+        return;
+    }
     spare_hdr *h = (spare_hdr *)(void *)buf;
     h->next = e->spare;
     h->size = size;
@@ -161,13 +171,14 @@ static entry *start_read(mp_experts *e, size_t bi, int ex, int pins, int may_cac
         if (e->ncached == e->capcached) {
             size_t cap = e->capcached ? e->capcached * 2 : 64;
             entry **nc = realloc(e->cached, cap * sizeof *nc);
-            if (!nc) { mp_aligned_free(buf); free(en); *rc = MP_ENOMEM; return NULL; }
+            if (!nc) { put_buf(e, buf, b->b->stride); free(en); *rc = MP_ENOMEM; return NULL; }
             e->cached = nc; e->capcached = cap;
         }
         en->cached = 1;
         en->cpos = e->ncached;
         e->cached[e->ncached++] = en;
         e->used += en->size;
+        if (e->used > e->peak_used) e->peak_used = e->used;
     } else {
         e->transient += en->size;
         if (e->transient > e->peak_transient) e->peak_transient = e->transient;
@@ -355,6 +366,9 @@ void mpe_stats(mp_experts *e, mp_expert_stats *out) {
     out->transient = e->transient;
     out->spare = e->spare_bytes;
     out->cached_records = (uint32_t)e->ncached;
+    out->peak_used = e->peak_used;
+    out->allocated = e->allocated;
+    out->peak_allocated = e->peak_allocated;
     pthread_mutex_unlock(&e->mu);
 }
 

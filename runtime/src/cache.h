@@ -50,6 +50,10 @@ typedef struct {
     uint64_t transient;     /* bytes of pinned records held outside the cache now */
     uint32_t cached_records;
     uint64_t spare;         /* bytes of recycled record buffers kept for reuse (see cache.c) */
+    uint64_t peak_used;     /* most bytes of cached records at once, since create */
+    uint64_t allocated;     /* bytes of record buffers allocated now (used + transient + spare) */
+    uint64_t peak_allocated;/* most of allocated at once, since create: at most budget + 2 x one
+                               acquire's records (pinned beyond the cache, and as many recycled) */
 } mp_expert_stats;
 
 typedef struct mp_experts mp_experts;

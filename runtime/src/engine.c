@@ -103,13 +103,18 @@ static int plan_for(const mp_container *c, const mpm_config *model, int ctx, int
         p->expert_count += b->count;
         if (b->stride > p->expert_record_bytes) p->expert_record_bytes = b->stride;
     }
+    /* Expert records held beyond the cache (cache.h): model_moe.c pins at most one group of
+     * top_k records at a time (released before the next acquire, for decode and prompt chunks
+     * alike); those that find no room are held outside the cache, and as many bytes of their
+     * buffers may stay recycled for reuse. Prefetches only ever fill the cache. */
+    p->pinned_expert_bytes = 2 * (uint64_t)cfg->top_k * p->expert_record_bytes;
     /* the floor holds 16-token prompt chunks; a bigger chunk costs chunk_token_bytes a token */
     p->scratch_bytes = chunk_bytes(cfg, MPM_CHUNK, stages) + (uint64_t)cfg->n_heads * (uint64_t)ctx * 4u;
     p->chunk_token_bytes = chunk_bytes(cfg, MPM_CHUNK + 1, stages) - chunk_bytes(cfg, MPM_CHUNK, stages);
     p->max_chunk = ctx < MPM_MAX_CHUNK ? ctx : MPM_MAX_CHUNK;
     p->scratch_bytes += mpm_linear_scratch_bytes(cfg); /* per token, whatever the chunk */
-    p->floor_bytes = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + p->step_expert_bytes;
-    p->recommended_bytes = p->floor_bytes + 3 * p->step_expert_bytes;
+    p->floor_bytes = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + p->pinned_expert_bytes;
+    p->recommended_bytes = p->floor_bytes + 4 * p->step_expert_bytes; /* cache: 4 tokens' experts */
     mp_ram_info ri;
     p->usable_ram_bytes = mp_usable_ram(&ri);
     /* the default budget also pays for the largest chunk when RAM allows (the cache still gets
@@ -288,9 +293,10 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
         goto fail;
     }
     e->chunk = chunk;
-    /* the cache gets what is left after trunk, KV, scratch (with the chunk's) and one layer's
-     * pinned working set */
-    uint64_t fixed = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + extra + (uint64_t)p->top_k * p->expert_record_bytes;
+    /* the cache gets what is left after trunk, KV, scratch (with the chunk's) and the expert
+     * records held beyond the cache: at exactly the floor, no cache (every record is read when
+     * used) */
+    uint64_t fixed = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + extra + p->pinned_expert_bytes;
     uint64_t cache = total > fixed ? total - fixed : 0;
     if (cfg.cache_experts >= 0 && (uint64_t)cfg.cache_experts * p->expert_record_bytes < cache)
         cache = (uint64_t)cfg.cache_experts * p->expert_record_bytes;
@@ -487,6 +493,8 @@ void mp_get_stats(const mp_engine *e, mp_stats *o) {
         o->bytes_read = es.bytes_read;
         o->read_seconds = (double)es.read_ns * 1e-9;
         o->o_direct = es.o_direct_active;
+        o->cache_peak_bytes = es.peak_used;
+        o->expert_peak_bytes = es.peak_allocated;
     }
     double total = e->prompt_s + e->decode_s;
     o->compute_seconds = total > o->io_wait_seconds ? total - o->io_wait_seconds : 0.0;

@@ -1,0 +1,86 @@
+"""The memory floor is the true minimum: trunk + KV/state + scratch + the expert records held
+beyond the cache (one acquire group of top_k records, and as many recycled). A model run at
+exactly that floor (no expert cache at all) decodes and processes chunked prompts with the same
+logits as a large budget, and the expert memory never exceeds cache capacity + that reserve."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from moepack.runtime.engine import BudgetError, Engine, plan
+from tiny_models import make_checkpoint
+
+PROMPT = 40  # chunks of 16, 16, 8 at the floor
+DECODE = 6
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from moepack.convert.pipeline import convert
+    from moepack.convert.settings import Settings
+
+    d = tmp_path_factory.mktemp("floor")
+    # 8 experts, top-2, 3 layers: a 16-token chunk routes to more than top_k experts per layer
+    make_checkpoint("mixtral", d / "src", hidden_size=64, intermediate_size=40,
+                    num_hidden_layers=3, num_local_experts=8, num_experts_per_tok=2,
+                    max_position_embeddings=256)
+    convert(d / "src", d / "m.moepack", Settings())
+    return d / "m.moepack"
+
+
+def _tokens(n: int, seed: int = 1) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 67, n).tolist()
+
+
+def _run(path, **kw) -> tuple[np.ndarray, list[np.ndarray], dict]:
+    """Teacher-forced prompt logits (chunked), then greedy decode step logits, then stats."""
+    with Engine(path, ctx=128, **kw) as e:
+        prompt = e.logits(_tokens(PROMPT))
+        steps, last = [], prompt[-1]
+        for _ in range(DECODE):
+            last = e.feed([int(np.argmax(last))])
+            steps.append(last.copy())
+        return prompt, steps, e.stats()
+
+
+def test_floor_counts_one_pinned_group_not_every_layers_experts(model):
+    p = plan(model, ctx=128)
+    assert p["moe_layers"] == 3 and p["top_k"] == 2
+    assert p["pinned_expert_bytes"] == 2 * p["top_k"] * p["expert_record_bytes"]
+    assert p["floor_bytes"] == (p["trunk_bytes"] + p["kv_bytes"] + p["scratch_bytes"]
+                                + p["pinned_expert_bytes"])
+    # one token's experts over all layers (what a cold token reads) is no longer in the floor
+    assert p["step_expert_bytes"] == 3 * 2 * p["expert_record_bytes"] > p["pinned_expert_bytes"]
+    assert p["recommended_bytes"] == p["floor_bytes"] + 4 * p["step_expert_bytes"]
+    with pytest.raises(BudgetError, match="below the floor"):
+        Engine(model, ctx=128, budget=p["floor_bytes"] - 1)
+
+
+@pytest.mark.parametrize("extra_records", [0, 3])
+def test_exact_floor_gives_large_budget_logits(model, extra_records):
+    """At the floor (no cache) and a few records above it (a cache smaller than one token's
+    experts: prefetches evict while groups are pinned): prompt chunks and decode steps equal a
+    large budget bit for bit, prefetch on and off, 1 and 2 threads; the cache stays within its
+    capacity and all expert buffers within capacity + the floor's pinned reserve."""
+    p = plan(model, ctx=128)
+    ref_prompt, ref_steps, ref = _run(model, threads=1)
+    assert ref["cache_capacity_experts"] >= 24  # every expert fits: the large budget
+    budget = p["floor_bytes"] + extra_records * p["expert_record_bytes"]
+    for prefetch in (True, False):
+        for threads in (1, 2):
+            prompt, steps, s = _run(model, budget=budget, threads=threads, prefetch=prefetch)
+            where = (extra_records, prefetch, threads)
+            assert s["chunk"] == 16 and s["floor_bytes"] == p["floor_bytes"], where
+            assert s["cache_capacity_experts"] == extra_records, where
+            assert np.array_equal(prompt, ref_prompt), where
+            for got, want in zip(steps, ref_steps, strict=True):
+                assert np.array_equal(got, want), where
+            assert s["cache_peak_bytes"] <= s["cache_capacity_bytes"], where
+            assert s["expert_peak_bytes"] <= (s["cache_capacity_bytes"]
+                                              + p["pinned_expert_bytes"]), where
+            assert s["expert_peak_bytes"] >= p["expert_record_bytes"], where  # records were read
+            if extra_records == 0:  # no cache: every record used is read when used
+                assert s["cache_peak_bytes"] == 0 and s["cache_hits"] == 0, where
+                # 3 chunks x 3 layers x top-2 would be all a chunk could pin at once: the
+                # chunks routed to more experts than that, in several groups
+                assert s["cache_misses"] > 3 * 3 * 2 + DECODE * 3 * 2, where
