@@ -74,6 +74,7 @@ CODES: dict[str, str] = {
     "blob_decoded_length": "raw_length says",
     "payload_length": "expected N bytes, got",
     "rvq_reference": "needs the layer's / codebook shape / rotation must be",
+    "content_hash": "content hash mismatch / record hash mismatch",
     # the engine's own checks of a well-formed container (FORMAT.md §7, §8)
     "model_description": "manifest.model:",
     "model_tensor": "tensor NAME missing / tensor NAME: shape / elements",

@@ -92,3 +92,20 @@ def format_refusal(path: str | os.PathLike, message: str) -> FormatRefusal | Non
     if message.startswith("tensor "):
         return FormatRefusal("model_tensor", None, None)
     return FormatRefusal("invalid", None, None)
+
+
+_AT_OFFSET = re.compile(r" at offset ([0-9]+)")
+
+
+def damage_refusal(path: str | os.PathLike, damaged: bool, message: str) -> FormatRefusal | None:
+    """The stable code for a read that failed after open, or None for a plain I/O failure.
+
+    damaged (MP_ECORRUPT): a record or section whose bytes do not match their BLAKE3
+    (FORMAT.md §4, §5): `content_hash`, at the offset the message names. Otherwise (MP_EIO) the
+    C reader checks the file again: one shortened or rewritten since open breaks an open-time
+    rule now (`file_size_mismatch`, `truncated`, ...), and that rule is the cause."""
+    if damaged:
+        at = _AT_OFFSET.search(message)
+        return FormatRefusal("content_hash", None, int(at.group(1)) if at else None)
+    check = check_container(path)
+    return FormatRefusal(check.code, check.field, check.offset) if check.code else None

@@ -173,11 +173,16 @@ class Snapshot:
 
 
 def _raise(code: int, msg: str, path: str | os.PathLike | None = None) -> None:
-    """Raise the EngineError for `code`; a format refusal of the container at `path` also
-    gets its stable code, field and offset."""
+    """Raise the EngineError for `code`; a format refusal of the container at `path`, or a
+    read that finds it damaged or shortened since open, also gets its stable code, field and
+    offset."""
     cls = {MP_EBUDGET: BudgetError, MP_ECORRUPT: CorruptError,
            MP_ENONFINITE: NonFiniteError}.get(code, EngineError)
-    where = _lib.format_refusal(path, msg) if code == MP_EFORMAT and path is not None else None
+    where = None
+    if path is not None and code == MP_EFORMAT:
+        where = _lib.format_refusal(path, msg)
+    elif path is not None and code in (MP_ECORRUPT, MP_EIO):  # a file damaged after open
+        where = _lib.damage_refusal(path, code == MP_ECORRUPT, msg)
     if where is None:
         raise cls(msg or f"engine error {code}", code)
     raise cls(msg or f"engine error {code}", code, where.code, where.field, where.offset)
@@ -312,7 +317,7 @@ class Engine:
             raise EngineError("truncate needs n >= 0", MP_EINVAL)
         rc = self._lib.mp_truncate(self._handle(), int(n))
         if rc:
-            _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"))
+            _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"), self.path)
         del self._seq[n:]
 
     @property
@@ -333,7 +338,7 @@ class Engine:
         buf = C.create_string_buffer(n)
         rc = self._lib.mp_state_save(self._h, buf, n)
         if rc:
-            _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"))
+            _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"), self.path)
         return Snapshot(tuple(self._seq), buf.raw[:n])
 
     def restore(self, snap: Snapshot) -> None:
@@ -346,7 +351,7 @@ class Engine:
                               f"{min(k, len(self._seq))}", MP_EINVAL)
         rc = self._lib.mp_state_restore(self._handle(), k, snap.state, len(snap.state))
         if rc:
-            _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"))
+            _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"), self.path)
         del self._seq[k:]
 
     def plan(self, ctx: int | None = None) -> dict:
@@ -365,7 +370,7 @@ class Engine:
         rc = self._lib.mp_eval(self._handle(), arr.ctypes.data_as(C.POINTER(C.c_int32)),
                                arr.size, ptr, 1 if all_pos else 0)
         if rc:
-            _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"))
+            _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"), self.path)
         self._seq.extend(int(t) for t in arr)
 
     def logits(self, tokens: Sequence[int], *, reset: bool = True) -> np.ndarray:
