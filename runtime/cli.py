@@ -344,7 +344,7 @@ def eval_cmd(
         with eng:
             out = eng.logits(ids)
     except EngineError as e:
-        fail(str(e))
+        _engine_fail(e, False)
     _save_npy(logits, out)
     print(f"wrote {one_line(str(logits))}: float32 {list(out.shape)}")
 
@@ -404,7 +404,7 @@ def chat_cmd(
                         sys.stdout.write(terminal_text(dec.push(t)))
                         sys.stdout.flush()
             except EngineError as e:
-                fail(str(e))
+                _engine_fail(e, False)
             print()
             # the last sampled token was not fed; the next turn re-renders and feeds the rest
             messages.append({"role": "assistant",

@@ -66,3 +66,21 @@ def test_plain_io_failure_carries_no_format_code(mixtral: Path, tmp_path: Path) 
     with pytest.raises(EngineError) as err:
         _raise(MP_EIO, "read of 4096 bytes at offset 0 failed: Input/output error", mixtral)
     assert err.value.code == MP_EIO and err.value.format_code is None
+
+
+def test_run_json_names_a_damaged_record(mixtral: Path, tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from moepack.cli import app
+
+    bad, ranges = _copy(mixtral, tmp_path / "bad.moepack")
+    for off, _ in ranges:  # damaged at rest: open checks no payload, the first read does
+        flip(bad, off + 5)
+    args = ["run", str(bad), "--tokens", "1,2,3", "-n", "2", "--verify-reads"]
+    r = CliRunner().invoke(app, [*args, "--json"])
+    err = json.loads(r.stdout)["error"]
+    assert r.exit_code == 1 and (err["code"], err["engine_code"]) == ("content_hash", MP_ECORRUPT)
+    plain = CliRunner().invoke(app, args)
+    assert plain.exit_code == 1 and "[content_hash]" in plain.output
