@@ -38,6 +38,7 @@ class LocalCluster:
     temp_dir: Path
     groups: list[int] = field(default_factory=list)   # process groups of the nodes
     ports: set[int] = field(default_factory=set)      # every port given to a node
+    dead: set[int] = field(default_factory=set)       # numbers of the nodes killed
 
     def processes(self, groups: list[int] | None = None) -> list[tuple[int, str]]:
         """(pid, command line) of every process in this cluster's process groups (or just
@@ -76,13 +77,14 @@ class LocalCluster:
     def add_node(self, cpus: int = 1) -> int:
         """Start one more node; returns its number."""
         _start(self, ["--address", self.address, *_common(cpus), *_node_ports(self.ports)])
-        _wait_ready(self.address, len(self.groups))
+        _wait_ready(self.address, len(self.groups) - len(self.dead))
         return len(self.groups) - 1
 
     def kill_node(self, node: int) -> list[int]:
         """SIGKILL every process of node number `node` at once (raylet, its agents, its
         workers): the machine died. Returns the PIDs killed."""
         pids = [pid for pid, _ in self.processes([self.groups[node]])]
+        self.dead.add(node)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
@@ -141,7 +143,7 @@ import sys, time, ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="WARNING")
 end = time.monotonic() + 60
-while len([n for n in ray.nodes() if n["Alive"]]) < int(sys.argv[2]):
+while len([n for n in ray.nodes() if n["Alive"]]) != int(sys.argv[2]):
     assert time.monotonic() < end, "nodes did not join"
     time.sleep(0.2)
 f = ray.remote(num_cpus=1)(lambda: ray.get_runtime_context().get_node_id())
