@@ -7,11 +7,13 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from math import prod
 from pathlib import Path
 
+import blake3
 from moepack.convert.adapters import EXPERT_PARTS, Adapter, adapter_for
 from moepack.convert.errors import SourceError
 from moepack.convert.mapping import SourceMap, bind
@@ -20,6 +22,8 @@ from moepack.convert.settings import Settings
 from moepack.convert.source import Checkpoint
 from moepack.format import BankSpec, BlobSpec, ContainerSpec, Layout, TensorSpec, plan_layout
 from moepack.format.codecs import codebook_shape, rotation_shape
+from moepack.format.header import Header
+from moepack.format.limits import MAJOR, MINOR
 from moepack.format.model_desc import ModelDescError, validate_model
 from moepack.format.mtp import MTP_BANK, MTP_TENSOR
 
@@ -208,3 +212,21 @@ def weight_counts(plan: Plan) -> tuple[int, int]:
     trunk = sum(prod(t.shape) for t in plan.spec.tensors if t.cls != "codebook")
     experts = sum(b.count * sum(prod(p.shape) for p in b.parts) for b in plan.spec.banks)
     return trunk + experts, experts
+
+
+def write_index_only(layout: Layout, path: str | os.PathLike) -> None:
+    """The container `layout` describes, without payloads: header and index (placeholder hashes)
+    in a sparse file of the planned size, so the engine's own planner reads what the converter
+    would write (`moepack plan --config`) without gigabytes of weights. Every payload reads as
+    zeros: for planning only, never for running."""
+    hashes = {e["name"]: e["hash"] for e in layout.entries if "hash" in e}
+    index = layout.index_bytes(hashes)
+    header = Header(MAJOR, MINOR, layout.flags, layout.alignment, layout.file_size,
+                    layout.index_offset, layout.index_length, blake3.blake3(index).digest())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, layout.file_size)  # holes: no disk blocks for the payloads
+        os.pwrite(fd, index, layout.index_offset)
+        os.pwrite(fd, header.pack(), 0)
+    finally:
+        os.close(fd)

@@ -115,24 +115,75 @@ def stats_line(s: dict) -> str:
             f"O_DIRECT {'on' if s['o_direct'] else 'off'}")
 
 
+PlanFileArg = Annotated[Path | None, typer.Argument(
+    help="A .moepack container (or --config for a model not converted yet).")]
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", help="Plan a model not converted yet from its config.json: the container that "
+    "`convert` would write with these codecs, planned by the same engine code (no weights).")]
+RamOpt = Annotated[str | None, typer.Option(
+    "--ram", callback=size_option,
+    help=f"Plan for a machine with this much usable RAM (default: this one). {SIZE_HELP}")]
+ExpertCodecOpt = Annotated[str | None, typer.Option(
+    "--expert-codec", help="With --config: expert codec preset (as convert; default rvq3-l).")]
+TrunkCodecOpt = Annotated[str | None, typer.Option(
+    "--trunk-codec", help="With --config: codec of all quantised trunk classes (as convert).")]
+CodecOpt = Annotated[list[str] | None, typer.Option(
+    "--codec", help="With --config: trunk codec of one class, CLASS=CODEC (repeatable).")]
+_MAX_CONFIG = 16 << 20  # a config.json is a few KB; refuse anything that could exhaust memory
+
+
+def _config_plan(config: Path, codecs: tuple[str | None, str | None, list[str]],
+                 ctx: int | None, kv: str | None, b: int | None, ram: str | None) -> dict:
+    """plan_for_config on a config.json file; one error line for anything wrong with it."""
+    from moepack.convert.cli import _settings
+    from moepack.convert.errors import ConvertError
+    from moepack.format.errors import FormatError
+    from moepack.runtime.engine import EngineError, plan_for_config
+
+    _require_file(config)
+    try:
+        if config.stat().st_size > _MAX_CONFIG:
+            fail(f"{config}: {config.stat().st_size} bytes is not a config.json")
+        doc = json.loads(config.read_bytes())
+        if not isinstance(doc, dict):
+            fail(f"{config}: a config.json holds a JSON object, not {type(doc).__name__}")
+        expert, trunk, per_class = codecs
+        settings = _settings(expert, trunk, per_class, 0, 4096, None, None)
+        return plan_for_config(doc, settings, ctx, kv, b, ram)
+    except (EngineError, ConvertError, FormatError, ValueError, OSError) as e:
+        fail(f"{config}: {one_line(str(e))}")
+
+
 def plan_cmd(
-    file: FileArg,
+    file: PlanFileArg = None,
+    config: ConfigOpt = None,
     ctx: CtxOpt = None,
     budget: BudgetOpt = None,
     kv: KvOpt = None,
+    ram: RamOpt = None,
+    expert_codec: ExpertCodecOpt = None,
+    trunk_codec: TrunkCodecOpt = None,
+    codec: CodecOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Memory plan: floor, recommended and default budget for this machine.
+    """Memory plan: floor, recommended and default budget for this machine (or --ram).
 
-    floor = trunk + KV cache + scratch + one token's routed experts over all MoE layers."""
+    floor = trunk + KV cache + scratch + the expert records pinned at once (one group of top_k,
+    twice: pinned beyond the cache and recycled buffers); the rest of the budget is cache."""
     from moepack.runtime.engine import EngineError, parse_bytes, plan
 
-    _require_file(file)
-    try:
-        b = parse_bytes(budget) if budget else None
-        p = plan(str(file), ctx, kv, b)
-    except (EngineError, ValueError, OSError) as e:
-        fail(f"{file}: {e}")
+    if (file is None) == (config is None):
+        fail("plan needs a container FILE or --config config.json (one of them)")
+    b = parse_bytes(budget) if budget else None
+    if config is not None:
+        p = _config_plan(config, (expert_codec, trunk_codec, codec or []), ctx, kv, b, ram)
+        file = config
+    else:
+        _require_file(file)
+        try:
+            p = plan(str(file), ctx, kv, b, ram)
+        except (EngineError, ValueError, OSError) as e:
+            fail(f"{file}: {e}")
     verdict = None
     if b is not None:
         verdict = ("below_floor" if b < p["floor_bytes"]
@@ -157,11 +208,19 @@ def plan_cmd(
                  f"({p['expert_count']} records of {format_size(p['expert_record_bytes'])})"),
                 ("prompt chunk", f"16 tokens in the floor, up to {p['max_chunk']} "
                  f"(+{format_size(p['chunk_token_bytes'])} per token, from the budget)"),
+                ("pinned experts", f"{format_size(p['pinned_expert_bytes'])} "
+                 f"(2 x top-{p['top_k']} records, in the floor)"),
                 ("floor", format_size(p["floor_bytes"])),
-                ("recommended", format_size(p["recommended_bytes"])),
+                ("recommended", format_size(p["recommended_bytes"]) + " (floor + a cache of "
+                 "4 tokens' experts)"),
                 ("default budget", format_size(p["default_bytes"]) if p["default_bytes"]
                  else "none: the floor does not fit in usable RAM"),
-                ("usable RAM", format_size(p["usable_ram_bytes"]))]
+                ("usable RAM", format_size(p["usable_ram_bytes"]) + (" (--ram)" if ram else "")),
+                ("expert cache", f"{format_size(p['default_cache_bytes'])} (what the default "
+                 f"budget leaves after the floor and {p['default_chunk']}-token prompt chunks)")]
+        if "container_bytes" in p:
+            rows.insert(0, ("container (planned)", f"{format_size(p['container_bytes'])} "
+                            f"({p['container_bytes']} bytes, as convert would write it)"))
         for k, v in rows:
             print(f"{k:>22}  {v}")
     if verdict == "below_floor":

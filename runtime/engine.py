@@ -12,8 +12,10 @@ from __future__ import annotations
 import ctypes as C
 import math
 import os
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from moepack.format.errors import FormatError
@@ -21,6 +23,9 @@ from moepack.runtime import _lib
 
 from moepack.cliargs import INT32_MAX, UINT64_MAX
 from moepack.sizes import parse_size
+
+if TYPE_CHECKING:  # the converter is imported only when a config is planned
+    from moepack.convert.settings import Settings
 
 MP_OK, MP_EINVAL, MP_EFORMAT, MP_EIO, MP_ENOMEM, MP_EBUDGET = 0, -1, -2, -3, -4, -5
 MP_EUNSUPPORTED, MP_ECORRUPT, MP_ECTX, MP_ENONFINITE = -6, -7, -8, -9
@@ -86,7 +91,8 @@ class _Config(C.Structure):
     _fields_ = [("budget_bytes", C.c_uint64), ("threads", C.c_int), ("ctx", C.c_int),
                 ("prefetch", C.c_int), ("o_direct", C.c_int), ("cache_policy", C.c_int),
                 ("verify_reads", C.c_int), ("io_threads", C.c_int), ("cache_experts", C.c_int),
-                ("kernels", C.c_int), ("chunk", C.c_int), ("kv", C.c_int)]
+                ("kernels", C.c_int), ("chunk", C.c_int), ("kv", C.c_int),
+                ("ram_bytes", C.c_uint64)]
 
 
 class _Plan(C.Structure):
@@ -97,7 +103,8 @@ class _Plan(C.Structure):
         ("experts_bytes", C.c_uint64), ("expert_count", C.c_uint64),
         ("chunk_token_bytes", C.c_uint64), ("max_chunk", C.c_int), ("state_bytes", C.c_uint64),
         ("kv", C.c_int), ("kv_token_bytes", C.c_uint64), ("max_pos", C.c_int), ("max_ctx", C.c_int),
-        ("pinned_expert_bytes", C.c_uint64)]
+        ("pinned_expert_bytes", C.c_uint64), ("default_cache_bytes", C.c_uint64),
+        ("default_chunk", C.c_int)]
 
 
 class _Stats(C.Structure):
@@ -218,20 +225,41 @@ def _kv_code(kv: str | None) -> int:
 
 
 def plan(path: str, ctx: int | None = None, kv: str | None = None,
-         budget: int | str | None = None) -> dict:
+         budget: int | str | None = None, ram: int | str | None = None) -> dict:
     """Memory plan of a container (bytes): floor, recommended and default budgets; `kv` the KV
     entry type ("f32"/"f16", None = default, the plan says which as "kv"); max_ctx the longest
-    context whose floor fits `budget` (None: usable RAM)."""
+    context whose floor fits `budget` (None: usable RAM); `ram`: plan for a machine with this
+    much usable RAM (None: this one)."""
     lib, p, err = _library(), _Plan(), C.create_string_buffer(_ERRLEN)
     cfg = _Config()
     lib.mp_config_default(C.byref(cfg))
     cfg.ctx, cfg.kv, cfg.budget_bytes = int(ctx or 0), _kv_code(kv), parse_bytes(budget)
+    cfg.ram_bytes = parse_bytes(ram)
     rc = lib.mp_plan_config(os.fsencode(path), C.byref(cfg), C.byref(p), err, _ERRLEN)
     if rc:
         _raise(rc, err.value.decode(errors="replace"), path)
     d = {name: getattr(p, name) for name, _ in _Plan._fields_}
     d["kv"] = next(k for k, v in KV_TYPES.items() if v == d["kv"])
     return d
+
+
+def plan_for_config(config: dict, settings: Settings | None = None, ctx: int | None = None,
+                    kv: str | None = None, budget: int | str | None = None,
+                    ram: int | str | None = None) -> dict:
+    """The memory plan of a model not converted yet, from its config.json alone: the converter
+    plans the container it would write (`settings`: its codecs, None = the defaults), which is
+    written without payloads (a sparse file of the planned size) and planned by the same engine
+    code as any container. Adds container_bytes, the exact size `convert` would write."""
+    from moepack.convert.plan import plan_for_config as layout_for_config
+    from moepack.convert.plan import write_index_only
+    from moepack.convert.settings import Settings
+
+    layout = layout_for_config(config, settings or Settings())
+    with tempfile.TemporaryDirectory(prefix="moepack-plan-") as d:
+        path = os.path.join(d, "planned.moepack")
+        write_index_only(layout, path)
+        p = plan(path, ctx, kv, budget, ram)
+    return {**p, "container_bytes": layout.file_size}
 
 
 class Engine:

@@ -1,14 +1,20 @@
 """The memory floor is the true minimum: trunk + KV/state + scratch + the expert records held
 beyond the cache (one acquire group of top_k records, and as many recycled). A model run at
 exactly that floor (no expert cache at all) decodes and processes chunked prompts with the same
-logits as a large budget, and the expert memory never exceeds cache capacity + that reserve."""
+logits as a large budget, and the expert memory never exceeds cache capacity + that reserve.
+`plan --config` plans a model not converted yet by the same code: equal to the converted one's."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
-from moepack.runtime.engine import BudgetError, Engine, plan
+from moepack.runtime.engine import BudgetError, Engine, plan, plan_for_config
 from tiny_models import make_checkpoint
+from typer.testing import CliRunner
+
+from moepack.cli import app
 
 PROMPT = 40  # chunks of 16, 16, 8 at the floor
 DECODE = 6
@@ -84,3 +90,40 @@ def test_exact_floor_gives_large_budget_logits(model, extra_records):
                 # 3 chunks x 3 layers x top-2 would be all a chunk could pin at once: the
                 # chunks routed to more experts than that, in several groups
                 assert s["cache_misses"] > 3 * 3 * 2 + DECODE * 3 * 2, where
+
+
+def test_plan_of_a_config_equals_the_converted_containers(model):
+    """The container convert would write, planned without weights, has the converted
+    container's plan (same usable RAM given, so nothing depends on this machine); its size is the
+    converted one's less what only the checkpoint has (its file list and tokenizer blobs)."""
+    config = json.loads((model.parent / "src" / "config.json").read_text())
+    got = plan_for_config(config, ctx=128, ram="3G")
+    want = plan(model, ctx=128, ram="3G")
+    assert 0.95 * model.stat().st_size < got.pop("container_bytes") <= model.stat().st_size
+    assert got == want
+    assert want["usable_ram_bytes"] == 3 * 10**9
+    assert want["default_bytes"] <= want["usable_ram_bytes"]
+    assert want["default_cache_bytes"] + want["floor_bytes"] <= want["default_bytes"]
+
+
+def test_plan_cli_config_and_its_refusals(model, tmp_path):
+    runner = CliRunner()
+    config = model.parent / "src" / "config.json"
+    r = runner.invoke(app, ["plan", "--config", str(config), "--ram", "2G", "--ctx", "64",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)
+    assert p["container_bytes"] <= model.stat().st_size
+    assert p["floor_bytes"] == plan(model, ctx=64)["floor_bytes"]
+    r = runner.invoke(app, ["plan", "--config", str(config), "--ram", "2G"])
+    assert r.exit_code == 0 and "container (planned)" in r.output and "expert cache" in r.output
+    bad = tmp_path / "bad.json"
+    for text, why in [("{", "Expecting"), ("[1]", "JSON object"),
+                      ('{"architectures": ["NoSuchForCausalLM"]}', "NoSuchForCausalLM")]:
+        bad.write_text(text)
+        r = runner.invoke(app, ["plan", "--config", str(bad)])
+        assert r.exit_code == 1 and why in r.output and "Traceback" not in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1, r.output
+    for args in ([], [str(model), "--config", str(config)]):
+        r = runner.invoke(app, ["plan", *args])
+        assert r.exit_code == 1 and "one of them" in r.output

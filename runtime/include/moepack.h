@@ -55,6 +55,8 @@ typedef struct mp_config {
                               16 plus what the budget above the floor pays for after all experts,
                               or at least half of it (up to min(512, ctx)) */
     int kv;                /* MP_KV_*: KV cache entry type; 0 = the default (MP_KV_DEFAULT) */
+    uint64_t ram_bytes;    /* plan against this much usable RAM (another machine's); 0 = this
+                              machine's (physical, cgroup limits, available) */
 } mp_config;
 
 /* mp_config.kv: how the KV cache (GQA keys/values, MLA latent + rope part) stores entries.  f16
@@ -98,6 +100,9 @@ typedef struct mp_plan_info {
                                   usable RAM), at most max_pos; 0 = not even one token */
     uint64_t pinned_expert_bytes; /* expert records held beyond the cache at most: one acquire
                                   group (top_k x largest stride) + recycled buffers as large */
+    uint64_t default_cache_bytes; /* the expert cache the default budget leaves (after the floor
+                                  and its prompt chunk's scratch); 0 when there is no default */
+    int default_chunk;         /* the prompt chunk the default budget gets */
 } mp_plan_info;
 
 typedef struct mp_stats {

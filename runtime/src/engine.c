@@ -68,9 +68,26 @@ static int fitting_ctx(const mpm_config *cfg, const mp_plan_info *p, uint64_t li
     return n < (uint64_t)p->max_pos ? (int)n : p->max_pos;
 }
 
-/* kv: MP_KV_* or 0 (the default); budget: the user's total, or 0 (plan against usable RAM) */
+/* The prompt chunk a total budget pays for when none is asked: 16 plus what the room above the
+ * floor buys, taking what all experts leave of it, at least half (the rest is cache). */
+static int planned_chunk(const mp_plan_info *p, uint64_t total) {
+    uint64_t room = total > p->floor_bytes ? total - p->floor_bytes : 0;
+    uint64_t left = room > p->experts_bytes ? room - p->experts_bytes : 0;
+    uint64_t part = left > room / 2 ? left : room / 2;
+    uint64_t more = p->chunk_token_bytes ? part / p->chunk_token_bytes : 0;
+    int chunk = MPM_CHUNK + (more < MPM_MAX_CHUNK ? (int)more : MPM_MAX_CHUNK);
+    if (chunk > p->max_chunk) chunk = p->max_chunk > MPM_CHUNK ? p->max_chunk : MPM_CHUNK;
+    return chunk;
+}
+
+static uint64_t chunk_extra(const mp_plan_info *p, int chunk) {
+    return chunk > MPM_CHUNK ? (uint64_t)(chunk - MPM_CHUNK) * p->chunk_token_bytes : 0;
+}
+
+/* kv: MP_KV_* or 0 (the default); budget: the user's total, or 0 (plan against usable RAM);
+ * ram: usable RAM to plan for, or 0 (this machine's) */
 static int plan_for(const mp_container *c, const mpm_config *model, int ctx, int kv, uint64_t budget,
-                    mp_plan_info *p, char *err, size_t errlen) {
+                    uint64_t ram, mp_plan_info *p, char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
     if (!kv) kv = MP_KV_DEFAULT;
     if (kv != MP_KV_F32 && kv != MP_KV_F16)
@@ -116,7 +133,7 @@ static int plan_for(const mp_container *c, const mpm_config *model, int ctx, int
     p->floor_bytes = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + p->pinned_expert_bytes;
     p->recommended_bytes = p->floor_bytes + 4 * p->step_expert_bytes; /* cache: 4 tokens' experts */
     mp_ram_info ri;
-    p->usable_ram_bytes = mp_usable_ram(&ri);
+    p->usable_ram_bytes = ram ? ram : mp_usable_ram(&ri);
     /* the default budget also pays for the largest chunk when RAM allows (the cache still gets
      * every expert it can) */
     uint64_t max_extra = p->max_chunk > MPM_CHUNK ? (uint64_t)(p->max_chunk - MPM_CHUNK) * p->chunk_token_bytes : 0;
@@ -128,6 +145,11 @@ static int plan_for(const mp_container *c, const mpm_config *model, int ctx, int
     } else {
         in.floor = p->floor_bytes;
         if (mp_default_budget(&in, &out) == 0) p->default_bytes = out.total;
+    }
+    if (p->default_bytes) {
+        p->default_chunk = planned_chunk(p, p->default_bytes);
+        uint64_t used = p->floor_bytes + chunk_extra(p, p->default_chunk);
+        p->default_cache_bytes = p->default_bytes > used ? p->default_bytes - used : 0;
     }
     p->max_ctx = fitting_ctx(cfg, p, budget ? budget : p->usable_ram_bytes);
     return 0;
@@ -151,7 +173,7 @@ int mp_plan_config(const char *path, const mp_config *pc, mp_plan_info *out, cha
     if (!c) return rc ? rc : MP_EFORMAT;
     mpm_config cfg;
     rc = parse_model(c, &cfg, err, errlen);
-    if (!rc) rc = plan_for(c, &cfg, pc->ctx, pc->kv, pc->budget_bytes, out, err, errlen);
+    if (!rc) rc = plan_for(c, &cfg, pc->ctx, pc->kv, pc->budget_bytes, pc->ram_bytes, out, err, errlen);
     mpm_config_free(&cfg);
     mpc_close(c);
     return rc;
@@ -253,7 +275,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
         return rc ? rc : MP_EFORMAT;
     }
     if ((rc = parse_model(e->c, &e->cfg, err, errlen))) goto fail;
-    if ((rc = plan_for(e->c, &e->cfg, cfg.ctx, cfg.kv, cfg.budget_bytes, &e->plan, err, errlen))) goto fail;
+    if ((rc = plan_for(e->c, &e->cfg, cfg.ctx, cfg.kv, cfg.budget_bytes, cfg.ram_bytes, &e->plan, err, errlen))) goto fail;
     const mp_plan_info *p = &e->plan;
     e->cfg.kv_f16 = p->kv == MP_KV_F16;
     char a[32], b[32], fits[96];
@@ -278,15 +300,8 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
         rc = mp_seterr(err, errlen, MP_EINVAL, "chunk %d: must be 1..%d (0 = from the memory plan)", chunk, MPM_MAX_CHUNK);
         goto fail;
     }
-    if (!chunk) {
-        /* room above the floor: the chunk takes what all experts leave, at least half of it */
-        uint64_t room = total - p->floor_bytes, left = room > p->experts_bytes ? room - p->experts_bytes : 0;
-        uint64_t part = left > room / 2 ? left : room / 2;
-        uint64_t more = p->chunk_token_bytes ? part / p->chunk_token_bytes : 0;
-        chunk = MPM_CHUNK + (more < MPM_MAX_CHUNK ? (int)more : MPM_MAX_CHUNK);
-        if (chunk > p->max_chunk) chunk = p->max_chunk > MPM_CHUNK ? p->max_chunk : MPM_CHUNK;
-    }
-    uint64_t extra = chunk > MPM_CHUNK ? (uint64_t)(chunk - MPM_CHUNK) * p->chunk_token_bytes : 0;
+    if (!chunk) chunk = planned_chunk(p, total);
+    uint64_t extra = chunk_extra(p, chunk);
     if (total - p->floor_bytes < extra) {
         rc = mp_seterr(err, errlen, MP_EBUDGET, "budget %s is too small for chunks of %d tokens: that needs %s",
                        fmt_gb(total, a, sizeof a), chunk, fmt_gb(p->floor_bytes + extra, b, sizeof b));
