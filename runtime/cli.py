@@ -140,7 +140,9 @@ def _config_plan(config: Path, codecs: tuple[str | None, str | None, list[str]],
     from moepack.format.errors import FormatError
     from moepack.runtime.engine import EngineError, plan_for_config
 
-    _require_file(config)
+    problem = file_problem(config, "config")
+    if problem:
+        fail(problem)
     try:
         if config.stat().st_size > _MAX_CONFIG:
             fail(f"{config}: {config.stat().st_size} bytes is not a config.json")
@@ -217,7 +219,8 @@ def plan_cmd(
                  else "none: the floor does not fit in usable RAM"),
                 ("usable RAM", format_size(p["usable_ram_bytes"]) + (" (--ram)" if ram else "")),
                 ("expert cache", f"{format_size(p['default_cache_bytes'])} (what the default "
-                 f"budget leaves after the floor and {p['default_chunk']}-token prompt chunks)")]
+                 f"budget leaves after the floor and {p['default_chunk']}-token prompt chunks)"
+                 if p["default_bytes"] else "none: no default budget")]
         if "container_bytes" in p:
             rows.insert(0, ("container (planned)", f"{format_size(p['container_bytes'])} "
                             f"({p['container_bytes']} bytes, as convert would write it)"))
