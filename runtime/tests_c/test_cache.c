@@ -65,6 +65,9 @@ static void test_budgets(void) {
                 if (budgets[bi] == 0) CHECK(s.hits == 0 && s.used == 0, "budget 0 caches nothing");
                 if (budgets[bi] >= 8 * stride) CHECK(s.misses == 8 && s.hits == 16, "large budget: %llu misses", (unsigned long long)s.misses);
                 CHECK(s.bytes_read == s.misses * stride, "bytes_read");
+                /* the memory plan's reserve: one record pinned at a time here */
+                CHECK(s.peak_used <= budgets[bi], "peak used %llu", (unsigned long long)s.peak_used);
+                CHECK(s.peak_allocated <= budgets[bi] + 2 * stride, "peak allocated %llu", (unsigned long long)s.peak_allocated);
                 mpe_destroy(e);
             }
 }
@@ -111,6 +114,8 @@ static void test_pins_and_prefetch(void) {
     mpe_stats(e, &s);
     CHECK(s.transient == 0 && s.used == stride, "after release");
     CHECK(s.spare <= 3 * stride, "recycled buffers bounded by the peak transient: %llu", (unsigned long long)s.spare);
+    CHECK(s.allocated == s.used + s.transient + s.spare, "allocated %llu", (unsigned long long)s.allocated);
+    CHECK(s.peak_allocated <= stride + 2 * 4 * stride, "peak allocated %llu beyond budget + 2 x the pinned group", (unsigned long long)s.peak_allocated);
     /* duplicates pin twice */
     int dup[3] = {2, 2, 2};
     CHECK(mpe_acquire(e, 0, dup, 3, r, err, sizeof err) == MP_OK && r[0] == r[1] && r[1] == r[2], "dups");
