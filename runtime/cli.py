@@ -218,8 +218,8 @@ def plan_cmd(
                 ("default budget", format_size(p["default_bytes"]) if p["default_bytes"]
                  else "none: the floor does not fit in usable RAM"),
                 ("usable RAM", format_size(p["usable_ram_bytes"]) + (" (--ram)" if ram else "")),
-                ("expert cache", f"{format_size(p['default_cache_bytes'])} (what the default "
-                 f"budget leaves after the floor and {p['default_chunk']}-token prompt chunks)"
+                ("expert cache", f"{format_size(p['default_cache_bytes'])} (default budget less "
+                 f"the floor and {p['default_chunk']}-token chunks)"
                  if p["default_bytes"] else "none: no default budget")]
         if "container_bytes" in p:
             rows.insert(0, ("container (planned)", f"{format_size(p['container_bytes'])} "
