@@ -123,12 +123,17 @@ class KimiLinearAdapter(DeepseekV3Adapter):
         return (f"model.layers.{layer}.block_sparse_moe", f"model.layers.{layer}.mlp")
 
     def mlp(self, name: str, cls: str, prefix: str, inter: int) -> list[TrunkTensor]:
-        """Dense and shared FFNs under either module name (save_pretrained writes the dense
-        layer's as `block_sparse_moe.*_proj`)."""
-        alt = (prefix.replace(".mlp", ".block_sparse_moe") if prefix.endswith(".mlp")
+        """Dense and shared FFNs under either module name; the native (first) name is the one
+        save_pretrained writes, `block_sparse_moe.*` for dense layers too."""
+        dense = prefix.endswith(".mlp")
+        alt = (prefix.replace(".mlp", ".block_sparse_moe") if dense
                else prefix.replace(".block_sparse_moe.", ".mlp."))
-        return [TrunkTensor(t.name, t.cls, t.shape, (*t.sources, t.sources[0].replace(prefix, alt)))
-                for t in super().mlp(name, cls, prefix, inter)]
+        out = []
+        for t in super().mlp(name, cls, prefix, inter):
+            other = t.sources[0].replace(prefix, alt)
+            out.append(TrunkTensor(t.name, t.cls, t.shape,
+                                   (other, *t.sources) if dense else (*t.sources, other)))
+        return out
 
     def moe_extra(self, layer: int) -> list[TrunkTensor]:
         moe, pre = self.model["moe"], self.moe_prefixes(layer)
