@@ -24,6 +24,7 @@ import secrets
 import stat
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ from moepack.safefs import remove_created
 
 OnMessage = Callable[[tuple], None]
 CLEANUP_SECONDS = 15.0      # at most this long waiting for the nodes to remove header folders
+KEPT_BLOCKS = 8             # verified end blocks a worker keeps: neighbouring tensors share them
 
 
 # -- the worker side ------------------------------------------------------------------------
@@ -90,6 +92,10 @@ class RangeCheckpoint(Checkpoint):
         self.urls, self.token = urls, token
         self.tables: dict[str, BlockTable] = {}
         self.fetched = 0     # bytes fetched since the last take_fetched
+        # The first and last blocks of recent reads (LRU): a read rounded out to whole blocks
+        # ends inside a block the next tensor in the file (or a small tensor such as an fp8
+        # scale grid, stored side by side) starts in.
+        self.kept: OrderedDict[tuple[str, int], bytes] = OrderedDict()
 
     def take_fetched(self) -> int:
         n, self.fetched = self.fetched, 0
@@ -100,13 +106,34 @@ class RangeCheckpoint(Checkpoint):
         if table is None:
             raise ConvertError(f"{info.file}: read before the driver verified it (internal)")
         lo, hi = table.span(start, start + length)
+        if hi == lo:
+            return b""
+        f, b = info.file, table.block
+        first, last = lo // b, (hi - 1) // b
+        i, j = first, last          # blocks [i, j] are fetched, the rest were kept
+        while i <= j and (f, i) in self.kept:
+            i += 1
+        while j >= i and (f, j) in self.kept:
+            j -= 1
+        middle = self._fetch(table, name, i * b, min(table.size, (j + 1) * b)) if i <= j else b""
+        data = b"".join([*(self.kept[f, k] for k in range(first, i)), middle,
+                         *(self.kept[f, k] for k in range(j + 1, last + 1))])
+        for k in (first, last):
+            self.kept[f, k] = data[(k - first) * b:(k - first + 1) * b]
+            self.kept.move_to_end((f, k))
+        while len(self.kept) > KEPT_BLOCKS:
+            self.kept.popitem(last=False)
+        return data[start - lo:start - lo + length]
+
+    def _fetch(self, table: BlockTable, name: str, lo: int, hi: int) -> bytes:
+        """Blocks [lo, hi) of the table's file from the hub, each checked."""
         for _ in range(2):  # one more fetch: a proxy may have mangled the first answer
-            data = fetch_range(self.urls[info.file], info.file, lo, hi, self.token)
+            data = fetch_range(self.urls[table.name], table.name, lo, hi, self.token)
             self.fetched += len(data)
             if table.check(lo, data):
-                return data[start - lo:start - lo + length]
-        raise SourceError(f"{info.file}: bytes {lo}-{hi} from the hub differ from the file whose "
-                          f"SHA-256 was verified (reading tensor {name!r})")
+                return data
+        raise SourceError(f"{table.name}: bytes {lo}-{hi} from the hub differ from the file "
+                          f"whose SHA-256 was verified (reading tensor {name!r})")
 
 
 _OPENED: dict[tuple[str, str], RangeCheckpoint] = {}

@@ -157,3 +157,39 @@ def test_a_private_hubs_token_is_sent_when_given(monkeypatch):
         line = str(e.value)
         assert line.startswith("a.safetensors: cannot read bytes 100-5000 from the hub: HTTP 401")
         assert "HF_TOKEN" in line and "\n" not in line
+
+
+def test_neighbouring_reads_share_their_end_blocks(tmp_path, monkeypatch):
+    """Tensors read in file order fetch each block once: a read's end block is kept for the
+    next tensor, which starts in it. The values are the file's."""
+
+    import numpy as np
+    from moepack.convert.cluster_hub import RangeCheckpoint
+    from moepack.convert.source import SourceRef
+    from safetensors.numpy import save_file
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    rng = np.random.default_rng(0)
+    tensors = {f"t{i}": rng.standard_normal(2500 + 37 * i).astype(np.float32) for i in range(4)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    data = (tmp_path / "model.safetensors").read_bytes()
+    header = data[:8 + int.from_bytes(data[:8], "little")]
+    bulk = {"config.json": (b'{"model_type": "mixtral"}', 25),
+            "model.safetensors": (header, len(data))}
+    with RangeServer({"model.safetensors": data}) as server:
+        table = stream_digests(server.url("model.safetensors"), "model.safetensors", len(data),
+                               hashlib.sha256(data).hexdigest(), header)
+        folder = _header_folder(header_folder_path("repo@1", "run1"), bulk)
+        ck = RangeCheckpoint(folder, {"model.safetensors": server.url("model.safetensors")}, None)
+        ck.tables["model.safetensors"] = table
+        names = sorted(tensors, key=lambda n: ck.info(n).start)
+        for n in names:
+            assert np.array_equal(ck.read(SourceRef(n)), tensors[n])
+        lo, hi = table.span(ck.info(names[0]).start, ck.info(names[-1]).end)
+        assert ck.take_fetched() == hi - lo                  # every block exactly once
+        ranges = [r for m, _, r in server.requests if r and not r.startswith("bytes=0-")]
+        assert all(int(r[6:].split("-")[0]) % table.block == 0 for r in ranges)
+        ck.kept.clear()
+        assert np.array_equal(ck.read(SourceRef(names[1])), tensors[names[1]])
+        first = table.span(ck.info(names[1]).start, ck.info(names[1]).end)
+        assert ck.take_fetched() == first[1] - first[0]      # nothing kept: its whole span
