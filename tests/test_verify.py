@@ -11,6 +11,7 @@ from damage import flip
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from moepack.format import Container
+from moepack.format.errors import CODES
 from moepack.format.header import Header, parse_header
 from moepack.format.synthetic import mixtral_spec, write_synthetic
 from moepack.verify import verify
@@ -76,6 +77,21 @@ EXPECTED = {
     "header_padding": ("padding", "padding"),
 }
 
+# The stable code of each finding (FORMAT.md §11.1): bytes that fail their BLAKE3 are
+# content_hash, the header's and index's own hashes have their open-time codes.
+EXPECTED_CODE = {
+    "expert": "content_hash",
+    "record_padding": "content_hash",
+    "trunk": "content_hash",
+    "codebook": "content_hash",
+    "blob": "content_hash",
+    "table": "content_hash",
+    "index": "index_hash_mismatch",
+    "gap": "invalid",
+    "gap_before_bank": "invalid",
+    "header_padding": "header_padding",
+}
+
 
 def test_intact(pristine: Path) -> None:
     r = verify(pristine)
@@ -97,6 +113,8 @@ def test_one_flip_reports_exactly_that_item(copy: Path, region: str) -> None:
     assert [(d.kind, d.name) for d in r.damaged] == [EXPECTED[region]]
     d = r.damaged[0]
     assert d.offset <= at < d.offset + d.length
+    assert d.code == EXPECTED_CODE[region] and d.to_dict()["code"] == d.code
+    assert d.code in CODES
 
 
 def test_padding_range_is_the_nonzero_bytes(copy: Path) -> None:
@@ -134,6 +152,7 @@ def test_damaged_table_and_record(copy: Path) -> None:
     # Against a damaged table, both the damaged record and the damaged entry disagree.
     assert [n for n, _ in names[1:]] == ["layer 0 expert 1", "layer 0 expert 3"]
     assert all("damaged hash table" in d for _, d in names[1:])
+    assert {d.code for d in verify(copy).damaged} == {"content_hash"}
 
 
 @pytest.mark.parametrize("at", [12, 50, 85, 100, 127])  # flags, root hash, reserved, header hash
@@ -143,6 +162,7 @@ def test_header_flip_is_header_damage(copy: Path, at: int) -> None:
     assert r.exit_code == 1
     assert [d.name for d in r.damaged] == ["header"]
     assert (r.damaged[0].offset, r.damaged[0].length) == (0, 128)
+    assert r.damaged[0].code == "header_hash_mismatch"
 
 
 def test_header_flip_in_root_hash_still_checks_items(copy: Path) -> None:

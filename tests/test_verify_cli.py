@@ -53,6 +53,8 @@ def test_damaged_expert_named_with_range(copy: Path) -> None:
     assert res.exit_code == 1
     assert "layer 1 expert 3" in res.output
     assert f"bytes {off}..{off + stride}" in res.output
+    line = next(ln for ln in res.output.splitlines() if "layer 1 expert 3" in ln)
+    assert "[content_hash]" in line
 
 
 def test_json(copy: Path) -> None:
@@ -63,6 +65,7 @@ def test_json(copy: Path) -> None:
     assert doc["ok"] is False and doc["exit_code"] == 1
     assert [(d["kind"], d["label"], d["offset"], d["length"]) for d in doc["damaged"]] == [
         ("expert", "layer 0 expert 0", off, stride)]
+    assert [d["code"] for d in doc["damaged"]] == ["content_hash"]
 
 
 def test_quick_does_not_read_experts(copy: Path) -> None:

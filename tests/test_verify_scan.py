@@ -110,6 +110,7 @@ def test_read_error_marks_overlapping_items(container: Path,
     damage, _ = judge(items, res, tables_by_layer(sections))
     assert [d.label for d in damage] == ["layer 0 expert 2"]
     assert "read error" in damage[0].detail
+    assert damage[0].code is None  # a plain I/O failure breaks no format rule (FORMAT.md §11.1)
 
 
 def test_file_shrinking_during_scan(container: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,6 +125,7 @@ def test_file_shrinking_during_scan(container: Path, monkeypatch: pytest.MonkeyP
     damage, _ = judge(items, res, tables_by_layer(sections))
     assert [d.label for d in damage][:2] == ["layer 1 expert 0", "layer 1 expert 1"]
     assert all("ended" in d.detail for d in damage)
+    assert {d.code for d in damage} == {"file_size_mismatch"}  # the file shrank since opened
 
 
 def test_auto_reads_cached_files_from_the_page_cache(blob: Path) -> None:

@@ -49,7 +49,8 @@ def verify(path: str | Path, *, quick: bool = False, threads: int | None = None,
                        threads=threads or default_threads(), mode=io, progress=progress)
         except OSError as e:
             return Report.unverifiable(path, f"cannot read: {e.strerror or e}")
-        damage, notes = judge(items, res, tables_by_layer(opened.sections))
+        damage, notes = judge(items, res, tables_by_layer(opened.sections),
+                              alignment=h.alignment)
         report.damaged += damage
         report.notes += notes
         report.items_checked += sum(1 for it in items if it.check in ("hash", "record"))

@@ -10,28 +10,39 @@ marked as judged against a damaged table.
 from __future__ import annotations
 
 import blake3
+from moepack.format.limits import HEADER_SIZE
 from moepack.verify.plan import Item
 from moepack.verify.report import Damage
 from moepack.verify.scan import ScanResult
 
 HASH = 32
+CONTENT_HASH = "content_hash"  # bytes that do not match their BLAKE3 (FORMAT.md §11.1)
+# Non-zero bytes in a gap or record padding: no open-time rule reads them, so "any other
+# violation"; only the header region's padding has a code of its own.
+PADDING = "invalid"
+HEADER_PADDING = "header_padding"
 
 
-def _damage(item: Item, detail: str = "") -> Damage:
-    return Damage(item.kind, item.name, item.offset, item.length, detail)
+def _damage(item: Item, detail: str, code: str | None) -> Damage:
+    return Damage(item.kind, item.name, item.offset, item.length, detail, code)
 
 
-def _sections(items: list[Item], res: ScanResult) -> list[Damage]:
+def _gap_code(lo: int, alignment: int) -> str:
+    return HEADER_PADDING if HEADER_SIZE <= lo < alignment else PADDING
+
+
+def _sections(items: list[Item], res: ScanResult, alignment: int) -> list[Damage]:
     out = []
     for i, item in enumerate(items):
         if i in res.unreadable:
-            out.append(_damage(item, res.unreadable[i]))
+            out.append(_damage(item, res.unreadable[i], res.unreadable_codes.get(i)))
         elif item.check == "hash" and res.digests.get(i) != item.expect:
-            out.append(_damage(item, "BLAKE3 differs from the index"))
+            out.append(_damage(item, "BLAKE3 differs from the index", CONTENT_HASH))
         elif item.check == "zero" and i in res.nonzero:
             lo, hi = res.nonzero[i]
             out.append(Damage("padding", "padding", lo, hi - lo,
-                              f"non-zero bytes in the gap {item.offset}..{item.end}"))
+                              f"non-zero bytes in the gap {item.offset}..{item.end}",
+                              _gap_code(lo, alignment)))
     return out
 
 
@@ -57,11 +68,11 @@ def _layer_records(layer: int, idx: list[int], t: int, items: list[Item],
         if i in res.unreadable:
             continue  # reported with the sections
         if not cleared and computed[e] != table[e * HASH:(e + 1) * HASH]:
-            out.append(_damage(items[i], detail))
+            out.append(_damage(items[i], detail, CONTENT_HASH))
         elif i in res.nonzero:  # intact as written, but the writer broke the zero rule
             lo, hi = res.nonzero[i]
             out.append(Damage("padding", "padding", lo, hi - lo,
-                              f"non-zero record padding in {items[i].name}"))
+                              f"non-zero record padding in {items[i].name}", PADDING))
     return out, notes
 
 
@@ -85,8 +96,10 @@ def _records(items: list[Item], res: ScanResult, tables: dict[int, str]) -> Foun
     return out, notes
 
 
-def judge(items: list[Item], res: ScanResult, tables: dict[int, str]) -> Found:
-    """All damage in file order, plus notes."""
-    damage = _sections(items, res)
+def judge(items: list[Item], res: ScanResult, tables: dict[int, str], *,
+          alignment: int = HEADER_SIZE) -> Found:
+    """All damage in file order, plus notes. `alignment`: the header's, which ends the header
+    region (non-zero bytes before it are `header_padding`)."""
+    damage = _sections(items, res, alignment)
     rec, notes = _records(items, res, tables)
     return sorted(damage + rec, key=lambda d: d.offset), notes

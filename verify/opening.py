@@ -69,7 +69,7 @@ def _header(head: bytes, size: int) -> tuple[Header, list[Damage]]:
         h = parse_header(resealed, size)
     except FormatError as e:
         raise _HeaderUnusable(f"{first}; its fields are unusable too ({e})") from None
-    return h, [Damage("header", "header", 0, HEADER_SIZE, first)]
+    return h, [Damage("header", "header", 0, HEADER_SIZE, first, "header_hash_mismatch")]
 
 
 def _declared_size(head: bytes) -> int:
@@ -98,7 +98,8 @@ def open_for_verify(path: str | Path) -> Opened:
         try:
             h, damage = _header(head, st.st_size)
         except _HeaderUnusable as e:
-            return Opened(None, None, [Damage("header", "header", 0, HEADER_SIZE, str(e))],
+            return Opened(None, None, [Damage("header", "header", 0, HEADER_SIZE, str(e),
+                                              "header_hash_mismatch")],
                           ["items not checked: the damaged header does not locate the index"])
         index = _read_exact(fd, h.index_length, h.index_offset)
     except OSError as e:
@@ -116,7 +117,8 @@ def _open_index(h: Header, index: bytes, damage: list[Damage]) -> Opened:
                     else None)
     if not root_ok and not damage:
         opened.damage.append(Damage("index", "index", h.index_offset, h.index_length,
-                                    "BLAKE3 differs from the root hash in the header"))
+                                    "BLAKE3 differs from the root hash in the header",
+                                    "index_hash_mismatch"))
         opened.notes.append("items not checked: the index that holds their hashes is damaged")
         return opened
     try:

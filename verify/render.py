@@ -73,8 +73,9 @@ def print_report(r: Report, out: Console) -> None:
     out.print(f"[red]DAMAGED: {len(r.damaged)} item(s)[/red]")
     width = max(len(d.label) for d in r.damaged)
     for d in r.damaged:
+        code = f"  {escape(f'[{d.code}]')}" if d.code else ""
         detail = f"  {escape(d.detail)}" if d.detail else ""
-        out.print(f"  {escape(d.label):<{width}}  {_range(d.offset, d.length)}{detail}")
+        out.print(f"  {escape(d.label):<{width}}  {_range(d.offset, d.length)}{code}{detail}")
 
 
 def print_source_report(r: SourceReport, out: Console) -> None:

@@ -11,13 +11,19 @@ KINDS = ("header", "index", "tensor", "blob", "expert_hashes", "expert", "sectio
 
 @dataclass(frozen=True)
 class Damage:
-    """A damaged item: `kind` (see KINDS), `name`, byte range [offset, offset + length)."""
+    """A damaged item: `kind` (see KINDS), `name`, byte range [offset, offset + length).
+
+    `code` is the stable code of the finding (moepack.format.errors.CODES, FORMAT.md §11.1):
+    `content_hash` for bytes that do not match their BLAKE3, the open-time rule's code for
+    structural damage, None for a plain I/O failure.
+    """
 
     kind: str
     name: str
     offset: int
     length: int
     detail: str = ""
+    code: str | None = None
 
     @property
     def label(self) -> str:

@@ -30,6 +30,8 @@ class ScanResult:
     # item index -> [first, last + 1) of non-zero bytes in its padding (gaps, record padding)
     nonzero: dict[int, tuple[int, int]] = field(default_factory=dict)
     unreadable: dict[int, str] = field(default_factory=dict)  # item index -> why
+    # unreadable item index -> the open-time rule the file now breaks (absent: plain I/O error)
+    unreadable_codes: dict[int, str] = field(default_factory=dict)
     kept: dict[int, bytearray] = field(default_factory=dict)  # item index -> its bytes
     bytes_read: int = 0
     direct: bool = False
@@ -101,9 +103,12 @@ class _Hashing:
         for seg in group:
             self.run(seg)
 
-    def broken(self, index: int, why: str) -> None:
+    def broken(self, index: int, why: str, code: str | None) -> None:
         self.hashers.pop(index, None)
-        self.result.unreadable.setdefault(index, why)
+        if index not in self.result.unreadable:
+            self.result.unreadable[index] = why
+            if code is not None:
+                self.result.unreadable_codes[index] = code
 
 
 def _groups(segs: list[_Segment], n: int) -> list[list[_Segment]]:
@@ -134,12 +139,14 @@ def scan(path: str | Path, items: list[Item], start: int, end: int, *, threads: 
             avail = c0 + len(ch.data)
             why = f"read error at offset {c0}: {ch.error}" if ch.error else \
                 f"file ended at offset {avail} during verification"
+            # A file that shrank since it was opened breaks the header's file_size rule.
+            why_code = None if ch.error else "file_size_mismatch"
             segs: list[_Segment] = []
             while i < len(items) and items[i].offset < c1:
                 item = items[i]
                 lo, hi = max(item.offset, c0), min(item.end, c1)
                 if hi > avail:
-                    work.broken(i, why)
+                    work.broken(i, why, why_code)
                 if i not in res.unreadable and min(hi, avail) > lo:
                     segs.append(_Segment(i, item, ch.data[lo - c0:min(hi, avail) - c0], lo,
                                          lo == item.offset, hi == item.end))
@@ -157,5 +164,5 @@ def scan(path: str | Path, items: list[Item], start: int, end: int, *, threads: 
                 progress(c1 - start, total)
         res.direct = reader.direct
     for j in range(i, len(items)):  # the reader stopped early: nothing left to read
-        work.broken(j, f"file ended before offset {items[j].offset}")
+        work.broken(j, f"file ended before offset {items[j].offset}", "file_size_mismatch")
     return res
