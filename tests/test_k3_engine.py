@@ -19,6 +19,7 @@ import json
 
 import numpy as np
 import pytest
+from engine_invariants import assert_pieces_equal_one_pass, assert_threads_and_chunks_bit_identical
 from k3_checkpoint import TEXT, make_k3_checkpoint
 from k3_forward import K3Forward
 from k3_reference import situ
@@ -92,26 +93,11 @@ def test_full_model_matches_the_numpy_forward(k3):
 
 
 def test_threads_and_chunk_sizes_bit_identical(k3):
-    path, _ = k3
-    toks = _tokens(N_POS, seed=3)
-    with Engine(path, threads=1, chunk=CHUNK) as e1:
-        base = e1.logits(toks)
-    for threads, chunk in ((2, CHUNK), (2, 1), (1, 45)):
-        with Engine(path, threads=threads, chunk=chunk) as e:
-            np.testing.assert_array_equal(e.logits(toks), base, err_msg=f"{threads} {chunk}")
+    assert_threads_and_chunks_bit_identical(k3[0], _tokens(N_POS, seed=3), CHUNK)
 
 
 def test_continuation_equals_one_pass(k3):
-    path, _ = k3
-    toks = _tokens(40, seed=2)
-    with Engine(path, threads=1, chunk=CHUNK) as e:
-        full = e.logits(toks)
-        e.reset()
-        e.feed(toks[:7])
-        e.feed(toks[7:30])
-        last = e.feed(toks[30:])
-        assert e.position == 40
-    np.testing.assert_array_equal(last, full[-1])
+    assert_pieces_equal_one_pass(k3[0], _tokens(40, seed=2), cuts=(7, 30), chunk=CHUNK)
 
 
 def test_plan_counts_the_kda_state_and_the_mla_cache(k3):

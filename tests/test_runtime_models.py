@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from engine_invariants import assert_pieces_equal_one_pass
 from moepack.convert.quant import TRUNK_CODECS
 from moepack.format.reader import Container
 from moepack.format.rvq_matvec import rvq_matvec
@@ -198,15 +199,7 @@ def test_greedy_generation_matches_transformers(model):
 def test_kv_cache_continuation_equals_full_eval(model):
     """Feeding a sequence in pieces (KV cache kept) gives the same last logits as one pass."""
     _, path, ref = model
-    toks = _tokens(_vocab(ref), 20, seed=2)
-    with Engine(path, threads=1) as e:
-        full = e.logits(toks)
-        e.reset()
-        e.feed(toks[:7])
-        e.feed(toks[7:15])
-        last = e.feed(toks[15:])
-        assert e.position == 20
-    np.testing.assert_array_equal(last, full[-1])
+    assert_pieces_equal_one_pass(path, _tokens(_vocab(ref), 20, seed=2), cuts=(7, 15))
 
 
 def test_truncate_to_a_prefix(model):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from engine_invariants import assert_pieces_equal_one_pass, assert_threads_and_chunks_bit_identical
 from moepack.runtime.engine import Engine, EngineError
 from test_runtime_models import use_spec_expert_numerics
 from tiny_models import make_checkpoint, model_class
@@ -88,25 +89,12 @@ def test_greedy_generation_matches_transformers(kimi):
 
 def test_threads_and_chunk_sizes_bit_identical(kimi):
     path, ref = kimi
-    toks = _tokens(_vocab(ref), N_POS, seed=3)
-    with Engine(path, threads=1, chunk=CHUNK) as e1:
-        base = e1.logits(toks)
-    for threads, chunk in ((2, CHUNK), (2, 1), (1, 45)):
-        with Engine(path, threads=threads, chunk=chunk) as e:
-            np.testing.assert_array_equal(e.logits(toks), base, err_msg=f"{threads} {chunk}")
+    assert_threads_and_chunks_bit_identical(path, _tokens(_vocab(ref), N_POS, seed=3), CHUNK)
 
 
 def test_continuation_equals_one_pass(kimi):
     path, ref = kimi
-    toks = _tokens(_vocab(ref), 40, seed=2)
-    with Engine(path, threads=1, chunk=CHUNK) as e:
-        full = e.logits(toks)
-        e.reset()
-        e.feed(toks[:7])
-        e.feed(toks[7:30])
-        last = e.feed(toks[30:])
-        assert e.position == 40
-    np.testing.assert_array_equal(last, full[-1])
+    assert_pieces_equal_one_pass(path, _tokens(_vocab(ref), 40, seed=2), cuts=(7, 30), chunk=CHUNK)
 
 
 def test_plan_counts_state_and_one_latent_cache(kimi):

@@ -1,0 +1,38 @@
+"""Engine properties every model family must keep, shared by the per-family test files:
+logits independent of the thread count and prompt chunking, and a sequence fed in pieces
+(KV cache and recurrent state kept) ending where one pass ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from moepack.runtime.engine import Engine
+
+# (threads, chunk) runs compared with one thread at the family's chunk; chunk 1 is token by
+# token, 45 splits the prompt unevenly
+RUNS = ((2, None), (2, 1), (1, 45))
+
+
+def assert_threads_and_chunks_bit_identical(path: Path, toks: list[int], chunk: int) -> None:
+    with Engine(path, threads=1, chunk=chunk) as e1:
+        base = e1.logits(toks)
+    for threads, run_chunk in RUNS:
+        run_chunk = run_chunk or chunk
+        with Engine(path, threads=threads, chunk=run_chunk) as e:
+            np.testing.assert_array_equal(e.logits(toks), base,
+                                          err_msg=f"threads={threads} chunk={run_chunk}")
+
+
+def assert_pieces_equal_one_pass(path: Path, toks: list[int], cuts: tuple[int, ...],
+                                 chunk: int | None = None) -> None:
+    """Feeding `toks` split at `cuts` gives the last logits of one pass over all of them."""
+    opts = {"chunk": chunk} if chunk else {}
+    with Engine(path, threads=1, **opts) as e:
+        full = e.logits(toks)
+        e.reset()
+        last = None
+        for start, end in zip((0, *cuts), (*cuts, len(toks)), strict=True):
+            last = e.feed(toks[start:end])
+        assert e.position == len(toks)
+    np.testing.assert_array_equal(last, full[-1])
