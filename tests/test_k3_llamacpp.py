@@ -2,12 +2,11 @@
 map every tensor (so the layout the tests write is the one llama.cpp reads), and its MXFP4
 experts, repacked to ggml blocks and dequantised by gguf-py, must equal moepack's reading.
 
-Needs the llama.cpp sources vendored in the llama-cpp-python 0.3.36 source package; set
-MOEPACK_LLAMA_CPP to its `vendor/llama.cpp` directory (skipped otherwise)."""
+Needs the llama.cpp sources vendored in the llama-cpp-python 0.3.36 source package: pass
+`--llama-cpp DIR` with its `vendor/llama.cpp` directory (skipped otherwise)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,17 +18,20 @@ from moepack.convert.adapters import adapter_for
 from moepack.convert.mapping import bind
 from moepack.convert.source import Checkpoint
 
-LCPP = Path(os.environ.get("MOEPACK_LLAMA_CPP", "/nonexistent"))
-pytestmark = pytest.mark.skipif(not (LCPP / "conversion" / "kimi_k3.py").is_file(),
-                                reason="MOEPACK_LLAMA_CPP (llama.cpp sources with K3) not set")
+
+@pytest.fixture(scope="module")
+def lcpp(llama_cpp_dir: Path) -> Path:
+    if not (llama_cpp_dir / "conversion" / "kimi_k3.py").is_file():
+        pytest.fail(f"--llama-cpp {llama_cpp_dir}: no conversion/kimi_k3.py (llama.cpp with K3)")
+    return llama_cpp_dir
 
 
 @pytest.mark.slow  # about 10 s: llama.cpp imports torch and transformers
-def test_llama_cpp_reads_the_tiny_checkpoint_and_its_experts(tmp_path):
+def test_llama_cpp_reads_the_tiny_checkpoint_and_its_experts(tmp_path, lcpp):
     src = make_k3_checkpoint(tmp_path / "src")
     npz = tmp_path / "dump.npz"
     run = subprocess.run([sys.executable, str(Path(__file__).parent / "k3_llamacpp.py"),
-                          str(LCPP), str(src), str(tmp_path / "k3.gguf"), str(npz)],
+                          str(lcpp), str(src), str(tmp_path / "k3.gguf"), str(npz)],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     dump = np.load(npz)
