@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+
+from bench.twin import demo_tensors, fill_moe, fill_norms_and_embedding, save_twin
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
 def glm_config(demo: dict):
@@ -52,38 +51,17 @@ def build(demo_dir: Path, out: Path) -> Path:
     demo_cfg = json.loads((demo_dir / "config.json").read_text())
     torch.manual_seed(0)
     model = Glm4MoeForCausalLM(glm_config(demo_cfg)).to(torch.float32).eval()
-    with safe_open(str(demo_dir / "model.safetensors"), "pt") as f:
-        src = {k: f.get_tensor(k).to(torch.float32) for k in f.keys()}  # noqa: SIM118
-    E = demo_cfg["num_local_experts"]
+    src = demo_tensors(demo_dir)
     with torch.no_grad():
-        model.model.embed_tokens.weight.copy_(src["model.embed_tokens.weight"])
-        model.model.norm.weight.copy_(src["model.norm.weight"])
+        fill_norms_and_embedding(model, src)
         for i, layer in enumerate(model.model.layers):
             p = f"model.layers.{i}."
             for n in ("q_proj", "k_proj", "v_proj", "o_proj"):
                 getattr(layer.self_attn, n).weight.copy_(src[p + f"self_attn.{n}.weight"])
             for n in ("q_proj", "k_proj", "v_proj"):
                 getattr(layer.self_attn, n).bias.normal_(0.0, 0.02)
-            layer.input_layernorm.weight.copy_(src[p + "input_layernorm.weight"])
-            layer.post_attention_layernorm.weight.copy_(src[p + "post_attention_layernorm.weight"])
-            moe, ex = layer.mlp, f"{p}block_sparse_moe.experts."
-            moe.gate.weight.copy_(src[p + "block_sparse_moe.gate.weight"])
-            moe.gate.e_score_correction_bias.zero_()
-            # fused layout: gate_up_proj [E, 2I, H] = [w1; w3], down_proj [E, H, I] = w2
-            gate_up = [torch.cat([src[f"{ex}{e}.w1.weight"], src[f"{ex}{e}.w3.weight"]])
-                       for e in range(E)]
-            moe.experts.gate_up_proj.copy_(torch.stack(gate_up))
-            moe.experts.down_proj.copy_(torch.stack([src[f"{ex}{e}.w2.weight"] for e in range(E)]))
-            sh = moe.shared_experts
-            sh.gate_proj.weight.normal_(0.0, 0.02)
-            sh.up_proj.weight.normal_(0.0, 0.02)
-            sh.down_proj.weight.normal_(0.0, 0.002)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        if (demo_dir / name).exists():
-            shutil.copy(demo_dir / name, out / name)
-    return out
+            fill_moe(layer.mlp, src, i, demo_cfg["num_local_experts"])
+    return save_twin(model, demo_dir, out)
 
 
 def main(argv: list[str] | None = None) -> None:
