@@ -81,7 +81,7 @@ int main(int argc, char **argv) {
     for (long r = 0; r < rows; r++) memcpy((uint8_t *)w.scales + 2 * r, "\x00\x3c", 2);
     for (int i = 0; i < S * 2048; i++) cb[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 4000.0f;
     mpk_rvq_transpose_cb(cb, S, cbt);
-    enum { NMAX = 64 };
+    enum { NMAX = 200 };
     float *x = malloc((size_t)NMAX * (size_t)cols * 4), *y = malloc((size_t)NMAX * (size_t)rows * 4);
     for (long i = 0; i < NMAX * cols; i++) x[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 1000.0f;
     size_t tb = mpk_rvq_tab_bytes(cols, S);
@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
         t_fma = d < t_fma ? d : t_fma;
     }
     double wts = (double)rows * (double)cols;
-    static const int ns[] = {1, 2, 4, 8, 16, 32, 64};
+    static const int ns[] = {1, 4, 8, 16, 17, 32, 64, 128, 200};
     for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
         int n = ns[ni];
         double best = 1e30;
