@@ -83,14 +83,14 @@ def _check_budget(file: Path, budget: str | None, ctx: int | None, kv: str | Non
 
 
 def _open(file: Path, *, budget, threads, ctx, kv=None, prefetch=True, o_direct=None,
-          cache_policy="lfu", verify_reads=False, as_json=False):
+          cache_policy="lfu", verify_reads=False, as_json=False, snapshots=0):
     from moepack.runtime.engine import Engine, EngineError
 
     try:
         _check_budget(file, budget, ctx, kv)
         return Engine(str(file), budget=budget, threads=threads, ctx=ctx, kv=kv,
                       prefetch=prefetch, o_direct=o_direct, cache_policy=cache_policy,
-                      verify_reads=verify_reads)
+                      verify_reads=verify_reads, snapshots=snapshots)
     except EngineError as e:
         _engine_fail(e, as_json, f"{file}: ")
     except (ValueError, OSError) as e:
@@ -213,6 +213,9 @@ def plan_cmd(
                 ("pinned experts", f"{format_size(p['pinned_expert_bytes'])} "
                  f"(2 x top-{p['top_k']} records, in the floor)"),
                 ("floor", format_size(p["floor_bytes"])),
+                *([("state snapshot", f"{format_size(p['state_bytes'])} more in the floor of "
+                    "chat and serve (they keep one to rewind to a turn)")]
+                  if p["state_bytes"] else []),
                 ("recommended", format_size(p["recommended_bytes"]) + " (floor + a cache of "
                  "4 tokens' experts)"),
                 ("default budget", format_size(p["default_bytes"]) if p["default_bytes"]
@@ -438,7 +441,7 @@ def chat_cmd(
     tok = _tokenizer(file, False)
     if not tok.chat_template:
         fail("the container has no chat template")
-    eng = _open(file, budget=budget, threads=threads, ctx=ctx, kv=kv)
+    eng = _open(file, budget=budget, threads=threads, ctx=ctx, kv=kv, snapshots=1)
     messages = [{"role": "system", "content": system}] if system else []
     reuse = PrefixReuse(eng)  # KV truncation, or the linear-attention state of the last turn
     stop = [tok.eos_id] if tok.eos_id is not None else []

@@ -92,7 +92,7 @@ class _Config(C.Structure):
                 ("prefetch", C.c_int), ("o_direct", C.c_int), ("cache_policy", C.c_int),
                 ("verify_reads", C.c_int), ("io_threads", C.c_int), ("cache_experts", C.c_int),
                 ("kernels", C.c_int), ("chunk", C.c_int), ("kv", C.c_int),
-                ("ram_bytes", C.c_uint64)]
+                ("ram_bytes", C.c_uint64), ("snapshots", C.c_int)]
 
 
 class _Plan(C.Structure):
@@ -104,7 +104,7 @@ class _Plan(C.Structure):
         ("chunk_token_bytes", C.c_uint64), ("max_chunk", C.c_int), ("state_bytes", C.c_uint64),
         ("kv", C.c_int), ("kv_token_bytes", C.c_uint64), ("max_pos", C.c_int), ("max_ctx", C.c_int),
         ("pinned_expert_bytes", C.c_uint64), ("default_cache_bytes", C.c_uint64),
-        ("default_chunk", C.c_int)]
+        ("default_chunk", C.c_int), ("snapshot_bytes", C.c_uint64)]
 
 
 class _Stats(C.Structure):
@@ -225,16 +225,19 @@ def _kv_code(kv: str | None) -> int:
 
 
 def plan(path: str, ctx: int | None = None, kv: str | None = None,
-         budget: int | str | None = None, ram: int | str | None = None) -> dict:
+         budget: int | str | None = None, ram: int | str | None = None,
+         snapshots: int = 0) -> dict:
     """Memory plan of a container (bytes): floor, recommended and default budgets; `kv` the KV
     entry type ("f32"/"f16", None = default, the plan says which as "kv"); max_ctx the longest
     context whose floor fits `budget` (None: usable RAM); `ram`: plan for a machine with this
-    much usable RAM (None: this one)."""
+    much usable RAM (None: this one); `snapshots`: recurrent-state snapshots kept beside the
+    engine (Engine.snapshot; chat and serve keep one), counted in the floor as snapshot_bytes."""
     lib, p, err = _library(), _Plan(), C.create_string_buffer(_ERRLEN)
     cfg = _Config()
     lib.mp_config_default(C.byref(cfg))
     cfg.ctx, cfg.kv, cfg.budget_bytes = int(ctx or 0), _kv_code(kv), parse_bytes(budget)
     cfg.ram_bytes = parse_bytes(ram)
+    cfg.snapshots = int(snapshots)
     rc = lib.mp_plan_config(os.fsencode(path), C.byref(cfg), C.byref(p), err, _ERRLEN)
     if rc:
         _raise(rc, err.value.decode(errors="replace"), path)
@@ -268,7 +271,7 @@ class Engine:
                  cache_policy: str = "lfu", verify_reads: bool = False, ctx: int | None = None,
                  cache_experts: int | None = None, io_threads: int | None = None,
                  kernels: str = "auto", scalar_kernels: bool = False,
-                 chunk: int | None = None, kv: str | None = None) -> None:
+                 chunk: int | None = None, kv: str | None = None, snapshots: int = 0) -> None:
         self._lib = _library()
         cfg = _Config()
         self._lib.mp_config_default(C.byref(cfg))
@@ -290,6 +293,8 @@ class Engine:
             raise ValueError("chunk must be 1..512")
         cfg.chunk = int(chunk or 0)
         cfg.kv = _kv_code(kv)
+        # state snapshots the caller keeps (PrefixReuse keeps this many): in the floor
+        cfg.snapshots = int(snapshots)
         self._h = _P()
         self._seq: list[int] = []  # the tokens now in the sequence (snapshot / restore)
         err = C.create_string_buffer(_ERRLEN)
@@ -301,6 +306,7 @@ class Engine:
         self.vocab_size = self._lib.mp_vocab_size(self._h)
         self.ctx = self._lib.mp_context_size(self._h)
         self.kv = self._lib.mp_kv_type(self._h).decode()  # the type in use: "f16" or "f32"
+        self.snapshots = int(snapshots)
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -383,7 +389,7 @@ class Engine:
         del self._seq[k:]
 
     def plan(self, ctx: int | None = None) -> dict:
-        return plan(self.path, ctx or self.ctx, self.kv)
+        return plan(self.path, ctx or self.ctx, self.kv, snapshots=self.snapshots)
 
     def _eval(self, tokens: Sequence[int], out: np.ndarray | None, all_pos: bool) -> None:
         bad = EngineError(f"token ids must be in 0..{self.vocab_size - 1}", MP_EINVAL)

@@ -21,7 +21,9 @@ class PrefixReuse:
     """`rewind(ids)` before feeding a prompt, `mark()` once its tokens are in (before the reply).
 
     Snapshots are kept for models with a linear-attention state only, `keep` at most (each is
-    plan's state_bytes: a few MB to a few hundred MB, outside the memory plan)."""
+    plan's state_bytes: a few MB to a few hundred MB). Open the engine with `snapshots=keep`
+    (chat and serve: 1) so that its memory plan counts them (snapshot_bytes, in the floor);
+    otherwise they take memory the budget gave the expert cache."""
 
     def __init__(self, engine: Engine, keep: int = 1) -> None:
         self.engine, self.keep = engine, keep
@@ -30,7 +32,9 @@ class PrefixReuse:
     def mark(self) -> None:
         """Remember the state after the tokens fed so far."""
         if self.engine.state_bytes and self.keep > 0:
-            self._snaps = [*self._snaps, self.engine.snapshot()][-self.keep:]
+            # drop the oldest first: never more than `keep` held at once
+            self._snaps = self._snaps[len(self._snaps) - self.keep + 1:]
+            self._snaps.append(self.engine.snapshot())
 
     def rewind(self, ids: Sequence[int]) -> int:
         """Leaves the engine holding the longest prefix of `ids` it can reuse, at most

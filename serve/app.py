@@ -79,8 +79,9 @@ class Server:
         self.cfg = cfg
         # without a chat template /v1/completions still works; chat requests get a 400
         self.tok = Tokenizer.from_container(cfg.path)
+        # PrefixReuse keeps one linear-attention state snapshot: counted in the floor
         self.engine = Engine(cfg.path, budget=cfg.budget, threads=cfg.threads, ctx=cfg.ctx,
-                             kv=cfg.kv)
+                             kv=cfg.kv, snapshots=1)
         self.vocab = Vocab(self.tok, self.engine.vocab_size)
         self.prep = Preparer(self.tok, self.vocab, self.engine.ctx)
         self.metrics = Metrics()

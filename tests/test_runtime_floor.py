@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from moepack.runtime.engine import BudgetError, Engine, plan, plan_for_config
+from moepack.runtime.engine import BudgetError, Engine, EngineError, plan, plan_for_config
 from tiny_models import make_checkpoint
 from typer.testing import CliRunner
 
@@ -149,3 +149,38 @@ def test_plan_cli_config_and_its_refusals(model, tmp_path):
     for args in ([], [str(model), "--config", str(config)]):
         r = runner.invoke(app, ["plan", *args])
         assert r.exit_code == 1 and "one of them" in r.output
+
+
+def test_state_snapshot_is_counted_in_the_floor(k3, model):
+    """chat and serve keep one recurrent-state snapshot (PrefixReuse): an engine opened with
+    snapshots=1 has it in its floor and takes it from the cache, and the snapshot it hands out
+    is exactly that size; a model without linear attention has none to count."""
+    p0, p1 = plan(k3, ctx=128), plan(k3, ctx=128, snapshots=1)
+    assert p0["snapshot_bytes"] == 0 and p1["snapshot_bytes"] == p1["state_bytes"] > 0
+    assert p1["floor_bytes"] == p0["floor_bytes"] + p1["state_bytes"]
+    assert p1["max_ctx"] <= p0["max_ctx"]
+    with pytest.raises(BudgetError, match="below the floor"):
+        Engine(k3, ctx=128, budget=p0["floor_bytes"], snapshots=1)
+    with Engine(k3, ctx=128, budget=p1["floor_bytes"] + p1["expert_record_bytes"],
+                snapshots=1) as e:
+        s = e.stats()
+        assert s["floor_bytes"] == p1["floor_bytes"] and s["cache_capacity_experts"] == 1
+        assert e.plan() == {**p1, "usable_ram_bytes": e.plan()["usable_ram_bytes"]}
+        e.feed(_tokens(5))
+        assert len(e.snapshot().state) == p1["snapshot_bytes"]
+    with Engine(k3, ctx=128, budget=p0["floor_bytes"] + p1["expert_record_bytes"]) as e:
+        assert e.stats()["cache_capacity_experts"] == 1  # without a snapshot: its old floor
+    assert plan(model, ctx=128, snapshots=1)["snapshot_bytes"] == 0
+    for bad in (-1, 65):
+        with pytest.raises(EngineError, match="snapshots"):
+            plan(k3, ctx=128, snapshots=bad)
+
+
+def test_plan_cli_shows_the_snapshot_of_chat_and_serve(k3, model):
+    runner = CliRunner()
+    r = runner.invoke(app, ["plan", str(k3), "--ctx", "128"])
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.output.splitlines() if "state snapshot" in ln)
+    assert "chat and serve" in line
+    r = runner.invoke(app, ["plan", str(model), "--ctx", "128"])
+    assert r.exit_code == 0 and "state snapshot" not in r.output, r.output

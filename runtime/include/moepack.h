@@ -57,7 +57,11 @@ typedef struct mp_config {
     int kv;                /* MP_KV_*: KV cache entry type; 0 = the default (MP_KV_DEFAULT) */
     uint64_t ram_bytes;    /* plan against this much usable RAM (another machine's); 0 = this
                               machine's (physical, cgroup limits, available) */
+    int snapshots;         /* recurrent-state snapshots the caller keeps (mp_state_save buffers,
+                              plan state_bytes each; chat and serve keep 1): counted in the floor
+                              and taken from the cache; 0..MP_MAX_SNAPSHOTS */
 } mp_config;
+#define MP_MAX_SNAPSHOTS 64
 
 /* mp_config.kv: how the KV cache (GQA keys/values, MLA latent + rope part) stores entries.  f16
  * halves the KV bytes per token; logits stay identical for any thread count and chunking with
@@ -80,7 +84,8 @@ typedef struct mp_plan_info {
     uint64_t scratch_bytes;    /* activations, lookup tables, I/O buffers */
     uint64_t step_expert_bytes;/* one token's routed experts over all MoE layers (read per token
                                   when the cache is cold) */
-    uint64_t floor_bytes;      /* trunk + kv + scratch + pinned experts (pinned_expert_bytes) */
+    uint64_t floor_bytes;      /* trunk + kv + scratch + pinned experts (pinned_expert_bytes)
+                                  + the caller's state snapshots (snapshot_bytes) */
     uint64_t recommended_bytes;/* floor + a cache of 4 tokens' routed experts (4 x step) */
     uint64_t default_bytes;    /* what budget_bytes = 0 picks on this machine */
     uint64_t usable_ram_bytes; /* min(physical RAM, cgroup limits) */
@@ -103,6 +108,8 @@ typedef struct mp_plan_info {
     uint64_t default_cache_bytes; /* the expert cache the default budget leaves (after the floor
                                   and its prompt chunk's scratch); 0 when there is no default */
     int default_chunk;         /* the prompt chunk the default budget gets */
+    uint64_t snapshot_bytes;   /* mp_config.snapshots x state_bytes: state snapshots the caller
+                                  keeps, part of floor_bytes (0 without linear attention) */
 } mp_plan_info;
 
 typedef struct mp_stats {

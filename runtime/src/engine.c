@@ -84,11 +84,15 @@ static uint64_t chunk_extra(const mp_plan_info *p, int chunk) {
     return chunk > MPM_CHUNK ? (uint64_t)(chunk - MPM_CHUNK) * p->chunk_token_bytes : 0;
 }
 
-/* kv: MP_KV_* or 0 (the default); budget: the user's total, or 0 (plan against usable RAM);
- * ram: usable RAM to plan for, or 0 (this machine's) */
-static int plan_for(const mp_container *c, const mpm_config *model, int ctx, int kv, uint64_t budget,
-                    uint64_t ram, mp_plan_info *p, char *err, size_t errlen) {
+/* From `want`: ctx; kv (MP_KV_* or 0, the default); budget_bytes (the user's total, or 0: plan
+ * against usable RAM); ram_bytes (usable RAM to plan for, or 0: this machine's); snapshots. */
+static int plan_for(const mp_container *c, const mpm_config *model, const mp_config *want,
+                    mp_plan_info *p, char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
+    int ctx = want->ctx, kv = want->kv;
+    uint64_t budget = want->budget_bytes, ram = want->ram_bytes;
+    if (want->snapshots < 0 || want->snapshots > MP_MAX_SNAPSHOTS)
+        return mp_seterr(err, errlen, MP_EINVAL, "snapshots %d: must be 0..%d", want->snapshots, MP_MAX_SNAPSHOTS);
     if (!kv) kv = MP_KV_DEFAULT;
     if (kv != MP_KV_F32 && kv != MP_KV_F16)
         return mp_seterr(err, errlen, MP_EINVAL, "kv %d: must be %d (f32) or %d (f16)", kv, MP_KV_F32, MP_KV_F16);
@@ -107,6 +111,8 @@ static int plan_for(const mp_container *c, const mpm_config *model, int ctx, int
     p->state_bytes = mpm_state_bytes(cfg);
     p->kv_token_bytes = mpm_kv_bytes(cfg, 1);
     p->kv_bytes = mpm_kv_bytes(cfg, ctx) + p->state_bytes;
+    /* the caller's mp_state_save buffers (chat and serve keep one to rewind to a turn) */
+    p->snapshot_bytes = (uint64_t)want->snapshots * p->state_bytes;
     int stages = 1;
     for (int64_t l = 0; l < cfg->n_layers; l++) {
         if (!cfg->layer_is_moe[l]) continue;
@@ -130,7 +136,8 @@ static int plan_for(const mp_container *c, const mpm_config *model, int ctx, int
     p->chunk_token_bytes = chunk_bytes(cfg, MPM_CHUNK + 1, stages) - chunk_bytes(cfg, MPM_CHUNK, stages);
     p->max_chunk = ctx < MPM_MAX_CHUNK ? ctx : MPM_MAX_CHUNK;
     p->scratch_bytes += mpm_linear_scratch_bytes(cfg); /* per token, whatever the chunk */
-    p->floor_bytes = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + p->pinned_expert_bytes;
+    p->floor_bytes = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + p->pinned_expert_bytes +
+                     p->snapshot_bytes;
     p->recommended_bytes = p->floor_bytes + 4 * p->step_expert_bytes; /* cache: 4 tokens' experts */
     mp_ram_info ri;
     p->usable_ram_bytes = ram ? ram : mp_usable_ram(&ri);
@@ -173,7 +180,7 @@ int mp_plan_config(const char *path, const mp_config *pc, mp_plan_info *out, cha
     if (!c) return rc ? rc : MP_EFORMAT;
     mpm_config cfg;
     rc = parse_model(c, &cfg, err, errlen);
-    if (!rc) rc = plan_for(c, &cfg, pc->ctx, pc->kv, pc->budget_bytes, pc->ram_bytes, out, err, errlen);
+    if (!rc) rc = plan_for(c, &cfg, pc, out, err, errlen);
     mpm_config_free(&cfg);
     mpc_close(c);
     return rc;
@@ -275,7 +282,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
         return rc ? rc : MP_EFORMAT;
     }
     if ((rc = parse_model(e->c, &e->cfg, err, errlen))) goto fail;
-    if ((rc = plan_for(e->c, &e->cfg, cfg.ctx, cfg.kv, cfg.budget_bytes, cfg.ram_bytes, &e->plan, err, errlen))) goto fail;
+    if ((rc = plan_for(e->c, &e->cfg, &cfg, &e->plan, err, errlen))) goto fail;
     const mp_plan_info *p = &e->plan;
     e->cfg.kv_f16 = p->kv == MP_KV_F16;
     char a[32], b[32], fits[96];
@@ -311,7 +318,8 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     /* the cache gets what is left after trunk, KV, scratch (with the chunk's) and the expert
      * records held beyond the cache: at exactly the floor, no cache (every record is read when
      * used) */
-    uint64_t fixed = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + extra + p->pinned_expert_bytes;
+    uint64_t fixed = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + extra + p->pinned_expert_bytes +
+                     p->snapshot_bytes;
     uint64_t cache = total > fixed ? total - fixed : 0;
     if (cfg.cache_experts >= 0 && (uint64_t)cfg.cache_experts * p->expert_record_bytes < cache)
         cache = (uint64_t)cfg.cache_experts * p->expert_record_bytes;
