@@ -27,6 +27,8 @@ from moepack.convert.settings import Settings
 from ray_cluster import local_cluster
 from tiny_models import make_checkpoint
 
+from moepack.safefs import remove_created
+
 pytest.importorskip("ray")
 
 REPO = "org/tiny-dsv3"
@@ -228,12 +230,14 @@ def test_hub_source_node_killed_mid_run(cluster, source, reference, hub, tmp_pat
 @pytest.mark.network
 def test_hub_source_driver_killed_then_rerun_reuses_verified_shards(cluster, source, reference,
                                                                      hub, tmp_path):
+    before = header_folders()
     out = tmp_path / "hubresume.moepack"
     journal = Path(f"{out}.journal")
     args = [f"hf:{REPO}", str(out), "--ray", cluster.address, "--json", *CLI_FAST]
     kill_once_journaled(cli(*args, "--pause-per-unit", "0.5", start_new_session=True,
                             env=hub_env(hub)), journal, experts=4)
     assert not out.exists() and journal.exists()
+    left = header_folders() - before          # a SIGKILLed driver cannot clean up
     kept = list(Path(f"{out}.staging").glob(".*.blocks"))
     assert kept                                       # digests of the shards verified so far
     doc = finish(cli(*args, env=hub_env(hub)))
@@ -242,6 +246,9 @@ def test_hub_source_driver_killed_then_rerun_reuses_verified_shards(cluster, sou
     # a verified shard is not streamed again: its block table was kept
     assert doc["stream"]["downloaded"] <= doc["stream"]["source_bytes"] - sum(
         source.joinpath(k.name[1:].removesuffix(".blocks")).stat().st_size for k in kept)
+    assert header_folders() - before == left   # the rerun removed its own, not the killed run's
+    for folder in left:
+        remove_created(folder, [f.name for f in folder.iterdir()])
 
 
 @pytest.mark.slow
