@@ -29,7 +29,7 @@ MAX_GROUPS = 1024                  # MPM_MAX_GROUPS in runtime/src/model.h
 MAX_SHARED_EXPERTS = 1024
 ARCHS = ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe", "minimax_m2", "kimi_k25",
          "qwen3_next", "qwen3_5_moe", "deepseek_v32", "glm_moe_dsa", "kimi_linear",
-         "kimi_k3")
+         "kimi_k3", "glm5_next")
 MAX_CONV_KERNEL = 64               # linear attention's causal conv (real: 4)
 
 # Source files (config.json, model.safetensors.index.json, safetensors headers).
@@ -76,7 +76,12 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "linear_attention.head_dim": (1, MAX_HEAD_DIM),
     "attn_res.block_size": (1, MAX_LAYERS),
     "moe.latent_size": (MIN_HIDDEN, MAX_HIDDEN),
+    "attention.dsa.kpool": (1, MAX_POSITIONS),
+    "hyper_connections.mult": (1, 16),             # MAX_HC_MULT (real: 4)
+    "hyper_connections.sinkhorn_iters": (1, 1000),  # MAX_SINKHORN_ITERS (real: 20)
 }
+MAX_HC_MULT = INT_BOUNDS["hyper_connections.mult"][1]
+MAX_SINKHORN_ITERS = INT_BOUNDS["hyper_connections.sinkhorn_iters"][1]
 # config.json keys that only shape the description (layer patterns): bounded the same way.
 SOURCE_INT_BOUNDS: dict[str, tuple[int, int]] = {
     "first_k_dense_replace": (0, MAX_LAYERS),
@@ -155,6 +160,7 @@ def validate_model(model: Any) -> None:
     _linear_attention(model)
     _moe(model)
     _k3_parts(model)
+    _glm5_next_parts(model)
 
 
 def _rope_scaling(m: dict) -> None:
@@ -199,8 +205,11 @@ def _attention(m: dict) -> None:
     _number(m, "attention.latent_norm_eps", lambda v: 0 < v < 1, "in (0, 1)",
             default=m.get("rms_norm_eps") or 1e-6)
     _int(m, "attention.q_lora_rank", optional=True)
-    for field in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+    for field in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
         _int(m, f"attention.{field}")
+    # GLM-5.3-Flash's MLA has no rope part at all
+    check_int(_get(m, "attention.qk_rope_head_dim"), "attention.qk_rope_head_dim",
+              lo=0 if m["arch"] == "glm5_next" else None)
     if m["attention"]["qk_rope_head_dim"] % 2:
         raise ModelDescError("attention.qk_rope_head_dim", "must be even (rotary pairs)")
 
@@ -332,3 +341,24 @@ def _k3_parts(m: dict) -> None:
     if isinstance(la, dict) and la.get("output_gate") is not None:
         _choice(m, "linear_attention.output_gate", ("low_rank", "full_rank"))
     _bool(m, "attention.output_gate")
+
+
+def _glm5_next_parts(m: dict) -> None:
+    """Clamped SwiGLU, hyper-connection streams, the DSA indexer's k-pools (FORMAT.md §7.2)."""
+    if m.get("swiglu_limit") is not None:
+        _number(m, "swiglu_limit", lambda v: v > 0, "> 0")
+    hc = m.get("hyper_connections")
+    if hc is not None:
+        if not isinstance(hc, dict):
+            raise ModelDescError("hyper_connections", "must be null or an object")
+        _int(m, "hyper_connections.mult")
+        _number(m, "hyper_connections.eps", lambda v: 0 < v < 1, "in (0, 1)")
+        _int(m, "hyper_connections.sinkhorn_iters")
+    dsa = _get(m, "attention.dsa")
+    if isinstance(dsa, dict) and dsa.get("kpool") is not None:
+        pool = _int(m, "attention.dsa.kpool", hi=dsa["index_topk"])
+        assert pool is not None
+        if dsa["index_topk"] % pool:
+            raise ModelDescError("attention.dsa.kpool",
+                                 f"must divide index_topk ({dsa['index_topk']}), got {pool}")
+        _bool(m, "attention.dsa.kpool_select_tail")

@@ -6,6 +6,7 @@ from moepack.convert.adapters.base import EXPERT_PARTS, Adapter, TrunkTensor
 from moepack.convert.adapters.deepseek_v3 import DeepseekV3Adapter
 from moepack.convert.adapters.deepseek_v32 import DeepseekV32Adapter
 from moepack.convert.adapters.glm4_moe import Glm4MoeAdapter
+from moepack.convert.adapters.glm5_next import Glm5NextAdapter
 from moepack.convert.adapters.glm_moe_dsa import GlmMoeDsaAdapter
 from moepack.convert.adapters.kimi_k3 import KimiK3Adapter
 from moepack.convert.adapters.kimi_k25 import KimiK25Adapter
@@ -20,7 +21,8 @@ from moepack.convert.errors import UnsupportedArchitecture
 ADAPTERS: tuple[type[Adapter], ...] = (MixtralAdapter, Qwen3MoeAdapter, DeepseekV3Adapter,
                                        Glm4MoeAdapter, MiniMaxM2Adapter, KimiK25Adapter,
                                        Qwen3NextAdapter, Qwen3_5MoeAdapter, DeepseekV32Adapter,
-                                       GlmMoeDsaAdapter, KimiLinearAdapter, KimiK3Adapter)
+                                       GlmMoeDsaAdapter, KimiLinearAdapter, KimiK3Adapter,
+                                       Glm5NextAdapter)
 _BY_ARCH = {name: a for a in ADAPTERS for name in (a.hf_architecture, *a.hf_aliases)}
 _BY_MODEL_TYPE = {a.arch: a for a in ADAPTERS}
 
