@@ -24,6 +24,7 @@ class KimiK3Adapter(KimiLinearAdapter):
     arch = "kimi_k3"
     hf_architecture = "KimiK3ForConditionalGeneration"
     text_key = "text_config"
+    dense_ffn_module = "mlp"  # the published checkpoint's name, as llama.cpp's converter reads
     skipped_parts = ("vision tower and multimodal projector (vision_tower.*, mm_projector.*): "
                      "text-only conversion, images and video are not supported",)
 

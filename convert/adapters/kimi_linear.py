@@ -122,17 +122,21 @@ class KimiLinearAdapter(DeepseekV3Adapter):
     def moe_prefixes(self, layer: int) -> tuple[str, ...]:
         return (f"model.layers.{layer}.block_sparse_moe", f"model.layers.{layer}.mlp")
 
+    # the module a dense layer's FFN is written under (save_pretrained's; `mlp` is read too)
+    dense_ffn_module = "block_sparse_moe"
+
     def mlp(self, name: str, cls: str, prefix: str, inter: int) -> list[TrunkTensor]:
         """Dense and shared FFNs under either module name; the native (first) name is the one
-        save_pretrained writes, `block_sparse_moe.*` for dense layers too."""
+        the checkpoint writes (`dense_ffn_module` for dense layers)."""
         dense = prefix.endswith(".mlp")
         alt = (prefix.replace(".mlp", ".block_sparse_moe") if dense
                else prefix.replace(".block_sparse_moe.", ".mlp."))
+        alt_first = dense and self.dense_ffn_module == "block_sparse_moe"
         out = []
         for t in super().mlp(name, cls, prefix, inter):
             other = t.sources[0].replace(prefix, alt)
             out.append(TrunkTensor(t.name, t.cls, t.shape,
-                                   (other, *t.sources) if dense else (*t.sources, other)))
+                                   (other, *t.sources) if alt_first else (*t.sources, other)))
         return out
 
     def moe_extra(self, layer: int) -> list[TrunkTensor]:
