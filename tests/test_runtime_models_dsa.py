@@ -174,15 +174,17 @@ def test_sparse_equals_dense_within_topk(tmp_path_factory, arch):
     assert np.abs(sparse_logits[8:] - dense_logits[8:]).max() > 1e-3
 
 
-def test_plan_counts_the_indexer_key_cache(tmp_path_factory):
-    """kv_bytes = the MLA latents (f32 here) plus one f32 indexer key per position on each
-    full layer: GLM's FSSF has 2 full layers of 4."""
+@pytest.mark.parametrize("kv, entry", [("f32", 4), ("f16", 2)])
+def test_plan_counts_the_indexer_key_cache(tmp_path_factory, kv, entry):
+    """kv_bytes = the MLA latents plus one indexer key per position on each full layer (GLM's
+    FSSF has 2 full layers of 4), both in the KV entry type: 4 bytes (f32) or 2 (f16)."""
     from moepack.runtime.engine import plan
 
     path = built(tmp_path_factory, "glm_moe_dsa", "sparse") / "m.moepack"
-    got = plan(str(path), ctx=64, kv="f32")
+    got = plan(str(path), ctx=64, kv=kv)
     latent = _COMMON["kv_lora_rank"] + _COMMON["qk_rope_head_dim"]
-    assert got["kv_bytes"] == 64 * 4 * (4 * latent + 2 * _COMMON["index_head_dim"])
+    assert got["kv_bytes"] == 64 * entry * (4 * latent + 2 * _COMMON["index_head_dim"])
+    assert got["kv_token_bytes"] * 64 == got["kv_bytes"]
 
 
 def _described(arch: str, **change):

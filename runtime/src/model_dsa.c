@@ -5,7 +5,9 @@
  * the layer input (idx_k, LayerNorm with bias), both rotated on their first qk_rope_head_dim dims
  * (half-split or interleaved); score of a past position s = Σ_h w_h · relu(q_h·k_s / √dim) with
  * w = idx_weights·x / √heads.  The keys are cached per position (one vector per token per full
- * layer).  Shared layers reuse the latest full layer's selection for the same tokens.  While
+ * layer), in the KV cache's entry type: f16 (kv_f16, rounded by mpk_f32_to_f16 as the KV entries)
+ * are read back exactly as f32 for the same dot products, so threads and chunking still give
+ * the same bits; only the stored keys differ from f32.  Shared layers reuse the latest full layer's selection for the same tokens.  While
  * pos + 1 <= index_topk every position is selected and the layer is dense MLA, bit for bit. */
 #include "model_internal.h"
 #include "moepack.h"
@@ -18,6 +20,8 @@
 
 #define DSA_LN_EPS 1e-6 /* the indexer key LayerNorm's eps (fixed in both reference models) */
 #define DSA_BLOCK 64    /* positions per scoring task */
+#define DSA_MAX_DIM 4096 /* index_head_dim's bound (model_config.c MAX_HEAD_DIM): one f16 key row
+                          * read back as f32 on a scoring task's stack */
 
 int mpm_dsa_load(mpm_model *m, void *L, int l) {
     const mpm_config *c = &m->c;
@@ -47,9 +51,11 @@ int mpm_dsa_load(mpm_model *m, void *L, int l) {
 /* selections hold at most min(index_topk, ctx) positions */
 static int64_t kept(const mpm_dsa_config *d, int64_t ctx) { return d->topk < ctx ? d->topk : ctx; }
 
+static size_t key_elt(const mpm_config *c) { return c->kv_f16 ? 2u : 4u; }
+
 uint64_t mpm_dsa_cache_bytes(const mpm_config *c, int ctx) {
     if (!c->dsa.on) return 0;
-    return (uint64_t)c->dsa.n_full * (uint64_t)ctx * (uint64_t)c->dsa.dim * 4u;
+    return (uint64_t)c->dsa.n_full * (uint64_t)ctx * (uint64_t)c->dsa.dim * key_elt(c);
 }
 
 uint64_t mpm_dsa_scratch_bytes(const mpm_config *c, int chunk) {
@@ -67,7 +73,8 @@ uint64_t mpm_dsa_scratch_bytes(const mpm_config *c, int chunk) {
 int mpm_dsa_alloc(mpm_model *m) {
     const mpm_dsa_config *d = &m->c.dsa;
     const size_t T = (size_t)m->chunk;
-    m->dsa_kc = calloc((size_t)d->n_full * (size_t)m->ctx * (size_t)d->dim + 1, sizeof(float));
+    if (d->dim > DSA_MAX_DIM) return MP_EINVAL;
+    m->dsa_kc = calloc((size_t)d->n_full * (size_t)m->ctx * (size_t)d->dim + 1, key_elt(&m->c));
     m->dsa_q = calloc(T * (size_t)(d->heads * d->dim), sizeof(float));
     m->dsa_k = calloc(T * (size_t)d->dim, sizeof(float));
     m->dsa_w = calloc(T * (size_t)d->heads, sizeof(float));
@@ -107,7 +114,7 @@ void mpm_dsa_keys(mpm_model *m, int l, int pos, int T, const float *xn) {
         mpm_rope_tables(m, pos + t);
         mpm_rope_apply(m, k, d->rope_interleave);
         size_t at = ((size_t)ly->idx_slot * (size_t)m->ctx + (size_t)(pos + t)) * (size_t)d->dim;
-        memcpy(m->dsa_kc + at, k, (size_t)d->dim * sizeof(float));
+        mpm_kv_put(m, (char *)m->dsa_kc + at * key_elt(&m->c), k, d->dim);
     }
 }
 
@@ -127,7 +134,8 @@ void mpm_dsa_queries(mpm_model *m, int l, int pos, int T, const float *xn, const
 
 typedef struct {
     const mpm_model *m;
-    const float *q, *w, *K; /* one token's queries and weights; this layer's key cache */
+    const float *q, *w;     /* one token's queries and weights */
+    const void *K;          /* this layer's key cache (f32 or f16 entries) */
     int n;                  /* positions 0..n-1 */
     float *out;
 } score_job;
@@ -137,8 +145,17 @@ static void score_block(void *ctx, size_t b) {
     const mpm_dsa_config *d = &j->m->c.dsa;
     const float scale = 1.0f / sqrtf((float)d->dim);
     int end = (int)(b + 1) * DSA_BLOCK < j->n ? (int)(b + 1) * DSA_BLOCK : j->n;
+    const int f16 = j->m->c.kv_f16;
+    float row[DSA_MAX_DIM]; /* an f16 key as f32 (exact) */
     for (int s = (int)b * DSA_BLOCK; s < end; s++) {
-        const float *k = j->K + (size_t)s * (size_t)d->dim;
+        const float *k;
+        if (f16) {
+            const uint16_t *h = (const uint16_t *)j->K + (size_t)s * (size_t)d->dim;
+            for (int64_t i = 0; i < d->dim; i++) row[i] = mpk_f16_to_f32(h[i]);
+            k = row;
+        } else {
+            k = (const float *)j->K + (size_t)s * (size_t)d->dim;
+        }
         float acc = 0.0f;
         for (int64_t h = 0; h < d->heads; h++) {
             float v = mpk_dot(j->q + h * d->dim, k, d->dim) * scale;
@@ -152,8 +169,9 @@ void mpm_dsa_scores(mpm_model *m, int l, int t, int pos, float *scores) {
     const mpm_dsa_config *d = &m->c.dsa;
     const mpm_layer *ly = &m->layers[l];
     score_job j = {m, m->dsa_q + (int64_t)t * d->heads * d->dim, m->dsa_w + (int64_t)t * d->heads,
-                   m->dsa_kc + (size_t)ly->idx_slot * (size_t)m->ctx * (size_t)d->dim, pos + 1,
-                   scores};
+                   (const char *)m->dsa_kc +
+                       (size_t)ly->idx_slot * (size_t)m->ctx * (size_t)d->dim * key_elt(&m->c),
+                   pos + 1, scores};
     size_t blocks = (size_t)(pos + DSA_BLOCK) / DSA_BLOCK;
     mpk_pool_run(blocks > 1 ? m->pool : NULL, blocks, score_block, &j);
 }

@@ -78,9 +78,11 @@ struct mpm_model {
     /* scratch */
     float *xn, *q, *kbuf, *vbuf, *att, *scores, *cosb, *sinb;
     float *qlat, *olat, *lat;
-    /* DSA (model_dsa.c): indexer key cache [full layers][ctx][dim]; per chunk token its indexer
-     * queries, key, head weights, and selected positions (dsa_n of them; -1: all past ones) */
-    float *dsa_kc, *dsa_q, *dsa_k, *dsa_w;
+    /* DSA (model_dsa.c): indexer key cache [full layers][ctx][dim] (f32, or f16 with the KV
+     * cache's kv_f16); per chunk token its indexer queries, key, head weights, and selected
+     * positions (dsa_n of them; -1: all past ones) */
+    void *dsa_kc;
+    float *dsa_q, *dsa_k, *dsa_w;
     int32_t *dsa_sel, *dsa_n;
     void *dsa_rows; /* one token's selected cache rows, gathered for mpm_attend */
     float *router_logits, *moe_out, *eo, *g, *u, *xr, *ar;

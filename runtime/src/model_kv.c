@@ -64,7 +64,7 @@ static int have_f16c(void) { return 0; }
 uint64_t mpm_kv_bytes(const mpm_config *c, int ctx) {
     uint64_t per = (uint64_t)row_width(c) * (c->mla ? 1u : 2u); /* MLA: one latent row */
     return per * (uint64_t)kv_slots(c) * (uint64_t)ctx * elt(c) /* linear layers: no KV */
-           + mpm_dsa_cache_bytes(c, ctx);                      /* DSA indexer keys (f32) */
+           + mpm_dsa_cache_bytes(c, ctx);                      /* DSA indexer keys (same type) */
 }
 
 uint64_t mpm_kv_scratch_bytes(const mpm_config *c) { return 4u * key_scratch_floats(c); }
