@@ -46,8 +46,10 @@ def naming(ck: Checkpoint, ref: SourceRef) -> Iterator[None]:
 
 def encode_trunk(ck: Checkpoint, codec: dict, ref: SourceRef, threads: int) -> bytes | bytearray:
     """A trunk tensor; large 2-D tensors are read and encoded in row bands (bounded memory)."""
+    base = ref.rows[0] if ref.rows else 0  # bands of a row range (a stacked conv's part)
+
     def band(lo: int, hi: int) -> np.ndarray:
-        return ck.read(SourceRef(ref.name, rows=(lo, hi)))
+        return ck.read(SourceRef(ref.name, ref.index, rows=(base + lo, base + hi)))
 
     with naming(ck, ref):
         return encode_by_rows(codec, ck.ref_shape(ref), band, threads=threads)

@@ -134,6 +134,34 @@ def test_export_loads_in_transformers_with_the_containers_weights(built):
     assert logits.shape == (1, 24, 67) and torch.isfinite(logits).all()
 
 
+def test_in_memory_names_give_the_same_container(built, tmp_path):
+    """transformers' in-memory names (fused experts, stacked q/k/v conv, `forget_gate.*`,
+    `attn_hc.*`) read as the saved ones."""
+    import shutil
+
+    from moepack.convert.pipeline import convert
+    from moepack.convert.settings import Settings
+    from safetensors.torch import save_file
+    from transformers import Glm5NextForConditionalGeneration
+
+    model = Glm5NextForConditionalGeneration.from_pretrained(built / "src", dtype=torch.float32)
+    mem = tmp_path / "mem"
+    mem.mkdir()
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    assert "model.language_model.layers.0.self_attn.conv1d.weight" in state
+    save_file(state, mem / "model.safetensors", metadata={"format": "pt"})
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(built / "src" / f, mem / f)
+    convert(mem, tmp_path / "m.moepack", Settings())
+    with Container.open(built / "m.moepack") as a, Container.open(tmp_path / "m.moepack") as b:
+        assert a.tensor_names() == b.tensor_names()
+        for name in a.tensor_names():
+            np.testing.assert_array_equal(a.tensor(name), b.tensor(name), err_msg=name)
+        for layer in (1, 2, 3):
+            np.testing.assert_array_equal(a.expert_part(layer, 5, "up"),
+                                          b.expert_part(layer, 5, "up"))
+
+
 def test_engine_refuses_glm5_next_in_one_line(built):
     from moepack.runtime.engine import Engine
 

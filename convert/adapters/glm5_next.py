@@ -9,6 +9,8 @@ tower is skipped (text-only conversion)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterator
+from dataclasses import replace
 from functools import cached_property
 from typing import ClassVar
 
@@ -16,6 +18,7 @@ from moepack.convert.adapters.base import Adapter, TrunkTensor
 from moepack.convert.adapters.glm_moe_dsa import GlmMoeDsaAdapter
 from moepack.convert.adapters.kimi_linear import KimiLinearAdapter
 from moepack.convert.errors import SourceError
+from moepack.convert.source import SourceRef
 from moepack.format.model_desc import MAX_HC_MULT, MAX_SINKHORN_ITERS
 
 # transformers maps the older `full_attention` spelling to `indexed_attention`
@@ -185,3 +188,26 @@ class Glm5NextAdapter(KimiLinearAdapter, GlmMoeDsaAdapter):
             self.linear(f"{c}.idx_pool_gate", (dim, self.hidden),
                         f"{p}.index_kpool_compress_gate"),
         ]
+
+    def resolve(self, t: TrunkTensor, names: Collection[str]) -> SourceRef:
+        """Kimi-Linear's lookup (the q/k/v convs also as rows of transformers' in-memory stacked
+        `self_attn.conv1d.weight`), which spells names without `language_model.`."""
+        ref = super().resolve(t, _TextNames(names))
+        return replace(ref, name=_text_name(ref.name))
+
+
+class _TextNames(Collection[str]):
+    """`names` as Kimi-Linear's lookup asks for them: `model.layers.…` also finds
+    `model.language_model.layers.…`."""
+
+    def __init__(self, names: Collection[str]) -> None:
+        self.names = names
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names or (isinstance(name, str) and _text_name(name) in self.names)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
