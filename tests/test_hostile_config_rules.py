@@ -8,21 +8,18 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+from model_refusals import assert_refused_by_both, c_refusal, json_floats, reseal_model
 from moepack.convert.adapters import adapter_for, base
 from moepack.convert.errors import ConvertError
 from moepack.convert.plan import described
 from moepack.format.model_desc import INT_BOUNDS, ModelDescError, validate_model
 from moepack.runtime.engine import Engine, EngineError, plan
-from test_vectors import VECTORS, load_generator
 
-BASE = VECTORS / "valid" / "mixtral2.moepack"
-gen = load_generator()
 TINY = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
         "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -103,34 +100,9 @@ TABLE: list[tuple[str, dict[str, Any], str, str]] = [
     ("deepseek_v3", {"n_routed_experts": 65536, "num_hidden_layers": 18, "n_group": 1,
                      "topk_group": 1}, "n_routed_experts", "moe.num_experts"),
 ]
+# test_runtime_models_dsa.py still imports these two from here
+_c_refusal, _reseal_model = c_refusal, reseal_model
 IDS = [f"{a}-{'-'.join(f'{k}={v}' for k, v in c.items())}"[:60] for a, c, _, _ in TABLE]
-
-
-def _reseal_model(tmp_path: Path, model: dict, config: dict) -> Path:
-    """BASE with manifest.model and manifest.source.config replaced (container ID matching);
-    a non-finite number goes in as JSON's NaN / Infinity tokens, which no reader accepts."""
-    data = BASE.read_bytes()
-    doc = gen.index_doc(data)
-    doc["manifest"]["model"], doc["manifest"]["source"]["config"] = model, config
-    finite = all(math.isfinite(v) for v in _floats(model))
-    raw = None if finite else json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-    path = tmp_path / "bad.moepack"
-    path.write_bytes(gen.reseal(data, raw if raw is not None else doc))
-    return path
-
-
-def _floats(obj: Any) -> list[float]:
-    if isinstance(obj, dict):
-        return [f for v in obj.values() for f in _floats(v)]
-    if isinstance(obj, list):
-        return [f for v in obj for f in _floats(v)]
-    return [obj] if isinstance(obj, float) else []
-
-
-def _c_refusal(path: Path) -> str:
-    with pytest.raises(EngineError) as e:
-        plan(str(path))
-    return str(e.value)
 
 
 @pytest.mark.parametrize("arch", sorted(CONFIGS))
@@ -139,7 +111,7 @@ def test_the_base_descriptions_pass_both(tmp_path: Path, arch: str) -> None:
     refusal concerns the base container's tensors, not manifest.model)."""
     adapter = described(CONFIGS[arch])
     try:
-        plan(str(_reseal_model(tmp_path, adapter.model, adapter.config)))
+        plan(str(reseal_model(tmp_path, adapter.model, adapter.config)))
     except EngineError as e:
         assert "manifest.model" not in str(e)
 
@@ -159,8 +131,8 @@ def test_both_validators_refuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(ModelDescError) as d:
         validate_model(model)
     assert d.value.field == field
-    msg = _c_refusal(_reseal_model(tmp_path, model, config))
-    if all(math.isfinite(v) for v in _floats(model)):  # else not JSON: refused before that
+    msg = c_refusal(reseal_model(tmp_path, model, config))
+    if all(math.isfinite(v) for v in json_floats(model)):  # else not JSON: refused before that
         assert "manifest.model: " in msg and field in msg, msg
 
 
@@ -171,10 +143,10 @@ def test_bounds_are_the_engines(tmp_path: Path) -> None:
     for field in ("vocab_size", "hidden_size", "num_attention_heads", "max_position_embeddings"):
         hi = INT_BOUNDS[field][1]
         over = {**model, field: hi + 1}
-        assert field in _c_refusal(_reseal_model(tmp_path, over, {}))
+        assert field in c_refusal(reseal_model(tmp_path, over, {}))
         at = {**model, field: hi, "head_dim": 2, "num_key_value_heads": 1}
         try:
-            plan(str(_reseal_model(tmp_path, at, {})))
+            plan(str(reseal_model(tmp_path, at, {})))
         except EngineError as e:
             assert field not in str(e), e
 
@@ -182,7 +154,7 @@ def test_bounds_are_the_engines(tmp_path: Path) -> None:
 def test_engine_open_refuses_too(tmp_path: Path) -> None:
     model = {**described(CONFIGS["mixtral"]).model, "rope_theta": -1.0}
     with pytest.raises(EngineError, match="manifest.model: rope_theta must be a finite number"):
-        Engine(str(_reseal_model(tmp_path, model, {})), threads=1)
+        Engine(str(reseal_model(tmp_path, model, {})), threads=1)
 
 
 # (arch, description change under manifest.model.attention, field both validators name)
@@ -218,15 +190,7 @@ HYBRID_TABLE: list[tuple[dict[str, Any], str]] = [
 def test_linear_attention_fields_refused_by_both(tmp_path: Path, change: dict,
                                                  field: str) -> None:
     adapter = described(CONFIGS["qwen3_next"])
-    model = json.loads(json.dumps(adapter.model))
-    for key, value in change.items():
-        obj, _, leaf = key.rpartition(".")
-        (model[obj] if obj else model)[leaf] = value
-    with pytest.raises(ModelDescError) as d:
-        validate_model(model)
-    assert d.value.field == field
-    msg = _c_refusal(_reseal_model(tmp_path, model, adapter.config))
-    assert "manifest.model: " in msg and field.split("[")[0] in msg, msg
+    assert_refused_by_both(tmp_path, adapter.model, adapter.config, change, field)
 
 
 @pytest.mark.parametrize("arch,change,field", ATTENTION_TABLE,
@@ -234,9 +198,5 @@ def test_linear_attention_fields_refused_by_both(tmp_path: Path, change: dict,
 def test_attention_variants_refused_by_both(tmp_path: Path, arch: str, change: dict,
                                             field: str) -> None:
     adapter = described(CONFIGS[arch])
-    model = {**adapter.model, "attention": {**adapter.model["attention"], **change}}
-    with pytest.raises(ModelDescError) as d:
-        validate_model(model)
-    assert d.value.field == field
-    msg = _c_refusal(_reseal_model(tmp_path, model, adapter.config))
-    assert "manifest.model: " in msg and field in msg, msg
+    attention = {f"attention.{k}": v for k, v in change.items()}
+    assert_refused_by_both(tmp_path, adapter.model, adapter.config, attention, field)

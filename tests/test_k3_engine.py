@@ -141,18 +141,9 @@ def _k3_description() -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("change,field", K3_TABLE, ids=[f"{f}-{c}" for c, f in K3_TABLE])
 def test_k3_fields_refused_by_both(tmp_path, change: dict, field: str) -> None:
-    from moepack.format.model_desc import ModelDescError, validate_model
-    from test_hostile_config_rules import _c_refusal, _reseal_model
+    from model_refusals import assert_refused_by_both
 
-    model, config = _k3_description()
-    for key, value in change.items():
-        obj, _, leaf = key.rpartition(".")
-        model[obj][leaf] = value
-    with pytest.raises(ModelDescError) as d:
-        validate_model(model)
-    assert d.value.field == field
-    msg = _c_refusal(_reseal_model(tmp_path, model, config))
-    assert "manifest.model: " in msg and field in msg, msg
+    assert_refused_by_both(tmp_path, *_k3_description(), change, field)
 
 
 @pytest.mark.slow
@@ -160,26 +151,10 @@ def test_k3_under_asan_and_ubsan(tmp_path):
     """The tiny K3 through open, eval and generate under AddressSanitizer and UBSan (cache
     large / off / one record, scalar kernels), as tests/test_runtime_engine_asan.py does for
     the other architectures."""
-    import glob
-    import shutil
-    import subprocess
-
     from moepack.convert.pipeline import convert
     from moepack.convert.settings import Settings
-    from test_runtime_engine_asan import DRIVER
+    from sanitized_engine import run_engine_under_sanitizers
 
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
     make_k3_checkpoint(tmp_path / "src")
     convert(tmp_path / "src", tmp_path / "k3.moepack", Settings())
-    (tmp_path / "drv.c").write_text(DRIVER)
-    exe = tmp_path / "drv"
-    subprocess.run([cc, "-std=c11", "-g", "-O1", "-fsanitize=address,undefined",
-                    "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-pthread",
-                    "-Iruntime/include", "-Iruntime/src", *sorted(glob.glob("runtime/src/*.c")),
-                    str(tmp_path / "drv.c"), "-lm", "-o", str(exe)], check=True, timeout=600)
-    r = subprocess.run([str(exe), str(tmp_path / "k3.moepack")], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "done 0" in r.stdout and "ERROR" not in r.stderr and "runtime error" not in r.stderr
+    run_engine_under_sanitizers(tmp_path, [tmp_path / "k3.moepack"])

@@ -136,33 +136,22 @@ KDA_TABLE: list[tuple[dict, str]] = [
 
 @pytest.mark.parametrize("change,field", KDA_TABLE, ids=[f"{f}-{c}" for c, f in KDA_TABLE])
 def test_kda_fields_refused_by_both(tmp_path, change: dict, field: str) -> None:
-    import json
-
+    from model_refusals import assert_refused_by_both
     from moepack.convert.plan import described
-    from moepack.format.model_desc import ModelDescError, validate_model
-    from test_hostile_config_rules import _c_refusal, _reseal_model
 
     adapter = described(KDA_CONFIG)
-    model = json.loads(json.dumps(adapter.model))
-    for key, value in change.items():
-        obj, _, leaf = key.rpartition(".")
-        model[obj][leaf] = value
-    with pytest.raises(ModelDescError) as d:
-        validate_model(model)
-    assert d.value.field == field
-    msg = _c_refusal(_reseal_model(tmp_path, model, adapter.config))
-    assert "manifest.model: " in msg and field in msg, msg
+    assert_refused_by_both(tmp_path, adapter.model, adapter.config, change, field)
 
 
 def test_kda_base_description_passes_both(tmp_path) -> None:
+    from model_refusals import reseal_model
     from moepack.convert.plan import described
     from moepack.runtime.engine import plan
-    from test_hostile_config_rules import _reseal_model
 
     adapter = described(KDA_CONFIG)
     assert adapter.model["layer_attention"] == ["linear", "full"]
     try:  # C parses manifest.model; the base container's tensors are another model's
-        plan(str(_reseal_model(tmp_path, adapter.model, adapter.config)))
+        plan(str(reseal_model(tmp_path, adapter.model, adapter.config)))
     except EngineError as e:
         assert "manifest.model" not in str(e), e
 
