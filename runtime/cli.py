@@ -211,7 +211,7 @@ def plan_cmd(
                 ("prompt chunk", f"16 tokens in the floor, up to {p['max_chunk']} "
                  f"(+{format_size(p['chunk_token_bytes'])} per token, from the budget)"),
                 ("pinned experts", f"{format_size(p['pinned_expert_bytes'])} "
-                 f"(2 x top-{p['top_k']} records, in the floor)"),
+                 f"({_pinned_groups(p)} x top-{p['top_k']} records, in the floor)"),
                 ("floor", format_size(p["floor_bytes"])),
                 *([("state snapshot", f"{format_size(p['state_bytes'])} more in the floor of "
                     "chat and serve (they keep one to rewind to a turn)")]
@@ -237,6 +237,12 @@ def plan_cmd(
     if verdict == "above_usable_ram":
         _err.print(f"[yellow]warning:[/yellow] budget {format_size(b)} is above usable RAM "
                    f"{format_size(p['usable_ram_bytes'])}")
+
+
+def _pinned_groups(p: dict) -> int:
+    """Acquire groups the floor reserves for expert records beyond the cache (1 or 2)."""
+    group = p["top_k"] * p["expert_record_bytes"]
+    return p["pinned_expert_bytes"] // group if group else 0
 
 
 def _token_ids(tokens: str) -> list[int]:

@@ -1,5 +1,6 @@
 """The memory floor is the true minimum: trunk + KV/state + scratch + the expert records held
-beyond the cache (one acquire group of top_k records, and as many recycled). A model run at
+beyond the cache (one acquire group of top_k records when every record has one size, else as
+many again for recycled buffers). A model run at
 exactly that floor (no expert cache at all) decodes and processes chunked prompts with the same
 logits as a large budget, and the expert memory never exceeds cache capacity + that reserve.
 `plan --config` plans a model not converted yet by the same code: equal to the converted one's."""
@@ -62,10 +63,18 @@ def _run(path, **kw) -> tuple[np.ndarray, list[np.ndarray], dict]:
         return prompt, steps, e.stats()
 
 
+def _strides(path) -> set[int]:
+    from moepack.format import Container
+
+    with Container.open(path) as c:
+        return {b["stride"] for b in c.banks()}
+
+
 def test_floor_counts_one_pinned_group_not_every_layers_experts(model):
     p = plan(model, ctx=128)
     assert p["moe_layers"] == 3 and p["top_k"] == 2
-    assert p["pinned_expert_bytes"] == 2 * p["top_k"] * p["expert_record_bytes"]
+    assert _strides(model) == {p["expert_record_bytes"]}  # one size: one group is the reserve
+    assert p["pinned_expert_bytes"] == p["top_k"] * p["expert_record_bytes"]
     assert p["floor_bytes"] == (p["trunk_bytes"] + p["kv_bytes"] + p["scratch_bytes"]
                                 + p["pinned_expert_bytes"])
     # one token's experts over all layers (what a cold token reads) is no longer in the floor
@@ -75,7 +84,7 @@ def test_floor_counts_one_pinned_group_not_every_layers_experts(model):
         Engine(model, ctx=128, budget=p["floor_bytes"] - 1)
 
 
-@pytest.mark.parametrize("extra_records", [0, 3])
+@pytest.mark.parametrize("extra_records", [0, 1, 3])
 def test_exact_floor_gives_large_budget_logits(model, extra_records):
     _check_floor_runs(model, extra_records, layers=3)
 
@@ -184,3 +193,11 @@ def test_plan_cli_shows_the_snapshot_of_chat_and_serve(k3, model):
     assert "chat and serve" in line
     r = runner.invoke(app, ["plan", str(model), "--ctx", "128"])
     assert r.exit_code == 0 and "state snapshot" not in r.output, r.output
+
+
+def test_k3_pinned_reserve_is_one_group(k3):
+    """K3's banks share one stride, so its floor reserves one group of top_k records; the exact
+    floor runs above hold the expert buffers within capacity + that reserve."""
+    p = plan(k3, ctx=128)
+    assert _strides(k3) == {p["expert_record_bytes"]}
+    assert p["pinned_expert_bytes"] == p["top_k"] * p["expert_record_bytes"]

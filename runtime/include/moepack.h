@@ -104,7 +104,8 @@ typedef struct mp_plan_info {
     int max_ctx;               /* the longest context whose floor fits the budget (given, or
                                   usable RAM), at most max_pos; 0 = not even one token */
     uint64_t pinned_expert_bytes; /* expert records held beyond the cache at most: one acquire
-                                  group (top_k x largest stride) + recycled buffers as large */
+                                  group (top_k x largest stride), + recycled buffers as large
+                                  when the MoE banks' strides differ */
     uint64_t default_cache_bytes; /* the expert cache the default budget leaves (after the floor
                                   and its prompt chunk's scratch); 0 when there is no default */
     int default_chunk;         /* the prompt chunk the default budget gets */

@@ -114,6 +114,7 @@ static int plan_for(const mp_container *c, const mpm_config *model, const mp_con
     /* the caller's mp_state_save buffers (chat and serve keep one to rewind to a turn) */
     p->snapshot_bytes = (uint64_t)want->snapshots * p->state_bytes;
     int stages = 1;
+    uint64_t min_stride = UINT64_MAX;
     for (int64_t l = 0; l < cfg->n_layers; l++) {
         if (!cfg->layer_is_moe[l]) continue;
         const mp_bank_info *b = mpc_bank(c, (int)l);
@@ -125,12 +126,17 @@ static int plan_for(const mp_container *c, const mpm_config *model, const mp_con
         p->experts_bytes += (uint64_t)b->count * b->stride;
         p->expert_count += b->count;
         if (b->stride > p->expert_record_bytes) p->expert_record_bytes = b->stride;
+        if (b->stride < min_stride) min_stride = b->stride;
     }
     /* Expert records held beyond the cache (cache.h): model_moe.c pins at most one group of
      * top_k records at a time (released before the next acquire, for decode and prompt chunks
      * alike); those that find no room are held outside the cache, and as many bytes of their
-     * buffers may stay recycled for reuse. Prefetches only ever fill the cache. */
-    p->pinned_expert_bytes = 2 * (uint64_t)cfg->top_k * p->expert_record_bytes;
+     * buffers may stay recycled for reuse. Prefetches only ever fill the cache. When every
+     * acquired record has one size, one group is enough: cache.c reuses any recycled buffer
+     * before allocating, so it allocates only with none recycled, and then holds at most the
+     * cache plus the group's records (docs/RUNTIME.md, "Memory plan"). */
+    int one_size = p->moe_layers && min_stride == p->expert_record_bytes;
+    p->pinned_expert_bytes = (one_size ? 1u : 2u) * (uint64_t)cfg->top_k * p->expert_record_bytes;
     /* the floor holds 16-token prompt chunks; a bigger chunk costs chunk_token_bytes a token */
     p->scratch_bytes = chunk_bytes(cfg, MPM_CHUNK, stages) + (uint64_t)cfg->n_heads * (uint64_t)ctx * 4u;
     p->chunk_token_bytes = chunk_bytes(cfg, MPM_CHUNK + 1, stages) - chunk_bytes(cfg, MPM_CHUNK, stages);
