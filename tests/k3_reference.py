@@ -70,7 +70,7 @@ class LatentMoe:
     linear_beta: float
     eps: float
     # expert j's output for the latent input z, when it is not the dense product (the engine's
-    # table numerics: tests/test_runtime_models.py's LayerExperts)
+    # table numerics: tests/spec_experts.py's LayerExperts)
     expert_fn: Callable[[int, Array], Array] | None = None
 
     def route(self, x: Array) -> tuple[Array, Array]:

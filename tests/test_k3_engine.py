@@ -24,7 +24,7 @@ from k3_checkpoint import TEXT, make_k3_checkpoint
 from k3_forward import K3Forward
 from k3_reference import situ
 from moepack.runtime.engine import Engine
-from test_runtime_models import LayerExperts
+from spec_experts import LayerExperts
 
 N_POS = 80
 CHUNK = 16

@@ -14,7 +14,7 @@ import pytest
 import torch
 from engine_invariants import assert_pieces_equal_one_pass, assert_threads_and_chunks_bit_identical
 from moepack.runtime.engine import Engine, EngineError
-from test_runtime_models import use_spec_expert_numerics
+from spec_experts import use_spec_expert_numerics
 from tiny_models import make_checkpoint, model_class
 
 N_POS = 80
