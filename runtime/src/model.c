@@ -128,7 +128,8 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
                                                           c->q_lora_rank + c->kv_lora_rank + c->n_experts) +
                          (c->mla ? 0u : (uint64_t)((2 * c->n_heads + 3 * c->n_kv_heads) * c->head_dim));
     return mpm_kv_scratch_bytes(c) + mpm_dsa_scratch_bytes(c, chunk_tokens) +
-           mpm_k3_scratch_bytes(c, chunk_tokens) + 4u * (T * per_tok + 16 * (uint64_t)max64(H, I) +
+           mpm_k3_scratch_bytes(c, chunk_tokens) + mpm_hc_scratch_bytes(c, chunk_tokens) +
+           4u * (T * per_tok + 16 * (uint64_t)max64(H, I) +
                  (uint64_t)c->vocab + 2 * (uint64_t)c->n_experts + chunk +
                  per_layer * (uint64_t)c->n_layers + (uint64_t)H);
 }
@@ -176,7 +177,7 @@ static int alloc_scratch(mpm_model *m) {
     m->choice = xcalloc((uint64_t)c->n_experts, 4);
     m->allowed = xcalloc((uint64_t)c->n_experts, 1);
     if (mpm_config_moe_layers(c) && mpm_moe_alloc(m)) return -1;
-    if (mpm_k3_alloc(m)) return -1;
+    if (mpm_k3_alloc(m) || mpm_hc_alloc(m)) return -1;
     if (!m->xn || !m->q || !m->kbuf || !m->vbuf || !m->att || !m->scores ||
         !m->cosb || !m->sinb || !m->router_logits || !m->moe_out || !m->eo || !m->g || !m->u ||
         !m->xr || !m->ar || !m->sel || !m->selw || !m->ahead || !m->recs || !m->aheadw || !m->choice ||
@@ -235,6 +236,7 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
         if (c->dsa.on) TRY(mpm_dsa_load(m, L, l));
     }
     TRY(mpm_k3_load_layer(m, L, l));
+    TRY(mpm_hc_load_layer(m, L, l));
     ly->moe = c->layer_is_moe[l];
     if (!ly->moe) {
         return load_ffn(L, l, "ffn", c->dense_inter, H, &ly->dense);
@@ -357,6 +359,7 @@ void mpm_free(mpm_model *m) {
     }
     mpm_moe_free(m);
     mpm_k3_free(m);
+    mpm_hc_free(m);
     mpm_linear_free(m);
     mpm_dsa_free(m); /* before the layers: it frees their indexer norms */
     free(m->layers);
@@ -412,9 +415,11 @@ int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logi
     m->err[0] = 0;
     m->rbank_n = 0; /* AttnRes (Kimi K3): each pass banks its tokens' streams anew */
     for (int t = 0; t < n; t++) mpk_row(&m->embed, tokens[t], m->bx + t * H);
+    if (c->hc_mult) mpm_hc_embed(m, n, m->bx);
     for (int l = 0; l < c->n_layers; l++) {
         mpm_layer *ly = &m->layers[l];
         const float *in = m->bx; /* with AttnRes, the mix of the bank and the stream */
+        if (c->hc_mult) mpm_hc_pre(m, l, 0, n, m->bx); /* with hyper-connections, the collapse */
         if (c->res_block) {
             mpm_res_mix(m, ly->res_attn, n, m->bx, m->bout);
             in = m->bout;
@@ -422,10 +427,12 @@ int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logi
         for (int t = 0; t < n; t++) mpk_rmsnorm(m->bxn + t * H, in + t * H, ly->attn_norm, H, c->eps);
         const int restart = mpm_res_push(m, l, n, m->bx); /* a block start: bank, restart */
         mpm_attention(m, l, pos, n, m->bxn, m->bout);
-        if (restart) memcpy(m->bx, m->bout, (size_t)(n * H) * sizeof(float));
+        if (c->hc_mult) mpm_hc_post(m, n, m->bout);
+        else if (restart) memcpy(m->bx, m->bout, (size_t)(n * H) * sizeof(float));
         else
             for (int64_t i = 0; i < n * H; i++) m->bx[i] += m->bout[i];
         in = m->bx;
+        if (c->hc_mult) mpm_hc_pre(m, l, 1, n, m->bx);
         if (c->res_block) {
             mpm_res_mix(m, ly->res_ffn, n, m->bx, m->bout);
             in = m->bout;
@@ -437,12 +444,15 @@ int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logi
         } else {
             mpm_ffn_dense(m, &ly->dense, n, m->bxn, m->bout);
         }
-        for (int64_t i = 0; i < n * H; i++) m->bx[i] += m->bout[i];
+        if (c->hc_mult) mpm_hc_post(m, n, m->bout);
+        else
+            for (int64_t i = 0; i < n * H; i++) m->bx[i] += m->bout[i];
         if (n == 1) lookahead(m, l, m->bx);
     }
     if (logits) {
         int t0 = all ? 0 : n - 1;
         const float *in = m->bx;
+        if (c->hc_mult) mpm_hc_final(m, n, m->bx);
         if (c->res_block) {
             mpm_res_mix(m, m->res_final, n, m->bx, m->bout);
             in = m->bout;

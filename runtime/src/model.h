@@ -23,6 +23,7 @@ enum { MPM_MIXTRAL = 0, MPM_QWEN3_MOE, MPM_DEEPSEEK_V3, MPM_GLM4_MOE, MPM_MINIMA
 enum { MPM_LA_GATED_DELTANET = 0, MPM_LA_KDA }; /* mpm_config.la_kind */
 
 enum { MPM_DEEPSEEK_V32 = 32, MPM_GLM_MOE_DSA }; /* MLA + DeepSeek Sparse Attention (model_dsa.c) */
+enum { MPM_GLM5_NEXT = 48 }; /* GLM-5.3-Flash: KDA + hyper-connections (model_hyper.c) */
 
 /* DeepSeek Sparse Attention's lightning indexer (FORMAT.md §7 attention.dsa) */
 typedef struct mpm_dsa_config {
@@ -80,6 +81,10 @@ typedef struct mpm_config {
     float situ_beta, situ_lb, kda_bound;
     int64_t latent, res_block;
     int kda_full_gate, mla_gate;
+    /* GLM-5.3-Flash (FORMAT.md 7.2): hc_mult residual streams (0: one plain residual), Sinkhorn
+     * settings; SwiGLU with gate <= swiglu_limit and |up| <= swiglu_limit (0: no clamp) */
+    int64_t hc_mult, hc_iters;
+    float hc_eps, swiglu_limit;
 } mpm_config;
 
 /* Parses manifest.model, the only part of the manifest the engine reads (FORMAT.md §7).

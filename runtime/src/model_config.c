@@ -153,6 +153,35 @@ static int parse_dsa(const mp_json *at, mpm_config *c, char *err, size_t errlen)
     return 0;
 }
 
+/* GLM-5.3-Flash's optional fields (FORMAT.md 7.2): clamped SwiGLU, hyper-connections.  Its DSA
+ * layers (the k-pool indexer) are not implemented: such a container is refused. */
+static int parse_glm5_next(const mp_json *m, mpm_config *c, char *err, size_t errlen) {
+    const mp_json *lim = mp_json_get(m, "swiglu_limit");
+    double d;
+    int rc;
+    if (lim && !mp_json_is_null(lim)) {
+        if (mp_json_as_f64(lim, &d) != 0 || !isfinite(d) || !(d > 0))
+            FAIL(MP_EFORMAT, "manifest.model: swiglu_limit must be a finite number > 0");
+        c->swiglu_limit = (float)d;
+    }
+    const mp_json *hc = mp_json_get(m, "hyper_connections");
+    if (hc && !mp_json_is_null(hc)) {
+        const char *h = "hyper_connections.";
+        if (mp_json_type_of(hc) != MP_JSON_OBJECT) FAIL(MP_EFORMAT, "manifest.model: hyper_connections must be null or an object");
+        if ((rc = get_int(hc, h, "mult", 1, 16, &c->hc_mult, err, errlen)) ||
+            (rc = get_int(hc, h, "sinkhorn_iters", 1, 1000, &c->hc_iters, err, errlen)))
+            return rc;
+        if (get_num(hc, "eps", NAN, &d) || !(d > 0 && d < 1))
+            FAIL(MP_EFORMAT, "manifest.model: hyper_connections.eps must be a finite number in (0, 1)");
+        c->hc_eps = (float)d;
+    }
+    if (c->arch == MPM_GLM5_NEXT)
+        for (int64_t l = 0; l < c->n_layers; l++)
+            if (!(c->layer_is_linear && c->layer_is_linear[l]))
+                FAIL(MP_EUNSUPPORTED, "glm5_next: layer %lld is a DSA layer; its k-pool sparse attention is not supported yet (only KDA layers are)", (long long)l);
+    return 0;
+}
+
 /* Kimi K3's optional fields (FORMAT.md 7.1): activation, attn_res, moe.latent_size, KDA's
  * bounded decay and output gate, MLA's output gate */
 static int parse_k3(const mp_json *m, mpm_config *c, char *err, size_t errlen) {
@@ -214,7 +243,8 @@ int mpm_config_parse(const mp_json *m, mpm_config *c, char *err, size_t errlen) 
     else if (!strcmp(arch, "glm_moe_dsa")) c->arch = MPM_GLM_MOE_DSA;
     else if (!strcmp(arch, "kimi_linear")) c->arch = MPM_KIMI_LINEAR;
     else if (!strcmp(arch, "kimi_k3")) c->arch = MPM_KIMI_K3;
-    else FAIL(MP_EUNSUPPORTED, "architecture %s is not supported (mixtral, qwen3_moe, deepseek_v3, glm4_moe, minimax_m2, kimi_k25, qwen3_next, qwen3_5_moe, kimi_linear, deepseek_v32, glm_moe_dsa, kimi_k3)", arch);
+    else if (!strcmp(arch, "glm5_next")) c->arch = MPM_GLM5_NEXT;
+    else FAIL(MP_EUNSUPPORTED, "architecture %s is not supported (mixtral, qwen3_moe, deepseek_v3, glm4_moe, minimax_m2, kimi_k25, qwen3_next, qwen3_5_moe, kimi_linear, deepseek_v32, glm_moe_dsa, kimi_k3, glm5_next)", arch);
     int rc;
 #define INT(key, lo, hi, dst) if ((rc = get_int(m, "", key, lo, hi, &c->dst, err, errlen))) return rc
     INT("vocab_size", 1, MAX_VOCAB, vocab);
@@ -264,7 +294,7 @@ int mpm_config_parse(const mp_json *m, mpm_config *c, char *err, size_t errlen) 
         if ((rc = get_opt_int(at, a, "q_lora_rank", 1, MAX_LORA, 0, &c->q_lora_rank, err, errlen)) ||
             (rc = get_int(at, a, "kv_lora_rank", 1, MAX_LORA, &c->kv_lora_rank, err, errlen)) ||
             (rc = get_int(at, a, "qk_nope_head_dim", 1, MAX_HEAD_DIM, &c->qk_nope_dim, err, errlen)) ||
-            (rc = get_int(at, a, "qk_rope_head_dim", 2, MAX_ROPE_DIM, &c->qk_rope_dim, err, errlen)) ||
+            (rc = get_int(at, a, "qk_rope_head_dim", c->arch == MPM_GLM5_NEXT ? 0 : 2, MAX_ROPE_DIM, &c->qk_rope_dim, err, errlen)) ||
             (rc = get_int(at, a, "v_head_dim", 1, MAX_HEAD_DIM, &c->v_head_dim, err, errlen)))
             return rc;
         if (c->qk_rope_dim % 2) FAIL(MP_EFORMAT, "manifest.model: attention.qk_rope_head_dim must be even");
@@ -339,6 +369,7 @@ int mpm_config_parse(const mp_json *m, mpm_config *c, char *err, size_t errlen) 
         FAIL(MP_EFORMAT, "manifest.model: moe.routed_scaling_factor must be a finite number > 0");
     c->routed_scale = (float)d;
     if ((rc = parse_k3(m, c, err, errlen))) return rc;
+    if ((rc = parse_glm5_next(m, c, err, errlen))) return rc;
 
     int64_t v;
     const mp_json *b = mp_json_get(m, "bos_token_id");

@@ -51,6 +51,7 @@ typedef struct mpm_layer {
      * output gate */
     float *res_attn, *res_ffn, *lat_norm;
     mpk_mat lat_down, lat_up, kda_g, mla_g;
+    float *hc_fn[2], *hc_base[2], *hc_scale[2]; /* hyper-connections before attention, FFN */
     int kv_slot;        /* GQA: this layer's place in the KV cache (full-attention layers only) */
 } mpm_layer;
 
@@ -113,6 +114,7 @@ struct mpm_model {
      * [chunk][banks][hidden] and its size; latent inputs/sums [chunk][latent]; MLA gates */
     float *res_final, *rbank, *klat, *kgate;
     int rbank_n;
+    float *hs, *hw, *hx; /* model_hyper.c: streams, per-token post + comb, one token's scratch */
     double io_wait;
     uint64_t prefetches;
 };
@@ -188,11 +190,24 @@ int mpm_load_f32(void *loader, const char *name, uint64_t numel, float **out);
 /* model_k3.c: Kimi K3's parts, each a no-op for other architectures */
 #define MPM_MAX_RES_SOURCES 4097 /* AttnRes: at most one bank per layer (4096) + the stream */
 static inline float mpm_act(const mpm_config *c, float g, float u) { /* SiTU-GLU or SwiGLU */
+    if (c->swiglu_limit > 0) { /* GLM-5.3-Flash's clamped SwiGLU */
+        g = fminf(g, c->swiglu_limit);
+        u = fminf(fmaxf(u, -c->swiglu_limit), c->swiglu_limit);
+    }
     if (!(c->situ_beta > 0)) return mpk_silu(g) * u;
     if (c->situ_lb > 0) u = c->situ_lb * tanhf(u / c->situ_lb);
     return c->situ_beta * tanhf(g / c->situ_beta) / (1.0f + expf(-g)) * u;
 }
 int mpm_k3_load_layer(mpm_model *m, void *loader, int layer);
+/* model_hyper.c: GLM-5.3-Flash's hyper-connections, each a no-op when hc_mult is 0 */
+int mpm_hc_load_layer(mpm_model *m, void *loader, int layer);
+uint64_t mpm_hc_scratch_bytes(const mpm_config *c, int chunk);
+int mpm_hc_alloc(mpm_model *m);
+void mpm_hc_free(mpm_model *m);
+void mpm_hc_embed(mpm_model *m, int T, const float *x);                /* x -> N streams */
+void mpm_hc_pre(mpm_model *m, int layer, int block, int T, float *out); /* block 0 attn, 1 FFN */
+void mpm_hc_post(mpm_model *m, int T, const float *o);
+void mpm_hc_final(mpm_model *m, int T, float *out); /* the streams' mean */
 int mpm_k3_load_final(mpm_model *m, void *loader);
 uint64_t mpm_k3_scratch_bytes(const mpm_config *c, int chunk);
 int mpm_k3_alloc(mpm_model *m);
