@@ -183,63 +183,136 @@ AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
 /* Rows [r0, r1) times many inputs: one input per lane.  Per input this is exactly row_dot's
  * arithmetic (lane j of a group sums elements j mod 8 with separate multiply and add, the lanes
  * are reduced in red8's order, groups scaled and summed in order), done for 8 inputs at once on
- * inputs stored transposed, with the row's codes decoded once (q8 here, the rest in scalar). */
-AVX2 void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
-                           int64_t nb, int64_t n, float *y, float *wb) {
+ * inputs stored transposed, with each row's codes decoded once per task (mm_decode).
+ *
+ * The products of RB rows (RB = 1 or 2) with one block of 8 inputs: each input lane follows
+ * row_dot's order exactly (8 lanes of element mod 8 per group, red8, group scale).  Two rows share
+ * each input load; with AVX-512VL's 32 vector registers their 16 accumulators stay in registers. */
+AVX2 static inline __attribute__((always_inline)) void
+mm_block(const mpk_mat *w, const float *wr0, const float *sc0, const float *mn0, const float *X,
+         const float *xl, int64_t b, int64_t cp, int64_t ng, int grouped, const int RB, __m256 acc[2]) {
+    const int64_t C = w->cols, G = grouped ? w->group : C;
+    for (int k = 0; k < RB; k++) acc[k] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t c0 = g * G, c1 = c0 + G < C ? c0 + G : C, c = c0;
+        __m256 L[2][8];
+        #pragma GCC unroll 2
+        for (int k = 0; k < RB; k++)
+            #pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) L[k][i] = _mm256_setzero_ps();
+        for (; c + 8 <= c1; c += 8) /* lane i: elements c0 + i mod 8 (c0 % 8 == 0) */
+            #pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+                __m256 xv = _mm256_loadu_ps(X + (c + i) * 8);
+                #pragma GCC unroll 2
+                for (int k = 0; k < RB; k++)
+                    L[k][i] = _mm256_add_ps(L[k][i], _mm256_mul_ps(_mm256_broadcast_ss(wr0 + k * cp + c + i), xv));
+            }
+        for (; c < c1; c++)
+            #pragma GCC unroll 2
+            for (int k = 0; k < RB; k++)
+                L[k][(c - c0) & 7] = _mm256_add_ps(L[k][(c - c0) & 7],
+                                                   _mm256_mul_ps(_mm256_broadcast_ss(wr0 + k * cp + c), _mm256_loadu_ps(X + c * 8)));
+        #pragma GCC unroll 2
+        for (int k = 0; k < RB; k++) {
+            /* red8: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) */
+            __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(L[k][0], L[k][1]), _mm256_add_ps(L[k][2], L[k][3])),
+                                     _mm256_add_ps(_mm256_add_ps(L[k][4], L[k][5]), _mm256_add_ps(L[k][6], L[k][7])));
+            if (!grouped) {
+                acc[k] = s;
+                continue;
+            }
+            __m256 part = _mm256_mul_ps(_mm256_broadcast_ss(sc0 + k * ng + g), s);
+            if (w->zero_point)
+                part = _mm256_add_ps(part, _mm256_mul_ps(_mm256_broadcast_ss(mn0 + k * ng + g),
+                                                         _mm256_loadu_ps(xl + (size_t)(b * ng + g) * 8)));
+            acc[k] = _mm256_add_ps(acc[k], part);
+        }
+    }
+}
+
+/* Row r's numbers as row_dot multiplies them (mpk_row_codes), 8 columns per instruction for
+ * q8, q4, f16 and bf16; q6 and the tails in scalar. */
+AVX2 static inline __attribute__((always_inline)) void
+mm_decode(const mpk_mat *w, int64_t r, int64_t ng, float *o, float *sc, float *mn) {
+    const int64_t C = w->cols, cp = w->cols_p;
+    int64_t c = 0;
+    if (w->codec == MP_CODEC_Q8) {
+        const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * cp;
+        for (; c + 8 <= C; c += 8)
+            _mm256_storeu_ps(o + c, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + c)))));
+        for (; c < C; c++) o[c] = (float)q[c];
+        const uint8_t *s = w->data + (size_t)(r * ng) * 2;
+        for (int64_t g = 0; g < ng; g++) sc[g] = mpk_f16_to_f32(ld16(s + 2 * g));
+    } else if (w->codec == MP_CODEC_Q4) {
+        const uint8_t *s = w->data + (size_t)(r * ng) * 2, *m = s + (size_t)(w->rows * ng) * 2;
+        for (int64_t g = 0; g < ng; g++) sc[g] = mpk_f16_to_f32(ld16(s + 2 * g));
+        if (w->zero_point)
+            for (int64_t g = 0; g < ng; g++) mn[g] = mpk_f16_to_f32(ld16(m + 2 * g));
+        const uint8_t *q = w->data + (w->zero_point ? 2 : 1) * (size_t)(w->rows * ng) * 2 + (size_t)(r * cp) / 2;
+        const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), m15 = _mm256_set1_epi32(15);
+        const __m256i off = _mm256_set1_epi32(w->zero_point ? 0 : 8);
+        for (; c + 8 <= C; c += 8) { /* column c + i: bits 4i.. of the 4 bytes from c / 2 */
+            int32_t word;
+            memcpy(&word, q + c / 2, 4);
+            __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), sh), m15);
+            _mm256_storeu_ps(o + c, _mm256_cvtepi32_ps(_mm256_sub_epi32(v, off)));
+        }
+        for (; c < C; c++) o[c] = (float)(((q[c >> 1] >> ((c & 1) * 4)) & 15) - (w->zero_point ? 0 : 8));
+    } else if (w->codec == MP_CODEC_F16) {
+        const uint8_t *row = w->data + (size_t)(r * C) * 2;
+        for (; c + 8 <= C; c += 8) _mm256_storeu_ps(o + c, f16x8(row + 2 * c)); /* as row_dot converts */
+        for (; c < C; c++) o[c] = mpk_f16_to_f32(ld16(row + 2 * c));
+    } else if (w->codec == MP_CODEC_BF16) {
+        const uint8_t *row = w->data + (size_t)(r * C) * 2;
+        for (; c + 8 <= C; c += 8)
+            _mm256_storeu_ps(o + c, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * c))), 16)));
+        for (; c < C; c++) o[c] = mpk_bf16_to_f32(ld16(row + 2 * c));
+    } else {
+        mpk_row_codes(w, r, o, sc, mn);
+    }
+}
+
+AVX2 static inline __attribute__((always_inline)) void
+mm_rows_body(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl, int64_t nb,
+             int64_t n, float *y, float *wb) {
     const int64_t C = w->cols, cp = w->cols_p, R = r1 - r0;
     const int grouped = w->codec == MP_CODEC_Q8 || w->codec == MP_CODEC_Q6 || w->codec == MP_CODEC_Q4;
-    const int64_t G = grouped ? w->group : C, ng = grouped ? w->ngroups : 1;
+    const int64_t ng = grouped ? w->ngroups : 1;
     float *sc = wb + (size_t)(R * cp), *mn = sc + (size_t)(R * ng);
-    for (int64_t r = r0; r < r1; r++) {
-        float *o = wb + (size_t)((r - r0) * cp);
-        if (w->codec == MP_CODEC_Q8) {
-            const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * cp;
-            int64_t c = 0;
-            for (; c + 8 <= C; c += 8)
-                _mm256_storeu_ps(o + c, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + c)))));
-            for (; c < C; c++) o[c] = (float)q[c];
-            const uint8_t *s = w->data + (size_t)(r * ng) * 2;
-            for (int64_t g = 0; g < ng; g++) sc[(r - r0) * ng + g] = mpk_f16_to_f32(ld16(s + 2 * g));
-        } else {
-            mpk_row_codes(w, r, o, sc + (r - r0) * ng, mn + (r - r0) * ng);
-        }
-    }
+    for (int64_t r = r0; r < r1; r++)
+        mm_decode(w, r, ng, wb + (size_t)((r - r0) * cp), sc + (r - r0) * ng, mn + (r - r0) * ng);
     for (int64_t b = 0; b < nb; b++) {
         const float *X = xt + (size_t)(b * C) * 8;
-        for (int64_t r = r0; r < r1; r++) {
-            const float *wr = wb + (size_t)((r - r0) * cp);
-            __m256 acc = _mm256_setzero_ps();
-            for (int64_t g = 0; g < ng; g++) {
-                int64_t c0 = g * G, c1 = c0 + G < C ? c0 + G : C, c = c0;
-                __m256 L[8];
-                #pragma GCC unroll 8
-                for (int i = 0; i < 8; i++) L[i] = _mm256_setzero_ps();
-                for (; c + 8 <= c1; c += 8) /* lane i: elements c0 + i mod 8 (c0 % 8 == 0) */
-                    #pragma GCC unroll 8
-                    for (int i = 0; i < 8; i++)
-                        L[i] = _mm256_add_ps(L[i], _mm256_mul_ps(_mm256_broadcast_ss(wr + c + i),
-                                                                 _mm256_loadu_ps(X + (c + i) * 8)));
-                for (; c < c1; c++)
-                    L[(c - c0) & 7] = _mm256_add_ps(L[(c - c0) & 7], _mm256_mul_ps(_mm256_broadcast_ss(wr + c),
-                                                                                   _mm256_loadu_ps(X + c * 8)));
-                /* red8: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) */
-                __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(L[0], L[1]), _mm256_add_ps(L[2], L[3])),
-                                         _mm256_add_ps(_mm256_add_ps(L[4], L[5]), _mm256_add_ps(L[6], L[7])));
-                if (!grouped) {
-                    acc = s;
-                    break;
-                }
-                __m256 part = _mm256_mul_ps(_mm256_broadcast_ss(sc + (r - r0) * ng + g), s);
-                if (w->zero_point)
-                    part = _mm256_add_ps(part, _mm256_mul_ps(_mm256_broadcast_ss(mn + (r - r0) * ng + g),
-                                                             _mm256_loadu_ps(xl + (size_t)(b * ng + g) * 8)));
-                acc = _mm256_add_ps(acc, part);
+        for (int64_t r = r0; r < r1;) {
+            const int64_t i = r - r0;
+            __m256 acc[2];
+            int rb = r + 1 < r1 ? 2 : 1;
+            if (rb == 2)
+                mm_block(w, wb + (size_t)(i * cp), sc + i * ng, mn + i * ng, X, xl, b, cp, ng, grouped, 2, acc);
+            else
+                mm_block(w, wb + (size_t)(i * cp), sc + i * ng, mn + i * ng, X, xl, b, cp, ng, grouped, 1, acc);
+            for (int k = 0; k < rb; k++) {
+                float v[8];
+                _mm256_storeu_ps(v, acc[k]);
+                for (int64_t t = 0; t < 8 && b * 8 + t < n; t++) y[(b * 8 + t) * w->rows + r + k] = v[t];
             }
-            float v[8];
-            _mm256_storeu_ps(v, acc);
-            for (int64_t i = 0; i < 8 && b * 8 + i < n; i++) y[(b * 8 + i) * w->rows + r] = v[i];
+            r += rb;
         }
     }
+}
+
+AVX2 void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
+                           int64_t nb, int64_t n, float *y, float *wb) {
+    mm_rows_body(w, r0, r1, xt, xl, nb, n, y, wb);
+}
+
+/* The same code where AVX-512VL gives 32 vector registers (the AVX-512 table's trunk product). */
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) void
+mpk_avx512vl_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl, int64_t nb,
+                     int64_t n, float *y, float *wb) {
+    mm_rows_body(w, r0, r1, xt, xl, nb, n, y, wb);
 }
 
 AVX2 static void a_rvq_tables(const float *cbt, const float *x, mpk_rvq_tab *t, int64_t g, int st) {

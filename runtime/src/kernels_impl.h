@@ -52,6 +52,8 @@ void mpk_row_codes(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn
 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x);
 void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
                       int64_t nb, int64_t n, float *y, float *wb);
+void mpk_avx512vl_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
+                          int64_t nb, int64_t n, float *y, float *wb);
 
 /* The most tiles one rvq_tiles call gets (its accumulator lives on the caller's stack). */
 #define MPK_RVQ_MAX_TILES 16

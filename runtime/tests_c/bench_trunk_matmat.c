@@ -1,0 +1,77 @@
+/* Trunk matrix times a prompt chunk (mpk_matmat, issue 15): ns per (weight x token) against the
+ * number of tokens, per codec, one thread, matrix in cache after the first call.  Not a test.
+ *
+ *   gcc -std=c11 -O2 -ffp-contract=off -Iruntime/include -Iruntime/src \
+ *       runtime/tests_c/bench_trunk_matmat.c runtime/src/kernels*.c runtime/src/codecs.c \
+ *       runtime/src/json.c -pthread -lm -o /tmp/bench_trunk_matmat
+ *   /tmp/bench_trunk_matmat [ROWSxCOLS]
+ *
+ * One JSON line per codec and token count n: ns_w = this thread's CPU time (time spent
+ * descheduled on a shared machine does not count) per weight x token, best of 5 calls. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rs = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) {
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return rs;
+}
+
+int main(int argc, char **argv) {
+    long rows = 4096, cols = 4096;
+    if (argc > 1 && sscanf(argv[1], "%ldx%ld", &rows, &cols) != 2) return 2;
+    const mpk_impl *k = mpk_select(MPK_AUTO);
+    static const struct {
+        const char *name;
+        int codec, zp;
+        int64_t group;
+    } kinds[] = {{"q8", MP_CODEC_Q8, 0, 32}, {"q6", MP_CODEC_Q6, 0, 32}, {"q4", MP_CODEC_Q4, 0, 32},
+                 {"f16", MP_CODEC_F16, 0, 0}};
+    enum { NMAX = 256 };
+    static const int ns[] = {1, 4, 8, 16, 64, 256};
+    float *x = malloc(sizeof(float) * (size_t)NMAX * (size_t)cols), *y = malloc(sizeof(float) * (size_t)NMAX * (size_t)rows);
+    for (long i = 0; i < NMAX * cols; i++) x[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 1000.0f;
+    for (size_t ki = 0; ki < sizeof kinds / sizeof *kinds; ki++) {
+        mpk_mat w;
+        static uint8_t dummy[1];
+        if (mpk_mat_init(&w, kinds[ki].codec, rows, cols, kinds[ki].group, kinds[ki].zp, dummy)) return 1;
+        uint64_t nb = mpk_mat_nbytes(&w);
+        uint8_t *data = malloc(nb);
+        /* codes random; f16 values and scales a finite 0x3c00-ish pattern */
+        for (uint64_t i = 0; i < nb; i++) data[i] = (uint8_t)rnd();
+        for (uint64_t i = 1; i < nb; i += 2) data[i] = (uint8_t)(0x30 | (data[i] & 0x8b));
+        mpk_mat_init(&w, kinds[ki].codec, rows, cols, kinds[ki].group, kinds[ki].zp, data);
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            int n = ns[ni];
+            double best = 1e30;
+            for (int rep = 0; rep < 5; rep++) {
+                double a = now();
+                mpk_matmat(k, NULL, &w, x, n, y);
+                double d = now() - a;
+                best = d < best ? d : best;
+            }
+            printf("{\"codec\": \"%s\", \"shape\": \"%ldx%ld\", \"path\": \"%s\", \"n\": %d, \"ns_w\": %.5f, "
+                   "\"check\": %g}\n",
+                   kinds[ki].name, rows, cols, mpk_impl_name(k), n, best / ((double)rows * (double)cols * n) * 1e9,
+                   (double)y[0]);
+        }
+        free(data);
+    }
+    free(x);
+    free(y);
+    return 0;
+}
