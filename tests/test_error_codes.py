@@ -3,29 +3,10 @@ FormatError with a code from the one list, and the code list is closed."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 from moepack.format.errors import CODES, FormatError, reject
 
-FORMAT = Path(__file__).resolve().parents[1] / "format"
-OPEN_PATH = ("header.py", "reader.py", "canonical.py", "rules.py", "sections.py", "mtp.py")
-
-
-def _uncoded_raises(path: Path) -> list[int]:
-    """Lines where FormatError(...) is built without a code (positional or keyword)."""
-    bad = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "FormatError":
-            if len(node.args) < 2 and not any(k.arg == "code" for k in node.keywords):
-                bad.append(node.lineno)
-    return bad
-
-
-@pytest.mark.parametrize("name", OPEN_PATH)
-def test_every_open_check_has_a_code(name: str) -> None:
-    assert _uncoded_raises(FORMAT / name) == []
+# that every FormatError in format/ names its code: test_later_error_codes.py scans them all
 
 
 def test_codes_are_one_closed_list() -> None:
