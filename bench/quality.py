@@ -35,6 +35,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -331,7 +332,9 @@ def _save(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def matrix(args) -> dict:
+def matrix(args, row_extra: Callable[[Path, Windows], dict] | None = None) -> dict:
+    """row_extra(container, windows): more statistics for each row, before the container
+    is deleted (bench/dsa_twin.py's selection changes)."""
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     res_path = work / "results.json"
@@ -369,6 +372,8 @@ def matrix(args) -> dict:
         row = statistics(ref, q, win)
         row.update(container_size(out), group=st.group, convert_seconds=round(secs, 1),
                    eval_seconds=round(time.monotonic() - t0, 1))
+        if row_extra is not None:
+            row.update(row_extra(out, win))
         data["rows"][name] = row
         print(fmt_row(name, row), flush=True)
         _save(res_path, data)
