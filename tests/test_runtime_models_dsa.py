@@ -298,28 +298,13 @@ def test_native_names_are_what_save_pretrained_writes(tmp_path_factory, arch):
 
 @pytest.mark.slow
 def test_dsa_under_asan_and_ubsan(tmp_path_factory, tmp_path):
-    """Both families in the sparse regime (40 tokens, top-k 8) through the ASan/UBSan driver of
-    test_runtime_engine_asan: cache on/off/one record, scalar kernels."""
-    import glob
-    import shutil
-    import subprocess
+    """Both families in the sparse regime (40 tokens, top-k 8) through the ASan/UBSan driver
+    (tests/sanitized_engine.py): cache on/off/one record, scalar kernels, the default f16 KV
+    (f16 indexer keys)."""
+    from sanitized_engine import run_engine_under_sanitizers
 
-    from test_runtime_engine_asan import DRIVER
-
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    files = [str(built(tmp_path_factory, a, "sparse") / "m.moepack") for a in FAMILIES]
-    (tmp_path / "drv.c").write_text(DRIVER)
-    exe = tmp_path / "drv"
-    subprocess.run([cc, "-std=c11", "-g", "-O1", "-fsanitize=address,undefined",
-                    "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-pthread",
-                    "-DMOEPACK_VERSION=\"0\"", "-Iruntime/include", "-Iruntime/src",
-                    *sorted(glob.glob("runtime/src/*.c")), str(tmp_path / "drv.c"), "-lm",
-                    "-o", str(exe)], check=True, timeout=600)
-    r = subprocess.run([str(exe), *files], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "done 0" in r.stdout and "ERROR" not in r.stderr and "runtime error" not in r.stderr
+    files = [built(tmp_path_factory, a, "sparse") / "m.moepack" for a in FAMILIES]
+    run_engine_under_sanitizers(tmp_path, files, timeout=600)
 
 
 def test_ties_select_the_lowest_positions(tmp_path):
