@@ -174,6 +174,7 @@ def _convert_hub(source: str, out: Path, settings, staging: str, jobs: int | Non
                  force: bool, restart: bool, dry_run: bool, reporter, pause: float,
                  as_json: bool, quiet: bool, ray: str | None = None) -> None:
     from moepack.convert.stream import convert_from_hub
+
     from moepack.sizes import parse_size
 
     try:

@@ -140,8 +140,6 @@ def _check_portable(config: dict) -> None:
 
 def config_field(adapter: Adapter, field: str) -> str:
     """`field` of the description as the config.json key a user can edit."""
-    if field.startswith("source.config."):
-        return repr(field.removeprefix("source.config."))
     path = field.split("[")[0]
     parts = path.split(".")
     for n in range(len(parts), 0, -1):  # rope_scaling.factor: from config.json's rope_scaling

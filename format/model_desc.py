@@ -91,7 +91,7 @@ SOURCE_INT_BOUNDS: dict[str, tuple[int, int]] = {
 
 
 class ModelDescError(ValueError):
-    """`field` (a dotted path under manifest.model, or `source.config.KEY`) breaks a rule."""
+    """`field` (a dotted path under manifest.model) breaks a rule."""
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field}: {reason}")
@@ -212,7 +212,6 @@ def _attention(m: dict) -> None:
               lo=0 if m["arch"] == "glm5_next" else None)
     if m["attention"]["qk_rope_head_dim"] % 2:
         raise ModelDescError("attention.qk_rope_head_dim", "must be even (rotary pairs)")
-
     _dsa(m)
 
 
@@ -246,6 +245,7 @@ def _dsa(m: dict) -> None:
         raise ModelDescError("attention.dsa.indexer_types[0]",
                              "must be full (a shared layer reuses an earlier full layer's "
                              "selection)")
+
 
 def _layers(m: dict) -> None:
     kinds = m.get("layer_kinds")
