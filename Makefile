@@ -53,7 +53,9 @@ lint: install
 demo: install
 	$(PY) -m demo.run_demo
 
+# llama-cpp-python builds from source without build isolation: its backend must be in the venv.
 $(VENV)/.bench-deps: pyproject.toml | $(STAMP)
+	$(PIP) install --quiet "scikit-build-core>=0.9"
 	$(PIP) install --quiet -e '.[bench]' --no-build-isolation
 	touch $@
 
