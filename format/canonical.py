@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from moepack.format.errors import FormatError, reject
@@ -40,8 +41,9 @@ def _no_constant(name: str) -> Any:
     raise FormatError(f"forbidden constant {name}", "forbidden_constant")
 
 
-def _check_ints(obj: Any, field: str, offset: int | None) -> None:
-    """Every integer must fit a signed 64-bit value, so C readers parse the same documents."""
+def _check_numbers(obj: Any, field: str, offset: int | None, finite: bool) -> None:
+    """Every integer must fit a signed 64-bit value, so C readers parse the same documents; with
+    `finite`, every float must be finite (canonical JSON has no NaN or Infinity)."""
     stack = [obj]
     while stack:
         x = stack.pop()
@@ -52,6 +54,15 @@ def _check_ints(obj: Any, field: str, offset: int | None) -> None:
         elif isinstance(x, int) and not isinstance(x, bool) and not INT_MIN <= x <= INT_MAX:
             raise reject("integer_range", field,
                          f"integer out of range: {x} (JSON integers must fit int64)", offset)
+        elif finite and isinstance(x, float) and not math.isfinite(x):
+            raise reject("forbidden_constant", field,
+                         f"forbidden constant {x} (canonical JSON has no NaN or Infinity)", offset)
+
+
+def check_writable(obj: Any, field: str) -> None:
+    """FormatError (naming `field`) for a number canonical JSON cannot hold. Anything that is not
+    a JSON value at all is the caller's bug: canonical_json raises TypeError for it."""
+    _check_numbers(obj, field, None, finite=True)
 
 
 def parse_canonical(data: bytes, field: str, offset: int | None = None) -> Any:
@@ -72,7 +83,7 @@ def parse_canonical(data: bytes, field: str, offset: int | None = None) -> Any:
         raise reject(e.code, field, f"{kind}{e}", offset) from None
     except json.JSONDecodeError as e:  # the detail is CPython's wording; only the code is stable
         raise reject("json_syntax", field, f"bad JSON: {e}", offset) from None
-    _check_ints(obj, field, offset)
+    _check_numbers(obj, field, offset, finite=False)  # 1e400: not_canonical below
     try:
         again = json.dumps(
             obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False

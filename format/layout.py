@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moepack.format.canonical import canonical_json
+from moepack.format.canonical import canonical_json, check_writable
 from moepack.format.codecs import uses_rvq
 from moepack.format.errors import FormatError
 from moepack.format.limits import (
@@ -327,11 +327,8 @@ def plan_layout(spec: ContainerSpec) -> Layout:
                           "too_many_sections")
     index_offset = align_up(pos, SECTION_ALIGNMENT)
     doc = {"manifest": spec.manifest, "sections": entries}
-    try:
-        index_length = len(canonical_json(doc))
-    except (TypeError, ValueError) as e:
-        raise FormatError(f"manifest: cannot be written as canonical JSON: {e}",
-                          "invalid") from None
+    check_writable(spec.manifest, "index.manifest")  # the sections hold planner integers only
+    index_length = len(canonical_json(doc))
     if index_length > MAX_INDEX_LENGTH:
         raise FormatError(f"index length {index_length} outside 2..{MAX_INDEX_LENGTH}",
                           "index_length")

@@ -118,6 +118,25 @@ def test_planner_refuses_bad_specs(change: dict, error: str) -> None:
         plan_layout(spec)
 
 
+@pytest.mark.parametrize(("value", "code"), [(float("nan"), "forbidden_constant"),
+                                           (float("inf"), "forbidden_constant"),
+                                           (1 << 63, "integer_range")])
+def test_planner_refuses_numbers_canonical_json_cannot_hold(value: object, code: str) -> None:
+    spec = mixtral_spec(layers=1, experts=2, alignment=512)
+    manifest = {**spec.manifest, "converter": {**spec.manifest["converter"], "x": [value]}}
+    with pytest.raises(FormatError) as e:
+        plan_layout(replace(spec, manifest=manifest))
+    assert (e.value.code, e.value.field) == (code, "index.manifest")
+
+
+def test_planner_does_not_report_its_callers_bug_as_a_bad_file() -> None:
+    """A manifest holding a non-JSON value is the writer's bug: TypeError, not FormatError."""
+    spec = mixtral_spec(layers=1, experts=2, alignment=512)
+    manifest = {**spec.manifest, "converter": {**spec.manifest["converter"], "x": {1, 2}}}
+    with pytest.raises(TypeError):
+        plan_layout(replace(spec, manifest=manifest))
+
+
 def test_planner_refuses_bad_banks() -> None:
     spec = mixtral_spec(layers=2, experts=2, alignment=512)
     with pytest.raises(FormatError, match="same layer"):
