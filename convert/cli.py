@@ -151,6 +151,14 @@ def convert_cmd(
         return
     p = summary.plan
     if dry_run:
+        if p["weightless"]:
+            mtp = p["mtp_layers"]
+            typer.echo(f"no weights in {src} (no model.safetensors or model.safetensors.index"
+                       ".json): planned from config.json alone")
+            typer.echo("  the size assumes the config's shapes"
+                       + (f" ({mtp} multi-token-prediction layer(s) kept)" if mtp else "")
+                       + f" and the codecs below (expert preset {settings.expert_preset}); each "
+                       "weight file of the real checkpoint adds its manifest entry (~140 bytes)")
         typer.echo(f"plan for {out}: {format_size(p['file_size'])} ({p['file_size']:,} bytes), "
                    f"{p['tensors']} tensors, {p['experts']} experts in {p['expert_banks']} banks")
         avail = p["available_memory"]

@@ -21,7 +21,7 @@ from moepack.convert.errors import ConvertError
 from moepack.convert.fingerprint import fingerprint, manifest_files
 from moepack.convert.jobs import JobsChoice, choose_jobs
 from moepack.convert.journal import Journal, journal_path
-from moepack.convert.plan import Plan, checkpoint_plan, weight_counts
+from moepack.convert.plan import Plan, checkpoint_plan, config_plan, weight_counts
 from moepack.convert.progress import Reporter
 from moepack.convert.resume import (
     check_same,
@@ -84,10 +84,11 @@ def peak_memory(plan: Plan, jobs: int) -> int:
 
 
 def _plan_summary(plan: Plan, out: Path, choice: JobsChoice, free: int, done: int,
-                  total: int) -> dict:
+                  total: int, ray: str | None, weightless: bool = False) -> dict:
     weights, _ = weight_counts(plan)
     jobs = choice.jobs
-    return {"output": str(out), "file_size": plan.layout.file_size,
+    return {"output": str(out), "file_size": plan.layout.file_size, "ray": ray,
+            "weightless": weightless, "mtp_layers": plan.adapter.mtp_layers,
             "free_space": free, "peak_memory_estimate": peak_memory(plan, jobs),
             "jobs": jobs, "jobs_choice": choice.describe(),
             "threads_per_worker": threads_per_worker(jobs),
@@ -96,6 +97,18 @@ def _plan_summary(plan: Plan, out: Path, choice: JobsChoice, free: int, done: in
             "units_done": done, "units_total": total, "output_exists": os.path.lexists(out),
             "available_memory": usable_memory(),
             "codecs": plan.spec.manifest["codecs"]}
+
+
+def _weightless_dry_run(ck: Checkpoint, out: Path, settings: Settings, jobs: int | None,
+                        ray: str | None, t0: float) -> Summary:
+    """The plan of a folder without weights, from its config.json (what `plan --config`
+    sizes, with the folder's tokenizer files as blobs); the weight files a real checkpoint
+    lists in the manifest are not in it."""
+    plan = config_plan(ck.config, settings, blobs=ck.blob_sizes())
+    choice = choose_jobs(jobs, peak_memory(plan, 1))
+    info = _plan_summary(plan, out, choice, shutil.disk_usage(out.parent).free, 0,
+                         len(unit_lengths(plan)), ray, weightless=True)
+    return _summary(plan, out, None, t0, 0, info)
 
 
 def _refuse_odd_entries(*paths: Path) -> None:
@@ -139,7 +152,9 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int |
         raise ConvertError(f"{out} already exists; pass --force to replace it")
     if not out.parent.is_dir():
         raise ConvertError(f"{out.parent}: no such directory")
-    ck = Checkpoint(src)
+    ck = Checkpoint(src, weightless=dry_run)
+    if not ck.files:  # a dry run of config.json alone: its shapes, declared MTP layers assumed
+        return _weightless_dry_run(ck, out, settings, jobs, ray, t0)
     # Validate every tensor and size the output before the (long) SHA-256 pass; hashes have a
     # fixed width, so the placeholder plan has the final size.
     plan, _ = checkpoint_plan(ck, settings)
@@ -151,8 +166,7 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int |
     need = 0 if resuming else max(0, plan.layout.file_size + SPACE_MARGIN - reusable)
     choice = choose_jobs(jobs, peak_memory(plan, 1))
     jobs = choice.jobs
-    summary_plan = _plan_summary(plan, out, choice, free, 0, len(unit_lengths(plan)))
-    summary_plan["ray"] = ray
+    summary_plan = _plan_summary(plan, out, choice, free, 0, len(unit_lengths(plan)), ray)
     if dry_run:
         return _summary(plan, out, None, t0, 0, summary_plan)
     _refuse_odd_entries(partial, jpath)

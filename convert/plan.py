@@ -159,11 +159,20 @@ def plan_for_config(config: dict, settings: Settings, files: list[dict] | None =
     placeholder gives the same size); `blobs`: sizes of tokenizer.json etc. to be embedded;
     `names`: the checkpoint's tensor names if known (they say whether the declared MTP layers
     are there; unknown: assumed there, as in the published checkpoints)."""
+    return config_plan(config, settings, files, blobs, names).layout
+
+
+def config_plan(config: dict, settings: Settings, files: list[dict] | None = None,
+                blobs: Mapping[str, int] | None = None,
+                names: Collection[str] | None = None) -> Plan:
+    """`plan_for_config` with its spec and adapter (`convert --dry-run` of a folder that holds
+    a config.json and no weights)."""
     files = [{"name": f["name"], "size": int(f["size"]),
               "sha256": f.get("sha256") or PLACEHOLDER_SHA} for f in (files or [])]
     adapter = described(config)
     choose_mtp(adapter, settings, names)
-    return plan_layout(build_spec(adapter, settings, files, blobs or {}))
+    spec = build_spec(adapter, settings, files, blobs or {})
+    return Plan(spec, plan_layout(spec), adapter)
 
 
 def choose_mtp(adapter: Adapter, settings: Settings, names: Collection[str] | None) -> None:
@@ -195,8 +204,7 @@ def checkpoint_plan(ck: Checkpoint, settings: Settings,
     if files is None:
         files = [{"name": f, "size": (ck.dir / f).stat().st_size, "sha256": PLACEHOLDER_SHA}
                  for f in ck.files]
-    blobs = {n: (ck.dir / n).stat().st_size for n in ck.blob_files()}
-    spec = build_spec(adapter, settings, files, blobs)
+    spec = build_spec(adapter, settings, files, ck.blob_sizes())
     return Plan(spec, plan_layout(spec), adapter), smap
 
 

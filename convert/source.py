@@ -83,12 +83,15 @@ def _read_small(path: Path, limit: int) -> bytes:
 class Checkpoint:
     """Validated view of a checkpoint: config, tensor table, blob files; no tensor data loaded."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, *, weightless: bool = False) -> None:
+        """weightless: a folder with no weight file at all (only config.json and maybe
+        tokenizer files) is accepted, with no files and no tensors (`convert --dry-run` plans
+        it from the config); a folder whose index names missing shards is refused either way."""
         self.dir = Path(directory)
         if not self.dir.is_dir():
             raise SourceError(f"{self.dir}: not a directory")
         self.config = load_json(self.dir / "config.json")
-        self.files = self._weight_files()
+        self.files = self._weight_files(weightless)
         self.tensors: dict[str, TensorInfo] = {}
         for fname in self.files:
             for tname, info in read_header(self.dir / fname).items():
@@ -173,7 +176,7 @@ class Checkpoint:
         return block[0], block[1]
 
     # -- discovery -------------------------------------------------------------------------
-    def _weight_files(self) -> list[str]:
+    def _weight_files(self, weightless: bool) -> list[str]:
         index = self.dir / INDEX_NAME
         if index.exists():
             wmap = load_json(index).get("weight_map")
@@ -196,7 +199,10 @@ class Checkpoint:
         self._weight_map = None
         if (self.dir / SINGLE_NAME).is_file():
             return [SINGLE_NAME]
-        raise SourceError(f"{self.dir}: no {SINGLE_NAME} and no {INDEX_NAME}")
+        if weightless:
+            return []
+        raise SourceError(f"{self.dir}: no {SINGLE_NAME} and no {INDEX_NAME}, so no weights to "
+                          "convert (--dry-run plans the container from config.json alone)")
 
     def _check_index(self) -> None:
         if self._weight_map is None:
@@ -208,6 +214,9 @@ class Checkpoint:
 
     def blob_files(self) -> list[str]:
         return [n for n in BLOB_FILES if (self.dir / n).is_file()]
+
+    def blob_sizes(self) -> dict[str, int]:
+        return {n: (self.dir / n).stat().st_size for n in self.blob_files()}
 
     # -- shapes ----------------------------------------------------------------------------
     def info(self, name: str) -> TensorInfo:

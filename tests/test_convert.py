@@ -226,6 +226,32 @@ def test_cli_dry_run_prints_plan(sources, tmp_path):
     assert r.exit_code == 1 and "unknown expert codec 'nope'" in r.output
 
 
+CONFIGS = Path(__file__).resolve().parent.parent / "docs" / "configs"
+
+
+@pytest.mark.parametrize("stem", ["Kimi-K3", "DeepSeek-V3.2"])  # DeepSeek: an MTP layer kept
+def test_dry_run_of_a_config_alone_is_the_planners_size(stem, tmp_path):
+    """A folder with a real config.json and no weights: --dry-run says so and prints the exact
+    size `plan --config` gives (planned from the config alone); converting it is refused in one
+    line, with nothing written."""
+    src, out = tmp_path / "src", tmp_path / "out.moepack"
+    src.mkdir()
+    (src / "config.json").write_bytes((CONFIGS / f"{stem}.json").read_bytes())
+    want = plan_for_config(json.loads((src / "config.json").read_text()), Settings()).file_size
+    r = _cli("convert", str(src), str(out), "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert f"no weights in {src}" in r.stdout and "planned from config.json alone" in r.stdout
+    assert "expert preset rvq3-l" in r.stdout
+    assert f"({want:,} bytes)" in r.stdout
+    r = _cli("convert", str(src), str(out), "--dry-run", "--json")
+    plan = json.loads(r.stdout)["plan"]
+    assert plan["weightless"] is True and plan["file_size"] == want
+    r = _cli("convert", str(src), str(out))
+    assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "no model.safetensors" in r.output and "--dry-run plans" in r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
 def test_second_concurrent_run_is_refused(sources, tmp_path):
     from moepack.convert.journal import Journal
 
