@@ -185,12 +185,13 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--cap-frac", type=float, default=0.5)
     ap.add_argument("--forced", default="", help="comma-separated decode token ids (no greedy)")
+    ap.add_argument("--ctx", type=int, default=256)
     a = ap.parse_args()
     prompt = [int(t) for t in a.prompt.split(",")]
     forced = [int(t) for t in a.forced.split(",")] if a.forced else None
     if a.child:
         print(json.dumps(child(a.model, prompt, a.tokens, a.threads, a.passes, a.budget,
-                               a.cache_experts, forced=forced)), flush=True)
+                               a.cache_experts, ctx=a.ctx, forced=forced)), flush=True)
         return
     cap = int(a.cap_frac * Path(a.model).stat().st_size)
     res = run_sweep(Path(a.model), cap=cap, prompt=prompt, tokens=a.tokens, threads=a.threads)

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -162,8 +163,9 @@ class Measurement:
 
 def run(cmd: list[str], limit: int | None, *, name: str | None = None,
         timeout: float | None = None, env: dict[str, str] | None = None,
-        nice: int = 0) -> Measurement:
-    """Run `cmd` in a new memory cgroup limited to `limit` bytes (None: no limit, measured)."""
+        nice: int = 0, cpus: Collection[int] | None = None) -> Measurement:
+    """Run `cmd` in a new memory cgroup limited to `limit` bytes (None: no limit, measured),
+    pinned to `cpus` when given (engines compared on the same cores)."""
     name = name or f"moepack-bench-{os.getpid()}-{time.monotonic_ns()}"
     io0 = io_counters()
     with MemoryCgroup(name, limit) as cg:
@@ -174,6 +176,8 @@ def run(cmd: list[str], limit: int | None, *, name: str | None = None,
                 f.write(str(os.getpid()))
             if nice:
                 os.nice(nice)
+            if cpus:
+                os.sched_setaffinity(0, cpus)
 
         with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
             t0 = time.perf_counter()

@@ -71,6 +71,7 @@ def decode(model: str, prompt: list[int], tokens: int, threads: int, passes: int
         runs.append({"prompt_tokens": len(prompt), "prompt_s": t2 - t1,
                      "decode_tokens": len(out), "decode_s": t3 - t2,
                      "decode_tok_s": len(out) / (t3 - t2),
+                     "prompt_tok_s": len(prompt) / (t2 - t1),
                      "tokens": out[:8]})
     return {"engine": "llama.cpp", "version": getattr(llama_cpp, "__version__", "?"),
             "load_s": load_s, "passes": runs, "threads": threads}
@@ -84,10 +85,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--forced", default="", help="comma-separated decode token ids (no greedy)")
+    ap.add_argument("--ctx", type=int, default=256)
     a = ap.parse_args()
     prompt = [int(t) for t in a.prompt.split(",")]
     forced = [int(t) for t in a.forced.split(",")] if a.forced else None
-    print(json.dumps(decode(a.model, prompt, a.tokens, a.threads, a.passes, forced=forced)),
+    print(json.dumps(decode(a.model, prompt, a.tokens, a.threads, a.passes, ctx=a.ctx,
+                            forced=forced)),
           flush=True)
 
 

@@ -29,17 +29,21 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.doc_sections import replace_section
 from bench.machine import git_commit, lscpu
 from moepack.sizes import format_size
+from moepack.sysinfo import usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 PROMPT = [1, 306, 4966, 263, 1243, 310, 278, 3186]  # 8 fixed token ids, fed to both engines
 CAPS = (0.25, 0.5, 1.1)
+PROMPT_CAPS = (0.25, 0.5)  # the long prompt runs warm and under these caps
 
 
 def forced_tokens(n: int, vocab: int, seed: int = 12345) -> list[int]:
@@ -76,8 +80,13 @@ FORCED: list[int] = []  # set by main(); empty = greedy
 
 def engine_run(kind: str, model: Path, cap: int | None, *, tokens: int, threads: int,
                passes: int, budget: int | None = None, cache_experts: int | None = None,
-               nice: int = 5, timeout: float = 1800) -> dict:
+               nice: int = 5, timeout: float = 1800, prompt: list[int] | None = None,
+               ctx: int = 256) -> dict:
+    """One engine in its own cgroup, pinned to the first `threads` CPUs (both engines get the
+    same cores)."""
     from bench import cgroup
+
+    prompt = prompt or PROMPT
 
     if kind == "moepack":
         cmd = [sys.executable, "-m", "bench.cache_sweep", "--child", "--model", str(model)]
@@ -87,11 +96,12 @@ def engine_run(kind: str, model: Path, cap: int | None, *, tokens: int, threads:
             cmd += ["--cache-experts", str(cache_experts)]
     else:
         cmd = [sys.executable, "-m", "bench.llama", "--model", str(model)]
-    cmd += ["--prompt", ",".join(map(str, PROMPT)), "--tokens", str(tokens), "--threads",
-            str(threads), "--passes", str(passes)]
+    cmd += ["--prompt", ",".join(map(str, prompt)), "--tokens", str(tokens), "--threads",
+            str(threads), "--passes", str(passes), "--ctx", str(ctx)]
     if FORCED:
         cmd += ["--forced", ",".join(map(str, FORCED[:tokens]))]
-    m = cgroup.run(cmd, cap, timeout=timeout, nice=nice)
+    cpus = sorted(os.sched_getaffinity(0))[:threads]
+    m = cgroup.run(cmd, cap, timeout=timeout, nice=nice, cpus=cpus)
     r = m.json_out() or {}
     out = {"engine": kind, "cap_bytes": cap, "rc": m.rc, "wall_s": m.wall_s,
            "peak_cgroup_bytes": m.peak_cgroup_bytes, "max_rss_bytes": m.max_rss_bytes,
@@ -102,26 +112,87 @@ def engine_run(kind: str, model: Path, cap: int | None, *, tokens: int, threads:
     else:
         p = r["passes"]
         out["tok_s"] = [x["decode_tok_s"] for x in p]
+        out["prompt_tok_s"] = [x["prompt_tok_s"] for x in p]
         if kind == "moepack":
             out["hit_rate"] = [x["hit_rate"] for x in p]
             out["budget_bytes"] = p[-1]["budget_bytes"]
     capgb = "none" if cap is None else f"{cap / 1e9:.2f}GB"
-    log(f"  {kind:8s} cap={capgb} rc={m.rc} tok/s={out.get('tok_s')} "
+    log(f"  {kind:8s} cap={capgb} rc={m.rc} tok/s={_fmt_list(out.get('tok_s'))} "
+        f"prompt tok/s={_fmt_list(out.get('prompt_tok_s'))} "
         f"read={m.read_bytes / 1e9:.2f}GB peak={(m.peak_cgroup_bytes or 0) / 1e9:.2f}GB")
     return out
 
 
-def warm_q3k(res: dict, dir_: Path, shape, tokens: int, threads: int) -> None:
+def _fmt_list(xs: list[float] | None) -> str:
+    return "–" if not xs else "/".join(f"{x:.2f}" for x in xs)
+
+
+def alternate(rounds: int, runs: dict[str, Callable[[], dict]],
+              metric: str = "tok_s") -> dict[str, dict]:
+    """Each engine's run `rounds` times, the engines alternating (the order flips every round,
+    so neither always runs first: llama.cpp's speed is bimodal on a shared VM). Returns per
+    key the best run (highest last-pass speed; decode, or prompt for prompt-only runs) with
+    every round's speeds attached as `rounds_tok_s` / `rounds_prompt_tok_s`. `metric`: tok_s
+    (decode) or prompt_tok_s."""
+    keys = list(runs)
+    got: dict[str, list[dict]] = {k: [] for k in keys}
+    for r in range(rounds):
+        for k in (keys if r % 2 == 0 else keys[::-1]):
+            got[k].append(runs[k]())
+    out = {}
+    for k, rs in got.items():
+        ok = [x for x in rs if metric in x]
+        best = max(ok, key=lambda x: x[metric][-1]) if ok else rs[-1]
+        best = dict(best)
+        best["rounds_tok_s"] = [x.get("tok_s") for x in rs]
+        best["rounds_prompt_tok_s"] = [x.get("prompt_tok_s") for x in rs]
+        best["rounds_read_bytes"] = [x.get("read_bytes") for x in rs]
+        out[k] = best
+    return out
+
+
+def memory_read_gb_s(threads: int, mib: int = 1024) -> float:
+    """Read bandwidth of RAM: `threads` threads summing disjoint halves of a buffer larger than
+    any cache (numpy releases the GIL in the reduction), best of 3."""
+    import numpy as np
+
+    a = np.ones(mib << 17, dtype=np.uint64)  # mib MiB
+    parts = np.array_split(a, threads)
+    best = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        ts = [threading.Thread(target=np.add.reduce, args=(x,)) for x in parts]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        best = max(best, a.nbytes / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def warm_q3k(res: dict, dir_: Path, shape, tokens: int, threads: int, rounds: int = 1,
+             moepack_warm: Callable[[], dict] | None = None,
+             prompt_runs: Callable[[Path], Callable[[], dict]] | None = None) -> None:
     """Warm llama.cpp again with a Q3_K twin (3.44 bpw): IQ3_XXS is one of llama.cpp's slower
-    CPU types, so the warm ratio is also given against the faster, larger Q3_K."""
+    CPU types, so the warm ratio is also given against the faster, larger Q3_K. Alternated with
+    `moepack_warm` (a fresh warm moepack run) each round (res["warm"]["moepack_vs_q3k"]), and,
+    with `prompt_runs` (model -> one warm long-prompt run), the same for the long prompt."""
     from bench.synthetic_model import write_gguf
 
     q = dir_ / "synthetic-q3k.gguf"
     try:
         res["model"]["gguf_q3k"] = write_gguf(q, shape, expert_type="Q3_K")
         read_through(q)
-        res["warm"]["llama_q3k"] = engine_run("llama", q, None, tokens=tokens, threads=threads,
-                                              passes=2)
+        runs = {"llama_q3k": lambda: engine_run("llama", q, None, tokens=tokens,
+                                                threads=threads, passes=2)}
+        if moepack_warm:
+            runs["moepack_vs_q3k"] = moepack_warm
+        res["warm"].update(alternate(rounds, runs))
+        if prompt_runs:
+            mp = Path(res["model"]["moepack"]["path"])
+            got = alternate(rounds, {"llama_q3k": prompt_runs(q), "moepack": prompt_runs(mp)},
+                            metric="prompt_tok_s")
+            res.setdefault("prompt_long", {})["warm_q3k"] = got
     finally:
         q.unlink(missing_ok=True)
 
@@ -156,7 +227,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--size-gb", type=float, default=None)
     ap.add_argument("--tokens", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--threads", type=int, default=usable_cores())
     ap.add_argument("--dir", type=Path, default=ROOT / "bench" / "out")
     ap.add_argument("--keep", action="store_true", help="keep the generated models")
     ap.add_argument("--reuse", action="store_true", help="reuse models already in --dir")
@@ -168,6 +239,10 @@ def main() -> None:
     ap.add_argument("--carry", action="store_true",
                     help="with --no-sweep/--no-others: keep those sections of the previous "
                          "results file (marked as from that run)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="runs per engine and row, alternating engines (default 3, quick 2)")
+    ap.add_argument("--prompt-tokens", type=int, default=512,
+                    help="the long prompt's length (0: skip the prompt rows)")
     ap.add_argument("--only-q3k", action="store_true",
                     help="only add the warm Q3_K run to an existing results file")
     a = ap.parse_args()
@@ -175,7 +250,8 @@ def main() -> None:
         from bench.synthetic_model import Shape
         f = RESULTS / f"run_all{'-quick' if a.quick else ''}.json"
         res = json.loads(f.read_text())
-        warm_q3k(res, a.dir, Shape(**res["model"]["shape"]), res["decode_tokens"], a.threads)
+        warm_q3k(res, a.dir, Shape(**res["model"]["shape"]), res["decode_tokens"], a.threads,
+                 a.rounds or res.get("rounds", 1))
         _save(res, a.quick)
         write_markdown(ROOT / "BENCHMARKS.md")
         return
@@ -187,6 +263,7 @@ def main() -> None:
     from bench.synthetic_model import build, shape_for_size, write_gguf
 
     quick = a.quick
+    rounds = a.rounds or (2 if quick else 3)
     size_gb = a.size_gb or (2.8 if quick else 10.0)
     tokens = a.tokens or (8 if quick else 16)
     vocab = 8192 if quick else 32000
@@ -198,6 +275,7 @@ def main() -> None:
     res: dict = {"kind": "quick" if quick else "full", "date_utc": datetime.datetime.now(
         datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"), "commit": git_commit(),
         "hardware": lscpu(), "load_avg_start": os.getloadavg(), "threads": a.threads,
+        "rounds": rounds, "cpus": sorted(os.sched_getaffinity(0))[:a.threads],
         "prompt": PROMPT, "decode_tokens": tokens, "cgroup_version": cgroup.cgroup_version(),
         "decode_stream": "greedy" if a.greedy else "forced", "forced": FORCED[:tokens]}
     for key in ("sweep", "others"):
@@ -245,37 +323,78 @@ def main() -> None:
             res["disk"][str(qd)] = {"gb_s": bw.gb_per_s, "o_direct": bw.o_direct}
             log(f"  disk O_DIRECT random {rec / 1e6:.1f} MB qd{qd}: {bw.gb_per_s:.2f} GB/s")
 
-        # 3. under memory caps
+        # 3. under memory caps: the engines alternate, `rounds` times, each from a dropped
+        # page cache
+        def capped(kind: str, model: Path, cap: int, budget: int | None = None):
+            def go() -> dict:
+                drop(mp, gg)
+                return engine_run(kind, model, cap, tokens=tokens, threads=a.threads, passes=2,
+                                  budget=budget)
+            return go
+
         res["caps"] = []
         for frac in CAPS:
             cap = int(frac * size)
-            row = {"frac": frac, "cap_bytes": cap}
-            drop(mp, gg)
-            row["moepack"] = engine_run("moepack", mp, cap, tokens=tokens, threads=a.threads,
-                                        passes=2)
+            runs = {"moepack": capped("moepack", mp, cap)}
             if frac > 1:
-                drop(mp, gg)
-                row["moepack_budget"] = engine_run("moepack", mp, cap, tokens=tokens,
-                                                   threads=a.threads, passes=2,
-                                                   budget=int(0.9 * cap))
+                runs["moepack_budget"] = capped("moepack", mp, cap, int(0.9 * cap))
             if use_llama:
-                drop(mp, gg)
-                row["llama"] = engine_run("llama", gg, cap, tokens=tokens, threads=a.threads,
-                                          passes=2)
+                runs["llama"] = capped("llama", gg, cap)
+            row = {"frac": frac, "cap_bytes": cap, **alternate(rounds, runs)}
             res["caps"].append(row)
             _save(res, quick)
 
-        # 4. warm compute
+        # 4. warm compute (pass 2 of each run: everything resident)
         every = sum(b.count * b.stride for b in _banks(mp))
-        res["warm"] = {"moepack": engine_run("moepack", mp, None, tokens=tokens,
-                                             threads=a.threads, passes=2,
-                                             budget=p["floor_bytes"] + every + (256 << 20))}
-        if use_llama:
+
+        def moepack_warm() -> dict:
+            return engine_run("moepack", mp, None, tokens=tokens, threads=a.threads, passes=2,
+                              budget=p["floor_bytes"] + every + (256 << 20))
+
+        def llama_warm() -> dict:
             read_through(gg)
-            res["warm"]["llama"] = engine_run("llama", gg, None, tokens=tokens,
-                                              threads=a.threads, passes=2)
+            return engine_run("llama", gg, None, tokens=tokens, threads=a.threads, passes=2)
+
+        warm_runs = {"moepack": moepack_warm}
+        if use_llama:
+            warm_runs["llama"] = llama_warm
+        res["warm"] = alternate(rounds, warm_runs)
+        res["memory_read_gb_s"] = memory_read_gb_s(a.threads)
+        _save(res, quick)
+
+        # 4b. a long prompt (issue 15): warm (pass 2) and from a dropped cache under caps
+        ptoks = forced_tokens(a.prompt_tokens, vocab, seed=777)
+        pctx = a.prompt_tokens + 16
+        pfloor = mp_plan(str(mp), pctx)["floor_bytes"]
+
+        def long_prompt(model: Path, cap: int | None):
+            kind = "moepack" if model.suffix == ".moepack" else "llama"
+
+            def go() -> dict:
+                if cap is not None:
+                    drop(mp, gg)
+                elif kind == "llama":
+                    read_through(model)
+                return engine_run(kind, model, cap, tokens=1, threads=a.threads,
+                                  passes=1 if cap is not None else 2, prompt=ptoks, ctx=pctx,
+                                  budget=pfloor + every + (512 << 20)
+                                  if kind == "moepack" and cap is None else None)
+            return go
+
+        if a.prompt_tokens:
+            res["prompt_long"] = {"tokens": a.prompt_tokens, "rows": []}
+            for frac in (None, *PROMPT_CAPS):
+                cap = None if frac is None else int(frac * size)
+                runs = {"moepack": long_prompt(mp, cap)}
+                if use_llama:
+                    runs["llama"] = long_prompt(gg, cap)
+                res["prompt_long"]["rows"].append(
+                    {"frac": frac, "cap_bytes": cap,
+                     **alternate(rounds, runs, metric="prompt_tok_s")})
+                _save(res, quick)
         if use_llama and not a.no_q3k:
-            warm_q3k(res, a.dir, shape, tokens, a.threads)
+            warm_q3k(res, a.dir, shape, tokens, a.threads, rounds, moepack_warm,
+                     (lambda m: long_prompt(m, None)) if a.prompt_tokens else None)
         _save(res, quick)
 
         # 5. cold expert reads vs the disk
@@ -359,9 +478,43 @@ def _engine_row(label: str, cap: str, capgb: str, run: dict | None, ref: dict | 
     r1, r2 = _ratio(_tok(run, 0), _tok(ref, 0)), _ratio(_tok(run, -1), _tok(ref, -1))
     ratio = "–" if ref is None or run is ref else f"**{_f(r1)}** / **{_f(r2)}**"
     return (f"| {cap} | {capgb} | {label} | {_size(run.get('budget_bytes'))} | "
-            f"{_f(_tok(run, 0))} / {_f(_tok(run, -1))} | {_size(run.get('peak_cgroup_bytes'))} | "
+            f"{_f(_tok(run, 0))} / {_f(_tok(run, -1))}{_spread(run)} | "
+            f"{_size(run.get('peak_cgroup_bytes'))} | "
             f"{_size(run.get('max_rss_bytes'))} | {_size(run.get('read_bytes'))} | "
             f"{'–' if not hits else '/'.join(f'{100 * h:.0f}%' for h in hits)} | {ratio} |\n")
+
+
+def _spread(run: dict, key: str = "rounds_tok_s") -> str:
+    """' (pass 2 over N rounds: lo-hi)' when the run is the best of several rounds."""
+    xs = [r[-1] for r in run.get(key) or [] if r]
+    if len(xs) < 2:
+        return ""
+    return f" (last pass, {len(xs)} rounds: {min(xs):.2f}-{max(xs):.2f})"
+
+
+def _ptok(run: dict | None) -> float | None:
+    xs = (run or {}).get("prompt_tok_s")
+    return xs[-1] if xs else None
+
+
+def _prompt_row(cap: str, label: str, run: dict | None, ref: dict | None) -> str:
+    if not run:
+        return f"| {cap} | {label} | not run | – | – |"
+    if "prompt_tok_s" not in run:
+        err = " ".join(run.get("error", []))[-120:].replace("|", "/")
+        return f"| {cap} | {label} | failed (rc {run.get('rc')}): {err} | – | – |"
+    ratio = _ratio(_ptok(run), _ptok(ref))
+    return (f"| {cap} | {label} | {_f(_ptok(run))}{_spread(run, 'rounds_prompt_tok_s')} | "
+            f"{_size(run.get('read_bytes'))} | {'–' if ratio is None else f'**{_f(ratio)}**'} |")
+
+
+def _bandwidth_bound(res: dict) -> tuple[float, int] | None:
+    """(tok/s, bytes per token) if decode only had to read its resident bytes once per token."""
+    bw, p = res.get("memory_read_gb_s"), res.get("plan") or {}
+    if not bw or not p.get("trunk_bytes"):
+        return None
+    touched = p["trunk_bytes"] + p["step_expert_bytes"]
+    return bw * 1e9 / touched, touched
 
 
 def _moepack_runs(res: dict) -> list[dict]:
@@ -369,7 +522,10 @@ def _moepack_runs(res: dict) -> list[dict]:
     for row in res.get("caps", []):
         runs += [row[k] for k in ("moepack", "moepack_budget") if row.get(k)]
     runs += [r for r in [(res.get("warm") or {}).get("moepack"),
+                         (res.get("warm") or {}).get("moepack_vs_q3k"),
                          (res.get("cold") or {}).get("run")] if r]
+    for row in (res.get("prompt_long") or {}).get("rows", []):
+        runs += [row["moepack"]] if row.get("moepack") else []
     return runs
 
 
@@ -401,6 +557,10 @@ def section(res: dict) -> str:
               else "greedy decode tokens")
     out.append(f"- Prompt: the same {len(res['prompt'])} token ids for both engines, then "
                f"{res['decode_tokens']} {stream}; llama.cpp: {res.get('llama_cpp')}.")
+    if res.get("rounds"):
+        out.append(f"- Each row is the best of {res['rounds']} runs per engine, the engines "
+                   "alternating (order flipped every round), both pinned to CPUs "
+                   f"{res.get('cpus')}; the range over the rounds is in brackets.")
     builds = {r["result"]["build"]["blake3"] for r in _moepack_runs(res)
               if (r.get("result") or {}).get("build")}
     if len(builds) > 1:
@@ -443,13 +603,47 @@ def section(res: dict) -> str:
         out.append("### Warm compute (no cap, everything resident; pass 2)\n")
         mw, lw = _tok(w.get("moepack"), -1), _tok(w.get("llama"), -1)
         out.append("| engine | decode tok/s | ratio to llama.cpp |\n|---|---|---|")
-        out.append(f"| moepack | {_f(mw)} | {_f(_ratio(mw, lw))} |")
+        out.append(f"| moepack | {_f(mw)}{_spread(w.get('moepack') or {})} | "
+                   f"{_f(_ratio(mw, lw))} |")
         if w.get("llama"):
-            out.append(f"| llama.cpp, IQ3_XXS twin (3.06 bpw) | {_f(lw)} | 1.00 |")
+            out.append(f"| llama.cpp, IQ3_XXS twin (3.06 bpw) | {_f(lw)}"
+                       f"{_spread(w['llama'])} | 1.00 |")
         if w.get("llama_q3k"):
             qw = _tok(w["llama_q3k"], -1)
-            out.append(f"| llama.cpp, Q3_K twin (3.44 bpw) | {_f(qw)} | "
-                       f"{_f(_ratio(qw, lw))} (moepack / this: {_f(_ratio(mw, qw))}) |")
+            mq = _tok(w.get("moepack_vs_q3k"), -1) or mw
+            out.append(f"| llama.cpp, Q3_K twin (3.44 bpw) | {_f(qw)}{_spread(w['llama_q3k'])} "
+                       f"| {_f(_ratio(qw, lw))} (moepack / this: {_f(_ratio(mq, qw))}) |")
+            if w.get("moepack_vs_q3k"):
+                out.append(f"| moepack, alternated with the Q3_K twin | {_f(mq)}"
+                           f"{_spread(w['moepack_vs_q3k'])} | – |")
+        bound = _bandwidth_bound(res)
+        best_mw = max(mw or 0, _tok(w.get("moepack_vs_q3k"), -1) or 0)
+        if bound:
+            out.append(f"\nMemory-bandwidth bound: {_size(bound[1])} touched per token (trunk + "
+                       f"one token's experts) at {_f(res['memory_read_gb_s'])} GB/s "
+                       f"({res['threads']} threads reading RAM) = {_f(bound[0])} tok/s; moepack's "
+                       f"best warm decode is {_f(_ratio(best_mw, bound[0]))} of it.")
+        out.append("")
+    pl = res.get("prompt_long")
+    if pl and pl.get("rows"):
+        out.append(f"### Long prompt ({pl['tokens']} tokens, issue 15)\n")
+        out.append("Prompt tok/s: warm = pass 2 of a process that holds everything (the GGUF read "
+                   "into the page cache first); under a cap = one pass from a dropped page cache. "
+                   "*read* = block-device reads of the whole run (load included).\n")
+        out.append("| cap | engine | prompt tok/s | read | moepack / llama.cpp |")
+        out.append("|---|---|---|---|---|")
+        rows = list(pl["rows"])
+        q3 = pl.get("warm_q3k")
+        for row in rows:
+            cap = "warm" if row["frac"] is None else f"{100 * row['frac']:.0f}%"
+            mp_, ll = row.get("moepack"), row.get("llama")
+            out.append(_prompt_row(cap, "moepack", mp_, ll))
+            if ll:
+                out.append(_prompt_row(cap, "llama.cpp (IQ3_XXS twin)", ll, None))
+        if q3:
+            out.append(_prompt_row("warm", "moepack (alternated with Q3_K)", q3.get("moepack"),
+                                   q3.get("llama_q3k")))
+            out.append(_prompt_row("warm", "llama.cpp (Q3_K twin)", q3.get("llama_q3k"), None))
         out.append("")
     c = res.get("cold")
     if c:
@@ -502,6 +696,7 @@ def section(res: dict) -> str:
                            f"{pt['budget_over_cap']:.2f} | – | – | {why} | – | – |")
         out.append("")
     out.append(goals(res))
+    out.append(goals_kernels_prompt(res))
     oth = res.get("others")
     if oth:
         out.append("### Other benchmarks (run by the same command)\n")
@@ -601,6 +796,54 @@ def goals(res: dict) -> str:
                          "interleaved with the probe; the public API has none.")
     if why_warm:
         lines.append(why_warm)
+    return "\n".join(lines) + "\n"
+
+
+def _verdict(x: float | None, goal: float) -> str:
+    return "–" if x is None else ("yes" if x >= goal else "no")
+
+
+def goals_kernels_prompt(res: dict) -> str:
+    """Issue 14 (engine rows of the kernel issue) and issue 15 (long prompt) goals."""
+    lines = ["### Goals (issues 14 and 15)\n", "| goal | measured | met? |", "|---|---|---|"]
+    w = res.get("warm") or {}
+    mq = _tok(w.get("moepack_vs_q3k"), -1) or _tok(w.get("moepack"), -1)
+    q = _ratio(mq, _tok(w.get("llama_q3k"), -1))
+    lines.append(f"| 14: warm decode >= 1.5x the Q3_K twin | {_f(q)}x | {_verdict(q, 1.5)} |")
+    for frac in (0.5, 1.1):
+        row = next((r for r in res.get("caps", []) if r["frac"] == frac), None)
+        if not row or not row.get("llama"):
+            lines.append(f"| 14: {100 * frac:.0f}% cap >= 1.5x llama.cpp, both passes | "
+                         "not measured | – |")
+            continue
+        r = [_ratio(_tok(row.get("moepack"), i), _tok(row["llama"], i)) for i in (0, -1)]
+        met = _verdict(min(r) if None not in r else None, 1.5)
+        lines.append(f"| 14: {100 * frac:.0f}% cap >= 1.5x llama.cpp (IQ3_XXS twin), both "
+                     f"passes | {_f(r[0])}x / {_f(r[1])}x (default budget) | {met} |")
+    bound = _bandwidth_bound(res)
+    if bound:
+        b = _ratio(max(_tok(w.get("moepack"), -1) or 0, mq or 0), bound[0])
+        lines.append(f"| 14 (moonshot): warm decode >= 0.8 of the memory-bandwidth bound | "
+                     f"{_f(b)} of {_f(bound[0])} tok/s | {_verdict(b, 0.8)} |")
+    pl = res.get("prompt_long") or {}
+    by = {r["frac"]: r for r in pl.get("rows", [])}
+    if not by:
+        lines.append("| 15: long-prompt rows | not measured | – |")
+    warm = by.get(None)
+    if warm:
+        r = _ratio(_ptok(warm.get("moepack")), _ptok(warm.get("llama")))
+        rq = _ratio(_ptok((pl.get("warm_q3k") or {}).get("moepack")),
+                    _ptok((pl.get("warm_q3k") or {}).get("llama_q3k")))
+        lines.append(f"| 15: warm {pl['tokens']}-token prompt >= 1.0x llama.cpp (moonshot 2x) | "
+                     f"{_f(r)}x vs the IQ3_XXS twin, {_f(rq)}x vs the Q3_K twin | "
+                     f"{_verdict(min(x for x in (r, rq) if x) if r or rq else None, 1.0)} |")
+    for frac in PROMPT_CAPS:
+        row = by.get(frac)
+        if row:
+            r = _ratio(_ptok(row.get("moepack")), _ptok(row.get("llama")))
+            rb = [_size((row.get(k) or {}).get("read_bytes")) for k in ("moepack", "llama")]
+            lines.append(f"| 15: {100 * frac:.0f}% cap, {pl['tokens']}-token prompt >= 3x "
+                         f"llama.cpp | {_f(r)}x (read {rb[0]} vs {rb[1]}) | {_verdict(r, 3)} |")
     return "\n".join(lines) + "\n"
 
 
