@@ -42,3 +42,38 @@ def test_real_configs_describe_as_expected():
     assert lin["linear_attention"] == {"kind": "kda", "num_heads": 32, "head_dim": 128,
                                        "conv_kernel_size": 4}
     assert lin["attention"]["rope"] is False and lin["max_position_embeddings"] == 1 << 20
+
+
+def test_k3_64gb_plan_in_readme_and_k3_md():
+    """The Kimi K3 figures README.md and docs/K3.md quote for a 64 GB machine are what
+    `moepack plan --config docs/configs/Kimi-K3.json --ram 64G` prints (default codecs)."""
+    from typer.testing import CliRunner
+
+    from moepack.cli import app
+
+    args = ["plan", "--config", str(CONFIGS / "Kimi-K3.json"), "--ram", "64G"]
+    r = CliRunner().invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)
+    floor, step, default, cache = (p[k] for k in ("floor_bytes", "step_expert_bytes",
+                                                  "default_bytes", "default_cache_bytes"))
+
+    def gb(n: int) -> str:
+        return f"{n / 1e9:.1f} GB"
+
+    readme = (ROOT / "README.md").read_text()
+    assert (f"Kimi K3 at 64 GB: floor {gb(floor)}, {gb(step)} of experts per cold token, "
+            f"default budget {gb(default)}, expert cache {gb(cache)}") in readme
+    k3 = (ROOT / "docs" / "K3.md").read_text()
+    command = "$ moepack plan --config docs/configs/Kimi-K3.json --ram 64G\n"
+    block = k3.split(command, 1)[1].split("```", 1)[0].splitlines()
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    printed = [line.rstrip() for line in r.output.splitlines()]
+    assert [line for line in block if line.rstrip() not in printed] == []
+    assert {"floor", "default budget", "expert cache"} <= {line.strip().split("  ")[0]
+                                                           for line in block}
+    # with 16-token prompt chunks the cache is all the room above the floor
+    assert (f"expert cache of {gb(cache)} ({gb(default - floor)} with 16-token prompt chunks"
+            in " ".join(k3.split()))
+    assert f"{cache / step:.2f} of one cold token's {gb(step)} of experts" in " ".join(k3.split())
