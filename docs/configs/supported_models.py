@@ -17,6 +17,10 @@ from moepack.convert.settings import Settings
 HERE = Path(__file__).parent
 # file stem -> the published names it stands for (same architecture and sizes)
 MODELS = {
+    # these two written from memory of the published config.json (no hub access here); the
+    # planner's totals match the cards (46.7 B / 12.9 B, 235 B / 22 B)
+    "Mixtral-8x7B": "Mixtral-8x7B",
+    "Qwen3-235B-A22B": "Qwen3-235B-A22B",
     "GLM-4.5": "GLM-4.5",
     "GLM-4.6": "GLM-4.6 / GLM-4.7",
     "GLM-4.5-Air": "GLM-4.5-Air",
