@@ -14,7 +14,9 @@
    and reports each one's median (lower median: of 2 runs, the faster). --quick: a small run
    (2 layers of 8 1024x512 experts, rvq3-baseline, --jobs 2,ray, no encoder rates) to check
    the Ray row in a few minutes.
-Results go to docs/CONVERT.md by hand, with hardware, commit, date and machine load.
+Results go to docs/CONVERT.md by hand, with hardware, commit, date and machine load; its
+rates and per-model estimates section is regenerated from the recorded rates by
+`python -m bench.convert_rates --write`.
 """
 
 from __future__ import annotations

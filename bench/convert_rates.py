@@ -5,17 +5,32 @@ For each shape (DeepSeek-V3/Kimi-K2 experts: hidden 7168 x intermediate 2048; Qw
 training sample, drawn from `EXPERTS` synthetic heavy-tailed experts) and encodes one expert's
 three projections, with one encoder thread. Reports CPU seconds (this process: robust to other
 load on a shared machine) and wall seconds, expert weights/s per core, and training CPU-s per
-projection. `estimate()` turns these into conversion times for real models.
+projection. `estimate()` turns these into conversion times for the real models of docs/configs,
+their expert banks as the converter's planner lays them out; `section()` is the generated part
+of docs/CONVERT.md, from the rates recorded in bench/results/convert.json:
+
+    .venv/bin/python -m bench.convert_rates            # print it
+    .venv/bin/python -m bench.convert_rates --write    # put it into docs/CONVERT.md
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
+import importlib.util
+import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
+from math import prod
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
+from moepack.convert.cluster import experts_per_task
+from moepack.convert.plan import plan_for_config
 from moepack.convert.quant import (
     EXPERT_PRESETS,
     encode,
@@ -23,7 +38,15 @@ from moepack.convert.quant import (
     layer_seed,
     train_layer,
 )
+from moepack.convert.settings import Settings
 
+from bench.doc_sections import replace_section
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "docs" / "configs"
+RESULTS = ROOT / "bench" / "results" / "convert.json"
+DOC = ROOT / "docs" / "CONVERT.md"
+CORES = (2, 16, 64, 512)
 SHAPES = {"7168x2048": (7168, 2048), "4096x1536": (4096, 1536)}   # hidden x intermediate
 EXPERTS = 4
 
@@ -82,54 +105,144 @@ def measure(presets: list[str] | None = None, shapes: list[str] | None = None,
     return rates
 
 
-# Expert weights and projections to train of the supported real models (from their config.json):
-# MoE layers x experts x 3 x hidden x expert intermediate; shape: the measured shape used.
-MODELS = {
-    "Qwen3-30B-A3B": (48, 128, 2048, 768, "4096x1536"),
-    "Mixtral-8x7B": (32, 8, 4096, 14336, "4096x1536"),
-    "Mixtral-8x22B": (56, 8, 6144, 16384, "7168x2048"),
-    "Qwen3-235B-A22B": (94, 128, 4096, 1536, "4096x1536"),
-    "DeepSeek-V3 / R1": (58, 256, 7168, 2048, "7168x2048"),
-    "Kimi-K2": (60, 384, 7168, 2048, "7168x2048"),
-}
+def supported_models() -> ModuleType:
+    """docs/configs/supported_models.py (a script beside the configs, not a package): its
+    MODELS maps each config's file stem to the published names it stands for."""
+    spec = importlib.util.spec_from_file_location("supported_models",
+                                                  CONFIGS / "supported_models.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@dataclass(frozen=True)
+class Work:
+    """A model's routed experts as the planner lays them out at the default codecs."""
+
+    hidden: int           # input width of gate/up (K3: its 3584-wide latent)
+    inter: int            # expert intermediate
+    banks: int            # expert banks converted (MTP layers' included)
+    experts: int          # per bank
+    expert_weights: int   # one expert's three projections
+    per_task: int         # experts one --ray expert task encodes
+
+    @property
+    def weights(self) -> int:
+        return self.banks * self.experts * self.expert_weights
+
+
+def work_of(config: dict) -> Work:
+    layout = plan_for_config(config, Settings())
+    banks = layout.spec.banks
+    parts = {tuple(p.shape for p in b.parts) for b in banks}
+    if len(parts) != 1:
+        raise ValueError(f"expert banks of more than one shape: {sorted(parts)}")
+    gate = banks[0].parts[0].shape  # [intermediate, hidden]
+    return Work(gate[1], gate[0], len(banks), banks[0].count,
+                sum(prod(p.shape) for p in banks[0].parts),
+                experts_per_task(layout.bank(banks[0].layer).stride))
+
+
+@functools.cache  # the configs do not change while a process runs
+def model_work() -> dict[str, Work]:
+    """Published name -> expert work, for every config in docs/configs."""
+    names = supported_models().MODELS
+    return {names[stem]: work_of(json.loads((CONFIGS / f"{stem}.json").read_text()))
+            for stem in names}
+
+
+def rate_for(rates: list[Rate], preset: str, work: Work) -> Rate:
+    """The rate measured at the model's expert shape, or else at the measured shape nearest in
+    weights per projection (the RVQ cost is per 8-weight vector: per-weight rates moved 4-14 %
+    between the two measured shapes)."""
+    measured = [r for r in rates if r.preset == preset]
+    if not measured:
+        raise ValueError(f"no rate measured for preset {preset!r}")
+    for r in measured:
+        if SHAPES.get(r.shape) == (work.hidden, work.inter):
+            return r
+    return min(measured, key=lambda r: abs(math.log(prod(SHAPES[r.shape])
+                                                     / (work.hidden * work.inter))))
+
+
+def hours(work: Work, r: Rate, cores: int) -> float:
+    """Estimated hours to encode a model's experts on `cores` cores, training included, split
+    as `--ray` splits it: no faster than its longest task chain (a layer's codebook training,
+    then one task's chunk of experts). Trunk, reading and writing are not included."""
+    cpu_s = work.weights / r.weights_per_s_core + work.banks * 3 * r.train_cpu_s_per_proj
+    chain_s = r.train_cpu_s_per_proj + work.per_task * work.expert_weights / r.weights_per_s_core
+    return max(cpu_s / cores, chain_s) / 3600
 
 
 def estimate(rates: list[Rate], preset: str, cores: int) -> dict[str, float]:
-    """Hours to convert each model's experts on `cores` cores at the measured rates (training
-    included; trunk, reading and writing not: they were a few % of the time in the 2026-11-29
-    end-to-end runs). An estimate, not a measurement."""
-    by = {(r.preset, r.shape): r for r in rates}
-    out = {}
-    for model, (layers, experts, hidden, inter, shape) in MODELS.items():
-        r = by[(preset, shape)]
-        weights = layers * experts * 3 * hidden * inter
-        cpu_s = weights / r.weights_per_s_core + layers * 3 * r.train_cpu_s_per_proj
-        out[model] = cpu_s / cores / 3600
-    return out
+    """Hours per real model (docs/configs) on `cores` cores at the measured rates. An
+    estimate, not a measurement."""
+    return {name: hours(w, rate_for(rates, preset, w), cores)
+            for name, w in model_work().items()}
 
 
-def markdown(rates: list[Rate], cores: tuple[int, ...] = (2, 16, 64, 512),
-             presets: tuple[str, ...] = ("rvq3-l", "rvq3", "rvq3-baseline")) -> str:
-    """The rate table and the estimate table for docs/CONVERT.md."""
+def rate_table(rates: list[Rate]) -> str:
     lines = ["| preset | shape | M expert weights/s per core | encode CPU-s per expert | "
              "training CPU-s per projection |", "|---|---|---|---|---|"]
     for r in rates:
         lines.append(f"| `{r.preset}` | {r.shape} | {r.weights_per_s_core / 1e6:.2f} | "
                      f"{r.encode_cpu_s:.2f} | {r.train_cpu_s_per_proj:.2f} |")
-    lines += ["", "| model (expert weights) | preset | " + " | ".join(f"{c} cores" for c in cores)
-              + " |", "|---|---|" + "---|" * len(cores)]
-    for model, (layers, experts, hidden, inter, _) in MODELS.items():
-        n = layers * experts * 3 * hidden * inter
-        for p in presets:
-            hours = [estimate(rates, p, c)[model] for c in cores]
-            lines.append(f"| {model} ({n / 1e9:.0f} G) | `{p}` | "
-                         + " | ".join(_hours(h) for h in hours) + " |")
     return "\n".join(lines)
 
 
-def _hours(h: float) -> str:
+def estimate_table(rates: list[Rate], preset: str, cores: tuple[int, ...] = CORES) -> str:
+    """One row per config in docs/configs: its experts, the rate used, hours by core count."""
+    lines = ["| model | expert weights | MoE layers × experts | expert shape: rate used | "
+             + " | ".join(f"{c} cores" for c in cores) + " | longest task chain |",
+             "|---|---|---|---|" + "---|" * (len(cores) + 1)]
+    for name, w in model_work().items():
+        r = rate_for(rates, preset, w)
+        shape = f"{w.hidden}x{w.inter}"
+        used = "measured" if r.shape == shape else f"not measured, {r.shape}'s"
+        lines.append(f"| {name} | {w.weights / 1e9:.0f} G | {w.banks} × {w.experts} | "
+                     f"{shape}: {used}, {r.weights_per_s_core / 1e6:.2f} M/s | "
+                     + " | ".join(format_hours(hours(w, r, c)) for c in cores)
+                     + f" | {format_hours(hours(w, r, 1 << 40))} |")
+    return "\n".join(lines)
+
+
+def recorded(path: Path = RESULTS) -> tuple[list[Rate], dict]:
+    """The rates bench/convert.py recorded, and where and when they were measured."""
+    doc = json.loads(path.read_text())
+    run = doc.get("rates_run") or doc  # the rates of an earlier run, kept with a later report
+    meta = {k: run.get(k, doc.get(k)) for k in ("date", "commit", "cpu", "cores")}
+    return [Rate(**r) for r in run["rates"]], meta
+
+
+def section(path: Path = RESULTS) -> str:
+    """docs/CONVERT.md's generated rates and estimates (its bench-convert-rates section)."""
+    rates, m = recorded(path)
+    preset = Settings().expert_preset
+    return (f"Measured {m['date']} at commit {m['commit']} on a {m['cores']}-core {m['cpu']} VM "
+            "(`bench/results/convert.json`); CPU seconds of the process, one encoder thread.\n\n"
+            f"{rate_table(rates)}\n\n"
+            f"**Estimated** hours to convert the expert banks at the default preset `{preset}`, "
+            "derived from the rates above, not measured on these models: every config in "
+            "docs/configs as the converter's planner lays it out (multi-token-prediction layers "
+            "included), at the rate of its expert shape (hidden × intermediate) or, where that "
+            "shape was not measured, of the measured shape nearest in weights per projection. "
+            "`python -m bench.convert_rates` prints this section.\n\n"
+            f"{estimate_table(rates, preset)}")
+
+
+def format_hours(h: float) -> str:
     if h >= 48:
         return f"{h / 24:.1f} d"
     if h >= 1:
         return f"{h:.1f} h"
     return f"{h * 60:.0f} min" if h * 60 >= 1 else "< 1 min"
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="docs/CONVERT.md's rates and estimates section")
+    ap.add_argument("--write", action="store_true", help="put it into docs/CONVERT.md")
+    if ap.parse_args().write:
+        replace_section(DOC, "convert-rates", section())
+    else:
+        print(section())

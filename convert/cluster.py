@@ -49,6 +49,12 @@ CHUNK_EXPERTS = 16
 IN_FLIGHT_PER_CPU = 3           # tasks submitted ahead of results, per cluster CPU
 STOP_SECONDS = 10.0             # after a failure, wait at most this for cancelled tasks
 
+
+def experts_per_task(stride: int) -> int:
+    """Experts one expert task encodes: at most CHUNK_EXPERTS and CHUNK_BYTES of records."""
+    return max(1, min(CHUNK_EXPERTS, CHUNK_BYTES // max(1, stride)))
+
+
 OnMessage = Callable[[tuple], None]
 _MISMATCH = ("the bytes received differ from the bytes the worker encoded (digest mismatch); "
              "rerun the same command to continue")
@@ -337,7 +343,7 @@ class Driver:
                                                      cfg.seed, codec, rotated)
                 return books[i]
             out.append(train)
-        per = max(1, min(CHUNK_EXPERTS, CHUNK_BYTES // max(1, bank.stride)))
+        per = experts_per_task(bank.stride)
         for lo in range(0, len(todo), per):
             chunk = todo[lo:lo + per]
             out.append(lambda c=chunk: r["experts_task"].remote(

@@ -1,28 +1,21 @@
-"""README's supported-models table is the planner's output for docs/configs/ (real configs)."""
+"""README's supported-models table, docs/CONVERT.md's conversion-time estimates and the K3 plan
+figures are the planner's output for docs/configs/ (real configs)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 from moepack.convert.plan import described
 
+from bench import convert_rates
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "docs" / "configs"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("supported_models",
-                                                  CONFIGS / "supported_models.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_readme_table_is_the_planners():
-    table = _script().table()
+    table = convert_rates.supported_models().table()
     assert table in (ROOT / "README.md").read_text()
     assert table.count("\n") == 1 + len(list(CONFIGS.glob("*.json")))
 
@@ -77,3 +70,28 @@ def test_k3_64gb_plan_in_readme_and_k3_md():
     assert (f"expert cache of {gb(cache)} ({gb(default - floor)} with 16-token prompt chunks"
             in " ".join(k3.split()))
     assert f"{cache / step:.2f} of one cold token's {gb(step)} of experts" in " ".join(k3.split())
+
+
+def test_convert_md_time_estimates_are_the_generators():
+    """docs/CONVERT.md's rates and estimates section is what bench.convert_rates prints from
+    the recorded rates (one row per config), and README's figures are its figures."""
+    body = convert_rates.section()
+    marked = f"<!-- bench-convert-rates:begin -->\n\n{body}\n\n<!-- bench-convert-rates:end -->"
+    assert marked in (ROOT / "docs" / "CONVERT.md").read_text()
+    table = body.split("| model | expert weights |", 1)[1].splitlines()[2:]
+    assert len(table) == len(list(CONFIGS.glob("*.json")))
+    assert "| 3584x3072: not measured, 7168x2048's, 3.52 M/s |" in table[-1]  # K3's latent
+    rates, _ = convert_rates.recorded()
+    work = convert_rates.model_work()
+
+    def took(name: str, cores: int) -> str:
+        w = work[name]
+        return convert_rates.format_hours(convert_rates.hours(
+            w, convert_rates.rate_for(rates, "rvq3-l", w), cores))
+
+    ds, k3 = "DeepSeek-V3.2", "Kimi K3 (config partly assumed: docs/K3.md)"
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"DeepSeek-V3.2's {work[ds].weights / 1e9:.0f} G expert weights (its MTP layer "
+            f"included) take about {took(ds, 2)} on 2 cores, {took(ds, 16)} on 16 and "
+            f"{took(ds, 64)} on 64, and Kimi K3's {work[k3].weights / 1e9:.0f} G about "
+            f"{took(k3, 2)} on 2 cores and {took(k3, 64)} on 64") in readme
