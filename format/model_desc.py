@@ -163,20 +163,30 @@ def validate_model(model: Any) -> None:
     _glm5_next_parts(model)
 
 
+# rope_scaling (FORMAT.md §7): the normalised YaRN object; its optional numbers' rules
+ROPE_TYPES = ("yarn",)
+_YARN_NUMBERS: tuple[tuple[str, Any, str], ...] = (
+    ("beta_fast", lambda v: v > 0, "> 0"),
+    ("beta_slow", lambda v: v > 0, "> 0"),
+    ("mscale", lambda v: v >= 0, ">= 0"),
+    ("mscale_all_dim", lambda v: v >= 0, ">= 0"),
+    ("attention_factor", lambda v: v > 0, "> 0"),
+)
+
+
 def _rope_scaling(m: dict) -> None:
     rs = m.get("rope_scaling")
     if rs is None:
         return
     if not isinstance(rs, dict):
         raise ModelDescError("rope_scaling", "must be null or an object")
-    kind = rs.get("rope_type", rs.get("type"))
-    if kind in (None, "default"):
-        return
-    if kind != "yarn":
+    kind = rs.get("rope_type")
+    if kind not in ROPE_TYPES:
         raise ModelDescError("rope_scaling", f"type {kind!r} is not supported (yarn)")
-    _number(m, "rope_scaling.factor", lambda v: v > 0, "> 0", default=1.0)
-    for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor"):
-        _number(m, f"rope_scaling.{key}", lambda v: True, "", default=0.0)
+    _number(m, "rope_scaling.factor", lambda v: v > 0, "> 0")
+    for key, ok, rule in _YARN_NUMBERS:
+        if rs.get(key) is not None:
+            _number(m, f"rope_scaling.{key}", ok, rule)
     _int(m, "rope_scaling.original_max_position_embeddings", optional=True)
 
 

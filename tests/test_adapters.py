@@ -195,6 +195,55 @@ def test_rope_from_classic_keys_and_missing_key():
         _ = adapter_for(cfg).model
 
 
+_DSV3 = {"architectures": ["DeepseekV3ForCausalLM"], "vocab_size": 10, "hidden_size": 8,
+         "num_hidden_layers": 1, "num_attention_heads": 2, "qk_nope_head_dim": 2,
+         "qk_rope_head_dim": 2, "kv_lora_rank": 4, "v_head_dim": 2, "q_lora_rank": None,
+         "moe_intermediate_size": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+         "max_position_embeddings": 160}
+YARN_KEYS = {"rope_type", "factor", "original_max_position_embeddings", "beta_fast",
+             "beta_slow", "mscale", "mscale_all_dim", "attention_factor"}
+
+
+@pytest.mark.parametrize("source, want", [
+    # DeepSeek-V3's published object: `type`, not `rope_type`
+    ({"rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4,
+                       "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}},
+     dict(factor=40, original_max_position_embeddings=4, beta_fast=32, beta_slow=1, mscale=1.0,
+          mscale_all_dim=1.0, attention_factor=None)),
+    # transformers' defaults written out: `or` for the betas and mscales, factor from the
+    # positions when absent (transformers 5), keys it does not read dropped
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e4, "beta_fast": 0,
+                          "original_max_position_embeddings": 40, "truncate": True,
+                          "low_freq_factor": 9.0, "attention_factor": 1.25}},
+     dict(factor=4.0, original_max_position_embeddings=40, beta_fast=32.0, beta_slow=1.0,
+          mscale=0.0, mscale_all_dim=0.0, attention_factor=1.25)),
+    # a top-level original_max_position_embeddings wins; none at all: max_position_embeddings
+    ({"original_max_position_embeddings": 16,
+      "rope_scaling": {"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 8}},
+     dict(factor=2, original_max_position_embeddings=16, beta_fast=32.0, beta_slow=1.0,
+          mscale=0.0, mscale_all_dim=0.0, attention_factor=None)),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 2}},
+     dict(factor=2, original_max_position_embeddings=160, beta_fast=32.0, beta_slow=1.0,
+          mscale=0.0, mscale_all_dim=0.0, attention_factor=None)),
+])
+def test_rope_scaling_is_normalised(source, want):
+    """The description holds exactly FORMAT.md §7's YaRN keys, never the source's object."""
+    rs = adapter_for({**_DSV3, **source}).model["rope_scaling"]
+    assert set(rs) == YARN_KEYS and rs == {"rope_type": "yarn", **want}
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "default", "factor": 8.0},
+                                     {"type": "default"}])
+def test_plain_rope_is_null(scaling):
+    assert adapter_for({**_DSV3, "rope_scaling": scaling}).model["rope_scaling"] is None
+
+
+def test_yarn_without_truncation_is_refused_in_one_line():
+    cfg = {**_DSV3, "rope_scaling": {"rope_type": "yarn", "factor": 2.0, "truncate": False}}
+    with pytest.raises(SourceError, match=r"^config.json: 'rope_scaling.truncate' is false: "):
+        _ = adapter_for(cfg).model
+
+
 def test_qwen_decoder_sparse_step(tmp_path):
     ck = Checkpoint(make_checkpoint("qwen3_moe", tmp_path, decoder_sparse_step=2,
                                     mlp_only_layers=[], num_hidden_layers=4, tokenizer=False))

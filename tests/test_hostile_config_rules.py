@@ -97,6 +97,13 @@ TABLE: list[tuple[str, dict[str, Any], str, str]] = [
     ("deepseek_v3", {"n_shared_experts": 1025}, "n_shared_experts", "moe.num_shared_experts"),
     ("deepseek_v3", {"rope_scaling": {"type": "yarn", "factor": -4.0}}, "rope_scaling.factor",
      "rope_scaling.factor"),
+    ("deepseek_v3", {"rope_scaling": {"type": "yarn", "factor": 4.0, "attention_factor": 0}},
+     "rope_scaling.attention_factor", "rope_scaling.attention_factor"),
+    ("deepseek_v3", {"rope_scaling": {"type": "yarn", "factor": 4.0, "mscale": -1.0}},
+     "rope_scaling.mscale", "rope_scaling.mscale"),
+    ("deepseek_v3", {"original_max_position_embeddings": 0,
+                     "rope_scaling": {"type": "yarn", "factor": 4.0}},
+     "original_max_position_embeddings", "rope_scaling.original_max_position_embeddings"),
     ("deepseek_v3", {"n_routed_experts": 65536, "num_hidden_layers": 18, "n_group": 1,
                      "topk_group": 1}, "n_routed_experts", "moe.num_experts"),
 ]
@@ -200,3 +207,37 @@ def test_attention_variants_refused_by_both(tmp_path: Path, arch: str, change: d
     adapter = described(CONFIGS[arch])
     attention = {f"attention.{k}": v for k, v in change.items()}
     assert_refused_by_both(tmp_path, adapter.model, adapter.config, attention, field)
+
+
+# (description change under manifest.model: "rope_scaling" or "rope_scaling.KEY" -> value; field)
+ROPE_TABLE: list[tuple[dict[str, Any], str]] = [
+    ({"rope_scaling": [4.0]}, "rope_scaling"),
+    ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope_scaling"),  # the source's spelling
+    ({"rope_scaling.rope_type": "linear"}, "rope_scaling"),
+    ({"rope_scaling.factor": None}, "rope_scaling.factor"),  # required
+    ({"rope_scaling.factor": 0}, "rope_scaling.factor"),
+    ({"rope_scaling.beta_fast": 0}, "rope_scaling.beta_fast"),
+    ({"rope_scaling.beta_slow": -1.0}, "rope_scaling.beta_slow"),
+    ({"rope_scaling.mscale": -0.5}, "rope_scaling.mscale"),
+    ({"rope_scaling.mscale_all_dim": "1"}, "rope_scaling.mscale_all_dim"),
+    ({"rope_scaling.attention_factor": 0}, "rope_scaling.attention_factor"),
+    ({"rope_scaling.original_max_position_embeddings": 0},
+     "rope_scaling.original_max_position_embeddings"),
+]
+YARN_SOURCE = {**CONFIGS["deepseek_v3"], "rope_scaling": {
+    "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 1.0,
+    "mscale_all_dim": 1.0}}
+
+
+def test_yarn_base_description_passes_both(tmp_path: Path) -> None:
+    adapter = described(YARN_SOURCE)
+    try:
+        plan(str(reseal_model(tmp_path, adapter.model, adapter.config)))
+    except EngineError as e:
+        assert "manifest.model" not in str(e)
+
+
+@pytest.mark.parametrize("change,field", ROPE_TABLE, ids=[str(c) for c, _ in ROPE_TABLE])
+def test_rope_scaling_refused_by_both(tmp_path: Path, change: dict, field: str) -> None:
+    adapter = described(YARN_SOURCE)
+    assert_refused_by_both(tmp_path, adapter.model, adapter.config, change, field)

@@ -36,6 +36,11 @@ OVERRIDES = {
     "deepseek_v3_yarn": dict(max_position_embeddings=128, rope_scaling={
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}),
+    # GQA with YaRN and both mscales: the attention factor is their ratio, and unlike MLA the
+    # softmax scale stays head_dim^-0.5 (no mscale_all_dim^2)
+    "qwen3_moe_yarn": dict(max_position_embeddings=128, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+        "mscale": 1.0, "mscale_all_dim": 0.5}),
     # every trunk codec the engine multiplies in place (defaults: q6, f32 norms, f16 codebooks)
     "mixtral_codecs": dict(max_position_embeddings=128, tie_word_embeddings=False),
     "deepseek_v3_codecs": dict(max_position_embeddings=128),

@@ -15,6 +15,10 @@ EXPERT_PARTS = ("gate", "up", "down")
 _MISSING = object()
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
 @dataclass(frozen=True)
 class TrunkTensor:
     """A canonical RAM-resident tensor (FORMAT.md §7) and where a checkpoint may hold it.
@@ -110,9 +114,52 @@ class Adapter:
         pre = f"{self.text_key}." if self.text_key else ""
         self.origin["rope_scaling"] = pre + "rope_scaling"
         if scaling is None and params.get("rope_type", "default") != "default":
-            scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+            scaling = params
             self.origin["rope_scaling"] = pre + "rope_parameters"
-        return theta, scaling
+        return theta, self.normal_rope_scaling(scaling)
+
+    def normal_rope_scaling(self, src: Any) -> Any:
+        """The description's rope_scaling (FORMAT.md §7) from the source's object, with the
+        defaults transformers' `_compute_yarn_parameters` applies written out: null for plain
+        RoPE, else every YaRN key. What is not an object or not YaRN goes on as it is, for the
+        description's rules to refuse, naming it."""
+        if not isinstance(src, dict):
+            return src
+        kind = src.get("rope_type", src.get("type", "default"))
+        if kind == "default":
+            return None
+        if kind != "yarn":
+            return {"rope_type": kind}
+        where = self.origin["rope_scaling"]
+        if not src.get("truncate", True):  # transformers then skips the floor/ceil of the range
+            raise SourceError(f"config.json: {where + '.truncate'!r} is false: YaRN without "
+                              "the truncated correction range is not supported")
+        # transformers: a top-level original_max_position_embeddings wins (Phi-3's layout),
+        # then the object's, then max_position_embeddings
+        pre = f"{self.text_key}." if self.text_key else ""
+        for key, obj, name in (("original_max_position_embeddings", self.text, pre),
+                               ("original_max_position_embeddings", src, where + "."),
+                               ("max_position_embeddings", self.text, pre)):
+            if obj.get(key) is not None:
+                orig = obj[key]
+                self.origin["rope_scaling.original_max_position_embeddings"] = name + key
+                break
+        else:
+            orig = None
+        factor = src.get("factor")
+        if factor is None and _number(orig) and _number(self.text.get("max_position_embeddings")):
+            factor = self.text["max_position_embeddings"] / orig  # transformers 5, DeepSeek-V3
+        return {
+            "rope_type": "yarn",
+            "factor": factor,
+            "original_max_position_embeddings": orig,
+            # transformers reads these with `or`: 0 or absent is the default
+            "beta_fast": src.get("beta_fast") or 32.0,
+            "beta_slow": src.get("beta_slow") or 1.0,
+            "mscale": src.get("mscale") or 0.0,
+            "mscale_all_dim": src.get("mscale_all_dim") or 0.0,
+            "attention_factor": src.get("attention_factor"),  # null: derived from the mscales
+        }
 
     def common_model(self) -> dict:
         theta, scaling = self.rope()

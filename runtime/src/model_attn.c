@@ -52,7 +52,7 @@ int mpm_rope_init(mpm_model *m) {
             float ef = 1.0f - ramp;
             m->inv_freq[i] = (double)(inter * (1.0f - ef) + extra * ef);
         }
-        if (c->yarn_mscale_all_dim != 0) {
+        if (c->mla && c->yarn_mscale_all_dim != 0) { /* DeepSeek's MLA only; GQA keeps head_dim^-0.5 */
             double ms = yarn_get_mscale(f, c->yarn_mscale_all_dim);
             m->attn_scale = (float)((double)m->attn_scale * ms * ms);
         }

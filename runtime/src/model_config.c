@@ -76,6 +76,40 @@ static int get_bool(const mp_json *o, const char *key, int dflt) {
     return mp_json_as_bool(mp_json_get(o, key), &b) == 0 ? b : dflt;
 }
 
+/* A number of rope_scaling: absent or null gives dflt (factor's 0 is refused: it is required);
+ * finite and, with positive, > 0 (else >= 0). */
+static int yarn_num(const mp_json *rs, const char *key, double dflt, int positive, double *out,
+                    char *err, size_t errlen) {
+    if (get_num(rs, key, dflt, out) || !(positive ? *out > 0 : *out >= 0))
+        FAIL(MP_EFORMAT, "manifest.model: rope_scaling.%s must be a finite number %s", key,
+             positive ? "> 0" : ">= 0");
+    return 0;
+}
+
+/* rope_scaling (FORMAT.md §7): null, or the normalised YaRN object */
+static int parse_rope_scaling(const mp_json *m, mpm_config *c, char *err, size_t errlen) {
+    const mp_json *rs = mp_json_get(m, "rope_scaling");
+    if (!rs || mp_json_is_null(rs)) return 0;
+    if (mp_json_type_of(rs) != MP_JSON_OBJECT) FAIL(MP_EFORMAT, "manifest.model: rope_scaling must be null or an object");
+    const char *t = mp_json_as_str(mp_json_get(rs, "rope_type"), NULL);
+    if (!t || strcmp(t, "yarn")) FAIL(MP_EUNSUPPORTED, "manifest.model: rope_scaling type %s is not supported (yarn)", t ? t : "(none)");
+    c->yarn = 1;
+    int rc;
+    int64_t omp;
+    if ((rc = yarn_num(rs, "factor", 0.0, 1, &c->yarn_factor, err, errlen)) ||
+        (rc = yarn_num(rs, "beta_fast", 32.0, 1, &c->yarn_beta_fast, err, errlen)) ||
+        (rc = yarn_num(rs, "beta_slow", 1.0, 1, &c->yarn_beta_slow, err, errlen)) ||
+        (rc = yarn_num(rs, "mscale", 0.0, 0, &c->yarn_mscale, err, errlen)) ||
+        (rc = yarn_num(rs, "mscale_all_dim", 0.0, 0, &c->yarn_mscale_all_dim, err, errlen)) ||
+        (rc = get_opt_int(rs, "rope_scaling.", "original_max_position_embeddings", 1, MAX_POS, c->max_pos, &omp, err, errlen)))
+        return rc;
+    c->yarn_orig_max_pos = omp;
+    c->yarn_attn_factor = 0; /* absent or null: derived from the mscales (model_attn.c) */
+    const mp_json *af = mp_json_get(rs, "attention_factor");
+    if (af && !mp_json_is_null(af)) return yarn_num(rs, "attention_factor", 0.0, 1, &c->yarn_attn_factor, err, errlen);
+    return 0;
+}
+
 /* layer_attention (absent: every layer full attention) and, with any linear layer,
  * linear_attention (Gated DeltaNet) */
 static int parse_linear(const mp_json *m, mpm_config *c, char *err, size_t errlen) {
@@ -264,27 +298,7 @@ int mpm_config_parse(const mp_json *m, mpm_config *c, char *err, size_t errlen) 
     c->qk_norm = get_bool(m, "qk_norm", 0);
     if ((rc = get_opt_bool(m, "", "rms_norm_unit_offset", 0, &c->norm_offset, err, errlen))) return rc;
 
-    const mp_json *rs = mp_json_get(m, "rope_scaling");
-    if (rs && !mp_json_is_null(rs)) {
-        const char *t = mp_json_as_str(mp_json_get(rs, "rope_type"), NULL);
-        if (!t) t = mp_json_as_str(mp_json_get(rs, "type"), NULL);
-        if (!t || strcmp(t, "default") == 0) {
-            /* nothing */
-        } else if (!strcmp(t, "yarn")) {
-            c->yarn = 1;
-            int64_t omp;
-            if (get_num(rs, "factor", 1.0, &c->yarn_factor) || get_num(rs, "beta_fast", 32.0, &c->yarn_beta_fast) ||
-                get_num(rs, "beta_slow", 1.0, &c->yarn_beta_slow) || get_num(rs, "mscale", 0.0, &c->yarn_mscale) ||
-                get_num(rs, "mscale_all_dim", 0.0, &c->yarn_mscale_all_dim) ||
-                get_num(rs, "attention_factor", 0.0, &c->yarn_attn_factor))
-                FAIL(MP_EFORMAT, "manifest.model: rope_scaling numbers must be finite");
-            if (!(c->yarn_factor > 0)) FAIL(MP_EFORMAT, "manifest.model: rope_scaling.factor must be a finite number > 0");
-            if ((rc = get_opt_int(rs, "rope_scaling.", "original_max_position_embeddings", 1, MAX_POS, c->max_pos, &omp, err, errlen))) return rc;
-            c->yarn_orig_max_pos = omp;
-        } else {
-            FAIL(MP_EUNSUPPORTED, "manifest.model: rope_scaling type %s is not supported (yarn)", t);
-        }
-    }
+    if ((rc = parse_rope_scaling(m, c, err, errlen))) return rc;
     const mp_json *at = mp_json_get(m, "attention");
     const char *kind = mp_json_as_str(mp_json_get(at, "kind"), NULL);
     if (!kind) FAIL(MP_EFORMAT, "manifest.model: attention.kind must be gqa or mla");
