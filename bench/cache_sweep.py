@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
+
+from moepack.sysinfo import usable_cores
 
 
 def engine_fingerprint() -> dict:
@@ -181,7 +182,7 @@ def main() -> None:
     ap.add_argument("--cache-experts", type=int, default=None)
     ap.add_argument("--prompt", default="1,2,3,4")
     ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--threads", type=int, default=usable_cores())
     ap.add_argument("--passes", type=int, default=1)
     ap.add_argument("--cap-frac", type=float, default=0.5)
     ap.add_argument("--forced", default="", help="comma-separated decode token ids (no greedy)")

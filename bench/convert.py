@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         overhead = None
         if "2" in by and "ray" in by:  # equal cores: 2 local workers vs 2 one-CPU nodes
             overhead = round((by["ray"]["seconds"] / by["2"]["seconds"] - 1) * 100, 1)
+        # cores: the machine's (the record describes the hardware), not this process's share
         report = {"date": utc_now(),
                   "commit": git_commit(), "cpu": cpu_model(), "cores": os.cpu_count(),
                   "load_avg_1m": round(os.getloadavg()[0], 2), "source_bytes": src_bytes,

@@ -81,5 +81,6 @@ def cpu_simd_flags() -> list[str]:
 
 
 def machine_line() -> str:
-    """`MODEL, N CPUs, Linux 6.x`: the hardware sentence of a record."""
+    """`MODEL, N CPUs, Linux 6.x`: the hardware sentence of a record (N: the machine's CPUs,
+    os.cpu_count(), not what this process may use: that is moepack.sysinfo.usable_cores())."""
     return f"{cpu_model()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"

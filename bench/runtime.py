@@ -23,6 +23,7 @@ from moepack.runtime.engine import Engine, plan
 
 from bench.disk import drop_cache, random_read
 from bench.machine import git_commit, machine_line, utc_now
+from moepack.sysinfo import usable_cores
 
 
 def build(path: Path, layers: int, experts: int, hidden: int, inter: int, top_k: int) -> float:
@@ -78,7 +79,7 @@ def main() -> None:
     t_build = build(path, a.layers, a.experts, a.hidden, a.inter, a.top_k)
     p = plan(str(path), 256)
     rec, size = p["expert_record_bytes"], path.stat().st_size
-    threads = a.threads or os.cpu_count()
+    threads = a.threads or usable_cores()
     every = a.layers * a.experts * rec
     try:
         # warm: budget holds every expert; the second identical run is all hits

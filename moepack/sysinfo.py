@@ -1,7 +1,7 @@
 """What this process may use: usable cores and usable memory, cgroup-aware (v1 and v2).
 
-One helper for convert, verify and anything else in Python; `runtime/src/memplan.c`
-(`mp_usable_ram`) applies the same memory rule in C:
+One helper for convert, verify and anything else in Python; `runtime/src/memplan.c` applies
+the same rules in C (`mp_usable_ram`; `mp_usable_cores`, the engine's default thread count):
 
 - cores: the CPUs in this process's affinity mask, lowered to the cgroup CPU quota where one is
   set (v2 `cpu.max`, v1 `cpu.cfs_quota_us / cpu.cfs_period_us`, the tightest of the cgroup and

@@ -44,7 +44,8 @@ BudgetOpt = Annotated[str | None, typer.Option(
     "--budget", callback=size_option,
     help=f"Total memory budget (e.g. 8G, 512MiB). Default: from usable RAM. {SIZE_HELP}")]
 ThreadsOpt = Annotated[int | None, typer.Option(
-    "--threads", min=1, max=MAX_THREADS, help="Compute threads (default: all CPUs).")]
+    "--threads", min=1, max=MAX_THREADS,
+    help="Compute threads (default: the usable cores: CPU affinity, cgroup CPU quota).")]
 CtxOpt = Annotated[int | None, typer.Option(
     "--ctx", min=1, max=INT32_MAX, help="Context length (KV cache size).")]
 _kv_type = choice("f32", "f16")

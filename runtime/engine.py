@@ -146,6 +146,8 @@ def _library() -> C.CDLL:
         getattr(lib, f).argtypes = [_P]
     lib.mp_kernels.argtypes = [_P]
     lib.mp_kernels.restype = C.c_char_p
+    lib.mp_threads.argtypes = [_P]
+    lib.mp_threads.restype = C.c_int
     lib.mp_kv_type.argtypes = [_P]
     lib.mp_kv_type.restype = C.c_char_p
     lib.mp_reset.argtypes = [_P]
@@ -339,6 +341,12 @@ class Engine:
         made at open from `kernels` and the CPU; other engines in the process do not change it;
         every path gives the same bits)."""
         return self._lib.mp_kernels(self._handle()).decode()
+
+    @property
+    def threads(self) -> int:
+        """Compute threads: `threads` as given, else the usable cores (moepack.sysinfo's rule,
+        applied in C)."""
+        return self._lib.mp_threads(self._handle())
 
     def reset(self) -> None:
         self._lib.mp_reset(self._handle())

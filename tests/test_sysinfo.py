@@ -114,3 +114,59 @@ def test_dry_run_prints_the_choice(tmp_path):
                         capture_output=True, text=True, timeout=120)
     plan = json.loads(js.stdout)["plan"]
     assert plan["jobs"] == 1 and plan["jobs_choice"].endswith("from --jobs)")
+
+
+# The engine's default thread count (runtime/src/memplan.c mp_usable_cores) against this
+# module's rule on the same fake machines: (cgroup lines, files, affinity).
+CORE_MACHINES = {
+    "v2-ancestor-1.5": (["0::/a/b"], {"cgroup.controllers": "cpu\n", "a/cpu.max": "150000 100000\n",
+                                      "a/b/cpu.max": "max 100000\n"}, 8),
+    "v2-affinity-tighter": (["0::/a"], {"cgroup.controllers": "cpu\n",
+                                        "a/cpu.max": "400000 100000\n"}, 3),
+    "v2-quota-only": (["0::/"], {"cgroup.controllers": "", "cpu.max": "250000\n"}, 16),
+    "v2-small-quota": (["0::/"], {"cgroup.controllers": "", "cpu.max": "20000 100000\n"}, 4),
+    "hybrid": (["1:cpu:/", "0::/j"], {"unified/j/cpu.max": "200000 100000\n"}, 6),
+    "v1-joined": (["4:memory:/job", "2:cpu,cpuacct:/job", "0::/"], {
+        "cpu,cpuacct/job/cpu.cfs_quota_us": "300000\n",
+        "cpu,cpuacct/job/cpu.cfs_period_us": "100000\n",
+        "cpu,cpuacct/cpu.cfs_quota_us": "-1\n"}, 16),
+    "v1-own-dir-no-period": (["3:cpu:/x/y"], {"cpu/x/cpu.cfs_quota_us": "50000\n"}, 2),
+    "none": (["0::/"], {"cgroup.controllers": "", "cpu.max": "max 100000"}, 4),
+    "garbage": (["garbage", "0::/x"], {"cgroup.controllers": "", "x/cpu.max": "lots\n",
+                                       "cpu.max": "150000 x\n"}, 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORE_MACHINES))
+def test_engine_counts_cores_as_sysinfo_does(tmp_path: Path, name: str) -> None:
+    import ctypes
+
+    from moepack.runtime._lib import load
+
+    lines, files, affinity = CORE_MACHINES[name]
+    proc, cg = machine(tmp_path, lines, files)
+    fn = load().mp_usable_cores_at
+    fn.argtypes, fn.restype = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int], ctypes.c_int
+    want = sysinfo.cores(proc, cg, affinity=affinity).usable
+    assert fn(str(proc).encode(), str(cg).encode(), affinity) == want
+
+
+@pytest.mark.parametrize("cpus", [None, "0"])
+def test_engine_default_threads_are_the_usable_cores(cpus: str | None) -> None:
+    """Opened with threads=0, the engine runs as many compute threads as
+    sysinfo.usable_cores() says, also when the process is pinned to one CPU (taskset)."""
+    import shutil
+
+    if cpus is not None and shutil.which("taskset") is None:
+        pytest.skip("no taskset")
+    vector = Path(__file__).parents[1] / "spec" / "vectors" / "valid" / "mixtral2.moepack"
+    code = ("from moepack.runtime.engine import Engine; from moepack import sysinfo\n"
+            f"with Engine({str(vector)!r}) as e: print(e.threads, sysinfo.usable_cores())")
+    cmd = [sys.executable, "-c", code]
+    out = subprocess.run(["taskset", "-c", cpus, *cmd] if cpus else cmd, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    engine, python = map(int, out.stdout.split())
+    assert engine == python
+    if cpus == "0":
+        assert engine == 1

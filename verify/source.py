@@ -18,6 +18,8 @@ from pathlib import Path
 
 from moepack.verify.expect import MANIFEST_NAME, Expected, ExpectError, load_expectations
 
+from moepack.sysinfo import usable_cores
+
 Progress = Callable[[int, int], None]
 _READ = 8 << 20
 # Files whose presence matters to a conversion: weights and configs (tokenizer files included).
@@ -135,7 +137,7 @@ def verify_source(dir: str | Path, expect: str | Path | None = None, *, threads:
                 progress(done, total)
 
     order = sorted(files, key=lambda e: -(e.size or 0))  # big files first: best pool packing
-    workers = max(1, threads or os.cpu_count() or 1)
+    workers = max(1, threads or usable_cores())
     with ThreadPoolExecutor(workers, thread_name_prefix="moepack-sha") as pool:
         found = list(pool.map(lambda e: _check_one(root, e, tick), order))
     by_name = {p.name: p for p in found if p is not None}

@@ -41,7 +41,8 @@ typedef struct mp_engine mp_engine;
 
 typedef struct mp_config {
     uint64_t budget_bytes; /* total memory budget; 0 = default from usable RAM */
-    int threads;           /* compute threads; 0 = number of online CPUs */
+    int threads;           /* compute threads; 0 = the usable cores: the CPU affinity mask,
+                              lowered to the cgroup CPU quota (at most 256) */
     int ctx;               /* max tokens in the KV cache; 0 = min(max_position_embeddings, 4096) */
     int prefetch;          /* 1 = router look-ahead prefetch of the next layer's experts */
     int o_direct;          /* -1 = probe and use if possible, 0 = off, 1 = require */
@@ -163,6 +164,8 @@ MP_API int mp_context_size(const mp_engine *e);
 MP_API int mp_position(const mp_engine *e); /* tokens currently in the KV cache */
 /* Kernels this engine computes with: "avx2" or "scalar" (chosen per engine at mp_open). */
 MP_API const char *mp_kernels(const mp_engine *e);
+/* Compute threads this engine runs (mp_config.threads, or the usable cores when 0). */
+MP_API int mp_threads(const mp_engine *e);
 /* KV cache entry type this engine stores: "f16" or "f32" (mp_config.kv or the default). */
 MP_API const char *mp_kv_type(const mp_engine *e);
 

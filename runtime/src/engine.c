@@ -255,10 +255,6 @@ static int load_trunk(mp_engine *e, char *err, size_t errlen) {
     return 0;
 }
 
-static int online_cpus(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > 256 ? 256 : (int)n;
-}
 
 static const char *fmt_gb(uint64_t b, char *buf, size_t n) {
     snprintf(buf, n, "%.3f GB", (double)b / 1e9);
@@ -348,7 +344,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
         }
     }
     if ((rc = mpm_load(&e->cfg, tensor_cb, bank_cb, e, p->ctx, e->chunk, &e->model, err, errlen))) goto fail;
-    e->pool = mpk_pool_create(cfg.threads > 0 ? cfg.threads : online_cpus());
+    e->pool = mpk_pool_create(cfg.threads > 0 ? cfg.threads : mp_usable_cores());
     if (!e->pool) {
         rc = mp_seterr(err, errlen, MP_ENOMEM, "cannot start compute threads");
         goto fail;
@@ -382,6 +378,7 @@ int mp_vocab_size(const mp_engine *e) { return (int)e->cfg.vocab; }
 int mp_context_size(const mp_engine *e) { return e->plan.ctx; }
 int mp_position(const mp_engine *e) { return e->pos; }
 const char *mp_kernels(const mp_engine *e) { return mpk_impl_name(e->kern); }
+int mp_threads(const mp_engine *e) { return mpk_pool_threads(e->pool); }
 const char *mp_kv_type(const mp_engine *e) { return e->plan.kv == MP_KV_F16 ? "f16" : "f32"; }
 void mp_reset(mp_engine *e) { e->pos = 0; }
 /* attention reads positions < pos only, so dropping the tail is just moving pos back; a

@@ -18,6 +18,8 @@
 
 #include <stdint.h>
 
+#include "moepack.h" /* MP_API */
+
 typedef struct {
     uint64_t physical;       /* MemTotal in bytes (0 if unreadable) */
     uint64_t cgroup_limit;   /* smallest cgroup limit found, UINT64_MAX if none */
@@ -30,6 +32,14 @@ typedef struct {
 uint64_t mp_usable_ram(mp_ram_info *out);
 /* Same with other roots (tests): proc_root replaces "/proc", cgroup_root "/sys/fs/cgroup". */
 uint64_t mp_usable_ram_at(const char *proc_root, const char *cgroup_root, mp_ram_info *out);
+
+/* CPUs this process can keep busy, by moepack/sysinfo.py's rule: the CPUs in its affinity mask
+ * (sched_getaffinity), lowered to the tightest cgroup CPU quota along its cgroup path (v2
+ * cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us) rounded up; at least 1. */
+int mp_usable_cores(void);
+int mp_affinity_cores(void);
+/* Same with other roots and a given affinity count (<= 0: this process's), for tests. */
+MP_API int mp_usable_cores_at(const char *proc_root, const char *cgroup_root, int affinity);
 
 /* Default OS headroom: usable / 10 within [256 MiB, 4 GiB] (never more than usable). */
 uint64_t mp_default_headroom(uint64_t usable);
