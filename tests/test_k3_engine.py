@@ -144,17 +144,3 @@ def test_k3_fields_refused_by_both(tmp_path, change: dict, field: str) -> None:
     from model_refusals import assert_refused_by_both
 
     assert_refused_by_both(tmp_path, *_k3_description(), change, field)
-
-
-@pytest.mark.slow
-def test_k3_under_asan_and_ubsan(tmp_path):
-    """The tiny K3 through open, eval and generate under AddressSanitizer and UBSan (cache
-    large / off / one record, scalar kernels), as tests/test_runtime_engine_asan.py does for
-    the other architectures."""
-    from moepack.convert.pipeline import convert
-    from moepack.convert.settings import Settings
-    from sanitized_engine import run_engine_under_sanitizers
-
-    make_k3_checkpoint(tmp_path / "src")
-    convert(tmp_path / "src", tmp_path / "k3.moepack", Settings())
-    run_engine_under_sanitizers(tmp_path, [tmp_path / "k3.moepack"])

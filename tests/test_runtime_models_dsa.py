@@ -296,17 +296,6 @@ def test_native_names_are_what_save_pretrained_writes(tmp_path_factory, arch):
     assert native == set(ck.tensors)
 
 
-@pytest.mark.slow
-def test_dsa_under_asan_and_ubsan(tmp_path_factory, tmp_path):
-    """Both families in the sparse regime (40 tokens, top-k 8) through the ASan/UBSan driver
-    (tests/sanitized_engine.py): cache on/off/one record, scalar kernels, the default f16 KV
-    (f16 indexer keys)."""
-    from sanitized_engine import run_engine_under_sanitizers
-
-    files = [built(tmp_path_factory, a, "sparse") / "m.moepack" for a in FAMILIES]
-    run_engine_under_sanitizers(tmp_path, files, timeout=600)
-
-
 def test_ties_select_the_lowest_positions(tmp_path):
     """Zero indexer head weights: every score is 0, so the tie rule alone decides and keeps
     positions 0..7 for every later query. Then the logits at position p >= 8 depend on tokens
