@@ -36,25 +36,26 @@ MTP_ONLY = ("embed_tokens.weight", "enorm.weight", "hnorm.weight", "eh_proj.weig
 
 def _add_mtp_layer(src: Path) -> dict[str, torch.Tensor]:
     """transformers does not build MTP layers, so save_pretrained writes none: write layer
-    LAYERS as the published checkpoints do (a MoE decoder layer plus MTP_ONLY) into a shard
-    of its own, listed in the index. Returns the tensors written."""
+    num_hidden_layers as the published checkpoints do (a copy of the shapes of the last decoder
+    layer, MoE, plus MTP_ONLY) into a shard of its own, listed in the index. Returns the
+    tensors written."""
     index_path = src / "model.safetensors.index.json"
     index = json.loads(index_path.read_text())
     cfg = json.loads((src / "config.json").read_text())
-    h, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    h, vocab, n = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
     g = torch.Generator().manual_seed(7)
-    like = f"model.layers.{LAYERS - 1}."  # a MoE layer: the MTP layer has its shapes
+    like = f"model.layers.{n - 1}."
     out: dict[str, torch.Tensor] = {}
     for name, file in index["weight_map"].items():
         if name.startswith(like):
             with safe_open(src / file, "pt") as f:
                 shape = f.get_tensor(name).shape
-            out[f"model.layers.{LAYERS}." + name[len(like):]] = torch.randn(shape, generator=g)
+            out[f"model.layers.{n}." + name[len(like):]] = torch.randn(shape, generator=g)
     shapes = {"embed_tokens.weight": (vocab, h), "enorm.weight": (h,), "hnorm.weight": (h,),
               "eh_proj.weight": (h, 2 * h), "shared_head.norm.weight": (h,),
               "shared_head.head.weight": (vocab, h)}
     for name in MTP_ONLY:
-        out[f"model.layers.{LAYERS}.{name}"] = torch.randn(shapes[name], generator=g)
+        out[f"model.layers.{n}.{name}"] = torch.randn(shapes[name], generator=g)
     save_file(out, src / "mtp.safetensors")
     index["weight_map"].update({n: "mtp.safetensors" for n in out})
     index_path.write_text(json.dumps(index))
@@ -234,6 +235,47 @@ def test_glm4_moe_keeps_and_exports_its_mtp_layer(tmp_path):
     index = json.loads((hf / "model.safetensors.index.json").read_text())
     assert {n for n in index["weight_map"] if n.startswith(f"model.layers.{LAYERS}.")} \
         == set(written)
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v32", "glm_moe_dsa"])
+def test_dsa_mtp_layer_keeps_its_indexer(tmp_path, arch):
+    """A DSA checkpoint's MTP layer (its last decoder layer, a `full` one, runs its own
+    indexer: GLM-5's published checkpoints hold `model.layers.78.self_attn.indexer.*`) is
+    carried with that indexer and exported back whole; the engine's description still lists
+    the decoder's layers only, and the engine runs the container as without MTP."""
+    from test_runtime_models_dsa import make_checkpoint as make_dsa_checkpoint
+
+    src = make_dsa_checkpoint(arch, tmp_path / "src", topk=8)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": 1}))
+    written = _add_mtp_layer(src)
+    n = cfg["num_hidden_layers"]
+    out, hf = tmp_path / "dsa.moepack", tmp_path / "hf"
+    convert(src, out, FAST)
+    with Container.open(out) as c:
+        assert [b["layer"] for b in c.mtp_banks()] == [n]
+        assert {f"layers.{n}.attn.idx_{x}" for x in ("q", "k", "k_norm", "k_norm_bias",
+                                                    "weights")} <= set(c.mtp_tensor_names())
+        assert len(c.manifest["model"]["attention"]["dsa"]["indexer_types"]) == n
+    export(out, hf, shard_bytes=20_000)
+    index = json.loads((hf / "model.safetensors.index.json").read_text())
+    assert {x for x in index["weight_map"] if x.startswith(f"model.layers.{n}.")} == set(written)
+    with Engine(str(out), threads=1) as e:
+        assert e.logits([3, 5, 7, 11]).shape == (4, cfg["vocab_size"])
+
+
+def test_minimax_m2_declared_mtp_modules_are_noted_not_converted():
+    """MiniMax-M2's Hub config declares 3 MTP modules (`use_mtp`, `num_mtp_modules`) that its
+    published checkpoints do not hold: nothing is planned for them and `source.skipped` says so."""
+    from moepack.convert.plan import plan_for_config
+
+    cfg = json.loads((Path(__file__).parent.parent / "docs/configs/MiniMax-M2.json").read_text())
+    layout = plan_for_config(cfg, Settings())
+    assert not [b for b in layout.spec.banks if b.kind != "expert_bank"]
+    assert "multi-token-prediction layers 62..64: not converted (MiniMax-M2's published " \
+        "checkpoints hold no weights for them)" in layout.spec.manifest["source"]["skipped"]
+    layout = plan_for_config({**cfg, "use_mtp": False}, Settings())
+    assert "skipped" not in layout.spec.manifest["source"]
 
 
 def test_convert_refuses_an_unknown_mtp_mode(tmp_path):

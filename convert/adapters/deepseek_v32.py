@@ -25,11 +25,14 @@ class DeepseekV32Adapter(DeepseekV3Adapter):
         types = self.text.get("mlp_layer_types")
         if types is None:
             return super()._kinds(n)
-        if not isinstance(types, list) or len(types) != n \
+        layers = self.cfg_int("num_hidden_layers", field="num_layers")
+        if not isinstance(types, list) or len(types) != layers \
                 or any(t not in ("dense", "sparse") for t in types):
-            raise SourceError(f"config.json: 'mlp_layer_types' must list {n} entries, each "
-                              "'dense' or 'sparse'")
-        return ["moe" if t == "sparse" else "dense" for t in types]
+            raise SourceError(f"config.json: 'mlp_layer_types' must list {layers} entries, "
+                              "each 'dense' or 'sparse'")
+        # multi-token-prediction layers, past the list, follow first_k_dense_replace as in
+        # DeepSeek-V3 (transformers writes the list for the decoder's layers only)
+        return ["moe" if t == "sparse" else "dense" for t in types] + super()._kinds(n)[layers:]
 
     def indexer_types(self, n: int) -> list[str]:
         """Per layer: `full` runs the indexer; DeepSeek-V3.2 runs it on every layer."""
@@ -63,9 +66,9 @@ class DeepseekV32Adapter(DeepseekV3Adapter):
         out = super().attention(layer)
         a, h = self.model["attention"], self.hidden
         dsa = a["dsa"]
-        # multi-token-prediction layers (index >= num_layers) are carried without an indexer:
-        # whether a checkpoint holds one for them is not known here
-        if layer >= len(dsa["indexer_types"]) or dsa["indexer_types"][layer] != "full":
+        # a multi-token-prediction layer (index >= num_layers) runs its own indexer: GLM-5's
+        # published checkpoints hold `model.layers.78.self_attn.indexer.*` (docs/LEARNED.md)
+        if layer < len(dsa["indexer_types"]) and dsa["indexer_types"][layer] != "full":
             return out
         heads, dim = dsa["index_n_heads"], dsa["index_head_dim"]
         p, c = f"model.layers.{layer}.self_attn.indexer", f"layers.{layer}.attn"

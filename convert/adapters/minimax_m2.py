@@ -15,6 +15,13 @@ from moepack.convert.errors import SourceError
 class MiniMaxM2Adapter(MixtralAdapter):
     arch = "minimax_m2"
     hf_architecture = "MiniMaxM2ForCausalLM"
+    mtp_note = "MiniMax-M2's published checkpoints hold no weights for them"
+
+    def mtp_declared(self) -> int:
+        """The Hub configs declare MTP modules (`use_mtp`, `num_mtp_modules`; transformers'
+        MiniMaxM2Config has neither) that no published checkpoint holds: `info` says so."""
+        return self.cfg_int("num_mtp_modules", default=0) if self.cfg("use_mtp", default=False) \
+            is True else 0
 
     @cached_property
     def model(self) -> dict:
