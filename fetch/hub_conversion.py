@@ -88,7 +88,7 @@ def conversion_size(listing: RepoListing, dest: Path) -> tuple[int | None, str]:
             note = "; its multi-token-prediction layers assumed present (no safetensors index)"
     try:   # bounds and engine rules first (plan.described): a hostile config allocates nothing
         layout = plan_for_config(config, Settings(), files=files, blobs=blobs, names=names)
-    except Exception as e:   # noqa: BLE001 — any planner refusal becomes the reason shown
-        return None, f"planner: {e}"
+    except (ConvertError, ValueError) as e:  # refusals (FormatError, ModelDescError: ValueError);
+        return None, f"planner: {e}"          # anything else is a bug and is raised
     return int(layout.file_size), ("exact: config.json through the layout planner, default "
                                    f"settings{note}")

@@ -59,3 +59,22 @@ def test_hostile_hub_config_gives_one_line(tmp_path: Path, case: str) -> None:
 def test_conversion_size_of_a_valid_config_is_known(tmp_path: Path) -> None:
     rc, output = _dry_run(tmp_path, json.dumps(MIXTRAL).encode())
     assert rc == 0 and "conversion output: unknown" not in output, output
+
+
+def test_a_planner_bug_is_raised_not_shown_as_the_configs_fault(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """Only the planner's refusals become the reason shown; a TypeError is a bug."""
+    from moepack.convert import plan as convert_plan
+    from moepack.fetch.hub_conversion import conversion_size
+    from moepack.fetch.hub_listing import RemoteFile, RepoListing
+
+    (tmp_path / "config.json").write_text(json.dumps(MIXTRAL))
+    listing = RepoListing("org/m", "0" * 40, (RemoteFile("config.json", 1, None, "0" * 40),))
+    assert conversion_size(listing, tmp_path)[0]  # the control: a size from the local copy
+
+    def bug(*args, **kwargs):
+        raise TypeError("a bug in the planner")
+
+    monkeypatch.setattr(convert_plan, "plan_for_config", bug)
+    with pytest.raises(TypeError, match="a bug in the planner"):
+        conversion_size(listing, tmp_path)
