@@ -364,7 +364,7 @@ def _glm5_next_parts(m: dict) -> None:
         _int(m, "hyper_connections.mult")
         _number(m, "hyper_connections.eps", lambda v: 0 < v < 1, "in (0, 1)")
         _int(m, "hyper_connections.sinkhorn_iters")
-    dsa = _get(m, "attention.dsa")
+    dsa = _get(m, "attention.dsa") if m["attention"]["kind"] == "mla" else None  # GQA: unread
     if isinstance(dsa, dict) and dsa.get("kpool") is not None:
         pool = _int(m, "attention.dsa.kpool", hi=dsa["index_topk"])
         assert pool is not None
@@ -372,3 +372,17 @@ def _glm5_next_parts(m: dict) -> None:
             raise ModelDescError("attention.dsa.kpool",
                                  f"must divide index_topk ({dsa['index_topk']}), got {pool}")
         _bool(m, "attention.dsa.kpool_select_tail")
+    if m["arch"] == "glm5_next" and isinstance(dsa, dict):
+        _glm5_next_indexers(m["layer_attention"] if m.get("layer_attention") else
+                            ["full"] * m["num_layers"], dsa["indexer_types"])
+
+
+def _glm5_next_indexers(kinds: list[str], types: list[str]) -> None:
+    """A `shared` layer reuses the selection of the layer right before it, which must be a full
+    DSA layer: transformers hands a selection only to the next layer."""
+    for i, t in enumerate(types):
+        if t == "shared" and (kinds[i] == "linear" or kinds[i - 1] == "linear"
+                              or types[i - 1] != "full"):
+            raise ModelDescError(f"attention.dsa.indexer_types[{i}]",
+                                 "must be full: a shared layer must be a DSA layer right after "
+                                 "a full DSA layer (glm5_next)")

@@ -31,6 +31,7 @@ typedef struct mpm_dsa_config {
     int64_t heads, dim, topk;
     uint8_t *layer_full; /* [n_layers]: 1 runs the indexer, 0 reuses the latest full layer's top-k */
     int64_t n_full;
+    int64_t kpool; /* GLM-5.3-Flash (FORMAT.md 7.2): score pools of kpool positions; 0: positions */
 } mpm_dsa_config;
 
 typedef struct mpm_config {

@@ -183,12 +183,38 @@ static int parse_dsa(const mp_json *at, mpm_config *c, char *err, size_t errlen)
         else if (!k || strcmp(k, "shared")) FAIL(MP_EFORMAT, "manifest.model: attention.dsa.indexer_types[%lld] must be full or shared", (long long)i);
     }
     if (!d->layer_full[0]) FAIL(MP_EFORMAT, "manifest.model: attention.dsa.indexer_types[0] must be full (a shared layer reuses an earlier full layer's selection)");
+    /* GLM-5.3-Flash's k-pools (FORMAT.md 7.2) */
+    if ((rc = get_opt_int(o, a, "kpool", 1, d->topk, 0, &d->kpool, err, errlen))) return rc;
+    if (d->kpool) {
+        if (d->topk % d->kpool) FAIL(MP_EFORMAT, "manifest.model: attention.dsa.kpool must divide index_topk (%lld)", (long long)d->topk);
+        int tail;
+        if ((rc = get_opt_bool(o, a, "kpool_select_tail", 1, &tail, err, errlen))) return rc;
+        if (!tail) FAIL(MP_EUNSUPPORTED, "manifest.model: attention.dsa.kpool_select_tail false is not supported (a query before the first complete pool would attend to no position)");
+    }
     d->on = 1;
     return 0;
 }
 
-/* GLM-5.3-Flash's optional fields (FORMAT.md 7.2): clamped SwiGLU, hyper-connections.  Its DSA
- * layers (the k-pool indexer) are not implemented: such a container is refused. */
+/* glm5_next's indexer_types list linear layers as full; they run no indexer.  A shared layer
+ * reuses the selection of the layer right before it, which must be a full DSA layer (the only
+ * selection transformers hands on). */
+static int glm5_next_indexers(mpm_config *c, char *err, size_t errlen) {
+    mpm_dsa_config *d = &c->dsa;
+    int prev_full = 0; /* the previous layer ran an indexer */
+    d->n_full = 0;
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        int linear = c->layer_is_linear && c->layer_is_linear[l];
+        if (!d->layer_full[l] && (linear || !prev_full))
+            FAIL(MP_EFORMAT, "manifest.model: attention.dsa.indexer_types[%lld] must be full: a shared layer must be a DSA layer right after a full DSA layer (glm5_next)", (long long)l);
+        if (linear) d->layer_full[l] = 0;
+        prev_full = d->layer_full[l];
+        d->n_full += d->layer_full[l];
+    }
+    return 0;
+}
+
+/* GLM-5.3-Flash's optional fields (FORMAT.md 7.2): clamped SwiGLU, hyper-connections; which
+ * of its layers run an indexer. */
 static int parse_glm5_next(const mp_json *m, mpm_config *c, char *err, size_t errlen) {
     const mp_json *lim = mp_json_get(m, "swiglu_limit");
     double d;
@@ -209,10 +235,7 @@ static int parse_glm5_next(const mp_json *m, mpm_config *c, char *err, size_t er
             FAIL(MP_EFORMAT, "manifest.model: hyper_connections.eps must be a finite number in (0, 1)");
         c->hc_eps = (float)d;
     }
-    if (c->arch == MPM_GLM5_NEXT)
-        for (int64_t l = 0; l < c->n_layers; l++)
-            if (!(c->layer_is_linear && c->layer_is_linear[l]))
-                FAIL(MP_EUNSUPPORTED, "glm5_next: layer %lld is a DSA layer; its k-pool sparse attention is not supported yet (only KDA layers are)", (long long)l);
+    if (c->arch == MPM_GLM5_NEXT && c->dsa.on) return glm5_next_indexers(c, err, errlen);
     return 0;
 }
 

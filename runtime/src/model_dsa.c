@@ -8,7 +8,17 @@
  * layer), in the KV cache's entry type: f16 (kv_f16, rounded by mpk_f32_to_f16 as the KV entries)
  * are read back exactly as f32 for the same dot products, so threads and chunking still give
  * the same bits; only the stored keys differ from f32.  Shared layers reuse the latest full layer's selection for the same tokens.  While
- * pos + 1 <= index_topk every position is selected and the layer is dense MLA, bit for bit. */
+ * pos + 1 <= index_topk every position is selected and the layer is dense MLA, bit for bit.
+ *
+ * k-pool (GLM-5.3-Flash, FORMAT.md 7.2, kpool > 0): gate scores idx_pool_gate·x are cached per
+ * position beside the keys (same entry type).  When a token completes pool j (positions
+ * j·kpool .. j·kpool+kpool-1), the pool's key (per dim, the softmax over the pool of gate score
+ * + idx_pool_ape weighting the cached keys) is built from the cache entries and stored over the
+ * key of the pool's last position, which nothing reads again: every cache stays indexed by
+ * position, so truncation, snapshots and failed calls behave as the KV cache does.  A query
+ * scores the complete pools ending at or before it, keeps the index_topk / kpool best (ties:
+ * lower pool) and attends to their positions plus the incomplete tail; while no more pools
+ * than that are complete, every position is selected (dense, bit for bit). */
 #include "model_internal.h"
 #include "moepack.h"
 #include "seterr.h"
@@ -44,30 +54,43 @@ int mpm_dsa_load(mpm_model *m, void *L, int l) {
     NAME("idx_k_norm_bias");
     if ((rc = mpm_load_f32(L, n, (uint64_t)d->dim, &ly->idx_kn_b))) return rc;
     NAME("idx_weights");
-    return mpm_load_mat(L, n, d->heads, c->hidden, &ly->idx_w);
+    if ((rc = mpm_load_mat(L, n, d->heads, c->hidden, &ly->idx_w)) || !d->kpool) return rc;
+    NAME("idx_pool_ape");
+    if ((rc = mpm_load_f32(L, n, (uint64_t)(d->kpool * d->dim), &ly->idx_ape))) return rc;
+    NAME("idx_pool_gate");
+    return mpm_load_mat(L, n, d->dim, c->hidden, &ly->idx_pg);
 #undef NAME
 }
 
-/* selections hold at most min(index_topk, ctx) positions */
-static int64_t kept(const mpm_dsa_config *d, int64_t ctx) { return d->topk < ctx ? d->topk : ctx; }
+/* positions per candidate: 1, or the pool size */
+static int64_t pool_of(const mpm_dsa_config *d) { return d->kpool ? d->kpool : 1; }
+
+/* selections hold at most min(index_topk (+ the k-pool tail), ctx) positions */
+static int64_t kept(const mpm_dsa_config *d, int64_t ctx) {
+    int64_t k = d->topk + pool_of(d) - 1;
+    return k < ctx ? k : ctx;
+}
 
 static size_t key_elt(const mpm_config *c) { return c->kv_f16 ? 2u : 4u; }
 
+/* one [ctx][dim] cache per full layer: the keys, and with k-pools the gate scores */
 uint64_t mpm_dsa_cache_bytes(const mpm_config *c, int ctx) {
     if (!c->dsa.on) return 0;
-    return (uint64_t)c->dsa.n_full * (uint64_t)ctx * (uint64_t)c->dsa.dim * key_elt(c);
+    return (c->dsa.kpool ? 2u : 1u) * (uint64_t)c->dsa.n_full * (uint64_t)ctx *
+           (uint64_t)c->dsa.dim * key_elt(c);
 }
 
 uint64_t mpm_dsa_scratch_bytes(const mpm_config *c, int chunk) {
     const mpm_dsa_config *d = &c->dsa;
     if (!d->on) return 0;
-    /* per chunk token: queries, key, head weights, selection and its count; per full layer the
-     * f32 LayerNorm weight and bias; the selected latent rows of one token (f32 at most); the
-     * scores reuse the attention's [heads][ctx] buffer */
-    int64_t k = kept(d, c->max_pos);
-    uint64_t per_tok = (uint64_t)(d->heads * d->dim + d->dim + d->heads + k + 1);
-    return 4u * ((uint64_t)chunk * per_tok + 2u * (uint64_t)(d->n_full * d->dim) +
-                 (uint64_t)(k * (c->kv_lora_rank + c->qk_rope_dim)));
+    /* per chunk token: queries, key, gate scores (k-pool), head weights, selection and its
+     * count; per full layer the f32 LayerNorm weight and bias and the pool position embedding
+     * (k-pool); one pool key; the selected latent rows of one token (f32 at most); the scores
+     * reuse the attention's [heads][ctx] buffer */
+    int64_t k = kept(d, c->max_pos), gate = d->kpool ? d->dim : 0;
+    uint64_t per_tok = (uint64_t)(d->heads * d->dim + d->dim + gate + d->heads + k + 1);
+    return 4u * ((uint64_t)chunk * per_tok + (uint64_t)(d->n_full * d->dim) * (2u + (uint64_t)d->kpool) +
+                 (uint64_t)gate + (uint64_t)(k * (c->kv_lora_rank + c->qk_rope_dim)));
 }
 
 int mpm_dsa_alloc(mpm_model *m) {
@@ -81,6 +104,12 @@ int mpm_dsa_alloc(mpm_model *m) {
     m->dsa_sel = calloc(T * (size_t)kept(d, m->ctx), sizeof(int32_t));
     m->dsa_n = calloc(T, sizeof(int32_t));
     m->dsa_rows = calloc((size_t)kept(d, m->ctx), (size_t)(m->c.kv_lora_rank + m->c.qk_rope_dim) * 4u);
+    if (d->kpool) {
+        m->dsa_gc = calloc((size_t)d->n_full * (size_t)m->ctx * (size_t)d->dim + 1, key_elt(&m->c));
+        m->dsa_g = calloc(T * (size_t)d->dim, sizeof(float));
+        m->dsa_pk = calloc((size_t)d->dim, sizeof(float));
+        if (!m->dsa_gc || !m->dsa_g || !m->dsa_pk) return MP_ENOMEM;
+    }
     return m->dsa_kc && m->dsa_q && m->dsa_k && m->dsa_w && m->dsa_sel && m->dsa_n && m->dsa_rows
                ? 0 : MP_ENOMEM;
 }
@@ -89,8 +118,10 @@ void mpm_dsa_free(mpm_model *m) {
     for (int64_t l = 0; m->layers && l < m->c.n_layers; l++) {
         free(m->layers[l].idx_kn_w);
         free(m->layers[l].idx_kn_b);
+        free(m->layers[l].idx_ape);
     }
-    void *bufs[] = {m->dsa_kc, m->dsa_q, m->dsa_k, m->dsa_w, m->dsa_sel, m->dsa_n, m->dsa_rows};
+    void *bufs[] = {m->dsa_kc, m->dsa_gc, m->dsa_q, m->dsa_k, m->dsa_g, m->dsa_w, m->dsa_pk,
+                    m->dsa_sel, m->dsa_n, m->dsa_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
 }
 
@@ -104,10 +135,37 @@ static void layer_norm(float *v, const float *w, const float *b, int64_t n) {
     for (int64_t i = 0; i < n; i++) v[i] = ((float)((double)v[i] - mean)) * inv * w[i] + b[i];
 }
 
+/* element i of a cache row (f32, or f16 read back exactly) */
+static float entry(const mpm_model *m, const char *row, int64_t i) {
+    return m->c.kv_f16 ? mpk_f16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+}
+
+/* The key of the pool starting at position `first`, from the cached keys and gate scores of its
+ * kpool positions: per dim a softmax over the pool (as torch: max, exp, sum, divide), the keys
+ * summed in position order; written over the key of the pool's last position. */
+static void build_pool(mpm_model *m, const mpm_layer *ly, int first) {
+    const int64_t D = m->c.dsa.dim, kp = m->c.dsa.kpool;
+    const size_t e = key_elt(&m->c), row = (size_t)D * e;
+    const size_t at = ((size_t)ly->idx_slot * (size_t)m->ctx + (size_t)first) * row;
+    const char *K = (const char *)m->dsa_kc + at, *G = (const char *)m->dsa_gc + at;
+    const float *ape = ly->idx_ape;
+    for (int64_t i = 0; i < D; i++) {
+        float mx = -INFINITY, sum = 0.0f, acc = 0.0f;
+        for (int64_t t = 0; t < kp; t++) mx = fmaxf(mx, entry(m, G + (size_t)t * row, i) + ape[t * D + i]);
+        for (int64_t t = 0; t < kp; t++) sum += expf(entry(m, G + (size_t)t * row, i) + ape[t * D + i] - mx);
+        for (int64_t t = 0; t < kp; t++)
+            acc += expf(entry(m, G + (size_t)t * row, i) + ape[t * D + i] - mx) / sum *
+                   entry(m, K + (size_t)t * row, i);
+        m->dsa_pk[i] = acc;
+    }
+    mpm_kv_put(m, (char *)K + (size_t)(kp - 1) * row, m->dsa_pk, D);
+}
+
 void mpm_dsa_keys(mpm_model *m, int l, int pos, int T, const float *xn) {
     const mpm_dsa_config *d = &m->c.dsa;
     const mpm_layer *ly = &m->layers[l];
     mpk_matmat(m->kern, m->pool, &ly->idx_k, xn, T, m->dsa_k);
+    if (d->kpool) mpk_matmat(m->kern, m->pool, &ly->idx_pg, xn, T, m->dsa_g);
     for (int t = 0; t < T; t++) {
         float *k = m->dsa_k + (int64_t)t * d->dim;
         layer_norm(k, ly->idx_kn_w, ly->idx_kn_b, d->dim);
@@ -115,6 +173,9 @@ void mpm_dsa_keys(mpm_model *m, int l, int pos, int T, const float *xn) {
         mpm_rope_apply(m, k, d->rope_interleave);
         size_t at = ((size_t)ly->idx_slot * (size_t)m->ctx + (size_t)(pos + t)) * (size_t)d->dim;
         mpm_kv_put(m, (char *)m->dsa_kc + at * key_elt(&m->c), k, d->dim);
+        if (!d->kpool) continue;
+        mpm_kv_put(m, (char *)m->dsa_gc + at * key_elt(&m->c), m->dsa_g + (int64_t)t * d->dim, d->dim);
+        if ((pos + t + 1) % d->kpool == 0) build_pool(m, ly, (int)(pos + t + 1 - d->kpool));
     }
 }
 
@@ -135,8 +196,9 @@ void mpm_dsa_queries(mpm_model *m, int l, int pos, int T, const float *xn, const
 typedef struct {
     const mpm_model *m;
     const float *q, *w;     /* one token's queries and weights */
-    const void *K;          /* this layer's key cache (f32 or f16 entries) */
-    int n;                  /* positions 0..n-1 */
+    const void *K;          /* candidate 0's key row in this layer's cache (f32 or f16 entries) */
+    size_t stride;          /* rows from one candidate's key to the next: 1, or kpool */
+    int n;                  /* candidates 0..n-1 */
     float *out;
 } score_job;
 
@@ -150,11 +212,11 @@ static void score_block(void *ctx, size_t b) {
     for (int s = (int)b * DSA_BLOCK; s < end; s++) {
         const float *k;
         if (f16) {
-            const uint16_t *h = (const uint16_t *)j->K + (size_t)s * (size_t)d->dim;
+            const uint16_t *h = (const uint16_t *)j->K + (size_t)s * j->stride * (size_t)d->dim;
             for (int64_t i = 0; i < d->dim; i++) row[i] = mpk_f16_to_f32(h[i]);
             k = row;
         } else {
-            k = (const float *)j->K + (size_t)s * (size_t)d->dim;
+            k = (const float *)j->K + (size_t)s * j->stride * (size_t)d->dim;
         }
         float acc = 0.0f;
         for (int64_t h = 0; h < d->heads; h++) {
@@ -165,15 +227,18 @@ static void score_block(void *ctx, size_t b) {
     }
 }
 
-void mpm_dsa_scores(mpm_model *m, int l, int t, int pos, float *scores) {
+/* candidate s: position s, or the complete pool s (its key at row s·kpool + kpool - 1) */
+int mpm_dsa_scores(mpm_model *m, int l, int t, int pos, float *scores) {
     const mpm_dsa_config *d = &m->c.dsa;
     const mpm_layer *ly = &m->layers[l];
+    const int64_t kp = pool_of(d);
+    const size_t first = (size_t)ly->idx_slot * (size_t)m->ctx + (size_t)(kp - 1);
     score_job j = {m, m->dsa_q + (int64_t)t * d->heads * d->dim, m->dsa_w + (int64_t)t * d->heads,
-                   (const char *)m->dsa_kc +
-                       (size_t)ly->idx_slot * (size_t)m->ctx * (size_t)d->dim * key_elt(&m->c),
-                   pos + 1, scores};
-    size_t blocks = (size_t)(pos + DSA_BLOCK) / DSA_BLOCK;
+                   (const char *)m->dsa_kc + first * (size_t)d->dim * key_elt(&m->c), (size_t)kp,
+                   (int)((pos + 1) / kp), scores};
+    size_t blocks = ((size_t)j.n + DSA_BLOCK - 1) / DSA_BLOCK;
     mpk_pool_run(blocks > 1 ? m->pool : NULL, blocks, score_block, &j);
+    return j.n;
 }
 
 /* a ranks before b: higher score, then lower position (NaN ranks last) */
@@ -216,20 +281,34 @@ int mpm_dsa_topk(const float *scores, int n, int k, int32_t *sel) {
     return k;
 }
 
+/* pools sel[0..np) (ascending) -> their positions in place (back to front: pool i's positions
+ * start at i·kp >= i), then the tail positions tail..n-1; returns the count */
+static int expand_pools(int32_t *sel, int np, int64_t kp, int tail, int n) {
+    for (int i = np - 1; i >= 0; i--) {
+        int64_t first = (int64_t)sel[i] * kp;
+        for (int64_t j = kp - 1; j >= 0; j--) sel[(int64_t)i * kp + j] = (int32_t)(first + j);
+    }
+    int got = (int)(np * kp);
+    for (int s = tail; s < n; s++) sel[got++] = s;
+    return got;
+}
+
 void mpm_dsa_select(mpm_model *m, int l, int pos, int T, const float *xn, const float *qres) {
     const mpm_dsa_config *d = &m->c.dsa;
     if (m->layers[l].idx_slot < 0) return; /* shared: keep the latest full layer's selection */
     mpm_dsa_keys(m, l, pos, T, xn);
     mpm_dsa_queries(m, l, pos, T, xn, qres);
+    const int64_t kp = pool_of(d), want = d->topk / kp, k = kept(d, m->ctx);
     for (int t = 0; t < T; t++) {
         int n = pos + t + 1;
-        if (n <= d->topk) { /* every past position: dense MLA */
+        if (n / kp <= want) { /* every candidate kept (and the tail): dense MLA */
             m->dsa_n[t] = -1;
             continue;
         }
-        mpm_dsa_scores(m, l, t, pos + t, m->scores);
-        int64_t k = kept(d, m->ctx);
-        m->dsa_n[t] = mpm_dsa_topk(m->scores, n, (int)k, m->dsa_sel + (int64_t)t * k);
+        int32_t *sel = m->dsa_sel + (int64_t)t * k;
+        int cand = mpm_dsa_scores(m, l, t, pos + t, m->scores);
+        int got = mpm_dsa_topk(m->scores, cand, (int)want, sel);
+        m->dsa_n[t] = kp > 1 ? expand_pools(sel, got, kp, (int)(cand * kp), n) : got;
     }
 }
 

@@ -21,9 +21,11 @@ typedef struct mpm_layer {
     mpk_mat q_a, q_b, kv_a, kv_b;
     float *q_a_norm, *kv_a_norm;
     /* DSA indexer (model_dsa.c), full layers: queries from the q LoRA latent, one key per token
-     * with a LayerNorm (weight, bias), per-head weights; idx_slot: its key cache, -1 shared */
-    mpk_mat idx_q, idx_k, idx_w;
-    float *idx_kn_w, *idx_kn_b;
+     * with a LayerNorm (weight, bias), per-head weights; idx_slot: its key cache, -1 shared.
+     * k-pool (GLM-5.3-Flash): the gate-score projection and the pool's position embedding
+     * [kpool][dim] */
+    mpk_mat idx_q, idx_k, idx_w, idx_pg;
+    float *idx_kn_w, *idx_kn_b, *idx_ape;
     int idx_slot;
     /* FFN */
     int moe;
@@ -80,10 +82,12 @@ struct mpm_model {
     float *xn, *q, *kbuf, *vbuf, *att, *scores, *cosb, *sinb;
     float *qlat, *olat, *lat;
     /* DSA (model_dsa.c): indexer key cache [full layers][ctx][dim] (f32, or f16 with the KV
-     * cache's kv_f16); per chunk token its indexer queries, key, head weights, and selected
-     * positions (dsa_n of them; -1: all past ones) */
-    void *dsa_kc;
-    float *dsa_q, *dsa_k, *dsa_w;
+     * cache's kv_f16; k-pool: a complete pool's key replaces its last position's key) and, with
+     * k-pools, the gate-score cache of the same shape; per chunk token its indexer queries, key,
+     * gate scores, head weights, and selected positions (dsa_n of them; -1: all past ones); one
+     * pool key being built */
+    void *dsa_kc, *dsa_gc;
+    float *dsa_q, *dsa_k, *dsa_g, *dsa_w, *dsa_pk;
     int32_t *dsa_sel, *dsa_n;
     void *dsa_rows; /* one token's selected cache rows, gathered for mpm_attend */
     float *router_logits, *moe_out, *eo, *g, *u, *xr, *ar;
@@ -156,18 +160,20 @@ uint64_t mpm_dsa_cache_bytes(const mpm_config *c, int ctx);
 uint64_t mpm_dsa_scratch_bytes(const mpm_config *c, int chunk);
 int mpm_dsa_alloc(mpm_model *m);
 void mpm_dsa_free(mpm_model *m);
-/* Steps for T chunk tokens at pos..: keys (LayerNorm, RoPE) into the cache; queries (RoPE) and
- * head weights (scaled by heads^-1/2); one token's index scores over positions 0..pos (pool
- * tasks of 64 positions); the top k of n scores (higher score first, ties: lower position),
- * returned in ascending position order. */
+/* Steps for T chunk tokens at pos..: keys (LayerNorm, RoPE) into the cache (k-pool: and the
+ * gate scores, and the key of each pool a token completes); queries (RoPE) and head weights
+ * (scaled by heads^-1/2); one token's index scores over its candidates (positions 0..pos, or
+ * the complete pools ending at or before pos; pool tasks of 64), returning their count; the
+ * top k of n scores (higher score first, ties: lower index), returned in ascending order. */
 void mpm_dsa_keys(mpm_model *m, int layer, int pos, int T, const float *xn);
 void mpm_dsa_queries(mpm_model *m, int layer, int pos, int T, const float *xn, const float *qres);
-void mpm_dsa_scores(mpm_model *m, int layer, int t, int pos, float *scores);
+int mpm_dsa_scores(mpm_model *m, int layer, int t, int pos, float *scores);
 int mpm_dsa_topk(const float *scores, int n, int k, int32_t *sel);
 /* All steps for a chunk on a full layer (shared layers keep the selection); uses m->scores.
  * Then mpm_dsa_rows gives the cache rows chunk token t attends to, for mpm_attend: with *n =
- * pos + 1 on entry, either the layer's cache itself (pos + 1 <= top-k: dense attention, same
- * bits) or its selected rows gathered in ascending position order, *n set to their count. */
+ * pos + 1 on entry, either the layer's cache itself (every candidate within top-k: dense
+ * attention, same bits) or its selected rows (k-pool: the chosen pools' positions, then the
+ * incomplete tail) gathered in ascending position order, *n set to their count. */
 void mpm_dsa_select(mpm_model *m, int layer, int pos, int T, const float *xn, const float *qres);
 const void *mpm_dsa_rows(mpm_model *m, int kv_slot, int t, int64_t *n);
 /* model_linear.c */
