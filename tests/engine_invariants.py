@@ -1,12 +1,13 @@
 """Engine properties every model family must keep, shared by the per-family test files:
-logits independent of the thread count and prompt chunking, and a sequence fed in pieces
-(KV cache and recurrent state kept) ending where one pass ends."""
+logits independent of the thread count and prompt chunking, a sequence fed in pieces (KV cache
+and recurrent state kept) ending where one pass ends, and a failed call changing nothing."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pytest
 from moepack.runtime.engine import Engine
 
 # (threads, chunk) runs compared with one thread at the family's chunk; chunk 1 is token by
@@ -36,3 +37,33 @@ def assert_pieces_equal_one_pass(path: Path, toks: list[int], cuts: tuple[int, .
             last = e.feed(toks[start:end])
         assert e.position == len(toks)
     np.testing.assert_array_equal(last, full[-1])
+
+
+def assert_failed_call_changes_nothing(path: Path, tmp: Path, layer: int, head: list[int],
+                                       rest: list[int], chunk: int) -> None:
+    """A call that fails after the attention layers have run (every expert record of MoE layer
+    `layer` damaged on disk after open, verify_reads; `head` has cached the experts it routes
+    to) leaves position and state as before the call, and the sequence goes on exactly as if
+    the failed call had never been made."""
+    from damage import flip
+    from moepack.format.reader import Container
+    from moepack.runtime.engine import CorruptError
+
+    bad = tmp / "bad.moepack"
+    bad.write_bytes(path.read_bytes())
+    with Container.open(bad) as c:
+        offsets = [c.expert_range(layer, x)[0] + 5 for x in range(c.bank(layer)["count"])]
+    with Engine(path, threads=1, chunk=chunk) as ok:
+        want = ok.logits(head + rest)
+    with Engine(bad, verify_reads=True, threads=1, chunk=chunk) as e:
+        e.feed(head)
+        before = e.snapshot()
+        for off in offsets:
+            flip(bad, off)
+        with pytest.raises(CorruptError):
+            e.feed(rest)  # routes to an expert not yet cached: read, damaged
+        assert e.position == len(head) and e.snapshot() == before
+        for off in offsets:
+            flip(bad, off)  # repaired: the same call now succeeds
+        got = e.logits(rest, reset=False)
+    np.testing.assert_array_equal(got, want[len(head):])

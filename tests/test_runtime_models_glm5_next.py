@@ -2,13 +2,15 @@
 converted by the real converter and exported back. What is checked here is the converter side
 (convert/adapters/glm5_next.py, FORMAT.md §7.2): the normalised description, every text tensor
 under its canonical name, the export loading in transformers with the container's weights, and
-bad configs refused in one line. The engine runs GLM-5.3-Flash's KDA layers, hyper-connections
-and clamped SwiGLU (a KDA-only config against transformers); its DSA layers (the k-pool
-indexer) are not implemented, and a container with them is refused in one line.
+bad configs refused in one line. Then the engine against transformers (float64, routed experts
+at the container's stored codes): a KDA-only config (KDA layers, hyper-connections, clamped
+SwiGLU) and a hybrid of KDA and DSA layers with the k-pool indexer, in two regimes.
 
 Awkward sizes: hidden 36, KDA 2 heads of 10, indexer 4 heads of 12 with pools of 4, 6 experts in
 2 groups, top-3; layers linear, DSA, linear, DSA with the second DSA layer running its own
-indexer and a dense first layer."""
+indexer and a dense first layer. The hybrid: linear, DSA, DSA (shared), linear, DSA; indexer
+16 heads of 12 (equal pool scores, where the tie rule would decide, are not the common case),
+pools of 3 (they straddle the 16-token chunks), a random pool gate and position embedding."""
 
 from __future__ import annotations
 
@@ -163,53 +165,91 @@ def test_in_memory_names_give_the_same_container(built, tmp_path):
                                           b.expert_part(layer, 5, "up"))
 
 
-def test_engine_refuses_dsa_layers_in_one_line(built):
-    from moepack.runtime.engine import Engine, EngineError
-
-    with pytest.raises(EngineError) as e:
-        Engine(str(built / "m.moepack"))
-    msg = str(e.value)
-    assert "glm5_next: layer 1 is a DSA layer" in msg and "not supported" in msg
-    assert "\n" not in msg
-
-
-# -- the engine on a KDA-only GLM-5.3-Flash (its DSA layers are not run yet) ------------------
 N_POS, CHUNK = 80, 16
-LIMIT = 0.03  # the KDA-only model's swiglu_limit: most dense/shared gate and up values clamp
+LIMIT = 0.03  # the engine models' swiglu_limit: most dense/shared gate and up values clamp
+KPOOL = 3
+# the hybrid's index_topk: sparse keeps 4 pools of 3 (from position 14 on a query attends to 12
+# selected positions plus its tail); dense: 32 pools cover every context these tests feed
+TOPK = {"sparse": 12, "dense": 96}
+ENGINE_MODELS = {
+    # all four layers KDA: hyper-connections, clamped SwiGLU (LIMIT, so it bites), the bounded
+    # decay gate
+    "kda_only": dict(layer_types=["linear_attention"] * 4, index_topk_pattern=None,
+                     indexer_types=["full"] * 4),
+    **{f"hybrid_{regime}": dict(
+        num_hidden_layers=5, mlp_layer_types=["dense"] + ["sparse"] * 4,
+        layer_types=["linear_attention", "indexed_attention", "indexed_attention",
+                     "linear_attention", "indexed_attention"],
+        index_topk_pattern="FFSFF", index_n_heads=16, index_kpool=KPOOL, index_topk=topk)
+       for regime, topk in TOPK.items()},
+}
+SEEDS = {"kda_only": 1, "hybrid_sparse": 2, "hybrid_dense": 2}  # both regimes: one set of weights
 
 
-@pytest.fixture(scope="module")
-def kda_only(tmp_path_factory):
-    """All four layers KDA: hyper-connections, clamped SwiGLU (LIMIT, so it bites), the
-    bounded decay gate; converted, exported, and transformers' reference (float64) on the
-    export with its routed experts computed from the stored codes."""
-    from moepack.convert.export import export
-    from moepack.convert.pipeline import convert
-    from moepack.convert.settings import Settings
-    from spec_experts import LayerExperts
+def make_checkpoint(src: Path, seed: int, flat_index: bool = False, **text) -> Path:
+    """A checkpoint of `_config(swiglu_limit=LIMIT, **text)` written to `src` (random norm
+    weights, a random k-pool gate and position embedding); flat_index: the indexer's head
+    weights zero, so every pool scores 0."""
     from transformers import Glm5NextForConditionalGeneration
 
-    d = tmp_path_factory.mktemp("glm5_next_kda")
-    torch.manual_seed(1)
-    cfg = _config(layer_types=["linear_attention"] * 4, index_topk_pattern=None,
-                  indexer_types=["full"] * 4, swiglu_limit=LIMIT)
-    model = Glm5NextForConditionalGeneration(cfg)
+    torch.manual_seed(seed)
+    model = Glm5NextForConditionalGeneration(_config(swiglu_limit=LIMIT, **text))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(d / "src")
-    write_tokenizer(d / "src", 67)
-    convert(d / "src", d / "m.moepack", Settings())
-    export(d / "m.moepack", d / "hf")
-    # float64: on these random weights transformers' own f32 pass is off its f64 pass by up to
-    # 6e-5 of the largest logit at a few positions (docs/LEARNED.md), too close to the bar
-    ref = Glm5NextForConditionalGeneration.from_pretrained(d / "hf", dtype=torch.float64).eval()
-    with Container.open(d / "m.moepack") as c:
-        for i, layer in enumerate(ref.model.language_model.layers):
-            if hasattr(layer.mlp, "experts"):
-                layer.mlp.experts.forward = _clamped_spec_experts(LayerExperts(c, i), LIMIT)
-    return d / "m.moepack", ref
+            elif "index_kpool_compress" in name:  # transformers' init: ape 0, gate all ones
+                p.copy_(torch.randn_like(p) * 0.5)
+            elif flat_index and "indexer.weights_proj" in name:
+                p.zero_()
+    model.save_pretrained(src)
+    write_tokenizer(src, 67)
+    return src
+
+
+def make_hybrid_checkpoint(src: Path) -> Path:
+    """The sparse hybrid (tests/tiny_containers.py's glm5_next)."""
+    return make_checkpoint(src, SEEDS["hybrid_sparse"], **ENGINE_MODELS["hybrid_sparse"])
+
+
+def _converted(d: Path, seed: int, flat_index: bool = False, **text) -> Path:
+    from moepack.convert.pipeline import convert
+    from moepack.convert.settings import Settings
+
+    convert(make_checkpoint(d / "src", seed, flat_index, **text), d / "m.moepack", Settings())
+    return d / "m.moepack"
+
+
+_ENGINE_BUILT: dict[str, tuple[Path, torch.nn.Module]] = {}
+
+
+def engine_model(tmp_path_factory, name: str) -> tuple[Path, torch.nn.Module]:
+    """ENGINE_MODELS[name] converted and exported once per session, and transformers' reference
+    (float64) on the export with its routed experts computed from the stored codes."""
+    from moepack.convert.export import export
+    from spec_experts import LayerExperts
+    from transformers import Glm5NextForConditionalGeneration
+
+    if name not in _ENGINE_BUILT:
+        d = tmp_path_factory.mktemp(f"glm5_next_{name}")
+        path = _converted(d, SEEDS[name], **ENGINE_MODELS[name])
+        export(path, d / "hf")
+        # float64: on these random weights transformers' own f32 pass is off its f64 pass by
+        # up to 6e-5 of the largest logit at a few positions (docs/LEARNED.md), too close to
+        # the bar
+        ref = Glm5NextForConditionalGeneration.from_pretrained(d / "hf",
+                                                               dtype=torch.float64).eval()
+        with Container.open(path) as c:
+            for i, layer in enumerate(ref.model.language_model.layers):
+                if hasattr(layer.mlp, "experts"):
+                    layer.mlp.experts.forward = _clamped_spec_experts(LayerExperts(c, i), LIMIT)
+        _ENGINE_BUILT[name] = path, ref
+    return _ENGINE_BUILT[name]
+
+
+@pytest.fixture(scope="module", params=list(ENGINE_MODELS))
+def model(request, tmp_path_factory):
+    return engine_model(tmp_path_factory, request.param)
 
 
 def _clamped_spec_experts(layer, limit: float):
@@ -238,13 +278,12 @@ def _tokens(n: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, 67, n).tolist()
 
 
-def test_kda_only_logits_match_transformers(kda_only):
+def test_logits_match_transformers(model):
     from moepack.runtime.engine import Engine
 
-    path, ref = kda_only
+    path, ref = model
     toks = _tokens(N_POS, 0)
-    with torch.no_grad():
-        want = _reference_logits(ref, toks)
+    want = _reference_logits(ref, toks)
     with Engine(str(path), threads=2, chunk=CHUNK, kv="f32") as e:
         got = e.logits(toks)
     assert got.shape == want.shape == (N_POS, 67)
@@ -252,34 +291,38 @@ def test_kda_only_logits_match_transformers(kda_only):
     assert err <= 1e-4 * np.abs(want).max(), (err, np.abs(want).max())
 
 
-def test_kda_only_greedy_matches_transformers(kda_only):
+def test_greedy_matches_transformers(model):
+    """The engine's 32 greedy tokens are transformers' argmax after each prefix, read from one
+    causal pass over prompt + reply: by induction transformers' own greedy run gives the same
+    32 tokens (32 passes would cost ~30 s here)."""
     from moepack.runtime.engine import Engine
 
-    path, ref = kda_only
-    seq = _tokens(10, 1)
+    path, ref = model
+    prompt = _tokens(10, 1)
     with Engine(str(path), threads=2, kv="f32") as e:
-        got = list(e.generate(seq, 32))
-    for _ in range(32):  # greedy by full passes: transformers' cache needs an attention layer
-        seq.append(int(_reference_logits(ref, seq)[-1].argmax()))
-    assert got == seq[10:]
+        got = list(e.generate(prompt, 32))
+    want = _reference_logits(ref, prompt + got[:-1])[len(prompt) - 1:].argmax(-1)
+    assert got == want.tolist()
 
 
-def test_kda_only_threads_chunks_and_pieces_bit_identical(kda_only):
+def test_threads_chunks_and_pieces_bit_identical(model):
     from engine_invariants import (
         assert_pieces_equal_one_pass,
         assert_threads_and_chunks_bit_identical,
     )
 
-    path, _ = kda_only
+    path, _ = model
     assert_threads_and_chunks_bit_identical(path, _tokens(N_POS, 3), CHUNK)
     assert_pieces_equal_one_pass(path, _tokens(40, 2), cuts=(7, 30), chunk=CHUNK)
 
 
-def test_kda_only_chat_continuation_from_a_snapshot_equals_one_pass(kda_only):
+def test_chat_continuation_from_a_snapshot_equals_one_pass(model):
+    """The snapshot at 22 tokens lies inside a pool (positions 21..23): the reply completes it
+    and the next one, turn 2 rewrites its positions and completes it again."""
     from moepack.runtime.engine import Engine
 
-    path, _ = kda_only
-    turn1, turn2 = _tokens(21, 8), _tokens(19, 9)
+    path, _ = model
+    turn1, turn2 = _tokens(22, 8), _tokens(19, 9)
     with Engine(str(path), threads=1, chunk=CHUNK) as e:
         full = e.logits(turn1 + turn2)
         e.reset()
@@ -288,6 +331,63 @@ def test_kda_only_chat_continuation_from_a_snapshot_equals_one_pass(kda_only):
         list(e.generate([7], 5, reset=False))
         e.restore(snap)
         np.testing.assert_array_equal(e.feed(turn2), full[-1])
+
+
+def test_failed_call_changes_nothing(tmp_path_factory, tmp_path):
+    from engine_invariants import assert_failed_call_changes_nothing
+
+    path, _ = engine_model(tmp_path_factory, "hybrid_sparse")
+    assert_failed_call_changes_nothing(path, tmp_path, 4, _tokens(1, 6), _tokens(40, 7), CHUNK)
+
+
+def test_sparse_equals_dense_within_topk(tmp_path_factory):
+    """Same weights, index_topk 12 vs 96: while at most 4 pools are complete (positions 0..13)
+    every position is selected, the same bits; later positions differ, so the selection is
+    really used."""
+    from moepack.runtime.engine import Engine
+
+    toks = _tokens(N_POS, 5)
+    got = {}
+    for regime in TOPK:
+        with Engine(str(engine_model(tmp_path_factory, f"hybrid_{regime}")[0]), threads=2,
+                    chunk=CHUNK) as e:
+            got[regime] = e.logits(toks)
+    dense_end = (TOPK["sparse"] // KPOOL + 1) * KPOOL - 1
+    np.testing.assert_array_equal(got["sparse"][:dense_end], got["dense"][:dense_end])
+    assert np.abs(got["sparse"][dense_end:] - got["dense"][dense_end:]).max() > 1e-3
+
+
+@pytest.mark.parametrize("kv, entry", [("f32", 4), ("f16", 2)])
+def test_plan_counts_the_indexer_caches(tmp_path_factory, kv, entry):
+    """kv_bytes = the MLA latents of the 3 DSA layers, plus an index key and a pool gate score
+    per position on each of the 2 full layers (the shared one has none), in the KV entry type,
+    plus the KDA state; a pool's key takes its last position's key row."""
+    from moepack.runtime.engine import plan
+
+    path, _ = engine_model(tmp_path_factory, "hybrid_sparse")
+    got = plan(str(path), ctx=64, kv=kv)
+    per_token = entry * (3 * _TEXT["kv_lora_rank"] + 2 * 2 * _TEXT["index_head_dim"])
+    assert got["kv_token_bytes"] == per_token
+    assert got["kv_bytes"] == 64 * per_token + got["state_bytes"] > 64 * per_token
+
+
+def test_equal_pool_scores_keep_the_lowest_pools(tmp_path):
+    """An all-DSA model with zero indexer head weights: every pool scores 0, so the tie rule
+    alone decides and keeps pools 0..3 (positions 0..11). At position 39 (13 pools complete,
+    tail: 39 itself) the logits then depend on tokens 0..11 and 39 only: sequences that differ
+    in between give the same bits there."""
+    from moepack.runtime.engine import Engine
+
+    path = _converted(tmp_path, 3, flat_index=True, num_hidden_layers=2,
+                       mlp_layer_types=["dense", "sparse"], index_topk_pattern=None,
+                       layer_types=["indexed_attention"] * 2, indexer_types=["full"] * 2,
+                       index_n_heads=16, index_kpool=KPOOL, index_topk=TOPK["sparse"])
+    a, b = _tokens(40, 7), _tokens(40, 8)
+    b[:12], b[-1] = a[:12], a[-1]
+    with Engine(str(path), threads=2, chunk=CHUNK) as e:
+        la, lb = e.logits(a), e.logits(b)
+    np.testing.assert_array_equal(la[-1], lb[-1])
+    assert np.abs(la[12:-1] - lb[12:-1]).max() > 1e-3  # the tokens in between do differ
 
 
 def _adapter(**text) -> object:
@@ -348,3 +448,41 @@ def test_rope_part_of_zero_is_glm5_next_only():
     with pytest.raises(ModelDescError) as e:
         validate_model(m)
     assert "attention.qk_rope_head_dim: must be an integer in 2.." in str(e.value)
+
+
+# attention.dsa changes of the `built` description (linear, full, linear, full) both validators
+# refuse, naming the field
+DSA_TABLE = [
+    ({"kpool": 3}, "attention.dsa.kpool"),  # does not divide index_topk 8
+    ({"kpool": 9}, "attention.dsa.kpool"),
+    ({"kpool_select_tail": "yes"}, "attention.dsa.kpool_select_tail"),
+    ({"indexer_types": ["full", "full", "full", "shared"]}, "attention.dsa.indexer_types[3]"),
+    ({"indexer_types": ["full", "full", "shared", "full"]}, "attention.dsa.indexer_types[2]"),
+]
+
+
+@pytest.mark.parametrize("change, field", DSA_TABLE, ids=[str(c) for c, _ in DSA_TABLE])
+def test_both_validators_refuse_bad_pools_and_shared_layers(tmp_path, change, field):
+    """A shared layer must be a DSA layer right after a full one (3: after a linear layer; 2: a
+    linear layer itself)."""
+    from model_refusals import c_refusal, reseal_model
+
+    m = _good()
+    m["attention"]["dsa"].update(change)
+    with pytest.raises(ModelDescError) as d:
+        validate_model(m)
+    assert d.value.field == field
+    msg = c_refusal(reseal_model(tmp_path, m, _config().to_dict()))
+    assert f"manifest.model: {field}" in msg and "\n" not in msg, msg
+
+
+def test_engine_refuses_pools_without_the_tail_in_one_line(tmp_path):
+    """kpool_select_tail false is a valid description the engine does not run: transformers'
+    query before the first complete pool attends to no position."""
+    from model_refusals import c_refusal, reseal_model
+
+    m = _good()
+    m["attention"]["dsa"]["kpool_select_tail"] = False
+    validate_model(m)
+    msg = c_refusal(reseal_model(tmp_path, m, _config().to_dict()))
+    assert "kpool_select_tail false is not supported" in msg and "\n" not in msg, msg

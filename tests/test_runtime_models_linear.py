@@ -12,7 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from engine_invariants import assert_pieces_equal_one_pass, assert_threads_and_chunks_bit_identical
+from engine_invariants import (
+    assert_failed_call_changes_nothing,
+    assert_pieces_equal_one_pass,
+    assert_threads_and_chunks_bit_identical,
+)
 from moepack.runtime.engine import Engine, EngineError
 from spec_experts import use_spec_expert_numerics
 from tiny_models import make_checkpoint, model_class
@@ -158,32 +162,10 @@ def test_kda_base_description_passes_both(tmp_path) -> None:
 
 def test_failed_call_leaves_the_recurrent_state_as_it_was(kimi, tmp_path):
     """A call that fails after the KDA layers have run (an expert record of the last MoE layer
-    damaged on disk after open, verify_reads) leaves position and state as before the call, and
-    the sequence goes on exactly as if the failed call had never been made."""
-    from damage import flip
-    from moepack.format.reader import Container
-    from moepack.runtime.engine import CorruptError
-
+    damaged) leaves position and state as they were (tests/engine_invariants.py)."""
     path, ref = kimi
-    bad = tmp_path / "bad.moepack"
-    bad.write_bytes(path.read_bytes())
-    with Container.open(bad) as c:
-        offsets = [c.expert_range(3, x)[0] + 5 for x in range(c.bank(3)["count"])]
-    head, rest = _tokens(_vocab(ref), 3, seed=6), _tokens(_vocab(ref), 40, seed=7)
-    with Engine(path, threads=1, chunk=CHUNK) as ok:
-        want = ok.logits(head + rest)
-    with Engine(bad, verify_reads=True, threads=1, chunk=CHUNK) as e:
-        e.feed(head)  # the experts it routes to stay cached
-        before = e.snapshot()
-        for off in offsets:
-            flip(bad, off)
-        with pytest.raises(CorruptError):
-            e.feed(rest)  # routes to an expert not yet cached: read, damaged
-        assert e.position == len(head) and e.snapshot() == before
-        for off in offsets:
-            flip(bad, off)  # repaired: the same call now succeeds
-        got = e.logits(rest, reset=False)
-    np.testing.assert_array_equal(got, want[len(head):])
+    assert_failed_call_changes_nothing(path, tmp_path, 3, _tokens(_vocab(ref), 3, seed=6),
+                                       _tokens(_vocab(ref), 40, seed=7), CHUNK)
 
 
 def test_chat_continuation_from_a_turn_snapshot_equals_one_pass(kimi):

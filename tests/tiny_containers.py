@@ -10,7 +10,7 @@ from pathlib import Path
 from tiny_models import ARCHS, make_checkpoint
 
 DSA_ARCHS = ("deepseek_v32", "glm_moe_dsa")
-ENGINE_ARCHS = (*ARCHS, *DSA_ARCHS, "kimi_k3")
+ENGINE_ARCHS = (*ARCHS, *DSA_ARCHS, "kimi_k3", "glm5_next")
 
 
 def tiny_source(arch: str, src: Path) -> Path:
@@ -25,6 +25,10 @@ def tiny_source(arch: str, src: Path) -> Path:
         from k3_checkpoint import make_k3_checkpoint
 
         return make_k3_checkpoint(src)
+    if arch == "glm5_next":  # KDA + k-pool DSA (shared layer too), sparse from position 14 on
+        from test_runtime_models_glm5_next import make_hybrid_checkpoint
+
+        return make_hybrid_checkpoint(src)
     raise ValueError(f"no tiny checkpoint for {arch!r}")
 
 
