@@ -36,11 +36,6 @@ OVERRIDES = {
     "deepseek_v3_yarn": dict(max_position_embeddings=128, rope_scaling={
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}),
-    # GQA with YaRN and both mscales: the attention factor is their ratio, and unlike MLA the
-    # softmax scale stays head_dim^-0.5 (no mscale_all_dim^2)
-    "qwen3_moe_yarn": dict(max_position_embeddings=128, rope_scaling={
-        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
-        "mscale": 1.0, "mscale_all_dim": 0.5}),
     # every trunk codec the engine multiplies in place (defaults: q6, f32 norms, f16 codebooks)
     "mixtral_codecs": dict(max_position_embeddings=128, tie_word_embeddings=False),
     "deepseek_v3_codecs": dict(max_position_embeddings=128),
@@ -60,6 +55,15 @@ OVERRIDES = {
     "qwen3_next": dict(max_position_embeddings=128),
     # Qwen3.5-MoE: the same under text_config, split DeltaNet projections, vision tower skipped
     "qwen3_5_moe": dict(max_position_embeddings=128),
+}
+# Compared on logits only (generation and the cache invariants add nothing the variants above
+# do not already cover)
+LOGITS_ONLY = {
+    # GQA with YaRN and both mscales: the attention factor is their ratio, and unlike MLA the
+    # softmax scale stays head_dim^-0.5 (no mscale_all_dim^2)
+    "qwen3_moe_yarn": dict(max_position_embeddings=128, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+        "mscale": 1.0, "mscale_all_dim": 0.5}),
 }
 # checkpoint options beyond the config (tiny_models.make_checkpoint)
 SOURCE = {"kimi_k25": dict(int4_group=4)}
@@ -84,7 +88,8 @@ def build(tmp_path_factory, name: str):
 
     arch = next(a for a in ARCHS if name.startswith(a))
     d = tmp_path_factory.mktemp(name)
-    make_checkpoint(arch, d / "src", **SOURCE.get(name, {}), **OVERRIDES[name])
+    overrides = {**OVERRIDES, **LOGITS_ONLY}[name]
+    make_checkpoint(arch, d / "src", **SOURCE.get(name, {}), **overrides)
     convert(d / "src", d / "m.moepack", Settings(trunk=TRUNK.get(name, ())))
     with Container.open(d / "m.moepack") as c:  # the codecs asked for are the ones stored
         for cls, codec in TRUNK.get(name, ()):
@@ -93,13 +98,18 @@ def build(tmp_path_factory, name: str):
     return d
 
 
-@pytest.fixture(scope="module", params=list(OVERRIDES))
-def model(request, tmp_path_factory):
-    d = build(tmp_path_factory, request.param)
-    cls = model_class(next(a for a in ARCHS if request.param.startswith(a)))
+def loaded(tmp_path_factory, name: str):
+    """(name, container, transformers' model on its export with the spec's expert numerics)."""
+    d = build(tmp_path_factory, name)
+    cls = model_class(next(a for a in ARCHS if name.startswith(a)))
     ref = cls.from_pretrained(d / "hf", dtype=torch.float32).eval()
     use_spec_expert_numerics(ref, d / "m.moepack")
-    return request.param, d / "m.moepack", ref
+    return name, d / "m.moepack", ref
+
+
+@pytest.fixture(scope="module", params=list(OVERRIDES))
+def model(request, tmp_path_factory):
+    return loaded(tmp_path_factory, request.param)
 
 
 def _tokens(vocab: int, n: int, seed: int = 0) -> list[int]:
@@ -108,6 +118,11 @@ def _tokens(vocab: int, n: int, seed: int = 0) -> list[int]:
 
 def _vocab(ref: torch.nn.Module) -> int:
     return int(ref.config.get_text_config().vocab_size)
+
+
+@pytest.mark.parametrize("name", list(LOGITS_ONLY))
+def test_logits_only_variants_match_transformers(tmp_path_factory, name):
+    test_logits_match_transformers(loaded(tmp_path_factory, name))
 
 
 def test_logits_match_transformers(model):
