@@ -1,8 +1,9 @@
 """The whole engine (container -> cache -> forward pass -> sampling) under AddressSanitizer and
 UBSan, on a converted tiny model of every architecture the engine runs (tests/tiny_containers.py:
-DSA in its sparse regime, K3's AttnRes and latent MoE) plus a wide synthetic one, with cache
-large / off / one record and scalar kernels. Marked slow (it compiles runtime/src with
-sanitizers); `make test-asan` (CI) runs it."""
+every model*.c file: DSA in its sparse regime, K3's AttnRes and latent MoE, glm5_next's
+hyper-connections and k-pools) plus two wide synthetic ones, with cache large / off / one record
+and scalar kernels. Marked slow (it compiles runtime/src with sanitizers); `make test-asan` (CI)
+runs it."""
 
 from __future__ import annotations
 
