@@ -246,8 +246,43 @@ static void s_rvq_unperm(const float *p, int64_t ntiles, float *acc) {
     memcpy(acc, p, (size_t)ntiles * 64 * sizeof *acc);
 }
 
+void mpk_scalar_rvq_tb_pack(const mpk_rvq_tab *const *t, int64_t n, int64_t j0, int64_t j1, int8_t *tt) {
+    for (int64_t j = j0; j < j1; j++)
+        for (int e = 0; e < 256; e++)
+            for (int64_t b = 0; b < MPK_RVQ_TB; b++)
+                tt[((size_t)j * 256 + (size_t)e) * MPK_RVQ_TB + (size_t)b] = b < n ? t[b]->q[j * 256 + e] : 0;
+}
+
+static void s_rvq_tb(const mpk_rvq *w, const int8_t *tt, const float *d, int64_t tile0, int64_t ntiles,
+                     float *acc) {
+    const int S = w->stages;
+    const int64_t nv = w->nv, J = nv * S, ng = (nv + MPK_RVQ_GROUP - 1) / MPK_RVQ_GROUP;
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t v0 = g * MPK_RVQ_GROUP, v1 = v0 + MPK_RVQ_GROUP < nv ? v0 + MPK_RVQ_GROUP : nv;
+        for (int st = 0; st < S; st++) {
+            const float *dd = d + (size_t)(g * S + st) * MPK_RVQ_TB;
+            for (int64_t i = 0; i < ntiles; i++) {
+                const uint8_t *c = w->codes + (size_t)((tile0 + i) * J) * 64;
+                for (int l = 0; l < 64; l++) {
+                    int32_t n[MPK_RVQ_TB] = {0};
+                    for (int64_t v = v0; v < v1; v++) {
+                        size_t j = (size_t)(v * S + st);
+                        const int8_t *e = tt + (j * 256 + c[j * 64 + (size_t)l]) * MPK_RVQ_TB;
+                        for (int b = 0; b < MPK_RVQ_TB; b++) n[b] += e[b];
+                    }
+                    float *a = acc + (size_t)(i * 64 + l) * MPK_RVQ_TB;
+                    for (int b = 0; b < MPK_RVQ_TB; b++) a[b] = fmaf((float)n[b], dd[b], a[b]);
+                }
+            }
+        }
+    }
+}
+
+/* rvq_tb_min: the block path from 4 inputs (the scalar code is the numerics' reference, not a
+ * speed path: a low threshold keeps the block code exercised by the same tests) */
 const mpk_impl mpk_scalar_impl = {.name = "scalar", .row_dot = s_row_dot, .rvq_tables = s_rvq_tables,
-                                 .rvq_tiles = s_rvq_tiles, .rvq_acc = s_rvq_acc, .rvq_unperm = s_rvq_unperm};
+                                 .rvq_tiles = s_rvq_tiles, .rvq_acc = s_rvq_acc, .rvq_unperm = s_rvq_unperm,
+                                 .rvq_tb_pack = mpk_scalar_rvq_tb_pack, .rvq_tb = s_rvq_tb, .rvq_tb_min = 4};
 
 /* ---- shared helpers ---- */
 
@@ -568,9 +603,83 @@ static void rvqm_task(void *ctx, size_t task) {
     }
 }
 
+/* The block path: MPK_RVQ_TB inputs at a time, their tables transposed (tasks over table rows),
+ * then tasks over tile ranges look each code up once for all the block's inputs. */
+typedef struct {
+    const mpk_impl *k;
+    const mpk_rvq *w;
+    const mpk_rvq_tab *const *t; /* this block's inputs */
+    int64_t n, per;              /* inputs in the block; tiles (pack: table rows) per task */
+    int8_t *tt;
+    const float *d;
+    float *acc, *y; /* y: this block's first input's output row */
+} rvqb_job;
+
+static void rvqb_pack_task(void *ctx, size_t task) {
+    rvqb_job *j = ctx;
+    int64_t J = j->w->nv * j->w->stages, j0 = (int64_t)task * j->per;
+    j->k->rvq_tb_pack(j->t, j->n, j0, j0 + j->per < J ? j0 + j->per : J, j->tt);
+}
+
+static void rvqb_task(void *ctx, size_t task) {
+    rvqb_job *j = ctx;
+    const mpk_rvq *w = j->w;
+    int64_t nt = (w->rows + 63) / 64, tile0 = (int64_t)task * j->per;
+    int64_t ntl = nt - tile0 < j->per ? nt - tile0 : j->per;
+    float *acc = j->acc + (size_t)tile0 * 64 * MPK_RVQ_TB;
+    memset(acc, 0, (size_t)ntl * 64 * MPK_RVQ_TB * sizeof *acc);
+    j->k->rvq_tb(w, j->tt, j->d, tile0, ntl, acc);
+    int64_t r0 = tile0 * 64, r1 = r0 + ntl * 64 < w->rows ? r0 + ntl * 64 : w->rows;
+    for (int64_t r = r0; r < r1; r++) {
+        float sc = mpk_f16_to_f32(ld16(w->scales + 2 * r));
+        for (int64_t b = 0; b < j->n; b++) {
+            float v = j->t[b]->nan ? mpk_bits_f32(0x7fc00000u) : acc[(r - r0) * MPK_RVQ_TB + b] * sc;
+            j->y[b * w->rows + r] = v == v ? v : mpk_bits_f32(0x7fc00000u);
+        }
+    }
+}
+
+static size_t tb_tt_bytes(int64_t cols, int stages) {
+    return ((size_t)((cols + 7) / 8) * (size_t)stages * 256 * MPK_RVQ_TB + 63) & ~(size_t)63;
+}
+static size_t tb_d_bytes(int64_t cols, int stages) {
+    return (size_t)(((cols + 7) / 8 + MPK_RVQ_GROUP - 1) / MPK_RVQ_GROUP) * (size_t)stages * MPK_RVQ_TB * sizeof(float);
+}
+static size_t tb_acc_bytes(int64_t rows) { return (size_t)((rows + 63) / 64) * 64 * MPK_RVQ_TB * sizeof(float); }
+
+uint64_t mpk_rvq_block_bytes(int64_t rows, int64_t cols, int stages) {
+    return tb_tt_bytes(cols, stages) + tb_d_bytes(cols, stages) + tb_acc_bytes(rows);
+}
+
+static int rvq_matmat_blocks(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w,
+                             const mpk_rvq_tab *const *t, int64_t n, float *y) {
+    const int S = w->stages;
+    const int64_t nt = (w->rows + 63) / 64, J = w->nv * S, ng = (w->nv + MPK_RVQ_GROUP - 1) / MPK_RVQ_GROUP;
+    const int64_t threads = mpk_pool_threads(pool);
+    int8_t *tt = aligned_alloc(64, tb_tt_bytes(w->cols, S));
+    float *d = malloc(tb_d_bytes(w->cols, S));
+    float *acc = aligned_alloc(64, tb_acc_bytes(w->rows));
+    int rc = tt && d && acc ? 0 : -1;
+    for (int64_t b0 = 0; !rc && b0 < n; b0 += MPK_RVQ_TB) {
+        int64_t nb = n - b0 < MPK_RVQ_TB ? n - b0 : MPK_RVQ_TB;
+        for (int64_t i = 0; i < ng * S; i++)
+            for (int64_t b = 0; b < MPK_RVQ_TB; b++) d[i * MPK_RVQ_TB + b] = b < nb ? t[b0 + b]->d[i] : 0.0f;
+        rvqb_job j = {k, w, t + b0, nb, (J + 4 * threads - 1) / (4 * threads), tt, d, acc, y + b0 * w->rows};
+        mpk_pool_run(pool, (size_t)((J + j.per - 1) / j.per), rvqb_pack_task, &j);
+        /* two tasks per thread balance shared cores; a tile range's accumulators stay in L2 */
+        j.per = (nt + 2 * threads - 1) / (2 * threads);
+        mpk_pool_run(pool, (size_t)((nt + j.per - 1) / j.per), rvqb_task, &j);
+    }
+    free(tt);
+    free(d);
+    free(acc);
+    return rc;
+}
+
 void mpk_rvq_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w,
                     const mpk_rvq_tab *const *t, int64_t n, float *y) {
     k = impl_or_scalar(k);
+    if (k->rvq_tb_min && n >= k->rvq_tb_min && rvq_matmat_blocks(k, pool, w, t, n, y) == 0) return;
     int64_t nt = (w->rows + 63) / 64, threads = mpk_pool_threads(pool);
     float *p = n > 1 ? calloc((size_t)(n * nt * 64), sizeof(float)) : NULL;
     if (!p) { /* one input (or no memory): the single-input kernel, same bits */

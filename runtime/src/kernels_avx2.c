@@ -478,9 +478,103 @@ AVX2 static void a_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t til
     a_rvq_unperm(p, ntiles, acc);
 }
 
+/* Two 16 x 16 byte transposes at once (one per 128-bit lane): r[b] holds input b's entries
+ * e..e+15 (low lane) and e+16..e+31 (high lane); on return r[k] holds entry e+k's 16 inputs (low
+ * lane) and entry e+16+k's (high lane).  Four rounds of interleaves: bytes, words, dwords,
+ * qwords. */
+AVX2 static inline void transpose16x16x2(__m256i r[16]) {
+    __m256i a[16], b[16], c[16];
+    for (int i = 0; i < 8; i++) { /* a[i]: inputs 2i, 2i+1 for e 0-7; a[8+i]: e 8-15 */
+        a[i] = _mm256_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
+        a[8 + i] = _mm256_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++) /* b[4q + m]: inputs 4m..4m+3 for e 4q..4q+3 */
+        for (int m = 0; m < 4; m++) {
+            b[8 * h + m] = _mm256_unpacklo_epi16(a[8 * h + 2 * m], a[8 * h + 2 * m + 1]);
+            b[8 * h + 4 + m] = _mm256_unpackhi_epi16(a[8 * h + 2 * m], a[8 * h + 2 * m + 1]);
+        }
+    for (int q = 0; q < 4; q++) { /* c[4q]: inputs 0-7, e 4q, 4q+1; +1: e 4q+2, 4q+3; +2, +3: inputs 8-15 */
+        c[4 * q] = _mm256_unpacklo_epi32(b[4 * q], b[4 * q + 1]);
+        c[4 * q + 1] = _mm256_unpackhi_epi32(b[4 * q], b[4 * q + 1]);
+        c[4 * q + 2] = _mm256_unpacklo_epi32(b[4 * q + 2], b[4 * q + 3]);
+        c[4 * q + 3] = _mm256_unpackhi_epi32(b[4 * q + 2], b[4 * q + 3]);
+    }
+    for (int q = 0; q < 4; q++) {
+        r[4 * q] = _mm256_unpacklo_epi64(c[4 * q], c[4 * q + 2]);
+        r[4 * q + 1] = _mm256_unpackhi_epi64(c[4 * q], c[4 * q + 2]);
+        r[4 * q + 2] = _mm256_unpacklo_epi64(c[4 * q + 1], c[4 * q + 3]);
+        r[4 * q + 3] = _mm256_unpackhi_epi64(c[4 * q + 1], c[4 * q + 3]);
+    }
+}
+
+AVX2 static void a_rvq_tb_pack(const mpk_rvq_tab *const *t, int64_t n, int64_t j0, int64_t j1,
+                               int8_t *tt) {
+    for (int64_t j = j0; j < j1; j++)
+        for (int e = 0; e < 256; e += 32) {
+            __m256i r[16];
+            for (int b = 0; b < MPK_RVQ_TB; b++)
+                r[b] = b < n ? _mm256_load_si256((const __m256i *)(t[b]->q + j * 256 + e)) : _mm256_setzero_si256();
+            transpose16x16x2(r);
+            int8_t *o = tt + ((size_t)j * 256 + (size_t)e) * MPK_RVQ_TB;
+            for (int k = 0; k < 16; k++) {
+                _mm_store_si128((__m128i *)(o + (size_t)k * MPK_RVQ_TB), _mm256_castsi256_si128(r[k]));
+                _mm_store_si128((__m128i *)(o + (size_t)(16 + k) * MPK_RVQ_TB), _mm256_extracti128_si256(r[k], 1));
+            }
+        }
+}
+
+#define TB_ROWS 128 /* rows whose int16 sums (a ymm per row and stage) stay in L1 */
+#define TB_MAX_STAGES 8
+
+/* Per group, TB_ROWS rows at a time: the int16 sums of every input (a ymm per row and stage) stay
+ * in L1 while the group's vectors are swept in storage order (vector-major, stages inner: each
+ * tile's codes are read sequentially), one 16-byte table load per code, widened and added. */
+AVX2 static void a_rvq_tb(const mpk_rvq *w, const int8_t *tt, const float *d, int64_t tile0,
+                          int64_t ntiles, float *acc) {
+    const int S = w->stages;
+    const int64_t nv = w->nv, J = nv * S, ng = (nv + MPK_RVQ_GROUP - 1) / MPK_RVQ_GROUP;
+    __m256i s16[TB_MAX_STAGES][TB_ROWS];
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t v0 = g * MPK_RVQ_GROUP, v1 = v0 + MPK_RVQ_GROUP < nv ? v0 + MPK_RVQ_GROUP : nv;
+        for (int64_t i0 = 0; i0 < ntiles; i0 += TB_ROWS / 64) {
+            int64_t i1 = i0 + TB_ROWS / 64 < ntiles ? i0 + TB_ROWS / 64 : ntiles;
+            int nr = (int)(i1 - i0) * 64;
+            for (int st = 0; st < S; st++)
+                for (int r = 0; r < nr; r++) s16[st][r] = _mm256_setzero_si256();
+            for (int64_t v = v0; v < v1; v++)
+                for (int st = 0; st < S; st++) {
+                    size_t j = (size_t)(v * S + st);
+                    const int8_t *tj = tt + j * 256 * MPK_RVQ_TB;
+                    for (int64_t i = i0; i < i1; i++) {
+                        const uint8_t *c = w->codes + ((size_t)((tile0 + i) * J) + j) * 64;
+                        __m256i *a = s16[st] + (i - i0) * 64;
+#pragma GCC unroll 8
+                        for (int l = 0; l < 64; l++)
+                            a[l] = _mm256_add_epi16(a[l], _mm256_cvtepi8_epi16(_mm_load_si128(
+                                                              (const __m128i *)(tj + (size_t)c[l] * MPK_RVQ_TB))));
+                    }
+                }
+            for (int st = 0; st < S; st++) { /* the fma order of rvq_acc: groups, then stages */
+                const __m256 dlo = _mm256_loadu_ps(d + (size_t)(g * S + st) * MPK_RVQ_TB);
+                const __m256 dhi = _mm256_loadu_ps(d + (size_t)(g * S + st) * MPK_RVQ_TB + 8);
+                for (int r = 0; r < nr; r++) {
+                    float *o = acc + (size_t)(i0 * 64 + r) * MPK_RVQ_TB;
+                    __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16[st][r])));
+                    __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16[st][r], 1)));
+                    _mm256_storeu_ps(o, _mm256_fmadd_ps(lo, dlo, _mm256_loadu_ps(o)));
+                    _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(hi, dhi, _mm256_loadu_ps(o + 8)));
+                }
+            }
+        }
+    }
+}
+
+/* rvq_tb_min: where the block path overtook one product per input (runtime/tests_c/
+ * bench_rvq_blocks.c, docs/RUNTIME.md) */
 const mpk_impl mpk_avx2_impl = {.name = "avx2", .row_dot = mpk_avx2_row_dot, .rvq_tables = a_rvq_tables,
                                 .rvq_tiles = a_rvq_tiles, .rvq_acc = a_rvq_acc, .rvq_unperm = a_rvq_unperm,
-                                .mm_rows = mpk_avx2_mm_rows};
+                                .mm_rows = mpk_avx2_mm_rows, .rvq_tb_pack = a_rvq_tb_pack, .rvq_tb = a_rvq_tb,
+                                .rvq_tb_min = 12};
 
 #else
 const mpk_impl mpk_avx2_impl = {.name = "avx2"};

@@ -25,6 +25,17 @@ struct mpk_impl {
     void (*rvq_acc)(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
                     int64_t g0, int64_t g1, float *p);
     void (*rvq_unperm)(const float *p, int64_t ntiles, float *acc);
+    /* The block path of mpk_rvq_matmat (an expert with many inputs in a prompt chunk): up to
+     * MPK_RVQ_TB inputs' tables transposed so that one load gives an entry for every input.
+     * rvq_tb_pack writes tt[j][e][b] = t[b]->q[j * 256 + e] for j in [j0, j1) (j = v * S + st),
+     * 0 for b >= n.  rvq_tb adds tiles [tile0, tile0 + ntiles) times the block into
+     * acc[row][MPK_RVQ_TB] (rows in tile order, zeroed by the caller) with d[g][st][MPK_RVQ_TB]
+     * the inputs' table steps: per (row, input) the integer sums and the fma order of rvq_acc,
+     * so the same bits as the single-input product. */
+    void (*rvq_tb_pack)(const mpk_rvq_tab *const *t, int64_t n, int64_t j0, int64_t j1, int8_t *tt);
+    void (*rvq_tb)(const mpk_rvq *w, const int8_t *tt, const float *d, int64_t tile0, int64_t ntiles,
+                   float *acc);
+    int64_t rvq_tb_min; /* inputs from which mpk_rvq_matmat takes the block path (0: never) */
     /* Trunk rows [r0, r1) times many inputs (prefill), exactly as row_dot computes each
      * (y[t][r]): xt holds the inputs transposed in blocks of MPK_MM_TB tokens [nb][cols][TB]
      * (zero past n), xl the q4 zero-point group sums [nb][ngroups][TB]; wb is scratch for the
@@ -54,6 +65,9 @@ void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt,
                       int64_t nb, int64_t n, float *y, float *wb);
 void mpk_avx512vl_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
                           int64_t nb, int64_t n, float *y, float *wb);
+
+#define MPK_RVQ_TB 16 /* inputs per transposed-table block (one int8 per input: 16 bytes an entry) */
+void mpk_scalar_rvq_tb_pack(const mpk_rvq_tab *const *t, int64_t n, int64_t j0, int64_t j1, int8_t *tt);
 
 /* The most tiles one rvq_tiles call gets (its accumulator lives on the caller's stack). */
 #define MPK_RVQ_MAX_TILES 16

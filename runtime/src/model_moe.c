@@ -120,7 +120,11 @@ static size_t tab_stride(int64_t cols, int stages) { return (mpk_rvq_tab_bytes(c
 uint64_t mpm_moe_chunk_bytes(const mpm_config *c, int chunk, int stages) {
     if (!mpm_config_moe_layers(c)) return 0;
     uint64_t T = (uint64_t)chunk;
-    return T * (2 * tab_stride(c->hidden, stages) + tab_stride(c->moe_inter, stages)) +
+    /* mpk_rvq_matmat's block path holds one expert matrix's buffers at a time (gate/up or down) */
+    uint64_t gu = mpk_rvq_block_bytes(c->moe_inter, c->hidden, stages);
+    uint64_t dn = mpk_rvq_block_bytes(c->hidden, c->moe_inter, stages);
+    uint64_t blocks = chunk < 2 ? 0 : gu > dn ? gu : dn;
+    return blocks + T * (2 * tab_stride(c->hidden, stages) + tab_stride(c->moe_inter, stages)) +
            T * (uint64_t)c->hidden * 4u + /* one expert's down outputs */
            T * 4u * (uint64_t)c->top_k * 4u + /* token lists */
            3u * T * sizeof(mpk_rvq_tab) + T * sizeof(void *);
