@@ -25,6 +25,20 @@ def assert_threads_and_chunks_bit_identical(path: Path, toks: list[int], chunk: 
                                           err_msg=f"threads={threads} chunk={run_chunk}")
 
 
+def assert_snapshot_continuation_equals_one_pass(path: Path, turn1: list[int],
+                                                 turn2: list[int], chunk: int) -> None:
+    """Chat: a snapshot after turn 1, a reply generated past it, the snapshot restored; turn 2
+    fed from there gives the last logits of one pass over both turns."""
+    with Engine(path, threads=1, chunk=chunk) as e:
+        full = e.logits(turn1 + turn2)
+        e.reset()
+        e.feed(turn1)
+        snap = e.snapshot()
+        list(e.generate([turn2[0]], 5, reset=False))
+        e.restore(snap)
+        np.testing.assert_array_equal(e.feed(turn2), full[-1])
+
+
 def assert_pieces_equal_one_pass(path: Path, toks: list[int], cuts: tuple[int, ...],
                                  chunk: int | None = None) -> None:
     """Feeding `toks` split at `cuts` gives the last logits of one pass over all of them."""

@@ -1,6 +1,7 @@
 """A whole Kimi K3 forward pass in numpy (float64), written from docs/K3.md on the parts in
-tests/k3_reference.py, over a checkpoint in the published layout (dense weights: what `moepack
-export` writes). The engine's logits are checked against it: there is no K3 in transformers."""
+tests/k3_reference.py, over a checkpoint in the published layout: dense weights (what `moepack
+export` writes) or the source's MXFP4 experts. The engine's logits are checked against it: there
+is no K3 in transformers."""
 
 from __future__ import annotations
 
@@ -10,23 +11,50 @@ from pathlib import Path
 
 import numpy as np
 from k3_reference import LatentMoe, kda_step, res_mix, rms, sigmoid, situ
+from moepack.convert.mxfp4 import dequantize
 from safetensors.numpy import load_file
 
 ExpertFn = Callable[[int, int, np.ndarray], np.ndarray]  # (layer, expert, z) -> output
 
 
+def table_experts(container: Path, beta: float, linear_beta: float) -> ExpertFn:
+    """The routed experts as the engine computes them: the container's codes through the
+    int8-table products of CODECS.md §3.5, SiTU between them."""
+    from moepack.format.reader import Container
+    from spec_experts import LayerExperts
+
+    with Container.open(container) as c:
+        banks = {b["layer"]: LayerExperts(c, b["layer"]) for b in c.banks()}
+
+    def experts(layer: int, e: int, z: np.ndarray) -> np.ndarray:
+        le = banks[layer]
+        g, u = le.matvec(e, "gate", z[None])[0], le.matvec(e, "up", z[None])[0]
+        return le.matvec(e, "down", situ(g, u, beta, linear_beta)[None])[0]
+
+    return experts
+
+
 class K3Forward:
     """`experts`: the routed experts' products when not the dense ones (the engine's table
-    numerics, for a comparison at float precision)."""
+    numerics, for a comparison at float precision). `l2_eps`: KDA's q/k L2 norm eps (fla's
+    1e-6, as the engine; llama.cpp's K3 graph uses rms_norm_eps)."""
 
-    def __init__(self, directory: Path, experts: ExpertFn | None = None) -> None:
-        self.experts = experts
+    def __init__(self, directory: Path, experts: ExpertFn | None = None,
+                 l2_eps: float = 1e-6) -> None:
+        self.experts, self.l2_eps = experts, l2_eps
         cfg = json.loads((directory / "config.json").read_text())
         self.t = cfg["text_config"]
-        self.w: dict[str, np.ndarray] = {}
+        raw: dict[str, np.ndarray] = {}
         for f in sorted(directory.glob("*.safetensors")):
-            for k, v in load_file(f).items():
-                self.w[k.removeprefix("language_model.")] = v.astype(np.float64)
+            raw.update(load_file(f))
+        self.w: dict[str, np.ndarray] = {}
+        for k, v in raw.items():
+            if k.endswith(".weight_scale"):
+                continue
+            if k.endswith(".weight_packed"):  # the source's MXFP4 experts, decoded exactly
+                k = k.removesuffix("_packed")
+                v = dequantize(v, raw[k + "_scale"], k)
+            self.w[k.removeprefix("language_model.")] = v.astype(np.float64)
         t, la = self.t, self.t["linear_attn_config"]
         self.eps = float(t["rms_norm_eps"])
         self.full = {i - 1 for i in la["full_attn_layers"]}
@@ -53,8 +81,8 @@ class K3Forward:
             out = sum(cw[:, j] * pad[j:j + T] for j in range(k))
             conv.append(out * sigmoid(out))                              # silu
         q, kk, v = (c.reshape(T, h, dk) for c in conv)
-        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) / np.sqrt(dk)
-        kk = kk / np.sqrt((kk * kk).sum(-1, keepdims=True) + 1e-6)
+        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + self.l2_eps) / np.sqrt(dk)
+        kk = kk / np.sqrt((kk * kk).sum(-1, keepdims=True) + self.l2_eps)
         z = (x @ w[f"{p}.f_a_proj.weight"].T) @ w[f"{p}.f_b_proj.weight"].T + w[f"{p}.dt_bias"]
         a = np.exp(w[f"{p}.A_log"].reshape(h))[None, :, None]
         g = self.bound * sigmoid(a * z.reshape(T, h, dk))

@@ -19,12 +19,14 @@ import json
 
 import numpy as np
 import pytest
-from engine_invariants import assert_pieces_equal_one_pass, assert_threads_and_chunks_bit_identical
+from engine_invariants import (
+    assert_pieces_equal_one_pass,
+    assert_snapshot_continuation_equals_one_pass,
+    assert_threads_and_chunks_bit_identical,
+)
 from k3_checkpoint import TEXT, make_k3_checkpoint
-from k3_forward import K3Forward
-from k3_reference import situ
+from k3_forward import K3Forward, table_experts
 from moepack.runtime.engine import Engine
-from spec_experts import LayerExperts
 
 N_POS = 80
 CHUNK = 16
@@ -43,21 +45,13 @@ def _build(d, text: dict):
     from moepack.convert.export import export
     from moepack.convert.pipeline import convert
     from moepack.convert.settings import Settings
-    from moepack.format.reader import Container
 
     make_k3_checkpoint(d / "src", **text)
     convert(d / "src", d / "m.moepack", Settings(expert_preset="rvq3-baseline", iters=2))
     export(d / "m.moepack", d / "hf")
-    with Container.open(d / "m.moepack") as c:
-        banks = {b["layer"]: LayerExperts(c, b["layer"]) for b in c.banks()}
     cfg = json.loads((d / "hf" / "config.json").read_text())["text_config"]
-    beta, lb = cfg["activation_situ_beta"], cfg["activation_situ_linear_beta"]
-
-    def experts(layer: int, e: int, z: np.ndarray) -> np.ndarray:
-        le = banks[layer]
-        g, u = le.matvec(e, "gate", z[None])[0], le.matvec(e, "up", z[None])[0]
-        return le.matvec(e, "down", situ(g, u, beta, lb)[None])[0]
-
+    experts = table_experts(d / "m.moepack", cfg["activation_situ_beta"],
+                            cfg["activation_situ_linear_beta"])
     return d / "m.moepack", K3Forward(d / "hf", experts)
 
 
@@ -98,6 +92,13 @@ def test_threads_and_chunk_sizes_bit_identical(k3):
 
 def test_continuation_equals_one_pass(k3):
     assert_pieces_equal_one_pass(k3[0], _tokens(40, seed=2), cuts=(7, 30), chunk=CHUNK)
+
+
+def test_chat_continuation_from_a_snapshot_equals_one_pass(k3):
+    """The KDA state, the MLA cache and the AttnRes bank all come back with the snapshot: turn 1
+    ends inside an AttnRes block of the second layer group (22 tokens, 16-token chunks)."""
+    assert_snapshot_continuation_equals_one_pass(k3[0], _tokens(22, seed=4), _tokens(19, seed=5),
+                                                 CHUNK)
 
 
 def test_plan_counts_the_kda_state_and_the_mla_cache(k3):
