@@ -648,19 +648,21 @@ static size_t tb_d_bytes(int64_t cols, int stages) {
 static size_t tb_acc_bytes(int64_t rows) { return (size_t)((rows + 63) / 64) * 64 * MPK_RVQ_TB * sizeof(float); }
 
 uint64_t mpk_rvq_block_bytes(int64_t rows, int64_t cols, int stages) {
-    return tb_tt_bytes(cols, stages) + tb_d_bytes(cols, stages) + tb_acc_bytes(rows);
+    return 64 + tb_tt_bytes(cols, stages) + tb_acc_bytes(rows) + tb_d_bytes(cols, stages);
 }
 
 static int rvq_matmat_blocks(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w,
-                             const mpk_rvq_tab *const *t, int64_t n, float *y) {
+                             const mpk_rvq_tab *const *t, int64_t n, float *y, void *ws) {
     const int S = w->stages;
     const int64_t nt = (w->rows + 63) / 64, J = w->nv * S, ng = (w->nv + MPK_RVQ_GROUP - 1) / MPK_RVQ_GROUP;
     const int64_t threads = mpk_pool_threads(pool);
-    int8_t *tt = aligned_alloc(64, tb_tt_bytes(w->cols, S));
-    float *d = malloc(tb_d_bytes(w->cols, S));
-    float *acc = aligned_alloc(64, tb_acc_bytes(w->rows));
-    int rc = tt && d && acc ? 0 : -1;
-    for (int64_t b0 = 0; !rc && b0 < n; b0 += MPK_RVQ_TB) {
+    void *own = ws ? NULL : malloc(mpk_rvq_block_bytes(w->rows, w->cols, S));
+    if (!ws && !own) return -1;
+    uint8_t *base = (uint8_t *)(((uintptr_t)(ws ? ws : own) + 63) & ~(uintptr_t)63);
+    int8_t *tt = (int8_t *)base;
+    float *acc = (float *)(base + tb_tt_bytes(w->cols, S)); /* 64-aligned: tt's size is */
+    float *d = acc + tb_acc_bytes(w->rows) / sizeof *acc;
+    for (int64_t b0 = 0; b0 < n; b0 += MPK_RVQ_TB) {
         int64_t nb = n - b0 < MPK_RVQ_TB ? n - b0 : MPK_RVQ_TB;
         for (int64_t i = 0; i < ng * S; i++)
             for (int64_t b = 0; b < MPK_RVQ_TB; b++) d[i * MPK_RVQ_TB + b] = b < nb ? t[b0 + b]->d[i] : 0.0f;
@@ -670,16 +672,14 @@ static int rvq_matmat_blocks(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w
         j.per = (nt + 2 * threads - 1) / (2 * threads);
         mpk_pool_run(pool, (size_t)((nt + j.per - 1) / j.per), rvqb_task, &j);
     }
-    free(tt);
-    free(d);
-    free(acc);
-    return rc;
+    free(own);
+    return 0;
 }
 
 void mpk_rvq_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w,
-                    const mpk_rvq_tab *const *t, int64_t n, float *y) {
+                    const mpk_rvq_tab *const *t, int64_t n, float *y, void *ws) {
     k = impl_or_scalar(k);
-    if (k->rvq_tb_min && n >= k->rvq_tb_min && rvq_matmat_blocks(k, pool, w, t, n, y) == 0) return;
+    if (k->rvq_tb_min && n >= k->rvq_tb_min && rvq_matmat_blocks(k, pool, w, t, n, y, ws) == 0) return;
     int64_t nt = (w->rows + 63) / 64, threads = mpk_pool_threads(pool);
     float *p = n > 1 ? calloc((size_t)(n * nt * 64), sizeof(float)) : NULL;
     if (!p) { /* one input (or no memory): the single-input kernel, same bits */

@@ -77,9 +77,11 @@ void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const m
  * path's threshold on (the block path), up to 16 inputs' tables are transposed so that one load
  * per code serves all of them; it allocates mpk_rvq_block_bytes while it runs. */
 void mpk_rvq_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w,
-                    const mpk_rvq_tab *const *t, int64_t n, float *y);
-/* Heap bytes the block path of mpk_rvq_matmat holds during one call (transposed tables, table
- * steps, accumulators) for a rows x cols matrix of `stages`: at most this for any n. */
+                    const mpk_rvq_tab *const *t, int64_t n, float *y, void *ws);
+/* Bytes of the block path's workspace (transposed tables, table steps, accumulators) for a rows
+ * x cols matrix of `stages`; `ws` of mpk_rvq_matmat: at least this much caller memory, reused
+ * from call to call (fresh pages would be faulted in and zeroed every call), or NULL: the call
+ * allocates it. */
 uint64_t mpk_rvq_block_bytes(int64_t rows, int64_t cols, int stages);
 
 #define MPK_VQ_DIM 8

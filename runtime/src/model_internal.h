@@ -102,16 +102,18 @@ struct mpm_model {
     float *aheadw, *choice;
     /* MoE chunk (model_moe.c): gate/up tables of every chunk token and down tables of one
      * expert's tokens (ctab_stages = the most stages of any part), table pointers, one expert's
-     * down outputs, the (token, rank) pairs sorted by expert */
+     * down outputs, the (token, rank) pairs sorted by expert, mpk_rvq_matmat's block-path
+     * workspace (reused by every expert matrix) */
     mpk_rvq_tab *ctabs;
     const mpk_rvq_tab **ctabp;
-    void *ctabmem;
+    void *ctabmem, *cblk;
     int ctab_stages;
     float *ceo;
     int32_t *cpairs, *corder, *cstart, *cfill;
     uint8_t *allowed;
     float *lstate, *lbuf, *lqg; /* linear-attention states, model_linear.c scratch, gated q */
     float *lwork;   /* the states a call advances; lstate changes only when the call succeeds */
+    float *lws;     /* per linear head: the delta rule's workspace (mpl_ws_floats) */
     int l_touched;  /* a token of the current call has passed the linear layers */
     int32_t *lperm;
     /* Kimi K3 (model_k3.c): final AttnRes score; per chunk token the AttnRes bank

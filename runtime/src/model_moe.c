@@ -117,14 +117,18 @@ static void build_tab(mpm_model *m, const mpm_layer *ly, int p, const float *x, 
 /* Chunk tables: gate/up for every token of a chunk, down for every token of one expert. */
 static size_t tab_stride(int64_t cols, int stages) { return (mpk_rvq_tab_bytes(cols, stages) + 63) & ~(size_t)63; }
 
+/* mpk_rvq_matmat's block-path workspace: one, for the larger of gate/up and down */
+static uint64_t block_ws_bytes(const mpm_config *c, int stages) {
+    uint64_t gu = mpk_rvq_block_bytes(c->moe_inter, c->hidden, stages);
+    uint64_t dn = mpk_rvq_block_bytes(c->hidden, c->moe_inter, stages);
+    return gu > dn ? gu : dn;
+}
+
 uint64_t mpm_moe_chunk_bytes(const mpm_config *c, int chunk, int stages) {
     if (!mpm_config_moe_layers(c)) return 0;
     uint64_t T = (uint64_t)chunk;
-    /* mpk_rvq_matmat's block path holds one expert matrix's buffers at a time (gate/up or down) */
-    uint64_t gu = mpk_rvq_block_bytes(c->moe_inter, c->hidden, stages);
-    uint64_t dn = mpk_rvq_block_bytes(c->hidden, c->moe_inter, stages);
-    uint64_t blocks = chunk < 2 ? 0 : gu > dn ? gu : dn;
-    return blocks + T * (2 * tab_stride(c->hidden, stages) + tab_stride(c->moe_inter, stages)) +
+    return (chunk < 2 ? 0 : block_ws_bytes(c, stages)) +
+           T * (2 * tab_stride(c->hidden, stages) + tab_stride(c->moe_inter, stages)) +
            T * (uint64_t)c->hidden * 4u + /* one expert's down outputs */
            T * 4u * (uint64_t)c->top_k * 4u + /* token lists */
            3u * T * sizeof(mpk_rvq_tab) + T * sizeof(void *);
@@ -144,14 +148,19 @@ int mpm_moe_alloc(mpm_model *m) {
     m->corder = calloc(T * (size_t)c->top_k, sizeof(int32_t));
     m->cstart = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
     m->cfill = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
+    m->cblk = T >= 2 ? malloc(block_ws_bytes(c, S)) : NULL; /* T = 1: no block path */
     m->ctab_stages = S;
-    return m->ctabs && m->ctabp && m->ctabmem && m->ceo && m->cpairs && m->corder && m->cstart && m->cfill ? 0 : -1;
+    return m->ctabs && m->ctabp && m->ctabmem && m->ceo && m->cpairs && m->corder && m->cstart && m->cfill &&
+                   (T < 2 || m->cblk)
+               ? 0
+               : -1;
 }
 
 void mpm_moe_free(mpm_model *m) {
     free(m->ctabs);
     free(m->ctabp);
     free(m->ctabmem);
+    free(m->cblk);
     free(m->ceo);
     free(m->cpairs);
     free(m->corder);
@@ -224,15 +233,15 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
             rvq_part(ly, 1, m->recs[gi], I, D, &wu);
             rvq_part(ly, 2, m->recs[gi], D, I, &wd);
             for (int j = 0; j < n; j++) tp[j] = &tg[pr[j] / K];
-            mpk_rvq_matmat(m->kern, m->pool, &wg, tp, n, m->g);
+            mpk_rvq_matmat(m->kern, m->pool, &wg, tp, n, m->g, m->cblk);
             for (int j = 0; j < n; j++) tp[j] = &tu[pr[j] / K];
-            mpk_rvq_matmat(m->kern, m->pool, &wu, tp, n, m->u);
+            mpk_rvq_matmat(m->kern, m->pool, &wu, tp, n, m->u, m->cblk);
             for (int64_t j = 0; j < n * I; j++) m->g[j] = mpm_act(c, m->g[j], m->u[j]);
             for (int j = 0; j < n; j++) {
                 build_tab(m, ly, 2, m->g + j * I, I, &td[j], dmem + (size_t)j * si);
                 tp[j] = &td[j];
             }
-            mpk_rvq_matmat(m->kern, m->pool, &wd, tp, n, m->ceo);
+            mpk_rvq_matmat(m->kern, m->pool, &wd, tp, n, m->ceo, m->cblk);
             for (int j = 0; j < n; j++) memcpy(m->beo + (int64_t)pr[j] * D, m->ceo + (int64_t)j * D, (size_t)D * sizeof(float));
         }
         m->io.release(m->io.user, l, grp, ng);

@@ -129,7 +129,7 @@ int main(int argc, char **argv) {
         double best = 1e30;
         for (int rep = 0; rep < 7; rep++) {
             double a = now();
-            mpk_rvq_matmat(k, NULL, &w, tp, n, y);
+            mpk_rvq_matmat(k, NULL, &w, tp, n, y, NULL);
             double d = now() - a;
             best = d < best ? d : best;
         }

@@ -35,11 +35,12 @@ static uint64_t rnd(void) {
     return rs;
 }
 
-static double best_of(const mpk_impl *k, const mpk_rvq *w, const mpk_rvq_tab *const *tp, int n, float *y) {
+static double best_of(const mpk_impl *k, const mpk_rvq *w, const mpk_rvq_tab *const *tp, int n, float *y,
+                      void *ws) {
     double best = 1e30;
     for (int rep = 0; rep < 5; rep++) {
         double a = now();
-        mpk_rvq_matmat(k, NULL, w, tp, n, y);
+        mpk_rvq_matmat(k, NULL, w, tp, n, y, ws);
         double d = now() - a;
         best = d < best ? d : best;
     }
@@ -100,6 +101,7 @@ int main(int argc, char **argv) {
         tp[i] = &tabs[i];
     }
     const double wts = (double)rows * (double)cols;
+    void *ws = malloc(mpk_rvq_block_bytes(rows, cols, S)); /* reused, as the engine's */
     const int paths[] = {MPK_SCALAR, MPK_AVX2, MPK_AVX512VBMI};
     static const int ns[] = {1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128};
     for (size_t p = 0; p < sizeof paths / sizeof *paths; p++) {
@@ -112,7 +114,7 @@ int main(int argc, char **argv) {
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
             int n = ns[ni];
             if (paths[p] == MPK_SCALAR && n > 16) break; /* the reference, not a speed path */
-            double a = best_of(&per_input, &w, tp, n, y0), b = best_of(&blocks, &w, tp, n, y1);
+            double a = best_of(&per_input, &w, tp, n, y0, ws), b = best_of(&blocks, &w, tp, n, y1, ws);
             if (n == MPK_RVQ_TB) parts(k, &w, tp);
             int same = memcmp(y0, y1, (size_t)n * (size_t)rows * 4) == 0;
             printf("{\"shape\": \"%ldx%ld\", \"stages\": %d, \"path\": \"%s\", \"n\": %d, "

@@ -162,7 +162,7 @@ static void run_case(const char *what, int64_t rows, int64_t cols, int S, const 
         for (int p = 0; p < 3; p++)
             for (size_t ni = 0; ni < sizeof NS / sizeof *NS; ni++) {
                 memset(ym, 0x55, (size_t)(NI * rows) * 4);
-                mpk_rvq_matmat(paths[k], pools[p], &w, tp + (NI - NS[ni]), NS[ni], ym);
+                mpk_rvq_matmat(paths[k], pools[p], &w, tp + (NI - NS[ni]), NS[ni], ym, NULL);
                 int64_t badm = -1;
                 for (int64_t e = 0; e < NS[ni] * rows && badm < 0; e++)
                     if (bits(ym[e]) != bits(want[(NI - NS[ni]) * rows + e])) badm = e;

@@ -57,20 +57,25 @@ static void check_shape(const mpk_impl *const *paths, int npaths, mpk_pool *cons
         tp[i] = &tabs[i];
         mpk_rvq_matvec(NULL, NULL, &w, &tabs[i], want + (size_t)i * (size_t)rows);
     }
+    /* the block path's workspace: the caller's (exactly mpk_rvq_block_bytes, so ASan sees an
+     * overrun) for odd counts, allocated by the call for even ones */
+    void *wsmem = malloc(mpk_rvq_block_bytes(rows, cols, S));
     static const int64_t ns[] = {1, 3, 17, 64, 150, NMAX};
     for (int k = 0; k < npaths; k++)
         for (int p = 0; p < npools; p++)
             for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
                 /* inputs from 4 (n <= 3: the zero one) or 8 (the NaN one among finite ones) */
                 int64_t n = ns[ni], off = n == NMAX ? 0 : n <= 3 ? 4 : 8, bad = -1;
+                void *ws = n % 2 ? wsmem : NULL;
                 memset(y, 0x55, (size_t)(n * rows) * 4);
-                mpk_rvq_matmat(paths[k], pools[p], &w, tp + off, n, y);
+                mpk_rvq_matmat(paths[k], pools[p], &w, tp + off, n, y, ws);
                 for (int64_t e = 0; e < n * rows && bad < 0; e++)
                     if (bits(y[e]) != bits(want[off * rows + e])) bad = e;
                 CHECK(bad < 0, "rvq %lldx%lld S %d path %s threads %d n %lld: element %lld %a != %a", (long long)rows,
                       (long long)cols, S, mpk_impl_name(paths[k]), mpk_pool_threads(pools[p]), (long long)n,
                       (long long)bad, bad < 0 ? 0.0 : (double)y[bad], bad < 0 ? 0.0 : (double)want[off * rows + bad]);
             }
+    free(wsmem);
     free(part);
     free(cb);
     free(cbt);
