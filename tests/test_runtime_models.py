@@ -9,7 +9,7 @@ projection with the numpy reference of §3.5 (moepack.format.rvq_matvec) on the 
 transformers still does attention, norms, routing, the activation and shared experts. Tolerance:
 max |Δlogit| <= 1e-4 x max |logit| over 80 positions fed in chunks of 16 (CHUNK: the chunk the
 engine plans for these tiny models is the whole prompt); greedy generation identical for 32
-tokens; threads and chunk sizes give the same bits.
+tokens; threads and chunk sizes give the same bits; a turn snapshot's continuation is one pass.
 """
 
 from __future__ import annotations
@@ -17,7 +17,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from engine_invariants import assert_pieces_equal_one_pass, assert_threads_and_chunks_bit_identical
+from engine_invariants import (
+    assert_pieces_equal_one_pass,
+    assert_snapshot_continuation_equals_one_pass,
+    assert_threads_and_chunks_bit_identical,
+)
 from moepack.convert.quant import TRUNK_CODECS
 from moepack.format.reader import Container
 from moepack.runtime.engine import Engine, EngineError
@@ -163,6 +167,31 @@ def test_kv_cache_continuation_equals_full_eval(model):
     """Feeding a sequence in pieces (KV cache kept) gives the same last logits as one pass."""
     _, path, ref = model
     assert_pieces_equal_one_pass(path, _tokens(_vocab(ref), 20, seed=2), cuts=(7, 15))
+
+
+def test_turn_snapshot_continuation_equals_one_pass(model):
+    _, path, ref = model
+    v = _vocab(ref)
+    assert_snapshot_continuation_equals_one_pass(path, _tokens(v, 21, seed=8),
+                                                 _tokens(v, 19, seed=9), CHUNK)
+
+
+@pytest.mark.parametrize("model", ["qwen3_5_moe"], indirect=True)
+def test_info_says_the_vision_tower_was_skipped(model):
+    """Qwen3.5-MoE's converted container says in `info` that its vision tower was left out."""
+    from moepack.format.info import container_info
+    from typer.testing import CliRunner
+
+    from moepack.cli import app
+
+    _, path, _ = model
+    with Container.open(path) as c:
+        info = container_info(c)
+    assert info["skipped"] == ["vision tower (model.visual.*): text-only conversion, images and "
+                               "video are not supported"]
+    shown = CliRunner().invoke(app, ["info", str(path)], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert "not converted" in shown.stdout and "vision tower (model.visual.*)" in shown.stdout
 
 
 def test_truncate_to_a_prefix(model):
