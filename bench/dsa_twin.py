@@ -17,15 +17,20 @@ rewritten as MLA without changing what it computes except for per-token scales:
 - The demo was trained with full RoPE on all 32 dims; here the 32 content dims carry no position and
   a 16-dim rotated part (seeded, std 0.05) is added. So it is not a trained model (perplexity
   printed), but its attention is the demo's content attention, not a random model's flat one.
-- The indexer (4 heads × 32, first 16 rotated) scores keys with the queries of heads 0-3 and the key
-  of their GQA group, head weights along the mean hidden direction. Known flaw: that weight is
-  negative for 25-55 % of tokens (layers 0, 1, 3), and a negative weight makes every key whose four
-  relu scores are 0 the best, tied at 0, so the tie rule picks (docs/QUALITY.md, DSA twin).
+- The indexer (8 heads × 32, first 16 rotated) scores keys with the queries of heads 0-3, their
+  negations, and the key of their GQA group; each head has its own weight row (seeded, random
+  unit vectors). A key that no head 0-3 query scores above 0 gets a positive score from the
+  negated heads, so no score is an exact 0 shared by many keys: with one weight row shared by 4
+  heads, a third to a half of the queries of layers 0 and 3 had every key's score at 0 or below
+  and the tie rule picked the selection (docs/LEARNED.md, DSA twin). The share of queries
+  whose k-th and (k+1)-th best scores are equal is printed (`boundary_tied`).
   index_topk (default 32) is below every scored position's
   context (ctx/2 … ctx-1), so every scored query attends to a strict subset.
 
 Printed: the twin's perplexity and next-token entropy, attention entropy, how much of a dense
-attention's mass the selection keeps and KL(dense ‖ sparse) (does the selection matter?), then the
+attention's mass the selection keeps and KL(dense ‖ sparse) (does the selection matter?), the
+share of queries whose top-k boundary is tied or within 1e-3 of the best score (where f16
+indexer keys can move it), then the
 matrix rows with two columns more: the share of selected positions that differ between the original
 and the quantised model (transformers on `moepack export` of the container, hooks on the indexer)
 and the share of queries whose selection changed at all.
@@ -37,6 +42,7 @@ import argparse
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +52,7 @@ from bench import quality
 from bench.twin import demo_tensors, fill_moe, fill_norms_and_embedding, save_twin
 
 ROOT = Path(__file__).resolve().parent.parent
-NOPE, ROPE, INDEX_HEADS = 32, 16, 4
+NOPE, ROPE, INDEX_HEADS = 32, 16, 8
 CALIBRATION_TOKENS = 1024  # the text's tail: the scored windows come from its head
 
 
@@ -121,10 +127,11 @@ def build(demo_dir: Path, out: Path, calibration_ids: list[int], topk: int) -> P
                 kv_b[h, NOPE:, (kv_heads + g) * hd:(kv_heads + g + 1) * hd] = eye
             a.o_proj.weight.copy_(src[p + "o_proj.weight"])
             ix = a.indexer
-            ix.wq_b.weight.copy_(wq[:INDEX_HEADS * hd])
+            q_group0 = wq[:INDEX_HEADS // 2 * hd]
+            ix.wq_b.weight.copy_(torch.cat([q_group0, -q_group0]))
             ix.wk.weight.copy_(wk[:hd])
-            mean_dir = x.mean(0) / x.mean(0).norm()
-            ix.weights_proj.weight.copy_(mean_dir.expand(INDEX_HEADS, -1))
+            rows = torch.randn(INDEX_HEADS, d["hidden_size"])
+            ix.weights_proj.weight.copy_(rows / rows.norm(dim=1, keepdim=True))
             fill_moe(layer.mlp, src, i, d["num_local_experts"])
     return save_twin(model, demo_dir, out)
 
@@ -139,26 +146,63 @@ def _load(model_dir: Path, dtype: torch.dtype = torch.float32, eager: bool = Fal
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **kw).eval()
 
 
+def index_scores(ix, hidden_states: torch.Tensor, q_resid: torch.Tensor, position_embeddings,
+                 mask: torch.Tensor) -> torch.Tensor:
+    """transformers' DeepseekV32Indexer.forward up to its top-k: the scores [B, S, T], -inf
+    where masked (its indices come with no scores, and ties need them)."""
+    from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
+
+    b, s, _ = hidden_states.shape
+    split = [ix.qk_rope_head_dim, ix.head_dim - ix.qk_rope_head_dim]
+    q_rot, q_pass = ix.wq_b(q_resid).view(b, s, ix.n_heads, ix.head_dim).split(split, -1)
+    k_rot, k_pass = ix.k_norm(ix.wk(hidden_states)).unsqueeze(2).split(split, -1)
+    q_rot, k_rot = apply_rotary_pos_emb(q_rot, k_rot, *position_embeddings, unsqueeze_dim=2)
+    q, k = torch.cat([q_rot, q_pass], -1), torch.cat([k_rot, k_pass], -1).squeeze(2)
+    scores = torch.relu(q.float() @ k.transpose(-1, -2).float().unsqueeze(1) * ix.softmax_scale)
+    w = ix.weights_proj(hidden_states).float() * ix.n_heads ** -0.5
+    out = (w.unsqueeze(-2) @ scores).squeeze(-2)
+    return out.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else out + mask
+
+
 def run_twin(model_dir: Path, win: quality.Windows, dtype: torch.dtype = torch.float32,
-             topk: int | None = None, batch: int = 4) -> tuple[np.ndarray, np.ndarray]:
+             topk: int | None = None, batch: int = 4, experts_of: Path | None = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The checkpoint in transformers: (int16 [layers, windows, scored positions, topk] each
     scored query's selected key positions, sorted, from hooks on the indexers; float32 logits
-    [windows, scored positions, vocab]). topk: every indexer's index_topk replaced."""
+    [windows, scored positions, vocab]; float32 [layers, windows, scored positions] the gap
+    between the topk-th and the next best score over the best score's magnitude, 0 where the
+    boundary is tied). topk: every indexer's index_topk replaced. experts_of: a container whose
+    stored codes compute the routed experts (the engine's products, CODECS.md §3.5), not the
+    checkpoint's weights."""
     model = _load(model_dir, dtype)
+    if experts_of is not None:
+        sys.path.insert(0, str(ROOT / "tests"))  # the engine's expert numerics, as the tests use
+        from spec_experts import use_spec_expert_numerics
+
+        use_spec_expert_numerics(model, experts_of)
     layers = model.model.layers
     seen: list[list[np.ndarray]] = [[] for _ in layers]
+    gaps: list[list[np.ndarray]] = [[] for _ in layers]
 
     def hook(i: int):
-        def keep(_m, _a, out: torch.Tensor) -> None:
-            sel = out[:, win.first:win.ctx - 1].long().sort(-1).values
+        def keep(m, args, _kw, out: torch.Tensor) -> None:
+            scored = slice(win.first, win.ctx - 1)
+            sel = out[:, scored].long().sort(-1).values
             seen[i].append(sel.numpy().astype(np.int16))
+            best = index_scores(m, *args[:4])[:, scored].sort(-1, descending=True).values
+            k = m.index_topk
+            if k < win.first + 1:  # fewer than every scored query's keys (else dense: no gap)
+                gap = (best[..., k - 1] - best[..., k]) / best[..., 0].abs().clamp_min(1e-30)
+            else:
+                gap = torch.full(best.shape[:2], math.inf)
+            gaps[i].append(gap.float().numpy())
         return keep
 
     hooks = []
     for i, lay in enumerate(layers):
         if topk is not None:
             lay.self_attn.indexer.index_topk = topk
-        hooks.append(lay.self_attn.indexer.register_forward_hook(hook(i)))
+        hooks.append(lay.self_attn.indexer.register_forward_hook(hook(i), with_kwargs=True))
     logits = []
     with torch.no_grad():
         for i in range(0, len(win.tokens), batch):
@@ -166,7 +210,8 @@ def run_twin(model_dir: Path, win: quality.Windows, dtype: torch.dtype = torch.f
             logits.append(lg[:, win.first:win.ctx - 1].float().numpy())
     for hk in hooks:
         hk.remove()
-    return np.stack([np.concatenate(s) for s in seen]), np.concatenate(logits)
+    return (np.stack([np.concatenate(s) for s in seen]), np.concatenate(logits),
+            np.stack([np.concatenate(g) for g in gaps]))
 
 
 def selection_change(ref: np.ndarray, q: np.ndarray) -> dict:
@@ -198,10 +243,11 @@ def attention_entropy(model_dir: Path, win: quality.Windows, batch: int = 4) -> 
 def twin_profile(demo_dir: Path, twin: Path, win: quality.Windows, topk: int) -> dict:
     """Why the twin is not trivial: its perplexity and next-token entropy next to the demo's,
     its attention entropy next to uniform over topk keys, what the selection changes (KL of the
-    dense twin to the sparse one), and how sensitive the selection is to rounding alone
-    (transformers in float64 against float32 on the same weights)."""
-    sel, sparse = run_twin(twin, win)
-    sel64, sparse64 = run_twin(twin, win, torch.float64)
+    dense twin to the sparse one), how sensitive the selection is to rounding alone
+    (transformers in float64 against float32 on the same weights), and how often the top-k
+    boundary is tied or nearly so."""
+    sel, sparse, gap = run_twin(twin, win)
+    sel64, sparse64, _ = run_twin(twin, win, torch.float64)
     demo = quality.reference_logits(demo_dir, win)
     vs_dense = quality.statistics(run_twin(twin, win, topk=win.ctx)[1], sparse, win)
     vs_f64 = quality.statistics(sparse64, sparse, win)
@@ -220,6 +266,9 @@ def twin_profile(demo_dir: Path, twin: Path, win: quality.Windows, topk: int) ->
             "selected_share": float(np.mean(topk / ctx_sizes)),
             "kl_dense_sparse": vs_dense["kl_mean"], "top1_dense_sparse": vs_dense["top1"],
             "kl_f64_f32": vs_f64["kl_mean"], "top1_f64_f32": vs_f64["top1"],
+            "boundary_tied": float((gap == 0).mean()),
+            "boundary_tied_by_layer": [round(float((g == 0).mean()), 5) for g in gap],
+            "boundary_within_1e-3": float((gap < 1e-3).mean()),
             **{f"{k}_f64_f32": v for k, v in selection_change(sel64, sel).items()}}
 
 
@@ -229,20 +278,43 @@ ROWS = ("(default)", "rvq4", "rvq2", "trunk f32", "attn q8", "attn q4")
 
 
 def selection_rows(twin: Path, work: Path, win: quality.Windows):
-    """row_extra for quality.matrix: the container's selections against the original's."""
+    """row_extra for quality.matrix: the container's selections against the original's; for
+    the default container also the sanity comparison with f32 KV entries (f32 indexer keys),
+    next to the matrix's with the engine's default f16, then with transformers computing the
+    routed experts as the engine does (§3.5 table products, not the exported weights), and how
+    often those products alone change transformers' selection."""
     from moepack.convert.export import export
 
     ref = run_twin(twin, win)[0]
+    default = f"{quality._slug(quality.DEFAULT_ROW)}.moepack"
 
     def extra(container: Path, _win: quality.Windows) -> dict:
         hf = work / "export-selection"
         shutil.rmtree(hf, ignore_errors=True)
         export(container, hf)
         try:
-            return selection_change(ref, run_twin(hf, win)[0])
+            sel, logits, _ = run_twin(hf, win)
+            out = selection_change(ref, sel)
+            if container.name == default:
+                f32 = quality.container_logits(container, win, kv="f32")
+                out["sanity_f32_kv"] = quality.statistics(logits, f32, win)
+                # numpy products: one batch keeps it to one call per expert and part
+                spec_sel, spec, _ = run_twin(hf, win, batch=len(win.tokens), experts_of=container)
+                out["sanity_f32_kv_spec_experts"] = quality.statistics(spec, f32, win)
+                out["sanity_spec_experts_selection"] = selection_change(sel, spec_sel)
+            return out
         finally:
             shutil.rmtree(hf, ignore_errors=True)
     return extra
+
+
+def _table_row(name: str, r: dict) -> str:
+    sel = ("—", "—") if "sel_replaced" not in r else \
+        (f"{100 * r['sel_replaced']:.2f} %", f"{100 * r['sel_queries_changed']:.1f} %")
+    return (f"| {name} | {r['bpw_experts']:.2f} | {quality.fmt_kl(r['kl_mean'])} ± "
+            f"{quality.fmt_kl(r['kl_mean_se'])} | {quality.fmt_kl(r['kl_median'])} "
+            f"| {quality.fmt_kl(r['kl_p99'])} | {100 * r['top1']:.2f} | {r['ppl_ratio']:.4f} "
+            f"| {sel[0]} | {sel[1]} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,12 +352,15 @@ def main(argv: list[str] | None = None) -> int:
     print("| setting | experts bpw | mean KL ± se | median KL | p99 KL | top-1 % | PPL ratio "
           "| selected keys replaced | queries with a changed selection |")
     for name, r in quality.ordered(data["rows"]):
-        sel = ("—", "—") if "sel_replaced" not in r else \
-            (f"{100 * r['sel_replaced']:.2f} %", f"{100 * r['sel_queries_changed']:.1f} %")
-        print(f"| {name} | {r['bpw_experts']:.2f} | {quality.fmt_kl(r['kl_mean'])} ± "
-              f"{quality.fmt_kl(r['kl_mean_se'])} | {quality.fmt_kl(r['kl_median'])} "
-              f"| {quality.fmt_kl(r['kl_p99'])} | {100 * r['top1']:.2f} | {r['ppl_ratio']:.4f} "
-              f"| {sel[0]} | {sel[1]} |")
+        print(_table_row(name, r))
+        for key, what in (("sanity_f32_kv", "f32 KV"),
+                          ("sanity_f32_kv_spec_experts", "f32 KV, transformers with the "
+                           "engine's expert products")):
+            if key in r:
+                print(_table_row(f"{quality.SANITY}, {what}",
+                                 {"bpw_experts": r["bpw_experts"], **r[key]}))
+        if "sanity_spec_experts_selection" in r:
+            print("expert products alone, selection:", r["sanity_spec_experts_selection"])
     return 0
 
 

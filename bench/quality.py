@@ -130,12 +130,14 @@ def reference_logits(src_dir: Path, win: Windows, batch: int = 4,
     return np.concatenate(out)
 
 
-def container_logits(path: Path, win: Windows, threads: int | None = None) -> np.ndarray:
-    """float32 [W, ctx-1-first, vocab]: the container in the moepack engine (all in RAM)."""
+def container_logits(path: Path, win: Windows, threads: int | None = None,
+                     kv: str | None = None) -> np.ndarray:
+    """float32 [W, ctx-1-first, vocab]: the container in the moepack engine (all in RAM); kv:
+    the KV entry type (None: the engine's default)."""
     from moepack.runtime.engine import Engine
 
     out = []
-    with Engine(str(path), threads=threads, ctx=win.ctx) as eng:
+    with Engine(str(path), threads=threads, ctx=win.ctx, kv=kv) as eng:
         for row in win.tokens:
             out.append(eng.logits(row.tolist())[win.first:win.ctx - 1])
     return np.stack(out)
