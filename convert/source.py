@@ -80,6 +80,27 @@ def _read_small(path: Path, limit: int) -> bytes:
             raise SourceError(f"{path.name}: cannot read: {e.strerror or e}") from e
 
 
+def index_shards(index: Path) -> tuple[dict[str, str], list[str]]:
+    """A safetensors index's weight_map (tensor -> shard) and the shards it names, sorted:
+    untrusted, so a non-empty object of at most MAX_TENSORS entries naming plain file names."""
+    wmap = load_json(index).get("weight_map")
+    if not isinstance(wmap, dict):
+        raise SourceError(f"{INDEX_NAME}: no weight_map object (tensor name -> shard file)")
+    if not wmap:
+        raise SourceError(f"{INDEX_NAME}: weight_map is empty: it names no tensors")
+    if len(wmap) > MAX_TENSORS:
+        raise SourceError(f"{INDEX_NAME}: weight_map lists {len(wmap):,} tensors (at "
+                          f"most {MAX_TENSORS:,} are accepted)")
+    if not all(isinstance(f, str) for f in wmap.values()):
+        raise SourceError(f"{INDEX_NAME}: weight_map values must be file names")
+    files = sorted(set(wmap.values()))
+    for f in files:
+        if Path(f).name != f or f in (".", "..") or "\x00" in f:
+            raise SourceError(f"{INDEX_NAME}: {f!r} is not a file name in the checkpoint "
+                              "directory")
+    return wmap, files
+
+
 class Checkpoint:
     """Validated view of a checkpoint: config, tensor table, blob files; no tensor data loaded."""
 
@@ -178,25 +199,13 @@ class Checkpoint:
     # -- discovery -------------------------------------------------------------------------
     def _weight_files(self, weightless: bool) -> list[str]:
         index = self.dir / INDEX_NAME
+        self._weight_map: dict[str, str] | None = None
         if index.exists():
-            wmap = load_json(index).get("weight_map")
-            if not isinstance(wmap, dict) or not wmap:
-                raise SourceError(f"{INDEX_NAME}: no weight_map")
-            if len(wmap) > MAX_TENSORS:
-                raise SourceError(f"{INDEX_NAME}: weight_map lists {len(wmap):,} tensors (at "
-                                  f"most {MAX_TENSORS:,} are accepted)")
-            if not all(isinstance(f, str) for f in wmap.values()):
-                raise SourceError(f"{INDEX_NAME}: weight_map values must be file names")
-            self._weight_map: dict[str, str] | None = wmap
-            files = sorted(set(wmap.values()))
+            self._weight_map, files = index_shards(index)
             for f in files:
-                if Path(f).name != f or f in (".", "..") or "\x00" in f:
-                    raise SourceError(f"{INDEX_NAME}: {f!r} is not a file name in the checkpoint "
-                                      "directory")
                 if not (self.dir / f).is_file():
                     raise SourceError(f"{f}: listed in {INDEX_NAME} but missing from {self.dir}")
             return files
-        self._weight_map = None
         if (self.dir / SINGLE_NAME).is_file():
             return [SINGLE_NAME]
         if weightless:

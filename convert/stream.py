@@ -29,7 +29,7 @@ from moepack.convert.errors import ConvertError, SourceError
 from moepack.convert.pipeline import SPACE_MARGIN, Summary, convert
 from moepack.convert.progress import Reporter
 from moepack.convert.settings import Settings
-from moepack.convert.source import BLOB_FILES, INDEX_NAME, SINGLE_NAME, Checkpoint, load_json
+from moepack.convert.source import BLOB_FILES, INDEX_NAME, SINGLE_NAME, Checkpoint, index_shards
 from moepack.convert.st_header import MAX_HEADER
 from moepack.convert.stream_waves import (
     ShardIndex,
@@ -120,12 +120,23 @@ class _Hub:
         return data[:end - start]
 
 
-def _weight_files(stage: Path) -> list[str]:
-    if (stage / INDEX_NAME).is_file():
-        wmap = load_json(stage / INDEX_NAME).get("weight_map")
-        if isinstance(wmap, dict):
-            return sorted({str(v) for v in wmap.values()})
-    return [SINGLE_NAME]
+def _weight_files(source: str, stage: Path, listed: Mapping[str, object]) -> list[str]:
+    """The weight shards: those the downloaded index names (each one a listed file other than
+    the small files), else model.safetensors."""
+    if INDEX_NAME not in listed:
+        if SINGLE_NAME not in listed:
+            raise ConvertError(f"{source}: no {SINGLE_NAME} and no {INDEX_NAME} in the "
+                               "repository, so no weights to convert")
+        return [SINGLE_NAME]
+    _, names = index_shards(stage / INDEX_NAME)
+    for name in names:
+        if name in SMALL_FILES:   # its stand-in would replace the small file
+            raise ConvertError(f"{INDEX_NAME}: weight_map names {name}, which is not a weight "
+                               "shard")
+        if name not in listed:
+            raise ConvertError(f"{source}: {name} is listed in {INDEX_NAME} but not in the "
+                               "repository")
+    return names
 
 
 def convert_from_hub(source: str, out: str | Path, settings: Settings, *, staging: int,
@@ -158,51 +169,19 @@ def convert_from_hub(source: str, out: str | Path, settings: Settings, *, stagin
         raise ConvertError(f"{out.parent}: no such directory")
     from moepack.safefs import ensure_dir
 
+    created = not os.path.lexists(stage)
     ensure_dir(stage)
     hub = _Hub(repo, listing.revision, files, stage)
-    for name in SMALL_FILES:  # whole, checked (kept until the end: a few MB)
-        if name in files and not hub.verified(name):
-            hub.download(name)
-    weights = _weight_files(stage)
-    missing = [w for w in weights if w not in files]
-    if missing:
-        raise ConvertError(f"{source}: {missing[0]} is listed in {INDEX_NAME} but not in the "
-                           "repository")
-    sizes = {w: int(files[w].size) for w in weights}
-    largest = max(sizes.values())
-    stats = StreamStats(staging, sum(sizes.values()))
-    small = sum(int(files[n].size) for n in SMALL_FILES if n in files)
-    facts = {"repo": repo, "revision": listing.revision, "staging_dir": str(stage),
-             "staging_bound": staging, "source_bytes": stats.source_bytes,
-             "largest_shard": largest, "small_files": small}
-    if ray is not None:
-        staging = facts["staging_bound"] = 0   # nothing staged: tasks read ranges
-    elif staging < largest:
-        raise ConvertError(f"--staging {staging:,} bytes is smaller than the largest shard "
-                           f"({largest:,} bytes); give at least that, better a few shards")
-    for name in weights:  # stand-ins: headers by range request, no shard data
-        if not hub.verified(name) and not _valid_standin(stage / name, sizes[name]):
-            write_standin(stage, name, hub.header(name), sizes[name])
-    # Planning (headers only) through the pipeline's dry run: the exact container size.
-    plan = convert(stage, out, settings, jobs=jobs, force=True, dry_run=True).plan
-    real = sum(sizes[n] for n in weights if hub.verified(n))
-    facts["container_bytes"] = plan["file_size"]
-    facts["peak_disk"] = plan["file_size"] + staging + small
-    facts["free_space"] = shutil.disk_usage(out.parent).free
+    try:
+        weights, sizes, facts, known = _plan(hub, source, out, settings, staging, jobs, dry_run,
+                                             ray is not None)
+    except BaseException:
+        if created:   # refused before any shard was downloaded: nothing left behind
+            _remove_staging(stage, files)
+        raise
     if dry_run:
         return None, facts
-    partial_exists = out.with_name(out.name + ".partial").exists()
-    need = (0 if partial_exists else plan["file_size"]) + SPACE_MARGIN + staging - real
-    if facts["free_space"] < need:
-        raise ConvertError(f"not enough free space on {out.parent}: the container and "
-                           f"--staging need {need:,} more bytes, {facts['free_space']:,} free")
-    known = {}
-    for name in weights:  # the hub's SHA-256 (every download is checked against it)
-        st = (stage / name).stat()
-        sha = files[name].sha256 or hub.record.sha256(name)  # type: ignore[attr-defined]
-        if sha is None:
-            raise ConvertError(f"{name}: the hub gives no SHA-256 for it (not an LFS file)")
-        known[name] = (st.st_size, st.st_mtime_ns, sha)
+    stats = StreamStats(staging, facts["source_bytes"])
     if ray is not None:
         execute = _ray_execute(ray, hub, weights, sizes, known, stage, rep, stats)
     else:
@@ -217,6 +196,54 @@ def convert_from_hub(source: str, out: str | Path, settings: Settings, *, stagin
                  fetched_by_node=stats.fetched_by_node)
     _remove_staging(stage, files)
     return summary, facts
+
+
+def _plan(hub: _Hub, source: str, out: Path, settings: Settings, staging: int,
+          jobs: int | None, dry_run: bool,
+          ray: bool) -> tuple[list[str], dict[str, int], dict, dict[str, tuple[int, int, str]]]:
+    """The small files downloaded, a stand-in for every shard not yet real, the container
+    planned from them: (shards, their sizes, the streaming facts, the shards' known hashes;
+    none for a dry run). Every refusal of the repository or of the disk comes from here."""
+    files, stage = hub.files, hub.stage
+    for name in SMALL_FILES:  # whole, checked (kept until the end: a few MB)
+        if name in files and not hub.verified(name):
+            hub.download(name)
+    weights = _weight_files(source, stage, files)
+    sizes = {w: int(files[w].size) for w in weights}  # type: ignore[attr-defined]
+    largest = max(sizes.values())
+    small = sum(int(files[n].size) for n in SMALL_FILES if n in files)  # type: ignore[attr-defined]
+    facts = {"repo": hub.repo, "revision": hub.revision, "staging_dir": str(stage),
+             "staging_bound": staging, "source_bytes": sum(sizes.values()),
+             "largest_shard": largest, "small_files": small}
+    if ray:
+        staging = facts["staging_bound"] = 0   # nothing staged: tasks read ranges
+    elif staging < largest:
+        raise ConvertError(f"--staging {staging:,} bytes is smaller than the largest shard "
+                           f"({largest:,} bytes); give at least that, better a few shards")
+    for name in weights:  # stand-ins: headers by range request, no shard data
+        if not hub.verified(name) and not _valid_standin(stage / name, sizes[name]):
+            write_standin(stage, name, hub.header(name), sizes[name])
+    # Planning (headers only) through the pipeline's dry run: the exact container size.
+    plan = convert(stage, out, settings, jobs=jobs, force=True, dry_run=True).plan
+    real = sum(sizes[n] for n in weights if hub.verified(n))
+    facts["container_bytes"] = plan["file_size"]
+    facts["peak_disk"] = plan["file_size"] + staging + small
+    facts["free_space"] = shutil.disk_usage(out.parent).free
+    if dry_run:
+        return weights, sizes, facts, {}
+    partial_exists = out.with_name(out.name + ".partial").exists()
+    need = (0 if partial_exists else plan["file_size"]) + SPACE_MARGIN + staging - real
+    if facts["free_space"] < need:
+        raise ConvertError(f"not enough free space on {out.parent}: the container and "
+                           f"--staging need {need:,} more bytes, {facts['free_space']:,} free")
+    known = {}
+    for name in weights:  # the hub's SHA-256 (every download is checked against it)
+        st = (stage / name).stat()
+        sha = files[name].sha256 or hub.record.sha256(name)  # type: ignore[attr-defined]
+        if sha is None:
+            raise ConvertError(f"{name}: the hub gives no SHA-256 for it (not an LFS file)")
+        known[name] = (st.st_size, st.st_mtime_ns, sha)
+    return weights, sizes, facts, known
 
 
 def _ray_execute(address: str, hub: _Hub, weights: list[str], sizes: dict[str, int],

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from hostile_sources import MIXTRAL, mixtral_tensors, safetensors_bytes
 from hub_server import HubRepo, HubServer
+from test_hostile_snapshot import assert_one_line_error, cli, snapshot
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 REPO = "org/hostile"
@@ -78,3 +79,79 @@ def test_a_planner_bug_is_raised_not_shown_as_the_configs_fault(tmp_path: Path,
     monkeypatch.setattr(convert_plan, "plan_for_config", bug)
     with pytest.raises(TypeError, match="a bug in the planner"):
         conversion_size(listing, tmp_path)
+
+
+# -- `convert hf:… --staging` / `--ray`: the hub's safetensors index is untrusted too ---------
+
+INDEX = "model.safetensors.index.json"
+A, B = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+TENSORS = list(mixtral_tensors().items())
+SHARDS = {A: dict(TENSORS[:5]), B: dict(TENSORS[5:])}
+WEIGHT_MAP = {t: f for f, part in SHARDS.items() for t in part}
+FIRST = TENSORS[0][0]
+
+
+def _sharded(weight_map: object = WEIGHT_MAP, *, index: bytes | None = None,
+             drop: tuple[str, ...] = (), **extra: bytes) -> dict[str, bytes]:
+    """The tiny Mixtral in two shards with an index whose weight_map is `weight_map` (or whose
+    bytes are `index`), files `drop` left out and `extra` added."""
+    doc = json.dumps({"metadata": {}, "weight_map": weight_map}).encode()
+    files = {"config.json": json.dumps(MIXTRAL).encode(), INDEX: doc if index is None else index,
+             **{f: safetensors_bytes(t) for f, t in SHARDS.items()}, **extra}
+    return {n: d for n, d in files.items() if n not in drop}
+
+
+_TWICE = json.dumps({"weight_map": WEIGHT_MAP})[:-2] + f', "{FIRST}": "{B}"}}}}'
+HOSTILE_INDEX = {   # case: (repository files, the one line's text)
+    "weight_map empty": (_sharded({}), f"{INDEX}: weight_map is empty: it names no tensors"),
+    "weight_map null": (_sharded(None), f"{INDEX}: no weight_map object"),
+    "shard a number": (_sharded({**WEIGHT_MAP, FIRST: 7}),
+                       f"{INDEX}: weight_map values must be file names"),
+    "shard not listed": (_sharded({**WEIGHT_MAP, FIRST: "model-3.safetensors"}),
+                         f"hf:{REPO}: model-3.safetensors is listed in {INDEX} but not in the "
+                         "repository"),
+    "shard in a folder": (_sharded({**WEIGHT_MAP, FIRST: "sub/x.safetensors"},
+                                   **{"sub/x.safetensors": safetensors_bytes(SHARDS[A])}),
+                          f"{INDEX}: 'sub/x.safetensors' is not a file name"),
+    "shard ..": (_sharded({**WEIGHT_MAP, FIRST: f"../{A}"}), f"'../{A}' is not a file name"),
+    "shard config.json": (_sharded({**WEIGHT_MAP, FIRST: "config.json"}),
+                          f"{INDEX}: weight_map names config.json, which is not a weight shard"),
+    "tensor listed twice": (_sharded(index=_TWICE.encode()),
+                            f"{B}: has no tensor {FIRST!r} although {INDEX} says so"),
+    "no config.json": (_sharded(drop=("config.json",)),
+                       f"hf:{REPO}: no config.json in the repository"),
+    "no weights": (_sharded(drop=(INDEX, A, B)),
+                   f"hf:{REPO}: no model.safetensors and no {INDEX} in the repository"),
+}
+MODES = {"staging dry run": ("--staging", "1M", "--dry-run"), "staging": ("--staging", "1M"),
+         "ray dry run": ("--ray", "127.0.0.1:1", "--dry-run")}
+# Every case converting; the dry runs share its planning (one case each: ~0.5 s a run).
+RUNS = [(c, "staging") for c in sorted(HOSTILE_INDEX)] + \
+    [("weight_map empty", "staging dry run"), ("weight_map empty", "ray dry run")]
+
+
+@pytest.mark.parametrize("case,mode", RUNS)
+def test_hostile_hub_index_gives_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          case: str, mode: str) -> None:
+    """Exit 1 with one line, and no OUT, no OUT.staging: the refusal comes before any shard
+    is downloaded, so the staging folder this run created goes too."""
+    files, needle = HOSTILE_INDEX[case]
+    before = snapshot(tmp_path)
+    with HubServer({REPO: HubRepo(dict(files))}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.base)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        rc, output = cli("convert", f"hf:{REPO}", tmp_path / "m.moepack", *MODES[mode])
+    assert_one_line_error(rc, output, 1, needle)
+    assert snapshot(tmp_path) == before
+
+
+def test_the_sharded_control_plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unmodified two-shard repository of the table plans (so each row fails by its one
+    defect), and the dry run keeps its staging folder of stand-ins for the real run."""
+    with HubServer({REPO: HubRepo(_sharded())}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.base)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        rc, output = cli("convert", f"hf:{REPO}", tmp_path / "m.moepack", *MODES["staging dry run"])
+    assert rc == 0 and "peak disk:" in output, output
+    assert sorted(p.name for p in (tmp_path / "m.moepack.staging").iterdir() if p.is_file()) \
+        == sorted(["config.json", INDEX, A, B])
