@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from test_hostile_snapshot import snapshot
+from hostile_snapshot import snapshot
 
 MIXTRAL: dict[str, Any] = {
     "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 16,

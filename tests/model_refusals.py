@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from moepack.format.model_desc import ModelDescError, validate_model
 from moepack.runtime.engine import EngineError, plan
-from test_vectors import VECTORS, load_generator
+from spec_vectors import VECTORS, load_generator
 
 BASE = VECTORS / "valid" / "mixtral2.moepack"
 _gen = load_generator()

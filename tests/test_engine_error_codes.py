@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from moepack.runtime import _lib
 from moepack.runtime.engine import MP_EFORMAT, Engine, EngineError, plan
-from test_vectors import VECTORS, load_generator
+from spec_vectors import VECTORS, load_generator
 from typer.testing import CliRunner
 
 INVALID = sorted((VECTORS / "invalid").glob("*.moepack"))

@@ -17,7 +17,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from moepack.format import Container, FormatError
-from test_vectors import VALID, load_generator
+from spec_vectors import VALID, load_generator
 
 from moepack.safefs import name_problem
 

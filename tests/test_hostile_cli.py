@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_hostile_snapshot import only_line, snapshot
+from hostile_snapshot import only_line, snapshot
 from typer.testing import CliRunner
 
 from moepack.cli import app

@@ -16,8 +16,8 @@ from pathlib import Path
 import blake3
 import numpy as np
 import pytest
-from test_hostile_snapshot import snapshot
-from test_vectors import load_generator
+from hostile_snapshot import snapshot
+from spec_vectors import load_generator
 from tiny_models import make_checkpoint
 from typer.testing import CliRunner
 

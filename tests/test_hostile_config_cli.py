@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile_snapshot import assert_one_line_error, snapshot
 from hostile_sources import (
     MIXTRAL,
     assert_nothing_created,
@@ -19,7 +20,6 @@ from hostile_sources import (
     mixtral_tensors,
     write_checkpoint,
 )
-from test_hostile_snapshot import assert_one_line_error, snapshot
 
 VMEM_KB = 4_000_000  # 4 GB of address space: the unbounded planner needed 22.7 GB
 

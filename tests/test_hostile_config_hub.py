@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from hostile_snapshot import assert_one_line_error, cli, snapshot
 from hostile_sources import MIXTRAL, mixtral_tensors, safetensors_bytes
 from hub_server import HubRepo, HubServer
-from test_hostile_snapshot import assert_one_line_error, cli, snapshot
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 REPO = "org/hostile"

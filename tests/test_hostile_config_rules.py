@@ -107,8 +107,6 @@ TABLE: list[tuple[str, dict[str, Any], str, str]] = [
     ("deepseek_v3", {"n_routed_experts": 65536, "num_hidden_layers": 18, "n_group": 1,
                      "topk_group": 1}, "n_routed_experts", "moe.num_experts"),
 ]
-# test_runtime_models_dsa.py still imports these two from here
-_c_refusal, _reseal_model = c_refusal, reseal_model
 IDS = [f"{a}-{'-'.join(f'{k}={v}' for k, v in c.items())}"[:60] for a, c, _, _ in TABLE]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hostile_snapshot import assert_one_line_error, snapshot
 from hostile_sources import (
     EXPERT,
     NORM,
@@ -18,7 +19,6 @@ from hostile_sources import (
     write_checkpoint,
 )
 from moepack.convert.fingerprint import FETCH_MANIFEST, fingerprint, first_nonfinite
-from test_hostile_snapshot import assert_one_line_error, snapshot
 
 BF16_NAN, BF16_INF = b"\xc0\x7f", b"\x80\x7f"
 

@@ -9,10 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from moepack.format import Container, FormatError, plan_layout
-from moepack.format.layout import BlobSpec, ContainerSpec
-from moepack.runtime import _lib
-from test_hostile_snapshot import (
+from hostile_snapshot import (
     BLOBS,
     assert_one_line_error,
     changes,
@@ -21,7 +18,9 @@ from test_hostile_snapshot import (
     rename_blob,
     snapshot,
 )
-from test_runtime_reader import c_check
+from moepack.format import Container, FormatError, plan_layout
+from moepack.format.layout import BlobSpec, ContainerSpec
+from moepack.runtime import _lib
 
 from moepack.safefs import name_problem
 
@@ -70,7 +69,7 @@ def test_absolute_name_is_refused(lib, tmp_path: Path) -> None:
     path = _hostile(tmp_path, str(victim))
     with pytest.raises(FormatError, match=f"contains a path separator; {RULE}"):
         Container.open(path)
-    assert c_check(lib, path)[0] != 0
+    assert _lib.check_container(path).rc != 0
 
 
 @pytest.mark.parametrize("name", ["...", ".hidden", "a" * 255, "chat_template.jinja"])
@@ -78,7 +77,8 @@ def test_plain_names_stay_valid(lib, tmp_path: Path, name: str) -> None:
     path = _hostile(tmp_path, name)
     with Container.open(path) as c:
         assert name in c.blob_names()
-    assert c_check(lib, path) == (0, "")
+    c = _lib.check_container(path)
+    assert (c.rc, c.message) == (0, "")
 
 
 @pytest.mark.parametrize("name", ["../evil", "/etc/evil", ".", "..", "a\\b", "a" * 256])

@@ -10,11 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from moepack.convert.errors import ConvertError
-from moepack.convert.journal import Journal
-from moepack.format import ContainerWriter, plan_layout
-from moepack.format.layout import BlobSpec, ContainerSpec
-from test_hostile_snapshot import (
+from hostile_snapshot import (
     BLOBS,
     assert_one_line_error,
     changes,
@@ -22,6 +18,10 @@ from test_hostile_snapshot import (
     moepack,
     snapshot,
 )
+from moepack.convert.errors import ConvertError
+from moepack.convert.journal import Journal
+from moepack.format import ContainerWriter, plan_layout
+from moepack.format.layout import BlobSpec, ContainerSpec
 from tiny_models import make_checkpoint
 
 from moepack.safefs import UnsafePathError

@@ -9,10 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from moepack.convert import export as export_mod
-from moepack.convert.export import MARKER, export
-from moepack.format import Container, FormatError
-from test_hostile_snapshot import (
+from hostile_snapshot import (
     BLOBS,
     assert_one_line_error,
     changes,
@@ -22,6 +19,9 @@ from test_hostile_snapshot import (
     rename_blob,
     snapshot,
 )
+from moepack.convert import export as export_mod
+from moepack.convert.export import MARKER, export
+from moepack.format import Container, FormatError
 
 from moepack.safefs import UnsafePathError
 

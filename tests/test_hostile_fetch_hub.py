@@ -4,7 +4,7 @@ A fake hub on loopback (tests/hub_server.py) serves crafted listings; links are 
 fetch writes. Each case checks the one-line message and exit code, that no traceback shows, and
 that nothing outside the destination was created, changed or lost (`outside_state`: names,
 sizes, mtimes and content hashes of the destination's parent, the destination left out:
-test_hostile_snapshot.snapshot).
+hostile_snapshot.snapshot).
 """
 
 from __future__ import annotations
@@ -14,22 +14,15 @@ import os
 from pathlib import Path
 
 import pytest
+from hostile_snapshot import assert_one_line_error, cli, error_line, moepack, snapshot
 from hub_server import HubRepo, HubServer
 from moepack.fetch import hub_listing, space
-from test_hostile_snapshot import assert_one_line_error, cli, moepack, snapshot
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(60)]
 
 REPO = "org/hostile"
 OID = "0" * 40
 SHA = "1" * 64
-
-
-def error_line(output: str) -> str:
-    """The one `error:` line (a progress bar may precede it); fails unless exactly one."""
-    lines = [ln for ln in output.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1 and "Traceback" not in output, output
-    return lines[0]
 
 
 def entry(path: object, size: object = 5, **extra: object) -> dict:

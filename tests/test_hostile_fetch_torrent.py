@@ -2,7 +2,7 @@
 `moepack torrent create` (issue 13). Real libtorrent sessions on 127.0.0.1 only.
 
 Each case checks the one-line message and exit code, that no traceback shows, and that nothing
-outside the destination was created, changed or lost (test_hostile_snapshot.snapshot).
+outside the destination was created, changed or lost (hostile_snapshot.snapshot).
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ from pathlib import Path
 
 import libtorrent as lt
 import pytest
+from hostile_snapshot import assert_one_line_error, cli, error_line, moepack, snapshot
 from moepack.fetch import space
 from moepack.fetch.staging import STAGING_DIR
 from moepack.fetch.torrent import create_torrent, seed_in_background, write_torrent
 from moepack.fetch.torrent_source import describe, parse_torrent
 from moepack.format.synthetic import mixtral_spec, write_synthetic
-from test_hostile_fetch_hub import error_line
-from test_hostile_snapshot import assert_one_line_error, cli, moepack, snapshot
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(90)]
 

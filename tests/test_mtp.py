@@ -243,7 +243,7 @@ def test_dsa_mtp_layer_keeps_its_indexer(tmp_path, arch):
     indexer: GLM-5's published checkpoints hold `model.layers.78.self_attn.indexer.*`) is
     carried with that indexer and exported back whole; the engine's description still lists
     the decoder's layers only, and the engine runs the container as without MTP."""
-    from test_runtime_models_dsa import make_checkpoint as make_dsa_checkpoint
+    from dsa_checkpoints import make_dsa_checkpoint
 
     src = make_dsa_checkpoint(arch, tmp_path / "src", topk=8)
     cfg = json.loads((src / "config.json").read_text())

@@ -267,8 +267,8 @@ def test_convert_cli_names_a_nan_scale_in_one_line(mx_deepseek, tmp_path):
     `convert` prints one line naming file and tensor and exits 1, as for other source errors."""
     import shutil
 
+    from hostile_snapshot import assert_one_line_error
     from hostile_sources import convert_cli
-    from test_hostile_snapshot import assert_one_line_error
 
     src = tmp_path / "src"
     shutil.copytree(mx_deepseek, src)

@@ -12,6 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 from damage import flip
+from kernel_paths import KERNELS, best_kernels, cpu_has_avx2, runnable_kernels
 from moepack.runtime.engine import (
     BudgetError,
     CorruptError,
@@ -65,39 +66,19 @@ def test_logits_bit_identical_across_configurations(mixtral):
         assert np.array_equal(got, base), name
 
 
-def _cpu_flags() -> list[str]:
-    try:
-        return open("/proc/cpuinfo").read().split()
-    except OSError:
-        return []
-
-
-def _cpu_has_avx2() -> bool:
-    return all(f in _cpu_flags() for f in ("avx2", "fma", "f16c"))
-
-
-def _best_kernels() -> str:
-    """What kernels="auto" picks on this CPU."""
-    vbmi = ("avx512f", "avx512bw", "avx512vl", "avx512vbmi")
-    if _cpu_has_avx2() and all(f in _cpu_flags() for f in vbmi):
-        return "avx512vbmi"
-    return "avx2" if _cpu_has_avx2() else "scalar"
-
-
 def test_every_kernel_path_bit_identical(mixtral):
     """Each path this CPU runs, forced, gives the auto path's logits bit for bit; a path it
     cannot run is refused at open."""
     toks = _tokens(24, seed=4)
     with Engine(mixtral, threads=2) as e:
-        assert e.kernels == _best_kernels() and e.stats()["kernels"] == e.kernels
+        assert e.kernels == best_kernels() and e.stats()["kernels"] == e.kernels
         base = e.logits(toks)
-    order = ["scalar", "avx2", "avx512vbmi"]
-    for name in order[:order.index(_best_kernels()) + 1]:
+    for name in runnable_kernels():
         for threads in (1, 2):
             with Engine(mixtral, threads=threads, kernels=name) as e:
                 assert e.kernels == name
                 assert np.array_equal(e.logits(toks), base), (name, threads)
-    for name in order[order.index(_best_kernels()) + 1:]:
+    for name in KERNELS[len(runnable_kernels()):]:
         with pytest.raises(EngineError, match="cannot run"):
             Engine(mixtral, kernels=name)
     with pytest.raises(ValueError):
@@ -110,10 +91,10 @@ def test_kernel_choice_is_per_engine(mixtral):
     compute."""
     import threading
 
-    if not _cpu_has_avx2():
+    if not cpu_has_avx2():
         pytest.skip("CPU without AVX2/FMA/F16C: every engine uses the scalar kernels")
     toks = _tokens(40, seed=9)
-    best = _best_kernels()
+    best = best_kernels()
     with Engine(mixtral, threads=1) as a:
         assert a.kernels == best
         base = a.logits(toks)

@@ -18,55 +18,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from dsa_checkpoints import DSA_COMMON, DSA_FAMILIES, dsa_config, make_dsa_checkpoint
+from kernel_paths import runnable_kernels
+from model_refusals import c_refusal, reseal_model
 from moepack.format.reader import Container
 from moepack.runtime.engine import Engine
-from test_runtime_models import use_spec_expert_numerics
-from tiny_models import write_tokenizer
+from spec_experts import use_spec_expert_numerics
 
 N_POS = 80
 CHUNK = 16
-# awkward sizes: hidden 36 (partial 8-vectors), indexer head dim 12 with 4 rotated dims,
-# 5 experts in one group... top-k 3; a dense first layer
-_COMMON = dict(vocab_size=67, hidden_size=36, intermediate_size=24, moe_intermediate_size=12,
-               num_attention_heads=4, num_key_value_heads=4, n_routed_experts=6,
-               n_shared_experts=1, num_experts_per_tok=3, n_group=2, topk_group=1,
-               first_k_dense_replace=1, q_lora_rank=10, kv_lora_rank=8, qk_nope_head_dim=4,
-               qk_rope_head_dim=4, v_head_dim=6, index_n_heads=16, index_head_dim=12,
-               max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
-               tie_word_embeddings=False)
-FAMILIES = {
-    # every layer runs its indexer; the indexer's RoPE is half-split (rotate-half)
-    "deepseek_v32": dict(num_hidden_layers=3),
-    # interleaved indexer RoPE; layers 1 and 2 reuse layer 0's selection, layer 3 its own
-    "glm_moe_dsa": dict(num_hidden_layers=4, index_topk_pattern="FSSF", routed_scaling_factor=1.5),
-}
 TOPK = {"sparse": 8, "dense": 128}
-
-
-def _config(arch: str, topk: int):
-    from transformers import DeepseekV32Config, GlmMoeDsaConfig
-
-    cls = {"deepseek_v32": DeepseekV32Config, "glm_moe_dsa": GlmMoeDsaConfig}[arch]
-    return cls(**_COMMON, **FAMILIES[arch], index_topk=topk)
-
-
-def make_checkpoint(arch: str, out, topk: int, seed: int = 0, flat_index: bool = False):
-    """Random weights (seed 0, whatever topk: the two regimes share them) with random norms;
-    flat_index: the indexer's head weights zero, so every index score ties at 0."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_config(arch, topk))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(torch.randn_like(p) * 0.1)
-        for name, p in model.named_parameters():
-            if flat_index and "indexer.weights_proj" in name:
-                p.zero_()
-    model.save_pretrained(out, max_shard_size="24KB")
-    write_tokenizer(out, int(model.config.vocab_size))
-    return out
 
 
 _BUILT: dict[tuple[str, str], Path] = {}
@@ -80,14 +41,14 @@ def built(tmp_path_factory, arch: str, regime: str) -> Path:
 
     if (arch, regime) not in _BUILT:
         d = tmp_path_factory.mktemp(f"{arch}_{regime}")
-        make_checkpoint(arch, d / "src", TOPK[regime])
+        make_dsa_checkpoint(arch, d / "src", TOPK[regime])
         convert(d / "src", d / "m.moepack", Settings())
         export(d / "m.moepack", d / "hf")
         _BUILT[arch, regime] = d
     return _BUILT[arch, regime]
 
 
-@pytest.fixture(scope="module", params=[(a, r) for a in FAMILIES for r in TOPK],
+@pytest.fixture(scope="module", params=[(a, r) for a in DSA_FAMILIES for r in TOPK],
                 ids=lambda p: "-".join(p))
 def model(request, tmp_path_factory):
     from transformers import AutoModelForCausalLM
@@ -160,7 +121,7 @@ def test_truncate_and_continue_equals_one_pass(model):
     np.testing.assert_array_equal(last, full[-1])
 
 
-@pytest.mark.parametrize("arch", list(FAMILIES))
+@pytest.mark.parametrize("arch", list(DSA_FAMILIES))
 def test_sparse_equals_dense_within_topk(tmp_path_factory, arch):
     """Same weights, index_topk 8 vs 128: positions 0..7 (context <= 8) give the same bits;
     later positions differ, so the selection is really used."""
@@ -182,15 +143,15 @@ def test_plan_counts_the_indexer_key_cache(tmp_path_factory, kv, entry):
 
     path = built(tmp_path_factory, "glm_moe_dsa", "sparse") / "m.moepack"
     got = plan(str(path), ctx=64, kv=kv)
-    latent = _COMMON["kv_lora_rank"] + _COMMON["qk_rope_head_dim"]
-    assert got["kv_bytes"] == 64 * entry * (4 * latent + 2 * _COMMON["index_head_dim"])
+    latent = DSA_COMMON["kv_lora_rank"] + DSA_COMMON["qk_rope_head_dim"]
+    assert got["kv_bytes"] == 64 * entry * (4 * latent + 2 * DSA_COMMON["index_head_dim"])
     assert got["kv_token_bytes"] * 64 == got["kv_bytes"]
 
 
 def _described(arch: str, **change):
     from moepack.convert.plan import described
 
-    cfg = _config(arch, 8).to_dict()
+    cfg = dsa_config(arch, 8).to_dict()
     cfg["architectures"] = [{"deepseek_v32": "DeepseekV32ForCausalLM",
                              "glm_moe_dsa": "GlmMoeDsaForCausalLM"}[arch]]
     for key in ("indexer_types", "index_topk_pattern"):  # derived again from `change`
@@ -204,7 +165,7 @@ def _described(arch: str, **change):
 def test_glm_indexer_types_as_transformers_derives_them(source):
     from transformers import GlmMoeDsaConfig
 
-    kw = {**_COMMON, "num_hidden_layers": 4, **source}
+    kw = {**DSA_COMMON, "num_hidden_layers": 4, **source}
     want = GlmMoeDsaConfig(**kw).indexer_types
     assert _described("glm_moe_dsa", **source).model["attention"]["dsa"]["indexer_types"] == want
 
@@ -239,7 +200,6 @@ DSA_TABLE = [
 @pytest.mark.parametrize("change,field", DSA_TABLE, ids=[f for _, f in DSA_TABLE])
 def test_both_validators_refuse_bad_dsa(tmp_path, change, field):
     from moepack.format.model_desc import ModelDescError, validate_model
-    from test_hostile_config_rules import _c_refusal, _reseal_model
 
     adapter = _described("deepseek_v32")
     model = json.loads(json.dumps(adapter.model))
@@ -247,40 +207,36 @@ def test_both_validators_refuse_bad_dsa(tmp_path, change, field):
     with pytest.raises(ModelDescError) as d:
         validate_model(model)
     assert d.value.field == field
-    msg = _c_refusal(_reseal_model(tmp_path, model, adapter.config))
+    msg = c_refusal(reseal_model(tmp_path, model, adapter.config))
     assert f"manifest.model: {field}" in msg, msg
 
 
 def test_dsa_needs_a_q_lora(tmp_path):
     from moepack.format.model_desc import ModelDescError, validate_model
-    from test_hostile_config_rules import _c_refusal, _reseal_model
 
     adapter = _described("deepseek_v32")
     model = json.loads(json.dumps(adapter.model))
     model["attention"]["q_lora_rank"] = None
     with pytest.raises(ModelDescError, match="attention.dsa"):
         validate_model(model)
-    assert "attention.dsa needs attention.q_lora_rank" in _c_refusal(
-        _reseal_model(tmp_path, model, adapter.config))
+    assert "attention.dsa needs attention.q_lora_rank" in c_refusal(
+        reseal_model(tmp_path, model, adapter.config))
 
 
-@pytest.mark.parametrize("arch", list(FAMILIES))
+@pytest.mark.parametrize("arch", list(DSA_FAMILIES))
 def test_every_kernel_path_bit_identical(tmp_path_factory, arch):
     """The indexer's projections go through the same kernels as the trunk: every path this CPU
     runs gives the auto path's logits bit for bit (sparse regime, 40 positions)."""
-    from test_runtime_engine import _best_kernels
-
     path = str(built(tmp_path_factory, arch, "sparse") / "m.moepack")
     toks = _tokens(40, 6)
     with Engine(path, threads=2, chunk=CHUNK) as e:
         base = e.logits(toks)
-    order = ["scalar", "avx2", "avx512vbmi"]
-    for name in order[:order.index(_best_kernels()) + 1]:
+    for name in runnable_kernels():
         with Engine(path, threads=1, chunk=CHUNK, kernels=name) as e:
             np.testing.assert_array_equal(e.logits(toks), base, err_msg=name)
 
 
-@pytest.mark.parametrize("arch", list(FAMILIES))
+@pytest.mark.parametrize("arch", list(DSA_FAMILIES))
 def test_native_names_are_what_save_pretrained_writes(tmp_path_factory, arch):
     """Every tensor save_pretrained wrote is one the adapter maps (the indexer's included, on
     full layers only), and nothing else: export writes these names back."""
@@ -304,7 +260,7 @@ def test_ties_select_the_lowest_positions(tmp_path):
     from moepack.convert.pipeline import convert
     from moepack.convert.settings import Settings
 
-    make_checkpoint("deepseek_v32", tmp_path / "src", 8, flat_index=True)
+    make_dsa_checkpoint("deepseek_v32", tmp_path / "src", 8, flat_index=True)
     convert(tmp_path / "src", tmp_path / "m.moepack", Settings())
     a, b = _tokens(40, 7), _tokens(40, 8)
     b[:8], b[-1] = a[:8], a[-1]

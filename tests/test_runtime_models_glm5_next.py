@@ -20,31 +20,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from dsa_checkpoints import (
+    GLM5_KPOOL,
+    GLM5_LIMIT,
+    GLM5_MODELS,
+    GLM5_SEEDS,
+    GLM5_TEXT,
+    GLM5_TOPK,
+    glm5_next_config,
+    make_glm5_next_checkpoint,
+)
 from moepack.convert.adapters import adapter_for
 from moepack.convert.errors import SourceError
 from moepack.format.model_desc import ModelDescError, validate_model
 from moepack.format.reader import Container
 from tiny_models import write_tokenizer
-
-_TEXT = dict(vocab_size=67, hidden_size=36, intermediate_size=24, moe_intermediate_size=12,
-             num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-             n_routed_experts=6, n_shared_experts=1, num_experts_per_tok=3, n_group=2,
-             topk_group=1, q_lora_rank=10, kv_lora_rank=8, qk_nope_head_dim=6,
-             qk_rope_head_dim=0, v_head_dim=6, index_n_heads=4, index_head_dim=12,
-             index_topk=8, index_kpool=4, linear_num_heads=2, linear_head_dim=10,
-             hc_mult=4, hc_sinkhorn_iters=7, max_position_embeddings=128,
-             mlp_layer_types=["dense", "sparse", "sparse", "sparse"], swiglu_limit=0.5,
-             linear_lower_bound=-3.0, routed_scaling_factor=1.5, pad_token_id=0,
-             layer_types=["linear_attention", "indexed_attention"] * 2,
-             index_topk_pattern="FFSF")
-_VISION = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16, out_hidden_size=36,
-               projection_intermediate_size=16)
-
-
-def _config(**text):
-    from transformers import Glm5NextConfig
-
-    return Glm5NextConfig(text_config={**_TEXT, **text}, vision_config=_VISION)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +47,7 @@ def built(tmp_path_factory) -> Path:
 
     d = tmp_path_factory.mktemp("glm5_next")
     torch.manual_seed(0)
-    model = Glm5NextForConditionalGeneration(_config())
+    model = Glm5NextForConditionalGeneration(glm5_next_config())
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 1:
@@ -166,57 +156,12 @@ def test_in_memory_names_give_the_same_container(built, tmp_path):
 
 
 N_POS, CHUNK = 80, 16
-LIMIT = 0.03  # the engine models' swiglu_limit: most dense/shared gate and up values clamp
-KPOOL = 3
-# the hybrid's index_topk: sparse keeps 4 pools of 3 (from position 14 on a query attends to 12
-# selected positions plus its tail); dense: 32 pools cover every context these tests feed
-TOPK = {"sparse": 12, "dense": 96}
-ENGINE_MODELS = {
-    # all four layers KDA: hyper-connections, clamped SwiGLU (LIMIT, so it bites), the bounded
-    # decay gate
-    "kda_only": dict(layer_types=["linear_attention"] * 4, index_topk_pattern=None,
-                     indexer_types=["full"] * 4),
-    **{f"hybrid_{regime}": dict(
-        num_hidden_layers=5, mlp_layer_types=["dense"] + ["sparse"] * 4,
-        layer_types=["linear_attention", "indexed_attention", "indexed_attention",
-                     "linear_attention", "indexed_attention"],
-        index_topk_pattern="FFSFF", index_n_heads=16, index_kpool=KPOOL, index_topk=topk)
-       for regime, topk in TOPK.items()},
-}
-SEEDS = {"kda_only": 1, "hybrid_sparse": 2, "hybrid_dense": 2}  # both regimes: one set of weights
-
-
-def make_checkpoint(src: Path, seed: int, flat_index: bool = False, **text) -> Path:
-    """A checkpoint of `_config(swiglu_limit=LIMIT, **text)` written to `src` (random norm
-    weights, a random k-pool gate and position embedding); flat_index: the indexer's head
-    weights zero, so every pool scores 0."""
-    from transformers import Glm5NextForConditionalGeneration
-
-    torch.manual_seed(seed)
-    model = Glm5NextForConditionalGeneration(_config(swiglu_limit=LIMIT, **text))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.add_(torch.randn_like(p) * 0.1)
-            elif "index_kpool_compress" in name:  # transformers' init: ape 0, gate all ones
-                p.copy_(torch.randn_like(p) * 0.5)
-            elif flat_index and "indexer.weights_proj" in name:
-                p.zero_()
-    model.save_pretrained(src)
-    write_tokenizer(src, 67)
-    return src
-
-
-def make_hybrid_checkpoint(src: Path) -> Path:
-    """The sparse hybrid (tests/tiny_containers.py's glm5_next)."""
-    return make_checkpoint(src, SEEDS["hybrid_sparse"], **ENGINE_MODELS["hybrid_sparse"])
-
-
 def _converted(d: Path, seed: int, flat_index: bool = False, **text) -> Path:
     from moepack.convert.pipeline import convert
     from moepack.convert.settings import Settings
 
-    convert(make_checkpoint(d / "src", seed, flat_index, **text), d / "m.moepack", Settings())
+    convert(make_glm5_next_checkpoint(d / "src", seed, flat_index, **text), d / "m.moepack",
+            Settings())
     return d / "m.moepack"
 
 
@@ -224,7 +169,7 @@ _ENGINE_BUILT: dict[str, tuple[Path, torch.nn.Module]] = {}
 
 
 def engine_model(tmp_path_factory, name: str) -> tuple[Path, torch.nn.Module]:
-    """ENGINE_MODELS[name] converted and exported once per session, and transformers' reference
+    """GLM5_MODELS[name] converted and exported once per session, and transformers' reference
     (float64) on the export with its routed experts computed from the stored codes."""
     from moepack.convert.export import export
     from spec_experts import LayerExperts
@@ -232,7 +177,7 @@ def engine_model(tmp_path_factory, name: str) -> tuple[Path, torch.nn.Module]:
 
     if name not in _ENGINE_BUILT:
         d = tmp_path_factory.mktemp(f"glm5_next_{name}")
-        path = _converted(d, SEEDS[name], **ENGINE_MODELS[name])
+        path = _converted(d, GLM5_SEEDS[name], **GLM5_MODELS[name])
         export(path, d / "hf")
         # float64: on these random weights transformers' own f32 pass is off its f64 pass by
         # up to 6e-5 of the largest logit at a few positions (docs/LEARNED.md), too close to
@@ -242,12 +187,13 @@ def engine_model(tmp_path_factory, name: str) -> tuple[Path, torch.nn.Module]:
         with Container.open(path) as c:
             for i, layer in enumerate(ref.model.language_model.layers):
                 if hasattr(layer.mlp, "experts"):
-                    layer.mlp.experts.forward = _clamped_spec_experts(LayerExperts(c, i), LIMIT)
+                    layer.mlp.experts.forward = _clamped_spec_experts(LayerExperts(c, i),
+                                                                      GLM5_LIMIT)
         _ENGINE_BUILT[name] = path, ref
     return _ENGINE_BUILT[name]
 
 
-@pytest.fixture(scope="module", params=list(ENGINE_MODELS))
+@pytest.fixture(scope="module", params=list(GLM5_MODELS))
 def model(request, tmp_path_factory):
     return engine_model(tmp_path_factory, request.param)
 
@@ -348,11 +294,11 @@ def test_sparse_equals_dense_within_topk(tmp_path_factory):
 
     toks = _tokens(N_POS, 5)
     got = {}
-    for regime in TOPK:
+    for regime in GLM5_TOPK:
         with Engine(str(engine_model(tmp_path_factory, f"hybrid_{regime}")[0]), threads=2,
                     chunk=CHUNK) as e:
             got[regime] = e.logits(toks)
-    dense_end = (TOPK["sparse"] // KPOOL + 1) * KPOOL - 1
+    dense_end = (GLM5_TOPK["sparse"] // GLM5_KPOOL + 1) * GLM5_KPOOL - 1
     np.testing.assert_array_equal(got["sparse"][:dense_end], got["dense"][:dense_end])
     assert np.abs(got["sparse"][dense_end:] - got["dense"][dense_end:]).max() > 1e-3
 
@@ -366,7 +312,7 @@ def test_plan_counts_the_indexer_caches(tmp_path_factory, kv, entry):
 
     path, _ = engine_model(tmp_path_factory, "hybrid_sparse")
     got = plan(str(path), ctx=64, kv=kv)
-    per_token = entry * (3 * _TEXT["kv_lora_rank"] + 2 * 2 * _TEXT["index_head_dim"])
+    per_token = entry * (3 * GLM5_TEXT["kv_lora_rank"] + 2 * 2 * GLM5_TEXT["index_head_dim"])
     assert got["kv_token_bytes"] == per_token
     assert got["kv_bytes"] == 64 * per_token + got["state_bytes"] > 64 * per_token
 
@@ -381,7 +327,8 @@ def test_equal_pool_scores_keep_the_lowest_pools(tmp_path):
     path = _converted(tmp_path, 3, flat_index=True, num_hidden_layers=2,
                        mlp_layer_types=["dense", "sparse"], index_topk_pattern=None,
                        layer_types=["indexed_attention"] * 2, indexer_types=["full"] * 2,
-                       index_n_heads=16, index_kpool=KPOOL, index_topk=TOPK["sparse"])
+                       index_n_heads=16, index_kpool=GLM5_KPOOL,
+                       index_topk=GLM5_TOPK["sparse"])
     a, b = _tokens(40, 7), _tokens(40, 8)
     b[:12], b[-1] = a[:12], a[-1]
     with Engine(str(path), threads=2, chunk=CHUNK) as e:
@@ -391,7 +338,7 @@ def test_equal_pool_scores_keep_the_lowest_pools(tmp_path):
 
 
 def _adapter(**text) -> object:
-    cfg = _config(**text).to_dict()
+    cfg = glm5_next_config(**text).to_dict()
     cfg["architectures"] = ["Glm5NextForConditionalGeneration"]
     return adapter_for(cfg)
 
@@ -405,7 +352,7 @@ def _adapter(**text) -> object:
     (dict(hc_sinkhorn_iters=0), "'text_config.hc_sinkhorn_iters' must be an integer in 1..1000"),
 ])
 def test_bad_source_config_is_refused_in_one_line(text, words):
-    cfg = _config().to_dict()
+    cfg = glm5_next_config().to_dict()
     cfg["architectures"] = ["Glm5NextForConditionalGeneration"]
     cfg["text_config"].update(text)
     if "index_topk_pattern" in text:
@@ -472,7 +419,7 @@ def test_both_validators_refuse_bad_pools_and_shared_layers(tmp_path, change, fi
     with pytest.raises(ModelDescError) as d:
         validate_model(m)
     assert d.value.field == field
-    msg = c_refusal(reseal_model(tmp_path, m, _config().to_dict()))
+    msg = c_refusal(reseal_model(tmp_path, m, glm5_next_config().to_dict()))
     assert f"manifest.model: {field}" in msg and "\n" not in msg, msg
 
 
@@ -484,5 +431,5 @@ def test_engine_refuses_pools_without_the_tail_in_one_line(tmp_path):
     m = _good()
     m["attention"]["dsa"]["kpool_select_tail"] = False
     validate_model(m)
-    msg = c_refusal(reseal_model(tmp_path, m, _config().to_dict()))
+    msg = c_refusal(reseal_model(tmp_path, m, glm5_next_config().to_dict()))
     assert "kpool_select_tail false is not supported" in msg and "\n" not in msg, msg

@@ -26,12 +26,9 @@ import pytest
 from moepack.format import Container, FormatError
 from moepack.format.errors import CODES
 from moepack.runtime import _lib
+from spec_vectors import INVALID, VALID
 
 ROOT = Path(__file__).resolve().parents[1]
-VECTORS = ROOT / "spec" / "vectors"
-VALID = sorted((VECTORS / "valid").glob("*.moepack"))
-INVALID = sorted((VECTORS / "invalid").glob("*.moepack"))
-
 
 @pytest.fixture(scope="module")
 def lib():

@@ -3,10 +3,8 @@ invalid one is rejected with its expected error (the C runtime runs the same fil
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,21 +12,10 @@ import pytest
 from moepack.format import Container, FormatError
 from moepack.format.errors import CODES
 from moepack.format.info import container_info
+from spec_vectors import INVALID, VALID, VECTORS, load_generator
 from typer.testing import CliRunner
 
 from moepack.cli import app
-
-VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
-VALID = sorted((VECTORS / "valid").glob("*.moepack"))
-INVALID = sorted((VECTORS / "invalid").glob("*.moepack"))
-
-
-def load_generator():
-    spec = importlib.util.spec_from_file_location("make_vectors", VECTORS / "make_vectors.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_vectors", module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_regenerating_gives_identical_bytes(tmp_path: Path) -> None:

@@ -12,10 +12,7 @@ from pathlib import Path
 import pytest
 from moepack.format import Container
 from moepack.verify import verify
-
-VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
-VALID = sorted((VECTORS / "valid").glob("*.moepack"))
-INVALID = sorted((VECTORS / "invalid").glob("*.moepack"))
+from spec_vectors import INVALID, VALID, VECTORS
 
 # Invalid vectors that verify classifies as damage (exit 1) rather than "not verifiable".
 AS_DAMAGE = {

@@ -18,7 +18,7 @@ def tiny_source(arch: str, src: Path) -> Path:
     if arch in ARCHS:  # Kimi K2.5 with INT4 pack-quantized experts, as published
         return make_checkpoint(arch, src, **({"int4_group": 4} if arch == "kimi_k25" else {}))
     if arch in DSA_ARCHS:  # index_topk 8: sparse from position 8 on
-        from test_runtime_models_dsa import make_checkpoint as make_dsa_checkpoint
+        from dsa_checkpoints import make_dsa_checkpoint
 
         return make_dsa_checkpoint(arch, src, topk=8)
     if arch == "kimi_k3":
@@ -26,7 +26,7 @@ def tiny_source(arch: str, src: Path) -> Path:
 
         return make_k3_checkpoint(src)
     if arch == "glm5_next":  # KDA + k-pool DSA (shared layer too), sparse from position 14 on
-        from test_runtime_models_glm5_next import make_hybrid_checkpoint
+        from dsa_checkpoints import make_hybrid_checkpoint
 
         return make_hybrid_checkpoint(src)
     raise ValueError(f"no tiny checkpoint for {arch!r}")

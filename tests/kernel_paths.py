@@ -1,0 +1,30 @@
+"""The engine's kernel paths (runtime/src/kernels.h) and which this CPU runs, for the tests that
+force each path (tests/test_runtime_engine.py, tests/test_runtime_models_dsa.py)."""
+
+from __future__ import annotations
+
+KERNELS = ("scalar", "avx2", "avx512vbmi")   # each needs all the features the one before needs
+
+
+def cpu_flags() -> list[str]:
+    try:
+        return open("/proc/cpuinfo").read().split()
+    except OSError:
+        return []
+
+
+def cpu_has_avx2() -> bool:
+    return all(f in cpu_flags() for f in ("avx2", "fma", "f16c"))
+
+
+def best_kernels() -> str:
+    """What kernels="auto" picks on this CPU."""
+    vbmi = ("avx512f", "avx512bw", "avx512vl", "avx512vbmi")
+    if cpu_has_avx2() and all(f in cpu_flags() for f in vbmi):
+        return "avx512vbmi"
+    return "avx2" if cpu_has_avx2() else "scalar"
+
+
+def runnable_kernels() -> tuple[str, ...]:
+    """The paths this CPU runs, scalar first."""
+    return KERNELS[:KERNELS.index(best_kernels()) + 1]
