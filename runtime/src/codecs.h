@@ -1,11 +1,13 @@
 /* The engine's one definition of each codec (spec/FORMAT.md §8, spec/CODECS.md), like ggml's
  * type_traits: a trait table entry per codec holds its name, allowed keys, field checks and size
  * rule.  The container parses every codec object once, at open, into an mp_codec_info (the typed
- * description the model and the kernels use; nothing re-reads the JSON).  The kernels dispatch on
- * `kind` inside each instruction set's table (kernels.h), since a kernel is per codec and ISA.
- * Python's twin is moepack.format.codecs.CODECS; messages are the same texts.
+ * description the model and the kernels use; nothing re-reads the JSON).  A kernel is per codec
+ * and instruction set, so each instruction set's kernel table (kernels_impl.h) holds one function
+ * per trunk codec, indexed by `kind`, as ggml's type_traits_cpu does per type; no kernel branches
+ * on the codec.  Python's twin is moepack.format.codecs.CODECS; messages are the same texts.
  *
- * Adding a codec: a kind below, its entry in codecs.c, its row kernels in kernels*.c. */
+ * Adding a trunk codec: a kind below (before MP_CODEC_RVQ), its entry in codecs.c, its row
+ * product and row decode in each kernels*.c table. */
 #ifndef MP_CODECS_H
 #define MP_CODECS_H
 

@@ -119,51 +119,59 @@ static float red8(const float l[8]) {
 }
 float mpk_red8(const float l[8]) { return red8(l); }
 
-static float s_row_dot(const mpk_mat *w, int64_t r, const float *x) {
+/* Per-codec scalar row products (row_dot's order: lanes of element mod 8, separate multiply and
+ * add, red8; grouped codecs scale each group's red8 and add the groups in order). */
+static float s_dot_f32(const mpk_mat *w, int64_t r, const float *x) {
     float l[8] = {0};
-    int64_t n = w->cols;
-    if (w->codec == MP_CODEC_F32) {
-        const float *row = (const float *)w->data + r * n;
-        for (int64_t c = 0; c < n; c++) l[c & 7] += row[c] * x[c];
-        return red8(l);
-    }
-    if (w->codec == MP_CODEC_F16 || w->codec == MP_CODEC_BF16) {
-        const uint8_t *row = w->data + (size_t)(r * n) * 2;
-        for (int64_t c = 0; c < n; c++) {
-            uint16_t h = ld16(row + 2 * c);
-            float v = w->codec == MP_CODEC_F16 ? mpk_f16_to_f32(h) : mpk_bf16_to_f32(h);
-            l[c & 7] += v * x[c];
-        }
-        return red8(l);
-    }
-    /* grouped codecs: per-group lanes, scaled, summed over groups in order */
-    const int64_t G = w->group, ng = w->ngroups;
+    const float *row = (const float *)w->data + r * w->cols;
+    for (int64_t c = 0; c < w->cols; c++) l[c & 7] += row[c] * x[c];
+    return red8(l);
+}
+
+static float dot_16(const mpk_mat *w, int64_t r, const float *x, float (*cvt)(uint16_t)) {
+    float l[8] = {0};
+    const uint8_t *row = w->data + (size_t)(r * w->cols) * 2;
+    for (int64_t c = 0; c < w->cols; c++) l[c & 7] += cvt(ld16(row + 2 * c)) * x[c];
+    return red8(l);
+}
+static float s_dot_f16(const mpk_mat *w, int64_t r, const float *x) { return dot_16(w, r, x, mpk_f16_to_f32); }
+static float s_dot_bf16(const mpk_mat *w, int64_t r, const float *x) { return dot_16(w, r, x, mpk_bf16_to_f32); }
+
+static float s_dot_q8(const mpk_mat *w, int64_t r, const float *x) {
+    const int64_t G = w->group, ng = w->ngroups, n = w->cols;
     const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
+    const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
     float acc = 0.0f;
-    if (w->codec == MP_CODEC_Q8) {
-        const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
-        for (int64_t g = 0; g < ng; g++) {
-            int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
-            float gl[8] = {0};
-            for (int64_t c = c0; c < c1; c++) gl[(c - c0) & 7] += (float)q[c] * x[c];
-            acc += mpk_f16_to_f32(ld16(sc + 2 * g)) * red8(gl);
-        }
-        return acc;
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
+        float gl[8] = {0};
+        for (int64_t c = c0; c < c1; c++) gl[(c - c0) & 7] += (float)q[c] * x[c];
+        acc += mpk_f16_to_f32(ld16(sc + 2 * g)) * red8(gl);
     }
-    if (w->codec == MP_CODEC_Q6) {
-        const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
-        for (int64_t g = 0; g < ng; g++) {
-            int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
-            float gl[8] = {0};
-            for (int64_t c = c0; c < c1; c++) gl[(c - c0) & 7] += (float)(q6_code(q, c) - 32) * x[c];
-            acc += mpk_f16_to_f32(ld16(sc + 2 * g)) * red8(gl);
-        }
-        return acc;
+    return acc;
+}
+
+static float s_dot_q6(const mpk_mat *w, int64_t r, const float *x) {
+    const int64_t G = w->group, ng = w->ngroups, n = w->cols;
+    const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
+    const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
+    float acc = 0.0f;
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
+        float gl[8] = {0};
+        for (int64_t c = c0; c < c1; c++) gl[(c - c0) & 7] += (float)(q6_code(q, c) - 32) * x[c];
+        acc += mpk_f16_to_f32(ld16(sc + 2 * g)) * red8(gl);
     }
-    /* MP_CODEC_Q4 */
+    return acc;
+}
+
+static float s_dot_q4(const mpk_mat *w, int64_t r, const float *x) {
+    const int64_t G = w->group, ng = w->ngroups, n = w->cols;
+    const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
     const size_t planes = w->zero_point ? 2 : 1;
     const uint8_t *mins = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
     const uint8_t *q = w->data + planes * (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 2;
+    float acc = 0.0f;
     for (int64_t g = 0; g < ng; g++) {
         int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
         float gl[8] = {0}, xl[8] = {0};
@@ -178,6 +186,10 @@ static float s_row_dot(const mpk_mat *w, int64_t r, const float *x) {
     }
     return acc;
 }
+
+static const mpk_row_dot_fn s_row_dots[MPK_TRUNK_CODECS] = {
+    [MP_CODEC_F32] = s_dot_f32, [MP_CODEC_F16] = s_dot_f16, [MP_CODEC_BF16] = s_dot_bf16,
+    [MP_CODEC_Q8] = s_dot_q8,   [MP_CODEC_Q6] = s_dot_q6,   [MP_CODEC_Q4] = s_dot_q4};
 
 /* §3.5 steps 1-2, literally.  T is kept for the group (32 KiB) because q needs the group's max. */
 static void s_rvq_tables(const float *cbt, const float *x, mpk_rvq_tab *t, int64_t g, int st) {
@@ -280,7 +292,7 @@ static void s_rvq_tb(const mpk_rvq *w, const int8_t *tt, const float *d, int64_t
 
 /* rvq_tb_min: the block path from 4 inputs (the scalar code is the numerics' reference, not a
  * speed path: a low threshold keeps the block code exercised by the same tests) */
-const mpk_impl mpk_scalar_impl = {.name = "scalar", .row_dot = s_row_dot, .rvq_tables = s_rvq_tables,
+const mpk_impl mpk_scalar_impl = {.name = "scalar", .row_dot = s_row_dots, .rvq_tables = s_rvq_tables,
                                  .rvq_tiles = s_rvq_tiles, .rvq_acc = s_rvq_acc, .rvq_unperm = s_rvq_unperm,
                                  .rvq_tb_pack = mpk_scalar_rvq_tb_pack, .rvq_tb = s_rvq_tb, .rvq_tb_min = 4};
 
@@ -314,78 +326,84 @@ uint64_t mpk_mat_nbytes(const mpk_mat *m) {
 }
 
 float mpk_row_dot(const mpk_impl *k, const mpk_mat *w, int64_t r, const float *x) {
-    return impl_or_scalar(k)->row_dot(w, r, x);
+    return impl_or_scalar(k)->row_dot[w->codec](w, r, x);
+}
+
+/* Per-codec row decodes: a row's values (mpk_row), and its stored numbers as row_dot multiplies
+ * them with the group scales and q4 minimums apart (mpk_row_codes, what mm_rows multiplies). */
+static const uint8_t *q8_row(const mpk_mat *w, int64_t r) {
+    return w->data + (size_t)(w->rows * w->ngroups) * 2 + (size_t)(r * w->cols_p);
+}
+static const uint8_t *q6_row(const mpk_mat *w, int64_t r) {
+    return w->data + (size_t)(w->rows * w->ngroups) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
+}
+static const uint8_t *q4_row(const mpk_mat *w, int64_t r) {
+    return w->data + (w->zero_point ? 2u : 1u) * (size_t)(w->rows * w->ngroups) * 2 + (size_t)(r * w->cols_p) / 2;
+}
+void mpk_group_scales(const mpk_mat *w, int64_t r, float *sc, float *mn) {
+    if (!sc) return; /* mpk_row applies the scales itself */
+    const int64_t ng = w->ngroups;
+    const uint8_t *s = w->data + (size_t)(r * ng) * 2, *m = s + (size_t)(w->rows * ng) * 2;
+    for (int64_t g = 0; g < ng; g++) sc[g] = mpk_f16_to_f32(ld16(s + 2 * g));
+    if (mn && w->zero_point)
+        for (int64_t g = 0; g < ng; g++) mn[g] = mpk_f16_to_f32(ld16(m + 2 * g));
+}
+
+static void codes_f32(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
+    (void)sc, (void)mn;
+    memcpy(out, (const float *)w->data + r * w->cols, (size_t)w->cols * 4);
+}
+static void codes_f16(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
+    (void)sc, (void)mn;
+    for (int64_t c = 0; c < w->cols; c++) out[c] = mpk_f16_to_f32(ld16(w->data + (size_t)(r * w->cols + c) * 2));
+}
+static void codes_bf16(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
+    (void)sc, (void)mn;
+    for (int64_t c = 0; c < w->cols; c++) out[c] = mpk_bf16_to_f32(ld16(w->data + (size_t)(r * w->cols + c) * 2));
+}
+static void codes_q8(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
+    const int8_t *q = (const int8_t *)q8_row(w, r);
+    for (int64_t c = 0; c < w->cols; c++) out[c] = (float)q[c];
+    mpk_group_scales(w, r, sc, mn);
+}
+static void codes_q6(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
+    const uint8_t *q = q6_row(w, r);
+    for (int64_t c = 0; c < w->cols; c++) out[c] = (float)(q6_code(q, c) - 32);
+    mpk_group_scales(w, r, sc, mn);
+}
+static void codes_q4(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
+    const uint8_t *q = q4_row(w, r);
+    for (int64_t c = 0; c < w->cols; c++) {
+        int nib = (q[c >> 1] >> ((c & 1) * 4)) & 15;
+        out[c] = (float)(w->zero_point ? nib : nib - 8);
+    }
+    mpk_group_scales(w, r, sc, mn);
+}
+
+static const mpk_row_codes_fn row_codes[MPK_TRUNK_CODECS] = {
+    [MP_CODEC_F32] = codes_f32, [MP_CODEC_F16] = codes_f16, [MP_CODEC_BF16] = codes_bf16,
+    [MP_CODEC_Q8] = codes_q8,   [MP_CODEC_Q6] = codes_q6,   [MP_CODEC_Q4] = codes_q4};
+
+void mpk_row_codes(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
+    row_codes[w->codec](w, r, out, sc, mn);
 }
 
 void mpk_row(const mpk_mat *w, int64_t r, float *out) {
-    /* Decode by dotting with unit vectors would be slow; decode directly. */
-    const int64_t n = w->cols;
-    switch (w->codec) {
-    case MP_CODEC_F32: memcpy(out, (const float *)w->data + r * n, (size_t)n * 4); return;
-    case MP_CODEC_F16:
-    case MP_CODEC_BF16:
-        for (int64_t c = 0; c < n; c++) {
-            uint16_t h = ld16(w->data + (size_t)(r * n + c) * 2);
-            out[c] = w->codec == MP_CODEC_F16 ? mpk_f16_to_f32(h) : mpk_bf16_to_f32(h);
-        }
-        return;
-    }
+    row_codes[w->codec](w, r, out, NULL, NULL);
+    if (!w->group) return; /* float codecs: the codes are the values */
+    /* grouped: code x scale (+ minimum), as the reference decode; the scales of one group at a
+     * time (the row's full set can be large) */
     const int64_t G = w->group, ng = w->ngroups;
-    const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
-    if (w->codec == MP_CODEC_Q8) {
-        const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
-        for (int64_t c = 0; c < n; c++) out[c] = mpk_f16_to_f32(ld16(sc + 2 * (c / G))) * (float)q[c];
-        return;
-    }
-    if (w->codec == MP_CODEC_Q6) {
-        const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
-        for (int64_t c = 0; c < n; c++)
-            out[c] = mpk_f16_to_f32(ld16(sc + 2 * (c / G))) * (float)(q6_code(q, c) - 32);
-        return;
-    }
-    const size_t planes = w->zero_point ? 2 : 1;
-    const uint8_t *mins = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
-    const uint8_t *q = w->data + planes * (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 2;
-    for (int64_t c = 0; c < n; c++) {
-        int nib = (q[c >> 1] >> ((c & 1) * 4)) & 15;
-        float s = mpk_f16_to_f32(ld16(sc + 2 * (c / G)));
-        out[c] = w->zero_point ? (float)nib * s + mpk_f16_to_f32(ld16(mins + 2 * (c / G)))
-                               : (float)(nib - 8) * s;
+    const uint8_t *s = w->data + (size_t)(r * ng) * 2, *m = s + (size_t)(w->rows * ng) * 2;
+    for (int64_t c = 0; c < w->cols; c++) {
+        float sc = mpk_f16_to_f32(ld16(s + 2 * (c / G)));
+        out[c] = w->zero_point ? out[c] * sc + mpk_f16_to_f32(ld16(m + 2 * (c / G))) : out[c] * sc;
     }
 }
 
 /* ---- threaded drivers: fixed row blocks ---- */
 
 #define ROWS_PER_TASK MPK_MM_ROWS
-
-void mpk_row_codes(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
-    const int64_t n = w->cols;
-    switch (w->codec) {
-    case MP_CODEC_F32: memcpy(out, (const float *)w->data + r * n, (size_t)n * 4); return;
-    case MP_CODEC_F16:
-    case MP_CODEC_BF16: mpk_row(w, r, out); return;
-    }
-    const int64_t ng = w->ngroups;
-    const uint8_t *s = w->data + (size_t)(r * ng) * 2;
-    for (int64_t g = 0; g < ng; g++) sc[g] = mpk_f16_to_f32(ld16(s + 2 * g));
-    if (w->codec == MP_CODEC_Q8) {
-        const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
-        for (int64_t c = 0; c < n; c++) out[c] = (float)q[c];
-    } else if (w->codec == MP_CODEC_Q6) {
-        const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
-        for (int64_t c = 0; c < n; c++) out[c] = (float)(q6_code(q, c) - 32);
-    } else {
-        const size_t planes = w->zero_point ? 2 : 1;
-        const uint8_t *m = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
-        const uint8_t *q = w->data + planes * (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 2;
-        for (int64_t c = 0; c < n; c++) {
-            int nib = (q[c >> 1] >> ((c & 1) * 4)) & 15;
-            out[c] = (float)(w->zero_point ? nib : nib - 8);
-        }
-        if (w->zero_point)
-            for (int64_t g = 0; g < ng; g++) mn[g] = mpk_f16_to_f32(ld16(m + 2 * g));
-    }
-}
 
 size_t mpk_mm_wb_floats(const mpk_mat *w) {
     return (size_t)MPK_MM_ROWS * ((size_t)w->cols_p + 2 * (size_t)(w->ngroups ? w->ngroups : 1));
@@ -415,7 +433,7 @@ static void mv_task(void *ctx, size_t t) {
         }
     }
     for (int64_t r = r0; r < r1; r++)
-        for (int64_t i = 0; i < j->n; i++) j->y[i * w->rows + r] = j->k->row_dot(w, r, j->x + i * w->cols);
+        for (int64_t i = 0; i < j->n; i++) j->y[i * w->rows + r] = j->k->row_dot[w->codec](w, r, j->x + i * w->cols);
 }
 
 /* Inputs transposed for mm_rows: xt[b][c][i] = x[b * TB + i][c] (0 past n); for q4 zero-point,

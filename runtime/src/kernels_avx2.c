@@ -144,41 +144,50 @@ AVX2 static inline __attribute__((always_inline)) float grouped_dot(const mpk_ma
     return acc;
 }
 
-AVX2 float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) {
-    const int64_t n = w->cols;
-    if (w->codec == MP_CODEC_F32) return hred(lanes_f32((const float *)w->data + r * n, x, n));
-    if (w->codec == MP_CODEC_BF16) {
-        const uint16_t *row = (const uint16_t *)(w->data) + r * n; /* 2-aligned: tensor offsets are 64-aligned */
-        __m256 acc = _mm256_setzero_ps();
-        int64_t c = 0;
-        for (; c + 8 <= n; c += 8) {
-            __m128i h = _mm_loadu_si128((const __m128i *)(row + c));
-            __m256 v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(v, _mm256_loadu_ps(x + c)));
-        }
-        float l[8];
-        _mm256_storeu_ps(l, acc);
-        for (; c < n; c++) l[c & 7] += mpk_bf16_to_f32(row[c]) * x[c];
-        return mpk_red8(l);
-    }
-    if (w->codec == MP_CODEC_F16) {
-        const uint8_t *row = w->data + (size_t)(r * n) * 2;
-        __m256 acc = _mm256_setzero_ps();
-        int64_t c = 0;
-        for (; c + 8 <= n; c += 8)
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(f16x8(row + 2 * c), _mm256_loadu_ps(x + c)));
-        float l[8];
-        _mm256_storeu_ps(l, acc);
-        for (; c < n; c++) l[c & 7] += mpk_f16_to_f32(ld16(row + 2 * c)) * x[c];
-        return mpk_red8(l);
-    }
-    /* q8 with group 32 (the common size): chunk loops unrolled, +10 % (q6/q4 gained nothing) */
-    switch (w->codec) {
-    case MP_CODEC_Q8: return w->group == 32 ? grouped_dot(w, r, x, MP_CODEC_Q8, 32) : grouped_dot(w, r, x, MP_CODEC_Q8, 0);
-    case MP_CODEC_Q6: return grouped_dot(w, r, x, MP_CODEC_Q6, 0);
-    default: return grouped_dot(w, r, x, MP_CODEC_Q4, 0);
-    }
+AVX2 static float a_dot_f32(const mpk_mat *w, int64_t r, const float *x) {
+    return hred(lanes_f32((const float *)w->data + r * w->cols, x, w->cols));
 }
+
+AVX2 static float a_dot_bf16(const mpk_mat *w, int64_t r, const float *x) {
+    const int64_t n = w->cols;
+    const uint16_t *row = (const uint16_t *)(w->data) + r * n; /* 2-aligned: tensor offsets are 64-aligned */
+    __m256 acc = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(row + c));
+        __m256 v = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(v, _mm256_loadu_ps(x + c)));
+    }
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    for (; c < n; c++) l[c & 7] += mpk_bf16_to_f32(row[c]) * x[c];
+    return mpk_red8(l);
+}
+
+AVX2 static float a_dot_f16(const mpk_mat *w, int64_t r, const float *x) {
+    const int64_t n = w->cols;
+    const uint8_t *row = w->data + (size_t)(r * n) * 2;
+    __m256 acc = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(f16x8(row + 2 * c), _mm256_loadu_ps(x + c)));
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    for (; c < n; c++) l[c & 7] += mpk_f16_to_f32(ld16(row + 2 * c)) * x[c];
+    return mpk_red8(l);
+}
+
+/* q8 with group 32 (the common size): chunk loops unrolled, +10 % (q6/q4 gained nothing) */
+AVX2 static float a_dot_q8(const mpk_mat *w, int64_t r, const float *x) {
+    return w->group == 32 ? grouped_dot(w, r, x, MP_CODEC_Q8, 32) : grouped_dot(w, r, x, MP_CODEC_Q8, 0);
+}
+AVX2 static float a_dot_q6(const mpk_mat *w, int64_t r, const float *x) { return grouped_dot(w, r, x, MP_CODEC_Q6, 0); }
+AVX2 static float a_dot_q4(const mpk_mat *w, int64_t r, const float *x) { return grouped_dot(w, r, x, MP_CODEC_Q4, 0); }
+
+/* also the AVX-512 table's trunk products */
+const mpk_row_dot_fn mpk_avx2_row_dots[MPK_TRUNK_CODECS] = {
+    [MP_CODEC_F32] = a_dot_f32, [MP_CODEC_F16] = a_dot_f16, [MP_CODEC_BF16] = a_dot_bf16,
+    [MP_CODEC_Q8] = a_dot_q8,   [MP_CODEC_Q6] = a_dot_q6,   [MP_CODEC_Q4] = a_dot_q4};
 
 /* Rows [r0, r1) times many inputs: one input per lane.  Per input this is exactly row_dot's
  * arithmetic (lane j of a group sums elements j mod 8 with separate multiply and add, the lanes
@@ -232,57 +241,66 @@ mm_block(const mpk_mat *w, const float *wr0, const float *sc0, const float *mn0,
 }
 
 /* Row r's numbers as row_dot multiplies them (mpk_row_codes), 8 columns per instruction for
- * q8, q4, f16 and bf16; q6 and the tails in scalar. */
-AVX2 static inline __attribute__((always_inline)) void
-mm_decode(const mpk_mat *w, int64_t r, int64_t ng, float *o, float *sc, float *mn) {
-    const int64_t C = w->cols, cp = w->cols_p;
+ * q8, q4, f16 and bf16; q6, f32 and the tails in scalar. */
+AVX2 static void a_codes_q8(const mpk_mat *w, int64_t r, float *o, float *sc, float *mn) {
+    const int64_t C = w->cols;
+    const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * w->ngroups) * 2) + r * w->cols_p;
     int64_t c = 0;
-    if (w->codec == MP_CODEC_Q8) {
-        const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * cp;
-        for (; c + 8 <= C; c += 8)
-            _mm256_storeu_ps(o + c, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + c)))));
-        for (; c < C; c++) o[c] = (float)q[c];
-        const uint8_t *s = w->data + (size_t)(r * ng) * 2;
-        for (int64_t g = 0; g < ng; g++) sc[g] = mpk_f16_to_f32(ld16(s + 2 * g));
-    } else if (w->codec == MP_CODEC_Q4) {
-        const uint8_t *s = w->data + (size_t)(r * ng) * 2, *m = s + (size_t)(w->rows * ng) * 2;
-        for (int64_t g = 0; g < ng; g++) sc[g] = mpk_f16_to_f32(ld16(s + 2 * g));
-        if (w->zero_point)
-            for (int64_t g = 0; g < ng; g++) mn[g] = mpk_f16_to_f32(ld16(m + 2 * g));
-        const uint8_t *q = w->data + (w->zero_point ? 2 : 1) * (size_t)(w->rows * ng) * 2 + (size_t)(r * cp) / 2;
-        const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), m15 = _mm256_set1_epi32(15);
-        const __m256i off = _mm256_set1_epi32(w->zero_point ? 0 : 8);
-        for (; c + 8 <= C; c += 8) { /* column c + i: bits 4i.. of the 4 bytes from c / 2 */
-            int32_t word;
-            memcpy(&word, q + c / 2, 4);
-            __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), sh), m15);
-            _mm256_storeu_ps(o + c, _mm256_cvtepi32_ps(_mm256_sub_epi32(v, off)));
-        }
-        for (; c < C; c++) o[c] = (float)(((q[c >> 1] >> ((c & 1) * 4)) & 15) - (w->zero_point ? 0 : 8));
-    } else if (w->codec == MP_CODEC_F16) {
-        const uint8_t *row = w->data + (size_t)(r * C) * 2;
-        for (; c + 8 <= C; c += 8) _mm256_storeu_ps(o + c, f16x8(row + 2 * c)); /* as row_dot converts */
-        for (; c < C; c++) o[c] = mpk_f16_to_f32(ld16(row + 2 * c));
-    } else if (w->codec == MP_CODEC_BF16) {
-        const uint8_t *row = w->data + (size_t)(r * C) * 2;
-        for (; c + 8 <= C; c += 8)
-            _mm256_storeu_ps(o + c, _mm256_castsi256_ps(_mm256_slli_epi32(
-                                        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * c))), 16)));
-        for (; c < C; c++) o[c] = mpk_bf16_to_f32(ld16(row + 2 * c));
-    } else {
-        mpk_row_codes(w, r, o, sc, mn);
-    }
+    for (; c + 8 <= C; c += 8)
+        _mm256_storeu_ps(o + c, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + c)))));
+    for (; c < C; c++) o[c] = (float)q[c];
+    mpk_group_scales(w, r, sc, mn);
 }
+
+AVX2 static void a_codes_q4(const mpk_mat *w, int64_t r, float *o, float *sc, float *mn) {
+    const int64_t C = w->cols;
+    mpk_group_scales(w, r, sc, mn);
+    const uint8_t *q = w->data + (w->zero_point ? 2 : 1) * (size_t)(w->rows * w->ngroups) * 2 + (size_t)(r * w->cols_p) / 2;
+    const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), m15 = _mm256_set1_epi32(15);
+    const __m256i off = _mm256_set1_epi32(w->zero_point ? 0 : 8);
+    int64_t c = 0;
+    for (; c + 8 <= C; c += 8) { /* column c + i: bits 4i.. of the 4 bytes from c / 2 */
+        int32_t word;
+        memcpy(&word, q + c / 2, 4);
+        __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), sh), m15);
+        _mm256_storeu_ps(o + c, _mm256_cvtepi32_ps(_mm256_sub_epi32(v, off)));
+    }
+    for (; c < C; c++) o[c] = (float)(((q[c >> 1] >> ((c & 1) * 4)) & 15) - (w->zero_point ? 0 : 8));
+}
+
+AVX2 static void a_codes_f16(const mpk_mat *w, int64_t r, float *o, float *sc, float *mn) {
+    (void)sc, (void)mn;
+    const int64_t C = w->cols;
+    const uint8_t *row = w->data + (size_t)(r * C) * 2;
+    int64_t c = 0;
+    for (; c + 8 <= C; c += 8) _mm256_storeu_ps(o + c, f16x8(row + 2 * c)); /* as row_dot converts */
+    for (; c < C; c++) o[c] = mpk_f16_to_f32(ld16(row + 2 * c));
+}
+
+AVX2 static void a_codes_bf16(const mpk_mat *w, int64_t r, float *o, float *sc, float *mn) {
+    (void)sc, (void)mn;
+    const int64_t C = w->cols;
+    const uint8_t *row = w->data + (size_t)(r * C) * 2;
+    int64_t c = 0;
+    for (; c + 8 <= C; c += 8)
+        _mm256_storeu_ps(o + c, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * c))), 16)));
+    for (; c < C; c++) o[c] = mpk_bf16_to_f32(ld16(row + 2 * c));
+}
+
+static const mpk_row_codes_fn a_row_codes[MPK_TRUNK_CODECS] = {
+    [MP_CODEC_F32] = mpk_row_codes, [MP_CODEC_F16] = a_codes_f16, [MP_CODEC_BF16] = a_codes_bf16,
+    [MP_CODEC_Q8] = a_codes_q8,     [MP_CODEC_Q6] = mpk_row_codes, [MP_CODEC_Q4] = a_codes_q4};
 
 AVX2 static inline __attribute__((always_inline)) void
 mm_rows_body(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl, int64_t nb,
              int64_t n, float *y, float *wb) {
     const int64_t C = w->cols, cp = w->cols_p, R = r1 - r0;
-    const int grouped = w->codec == MP_CODEC_Q8 || w->codec == MP_CODEC_Q6 || w->codec == MP_CODEC_Q4;
+    const int grouped = w->group != 0;
     const int64_t ng = grouped ? w->ngroups : 1;
     float *sc = wb + (size_t)(R * cp), *mn = sc + (size_t)(R * ng);
     for (int64_t r = r0; r < r1; r++)
-        mm_decode(w, r, ng, wb + (size_t)((r - r0) * cp), sc + (r - r0) * ng, mn + (r - r0) * ng);
+        a_row_codes[w->codec](w, r, wb + (size_t)((r - r0) * cp), sc + (r - r0) * ng, mn + (r - r0) * ng);
     for (int64_t b = 0; b < nb; b++) {
         const float *X = xt + (size_t)(b * C) * 8;
         for (int64_t r = r0; r < r1;) {
@@ -571,12 +589,12 @@ AVX2 static void a_rvq_tb(const mpk_rvq *w, const int8_t *tt, const float *d, in
 
 /* rvq_tb_min: where the block path overtook one product per input (runtime/tests_c/
  * bench_rvq_blocks.c, docs/RUNTIME.md) */
-const mpk_impl mpk_avx2_impl = {.name = "avx2", .row_dot = mpk_avx2_row_dot, .rvq_tables = a_rvq_tables,
+const mpk_impl mpk_avx2_impl = {.name = "avx2", .row_dot = mpk_avx2_row_dots, .rvq_tables = a_rvq_tables,
                                 .rvq_tiles = a_rvq_tiles, .rvq_acc = a_rvq_acc, .rvq_unperm = a_rvq_unperm,
                                 .mm_rows = mpk_avx2_mm_rows, .rvq_tb_pack = a_rvq_tb_pack, .rvq_tb = a_rvq_tb,
                                 .rvq_tb_min = 12};
 
 #else
 const mpk_impl mpk_avx2_impl = {.name = "avx2"};
-float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x) { (void)w; (void)r; (void)x; return 0.0f; }
+const mpk_row_dot_fn mpk_avx2_row_dots[MPK_TRUNK_CODECS];
 #endif

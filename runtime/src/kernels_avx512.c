@@ -186,7 +186,7 @@ AVX512 static void v_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t t
     v_rvq_unperm(p, ntiles, acc);
 }
 
-const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi", .row_dot = mpk_avx2_row_dot, .rvq_tables = v_rvq_tables,
+const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi", .row_dot = mpk_avx2_row_dots, .rvq_tables = v_rvq_tables,
                                   .rvq_tiles = v_rvq_tiles, .rvq_acc = v_rvq_acc,
                                   .rvq_unperm = v_rvq_unperm, .mm_rows = mpk_avx512vl_mm_rows};
 

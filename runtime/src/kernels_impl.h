@@ -7,9 +7,16 @@
 
 #include "kernels.h"
 
+/* Trunk kernels come per codec: tables indexed by mp_codec_kind (the trunk codecs are the kinds
+ * below MP_CODEC_RVQ), so no kernel branches on the codec; adding a trunk codec is its entry in
+ * codecs.c and one function per instruction set here. */
+#define MPK_TRUNK_CODECS MP_CODEC_RVQ
+typedef float (*mpk_row_dot_fn)(const mpk_mat *w, int64_t r, const float *x);
+typedef void (*mpk_row_codes_fn)(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn);
+
 struct mpk_impl {
     const char *name;
-    float (*row_dot)(const mpk_mat *w, int64_t r, const float *x);
+    const mpk_row_dot_fn *row_dot; /* [MPK_TRUNK_CODECS]: dot(row r of w, x) */
     /* §3.5 steps 1-2 for group g, stage st: writes t->q of the group's vectors and t->d[g][st]
      * (NaN when the group's max |T| is NaN or +inf; the driver then sets t->nan). */
     void (*rvq_tables)(const float *cbt, const float *x, mpk_rvq_tab *t, int64_t g, int st);
@@ -59,8 +66,11 @@ size_t mpk_mm_wb_floats(const mpk_mat *w);
  * code as a float, q4 symmetric minus 8; f16/bf16/f32 converted), sc[ngroups] the group scales,
  * mn[ngroups] the q4 zero-point minimums (grouped codecs only). */
 void mpk_row_codes(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn);
+/* The group scales (and q4 zero-point minimums, when mn is not NULL) of row r; nothing when sc is
+ * NULL. */
+void mpk_group_scales(const mpk_mat *w, int64_t r, float *sc, float *mn);
 /* AVX2 trunk kernels, shared with the AVX-512 table (the trunk is not its business yet). */
-float mpk_avx2_row_dot(const mpk_mat *w, int64_t r, const float *x);
+extern const mpk_row_dot_fn mpk_avx2_row_dots[MPK_TRUNK_CODECS];
 void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
                       int64_t nb, int64_t n, float *y, float *wb);
 void mpk_avx512vl_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
