@@ -21,9 +21,9 @@ rewritten as MLA without changing what it computes except for per-token scales:
   negations, and the key of their GQA group; each head has its own weight row (seeded, random
   unit vectors). A key that no head 0-3 query scores above 0 gets a positive score from the
   negated heads, so no score is an exact 0 shared by many keys: with one weight row shared by 4
-  heads, a third to a half of the queries of layers 0 and 3 had every key's score at 0 or below
-  and the tie rule picked the selection (docs/LEARNED.md, DSA twin). The share of queries
-  whose k-th and (k+1)-th best scores are equal is printed (`boundary_tied`).
+  heads, 7.3 % of layer 0's and 2.1 % of layer 3's queries had their k-th and (k+1)-th best
+  scores equal (at 0) and the tie rule picked the selection (docs/LEARNED.md, DSA twin). That
+  share is printed (`boundary_tied`).
   index_topk (default 32) is below every scored position's
   context (ctx/2 … ctx-1), so every scored query attends to a strict subset.
 
