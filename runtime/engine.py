@@ -92,7 +92,8 @@ class _Config(C.Structure):
                 ("prefetch", C.c_int), ("o_direct", C.c_int), ("cache_policy", C.c_int),
                 ("verify_reads", C.c_int), ("io_threads", C.c_int), ("cache_experts", C.c_int),
                 ("kernels", C.c_int), ("chunk", C.c_int), ("kv", C.c_int),
-                ("ram_bytes", C.c_uint64), ("snapshots", C.c_int)]
+                ("ram_bytes", C.c_uint64), ("snapshots", C.c_int),
+                ("linear_chunk", C.c_int)]
 
 
 class _Plan(C.Structure):
@@ -273,7 +274,8 @@ class Engine:
                  cache_policy: str = "lfu", verify_reads: bool = False, ctx: int | None = None,
                  cache_experts: int | None = None, io_threads: int | None = None,
                  kernels: str = "auto", scalar_kernels: bool = False,
-                 chunk: int | None = None, kv: str | None = None, snapshots: int = 0) -> None:
+                 chunk: int | None = None, kv: str | None = None, snapshots: int = 0,
+                 linear_chunk: int = 0) -> None:
         self._lib = _library()
         cfg = _Config()
         self._lib.mp_config_default(C.byref(cfg))
@@ -297,6 +299,8 @@ class Engine:
         cfg.kv = _kv_code(kv)
         # state snapshots the caller keeps (PrefixReuse keeps this many): in the floor
         cfg.snapshots = int(snapshots)
+        # linear attention's sub-chunk (0: the engine's default; 1: token by token)
+        cfg.linear_chunk = int(linear_chunk)
         self._h = _P()
         self._seq: list[int] = []  # the tokens now in the sequence (snapshot / restore)
         err = C.create_string_buffer(_ERRLEN)

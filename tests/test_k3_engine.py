@@ -20,9 +20,11 @@ import json
 import numpy as np
 import pytest
 from engine_invariants import (
+    LINEAR_CLOSE,
     assert_pieces_equal_one_pass,
     assert_snapshot_continuation_equals_one_pass,
     assert_threads_and_chunks_bit_identical,
+    within,
 )
 from k3_checkpoint import TEXT, make_k3_checkpoint
 from k3_forward import K3Forward, table_experts
@@ -60,6 +62,18 @@ def k3(tmp_path_factory):
     return _build(tmp_path_factory.mktemp("k3"), VARIANTS["full"])
 
 
+@pytest.fixture(scope="module")
+def k3_dense(tmp_path_factory):
+    return _build(tmp_path_factory.mktemp("k3_dense"), VARIANTS["no_routed_experts"])
+
+
+# The full model amplifies any rounding-level change through its expert tables (f16 instead of
+# f32 KV entries: median 1.6e-3, up to 0.62 of max |logit|; bench/linear_bound.py): a sequence
+# split off the KDA sub-chunks is held to the median only (measured up to 3.8e-4); the model
+# without routed experts keeps the linear families' bound (LINEAR_CLOSE).
+K3_CLOSE = within(median=1e-3, largest=1.0)
+
+
 def _tokens(n: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, TEXT["vocab_size"], n).tolist()
 
@@ -73,8 +87,9 @@ def _relative_errors(path, ref: K3Forward, toks: list[int]) -> np.ndarray:
 
 
 @pytest.mark.parametrize("variant", ["no_routed_experts", "kda_latent_moe"])
-def test_parts_match_the_numpy_forward_at_every_position(tmp_path, variant):
-    path, ref = _build(tmp_path, VARIANTS[variant])
+def test_parts_match_the_numpy_forward_at_every_position(request, tmp_path, variant):
+    path, ref = (request.getfixturevalue("k3_dense") if variant == "no_routed_experts"
+                 else _build(tmp_path, VARIANTS[variant]))
     err = _relative_errors(path, ref, _tokens(N_POS, seed=0))
     assert err.max() <= 1e-4, (np.flatnonzero(err > 1e-4), err.max())
 
@@ -87,18 +102,26 @@ def test_full_model_matches_the_numpy_forward(k3):
 
 
 def test_threads_and_chunk_sizes_bit_identical(k3):
-    assert_threads_and_chunks_bit_identical(k3[0], _tokens(N_POS, seed=3), CHUNK)
+    assert_threads_and_chunks_bit_identical(k3[0], _tokens(N_POS, seed=3), CHUNK, K3_CLOSE)
 
 
 def test_continuation_equals_one_pass(k3):
-    assert_pieces_equal_one_pass(k3[0], _tokens(40, seed=2), cuts=(7, 30), chunk=CHUNK)
+    assert_pieces_equal_one_pass(k3[0], _tokens(40, seed=2), cuts=(7, 30), chunk=CHUNK,
+                                 close=K3_CLOSE)
+
+
+def test_chunk_form_within_the_bound_without_routed_experts(k3_dense):
+    path, _ = k3_dense
+    assert_threads_and_chunks_bit_identical(path, _tokens(N_POS, seed=3), CHUNK, LINEAR_CLOSE)
+    assert_pieces_equal_one_pass(path, _tokens(40, seed=2), cuts=(7, 30), chunk=CHUNK,
+                                 close=LINEAR_CLOSE)
 
 
 def test_chat_continuation_from_a_snapshot_equals_one_pass(k3):
     """The KDA state, the MLA cache and the AttnRes bank all come back with the snapshot: turn 1
     ends inside an AttnRes block of the second layer group (22 tokens, 16-token chunks)."""
     assert_snapshot_continuation_equals_one_pass(k3[0], _tokens(22, seed=4), _tokens(19, seed=5),
-                                                 CHUNK)
+                                                 CHUNK, K3_CLOSE)
 
 
 def test_plan_counts_the_kda_state_and_the_mla_cache(k3):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from engine_invariants import (
+    LINEAR_CLOSE,
     assert_pieces_equal_one_pass,
     assert_snapshot_continuation_equals_one_pass,
     assert_threads_and_chunks_bit_identical,
@@ -54,7 +55,7 @@ OVERRIDES = {
     "minimax_m2": dict(max_position_embeddings=128),
     # Kimi K2.5: DeepSeek-V3 under text_config, INT4 pack-quantized experts, vision tower skipped
     "kimi_k25": dict(max_position_embeddings=128),
-    # Qwen3-Next: Gated DeltaNet layers (conv + recurrent state, token by token), gated full
+    # Qwen3-Next: Gated DeltaNet layers (conv + recurrent state, chunk form), gated full
     # attention with partial RoPE, (1 + w) norms, sigmoid-gated shared expert
     "qwen3_next": dict(max_position_embeddings=128),
     # Qwen3.5-MoE: the same under text_config, split DeltaNet projections, vision tower skipped
@@ -144,9 +145,15 @@ def test_logits_match_transformers(model):
     assert err <= 1e-4 * np.abs(want).max(), (name, err, np.abs(want).max())
 
 
+def _close(name: str):
+    """How far a sequence split off the linear sub-chunks may move the logits (None: not at all)"""
+    return LINEAR_CLOSE if name.startswith(("qwen3_next", "qwen3_5_moe")) else None
+
+
 def test_threads_and_chunk_sizes_bit_identical(model):
-    _, path, ref = model
-    assert_threads_and_chunks_bit_identical(path, _tokens(_vocab(ref), N_POS, seed=3), CHUNK)
+    name, path, ref = model
+    assert_threads_and_chunks_bit_identical(path, _tokens(_vocab(ref), N_POS, seed=3), CHUNK,
+                                            _close(name))
 
 
 def test_greedy_generation_matches_transformers(model):
@@ -164,16 +171,18 @@ def test_greedy_generation_matches_transformers(model):
 
 
 def test_kv_cache_continuation_equals_full_eval(model):
-    """Feeding a sequence in pieces (KV cache kept) gives the same last logits as one pass."""
-    _, path, ref = model
-    assert_pieces_equal_one_pass(path, _tokens(_vocab(ref), 20, seed=2), cuts=(7, 15))
+    """Feeding a sequence in pieces (KV cache kept) gives the logits of one pass (linear
+    attention: within the bound, the cuts are inside its sub-chunks)."""
+    name, path, ref = model
+    assert_pieces_equal_one_pass(path, _tokens(_vocab(ref), 20, seed=2), cuts=(7, 15),
+                                 close=_close(name))
 
 
 def test_turn_snapshot_continuation_equals_one_pass(model):
-    _, path, ref = model
+    name, path, ref = model
     v = _vocab(ref)
     assert_snapshot_continuation_equals_one_pass(path, _tokens(v, 21, seed=8),
-                                                 _tokens(v, 19, seed=9), CHUNK)
+                                                 _tokens(v, 19, seed=9), CHUNK, _close(name))
 
 
 @pytest.mark.parametrize("model", ["qwen3_5_moe"], indirect=True)

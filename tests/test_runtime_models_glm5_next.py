@@ -252,31 +252,28 @@ def test_greedy_matches_transformers(model):
 
 
 def test_threads_chunks_and_pieces_bit_identical(model):
+    """Threads: the same bits; chunks and cuts off the KDA sub-chunks: within the bound."""
     from engine_invariants import (
+        LINEAR_CLOSE,
         assert_pieces_equal_one_pass,
         assert_threads_and_chunks_bit_identical,
     )
 
     path, _ = model
-    assert_threads_and_chunks_bit_identical(path, _tokens(N_POS, 3), CHUNK)
-    assert_pieces_equal_one_pass(path, _tokens(40, 2), cuts=(7, 30), chunk=CHUNK)
+    assert_threads_and_chunks_bit_identical(path, _tokens(N_POS, 3), CHUNK, LINEAR_CLOSE)
+    assert_pieces_equal_one_pass(path, _tokens(40, 2), cuts=(7, 30), chunk=CHUNK,
+                                 close=LINEAR_CLOSE)
 
 
 def test_chat_continuation_from_a_snapshot_equals_one_pass(model):
     """The snapshot at 22 tokens lies inside a pool (positions 21..23): the reply completes it
-    and the next one, turn 2 rewrites its positions and completes it again."""
-    from moepack.runtime.engine import Engine
+    and the next one, turn 2 rewrites its positions and completes it again (and inside a KDA
+    sub-chunk: within the bound)."""
+    from engine_invariants import LINEAR_CLOSE, assert_snapshot_continuation_equals_one_pass
 
     path, _ = model
-    turn1, turn2 = _tokens(22, 8), _tokens(19, 9)
-    with Engine(str(path), threads=1, chunk=CHUNK) as e:
-        full = e.logits(turn1 + turn2)
-        e.reset()
-        e.feed(turn1)
-        snap = e.snapshot()
-        list(e.generate([7], 5, reset=False))
-        e.restore(snap)
-        np.testing.assert_array_equal(e.feed(turn2), full[-1])
+    assert_snapshot_continuation_equals_one_pass(path, _tokens(22, 8), _tokens(19, 9), CHUNK,
+                                                 LINEAR_CLOSE)
 
 
 def test_failed_call_changes_nothing(tmp_path_factory, tmp_path):

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 from engine_invariants import (
+    LINEAR_CHUNK,
+    LINEAR_CLOSE,
     assert_failed_call_changes_nothing,
     assert_pieces_equal_one_pass,
     assert_threads_and_chunks_bit_identical,
@@ -93,12 +95,36 @@ def test_greedy_generation_matches_transformers(kimi):
 
 def test_threads_and_chunk_sizes_bit_identical(kimi):
     path, ref = kimi
-    assert_threads_and_chunks_bit_identical(path, _tokens(_vocab(ref), N_POS, seed=3), CHUNK)
+    assert_threads_and_chunks_bit_identical(path, _tokens(_vocab(ref), N_POS, seed=3), CHUNK,
+                                            LINEAR_CLOSE)
 
 
-def test_continuation_equals_one_pass(kimi):
+@pytest.mark.parametrize("cuts", [(7, 30), (LINEAR_CHUNK, 2 * LINEAR_CHUNK)],
+                         ids=["inside-sub-chunks", "at-sub-chunks"])
+def test_continuation_equals_one_pass(kimi, cuts):
+    """Cut inside a sub-chunk: within the bound; at multiples of it: the same bits."""
     path, ref = kimi
-    assert_pieces_equal_one_pass(path, _tokens(_vocab(ref), 40, seed=2), cuts=(7, 30), chunk=CHUNK)
+    assert_pieces_equal_one_pass(path, _tokens(_vocab(ref), 40, seed=2), cuts=cuts, chunk=CHUNK,
+                                 close=LINEAR_CLOSE)
+
+
+def test_delta_rule_forms_and_kernel_paths(kimi):
+    """linear_chunk 1 is the token form whatever the pass (chunk 1's bits at chunk 16); the
+    chunk form's portable and AVX2 builds give the same bits; an out-of-range sub-chunk is
+    refused in one line."""
+    path, ref = kimi
+    toks = _tokens(_vocab(ref), 40, seed=14)
+    runs = {}
+    for name, kw in {"token": dict(chunk=1), "token-form": dict(chunk=CHUNK, linear_chunk=1),
+                     "auto": dict(chunk=CHUNK),
+                     "scalar": dict(chunk=CHUNK, kernels="scalar")}.items():
+        with Engine(path, threads=2, **kw) as e:
+            runs[name] = e.logits(toks)
+    np.testing.assert_array_equal(runs["token-form"], runs["token"])
+    np.testing.assert_array_equal(runs["scalar"], runs["auto"])
+    LINEAR_CLOSE(runs["auto"], runs["token"], "chunk form vs token form")
+    with pytest.raises(EngineError, match=r"^linear_chunk 65: must be 0\.\.64 "):
+        Engine(path, linear_chunk=65)
 
 
 def test_plan_counts_state_and_one_latent_cache(kimi):
@@ -170,7 +196,8 @@ def test_failed_call_leaves_the_recurrent_state_as_it_was(kimi, tmp_path):
 
 def test_chat_continuation_from_a_turn_snapshot_equals_one_pass(kimi):
     """Turn 1's prompt, a snapshot, a reply; back to the snapshot and on with another reply (as
-    chat does when the template re-renders the reply differently): the same logits as one pass."""
+    chat does when the template re-renders the reply differently): the logits of one pass, within
+    the bound (turn 1 ends inside a sub-chunk)."""
     path, ref = kimi
     turn1, turn2 = _tokens(_vocab(ref), 21, seed=8), _tokens(_vocab(ref), 19, seed=9)
     with Engine(path, threads=1, chunk=CHUNK) as e:
@@ -182,8 +209,7 @@ def test_chat_continuation_from_a_turn_snapshot_equals_one_pass(kimi):
         list(e.generate([7], 5, reset=False))
         e.restore(snap)
         assert e.position == len(turn1)
-        last = e.feed(turn2)
-        np.testing.assert_array_equal(last, full[-1])
+        LINEAR_CLOSE(e.logits(turn2, reset=False), full[len(turn1):], "turn 2")
         e.reset()
         e.feed(turn2)
         with pytest.raises(EngineError, match="does not match"):
@@ -198,7 +224,8 @@ def test_chat_continuation_from_a_turn_snapshot_equals_one_pass(kimi):
 def test_prefix_reuse_restores_the_turn_boundary(kimi):
     """PrefixReuse (chat, serve): a new prompt that shares the last prompt but not the reply as
     generated goes back to the turn snapshot and feeds only the rest; one that extends the whole
-    sequence feeds only its new tokens; the logits are the one-pass logits either way."""
+    sequence feeds only its new tokens; the logits are the one-pass logits (within the bound: the
+    turns end inside sub-chunks) either way."""
     from moepack.runtime.prefix import PrefixReuse
 
     path, ref = kimi
@@ -215,14 +242,14 @@ def test_prefix_reuse_restores_the_turn_boundary(kimi):
         p2 = p1 + [reply[0], 3] + user
         n = reuse.rewind(p2)
         assert n == len(p1) and e.position == len(p1)
-        got2 = e.feed(p2[n:])
+        got2 = e.logits(p2[n:], reset=False)
         # a prompt that extends everything fed: nothing dropped
         p3 = p2 + user
         assert reuse.rewind(p3) == len(p2)
-        got3 = e.feed(p3[len(p2):])
+        got3 = e.logits(p3[len(p2):], reset=False)
         full = e.logits(p3)
-    np.testing.assert_array_equal(got2, full[len(p2) - 1])
-    np.testing.assert_array_equal(got3, full[-1])
+    LINEAR_CLOSE(got2, full[n:len(p2)], "from the turn snapshot")
+    LINEAR_CLOSE(got3, full[len(p2):], "extending the sequence")
 
 
 @pytest.mark.parametrize("keeps_reply", [True, False], ids=["reply-kept", "reply-dropped"])

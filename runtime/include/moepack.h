@@ -61,7 +61,11 @@ typedef struct mp_config {
     int snapshots;         /* recurrent-state snapshots the caller keeps (mp_state_save buffers,
                               plan state_bytes each; chat and serve keep 1): counted in the floor
                               and taken from the cache; 0..MP_MAX_SNAPSHOTS */
+    int linear_chunk;      /* linear-attention layers: positions per sub-chunk of the chunkwise
+                              delta rule, 1..MP_MAX_LINEAR_CHUNK (1 = token by token); 0 = 16
+                              (docs/RUNTIME.md, "Linear attention": what the results depend on) */
 } mp_config;
+#define MP_MAX_LINEAR_CHUNK 64
 #define MP_MAX_SNAPSHOTS 64
 
 /* mp_config.kv: how the KV cache (GQA keys/values, MLA latent + rope part) stores entries.  f16

@@ -69,14 +69,17 @@ static int fitting_ctx(const mpm_config *cfg, const mp_plan_info *p, uint64_t li
 }
 
 /* The prompt chunk a total budget pays for when none is asked: 16 plus what the room above the
- * floor buys, taking what all experts leave of it, at least half (the rest is cache). */
-static int planned_chunk(const mp_plan_info *p, uint64_t total) {
+ * floor buys, taking what all experts leave of it, at least half (the rest is cache); for a
+ * model with linear attention a multiple of its sub-chunk, so that every sub-chunk of a long
+ * prompt lies inside one forward pass (the chunk form). */
+static int planned_chunk(const mpm_config *cfg, const mp_plan_info *p, uint64_t total) {
     uint64_t room = total > p->floor_bytes ? total - p->floor_bytes : 0;
     uint64_t left = room > p->experts_bytes ? room - p->experts_bytes : 0;
     uint64_t part = left > room / 2 ? left : room / 2;
     uint64_t more = p->chunk_token_bytes ? part / p->chunk_token_bytes : 0;
     int chunk = MPM_CHUNK + (more < MPM_MAX_CHUNK ? (int)more : MPM_MAX_CHUNK);
     if (chunk > p->max_chunk) chunk = p->max_chunk > MPM_CHUNK ? p->max_chunk : MPM_CHUNK;
+    if (cfg->n_linear && cfg->la_chunk > 1 && chunk >= cfg->la_chunk) chunk -= chunk % cfg->la_chunk;
     return chunk;
 }
 
@@ -84,8 +87,12 @@ static uint64_t chunk_extra(const mp_plan_info *p, int chunk) {
     return chunk > MPM_CHUNK ? (uint64_t)(chunk - MPM_CHUNK) * p->chunk_token_bytes : 0;
 }
 
+static int linear_chunk(const mp_config *want) {
+    return want->linear_chunk ? want->linear_chunk : MPM_LA_CHUNK;
+}
+
 /* From `want`: ctx; kv (MP_KV_* or 0, the default); budget_bytes (the user's total, or 0: plan
- * against usable RAM); ram_bytes (usable RAM to plan for, or 0: this machine's); snapshots. */
+ * against usable RAM); ram_bytes (usable RAM to plan for, or 0: this machine's); snapshots; linear_chunk. */
 static int plan_for(const mp_container *c, const mpm_config *model, const mp_config *want,
                     mp_plan_info *p, char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
@@ -96,8 +103,12 @@ static int plan_for(const mp_container *c, const mpm_config *model, const mp_con
     if (!kv) kv = MP_KV_DEFAULT;
     if (kv != MP_KV_F32 && kv != MP_KV_F16)
         return mp_seterr(err, errlen, MP_EINVAL, "kv %d: must be %d (f32) or %d (f16)", kv, MP_KV_F32, MP_KV_F16);
+    if (want->linear_chunk < 0 || want->linear_chunk > MP_MAX_LINEAR_CHUNK)
+        return mp_seterr(err, errlen, MP_EINVAL, "linear_chunk %d: must be 0..%d (0 = %d, 1 = token by token)",
+                         want->linear_chunk, MP_MAX_LINEAR_CHUNK, MPM_LA_CHUNK);
     mpm_config planned = *model; /* shares the arrays: read-only here */
     planned.kv_f16 = kv == MP_KV_F16;
+    planned.la_chunk = linear_chunk(want);
     const mpm_config *cfg = &planned;
     p->max_pos = cfg->max_pos < INT32_MAX ? (int)cfg->max_pos : INT32_MAX;
     if (ctx <= 0) ctx = cfg->max_pos < 4096 ? (int)cfg->max_pos : 4096;
@@ -160,7 +171,7 @@ static int plan_for(const mp_container *c, const mpm_config *model, const mp_con
         if (mp_default_budget(&in, &out) == 0) p->default_bytes = out.total;
     }
     if (p->default_bytes) {
-        p->default_chunk = planned_chunk(p, p->default_bytes);
+        p->default_chunk = planned_chunk(cfg, p, p->default_bytes);
         uint64_t used = p->floor_bytes + chunk_extra(p, p->default_chunk);
         p->default_cache_bytes = p->default_bytes > used ? p->default_bytes - used : 0;
     }
@@ -287,6 +298,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     if ((rc = plan_for(e->c, &e->cfg, &cfg, &e->plan, err, errlen))) goto fail;
     const mp_plan_info *p = &e->plan;
     e->cfg.kv_f16 = p->kv == MP_KV_F16;
+    e->cfg.la_chunk = linear_chunk(&cfg);
     char a[32], b[32], fits[96];
     if (p->max_ctx > 0) snprintf(fits, sizeof fits, "; the longest context that fits is %d tokens (--ctx)", p->max_ctx);
     else snprintf(fits, sizeof fits, "; not even one token of context fits");
@@ -309,7 +321,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
         rc = mp_seterr(err, errlen, MP_EINVAL, "chunk %d: must be 1..%d (0 = from the memory plan)", chunk, MPM_MAX_CHUNK);
         goto fail;
     }
-    if (!chunk) chunk = planned_chunk(p, total);
+    if (!chunk) chunk = planned_chunk(&e->cfg, p, total);
     uint64_t extra = chunk_extra(p, chunk);
     if (total - p->floor_bytes < extra) {
         rc = mp_seterr(err, errlen, MP_EBUDGET, "budget %s is too small for chunks of %d tokens: that needs %s",

@@ -1,16 +1,13 @@
 /* Per-token pieces shared by the linear-attention layers (model_linear.c: Gated DeltaNet,
  * model_kda.c: Kimi Delta Attention): activations, L2 norm, one step of the depthwise causal
- * conv, the gated RMSNorm of the output.  Header-only so both units inline them. */
+ * conv, the gated RMSNorm of the output (inlined by both units); the delta rule over a call. */
 #ifndef MP_LINEAR_OPS_H
 #define MP_LINEAR_OPS_H
 
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "kernels.h"
-
-#define MPL_MAX_DV 4096 /* value head size bound (model_config.c MAX_HEAD_DIM) */
 
 static inline float mpl_silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float mpl_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -37,35 +34,31 @@ static inline void mpl_conv_step(float *x, int64_t channels, const float *w, con
         float y = 0.0f;
         for (int64_t i = 0; i < K - 1; i++) y += wc[i] * s[i];
         y += wc[K - 1] * xin;
-        if (K > 1) {
-            memmove(d, s + 1, (size_t)(K - 2) * sizeof(float));
+        if (K > 1) { /* forward: d may be s */
+            for (int64_t i = 0; i < K - 2; i++) d[i] = s[i + 1];
             d[K - 2] = xin;
         }
         x[ch] = mpl_silu(y);
     }
 }
 
-/* One head's gated delta rule: S = diag(decay) S0 (row i scaled by decay[i], or all rows by
- * decay_all when decay is NULL), S += k (x) ((v - S^T k) * beta), o = S^T q; S [dk][dv] may be S0.
- * Two passes over S, each row finished before it is read. */
-static inline void mpl_delta_rule(const float *S0, float *S, const float *decay, float decay_all,
-                                  const float *q, const float *k, const float *v, float beta,
-                                  float *o, int64_t dk, int64_t dv) {
-    float delta[MPL_MAX_DV];
-    memset(delta, 0, (size_t)dv * sizeof(float));
-    for (int64_t i = 0; i < dk; i++) {
-        float *row = S + i * dv;
-        const float *row0 = S0 + i * dv, d = decay ? decay[i] : decay_all;
-        for (int64_t jv = 0; jv < dv; jv++) row[jv] = row0[jv] * d;
-        mpk_axpy(delta, k[i], row, dv);
-    }
-    for (int64_t jv = 0; jv < dv; jv++) delta[jv] = (v[jv] - delta[jv]) * beta;
-    memset(o, 0, (size_t)dv * sizeof(float));
-    for (int64_t i = 0; i < dk; i++) {
-        mpk_axpy(S + i * dv, k[i], delta, dv);
-        mpk_axpy(o, q[i], S + i * dv, dv);
-    }
-}
+/* One head over the T tokens of a call (linear_recur.c): token t's vectors at q + t * qs and so
+ * on; decay: dk values per token (per_channel, KDA) or one (Gated DeltaNet) */
+typedef struct mpl_seq {
+    const float *q, *k, *v, *decay, *beta;
+    int64_t qs, ks, vs, ds, bs;
+    float *o; /* token t's output at o + t * os */
+    int64_t os, dk, dv;
+    int per_channel;
+} mpl_seq;
+
+/* The gated delta rule over tokens 0..T-1 at positions pos..: the first step reads S0, every
+ * later one S, the state written ([dk][dv]; may be S0).  Sub-chunks of L positions aligned to
+ * multiples of L and inside the call run in the chunk form, the other tokens one by one (L <= 1:
+ * all).  ws: mpl_ws_floats(dk, dv, L).  simd: the AVX2 build of the same operations (same bits). */
+void mpl_recur(const mpl_seq *s, int pos, int T, int L, const float *S0, float *S, float *ws,
+               int simd);
+uint64_t mpl_ws_floats(int64_t dk, int64_t dv, int L);
 
 /* o[i] = w[i] * rmsnorm(o)[i] * act(z[i]) over one head of n values; sigmoid_gate selects
  * sigmoid (KDA) instead of silu (Gated DeltaNet) */

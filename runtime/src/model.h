@@ -17,6 +17,7 @@
 #define MPM_MAX_GROUPS 1024
 #define MPM_CHUNK 16      /* the smallest prefill chunk (tokens per forward pass; in the floor) */
 #define MPM_MAX_CHUNK 512 /* the largest: the memory plan picks one in between (mpm_load) */
+#define MPM_LA_CHUNK 16   /* linear attention: the chunk form's default sub-chunk (mp_config.linear_chunk) */
 
 enum { MPM_MIXTRAL = 0, MPM_QWEN3_MOE, MPM_DEEPSEEK_V3, MPM_GLM4_MOE, MPM_MINIMAX_M2, MPM_KIMI_K25,
        MPM_QWEN3_NEXT, MPM_QWEN3_5_MOE, MPM_KIMI_LINEAR, MPM_KIMI_K3 };
@@ -74,6 +75,7 @@ typedef struct mpm_config {
     int64_t la_nk, la_nv, la_dk, la_dv, la_conv;
     int la_grouped; /* in_proj_qkvz + in_proj_ba (Qwen3-Next), else qkv, z, b, a */
     int kv_f16;     /* KV cache entries as IEEE f16: the engine's choice (mp_config.kv), not the manifest's */
+    int la_chunk;   /* sub-chunk of the chunk-form delta rule (mp_config.linear_chunk; <= 1: token form) */
     int la_kind;    /* MPM_LA_*; KDA (model_kda.c): la_nk = la_nv heads, la_dk = la_dv */
     /* Kimi K3 (model_k3.c, docs/K3.md): SiTU in every FFN (situ_beta > 0; situ_lb > 0 also
      * clips the up branch), routed experts in a latent space of `latent` dims (0: hidden),

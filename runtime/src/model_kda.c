@@ -10,8 +10,8 @@
  *   beta = sigmoid(Wb x)                                         (per head)
  *   S = diag(exp(g)) S;  S += k (x) ((v - S^T k) * beta);  o = S^T q
  *   out = Wout (rmsnorm(o) * norm_w * sigmoid(Wgb (Wga x)))     (per head)
- * Token by token, like model_linear.c (whose state handling it shares: a failed call leaves the
- * state as it was): any chunk size gives the same bits. */
+ * The conv token by token, the recurrence in aligned sub-chunks (linear_recur.c), one task per
+ * head; the state handling is model_linear.c's (a failed call leaves the state as it was). */
 #include "linear_ops.h"
 #include "model_internal.h"
 #include "moepack.h"
@@ -70,69 +70,73 @@ int mpm_kda_load(mpm_model *m, void *L, int l) {
 }
 
 typedef struct {
-    const mpm_config *c;
+    mpm_model *m;
     const mpm_layer *ly;
-    const float *q, *k, *v, *decay, *gate, *beta;
-    float *o;        /* [heads][dv] */
-    const float *S0; /* the recurrent state the token reads; S the one it writes (may be S0) */
-    float *S;
+    float *qkv[3], *decay, *gate, *beta, *o; /* per token: [heads][dk] ([heads] for beta) */
+    int pos, T;
+    const float *src; /* the state the call's first token reads; dst the one written (may be src) */
+    float *dst;
 } kda_job;
 
-/* one head: per-channel decay, delta-rule update, read-out, sigmoid-gated RMSNorm */
+/* one head: the causal conv of its q, k, v channels, q and k L2-normalised, per-channel decay
+ * and beta, token by token; then the delta rule and the sigmoid-gated RMSNorm of the output */
 static void kda_head(void *ctx, size_t h) {
     const kda_job *j = ctx;
-    const mpm_config *c = j->c;
-    const int64_t dk = c->la_dk, dv = c->la_dv, at = (int64_t)h * dk;
-    const float *q = j->q + at, *k = j->k + at, *v = j->v + (int64_t)h * dv;
-    const float *decay = j->decay + at, beta = j->beta[h];
-    const float *S0 = j->S0 + (size_t)h * (size_t)(dk * dv);
-    float *S = j->S + (size_t)h * (size_t)(dk * dv), *o = j->o + (int64_t)h * dv;
-    mpl_delta_rule(S0, S, decay, 0.0f, q, k, v, beta, o, dk, dv);
-    mpl_gated_rmsnorm(o, j->ly->la_norm, j->gate + (int64_t)h * dv, dv, c->eps, 1);
+    const mpm_config *c = &j->m->c;
+    const mpm_layer *ly = j->ly;
+    const int64_t nh = c->la_nk, dk = c->la_dk, qd = nh * dk, K = c->la_conv, at = (int64_t)h * dk;
+    const float eA = expf(ly->la_A[h]), *dt = ly->la_dt + at;
+    for (int t = 0; t < j->T; t++) {
+        for (int i = 0; i < 3; i++) { /* the channels of q, then k, then v */
+            const int64_t ch = i * qd + at;
+            float *dst = j->dst + ch * (K - 1);
+            mpl_conv_step(j->qkv[i] + t * qd + at, dk, ly->la_conv + ch * K,
+                          t ? dst : j->src + ch * (K - 1), dst, K);
+        }
+        mpl_l2norm(j->qkv[0] + t * qd + at, dk, 1.0f / sqrtf((float)dk));
+        mpl_l2norm(j->qkv[1] + t * qd + at, dk, 1.0f);
+        float *dec = j->decay + t * qd + at;
+        if (c->kda_bound < 0) /* Kimi K3: bounded, bound . sigmoid(exp(A_log) (z + dt_bias)) */
+            for (int64_t i = 0; i < dk; i++) dec[i] = expf(c->kda_bound * mpl_sigmoid(eA * (dec[i] + dt[i])));
+        else
+            for (int64_t i = 0; i < dk; i++) dec[i] = expf(-eA * mpl_softplus(dec[i] + dt[i]));
+        j->beta[t * nh + (int64_t)h] = mpl_sigmoid(j->beta[t * nh + (int64_t)h]);
+    }
+    const mpl_seq s = {.q = j->qkv[0] + at, .k = j->qkv[1] + at, .v = j->qkv[2] + at,
+                       .decay = j->decay + at, .beta = j->beta + h, .qs = qd, .ks = qd, .vs = qd,
+                       .ds = qd, .bs = nh, .o = j->o + at, .os = qd, .dk = dk, .dv = dk,
+                       .per_channel = 1};
+    const int64_t rec = 3 * qd * (K - 1); /* state: [conv inputs | recurrent matrices] */
+    const size_t hs = (size_t)h * (size_t)(dk * dk);
+    float *ws = j->m->lws + h * mpl_ws_floats(dk, dk, c->la_chunk);
+    mpl_recur(&s, j->pos, j->T, c->la_chunk, j->src + rec + hs, j->dst + rec + hs, ws,
+              strcmp(mpk_impl_name(j->m->kern), "scalar") != 0);
+    for (int t = 0; t < j->T; t++)
+        mpl_gated_rmsnorm(j->o + t * qd + at, ly->la_norm, j->gate + t * qd + at, dk, c->eps, 1);
 }
 
 /* The projections of all T tokens at once (each weight read once per chunk; a token's values
- * do not depend on T), then the conv and the recurrence token by token. */
+ * do not depend on T), then the heads. */
 void mpm_kda_attention(mpm_model *m, int l, int pos, int T, const float *xn, float *out) {
     const mpm_config *c = &m->c;
     mpm_layer *ly = &m->layers[l];
-    const int64_t nh = c->la_nk, dk = c->la_dk, qd = nh * dk, K = c->la_conv;
-    const int64_t rec = 3 * qd * (K - 1); /* state: [conv inputs | recurrent matrices] */
-    float *qkv[3], *b = m->lbuf;
-    for (int i = 0; i < 3; i++, b += T * qd) qkv[i] = b;
-    float *decay = b, *gate = decay + T * qd, *o = gate + T * qd, *beta = o + T * qd;
-    float *low = beta + T * nh, *lowg = low + T * dk;
-    for (int i = 0; i < 3; i++) mpk_matmat(m->kern, m->pool, &ly->la_in[i], xn, T, qkv[i]);
+    const int64_t nh = c->la_nk, dk = c->la_dk, qd = nh * dk;
+    kda_job j = {.m = m, .ly = ly, .pos = pos, .T = T};
+    float *b = m->lbuf;
+    for (int i = 0; i < 3; i++, b += T * qd) j.qkv[i] = b;
+    j.decay = b, j.gate = b + T * qd, j.o = j.gate + T * qd, j.beta = j.o + T * qd;
+    float *low = j.beta + T * nh, *lowg = low + T * dk;
+    for (int i = 0; i < 3; i++) mpk_matmat(m->kern, m->pool, &ly->la_in[i], xn, T, j.qkv[i]);
     mpk_matmat(m->kern, m->pool, &ly->kda_fa, xn, T, low);
-    mpk_matmat(m->kern, m->pool, &ly->kda_fb, low, T, decay);
-    mpk_matmat(m->kern, m->pool, &ly->kda_b, xn, T, beta);
+    mpk_matmat(m->kern, m->pool, &ly->kda_fb, low, T, j.decay);
+    mpk_matmat(m->kern, m->pool, &ly->kda_b, xn, T, j.beta);
     if (c->kda_full_gate) { /* Kimi K3: one full-rank output gate */
-        mpk_matmat(m->kern, m->pool, &ly->kda_g, xn, T, gate);
+        mpk_matmat(m->kern, m->pool, &ly->kda_g, xn, T, j.gate);
     } else {
         mpk_matmat(m->kern, m->pool, &ly->kda_ga, xn, T, lowg);
-        mpk_matmat(m->kern, m->pool, &ly->kda_gb, lowg, T, gate);
+        mpk_matmat(m->kern, m->pool, &ly->kda_gb, lowg, T, j.gate);
     }
-    for (int t = 0; t < T; t++) {
-        const float *src;
-        float *dst;
-        mpm_linear_state(m, ly, pos + t, &src, &dst); /* zero at pos 0 */
-        for (int i = 0; i < 3; i++) /* the channels of q, then k, then v */
-            mpl_conv_step(qkv[i] + t * qd, qd, ly->la_conv + i * qd * K, src + i * qd * (K - 1),
-                          dst + i * qd * (K - 1), K);
-        float *q = qkv[0] + t * qd, *k = qkv[1] + t * qd, *dec = decay + t * qd, *bt = beta + t * nh;
-        for (int64_t h = 0; h < nh; h++) {
-            mpl_l2norm(q + h * dk, dk, 1.0f / sqrtf((float)dk));
-            mpl_l2norm(k + h * dk, dk, 1.0f);
-        }
-        if (c->kda_bound < 0) /* Kimi K3: bounded, bound . sigmoid(exp(A_log) (z + dt_bias)) */
-            for (int64_t i = 0; i < qd; i++)
-                dec[i] = expf(c->kda_bound * mpl_sigmoid(expf(ly->la_A[i / dk]) * (dec[i] + ly->la_dt[i])));
-        else
-            for (int64_t i = 0; i < qd; i++)
-                dec[i] = expf(-expf(ly->la_A[i / dk]) * mpl_softplus(dec[i] + ly->la_dt[i]));
-        for (int64_t h = 0; h < nh; h++) bt[h] = mpl_sigmoid(bt[h]);
-        kda_job j = {c, ly, q, k, qkv[2] + t * qd, dec, gate + t * qd, bt, o + t * qd, src + rec, dst + rec};
-        mpk_pool_run(m->pool, (size_t)nh, kda_head, &j);
-    }
-    mpk_matmat(m->kern, m->pool, &ly->la_out, o, T, out);
+    mpm_linear_state(m, ly, pos, &j.src, &j.dst); /* zero at pos 0 */
+    mpk_pool_run(m->pool, (size_t)nh, kda_head, &j);
+    mpk_matmat(m->kern, m->pool, &ly->la_out, j.o, T, out);
 }

@@ -10,9 +10,10 @@
  *   g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)
  *   S *= exp(g);  S += k (x) ((v - S^T k) * beta);  o = S^T q
  *   out = Wout (rmsnorm(o) * norm_w * silu(z))   (per value head)
- * Prompts are processed token by token through the recurrence (the chunkwise-parallel form is not
- * implemented): exact, and any chunk size gives the same bits.  The state is zeroed when a
- * sequence starts (pos 0).  It cannot be truncated back like a KV cache (engine.c refuses), but
+ * A call's tokens go through the conv one by one and through the recurrence in aligned sub-chunks
+ * (linear_recur.c: the chunk form where a sub-chunk lies inside the call, else the token form),
+ * one task per key head for the conv, one per value head for the rest.  The state is zeroed when
+ * a sequence starts (pos 0).  It cannot be truncated back like a KV cache (engine.c refuses), but
  * a call never changes it in place: the first token of a call reads the committed state (lstate)
  * and writes the working copy (lwork), which mpm_state_commit makes the committed one once the
  * whole call succeeded, so a failed call leaves it as it was; snapshots copy lstate. */
@@ -43,17 +44,19 @@ uint64_t mpm_state_bytes(const mpm_config *c) {
     return 4u * (uint64_t)state_floats(c) * (uint64_t)n_linear(c);
 }
 
-/* floats of model_linear.c's per-token buffers (lbuf) */
-static uint64_t buf_floats(const mpm_config *c) {
-    if (!n_linear(c) && !c->attn_gate) return 0;
-    /* one token's raw and canonical projections (the rest is per chunk token:
-     * mpm_linear_chunk_bytes); q + gate of a gated query */
-    uint64_t lin = n_linear(c) && c->la_kind != MPM_LA_KDA ? 2u * (uint64_t)proj_dim(c) : 0;
-    return lin + 2u * (uint64_t)(c->n_heads * c->head_dim);
+/* floats of model_linear.c's buffers beside the chunk's (lbuf): q + gate of a gated query */
+static uint64_t buf_floats(const mpm_config *c) { return 2u * (uint64_t)(c->n_heads * c->head_dim); }
+
+/* floats of the delta rule's workspaces, one per value head (lws) */
+static uint64_t ws_floats(const mpm_config *c) {
+    return n_linear(c) ? (uint64_t)c->la_nv * mpl_ws_floats(c->la_dk, c->la_dv, c->la_chunk) : 0;
 }
 
-/* the buffers and the working copy of the state (lwork) */
-uint64_t mpm_linear_scratch_bytes(const mpm_config *c) { return 4u * buf_floats(c) + mpm_state_bytes(c); }
+/* the buffers, the workspaces and the working copy of the state (lwork) */
+uint64_t mpm_linear_scratch_bytes(const mpm_config *c) {
+    if (!n_linear(c) && !c->attn_gate) return 0;
+    return 4u * (buf_floats(c) + ws_floats(c)) + mpm_state_bytes(c);
+}
 
 uint64_t mpm_linear_chunk_bytes(const mpm_config *c, int chunk) {
     if (!n_linear(c)) return 0;
@@ -143,11 +146,14 @@ int mpm_linear_init(mpm_model *m) {
         }
         for (int64_t i = 0; i < c->hidden; i++) m->final_norm[i] += one;
     }
-    /* KDA's chunk buffers first, the gated query's two rows last */
-    uint64_t scratch = buf_floats(c) + mpm_linear_chunk_bytes(c, m->chunk) / 4u;
-    if (scratch && !(m->lbuf = calloc((size_t)scratch, 4))) return MP_ENOMEM;
-    if (scratch) m->lqg = m->lbuf + scratch - 2u * (uint64_t)(c->n_heads * c->head_dim);
+    /* the chunk buffers first, the gated query's two rows last */
+    if (n_linear(c) || c->attn_gate) {
+        uint64_t scratch = buf_floats(c) + mpm_linear_chunk_bytes(c, m->chunk) / 4u;
+        if (!(m->lbuf = calloc((size_t)scratch, 4))) return MP_ENOMEM;
+        m->lqg = m->lbuf + scratch - buf_floats(c);
+    }
     int nl = n_linear(c), slot = 0;
+    const uint64_t wsf = ws_floats(c);
     for (int64_t l = 0; l < c->n_layers; l++) /* the KV cache holds full-attention layers only */
         m->layers[l].kv_slot = m->layers[l].linear ? -1 : slot++;
     /* the caller's array may go before the model; the layers carry the flag from here on */
@@ -156,7 +162,8 @@ int mpm_linear_init(mpm_model *m) {
     const int64_t sf = state_floats(c);
     m->lstate = calloc((size_t)(sf * nl), 4);
     m->lwork = calloc((size_t)(sf * nl), 4);
-    if (!m->lstate || !m->lwork) return MP_ENOMEM;
+    m->lws = malloc((size_t)wsf * 4);
+    if (!m->lstate || !m->lwork || !m->lws) return MP_ENOMEM;
     if (c->la_kind != MPM_LA_KDA) { /* KDA's projections are already split */
         if (!(m->lperm = calloc((size_t)proj_dim(c), sizeof *m->lperm))) return MP_ENOMEM;
         build_perm(c, m->lperm);
@@ -215,6 +222,7 @@ void mpm_linear_free(mpm_model *m) {
     }
     free(m->lstate);
     free(m->lwork);
+    free(m->lws);
     free(m->lperm);
     free(m->lbuf);
 }
@@ -222,65 +230,86 @@ void mpm_linear_free(mpm_model *m) {
 typedef struct {
     mpm_model *m;
     const mpm_layer *ly;
-    const float *cv; /* this token's canonical projection, q/k/v after the conv */
-    float *o;        /* [nv][dv] */
-    const float *S0; /* the recurrent state the token reads; S the one it writes (may be S0) */
-    float *S;
+    float *blk; /* the chunk's projections, matrix after matrix ([T][rows] each) */
+    float *o;   /* [T][nv][dv] */
+    int pos, T;
+    const float *src; /* the state the call's first token reads; dst the one written (may be src) */
+    float *dst;
 } lin_job;
 
-/* one value head: decay, delta-rule update, read-out, gated RMSNorm */
-static void lin_head(void *ctx, size_t h) {
-    lin_job *j = ctx;
+/* Token 0's canonical projection element p (lperm: where it sits in the matrices' rows) in the
+ * chunk's projections; *ts = the distance between tokens.  A head's elements are consecutive. */
+static float *lin_at(const lin_job *j, int64_t p, int64_t *ts) {
+    int64_t r = j->m->lperm[p], off = 0;
+    int i = 0;
+    while (r >= off + j->ly->la_in[i].rows) off += j->ly->la_in[i++].rows;
+    *ts = j->ly->la_in[i].rows;
+    return j->blk + (int64_t)j->T * off + (r - off);
+}
+
+/* key head g: the causal conv (then silu) of its q and k channels and of the v channels of its
+ * value heads, then q and k L2-normalised, token by token */
+static void lin_conv(void *ctx, size_t g) {
+    const lin_job *j = ctx;
     const mpm_config *c = &j->m->c;
-    const int64_t dk = c->la_dk, dv = c->la_dv, kd = c->la_nk * dk, vd = c->la_nv * dv;
-    const int64_t kh = (int64_t)h / (c->la_nv / c->la_nk);
-    const float *q = j->cv + kh * dk, *k = j->cv + kd + kh * dk, *v = j->cv + 2 * kd + (int64_t)h * dv;
-    const float *z = j->cv + 2 * kd + vd + (int64_t)h * dv;
-    const float b = j->cv[2 * kd + 2 * vd + (int64_t)h], a = j->cv[2 * kd + 2 * vd + c->la_nv + (int64_t)h];
-    const float g = -expf(j->ly->la_A[h]) * mpl_softplus(a + j->ly->la_dt[h]);
-    const float decay = expf(g), beta = mpl_sigmoid(b);
-    const float *S0 = j->S0 + (size_t)h * (size_t)(dk * dv);
-    float *S = j->S + (size_t)h * (size_t)(dk * dv), *o = j->o + (int64_t)h * dv;
-    mpl_delta_rule(S0, S, NULL, decay, q, k, v, beta, o, dk, dv);
-    mpl_gated_rmsnorm(o, j->ly->la_norm, z, dv, c->eps, 0);
+    const int64_t dk = c->la_dk, kd = c->la_nk * dk, r = c->la_nv / c->la_nk, K = c->la_conv;
+    const int64_t ch[3] = {(int64_t)g * dk, kd + (int64_t)g * dk, 2 * kd + (int64_t)g * r * c->la_dv};
+    const int64_t n[3] = {dk, dk, r * c->la_dv};
+    for (int p = 0; p < 3; p++) {
+        int64_t ts;
+        float *x = lin_at(j, ch[p], &ts);
+        const float *w = j->ly->la_conv + ch[p] * K, *src = j->src + ch[p] * (K - 1);
+        float *dst = j->dst + ch[p] * (K - 1);
+        for (int t = 0; t < j->T; t++) {
+            mpl_conv_step(x + t * ts, n[p], w, t ? dst : src, dst, K);
+            if (p < 2) mpl_l2norm(x + t * ts, dk, p ? 1.0f : 1.0f / sqrtf((float)dk));
+        }
+    }
+}
+
+/* value head h: decay and beta, the delta rule, the gated RMSNorm of the output */
+static void lin_head(void *ctx, size_t h) {
+    const lin_job *j = ctx;
+    const mpm_config *c = &j->m->c;
+    const int64_t dk = c->la_dk, dv = c->la_dv, kd = c->la_nk * dk, vd = c->la_nv * dv, nv = c->la_nv;
+    const int64_t kh = (int64_t)h / (nv / c->la_nk), rec = conv_dim(c) * (c->la_conv - 1);
+    mpl_seq s = {.o = j->o + (int64_t)h * dv, .os = vd, .dk = dk, .dv = dv};
+    int64_t zs, as, bs;
+    s.q = lin_at(j, kh * dk, &s.qs);
+    s.k = lin_at(j, kd + kh * dk, &s.ks);
+    s.v = lin_at(j, 2 * kd + (int64_t)h * dv, &s.vs);
+    const float *z = lin_at(j, 2 * kd + vd + (int64_t)h * dv, &zs);
+    float *b = lin_at(j, 2 * kd + 2 * vd + (int64_t)h, &bs), *a = lin_at(j, 2 * kd + 2 * vd + nv + (int64_t)h, &as);
+    for (int t = 0; t < j->T; t++) { /* in place: a -> exp(g), b -> beta */
+        const float g = -expf(j->ly->la_A[h]) * mpl_softplus(a[t * as] + j->ly->la_dt[h]);
+        a[t * as] = expf(g);
+        b[t * bs] = mpl_sigmoid(b[t * bs]);
+    }
+    s.decay = a, s.ds = as, s.beta = b, s.bs = bs;
+    const size_t hs = (size_t)h * (size_t)(dk * dv);
+    float *ws = j->m->lws + h * mpl_ws_floats(dk, dv, c->la_chunk);
+    mpl_recur(&s, j->pos, j->T, c->la_chunk, j->src + rec + hs, j->dst + rec + hs, ws,
+              strcmp(mpk_impl_name(j->m->kern), "scalar") != 0);
+    for (int t = 0; t < j->T; t++)
+        mpl_gated_rmsnorm(s.o + t * vd, j->ly->la_norm, z + t * zs, dv, c->eps, 0);
 }
 
 void mpm_linear_attention(mpm_model *m, int l, int pos, int T, const float *xn, float *out) {
     const mpm_config *c = &m->c;
     mpm_layer *ly = &m->layers[l];
-    const int64_t P = proj_dim(c), cd = conv_dim(c), K = c->la_conv;
-    const int64_t dk = c->la_dk, kd = c->la_nk * dk;
     if (c->la_kind == MPM_LA_KDA) {
         mpm_kda_attention(m, l, pos, T, xn, out);
         return;
     }
-    /* the input projections of all T tokens at once (matrix i's outputs: T x rows_i at T x the
-     * rows before it), then token by token */
-    const int64_t vd = c->la_nv * c->la_dv;
-    float *blk = m->lbuf, *o = blk + (int64_t)m->chunk * P, *raw = o + (int64_t)m->chunk * vd;
-    float *cv = raw + P;
+    /* the input projections of all T tokens at once (matrix i's outputs: T x rows_i after T x
+     * the rows before it), used in place from there on */
+    lin_job j = {m, ly, m->lbuf, m->lbuf + (int64_t)m->chunk * proj_dim(c), pos, T, NULL, NULL};
     for (int i = 0, off = 0; i < ly->la_nin; off += (int)ly->la_in[i].rows, i++)
-        mpk_matmat(m->kern, m->pool, &ly->la_in[i], xn, T, blk + (int64_t)T * off);
-    for (int t = 0; t < T; t++) {
-        for (int i = 0, off = 0; i < ly->la_nin; off += (int)ly->la_in[i].rows, i++) {
-            const int64_t rows = ly->la_in[i].rows;
-            memcpy(raw + off, blk + (int64_t)T * off + t * rows, (size_t)rows * sizeof(float));
-        }
-        for (int64_t jj = 0; jj < P; jj++) cv[jj] = raw[m->lperm[jj]];
-        /* depthwise causal conv over [q k v] channels, then silu; the state keeps K-1 inputs */
-        const float *src;
-        float *dst;
-        mpm_linear_state(m, ly, pos + t, &src, &dst);
-        const int64_t rec = cd * (K - 1); /* [conv inputs | recurrent matrices] */
-        mpl_conv_step(cv, cd, ly->la_conv, src, dst, K);
-        for (int64_t h = 0; h < c->la_nk; h++) {
-            mpl_l2norm(cv + h * dk, dk, 1.0f / sqrtf((float)dk));
-            mpl_l2norm(cv + kd + h * dk, dk, 1.0f);
-        }
-        lin_job j = {m, ly, cv, o + t * vd, src + rec, dst + rec};
-        mpk_pool_run(m->pool, (size_t)c->la_nv, lin_head, &j);
-    }
-    mpk_matmat(m->kern, m->pool, &ly->la_out, o, T, out);
+        mpk_matmat(m->kern, m->pool, &ly->la_in[i], xn, T, j.blk + (int64_t)T * off);
+    mpm_linear_state(m, ly, pos, &j.src, &j.dst); /* [conv inputs | recurrent matrices] */
+    mpk_pool_run(m->pool, (size_t)c->la_nk, lin_conv, &j);
+    mpk_pool_run(m->pool, (size_t)c->la_nv, lin_head, &j);
+    mpk_matmat(m->kern, m->pool, &ly->la_out, j.o, T, out);
 }
 
 /* Gated full attention (Qwen3-Next): q_proj rows hold, per head, hd query rows then hd gate rows.
