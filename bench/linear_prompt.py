@@ -10,7 +10,9 @@ MLA layer; hidden 256 and small experts, so the recurrence is a large share of t
 row runs one prompt of --tokens tokens in chunks of --chunk; the variants (linear_chunk 1 = token
 form, then the sub-chunks asked for, and with --lib an engine library built from another commit)
 alternate, every round flipping the order; the best of --rounds is kept with every round's
-speed and the median; the process is pinned to --threads CPUs.  Prints one JSON line per model.
+speed, the median, and the median over rounds of each row's ratio to the token form in the same
+round (runs next to each other in time, so on a shared machine the steadiest figure); the
+process is pinned to --threads CPUs.  Prints one JSON line per model.
 """
 
 from __future__ import annotations
@@ -119,6 +121,11 @@ def main() -> None:
         best = {k: v["prompt_tok_s"][-1] for k, v in got.items()}
         median = {k: statistics.median(r[-1] for r in v["rounds_prompt_tok_s"])
                   for k, v in got.items()}
+        # each round's runs are neighbours in time: their ratio cancels most of the load's drift
+        token = [r[-1] for r in got["L1"]["rounds_prompt_tok_s"]]
+        paired = {k: round(statistics.median(r[-1] / t for r, t in
+                                             zip(v["rounds_prompt_tok_s"], token, strict=True)), 3)
+                  for k, v in got.items()}
         print(json.dumps({
             "model": arch, "commit": git_commit(), "date": utc_now(), "machine": machine_line(),
             "cpu": lscpu(), "tokens": a.tokens, "chunk": a.chunk, "threads": a.threads,
@@ -128,6 +135,7 @@ def main() -> None:
             "vs_token_form": {k: round(v / best["L1"], 2) for k, v in best.items()},
             "median_prompt_tok_s": median,
             "median_vs_token_form": {k: round(v / median["L1"], 2) for k, v in median.items()},
+            "median_round_ratio_to_token_form": paired,
             "engine": a.engine or "installed", "lib": a.lib,
             "load_avg_before_after": [round(load0[0], 1), round(os.getloadavg()[0], 1)]}),
             flush=True)
