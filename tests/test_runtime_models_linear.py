@@ -127,6 +127,16 @@ def test_delta_rule_forms_and_kernel_paths(kimi):
         Engine(path, linear_chunk=65)
 
 
+def test_planned_chunk_is_a_multiple_of_the_sub_chunk(kimi):
+    """ctx 100 allows chunks of 100: the planner takes 96, so that no sub-chunk of a long
+    prompt straddles two passes (which would send it through the token form)."""
+    path, _ = kimi
+    with Engine(path, ctx=100) as e:
+        assert e.stats()["chunk"] == 6 * LINEAR_CHUNK
+    with Engine(path, ctx=100, linear_chunk=1) as e:
+        assert e.stats()["chunk"] == 100
+
+
 def test_plan_counts_state_and_one_latent_cache(kimi):
     path, ref = kimi
     with Engine(path, threads=1) as e:
