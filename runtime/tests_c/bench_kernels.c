@@ -31,20 +31,7 @@
 #include <time.h>
 
 #include "kernels.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t rs = 88172645463325252ull;
-static uint64_t rnd(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return rs;
-}
+#include "bench.h"
 
 static int in_list(const char *list, const char *item) {
     size_t n = strlen(item);
@@ -69,20 +56,20 @@ static void trunk(const mpk_impl *k, const char *name, int codec, long rows, lon
         const char *mode = mi ? "cache" : "ram";
         if (!in_list(modes, mode)) continue;
         size_t nexp = mi ? 1 : nexp_ram, e = 0;
-        double t0 = now();
+        double t0 = wall_now();
         mpk_matvec(k, NULL, &m, x, y);
-        double one = now() - t0;
+        double one = wall_now() - t0;
         long calls = (long)(secs / 5 / (one > 1e-7 ? one : 1e-7));
         if (calls < 2) calls = 2;
         double best = 1e30;
         for (int blk = 0; blk < 5; blk++) {
-            double a = now();
+            double a = wall_now();
             for (long c = 0; c < calls; c++) {
                 m.data = buf + e * stride;
                 e = (e + 1) % nexp;
                 mpk_matvec(k, NULL, &m, x, y);
             }
-            double t = (now() - a) / (double)calls;
+            double t = (wall_now() - a) / (double)calls;
             best = t < best ? t : best;
         }
         double wts = (double)rows * (double)cols;
@@ -153,12 +140,12 @@ int main(int argc, char **argv) {
                     /* calls per block: about secs / 5 of work, at least one pass over the experts */
                     mpk_rvq_tab tab;
                     mpk_rvq_tab_init(&tab, tabmem, cols, S);
-                    double t0 = now();
+                    double t0 = wall_now();
                     mpk_rvq w;
                     mpk_rvq_init(&w, rows, cols, S, buf);
                     mpk_rvq_tables(k, NULL, cbt, x, &tab);
                     mpk_rvq_matvec(k, NULL, &w, &tab, y);
-                    double one = now() - t0;
+                    double one = wall_now() - t0;
                     long calls = (long)(secs / 5 / (one > 1e-7 ? one : 1e-7));
                     if (calls < 2) calls = 2;
                     /* ram: consecutive calls walk the projections in order, so each one was
@@ -170,11 +157,11 @@ int main(int argc, char **argv) {
                         for (long c = 0; c < calls; c++) {
                             mpk_rvq_init(&w, rows, cols, S, buf + e * stride);
                             e = (e + 1) % nexp;
-                            double a = now();
+                            double a = wall_now();
                             mpk_rvq_tables(k, NULL, cbt, x, &tab);
-                            double b = now();
+                            double b = wall_now();
                             mpk_rvq_matvec(k, NULL, &w, &tab, y);
-                            double d = now();
+                            double d = wall_now();
                             tt += b - a;
                             tm += d - b;
                         }
@@ -188,7 +175,7 @@ int main(int argc, char **argv) {
                     volatile uint64_t sink = 0;
                     for (int blk = 0; blk < 3; blk++) {
                         size_t n = nexp < 64 ? nexp : 64;
-                        double a = now();
+                        double a = wall_now();
                         for (size_t i = 0; i < n; i++) {
                             const uint64_t *p = (const uint64_t *)(buf + ((e + i) % nexp) * stride);
                             uint64_t s0 = 0, s1 = 0;
@@ -198,7 +185,7 @@ int main(int argc, char **argv) {
                             }
                             sink += s0 + s1;
                         }
-                        double rd = (now() - a) / (double)n;
+                        double rd = (wall_now() - a) / (double)n;
                         e = (e + n) % nexp;
                         if (rd < best_rd) best_rd = rd;
                     }

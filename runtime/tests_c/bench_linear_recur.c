@@ -11,12 +11,7 @@
 #include <time.h>
 
 #include "linear_ops.h"
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#include "bench.h"
 
 static float unit(void) { return (float)rand() / (float)RAND_MAX; }
 
@@ -43,9 +38,9 @@ int main(int argc, char **argv) {
             double best = 1e30;
             for (int r = 0; r < 12; r++) {
                 memset(S, 0, sizeof(float) * (size_t)(dk * dv));
-                const double t0 = now();
+                const double t0 = wall_now();
                 mpl_recur(&s, 0, T, Ls[li], S, S, ws, simd);
-                const double dt = now() - t0;
+                const double dt = wall_now() - t0;
                 best = dt < best ? dt : best;
             }
             printf("%s L %2d: %6.2f us per token\n", per_channel ? "KDA" : "GDN", Ls[li], 1e6 * best / T);

@@ -20,28 +20,15 @@
 
 #include "kernels.h"
 #include "kernels_impl.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t rs = 88172645463325252ull;
-static uint64_t rnd(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return rs;
-}
+#include "bench.h"
 
 static double best_of(const mpk_impl *k, const mpk_rvq *w, const mpk_rvq_tab *const *tp, int n, float *y,
                       void *ws) {
     double best = 1e30;
     for (int rep = 0; rep < 5; rep++) {
-        double a = now();
+        double a = cpu_now();
         mpk_rvq_matmat(k, NULL, w, tp, n, y, ws);
-        double d = now() - a;
+        double d = cpu_now() - a;
         best = d < best ? d : best;
     }
     return best;
@@ -56,11 +43,11 @@ static void parts(const mpk_impl *k, const mpk_rvq *w, const mpk_rvq_tab *const 
     float *acc = calloc((size_t)nt * 64 * MPK_RVQ_TB, sizeof *acc);
     double tp_ = 1e30, tl = 1e30;
     for (int rep = 0; rep < 5; rep++) {
-        double a = now();
+        double a = cpu_now();
         k->rvq_tb_pack(tp, MPK_RVQ_TB, 0, J, tt);
-        double b = now();
+        double b = cpu_now();
         k->rvq_tb(w, tt, d, 0, nt, acc);
-        double c = now();
+        double c = cpu_now();
         tp_ = b - a < tp_ ? b - a : tp_;
         tl = c - b < tl ? c - b : tl;
     }

@@ -16,22 +16,11 @@
 #include <time.h>
 
 #include "kernels.h"
+#include "bench.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t rs = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return rs;
-}
-
+/* its own stream: seeded in main */
 int main(int argc, char **argv) {
+    rs = 0x9e3779b97f4a7c15ull;
     long rows = 4096, cols = 4096;
     if (argc > 1 && sscanf(argv[1], "%ldx%ld", &rows, &cols) != 2) return 2;
     const mpk_impl *k = mpk_select(MPK_AUTO);
@@ -59,9 +48,9 @@ int main(int argc, char **argv) {
             int n = ns[ni];
             double best = 1e30;
             for (int rep = 0; rep < 5; rep++) {
-                double a = now();
+                double a = cpu_now();
                 mpk_matmat(k, NULL, &w, x, n, y);
-                double d = now() - a;
+                double d = cpu_now() - a;
                 best = d < best ? d : best;
             }
             printf("{\"codec\": \"%s\", \"shape\": \"%ldx%ld\", \"path\": \"%s\", \"n\": %d, \"ns_w\": %.5f, "
