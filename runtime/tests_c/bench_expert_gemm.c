@@ -60,15 +60,12 @@ int main(int argc, char **argv) {
     if (argc > 1 && sscanf(argv[1], "%ldx%ld", &rows, &cols) != 2) return 2;
     if (argc > 2) S = atoi(argv[2]);
     const mpk_impl *k = mpk_select(MPK_AUTO);
-    size_t nb = (size_t)mpk_rvq_nbytes(rows, cols, S);
-    uint8_t *part = aligned_alloc(64, (nb + 63) & ~(size_t)63);
     float *cb = malloc((size_t)S * 2048 * 4), *cbt = malloc((size_t)S * 2048 * 4);
-    for (size_t i = 0; i < nb; i++) part[i] = (uint8_t)rnd();
     mpk_rvq w;
-    mpk_rvq_init(&w, rows, cols, S, part);
-    for (long r = 0; r < rows; r++) memcpy((uint8_t *)w.scales + 2 * r, "\x00\x3c", 2);
-    for (int i = 0; i < S * 2048; i++) cb[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 4000.0f;
-    mpk_rvq_transpose_cb(cb, S, cbt);
+    random_rvq(&w, rows, cols, S, cbt);
+    for (int st = 0; st < S; st++) /* decode_tile reads the untransposed codebook */
+        for (int e = 0; e < 256; e++)
+            for (int d = 0; d < 8; d++) cb[(st * 256 + e) * 8 + d] = cbt[(st * 8 + d) * 256 + e];
     enum { NMAX = 200 };
     float *x = malloc((size_t)NMAX * (size_t)cols * 4), *y = malloc((size_t)NMAX * (size_t)rows * 4);
     for (long i = 0; i < NMAX * cols; i++) x[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 1000.0f;

@@ -65,15 +65,9 @@ int main(int argc, char **argv) {
     int S = 3;
     if (argc > 1 && sscanf(argv[1], "%ldx%ld", &rows, &cols) != 2) return 2;
     if (argc > 2) S = atoi(argv[2]);
-    size_t nb = (size_t)mpk_rvq_nbytes(rows, cols, S);
-    uint8_t *part = malloc(nb);
-    float *cb = malloc((size_t)S * 2048 * 4), *cbt = malloc((size_t)S * 2048 * 4);
-    for (size_t i = 0; i < nb; i++) part[i] = (uint8_t)rnd();
+    float *cbt = malloc((size_t)S * 2048 * 4);
     mpk_rvq w;
-    mpk_rvq_init(&w, rows, cols, S, part);
-    for (long r = 0; r < rows; r++) memcpy((uint8_t *)w.scales + 2 * r, "\x00\x3c", 2);
-    for (int i = 0; i < S * 2048; i++) cb[i] = (float)((int64_t)(rnd() % 2001) - 1000) / 4000.0f;
-    mpk_rvq_transpose_cb(cb, S, cbt);
+    random_rvq(&w, rows, cols, S, cbt);
     enum { NMAX = 128 };
     float *x = malloc((size_t)cols * 4);
     float *y0 = malloc((size_t)NMAX * (size_t)rows * 4), *y1 = malloc((size_t)NMAX * (size_t)rows * 4);
