@@ -1,6 +1,7 @@
 """`make bench-kernels`: single-thread G weights/s of moepack's kernels vs llama.cpp's dot products.
 
-    python -m bench.kernels [--repeat 3] [--variants native,avx2] [--cpu N] [--no-write|--render]
+    python -m bench.kernels [--repeat 3] [--variants native,avx2] [--cpu N] [--name kernels]
+                            [--no-write|--render]
 
 llama.cpp's side is ggml's CPU library built from the sources vendored in the llama-cpp-python
 sdist (pip download, then cmake builds only ggml-base + ggml-cpu, statically, once; cached under
@@ -317,12 +318,12 @@ def markdown(res: dict) -> str:
               "`vec_dot` (what bench/llama.py runs, extra buffer types off). Q3_K and IQ3_XXS "
               "have no x86 repack: for them `vec_dot` is what llama.cpp runs. On a shared VM "
               "the per-round bests vary up to 2x; quote figures from a quiet machine. Raw "
-              "per-round records: bench/results/kernels.json."]
+              f"per-round records: bench/results/{res.get('name', 'kernels')}.json."]
     return "\n".join(lines) + "\n"
 
 
-def write_benchmarks_md(section: str) -> None:
-    replace_section(ROOT / "BENCHMARKS.md", "kernels", section)
+def write_benchmarks_md(section: str, name: str = "kernels") -> None:
+    replace_section(ROOT / "BENCHMARKS.md", name, section)
 
 
 def main() -> None:
@@ -337,10 +338,14 @@ def main() -> None:
     ap.add_argument("--build-jobs", type=int, default=1, help="make jobs for the ggml build")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--render", action="store_true",
-                    help="only rewrite the BENCHMARKS.md section from bench/results/kernels.json")
+                    help="only rewrite the BENCHMARKS.md section from bench/results/NAME.json")
+    ap.add_argument("--name", default="kernels",
+                    help="results file bench/results/NAME.json and BENCHMARKS.md section NAME "
+                         "(another name keeps a second machine's figures beside the first's)")
     a = ap.parse_args()
+    results = RESULTS / f"{a.name}.json"
     if a.render:
-        write_benchmarks_md(markdown(json.loads((RESULTS / "kernels.json").read_text())))
+        write_benchmarks_md(markdown(json.loads(results.read_text())), a.name)
         return
     variants = [v for v in a.variants.split(",") if v]
     for v in variants:
@@ -360,7 +365,7 @@ def main() -> None:
            "cpu": cpu, "load_avg_start": os.getloadavg(), "repeat": a.repeat,
            "variants": variants, "ram_mib": a.ram_mib, "sweeps": a.sweeps,
            "shapes": a.shapes.split(","), "types": a.types.split(","), "ggml": ggml,
-           "moepack_missing": missing or None, "read_gbs": [], "runs": []}
+           "moepack_missing": missing or None, "read_gbs": [], "runs": [], "name": a.name}
     for rnd in range(a.repeat):
         engines = [("llama.cpp", v) for v in variants] + [("moepack", "")] * have_moepack
         if rnd % 2:
@@ -392,9 +397,9 @@ def main() -> None:
     print(md)
     if not a.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "kernels.json").write_text(json.dumps(res, indent=1) + "\n")
-        write_benchmarks_md(md)
-        log("wrote bench/results/kernels.json and BENCHMARKS.md (Expert kernels)")
+        results.write_text(json.dumps(res, indent=1) + "\n")
+        write_benchmarks_md(md, a.name)
+        log(f"wrote {results.relative_to(ROOT)} and BENCHMARKS.md (section {a.name})")
 
 
 if __name__ == "__main__":
