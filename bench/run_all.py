@@ -737,6 +737,12 @@ def _json_block(name: str, text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _simd(res: dict) -> str:
+    """The widest vector extension the run's CPU reported (llama.cpp's kernels use it)."""
+    flags = str((res.get("hardware") or {}).get("Flags", ""))
+    return "AVX-512" if "avx512" in flags else "AVX2" if "avx2" in flags else "SSE"
+
+
 def goals(res: dict) -> str:
     lines = ["### Goals (issue 9)\n", "| goal | measured | met? |", "|---|---|---|"]
     row25 = next((r for r in res.get("caps", []) if r["frac"] == 0.25), None)
@@ -770,7 +776,7 @@ def goals(res: dict) -> str:
                         "decode is compute-bound, and moepack's rvq kernels work by table "
                         "lookups (per 8-weight vector, 3 stages, plus a per-row scale), whose "
                         "load -> address -> load chains limit them; llama.cpp's Q3_K dot "
-                        "products are plain SIMD integer arithmetic (AVX-512 here). Against "
+                        f"products are plain SIMD integer arithmetic ({_simd(res)} here). Against "
                         "the byte-matched IQ3_XXS twin, whose kernel also goes through a grid "
                         "lookup, moepack is ahead. Closing the gap needs faster rvq kernels "
                         "(or a q4/q3 group codec for warm use), not I/O work.")

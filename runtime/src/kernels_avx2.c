@@ -2,8 +2,9 @@
  * (multiply then add, lanes = element index mod 8, red8 reduction), so results are
  * bit-identical to it; the speed comes from 8-wide loads and int8/nibble widening.  Routed
  * experts: CODECS.md §3.5 with the scalar path's roundings (FMA chain, int8 tables, exact integer
- * sums, fma combine); 256-entry int8 tables are looked up with vpshufb over 16-entry sub-tables
- * and a vpblendvb tree on code bits 4-7 (measured faster than 8-lane gathers on Zen 4). */
+ * sums, fma combine); 256-entry int8 tables are looked up with vpshufb over 16-entry sub-tables,
+ * bit 7 by vpshufb's zeroing and a vpblendvb tree on code bits 4-6 (measured faster than 8-lane
+ * gathers on Zen 4). */
 #include "kernels_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -386,81 +387,73 @@ AVX2 static void a_rvq_tables(const float *cbt, const float *x, mpk_rvq_tab *t, 
     }
 }
 
-/* 32 int8 lookups q[code] of one (vector, stage) table: vpshufb picks from each 16-entry
- * sub-table by the low nibble, a blend tree on bits 4, 5, 6, 7 (each shifted to the byte's sign
- * bit, which is what vpblendvb reads) selects the sub-table. */
-AVX2 static inline __m256i lookup32(const int8_t *tab, __m256i c) {
-    const __m256i lo = _mm256_and_si256(c, _mm256_set1_epi8(15));
-    const __m256i b4 = _mm256_slli_epi16(c, 3), b5 = _mm256_slli_epi16(c, 2), b6 = _mm256_slli_epi16(c, 1);
-#define SUB(h) _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(tab + 16 * (h)))), lo)
-#define PAIR(h) _mm256_blendv_epi8(SUB(h), SUB((h) + 1), b4)
-    __m256i c0 = _mm256_blendv_epi8(PAIR(0), PAIR(2), b5), c1 = _mm256_blendv_epi8(PAIR(4), PAIR(6), b5);
-    __m256i d0 = _mm256_blendv_epi8(c0, c1, b6);
-    c0 = _mm256_blendv_epi8(PAIR(8), PAIR(10), b5);
-    c1 = _mm256_blendv_epi8(PAIR(12), PAIR(14), b5);
-    return _mm256_blendv_epi8(d0, _mm256_blendv_epi8(c0, c1, b6), c);
+/* vpblendvb as written: on a computed mask GCC emits a compare before each blend (one more
+ * vector op), although the instruction reads only the mask's sign bits. */
+AVX2 static inline __m256i blend_sign(__m256i a, __m256i b, __m256i m) {
+    __m256i r;
+    __asm__("vpblendvb %3, %2, %1, %0" : "=x"(r) : "x"(a), "x"(b), "x"(m));
+    return r;
+}
+
+/* 32 int8 lookups q[code] of one (vector, stage) table.  vpshufb picks from a 16-entry sub-table
+ * by the low nibble and gives 0 where the index's bit 7 is set, so sub-tables h and h + 8 looked
+ * up by the code and by the code with bit 7 flipped, or'ed, select on bit 7 without a blend; a
+ * vpblendvb tree on bits 4, 5, 6 (moved to the sign bit by byte adds, which run on every vector
+ * port while shifts share the shuffle ports) selects among the eight. */
+AVX2 static inline __attribute__((always_inline)) __m256i lookup32(const int8_t *tab, __m256i c) {
+    const __m256i cx = _mm256_xor_si256(c, _mm256_set1_epi8((char)0x80));
+    const __m256i b6 = _mm256_add_epi8(c, c), b5 = _mm256_add_epi8(b6, b6), b4 = _mm256_add_epi8(b5, b5);
+#define LEAF(h) _mm256_or_si256( \
+        _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(tab + 16 * (h)))), c), \
+        _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(tab + 16 * (h) + 128))), cx))
+#define PAIR(h) blend_sign(LEAF(h), LEAF((h) + 1), b4)
+    const __m256i q0 = blend_sign(PAIR(0), PAIR(2), b5);
+    const __m256i q1 = blend_sign(PAIR(4), PAIR(6), b5);
+    return blend_sign(q0, q1, b6);
 #undef PAIR
-#undef SUB
+#undef LEAF
 }
 
-/* lookup32 for both 32-row halves of a tile at once: each 16-entry sub-table is broadcast once
- * and shuffled by both halves' low nibbles (half the table loads of two lookup32 calls). */
-AVX2 static inline __attribute__((always_inline)) void lookup64(const int8_t *tab, __m256i c0, __m256i c1,
-                                                                __m256i *r0, __m256i *r1) {
-    const __m256i m15 = _mm256_set1_epi8(15);
-    const __m256i lo0 = _mm256_and_si256(c0, m15), lo1 = _mm256_and_si256(c1, m15);
-    const __m256i b40 = _mm256_slli_epi16(c0, 3), b41 = _mm256_slli_epi16(c1, 3);
-    __m256i p0[8], p1[8];
-#pragma GCC unroll 8
-    for (int h = 0; h < 8; h++) {
-        __m256i s0 = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(tab + 32 * h)));
-        __m256i s1 = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(tab + 32 * h + 16)));
-        p0[h] = _mm256_blendv_epi8(_mm256_shuffle_epi8(s0, lo0), _mm256_shuffle_epi8(s1, lo0), b40);
-        p1[h] = _mm256_blendv_epi8(_mm256_shuffle_epi8(s0, lo1), _mm256_shuffle_epi8(s1, lo1), b41);
-    }
-    const __m256i b50 = _mm256_slli_epi16(c0, 2), b51 = _mm256_slli_epi16(c1, 2);
-    const __m256i b60 = _mm256_slli_epi16(c0, 1), b61 = _mm256_slli_epi16(c1, 1);
-    __m256i d0 = _mm256_blendv_epi8(_mm256_blendv_epi8(p0[0], p0[1], b50), _mm256_blendv_epi8(p0[2], p0[3], b50), b60);
-    __m256i e0 = _mm256_blendv_epi8(_mm256_blendv_epi8(p0[4], p0[5], b50), _mm256_blendv_epi8(p0[6], p0[7], b50), b60);
-    __m256i d1 = _mm256_blendv_epi8(_mm256_blendv_epi8(p1[0], p1[1], b51), _mm256_blendv_epi8(p1[2], p1[3], b51), b61);
-    __m256i e1 = _mm256_blendv_epi8(_mm256_blendv_epi8(p1[4], p1[5], b51), _mm256_blendv_epi8(p1[6], p1[7], b51), b61);
-    *r0 = _mm256_blendv_epi8(d0, e0, c0);
-    *r1 = _mm256_blendv_epi8(d1, e1, c1);
-}
+#ifndef A_PF
+#define A_PF 24 /* code lines prefetched ahead of the tile's read position */
+#endif
 
+/* Per tile and group, for each vector every stage in turn, so the tile's codes are read strictly
+ * in storage order (one sequential stream; per stage a stride-S walk measured slower with codes
+ * in RAM, LEARNED.md).  Int8 lookups are summed per stage in int16 lanes split into even and odd
+ * rows (|n| <= 32 * 127 fits; the S x 4 sums live in L1: 16 ymm registers do not hold them and
+ * the lookup), then per stage in order f32(n) fma'd into accumulators kept in the order the
+ * widening produces: p[tile][half][k][8] with k = 0 even rows 0-14, 1 even rows 16-30, 2 odd
+ * rows 1-15, 3 odd rows 17-31 (of the half); reordered to rows at the end. */
 AVX2 static void a_rvq_acc(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
                            int64_t g0, int64_t g1, float *pf) {
     const int S = w->stages;
     const int64_t nv = w->nv, J = nv * S;
     float (*p)[2][4][8] = (float (*)[2][4][8])pf;
-    /* tile-outer: a tile's codes stream sequentially (measured a little faster with codes in
-     * RAM than group-outer); the tables come from L2 */
+    __m256i ev[8][2], od[8][2]; /* stages <= 8 (CODECS.md §3) */
     for (int64_t i = 0; i < ntiles; i++) {
+        const uint8_t *c = w->codes + (size_t)((tile0 + i) * J) * 64;
         for (int64_t g = g0; g < g1; g++) {
             int64_t v0 = g * MPK_RVQ_GROUP, v1 = v0 + MPK_RVQ_GROUP < nv ? v0 + MPK_RVQ_GROUP : nv;
-            const uint8_t *c = w->codes + (size_t)((tile0 + i) * J) * 64;
-            for (int st = 0; st < S; st++) {
-                __m256i ev[2], od[2];
-                ev[0] = ev[1] = od[0] = od[1] = _mm256_setzero_si256();
-                for (int64_t v = v0; v < v1; v++) {
-                    size_t j = (size_t)(v * S + st);
-                    /* next group's line of this tile: the hardware prefetcher alone left
-                     * this path at ~60 % of its in-cache speed with codes in RAM */
-                    _mm_prefetch((const char *)(c + (j + MPK_RVQ_GROUP * (size_t)S) * 64), _MM_HINT_T0);
-                    __m256i r[2];
-                    lookup64(t->q + j * 256, _mm256_loadu_si256((const __m256i *)(c + j * 64)),
-                             _mm256_loadu_si256((const __m256i *)(c + j * 64 + 32)), &r[0], &r[1]);
-                    for (int h = 0; h < 2; h++) {
-                        ev[h] = _mm256_add_epi16(ev[h], _mm256_srai_epi16(_mm256_slli_epi16(r[h], 8), 8));
-                        od[h] = _mm256_add_epi16(od[h], _mm256_srai_epi16(r[h], 8));
-                    }
+            for (int st = 0; st < S; st++) ev[st][0] = ev[st][1] = od[st][0] = od[st][1] = _mm256_setzero_si256();
+            for (size_t j = (size_t)(v0 * S); j < (size_t)(v1 * S); j++) {
+                const int st = (int)(j % (size_t)S);
+                _mm_prefetch((const char *)(c + (j + A_PF) * 64), _MM_HINT_T0);
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const __m256i r = lookup32(t->q + j * 256, _mm256_loadu_si256((const __m256i *)(c + j * 64 + 32 * h)));
+                    /* even and odd rows' bytes sign-extended to int16 (vpmaddubsw by 1 and 0) */
+                    ev[st][h] = _mm256_add_epi16(ev[st][h], _mm256_maddubs_epi16(_mm256_set1_epi16(0x0001), r));
+                    od[st][h] = _mm256_add_epi16(od[st][h], _mm256_maddubs_epi16(_mm256_set1_epi16(0x0100), r));
                 }
+            }
+            for (int st = 0; st < S; st++) {
                 const __m256 d = _mm256_set1_ps(t->d[g * S + st]);
                 for (int h = 0; h < 2; h++) {
-                    __m256i n[4] = {_mm256_cvtepi16_epi32(_mm256_castsi256_si128(ev[h])),
-                                    _mm256_cvtepi16_epi32(_mm256_extracti128_si256(ev[h], 1)),
-                                    _mm256_cvtepi16_epi32(_mm256_castsi256_si128(od[h])),
-                                    _mm256_cvtepi16_epi32(_mm256_extracti128_si256(od[h], 1))};
+                    __m256i n[4] = {_mm256_cvtepi16_epi32(_mm256_castsi256_si128(ev[st][h])),
+                                    _mm256_cvtepi16_epi32(_mm256_extracti128_si256(ev[st][h], 1)),
+                                    _mm256_cvtepi16_epi32(_mm256_castsi256_si128(od[st][h])),
+                                    _mm256_cvtepi16_epi32(_mm256_extracti128_si256(od[st][h], 1))};
                     #pragma GCC unroll 8
                     for (int k = 0; k < 4; k++)
                         _mm256_storeu_ps(p[i][h][k], _mm256_fmadd_ps(_mm256_cvtepi32_ps(n[k]), d,
