@@ -477,10 +477,7 @@ static void a_rvq_unperm(const float *pf, int64_t ntiles, float *acc) {
             }
 }
 
-/* Per half tile (32 rows) and stage: int8 lookups summed in int16 lanes split into even and odd
- * rows (|n| <= 32 * 127 fits), then f32(n) fma'd into accumulators kept in the order the
- * widening produces: p[tile][half][k][8] with k = 0 even rows 0-14, 1 even rows 16-30, 2 odd
- * rows 1-15, 3 odd rows 17-31 (of the half); reordered to rows at the end. */
+/* a_rvq_acc over every group, then rows in order (a_rvq_unperm) */
 AVX2 static void a_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
                              float *acc) {
     float p[MPK_RVQ_MAX_TILES * 64] __attribute__((aligned(32)));
