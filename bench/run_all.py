@@ -772,13 +772,15 @@ def goals(res: dict) -> str:
         lines.append(f"| warm: >= 1.0x llama.cpp | {_f(r)}x vs the IQ3_XXS twin{extra} | "
                      f"{met} |")
         if q is not None and q < 1:
+            ahead = ("Against the byte-matched IQ3_XXS twin, whose kernel also goes through a "
+                     "grid lookup, moepack is ahead. " if r and r >= 1 else
+                     f"Against the byte-matched IQ3_XXS twin it is at {_f(r)}x. ")
             why_warm = ("\nWhy the warm goal is not met against Q3_K: with everything in RAM "
                         "decode is compute-bound, and moepack's rvq kernels work by table "
-                        "lookups (per 8-weight vector, 3 stages, plus a per-row scale), whose "
-                        "load -> address -> load chains limit them; llama.cpp's Q3_K dot "
-                        f"products are plain SIMD integer arithmetic ({_simd(res)} here). Against "
-                        "the byte-matched IQ3_XXS twin, whose kernel also goes through a grid "
-                        "lookup, moepack is ahead. Closing the gap needs faster rvq kernels "
+                        "lookups (per 8-weight vector, 3 stages, plus a per-row scale), bound by "
+                        "the vector instructions each 256-entry lookup takes (docs/LEARNED.md); "
+                        "llama.cpp's Q3_K dot products are plain SIMD integer arithmetic "
+                        f"({_simd(res)} here). {ahead}Closing the gap needs faster rvq kernels "
                         "(or a q4/q3 group codec for warm use), not I/O work.")
     else:
         lines.append("| warm: >= 1.0x llama.cpp | not measured (no llama.cpp run) | – |")
