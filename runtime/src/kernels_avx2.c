@@ -69,6 +69,33 @@ AVX2 static inline __attribute__((always_inline)) __m256 codes8(const uint8_t *q
     return _mm256_cvtepi32_ps(_mm256_sub_epi32(nib, off4));
 }
 
+/* q6 codes c..c+7 (c a multiple of 8) from one 16-byte load at byte (c / 4) * 3, which the
+ * caller checks lies inside the matrix: each lane takes the two bytes its 6 bits start in. */
+AVX2 static inline __attribute__((always_inline)) __m256 q6_codes8_wide(const uint8_t *q, int64_t c) {
+    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q + (c >> 2) * 3)));
+    const __m256i pick = _mm256_setr_epi8(0, 1, -1, -1, 0, 1, -1, -1, 1, 2, -1, -1, 2, 3, -1, -1,
+                                          3, 4, -1, -1, 3, 4, -1, -1, 4, 5, -1, -1, 5, -1, -1, -1);
+    const __m256i k = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(b, pick),
+                                                         _mm256_setr_epi32(0, 6, 4, 2, 0, 6, 4, 2)),
+                                       _mm256_set1_epi32(63));
+    return _mm256_cvtepi32_ps(_mm256_sub_epi32(k, _mm256_set1_epi32(32)));
+}
+
+/* Eight full groups' lane sums, the groups advancing together: eight independent add chains
+ * instead of one group's at a time (bound by the add latency); each lane's order is unchanged. */
+AVX2 static inline __attribute__((always_inline)) void lanes8x8(const uint8_t *q, const float *x, int64_t c0,
+                                                                 int64_t G, const int codec, const int wide,
+                                                                 __m256i off4, __m256 L[8]) {
+    for (int i = 0; i < 8; i++) L[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < G; k += 8)
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            const int64_t c = c0 + i * G + k;
+            const __m256 v = wide ? q6_codes8_wide(q, c) : codes8(q, c, codec, off4);
+            L[i] = _mm256_add_ps(L[i], _mm256_mul_ps(v, _mm256_loadu_ps(x + c)));
+        }
+}
+
 /* red8 of eight lane vectors at once: lane g is red8(L[g]) in red8's exact order (hadd adds
  * adjacent lanes twice, the last add joins the 128-bit halves). */
 AVX2 static inline __m256 red8x8(const __m256 L[8]) {
@@ -92,21 +119,30 @@ AVX2 static inline __attribute__((always_inline)) float grouped_dot(const mpk_ma
     else if (codec == MP_CODEC_Q6) q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
     else q = w->data + (zp ? 2 : 1) * (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 2;
     const __m256i off4 = _mm256_set1_epi32(zp ? 0 : 8);
+    const int64_t q_left = (w->rows - r) * (w->cols_p / 4 * 3); /* q6 code bytes from q to the end */
     float acc = 0.0f;
     int64_t g = 0;
     for (; (g + 8) * G <= n; g += 8) { /* eight full groups (G is a multiple of 8) */
         __m256 L[8], XL[8];
-        for (int i = 0; i < 8; i++) {
-            __m256 l = _mm256_setzero_ps(), xl = _mm256_setzero_ps();
+        /* groups together (lanes8x8), measured against one group at a time (Zen 3, best of 6
+         * alternating rounds): q8 1.0-1.1x, q6 1.2x and with the wide decode 1.45-1.8x; q4
+         * 0.8x (its decode needs the registers), so q4 keeps the old loop */
+        if (codec == MP_CODEC_Q6 && ((((g + 8) * G - 8) >> 2) * 3 + 16 <= q_left)) {
+            lanes8x8(q, x, g * G, G, MP_CODEC_Q6, 1, off4, L);
+        } else if (codec != MP_CODEC_Q4) {
+            lanes8x8(q, x, g * G, G, codec, 0, off4, L);
+        } else
+            for (int i = 0; i < 8; i++) {
+                __m256 l = _mm256_setzero_ps(), xl = _mm256_setzero_ps();
 #pragma GCC unroll 4
-            for (int64_t c = (g + i) * G; c < (g + i + 1) * G; c += 8) {
-                __m256 xv = _mm256_loadu_ps(x + c);
-                l = _mm256_add_ps(l, _mm256_mul_ps(codes8(q, c, codec, off4), xv));
-                if (zp) xl = _mm256_add_ps(xl, xv);
+                for (int64_t c = (g + i) * G; c < (g + i + 1) * G; c += 8) {
+                    __m256 xv = _mm256_loadu_ps(x + c);
+                    l = _mm256_add_ps(l, _mm256_mul_ps(codes8(q, c, codec, off4), xv));
+                    if (zp) xl = _mm256_add_ps(xl, xv);
+                }
+                L[i] = l;
+                XL[i] = xl;
             }
-            L[i] = l;
-            XL[i] = xl;
-        }
         __m256 part = _mm256_mul_ps(f16x8(sc + 2 * g), red8x8(L));
         if (zp) part = _mm256_add_ps(part, _mm256_mul_ps(f16x8(mins + 2 * g), red8x8(XL)));
         float p[8];

@@ -40,6 +40,7 @@ int main(void) {
     mpk_pool *pools[2] = {NULL, mpk_pool_create(3)};
     const kind kinds[] = {{"f32", MP_CODEC_F32, 0, 0},  {"f16", MP_CODEC_F16, 0, 0},   {"bf16", MP_CODEC_BF16, 0, 0},
                           {"q8/32", MP_CODEC_Q8, 0, 32}, {"q8/8", MP_CODEC_Q8, 0, 8},   {"q6/16", MP_CODEC_Q6, 0, 16},
+                          {"q6/32", MP_CODEC_Q6, 0, 32},
                           {"q4/32", MP_CODEC_Q4, 0, 32}, {"q4z/64", MP_CODEC_Q4, 1, 64}, {"q4z/16", MP_CODEC_Q4, 1, 16}};
     /* 1031 columns: many blocks of eight full groups (the AVX2 reduction) and a partial group */
     const int64_t shapes[][2] = {{37, 100}, {16, 64}, {70, 523}, {1, 8}, {3, 1031}};
