@@ -278,7 +278,7 @@ mm_block(const mpk_mat *w, const float *wr0, const float *sc0, const float *mn0,
 }
 
 /* Row r's numbers as row_dot multiplies them (mpk_row_codes), 8 columns per instruction for
- * q8, q4, f16 and bf16; q6, f32 and the tails in scalar. */
+ * q8, q6, q4, f16 and bf16; f32 and the tails in scalar. */
 AVX2 static void a_codes_q8(const mpk_mat *w, int64_t r, float *o, float *sc, float *mn) {
     const int64_t C = w->cols;
     const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * w->ngroups) * 2) + r * w->cols_p;
@@ -286,6 +286,19 @@ AVX2 static void a_codes_q8(const mpk_mat *w, int64_t r, float *o, float *sc, fl
     for (; c + 8 <= C; c += 8)
         _mm256_storeu_ps(o + c, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + c)))));
     for (; c < C; c++) o[c] = (float)q[c];
+    mpk_group_scales(w, r, sc, mn);
+}
+
+AVX2 static void a_codes_q6(const mpk_mat *w, int64_t r, float *o, float *sc, float *mn) {
+    const int64_t C = w->cols;
+    const uint8_t *q = w->data + (size_t)(w->rows * w->ngroups) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
+    const int64_t q_left = (w->rows - r) * (w->cols_p / 4 * 3);
+    int64_t c = 0;
+    for (; c + 8 <= C && (c >> 2) * 3 + 16 <= q_left; c += 8) _mm256_storeu_ps(o + c, q6_codes8_wide(q, c));
+    for (; c < C; c++) {
+        const uint8_t *b = q + (c >> 2) * 3;
+        o[c] = (float)((int)((((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16) >> ((c & 3) * 6)) & 63) - 32);
+    }
     mpk_group_scales(w, r, sc, mn);
 }
 
@@ -327,7 +340,7 @@ AVX2 static void a_codes_bf16(const mpk_mat *w, int64_t r, float *o, float *sc, 
 
 static const mpk_row_codes_fn a_row_codes[MPK_TRUNK_CODECS] = {
     [MP_CODEC_F32] = mpk_row_codes, [MP_CODEC_F16] = a_codes_f16, [MP_CODEC_BF16] = a_codes_bf16,
-    [MP_CODEC_Q8] = a_codes_q8,     [MP_CODEC_Q6] = mpk_row_codes, [MP_CODEC_Q4] = a_codes_q4};
+    [MP_CODEC_Q8] = a_codes_q8,     [MP_CODEC_Q6] = a_codes_q6,    [MP_CODEC_Q4] = a_codes_q4};
 
 AVX2 static inline __attribute__((always_inline)) void
 mm_rows_body(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl, int64_t nb,
