@@ -467,8 +467,8 @@ void mpk_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float
     float *xt = NULL;
     /* several inputs: each row decoded once and multiplied with MPK_MM_TB inputs per
      * instruction (same operations per input as row_dot, so the same bits) */
-    /* from where it beats row by row (bench_trunk_matmat): q6 decodes in scalar */
-    if (n >= (w->codec == MP_CODEC_Q6 ? 2 : 1) * MPK_MM_TB && j.k->mm_rows) {
+    /* from where it beats row by row (bench_trunk_matmat) */
+    if (n >= MPK_MM_TB && j.k->mm_rows) {
         j.nb = (n + MPK_MM_TB - 1) / MPK_MM_TB;
         float *xl = NULL;
         j.xt = xt = mm_inputs(w, x, n, j.nb, &xl);
