@@ -60,11 +60,9 @@ AVX2 static inline __attribute__((always_inline)) __m256 codes8(const uint8_t *q
                                      _mm256_set1_epi32(63));
         return _mm256_cvtepi32_ps(_mm256_sub_epi32(k, _mm256_set1_epi32(32)));
     }
-    uint32_t b4; /* q4: nibbles, low nibble = even column */
+    int32_t b4; /* q4: nibbles, low nibble = even column: column c + i is bits 4i.. of the word */
     memcpy(&b4, q + (c >> 1), 4);
-    __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128((int)b4)),
-                                                _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-    __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(bytes, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)),
+    __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b4), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
                                    _mm256_set1_epi32(15));
     return _mm256_cvtepi32_ps(_mm256_sub_epi32(nib, off4));
 }
@@ -124,12 +122,13 @@ AVX2 static inline __attribute__((always_inline)) float grouped_dot(const mpk_ma
     int64_t g = 0;
     for (; (g + 8) * G <= n; g += 8) { /* eight full groups (G is a multiple of 8) */
         __m256 L[8], XL[8];
-        /* groups together (lanes8x8), measured against one group at a time (Zen 3, best of 6
-         * alternating rounds): q8 1.0-1.1x, q6 1.2x and with the wide decode 1.45-1.8x; q4
-         * 0.8x (its decode needs the registers), so q4 keeps the old loop */
+        /* groups together (lanes8x8), measured against one group at a time (Zen 3, best of 5-6
+         * alternating rounds): q8 1.0-1.1x, q6 1.2x and with the wide decode 1.45-1.8x, q4
+         * 1.25-1.35x (with the one-broadcast decode); q4 with minimums keeps one group at a time
+         * (its 16 accumulators) */
         if (codec == MP_CODEC_Q6 && ((((g + 8) * G - 8) >> 2) * 3 + 16 <= q_left)) {
             lanes8x8(q, x, g * G, G, MP_CODEC_Q6, 1, off4, L);
-        } else if (codec != MP_CODEC_Q4) {
+        } else if (!zp) {
             lanes8x8(q, x, g * G, G, codec, 0, off4, L);
         } else
             for (int i = 0; i < 8; i++) {
