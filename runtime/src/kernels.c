@@ -105,13 +105,6 @@ float mpk_bf16_to_f32(uint16_t h) {
 
 static uint16_t ld16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
-/* q6 code of column c: 4 codes per 3 bytes, u = b0 | b1<<8 | b2<<16 = k0 | k1<<6 | ... */
-static int q6_code(const uint8_t *q, int64_t c) {
-    const uint8_t *b = q + (c >> 2) * 3;
-    uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16;
-    return (int)((u >> ((c & 3) * 6)) & 63);
-}
-
 /* ---- scalar implementations ---- */
 
 static float red8(const float l[8]) {
@@ -140,7 +133,7 @@ static float s_dot_bf16(const mpk_mat *w, int64_t r, const float *x) { return do
 static float s_dot_q8(const mpk_mat *w, int64_t r, const float *x) {
     const int64_t G = w->group, ng = w->ngroups, n = w->cols;
     const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
-    const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * ng) * 2) + r * w->cols_p;
+    const int8_t *q = (const int8_t *)mpk_q8_row(w, r);
     float acc = 0.0f;
     for (int64_t g = 0; g < ng; g++) {
         int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
@@ -154,12 +147,12 @@ static float s_dot_q8(const mpk_mat *w, int64_t r, const float *x) {
 static float s_dot_q6(const mpk_mat *w, int64_t r, const float *x) {
     const int64_t G = w->group, ng = w->ngroups, n = w->cols;
     const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
-    const uint8_t *q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
+    const uint8_t *q = mpk_q6_row(w, r);
     float acc = 0.0f;
     for (int64_t g = 0; g < ng; g++) {
         int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
         float gl[8] = {0};
-        for (int64_t c = c0; c < c1; c++) gl[(c - c0) & 7] += (float)(q6_code(q, c) - 32) * x[c];
+        for (int64_t c = c0; c < c1; c++) gl[(c - c0) & 7] += (float)(mpk_q6_code(q, c) - 32) * x[c];
         acc += mpk_f16_to_f32(ld16(sc + 2 * g)) * red8(gl);
     }
     return acc;
@@ -168,9 +161,8 @@ static float s_dot_q6(const mpk_mat *w, int64_t r, const float *x) {
 static float s_dot_q4(const mpk_mat *w, int64_t r, const float *x) {
     const int64_t G = w->group, ng = w->ngroups, n = w->cols;
     const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
-    const size_t planes = w->zero_point ? 2 : 1;
     const uint8_t *mins = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
-    const uint8_t *q = w->data + planes * (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 2;
+    const uint8_t *q = mpk_q4_row(w, r);
     float acc = 0.0f;
     for (int64_t g = 0; g < ng; g++) {
         int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
@@ -331,15 +323,6 @@ float mpk_row_dot(const mpk_impl *k, const mpk_mat *w, int64_t r, const float *x
 
 /* Per-codec row decodes: a row's values (mpk_row), and its stored numbers as row_dot multiplies
  * them with the group scales and q4 minimums apart (mpk_row_codes, what mm_rows multiplies). */
-static const uint8_t *q8_row(const mpk_mat *w, int64_t r) {
-    return w->data + (size_t)(w->rows * w->ngroups) * 2 + (size_t)(r * w->cols_p);
-}
-static const uint8_t *q6_row(const mpk_mat *w, int64_t r) {
-    return w->data + (size_t)(w->rows * w->ngroups) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
-}
-static const uint8_t *q4_row(const mpk_mat *w, int64_t r) {
-    return w->data + (w->zero_point ? 2u : 1u) * (size_t)(w->rows * w->ngroups) * 2 + (size_t)(r * w->cols_p) / 2;
-}
 void mpk_group_scales(const mpk_mat *w, int64_t r, float *sc, float *mn) {
     if (!sc) return; /* mpk_row applies the scales itself */
     const int64_t ng = w->ngroups;
@@ -362,17 +345,17 @@ static void codes_bf16(const mpk_mat *w, int64_t r, float *out, float *sc, float
     for (int64_t c = 0; c < w->cols; c++) out[c] = mpk_bf16_to_f32(ld16(w->data + (size_t)(r * w->cols + c) * 2));
 }
 static void codes_q8(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
-    const int8_t *q = (const int8_t *)q8_row(w, r);
+    const int8_t *q = (const int8_t *)mpk_q8_row(w, r);
     for (int64_t c = 0; c < w->cols; c++) out[c] = (float)q[c];
     mpk_group_scales(w, r, sc, mn);
 }
 static void codes_q6(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
-    const uint8_t *q = q6_row(w, r);
-    for (int64_t c = 0; c < w->cols; c++) out[c] = (float)(q6_code(q, c) - 32);
+    const uint8_t *q = mpk_q6_row(w, r);
+    for (int64_t c = 0; c < w->cols; c++) out[c] = (float)(mpk_q6_code(q, c) - 32);
     mpk_group_scales(w, r, sc, mn);
 }
 static void codes_q4(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
-    const uint8_t *q = q4_row(w, r);
+    const uint8_t *q = mpk_q4_row(w, r);
     for (int64_t c = 0; c < w->cols; c++) {
         int nib = (q[c >> 1] >> ((c & 1) * 4)) & 15;
         out[c] = (float)(w->zero_point ? nib : nib - 8);

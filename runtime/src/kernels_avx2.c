@@ -79,6 +79,13 @@ AVX2 static inline __attribute__((always_inline)) __m256 q6_codes8_wide(const ui
     return _mm256_cvtepi32_ps(_mm256_sub_epi32(k, _mm256_set1_epi32(32)));
 }
 
+/* Columns of row r from which q6_codes8_wide's 16-byte load stays inside the matrix: it may be
+ * used at every multiple-of-8 column c below this. */
+static inline int64_t q6_wide_cols(const mpk_mat *w, int64_t r) {
+    const int64_t left = (w->rows - r) * (w->cols_p / 4 * 3); /* code bytes from row r to the end */
+    return left < 16 ? 0 : ((left - 16) / 3 + 1) * 4;
+}
+
 /* Eight full groups' lane sums, the groups advancing together: eight independent add chains
  * instead of one group's at a time (bound by the add latency); each lane's order is unchanged. */
 AVX2 static inline __attribute__((always_inline)) void lanes8x8(const uint8_t *q, const float *x, int64_t c0,
@@ -112,12 +119,9 @@ AVX2 static inline __attribute__((always_inline)) float grouped_dot(const mpk_ma
     const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
     const int zp = codec == MP_CODEC_Q4 && w->zero_point;
     const uint8_t *mins = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
-    const uint8_t *q;
-    if (codec == MP_CODEC_Q8) q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p);
-    else if (codec == MP_CODEC_Q6) q = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
-    else q = w->data + (zp ? 2 : 1) * (size_t)(w->rows * ng) * 2 + (size_t)(r * w->cols_p) / 2;
+    const uint8_t *q = codec == MP_CODEC_Q8 ? mpk_q8_row(w, r) : codec == MP_CODEC_Q6 ? mpk_q6_row(w, r) : mpk_q4_row(w, r);
     const __m256i off4 = _mm256_set1_epi32(zp ? 0 : 8);
-    const int64_t q_left = (w->rows - r) * (w->cols_p / 4 * 3); /* q6 code bytes from q to the end */
+    const int64_t wide_end = codec == MP_CODEC_Q6 ? q6_wide_cols(w, r) : 0;
     float acc = 0.0f;
     int64_t g = 0;
     for (; (g + 8) * G <= n; g += 8) { /* eight full groups (G is a multiple of 8) */
@@ -126,7 +130,7 @@ AVX2 static inline __attribute__((always_inline)) float grouped_dot(const mpk_ma
          * alternating rounds): q8 1.0-1.1x, q6 1.2x and with the wide decode 1.45-1.8x, q4
          * 1.25-1.35x (with the one-broadcast decode); q4 with minimums keeps one group at a time
          * (its 16 accumulators) */
-        if (codec == MP_CODEC_Q6 && ((((g + 8) * G - 8) >> 2) * 3 + 16 <= q_left)) {
+        if (codec == MP_CODEC_Q6 && (g + 8) * G - 8 < wide_end) {
             lanes8x8(q, x, g * G, G, MP_CODEC_Q6, 1, off4, L);
         } else if (!zp) {
             lanes8x8(q, x, g * G, G, codec, 0, off4, L);
@@ -162,11 +166,8 @@ AVX2 static inline __attribute__((always_inline)) float grouped_dot(const mpk_ma
         for (; c < c1; c++) {
             float v;
             if (codec == MP_CODEC_Q8) v = (float)((const int8_t *)q)[c];
-            else if (codec == MP_CODEC_Q6) {
-                const uint8_t *b = q + (c >> 2) * 3;
-                uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16;
-                v = (float)((int)((u >> ((c & 3) * 6)) & 63) - 32);
-            } else {
+            else if (codec == MP_CODEC_Q6) v = (float)(mpk_q6_code(q, c) - 32);
+            else {
                 int nib = (q[c >> 1] >> ((c & 1) * 4)) & 15;
                 v = (float)(zp ? nib : nib - 8);
             }
@@ -280,40 +281,30 @@ mm_block(const mpk_mat *w, const float *wr0, const float *sc0, const float *mn0,
  * q8, q6, q4, f16 and bf16; f32 and the tails in scalar. */
 AVX2 static void a_codes_q8(const mpk_mat *w, int64_t r, float *o, float *sc, float *mn) {
     const int64_t C = w->cols;
-    const int8_t *q = (const int8_t *)(w->data + (size_t)(w->rows * w->ngroups) * 2) + r * w->cols_p;
+    const uint8_t *q = mpk_q8_row(w, r);
     int64_t c = 0;
-    for (; c + 8 <= C; c += 8)
-        _mm256_storeu_ps(o + c, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + c)))));
-    for (; c < C; c++) o[c] = (float)q[c];
+    for (; c + 8 <= C; c += 8) _mm256_storeu_ps(o + c, codes8(q, c, MP_CODEC_Q8, _mm256_setzero_si256()));
+    for (; c < C; c++) o[c] = (float)((const int8_t *)q)[c];
     mpk_group_scales(w, r, sc, mn);
 }
 
 AVX2 static void a_codes_q6(const mpk_mat *w, int64_t r, float *o, float *sc, float *mn) {
     const int64_t C = w->cols;
-    const uint8_t *q = w->data + (size_t)(w->rows * w->ngroups) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
-    const int64_t q_left = (w->rows - r) * (w->cols_p / 4 * 3);
+    const uint8_t *q = mpk_q6_row(w, r);
+    const int64_t wide_end = q6_wide_cols(w, r);
     int64_t c = 0;
-    for (; c + 8 <= C && (c >> 2) * 3 + 16 <= q_left; c += 8) _mm256_storeu_ps(o + c, q6_codes8_wide(q, c));
-    for (; c < C; c++) {
-        const uint8_t *b = q + (c >> 2) * 3;
-        o[c] = (float)((int)((((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16) >> ((c & 3) * 6)) & 63) - 32);
-    }
+    for (; c + 8 <= C && c < wide_end; c += 8) _mm256_storeu_ps(o + c, q6_codes8_wide(q, c));
+    for (; c < C; c++) o[c] = (float)(mpk_q6_code(q, c) - 32);
     mpk_group_scales(w, r, sc, mn);
 }
 
 AVX2 static void a_codes_q4(const mpk_mat *w, int64_t r, float *o, float *sc, float *mn) {
     const int64_t C = w->cols;
     mpk_group_scales(w, r, sc, mn);
-    const uint8_t *q = w->data + (w->zero_point ? 2 : 1) * (size_t)(w->rows * w->ngroups) * 2 + (size_t)(r * w->cols_p) / 2;
-    const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28), m15 = _mm256_set1_epi32(15);
+    const uint8_t *q = mpk_q4_row(w, r);
     const __m256i off = _mm256_set1_epi32(w->zero_point ? 0 : 8);
     int64_t c = 0;
-    for (; c + 8 <= C; c += 8) { /* column c + i: bits 4i.. of the 4 bytes from c / 2 */
-        int32_t word;
-        memcpy(&word, q + c / 2, 4);
-        __m256i v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), sh), m15);
-        _mm256_storeu_ps(o + c, _mm256_cvtepi32_ps(_mm256_sub_epi32(v, off)));
-    }
+    for (; c + 8 <= C; c += 8) _mm256_storeu_ps(o + c, codes8(q, c, MP_CODEC_Q4, off));
     for (; c < C; c++) o[c] = (float)(((q[c >> 1] >> ((c & 1) * 4)) & 15) - (w->zero_point ? 0 : 8));
 }
 
@@ -484,17 +475,18 @@ AVX2 static void a_rvq_acc(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0
         for (int64_t g = g0; g < g1; g++) {
             int64_t v0 = g * MPK_RVQ_GROUP, v1 = v0 + MPK_RVQ_GROUP < nv ? v0 + MPK_RVQ_GROUP : nv;
             for (int st = 0; st < S; st++) ev[st][0] = ev[st][1] = od[st][0] = od[st][1] = _mm256_setzero_si256();
-            for (size_t j = (size_t)(v0 * S); j < (size_t)(v1 * S); j++) {
-                const int st = (int)(j % (size_t)S);
-                _mm_prefetch((const char *)(c + (j + A_PF) * 64), _MM_HINT_T0);
+            for (int64_t v = v0; v < v1; v++)
+                for (int st = 0; st < S; st++) {
+                    const size_t j = (size_t)(v * S + st);
+                    _mm_prefetch((const char *)(c + (j + A_PF) * 64), _MM_HINT_T0);
 #pragma GCC unroll 2
-                for (int h = 0; h < 2; h++) {
-                    const __m256i r = lookup32(t->q + j * 256, _mm256_loadu_si256((const __m256i *)(c + j * 64 + 32 * h)));
-                    /* even and odd rows' bytes sign-extended to int16 (vpmaddubsw by 1 and 0) */
-                    ev[st][h] = _mm256_add_epi16(ev[st][h], _mm256_maddubs_epi16(_mm256_set1_epi16(0x0001), r));
-                    od[st][h] = _mm256_add_epi16(od[st][h], _mm256_maddubs_epi16(_mm256_set1_epi16(0x0100), r));
+                    for (int h = 0; h < 2; h++) {
+                        const __m256i r = lookup32(t->q + j * 256, _mm256_loadu_si256((const __m256i *)(c + j * 64 + 32 * h)));
+                        /* even and odd rows' bytes sign-extended to int16 (vpmaddubsw by 1 and 0) */
+                        ev[st][h] = _mm256_add_epi16(ev[st][h], _mm256_maddubs_epi16(_mm256_set1_epi16(0x0001), r));
+                        od[st][h] = _mm256_add_epi16(od[st][h], _mm256_maddubs_epi16(_mm256_set1_epi16(0x0100), r));
+                    }
                 }
-            }
             for (int st = 0; st < S; st++) {
                 const __m256 d = _mm256_set1_ps(t->d[g * S + st]);
                 for (int h = 0; h < 2; h++) {

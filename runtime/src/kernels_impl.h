@@ -7,6 +7,24 @@
 
 #include "kernels.h"
 
+/* Where row r's codes start in a grouped trunk matrix (spec/CODECS.md §2: f16 scales [rows][ngroups],
+ * q4 zero-point minimums [rows][ngroups], then the codes of each padded row), and one q6 code. */
+static inline const uint8_t *mpk_q8_row(const mpk_mat *w, int64_t r) {
+    return w->data + (size_t)(w->rows * w->ngroups) * 2 + (size_t)(r * w->cols_p);
+}
+static inline const uint8_t *mpk_q6_row(const mpk_mat *w, int64_t r) {
+    return w->data + (size_t)(w->rows * w->ngroups) * 2 + (size_t)(r * w->cols_p) / 4 * 3;
+}
+static inline const uint8_t *mpk_q4_row(const mpk_mat *w, int64_t r) {
+    return w->data + (w->zero_point ? 2u : 1u) * (size_t)(w->rows * w->ngroups) * 2 + (size_t)(r * w->cols_p) / 2;
+}
+/* q6 code of column c: 4 codes per 3 bytes, u = b0 | b1<<8 | b2<<16 = k0 | k1<<6 | ... */
+static inline int mpk_q6_code(const uint8_t *q, int64_t c) {
+    const uint8_t *b = q + (c >> 2) * 3;
+    uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16;
+    return (int)((u >> ((c & 3) * 6)) & 63);
+}
+
 /* Trunk kernels come per codec: tables indexed by mp_codec_kind (the trunk codecs are the kinds
  * below MP_CODEC_RVQ), so no kernel branches on the codec; adding a trunk codec is its entry in
  * codecs.c and one function per instruction set here. */
