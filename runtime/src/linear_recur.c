@@ -243,11 +243,6 @@ AI void recur(const mpl_seq *s, int pos, int T, int L, const float *S0, float *S
     }
 }
 
-static void recur_portable(const mpl_seq *s, int pos, int T, int L, const float *S0, float *S,
-                           float *ws) {
-    recur(s, pos, T, L, S0, S, ws);
-}
-
 #if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("avx2"))) static void recur_avx2(const mpl_seq *s, int pos, int T, int L,
                                                        const float *S0, float *S, float *ws) {
@@ -269,5 +264,5 @@ void mpl_recur(const mpl_seq *s, int pos, int T, int L, const float *S0, float *
     }
 #endif
     (void)simd;
-    recur_portable(s, pos, T, L, S0, S, ws);
+    recur(s, pos, T, L, S0, S, ws);
 }

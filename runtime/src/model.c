@@ -296,7 +296,7 @@ int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void
     mpm_model *m = calloc(1, sizeof *m);
     if (!m) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory");
     m->c = *cfg;
-    m->kern = mpk_select(MPK_AUTO);
+    mpm_set_kernels(m, mpk_select(MPK_AUTO));
     m->c.layer_is_moe = malloc((size_t)cfg->n_layers);
     m->ctx = ctx;
     m->chunk = chunk;
@@ -377,7 +377,10 @@ void mpm_free(mpm_model *m) {
 
 void mpm_set_io(mpm_model *m, const mpm_expert_io *io) { m->io = *io; }
 void mpm_set_pool(mpm_model *m, mpk_pool *pool) { m->pool = pool; }
-void mpm_set_kernels(mpm_model *m, const mpk_impl *k) { m->kern = k; }
+void mpm_set_kernels(mpm_model *m, const mpk_impl *k) {
+    m->kern = k;
+    m->la_simd = k && k != mpk_select(MPK_SCALAR);
+}
 void mpm_set_lookahead(mpm_model *m, int on) { m->lookahead = on; }
 const char *mpm_error(const mpm_model *m) { return m->err; }
 int mpm_ctx(const mpm_model *m) { return m->ctx; }

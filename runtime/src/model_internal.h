@@ -66,6 +66,7 @@ struct mpm_model {
     float *final_norm;
     mpk_pool *pool;
     const mpk_impl *kern; /* this model's kernel table (per engine, never process-wide) */
+    int la_simd;          /* the delta rule's AVX2 build (same bits): not on the scalar table */
     mpm_expert_io io;
     int lookahead;
     char err[256];

@@ -109,8 +109,7 @@ static void kda_head(void *ctx, size_t h) {
     const int64_t rec = 3 * qd * (K - 1); /* state: [conv inputs | recurrent matrices] */
     const size_t hs = (size_t)h * (size_t)(dk * dk);
     float *ws = j->m->lws + h * mpl_ws_floats(dk, dk, c->la_chunk);
-    mpl_recur(&s, j->pos, j->T, c->la_chunk, j->src + rec + hs, j->dst + rec + hs, ws,
-              strcmp(mpk_impl_name(j->m->kern), "scalar") != 0);
+    mpl_recur(&s, j->pos, j->T, c->la_chunk, j->src + rec + hs, j->dst + rec + hs, ws, j->m->la_simd);
     for (int t = 0; t < j->T; t++)
         mpl_gated_rmsnorm(j->o + t * qd + at, ly->la_norm, j->gate + t * qd + at, dk, c->eps, 1);
 }

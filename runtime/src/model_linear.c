@@ -280,16 +280,16 @@ static void lin_head(void *ctx, size_t h) {
     s.v = lin_at(j, 2 * kd + (int64_t)h * dv, &s.vs);
     const float *z = lin_at(j, 2 * kd + vd + (int64_t)h * dv, &zs);
     float *b = lin_at(j, 2 * kd + 2 * vd + (int64_t)h, &bs), *a = lin_at(j, 2 * kd + 2 * vd + nv + (int64_t)h, &as);
+    const float eA = expf(j->ly->la_A[h]);
     for (int t = 0; t < j->T; t++) { /* in place: a -> exp(g), b -> beta */
-        const float g = -expf(j->ly->la_A[h]) * mpl_softplus(a[t * as] + j->ly->la_dt[h]);
+        const float g = -eA * mpl_softplus(a[t * as] + j->ly->la_dt[h]);
         a[t * as] = expf(g);
         b[t * bs] = mpl_sigmoid(b[t * bs]);
     }
     s.decay = a, s.ds = as, s.beta = b, s.bs = bs;
     const size_t hs = (size_t)h * (size_t)(dk * dv);
     float *ws = j->m->lws + h * mpl_ws_floats(dk, dv, c->la_chunk);
-    mpl_recur(&s, j->pos, j->T, c->la_chunk, j->src + rec + hs, j->dst + rec + hs, ws,
-              strcmp(mpk_impl_name(j->m->kern), "scalar") != 0);
+    mpl_recur(&s, j->pos, j->T, c->la_chunk, j->src + rec + hs, j->dst + rec + hs, ws, j->m->la_simd);
     for (int t = 0; t < j->T; t++)
         mpl_gated_rmsnorm(s.o + t * vd, j->ly->la_norm, z + t * zs, dv, c->eps, 0);
 }
