@@ -33,6 +33,7 @@ from pathlib import Path
 
 from bench.doc_sections import replace_section
 from bench.machine import cpu_simd_flags, git_commit, lscpu, utc_now
+from moepack.safefs import UnsafePathError, plain_name
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "ggml"
@@ -343,6 +344,10 @@ def main() -> None:
                     help="results file bench/results/NAME.json and BENCHMARKS.md section NAME "
                          "(another name keeps a second machine's figures beside the first's)")
     a = ap.parse_args()
+    try:
+        plain_name(a.name, "--name")
+    except UnsafePathError as e:
+        ap.error(str(e))
     results = RESULTS / f"{a.name}.json"
     if a.render:
         write_benchmarks_md(markdown(json.loads(results.read_text())), a.name)

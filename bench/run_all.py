@@ -740,7 +740,9 @@ def _json_block(name: str, text: str) -> str:
 def _simd(res: dict) -> str:
     """The widest vector extension the run's CPU reported (llama.cpp's kernels use it)."""
     flags = str((res.get("hardware") or {}).get("Flags", ""))
-    return "AVX-512" if "avx512" in flags else "AVX2" if "avx2" in flags else "SSE"
+    if not flags:
+        return "the run recorded no CPU flags"
+    return "AVX-512" if "avx512" in flags else "AVX2" if "avx2" in flags else "no AVX2"
 
 
 def goals(res: dict) -> str:

@@ -31,6 +31,8 @@ from moepack.convert.packed_int import (
 from moepack.convert.st_header import DTYPE_SIZES, TensorInfo, parse_json, read_header
 from moepack.format.model_desc import MAX_JSON_BYTES, MAX_TENSORS
 
+from moepack.safefs import name_problem, printable
+
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 FLOAT_DTYPES = ("F32", "F16", "BF16")
@@ -94,10 +96,10 @@ def index_shards(index: Path) -> tuple[dict[str, str], list[str]]:
     if not all(isinstance(f, str) for f in wmap.values()):
         raise SourceError(f"{INDEX_NAME}: weight_map values must be file names")
     files = sorted(set(wmap.values()))
-    for f in files:
-        if Path(f).name != f or f in (".", "..") or "\x00" in f:
-            raise SourceError(f"{INDEX_NAME}: {f!r} is not a file name in the checkpoint "
-                              "directory")
+    for f in files:  # the rule hub listings and every other untrusted name follow (safefs)
+        if problem := name_problem(f):
+            raise SourceError(f"{INDEX_NAME}: {printable(f)} is not a file name in the "
+                              f"checkpoint directory (it {problem})")
     return wmap, files
 
 

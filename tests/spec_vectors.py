@@ -15,9 +15,11 @@ INVALID = sorted((VECTORS / "invalid").glob("*.moepack"))
 
 def load_generator() -> ModuleType:
     """spec/vectors/make_vectors.py as module `make_vectors` (loaded once per process)."""
+    if "make_vectors" in sys.modules:
+        return sys.modules["make_vectors"]
     spec = importlib.util.spec_from_file_location("make_vectors", VECTORS / "make_vectors.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_vectors", module)
+    sys.modules["make_vectors"] = module
     spec.loader.exec_module(module)
     return module

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 from moepack.runtime import _lib
 from moepack.runtime.engine import MP_EFORMAT, Engine, EngineError, plan
-from spec_vectors import VECTORS, load_generator
+from spec_vectors import INVALID, VECTORS, load_generator
 from typer.testing import CliRunner
 
-INVALID = sorted((VECTORS / "invalid").glob("*.moepack"))
 VALID = VECTORS / "valid" / "mixtral2.moepack"
 gen = load_generator()
 

@@ -4,7 +4,6 @@ nothing anywhere; both readers agree, and the planner refuses to write such a na
 
 from __future__ import annotations
 
-import ctypes
 import shutil
 from pathlib import Path
 
@@ -37,14 +36,6 @@ HOSTILE = {
 }
 
 
-@pytest.fixture(scope="module")
-def lib():
-    lib = _lib.load()
-    lib.mp_container_check.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-    lib.mp_container_check.restype = ctypes.c_int
-    return lib
-
-
 def _hostile(tmp_path: Path, name: str) -> Path:
     path = tmp_path / "hostile.moepack"
     path.write_bytes(rename_blob(BLOBS.read_bytes(), "generation_config.json", name))
@@ -52,7 +43,7 @@ def _hostile(tmp_path: Path, name: str) -> Path:
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE), ids=lambda n: n[:12])
-def test_both_readers_refuse_with_the_same_reason(lib, tmp_path: Path, name: str) -> None:
+def test_both_readers_refuse_with_the_same_reason(tmp_path: Path, name: str) -> None:
     path = _hostile(tmp_path, name)
     want = f"{HOSTILE[name]}; {RULE}"
     with pytest.raises(FormatError, match=want.replace(".", r"\.")) as e:
@@ -63,7 +54,7 @@ def test_both_readers_refuse_with_the_same_reason(lib, tmp_path: Path, name: str
     assert name_problem(name) == HOSTILE[name]  # the spec's rule is safefs's rule
 
 
-def test_absolute_name_is_refused(lib, tmp_path: Path) -> None:
+def test_absolute_name_is_refused(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_bytes(b"keep me")
     path = _hostile(tmp_path, str(victim))
@@ -73,7 +64,7 @@ def test_absolute_name_is_refused(lib, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["...", ".hidden", "a" * 255, "chat_template.jinja"])
-def test_plain_names_stay_valid(lib, tmp_path: Path, name: str) -> None:
+def test_plain_names_stay_valid(tmp_path: Path, name: str) -> None:
     path = _hostile(tmp_path, name)
     with Container.open(path) as c:
         assert name in c.blob_names()
