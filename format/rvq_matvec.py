@@ -1,7 +1,9 @@
-"""Reference of the integer lookup-table matvec of rvq codes (spec/CODECS.md §3.5), in numpy.
+"""Reference of the products of rvq codes with activations, in numpy: the integer lookup-table
+matvec of spec/CODECS.md §3.5 (`rvq_matvec`) and the prefill product of §3.6 (`rvq_gemm`).
 
 Bit-exact by construction: every binary32 value the spec names (T, m, inv, d, q, n, acc, y) is
-computed as the spec rounds it, so an engine's result can be compared bit for bit. numpy has no
+computed as the spec rounds it (§3.6: each decoded weight, lane accumulator and the lane
+reduction), so an engine's result can be compared bit for bit. numpy has no
 fused multiply-add, so `fma_f32` emulates binary32 fma exactly (see there). Vectorised over a
 batch of activations; meant for tests and measurements, not speed.
 """
@@ -114,6 +116,13 @@ def rvq_matvec(codec: dict, shape, data, codebook: np.ndarray, x: np.ndarray,
     x: [..., cols] binary32 activations (before the rotation; it is applied here when the codec
     has one). Returns [..., rows] binary32, bit-identical to a conforming engine.
     """
+    codes, scales, xv = _prepared(codec, shape, data, x, rotation)
+    q, d, nan = quantise(tables(xv, np.asarray(codebook, np.float32)))
+    return combine(sums(q, codes), d, scales, nan)
+
+
+def _prepared(codec: dict, shape, data, x: np.ndarray, rotation: np.ndarray | None):
+    """(codes [rows, nv, S], scales [rows], x rotated and zero-padded to [..., nv, 8])"""
     rows, cols = shape
     codes, scales = rvq_codes(codec, shape, data)
     x = np.asarray(x, np.float32)
@@ -126,6 +135,25 @@ def rvq_matvec(codec: dict, shape, data, codebook: np.ndarray, x: np.ndarray,
     nv = codes.shape[1]
     xp = np.zeros((*x.shape[:-1], nv * RVQ_DIM), np.float32)
     xp[..., :cols] = x  # padding columns are 0
+    return codes, scales, xp.reshape(*x.shape[:-1], nv, RVQ_DIM)
+
+
+def rvq_gemm(codec: dict, shape, data, codebook: np.ndarray, x: np.ndarray,
+             rotation: np.ndarray | None = None) -> np.ndarray:
+    """y = the §3.6 prefill product (decoded codes, one fma chain per lane) with x [..., cols].
+
+    Same arguments and result shape as rvq_matvec; bit-identical to a conforming engine.
+    """
+    codes, scales, xv = _prepared(codec, shape, data, x, rotation)
     cb = np.asarray(codebook, np.float32)
-    q, d, nan = quantise(tables(xp.reshape(*x.shape[:-1], nv, RVQ_DIM), cb))
-    return combine(sums(q, codes), d, scales, nan)
+    w = cb[0][codes[..., 0]]  # [rows, nv, 8]: stage entries summed in stage order
+    for t in range(1, codes.shape[-1]):
+        w = w + cb[t][codes[..., t]]
+    a = np.zeros((*xv.shape[:-2], codes.shape[0], RVQ_DIM), np.float32)  # [..., rows, 8]
+    for v in range(codes.shape[1]):  # the vector order is part of the numerics
+        a = fma_f32(w[:, v, :], xv[..., None, v, :], a)
+    red = ((a[..., 0] + a[..., 1]) + (a[..., 2] + a[..., 3])) + \
+        ((a[..., 4] + a[..., 5]) + (a[..., 6] + a[..., 7]))
+    y = red * scales
+    y[np.isnan(y)] = QUIET_NAN
+    return y

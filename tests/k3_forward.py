@@ -6,7 +6,6 @@ is no K3 in transformers."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,34 +13,13 @@ from k3_reference import LatentMoe, kda_step, res_mix, rms, sigmoid, situ
 from moepack.convert.mxfp4 import dequantize
 from safetensors.numpy import load_file
 
-ExpertFn = Callable[[int, int, np.ndarray], np.ndarray]  # (layer, expert, z) -> output
-
-
-def table_experts(container: Path, beta: float, linear_beta: float) -> ExpertFn:
-    """The routed experts as the engine computes them: the container's codes through the
-    int8-table products of CODECS.md §3.5, SiTU between them."""
-    from moepack.format.reader import Container
-    from spec_experts import LayerExperts
-
-    with Container.open(container) as c:
-        banks = {b["layer"]: LayerExperts(c, b["layer"]) for b in c.banks()}
-
-    def experts(layer: int, e: int, z: np.ndarray) -> np.ndarray:
-        le = banks[layer]
-        g, u = le.matvec(e, "gate", z[None])[0], le.matvec(e, "up", z[None])[0]
-        return le.matvec(e, "down", situ(g, u, beta, linear_beta)[None])[0]
-
-    return experts
-
 
 class K3Forward:
-    """`experts`: the routed experts' products when not the dense ones (the engine's table
-    numerics, for a comparison at float precision). `l2_eps`: KDA's q/k L2 norm eps (fla's
+    """`l2_eps`: KDA's q/k L2 norm eps (fla's
     1e-6, as the engine; llama.cpp's K3 graph uses rms_norm_eps)."""
 
-    def __init__(self, directory: Path, experts: ExpertFn | None = None,
-                 l2_eps: float = 1e-6) -> None:
-        self.experts, self.l2_eps = experts, l2_eps
+    def __init__(self, directory: Path, l2_eps: float = 1e-6) -> None:
+        self.l2_eps = l2_eps
         cfg = json.loads((directory / "config.json").read_text())
         self.t = cfg["text_config"]
         raw: dict[str, np.ndarray] = {}
@@ -131,8 +109,7 @@ class K3Forward:
             shared=tuple(w[f"{m}.shared_experts.{x_}_proj.weight"]
                          for x_ in ("gate", "up", "down")),
             top_k=t["num_experts_per_token"], scale=t["routed_scaling_factor"],
-            renormalize=t["moe_renormalize"], beta=self.beta, linear_beta=self.lb, eps=self.eps,
-            expert_fn=(lambda e, z: self.experts(layer, e, z)) if self.experts else None)
+            renormalize=t["moe_renormalize"], beta=self.beta, linear_beta=self.lb, eps=self.eps)
         return np.array([moe(row) for row in x])
 
     def logits(self, tokens: list[int]) -> np.ndarray:

@@ -69,9 +69,6 @@ class LatentMoe:
     beta: float
     linear_beta: float
     eps: float
-    # expert j's output for the latent input z, when it is not the dense product (the engine's
-    # table numerics: tests/spec_experts.py's LayerExperts)
-    expert_fn: Callable[[int, Array], Array] | None = None
 
     def route(self, x: Array) -> tuple[Array, Array]:
         """(expert ids, weights): top-k of σ(router x) + bias; weights from the scores alone."""
@@ -86,8 +83,7 @@ class LatentMoe:
     def __call__(self, x: Array) -> Array:
         ids, w = self.route(x)
         z = self.down @ x
-        routed = sum(wj * (self.expert_fn(int(j), z) if self.expert_fn
-                           else self.ffn(*self.experts[j], z))
+        routed = sum(wj * self.ffn(*self.experts[j], z)
                      for j, wj in zip(ids, w, strict=True))
         routed = rms(routed, self.eps) * (1.0 if self.norm is None else self.norm)
         out = self.up @ routed

@@ -1,13 +1,15 @@
 """The engine's expert numerics in transformers' reference models: routed experts computed from
-the container's stored codes (CODECS.md §3.5 products) instead of the float weights, so a
-comparison measures the engine's forward pass, not the codec's error."""
+the container's stored codes instead of the float weights, so a comparison measures the engine's
+forward pass, not the codec's error.  As the engine does (docs/RUNTIME.md), a forward call over
+several tokens (a prompt) takes CODECS.md §3.6's prefill product and a one-token call (a decode
+step) §3.5's table product."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 from moepack.format.reader import Container
-from moepack.format.rvq_matvec import rvq_matvec
+from moepack.format.rvq_matvec import rvq_gemm, rvq_matvec
 
 
 class LayerExperts:
@@ -25,36 +27,39 @@ class LayerExperts:
             self.refs[part] = (c.tensor(f"layers.{layer}.experts.{part}.codebook"),
                                c.tensor(rot) if rot in c.tensor_names() else None)
 
-    def matvec(self, expert: int, part: str, x: np.ndarray) -> np.ndarray:
+    def product(self, expert: int, part: str, x: np.ndarray, prefill: bool) -> np.ndarray:
+        """x [n, cols] through the part: §3.6 for a prefill call, else §3.5"""
         codec, shape = self.parts[part]
         cb, rot = self.refs[part]
-        return rvq_matvec(codec, shape, self.data[(expert, part)], cb, x, rot)
+        return (rvq_gemm if prefill else rvq_matvec)(codec, shape, self.data[(expert, part)], cb,
+                                                     x, rot)
 
 
 def spec_experts_forward(module: torch.nn.Module, layer: LayerExperts):
     """A drop-in `forward(hidden_states, top_k_index, top_k_weights)` of transformers' *Experts
     modules (Mixtral, Qwen3-MoE, DeepSeek-V3 share it): down(act(gate x) * up x) per routed
-    expert with §3.5 products, weighted and summed per token."""
+    expert with the engine's products, weighted and summed per token."""
     def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         x = hidden_states.detach().float().numpy()
         idx, wts = top_k_index.numpy(), top_k_weights.detach().float().numpy()
         out = torch.zeros_like(hidden_states)
+        prefill = len(x) > 1
         for e in np.unique(idx):
             if e >= layer.count:  # transformers' "no expert" slot
                 continue
             tok, pos = np.nonzero(idx == e)
-            g = torch.from_numpy(layer.matvec(int(e), "gate", x[tok]))
-            u = torch.from_numpy(layer.matvec(int(e), "up", x[tok]))
+            g = torch.from_numpy(layer.product(int(e), "gate", x[tok], prefill))
+            u = torch.from_numpy(layer.product(int(e), "up", x[tok], prefill))
             h = (module.act_fn(g) * u).numpy()
-            y = layer.matvec(int(e), "down", h) * wts[tok, pos, None]
+            y = layer.product(int(e), "down", h, prefill) * wts[tok, pos, None]
             out.index_add_(0, torch.from_numpy(tok), torch.from_numpy(y).to(out.dtype))
         return out
     return forward
 
 
 def use_spec_expert_numerics(ref: torch.nn.Module, path) -> None:
-    """Patch every routed-experts module of `ref` to the engine's numerics (CODECS.md §3.5)."""
+    """Patch every routed-experts module of `ref` to the engine's numerics (CODECS.md §3.5/3.6)."""
     patched = 0
     with Container.open(path) as c:
         banks = {b["layer"] for b in c.banks()}

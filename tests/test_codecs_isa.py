@@ -5,8 +5,8 @@
    test compiles convert/native/encoder.c a second time without clones (baseline x86-64 only)
    and compares encoder outputs, which stands in for "the same bytes on any x86-64 machine".
 2. The routed-expert kernels (runtime/src/kernels*.c: scalar, AVX2, AVX-512 VBMI) give the bits
-   of the numpy reference of CODECS.md §3.5 (moepack.format.rvq_matvec) for every path this CPU
-   runs and every thread count.
+   of the numpy references of CODECS.md §3.5 and §3.6 (moepack.format.rvq_matvec) for every path
+   this CPU runs and every thread count.
 """
 
 import ctypes
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from moepack.convert.quant import native
 from moepack.format.codecs import rvq_tile_codes
-from moepack.format.rvq_matvec import rvq_matvec
+from moepack.format.rvq_matvec import rvq_gemm, rvq_matvec
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGS = ["-std=c11", "-O2", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared",
@@ -152,6 +152,24 @@ int mpk_test_rvq_matvec(int which, int threads, const uint8_t *part, long long r
     free(cbt);
     return 0;
 }
+/* the §3.6 product of n inputs x[n][cols] */
+__attribute__((visibility("default")))
+int mpk_test_rvq_gemm(int which, int threads, const uint8_t *part, long long rows, long long cols,
+                      int stages, const float *cb, const float *x, long long n, float *y) {
+    const mpk_impl *k = mpk_select(which);
+    if (!k) return -1;
+    long long xs = (cols + 7) / 8 * 8;
+    float *xp = calloc((size_t)(n * xs), sizeof(float));
+    for (long long i = 0; i < n; i++)
+        for (long long c = 0; c < cols; c++) xp[i * xs + c] = x[i * cols + c];
+    mpk_pool *pool = threads > 1 ? mpk_pool_create(threads) : NULL;
+    mpk_rvq w;
+    mpk_rvq_init(&w, rows, cols, stages, part);
+    mpk_rvq_gemm(k, pool, &w, cb, xp, xs, n, y);
+    mpk_pool_destroy(pool);
+    free(xp);
+    return 0;
+}
 """
 PATHS = {"scalar": 1, "avx2": 2, "avx512vbmi": 3}  # kernels.h MPK_*
 
@@ -177,6 +195,11 @@ def kernels(tmp_path_factory) -> ctypes.CDLL:
     f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong,
                   ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                   ctypes.c_void_p]
+    g = lib.mpk_test_rvq_gemm
+    g.restype = ctypes.c_int
+    g.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong,
+                  ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                  ctypes.c_longlong, ctypes.c_void_p]
     return lib
 
 
@@ -227,4 +250,35 @@ def test_expert_kernels_match_reference(kernels: ctypes.CDLL, rows: int, cols: i
                     continue
                 ran.append(name)
                 assert _same(y, ref), (name, threads, np.flatnonzero(y != ref)[:5])
+    assert "scalar" in ran
+
+
+@pytest.mark.parametrize("rows,cols,stages", [(1, 7, 1), (100, 20, 2), (130, 300, 4),
+                                              (64, 1100, 3), (257, 520, 8), (520, 72, 7)])
+def test_prefill_kernels_match_reference(kernels: ctypes.CDLL, rows: int, cols: int,
+                                         stages: int) -> None:
+    """§3.6 on every path and thread count: the reference's bits for a batch of 67 inputs (an
+    odd count past one call's 64), among them a zero, a huge, a tiny and a NaN input."""
+    rng = np.random.default_rng(rows * 5 + cols + stages)
+    codec, data = _part(rng, rows, cols, stages)
+    cb = (rng.standard_normal((stages, 256, 8)) / 2.0 ** np.arange(stages)[:, None, None])
+    cb = np.ascontiguousarray(cb.astype(np.float32))
+    x = rng.standard_normal((67, cols)).astype(np.float32)
+    x[3] = 0
+    x[4, cols // 2] = 1e30
+    x[5] *= np.float32(1e-31)
+    x[6, -1] = np.nan
+    ref = rvq_gemm(codec, (rows, cols), data, cb, x)
+    assert np.isnan(ref[6]).all() and not np.isnan(ref[7]).any()
+    buf = np.frombuffer(data, np.uint8).copy()
+    ran = []
+    for name, which in PATHS.items():
+        for threads in (1, 2, 3):
+            y = np.full((67, rows), 7.0, np.float32)
+            rc = kernels.mpk_test_rvq_gemm(which, threads, buf.ctypes.data, rows, cols, stages,
+                                           cb.ctypes.data, x.ctypes.data, 67, y.ctypes.data)
+            if rc:  # this CPU cannot run that path
+                continue
+            ran.append(name)
+            assert _same(y, ref), (name, threads, np.argwhere(y != ref)[:5])
     assert "scalar" in ran

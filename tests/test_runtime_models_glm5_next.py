@@ -199,16 +199,18 @@ def model(request, tmp_path_factory):
 
 
 def _clamped_spec_experts(layer, limit: float):
-    """transformers' clamped-SwiGLU experts with CODECS.md §3.5 products for the weights."""
+    """transformers' clamped-SwiGLU experts with the engine's products (tests/spec_experts.py)."""
     def forward(hidden_states, top_k_index, top_k_weights):
         x = hidden_states.detach().float().numpy()
         idx, wts = top_k_index.numpy(), top_k_weights.detach().float().numpy()
         out = torch.zeros_like(hidden_states)
+        prefill = len(x) > 1
         for e in np.unique(idx):
             tok, pos = np.nonzero(idx == e)
-            g = torch.from_numpy(layer.matvec(int(e), "gate", x[tok])).clamp(max=limit)
-            u = torch.from_numpy(layer.matvec(int(e), "up", x[tok])).clamp(-limit, limit)
-            y = layer.matvec(int(e), "down", (torch.nn.functional.silu(g) * u).numpy())
+            g = torch.from_numpy(layer.product(int(e), "gate", x[tok], prefill)).clamp(max=limit)
+            u = torch.from_numpy(layer.product(int(e), "up", x[tok], prefill)).clamp(-limit, limit)
+            h = (torch.nn.functional.silu(g) * u).numpy()
+            y = layer.product(int(e), "down", h, prefill)
             y = torch.from_numpy(y * wts[tok, pos, None]).to(out.dtype)
             out.index_add_(0, torch.from_numpy(tok), y)
         return out

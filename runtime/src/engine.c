@@ -453,7 +453,8 @@ int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int al
         float *lo = NULL;
         if (logits && all_positions) lo = logits + i * V;
         else if (logits && i + (size_t)k == n) lo = logits;
-        int rc = mpm_forward(e->model, tokens + i, k, e->pos, lo, all_positions);
+        /* every pass of a call of several tokens is prefill, a partial last chunk included */
+        int rc = mpm_forward(e->model, tokens + i, k, e->pos, lo, all_positions, n > 1);
         const size_t rows = all_positions ? (size_t)k : 1;
         const size_t bad = !rc && lo ? first_nonfinite(lo, rows * V) : rows * V;
         if (bad < rows * V) {

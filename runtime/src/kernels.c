@@ -245,48 +245,46 @@ static void s_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, i
     s_rvq_acc(w, t, tile0, ntiles, 0, t->ngroups, acc);
 }
 
-
-static void s_rvq_unperm(const float *p, int64_t ntiles, float *acc) {
-    memcpy(acc, p, (size_t)ntiles * 64 * sizeof *acc);
-}
-
-void mpk_scalar_rvq_tb_pack(const mpk_rvq_tab *const *t, int64_t n, int64_t j0, int64_t j1, int8_t *tt) {
-    for (int64_t j = j0; j < j1; j++)
-        for (int e = 0; e < 256; e++)
-            for (int64_t b = 0; b < MPK_RVQ_TB; b++)
-                tt[((size_t)j * 256 + (size_t)e) * MPK_RVQ_TB + (size_t)b] = b < n ? t[b]->q[j * 256 + e] : 0;
-}
-
-static void s_rvq_tb(const mpk_rvq *w, const int8_t *tt, const float *d, int64_t tile0, int64_t ntiles,
-                     float *acc) {
+/* §3.6: each decoded weight is its stages' codebook entries summed in stage order; each lane
+ * (column mod 8) is one fma chain over the vectors in order */
+static void s_rvq_gemm(const mpk_rvq *w, const float *cb, const float *x, int64_t xs, int64_t n, int64_t r0,
+                       float *acc) {
     const int S = w->stages;
-    const int64_t nv = w->nv, J = nv * S, ng = (nv + MPK_RVQ_GROUP - 1) / MPK_RVQ_GROUP;
-    for (int64_t g = 0; g < ng; g++) {
-        int64_t v0 = g * MPK_RVQ_GROUP, v1 = v0 + MPK_RVQ_GROUP < nv ? v0 + MPK_RVQ_GROUP : nv;
-        for (int st = 0; st < S; st++) {
-            const float *dd = d + (size_t)(g * S + st) * MPK_RVQ_TB;
-            for (int64_t i = 0; i < ntiles; i++) {
-                const uint8_t *c = w->codes + (size_t)((tile0 + i) * J) * 64;
-                for (int l = 0; l < 64; l++) {
-                    int32_t n[MPK_RVQ_TB] = {0};
-                    for (int64_t v = v0; v < v1; v++) {
-                        size_t j = (size_t)(v * S + st);
-                        const int8_t *e = tt + (j * 256 + c[j * 64 + (size_t)l]) * MPK_RVQ_TB;
-                        for (int b = 0; b < MPK_RVQ_TB; b++) n[b] += e[b];
-                    }
-                    float *a = acc + (size_t)(i * 64 + l) * MPK_RVQ_TB;
-                    for (int b = 0; b < MPK_RVQ_TB; b++) a[b] = fmaf((float)n[b], dd[b], a[b]);
+    const int64_t nv = w->nv;
+    const uint8_t *c = w->codes + (size_t)((r0 / 64) * nv * S) * 64 + (size_t)(r0 % 64);
+    for (int i = 0; i < MPK_GEMM_ROWS; i++)
+        for (int64_t t = 0; t < n; t++) {
+            float a[8] = {0};
+            for (int64_t v = 0; v < nv; v++) {
+                const uint8_t *cv = c + (size_t)(v * S) * 64 + (size_t)i;
+                for (int j = 0; j < 8; j++) {
+                    float wv = cb[(size_t)cv[0] * 8 + (size_t)j];
+                    for (int st = 1; st < S; st++) wv += cb[((size_t)st * 256 + cv[st * 64]) * 8 + (size_t)j];
+                    a[j] = fmaf(wv, x[t * xs + v * 8 + j], a[j]);
                 }
             }
+            memcpy(acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)i) * 8, a, sizeof a);
         }
-    }
 }
 
-/* rvq_tb_min: the block path from 4 inputs (the scalar code is the numerics' reference, not a
- * speed path: a low threshold keeps the block code exercised by the same tests) */
+static void s_gemm_rows(const float *rows, int64_t rs, int64_t nv, const float *x, int64_t xs, int64_t n,
+                        float *acc) {
+    for (int i = 0; i < MPK_GEMM_ROWS; i++)
+        for (int64_t t = 0; t < n; t++) {
+            float a[8] = {0};
+            for (int64_t c = 0; c < nv * 8; c++) a[c & 7] = fmaf(rows[i * rs + c], x[t * xs + c], a[c & 7]);
+            memcpy(acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)i) * 8, a, sizeof a);
+        }
+}
+
+static void s_row_values(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
+    (void)sc, (void)mn;
+    mpk_row(w, r, out);
+}
+
 const mpk_impl mpk_scalar_impl = {.name = "scalar", .row_dot = s_row_dots, .rvq_tables = s_rvq_tables,
-                                 .rvq_tiles = s_rvq_tiles, .rvq_acc = s_rvq_acc, .rvq_unperm = s_rvq_unperm,
-                                 .rvq_tb_pack = mpk_scalar_rvq_tb_pack, .rvq_tb = s_rvq_tb, .rvq_tb_min = 4};
+                                 .rvq_tiles = s_rvq_tiles, .rvq_gemm = s_rvq_gemm,
+                                 .row_values = s_row_values, .gemm_rows = s_gemm_rows};
 
 /* ---- shared helpers ---- */
 
@@ -563,142 +561,6 @@ void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const m
     mpk_pool_run(w->rows * w->nv < 4096 ? NULL : pool, (size_t)((nt + per - 1) / per), rvq_task, &j);
 }
 
-/* Several inputs of one expert matrix (prefill): a task is a set of inputs and a tile range;
- * group by group, each input's table slice (a few KiB) is looked up against the range's codes,
- * which stay in cache across the inputs instead of coming from RAM once per input.  The per-row
- * fma order (groups, then stages, in order) is the single-input one, so each y[i] has
- * mpk_rvq_matvec's bits. */
-#define RVQ_MM_INPUTS 4 /* inputs per task */
-
-typedef struct {
-    const mpk_impl *k;
-    const mpk_rvq *w;
-    const mpk_rvq_tab *const *t;
-    int64_t n, ranges, per; /* tile ranges of `per` tiles */
-    float *p;               /* [n][nt * 64] accumulators */
-    float *y;
-} rvqm_job;
-
-static void rvqm_task(void *ctx, size_t task) {
-    rvqm_job *j = ctx;
-    const mpk_rvq *w = j->w;
-    int64_t nt = (w->rows + 63) / 64, ng = (w->nv + MPK_RVQ_GROUP - 1) / MPK_RVQ_GROUP;
-    int64_t tile0 = ((int64_t)task % j->ranges) * j->per, i0 = ((int64_t)task / j->ranges) * RVQ_MM_INPUTS;
-    int64_t ntl = nt - tile0 < j->per ? nt - tile0 : j->per, i1 = i0 + RVQ_MM_INPUTS < j->n ? i0 + RVQ_MM_INPUTS : j->n;
-    if (ntl <= 0) return;
-    for (int64_t g = 0; g < ng; g++)
-        for (int64_t i = i0; i < i1; i++)
-            if (!j->t[i]->nan) j->k->rvq_acc(w, j->t[i], tile0, ntl, g, g + 1, j->p + (size_t)(i * nt + tile0) * 64);
-    float acc[MPK_RVQ_MAX_TILES * 64] __attribute__((aligned(64)));
-    for (int64_t i = i0; i < i1; i++) {
-        float *y = j->y + i * w->rows;
-        for (int64_t b = 0; b < ntl; b += MPK_RVQ_MAX_TILES) {
-            int64_t nb = ntl - b < MPK_RVQ_MAX_TILES ? ntl - b : MPK_RVQ_MAX_TILES;
-            j->k->rvq_unperm(j->p + (size_t)(i * nt + tile0 + b) * 64, nb, acc);
-            int64_t r0 = (tile0 + b) * 64, r1 = r0 + nb * 64 < w->rows ? r0 + nb * 64 : w->rows;
-            for (int64_t r = r0; r < r1; r++) {
-                float v = j->t[i]->nan ? mpk_bits_f32(0x7fc00000u) : acc[r - r0] * mpk_f16_to_f32(ld16(w->scales + 2 * r));
-                y[r] = v == v ? v : mpk_bits_f32(0x7fc00000u);
-            }
-        }
-    }
-}
-
-/* The block path: MPK_RVQ_TB inputs at a time, their tables transposed (tasks over table rows),
- * then tasks over tile ranges look each code up once for all the block's inputs. */
-typedef struct {
-    const mpk_impl *k;
-    const mpk_rvq *w;
-    const mpk_rvq_tab *const *t; /* this block's inputs */
-    int64_t n, per;              /* inputs in the block; tiles (pack: table rows) per task */
-    int8_t *tt;
-    const float *d;
-    float *acc, *y; /* y: this block's first input's output row */
-} rvqb_job;
-
-static void rvqb_pack_task(void *ctx, size_t task) {
-    rvqb_job *j = ctx;
-    int64_t J = j->w->nv * j->w->stages, j0 = (int64_t)task * j->per;
-    j->k->rvq_tb_pack(j->t, j->n, j0, j0 + j->per < J ? j0 + j->per : J, j->tt);
-}
-
-static void rvqb_task(void *ctx, size_t task) {
-    rvqb_job *j = ctx;
-    const mpk_rvq *w = j->w;
-    int64_t nt = (w->rows + 63) / 64, tile0 = (int64_t)task * j->per;
-    int64_t ntl = nt - tile0 < j->per ? nt - tile0 : j->per;
-    float *acc = j->acc + (size_t)tile0 * 64 * MPK_RVQ_TB;
-    memset(acc, 0, (size_t)ntl * 64 * MPK_RVQ_TB * sizeof *acc);
-    j->k->rvq_tb(w, j->tt, j->d, tile0, ntl, acc);
-    int64_t r0 = tile0 * 64, r1 = r0 + ntl * 64 < w->rows ? r0 + ntl * 64 : w->rows;
-    for (int64_t r = r0; r < r1; r++) {
-        float sc = mpk_f16_to_f32(ld16(w->scales + 2 * r));
-        for (int64_t b = 0; b < j->n; b++) {
-            float v = j->t[b]->nan ? mpk_bits_f32(0x7fc00000u) : acc[(r - r0) * MPK_RVQ_TB + b] * sc;
-            j->y[b * w->rows + r] = v == v ? v : mpk_bits_f32(0x7fc00000u);
-        }
-    }
-}
-
-static size_t tb_tt_bytes(int64_t cols, int stages) {
-    return ((size_t)((cols + 7) / 8) * (size_t)stages * 256 * MPK_RVQ_TB + 63) & ~(size_t)63;
-}
-static size_t tb_d_bytes(int64_t cols, int stages) {
-    return (size_t)(((cols + 7) / 8 + MPK_RVQ_GROUP - 1) / MPK_RVQ_GROUP) * (size_t)stages * MPK_RVQ_TB * sizeof(float);
-}
-static size_t tb_acc_bytes(int64_t rows) { return (size_t)((rows + 63) / 64) * 64 * MPK_RVQ_TB * sizeof(float); }
-
-uint64_t mpk_rvq_block_bytes(int64_t rows, int64_t cols, int stages) {
-    return 64 + tb_tt_bytes(cols, stages) + tb_acc_bytes(rows) + tb_d_bytes(cols, stages);
-}
-
-static int rvq_matmat_blocks(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w,
-                             const mpk_rvq_tab *const *t, int64_t n, float *y, void *ws) {
-    const int S = w->stages;
-    const int64_t nt = (w->rows + 63) / 64, J = w->nv * S, ng = (w->nv + MPK_RVQ_GROUP - 1) / MPK_RVQ_GROUP;
-    const int64_t threads = mpk_pool_threads(pool);
-    void *own = ws ? NULL : malloc(mpk_rvq_block_bytes(w->rows, w->cols, S));
-    if (!ws && !own) return -1;
-    uint8_t *base = (uint8_t *)(((uintptr_t)(ws ? ws : own) + 63) & ~(uintptr_t)63);
-    int8_t *tt = (int8_t *)base;
-    float *acc = (float *)(base + tb_tt_bytes(w->cols, S)); /* 64-aligned: tt's size is */
-    float *d = acc + tb_acc_bytes(w->rows) / sizeof *acc;
-    for (int64_t b0 = 0; b0 < n; b0 += MPK_RVQ_TB) {
-        int64_t nb = n - b0 < MPK_RVQ_TB ? n - b0 : MPK_RVQ_TB;
-        for (int64_t i = 0; i < ng * S; i++)
-            for (int64_t b = 0; b < MPK_RVQ_TB; b++) d[i * MPK_RVQ_TB + b] = b < nb ? t[b0 + b]->d[i] : 0.0f;
-        rvqb_job j = {k, w, t + b0, nb, (J + 4 * threads - 1) / (4 * threads), tt, d, acc, y + b0 * w->rows};
-        mpk_pool_run(pool, (size_t)((J + j.per - 1) / j.per), rvqb_pack_task, &j);
-        /* two tasks per thread balance shared cores; a tile range's accumulators stay in L2 */
-        j.per = (nt + 2 * threads - 1) / (2 * threads);
-        mpk_pool_run(pool, (size_t)((nt + j.per - 1) / j.per), rvqb_task, &j);
-    }
-    free(own);
-    return 0;
-}
-
-void mpk_rvq_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w,
-                    const mpk_rvq_tab *const *t, int64_t n, float *y, void *ws) {
-    k = impl_or_scalar(k);
-    if (k->rvq_tb_min && n >= k->rvq_tb_min && rvq_matmat_blocks(k, pool, w, t, n, y, ws) == 0) return;
-    int64_t nt = (w->rows + 63) / 64, threads = mpk_pool_threads(pool);
-    float *p = n > 1 ? calloc((size_t)(n * nt * 64), sizeof(float)) : NULL;
-    if (!p) { /* one input (or no memory): the single-input kernel, same bits */
-        for (int64_t i = 0; i < n; i++) mpk_rvq_matvec(k, pool, w, t[i], y + i * w->rows);
-        return;
-    }
-    int64_t sets = (n + RVQ_MM_INPUTS - 1) / RVQ_MM_INPUTS;
-    /* enough tasks for the threads: split the tiles when there are few input sets (every task
-     * then reads each of its inputs' tables once per range) */
-    int64_t ranges = (2 * threads + sets - 1) / sets;
-    ranges = ranges < 1 ? 1 : ranges > nt ? nt : ranges;
-    int64_t per = (nt + ranges - 1) / ranges;
-    ranges = (nt + per - 1) / per;
-    rvqm_job j = {k, w, t, n, ranges, per, p, y};
-    mpk_pool_run(pool, (size_t)(ranges * sets), rvqm_task, &j);
-    free(p);
-}
-
 void mpk_hadamard_rotate(const float *x, const float *signs, int64_t n, int64_t block, float *out) {
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * signs[i];
     for (int64_t b0 = 0; b0 + block <= n; b0 += block)
@@ -715,7 +577,20 @@ void mpk_hadamard_rotate(const float *x, const float *signs, int64_t n, int64_t 
 
 /* ---- small vector helpers ---- */
 
+/* The helpers below run per head and position in attention: on AVX2 CPUs 8-wide with the same
+ * operations (lanes = index mod 8, multiply then add, red8), so the same bits.  Which one runs
+ * depends on the CPU alone, never on an engine's kernel choice. */
+static int vec_helpers(void) {
+    static _Atomic int have = -1; /* -1: not asked yet */
+    int h = have;
+    if (h < 0) have = h = cpu_avx2();
+    return h;
+}
+
 float mpk_dot(const float *a, const float *b, int64_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (vec_helpers()) return mpk_avx2_dot(a, b, n);
+#endif
     float l[8] = {0};
     for (int64_t i = 0; i < n; i++) l[i & 7] += a[i] * b[i];
     return red8(l);
@@ -729,6 +604,12 @@ void mpk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float ep
 }
 
 void mpk_axpy(float *y, float a, const float *x, int64_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (vec_helpers()) {
+        mpk_avx2_axpy(y, a, x, n);
+        return;
+    }
+#endif
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
@@ -745,3 +626,120 @@ void mpk_softmax(float *x, int64_t n) {
 }
 
 float mpk_silu(float x) { return x / (1.0f + expf(-x)); }
+
+typedef struct {
+    const mpk_impl *k;
+    const mpk_rvq *w;
+    const float *cb, *x;
+    int64_t xs, n, nsets; /* input sets of MPK_GEMM_INPUTS */
+    float *y;
+} gemm_job;
+
+static void gemm_task(void *ctx, size_t task) {
+    gemm_job *j = ctx;
+    const mpk_rvq *w = j->w;
+    const int64_t r0 = (int64_t)task / j->nsets * MPK_GEMM_ROWS, t0 = (int64_t)task % j->nsets * MPK_GEMM_INPUTS;
+    const int64_t n = j->n - t0 < MPK_GEMM_INPUTS ? j->n - t0 : MPK_GEMM_INPUTS;
+    const int64_t r1 = r0 + MPK_GEMM_ROWS < w->rows ? r0 + MPK_GEMM_ROWS : w->rows;
+    float acc[MPK_GEMM_INPUTS * MPK_GEMM_ROWS * 8] __attribute__((aligned(64)));
+    j->k->rvq_gemm(w, j->cb, j->x + t0 * j->xs, j->xs, n, r0, acc);
+    for (int64_t r = r0; r < r1; r++) {
+        const float sc = mpk_f16_to_f32(ld16(w->scales + 2 * r));
+        for (int64_t t = 0; t < n; t++) {
+            float v = red8(acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)(r - r0)) * 8) * sc;
+            j->y[(t0 + t) * w->rows + r] = v == v ? v : mpk_bits_f32(0x7fc00000u);
+        }
+    }
+}
+
+void mpk_rvq_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const float *cb,
+                  const float *x, int64_t xs, int64_t n, float *y) {
+    if (n < 1) return;
+    gemm_job j = {impl_or_scalar(k), w, cb, x, xs, n, (n + MPK_GEMM_INPUTS - 1) / MPK_GEMM_INPUTS, y};
+    const int64_t blocks = (w->rows + MPK_GEMM_ROWS - 1) / MPK_GEMM_ROWS;
+    mpk_pool_run(w->rows * w->cols * n < 32768 ? NULL : pool, (size_t)(blocks * j.nsets), gemm_task, &j);
+}
+
+typedef struct {
+    const mpk_impl *k;
+    const mpk_mat *w;
+    const float *x;
+    int64_t xs, n; /* inputs at x + t * xs; whole vectors (zero past cols) unless xs == cols */
+    int64_t per;   /* row blocks per task */
+    float *y;
+} tgemm_job;
+
+static void tgemm_put(const tgemm_job *j, int64_t t, int64_t r, const float *a) {
+    float v = red8(a);
+    j->y[t * j->w->rows + r] = v == v ? v : mpk_bits_f32(0x7fc00000u);
+}
+
+/* rows [r0, r1) one at a time, the same numbers (no memory for the blocked path) */
+static void tgemm_rows_one_by_one(const tgemm_job *j, int64_t r0, int64_t r1) {
+    float *one = malloc((size_t)j->w->cols_p * sizeof(float)), a[8];
+    for (int64_t r = r0; one && r < r1; r++) {
+        mpk_row(j->w, r, one);
+        for (int64_t t = 0; t < j->n; t++) {
+            memset(a, 0, sizeof a);
+            for (int64_t c = 0; c < j->w->cols; c++) a[c & 7] = fmaf(one[c], j->x[t * j->xs + c], a[c & 7]);
+            tgemm_put(j, t, r, a);
+        }
+    }
+    free(one);
+}
+
+/* Blocks of 16 rows [b0, b1): each decoded once (zero past cols and past the last row), then
+ * multiplied with every input set; one buffer per task (a few tasks per thread), so that a call
+ * allocates a few blocks' worth, not one per block. */
+static void tgemm_task(void *ctx, size_t task) {
+    tgemm_job *j = ctx;
+    const mpk_mat *w = j->w;
+    const int64_t nblocks = (w->rows + MPK_GEMM_ROWS - 1) / MPK_GEMM_ROWS;
+    const int64_t b0 = (int64_t)task * j->per, b1 = b0 + j->per < nblocks ? b0 + j->per : nblocks;
+    const int64_t rs = j->xs, nv = rs / 8;
+    const size_t ng = (size_t)(w->ngroups ? w->ngroups : 1);
+    float *rows = rs % 8 ? NULL : malloc(((size_t)(MPK_GEMM_ROWS * rs) + (size_t)w->cols_p + 2 * ng) * sizeof(float));
+    if (!rows) {
+        tgemm_rows_one_by_one(j, b0 * MPK_GEMM_ROWS, b1 * MPK_GEMM_ROWS < w->rows ? b1 * MPK_GEMM_ROWS : w->rows);
+        return;
+    }
+    float *dec = rows + MPK_GEMM_ROWS * rs, *sc = dec + w->cols_p; /* one row as mpk_row writes it */
+    float acc[MPK_GEMM_INPUTS * MPK_GEMM_ROWS * 8] __attribute__((aligned(64)));
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t r0 = b * MPK_GEMM_ROWS, r1 = r0 + MPK_GEMM_ROWS < w->rows ? r0 + MPK_GEMM_ROWS : w->rows;
+        for (int64_t r = r0; r < r0 + MPK_GEMM_ROWS; r++) {
+            float *o = rows + (r - r0) * rs;
+            if (r < r1) {
+                j->k->row_values(w, r, dec, sc, sc + ng);
+                memcpy(o, dec, (size_t)w->cols * sizeof(float));
+                memset(o + w->cols, 0, (size_t)(rs - w->cols) * sizeof(float));
+            } else {
+                memset(o, 0, (size_t)rs * sizeof(float));
+            }
+        }
+        for (int64_t t0 = 0; t0 < j->n; t0 += MPK_GEMM_INPUTS) {
+            const int64_t n = j->n - t0 < MPK_GEMM_INPUTS ? j->n - t0 : MPK_GEMM_INPUTS;
+            j->k->gemm_rows(rows, rs, nv, j->x + t0 * j->xs, j->xs, n, acc);
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t t = 0; t < n; t++)
+                    tgemm_put(j, t0 + t, r, acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)(r - r0)) * 8);
+        }
+    }
+    free(rows);
+}
+
+void mpk_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y) {
+    if (n < 1) return;
+    const int64_t nblocks = (w->rows + MPK_GEMM_ROWS - 1) / MPK_GEMM_ROWS;
+    const int64_t tasks = 4 * (int64_t)mpk_pool_threads(pool) < nblocks ? 4 * (int64_t)mpk_pool_threads(pool) : nblocks;
+    tgemm_job j = {impl_or_scalar(k), w, x, w->cols, n, (nblocks + tasks - 1) / tasks, y};
+    float *xp = NULL;
+    const int64_t xs = (w->cols + 7) / 8 * 8;
+    if (xs != w->cols && (xp = calloc((size_t)(n * xs), sizeof(float))) != NULL) { /* whole vectors */
+        for (int64_t t = 0; t < n; t++) memcpy(xp + t * xs, x + t * w->cols, (size_t)w->cols * sizeof(float));
+        j.x = xp;
+        j.xs = xs;
+    } /* else (no memory): xs == cols % 8 != 0, the tasks go row by row */
+    mpk_pool_run(w->rows * w->cols * n < 32768 ? NULL : pool, (size_t)((nblocks + j.per - 1) / j.per), tgemm_task, &j);
+    free(xp);
+}

@@ -72,17 +72,14 @@ void mpk_rvq_tables(const mpk_impl *k, mpk_pool *pool, const float *cbt, const f
 void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const mpk_rvq_tab *t,
                     float *y);
 
-/* y[i][rows] = mpk_rvq_matvec(w, t[i]) for n inputs, bit for bit: the expert's codes are read
- * once per tile range for all n inputs instead of once per input (prefill).  From the kernel
- * path's threshold on (the block path), up to 16 inputs' tables are transposed so that one load
- * per code serves all of them; it allocates mpk_rvq_block_bytes while it runs. */
-void mpk_rvq_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w,
-                    const mpk_rvq_tab *const *t, int64_t n, float *y, void *ws);
-/* Bytes of the block path's workspace (transposed tables, table steps, accumulators) for a rows
- * x cols matrix of `stages`; `ws` of mpk_rvq_matmat: at least this much caller memory, reused
- * from call to call (fresh pages would be faulted in and zeroed every call), or NULL: the call
- * allocates it. */
-uint64_t mpk_rvq_block_bytes(int64_t rows, int64_t cols, int stages);
+/* The prefill product (spec/CODECS.md §3.6): y[i][rows] = W x[i] for n inputs at x + i * xs
+ * (xs >= nv * 8 floats, zero past cols, already rotated when the codec has a rotation), with W's
+ * codes decoded to floats (no lookup tables, no activation rounding).  Each y[i][r] depends only
+ * on row r and input i: the same bits for any n, order or grouping of inputs, thread count and
+ * kernel path, but not mpk_rvq_matvec's bits (a stated bound, docs/RUNTIME.md).  cb: the
+ * codebook as stored, f32 [stages][256][8]. */
+void mpk_rvq_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const float *cb,
+                  const float *x, int64_t xs, int64_t n, float *y);
 
 #define MPK_VQ_DIM 8
 #define MPK_VQ_ENTRIES 256
@@ -112,6 +109,12 @@ void mpk_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float
 /* y[t][rows] = W x[t] for n inputs x[n][cols]: each row is read once for all n inputs (prefill);
  * every y[t][r] is computed exactly as mpk_matvec computes it. */
 void mpk_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y);
+/* The trunk's prefill product: y[t][rows] = W x[t] for n inputs x[n][cols], each row decoded to
+ * its values once (mpk_row: the codec's decode) and multiplied with FMA, per (input, row) eight
+ * lane chains (column mod 8) over the columns in order, then mpk_red8's tree.  Not mpk_matvec's
+ * bits (that one multiplies and adds apart, per group); the same bits for any n, grouping of
+ * inputs, thread count and kernel path (docs/RUNTIME.md). */
+void mpk_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y);
 /* dot(row r of w, x) (single-threaded). */
 float mpk_row_dot(const mpk_impl *k, const mpk_mat *w, int64_t r, const float *x);
 /* Decodes row r of w into out[cols] (embedding lookup, small vectors). */

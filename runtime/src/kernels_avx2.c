@@ -332,6 +332,24 @@ static const mpk_row_codes_fn a_row_codes[MPK_TRUNK_CODECS] = {
     [MP_CODEC_F32] = mpk_row_codes, [MP_CODEC_F16] = a_codes_f16, [MP_CODEC_BF16] = a_codes_bf16,
     [MP_CODEC_Q8] = a_codes_q8,     [MP_CODEC_Q6] = a_codes_q6,    [MP_CODEC_Q4] = a_codes_q4};
 
+/* mpk_row's values 8-wide: the codes as floats, then code x scale (+ minimum), the same
+ * operations; sc, mn: ngroups floats of scratch */
+AVX2 void mpk_avx2_row_values(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
+    a_row_codes[w->codec](w, r, out, w->group ? sc : NULL, mn);
+    if (!w->group) return;
+    const int64_t G = w->group, C = w->cols;
+    for (int64_t g = 0; g < w->ngroups; g++) {
+        const int64_t c1 = (g + 1) * G < C ? (g + 1) * G : C;
+        const __m256 s = _mm256_set1_ps(sc[g]), m = _mm256_set1_ps(w->zero_point ? mn[g] : 0.0f);
+        int64_t c = g * G;
+        for (; c + 8 <= c1; c += 8) {
+            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(out + c), s);
+            _mm256_storeu_ps(out + c, w->zero_point ? _mm256_add_ps(v, m) : v);
+        }
+        for (; c < c1; c++) out[c] = w->zero_point ? out[c] * sc[g] + mn[g] : out[c] * sc[g];
+    }
+}
+
 AVX2 static inline __attribute__((always_inline)) void
 mm_rows_body(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl, int64_t nb,
              int64_t n, float *y, float *wb) {
@@ -526,103 +544,166 @@ AVX2 static void a_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t til
     a_rvq_unperm(p, ntiles, acc);
 }
 
-/* Two 16 x 16 byte transposes at once (one per 128-bit lane): r[b] holds input b's entries
- * e..e+15 (low lane) and e+16..e+31 (high lane); on return r[k] holds entry e+k's 16 inputs (low
- * lane) and entry e+16+k's (high lane).  Four rounds of interleaves: bytes, words, dwords,
- * qwords. */
-AVX2 static inline void transpose16x16x2(__m256i r[16]) {
-    __m256i a[16], b[16], c[16];
-    for (int i = 0; i < 8; i++) { /* a[i]: inputs 2i, 2i+1 for e 0-7; a[8+i]: e 8-15 */
-        a[i] = _mm256_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
-        a[8 + i] = _mm256_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
+AVX2 float mpk_avx2_dot(const float *a, const float *b, int64_t n) {
+    return hred(lanes_f32(a, b, n));
+}
+
+AVX2 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n) {
+    const __m256 av = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(av, _mm256_loadu_ps(x + i))));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* §3.6 in panels of GEMM_KP vectors: the block's 16 rows decoded into wb (16 KiB, L1), then
+ * pairs of inputs times quads of rows, eight accumulators (one fma chain per lane, as the scalar
+ * code), kept in acc between panels. */
+#define GEMM_KP 32
+#define WS (MPK_GEMM_ROWS * 8) /* floats from one vector's decoded rows to the next's */
+
+/* rows q..q+3 (wq: their decoded panel) times one input pair (xb NULL: one input) */
+AVX2 static void gemm_rows4(const float *wq, const float *xa, const float *xb, int64_t kp, int first,
+                            float *a0, float *a1) {
+    const float *w1 = wq + 8, *w2 = wq + 16, *w3 = wq + 24;
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+    if (!first) {
+        c0 = _mm256_load_ps(a0), c1 = _mm256_load_ps(a0 + 8), c2 = _mm256_load_ps(a0 + 16);
+        c3 = _mm256_load_ps(a0 + 24);
     }
-    for (int h = 0; h < 2; h++) /* b[4q + m]: inputs 4m..4m+3 for e 4q..4q+3 */
-        for (int m = 0; m < 4; m++) {
-            b[8 * h + m] = _mm256_unpacklo_epi16(a[8 * h + 2 * m], a[8 * h + 2 * m + 1]);
-            b[8 * h + 4 + m] = _mm256_unpackhi_epi16(a[8 * h + 2 * m], a[8 * h + 2 * m + 1]);
+    if (!xb) {
+        for (int64_t v = 0; v < kp; v++) {
+            const __m256 x0 = _mm256_loadu_ps(xa + 8 * v);
+            c0 = _mm256_fmadd_ps(_mm256_load_ps(wq + WS * v), x0, c0);
+            c1 = _mm256_fmadd_ps(_mm256_load_ps(w1 + WS * v), x0, c1);
+            c2 = _mm256_fmadd_ps(_mm256_load_ps(w2 + WS * v), x0, c2);
+            c3 = _mm256_fmadd_ps(_mm256_load_ps(w3 + WS * v), x0, c3);
         }
-    for (int q = 0; q < 4; q++) { /* c[4q]: inputs 0-7, e 4q, 4q+1; +1: e 4q+2, 4q+3; +2, +3: inputs 8-15 */
-        c[4 * q] = _mm256_unpacklo_epi32(b[4 * q], b[4 * q + 1]);
-        c[4 * q + 1] = _mm256_unpackhi_epi32(b[4 * q], b[4 * q + 1]);
-        c[4 * q + 2] = _mm256_unpacklo_epi32(b[4 * q + 2], b[4 * q + 3]);
-        c[4 * q + 3] = _mm256_unpackhi_epi32(b[4 * q + 2], b[4 * q + 3]);
+    } else {
+        __m256 d0 = _mm256_setzero_ps(), d1 = d0, d2 = d0, d3 = d0;
+        if (!first) {
+            d0 = _mm256_load_ps(a1), d1 = _mm256_load_ps(a1 + 8), d2 = _mm256_load_ps(a1 + 16);
+            d3 = _mm256_load_ps(a1 + 24);
+        }
+        for (int64_t v = 0; v < kp; v++) {
+            const __m256 x0 = _mm256_loadu_ps(xa + 8 * v), x1 = _mm256_loadu_ps(xb + 8 * v);
+            __m256 wv = _mm256_load_ps(wq + WS * v);
+            c0 = _mm256_fmadd_ps(wv, x0, c0);
+            d0 = _mm256_fmadd_ps(wv, x1, d0);
+            wv = _mm256_load_ps(w1 + WS * v);
+            c1 = _mm256_fmadd_ps(wv, x0, c1);
+            d1 = _mm256_fmadd_ps(wv, x1, d1);
+            wv = _mm256_load_ps(w2 + WS * v);
+            c2 = _mm256_fmadd_ps(wv, x0, c2);
+            d2 = _mm256_fmadd_ps(wv, x1, d2);
+            wv = _mm256_load_ps(w3 + WS * v);
+            c3 = _mm256_fmadd_ps(wv, x0, c3);
+            d3 = _mm256_fmadd_ps(wv, x1, d3);
+        }
+        _mm256_store_ps(a1, d0), _mm256_store_ps(a1 + 8, d1), _mm256_store_ps(a1 + 16, d2);
+        _mm256_store_ps(a1 + 24, d3);
     }
-    for (int q = 0; q < 4; q++) {
-        r[4 * q] = _mm256_unpacklo_epi64(c[4 * q], c[4 * q + 2]);
-        r[4 * q + 1] = _mm256_unpackhi_epi64(c[4 * q], c[4 * q + 2]);
-        r[4 * q + 2] = _mm256_unpacklo_epi64(c[4 * q + 1], c[4 * q + 3]);
-        r[4 * q + 3] = _mm256_unpackhi_epi64(c[4 * q + 1], c[4 * q + 3]);
+    _mm256_store_ps(a0, c0), _mm256_store_ps(a0 + 8, c1), _mm256_store_ps(a0 + 16, c2);
+    _mm256_store_ps(a0 + 24, c3);
+}
+
+/* wb[v][row][8] = the panel's decoded weights: each row's stage entries summed in stage order */
+AVX2 static inline __attribute__((always_inline)) void gemm_decode(const uint8_t *c, const float *cb, int64_t kp,
+                                                                  int S, float *wb) {
+    for (int64_t v = 0; v < kp; v++, c += (size_t)S * 64)
+        for (int i = 0; i < MPK_GEMM_ROWS; i++) {
+            __m256 sum = _mm256_loadu_ps(cb + (size_t)c[i] * 8);
+            for (int st = 1; st < S; st++)
+                sum = _mm256_add_ps(sum, _mm256_loadu_ps(cb + ((size_t)st * 256 + c[st * 64 + i]) * 8));
+            _mm256_store_ps(wb + ((size_t)v * MPK_GEMM_ROWS + (size_t)i) * 8, sum);
+        }
+}
+
+/* rows q..q+3 times three inputs: twelve fma chains */
+AVX2 static void gemm_rows4x3(const float *wq, const float *xa, int64_t xs, int64_t kp, int first, float *a0) {
+    const float *w1 = wq + 8, *w2 = wq + 16, *w3 = wq + 24;
+    const float *xb = xa + xs, *xc = xb + xs;
+    float *a1 = a0 + MPK_GEMM_ROWS * 8, *a2 = a1 + MPK_GEMM_ROWS * 8;
+    __m256 c0, c1, c2, c3, d0, d1, d2, d3, e0, e1, e2, e3;
+    if (first) {
+        c0 = c1 = c2 = c3 = d0 = d1 = d2 = d3 = e0 = e1 = e2 = e3 = _mm256_setzero_ps();
+    } else {
+        c0 = _mm256_load_ps(a0), c1 = _mm256_load_ps(a0 + 8), c2 = _mm256_load_ps(a0 + 16), c3 = _mm256_load_ps(a0 + 24);
+        d0 = _mm256_load_ps(a1), d1 = _mm256_load_ps(a1 + 8), d2 = _mm256_load_ps(a1 + 16), d3 = _mm256_load_ps(a1 + 24);
+        e0 = _mm256_load_ps(a2), e1 = _mm256_load_ps(a2 + 8), e2 = _mm256_load_ps(a2 + 16), e3 = _mm256_load_ps(a2 + 24);
+    }
+    for (int64_t v = 0; v < kp; v++) {
+        const __m256 x0 = _mm256_loadu_ps(xa + 8 * v), x1 = _mm256_loadu_ps(xb + 8 * v), x2 = _mm256_loadu_ps(xc + 8 * v);
+        __m256 wv = _mm256_load_ps(wq + WS * v);
+        c0 = _mm256_fmadd_ps(wv, x0, c0), d0 = _mm256_fmadd_ps(wv, x1, d0), e0 = _mm256_fmadd_ps(wv, x2, e0);
+        wv = _mm256_load_ps(w1 + WS * v);
+        c1 = _mm256_fmadd_ps(wv, x0, c1), d1 = _mm256_fmadd_ps(wv, x1, d1), e1 = _mm256_fmadd_ps(wv, x2, e1);
+        wv = _mm256_load_ps(w2 + WS * v);
+        c2 = _mm256_fmadd_ps(wv, x0, c2), d2 = _mm256_fmadd_ps(wv, x1, d2), e2 = _mm256_fmadd_ps(wv, x2, e2);
+        wv = _mm256_load_ps(w3 + WS * v);
+        c3 = _mm256_fmadd_ps(wv, x0, c3), d3 = _mm256_fmadd_ps(wv, x1, d3), e3 = _mm256_fmadd_ps(wv, x2, e3);
+    }
+    _mm256_store_ps(a0, c0), _mm256_store_ps(a0 + 8, c1), _mm256_store_ps(a0 + 16, c2), _mm256_store_ps(a0 + 24, c3);
+    _mm256_store_ps(a1, d0), _mm256_store_ps(a1 + 8, d1), _mm256_store_ps(a1 + 16, d2), _mm256_store_ps(a1 + 24, d3);
+    _mm256_store_ps(a2, e0), _mm256_store_ps(a2 + 8, e1), _mm256_store_ps(a2 + 16, e2), _mm256_store_ps(a2 + 24, e3);
+}
+
+/* acc[t][16][8] (first panel: =, else +=) the panel wb (vectors v0 .. v0 + kp) times inputs
+ * [0, n): three inputs per step, the last one or two in a pair or alone */
+AVX2 static void gemm_panel(const float *wb, const float *x, int64_t xs, int64_t n, int64_t v0, int64_t kp,
+                            float *acc) {
+    int64_t t = 0;
+    for (; t + 3 <= n; t += 3)
+        for (int q = 0; q < MPK_GEMM_ROWS; q += 4)
+            gemm_rows4x3(wb + (size_t)q * 8, x + t * xs + v0 * 8, xs, kp, v0 == 0,
+                         acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)q) * 8);
+    for (; t < n; t += 2) {
+        const float *xa = x + t * xs + v0 * 8, *xb = t + 1 < n ? xa + xs : NULL;
+        for (int q = 0; q < MPK_GEMM_ROWS; q += 4) {
+            float *a0 = acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)q) * 8;
+            gemm_rows4(wb + (size_t)q * 8, xa, xb, kp, v0 == 0, a0, a0 + MPK_GEMM_ROWS * 8);
+        }
     }
 }
 
-AVX2 static void a_rvq_tb_pack(const mpk_rvq_tab *const *t, int64_t n, int64_t j0, int64_t j1,
-                               int8_t *tt) {
-    for (int64_t j = j0; j < j1; j++)
-        for (int e = 0; e < 256; e += 32) {
-            __m256i r[16];
-            for (int b = 0; b < MPK_RVQ_TB; b++)
-                r[b] = b < n ? _mm256_load_si256((const __m256i *)(t[b]->q + j * 256 + e)) : _mm256_setzero_si256();
-            transpose16x16x2(r);
-            int8_t *o = tt + ((size_t)j * 256 + (size_t)e) * MPK_RVQ_TB;
-            for (int k = 0; k < 16; k++) {
-                _mm_store_si128((__m128i *)(o + (size_t)k * MPK_RVQ_TB), _mm256_castsi256_si128(r[k]));
-                _mm_store_si128((__m128i *)(o + (size_t)(16 + k) * MPK_RVQ_TB), _mm256_extracti128_si256(r[k], 1));
-            }
-        }
-}
-
-#define TB_ROWS 128 /* rows whose int16 sums (a ymm per row and stage) stay in L1 */
-#define TB_MAX_STAGES 8
-
-/* Per group, TB_ROWS rows at a time: the int16 sums of every input (a ymm per row and stage) stay
- * in L1 while the group's vectors are swept in storage order (vector-major, stages inner: each
- * tile's codes are read sequentially), one 16-byte table load per code, widened and added. */
-AVX2 static void a_rvq_tb(const mpk_rvq *w, const int8_t *tt, const float *d, int64_t tile0,
-                          int64_t ntiles, float *acc) {
+AVX2 void mpk_avx2_rvq_gemm(const mpk_rvq *w, const float *cb, const float *x, int64_t xs, int64_t n,
+                            int64_t r0, float *acc) {
     const int S = w->stages;
-    const int64_t nv = w->nv, J = nv * S, ng = (nv + MPK_RVQ_GROUP - 1) / MPK_RVQ_GROUP;
-    __m256i s16[TB_MAX_STAGES][TB_ROWS];
-    for (int64_t g = 0; g < ng; g++) {
-        int64_t v0 = g * MPK_RVQ_GROUP, v1 = v0 + MPK_RVQ_GROUP < nv ? v0 + MPK_RVQ_GROUP : nv;
-        for (int64_t i0 = 0; i0 < ntiles; i0 += TB_ROWS / 64) {
-            int64_t i1 = i0 + TB_ROWS / 64 < ntiles ? i0 + TB_ROWS / 64 : ntiles;
-            int nr = (int)(i1 - i0) * 64;
-            for (int st = 0; st < S; st++)
-                for (int r = 0; r < nr; r++) s16[st][r] = _mm256_setzero_si256();
-            for (int64_t v = v0; v < v1; v++)
-                for (int st = 0; st < S; st++) {
-                    size_t j = (size_t)(v * S + st);
-                    const int8_t *tj = tt + j * 256 * MPK_RVQ_TB;
-                    for (int64_t i = i0; i < i1; i++) {
-                        const uint8_t *c = w->codes + ((size_t)((tile0 + i) * J) + j) * 64;
-                        __m256i *a = s16[st] + (i - i0) * 64;
-#pragma GCC unroll 8
-                        for (int l = 0; l < 64; l++)
-                            a[l] = _mm256_add_epi16(a[l], _mm256_cvtepi8_epi16(_mm_load_si128(
-                                                              (const __m128i *)(tj + (size_t)c[l] * MPK_RVQ_TB))));
-                    }
-                }
-            for (int st = 0; st < S; st++) { /* the fma order of rvq_acc: groups, then stages */
-                const __m256 dlo = _mm256_loadu_ps(d + (size_t)(g * S + st) * MPK_RVQ_TB);
-                const __m256 dhi = _mm256_loadu_ps(d + (size_t)(g * S + st) * MPK_RVQ_TB + 8);
-                for (int r = 0; r < nr; r++) {
-                    float *o = acc + (size_t)(i0 * 64 + r) * MPK_RVQ_TB;
-                    __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s16[st][r])));
-                    __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(s16[st][r], 1)));
-                    _mm256_storeu_ps(o, _mm256_fmadd_ps(lo, dlo, _mm256_loadu_ps(o)));
-                    _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(hi, dhi, _mm256_loadu_ps(o + 8)));
-                }
-            }
+    const int64_t nv = w->nv;
+    const uint8_t *codes = w->codes + (size_t)((r0 / 64) * nv * S) * 64 + (size_t)(r0 % 64);
+    float wb[MPK_GEMM_ROWS * GEMM_KP * 8] __attribute__((aligned(32)));
+    for (int64_t v0 = 0; v0 < nv; v0 += GEMM_KP) {
+        const int64_t kp = nv - v0 < GEMM_KP ? nv - v0 : GEMM_KP;
+        const uint8_t *c = codes + (size_t)(v0 * S) * 64;
+        switch (S) { /* the common stage counts unrolled */
+        case 2: gemm_decode(c, cb, kp, 2, wb); break;
+        case 3: gemm_decode(c, cb, kp, 3, wb); break;
+        case 4: gemm_decode(c, cb, kp, 4, wb); break;
+        default: gemm_decode(c, cb, kp, S, wb);
         }
+        gemm_panel(wb, x, xs, n, v0, kp, acc);
     }
 }
 
-/* rvq_tb_min: where the block path overtook one product per input (runtime/tests_c/
- * bench_rvq_blocks.c, docs/RUNTIME.md) */
+/* The trunk's prefill product (mpk_gemm): rows [16][rs] already decoded, panel by panel into the
+ * vector-major layout the micro-kernels read. */
+AVX2 void mpk_avx2_gemm_rows(const float *rows, int64_t rs, int64_t nv, const float *x, int64_t xs, int64_t n,
+                             float *acc) {
+    float wb[MPK_GEMM_ROWS * GEMM_KP * 8] __attribute__((aligned(32)));
+    for (int64_t v0 = 0; v0 < nv; v0 += GEMM_KP) {
+        const int64_t kp = nv - v0 < GEMM_KP ? nv - v0 : GEMM_KP;
+        for (int64_t v = 0; v < kp; v++)
+            for (int i = 0; i < MPK_GEMM_ROWS; i++)
+                _mm256_store_ps(wb + ((size_t)v * MPK_GEMM_ROWS + (size_t)i) * 8,
+                                _mm256_loadu_ps(rows + (size_t)i * (size_t)rs + (size_t)(v0 + v) * 8));
+        gemm_panel(wb, x, xs, n, v0, kp, acc);
+    }
+}
+
 const mpk_impl mpk_avx2_impl = {.name = "avx2", .row_dot = mpk_avx2_row_dots, .rvq_tables = a_rvq_tables,
-                                .rvq_tiles = a_rvq_tiles, .rvq_acc = a_rvq_acc, .rvq_unperm = a_rvq_unperm,
-                                .mm_rows = mpk_avx2_mm_rows, .rvq_tb_pack = a_rvq_tb_pack, .rvq_tb = a_rvq_tb,
-                                .rvq_tb_min = 12};
+                                .rvq_tiles = a_rvq_tiles, .mm_rows = mpk_avx2_mm_rows,
+                                .rvq_gemm = mpk_avx2_rvq_gemm, .row_values = mpk_avx2_row_values,
+                                .gemm_rows = mpk_avx2_gemm_rows};
 
 #else
 const mpk_impl mpk_avx2_impl = {.name = "avx2"};

@@ -187,8 +187,9 @@ AVX512 static void v_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t t
 }
 
 const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi", .row_dot = mpk_avx2_row_dots, .rvq_tables = v_rvq_tables,
-                                  .rvq_tiles = v_rvq_tiles, .rvq_acc = v_rvq_acc,
-                                  .rvq_unperm = v_rvq_unperm, .mm_rows = mpk_avx512vl_mm_rows};
+                                  .rvq_tiles = v_rvq_tiles, .mm_rows = mpk_avx512vl_mm_rows,
+                                  .rvq_gemm = mpk_avx2_rvq_gemm,
+                                  .row_values = mpk_avx2_row_values, .gemm_rows = mpk_avx2_gemm_rows};
 
 #else
 const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi"};

@@ -43,30 +43,23 @@ struct mpk_impl {
      * prefetch one group ahead (measured best with codes in RAM; tables then come from L2). */
     void (*rvq_tiles)(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
                       float *acc);
-    /* The same product in pieces (several inputs per expert, prefill): adds groups [g0, g1) of
-     * tiles [tile0, tile0 + ntiles) into p (64 floats per tile in this path's own lane order,
-     * zeroed by the caller); rvq_unperm then writes the rows of ntiles tiles in row order.
-     * Calling it for g0 = 0, 1, ... in turn gives rvq_tiles' bits (same fma order per row). */
-    void (*rvq_acc)(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
-                    int64_t g0, int64_t g1, float *p);
-    void (*rvq_unperm)(const float *p, int64_t ntiles, float *acc);
-    /* The block path of mpk_rvq_matmat (an expert with many inputs in a prompt chunk): up to
-     * MPK_RVQ_TB inputs' tables transposed so that one load gives an entry for every input.
-     * rvq_tb_pack writes tt[j][e][b] = t[b]->q[j * 256 + e] for j in [j0, j1) (j = v * S + st),
-     * 0 for b >= n.  rvq_tb adds tiles [tile0, tile0 + ntiles) times the block into
-     * acc[row][MPK_RVQ_TB] (rows in tile order, zeroed by the caller) with d[g][st][MPK_RVQ_TB]
-     * the inputs' table steps: per (row, input) the integer sums and the fma order of rvq_acc,
-     * so the same bits as the single-input product. */
-    void (*rvq_tb_pack)(const mpk_rvq_tab *const *t, int64_t n, int64_t j0, int64_t j1, int8_t *tt);
-    void (*rvq_tb)(const mpk_rvq *w, const int8_t *tt, const float *d, int64_t tile0, int64_t ntiles,
-                   float *acc);
-    int64_t rvq_tb_min; /* inputs from which mpk_rvq_matmat takes the block path (0: never) */
     /* Trunk rows [r0, r1) times many inputs (prefill), exactly as row_dot computes each
      * (y[t][r]): xt holds the inputs transposed in blocks of MPK_MM_TB tokens [nb][cols][TB]
      * (zero past n), xl the q4 zero-point group sums [nb][ngroups][TB]; wb is scratch for the
      * rows' decoded codes and scales (mpk_mm_wb_floats).  NULL: the driver uses row_dot. */
     void (*mm_rows)(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
                     int64_t nb, int64_t n, float *y, float *wb);
+    /* The prefill product (CODECS.md §3.6) of the MPK_GEMM_ROWS rows from r0 (a multiple of
+     * MPK_GEMM_ROWS: inside one code tile) with inputs x[t * xs ...] for t < n <= MPK_GEMM_INPUTS
+     * (zero past cols): writes each (input, row)'s eight lane sums, acc[t][row][8]. */
+    void (*rvq_gemm)(const mpk_rvq *w, const float *cb, const float *x, int64_t xs, int64_t n,
+                     int64_t r0, float *acc);
+    /* Row r of w decoded to its values, mpk_row's bits (sc, mn: ngroups floats of scratch). */
+    void (*row_values)(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn);
+    /* The trunk's prefill product (mpk_gemm) of MPK_GEMM_ROWS decoded rows (rows[i * rs ...],
+     * nv vectors) with inputs x[t * xs ...] for t < n <= MPK_GEMM_INPUTS: acc[t][row][8]. */
+    void (*gemm_rows)(const float *rows, int64_t rs, int64_t nv, const float *x, int64_t xs, int64_t n,
+                      float *acc);
 };
 
 extern const mpk_impl mpk_scalar_impl;
@@ -94,8 +87,18 @@ void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt,
 void mpk_avx512vl_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
                           int64_t nb, int64_t n, float *y, float *wb);
 
-#define MPK_RVQ_TB 16 /* inputs per transposed-table block (one int8 per input: 16 bytes an entry) */
-void mpk_scalar_rvq_tb_pack(const mpk_rvq_tab *const *t, int64_t n, int64_t j0, int64_t j1, int8_t *tt);
+/* mpk_dot / mpk_axpy 8-wide (the same bits; x86 only) */
+float mpk_avx2_dot(const float *a, const float *b, int64_t n);
+void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n);
+
+#define MPK_GEMM_ROWS 16   /* rows per rvq_gemm call: decoded once for all its inputs */
+#define MPK_GEMM_INPUTS 64 /* inputs per rvq_gemm call (its lane sums live on the caller's stack) */
+void mpk_avx2_rvq_gemm(const mpk_rvq *w, const float *cb, const float *x, int64_t xs, int64_t n,
+                       int64_t r0, float *acc);
+void mpk_avx2_row_values(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn);
+void mpk_avx2_gemm_rows(const float *rows, int64_t rs, int64_t nv, const float *x, int64_t xs, int64_t n,
+                        float *acc);
+
 
 /* The most tiles one rvq_tiles call gets (its accumulator lives on the caller's stack). */
 #define MPK_RVQ_MAX_TILES 16

@@ -116,15 +116,15 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
     uint64_t q = (uint64_t)(c->n_heads * max64(c->head_dim, c->kv_lora_rank + c->qk_rope_dim));
     const uint64_t T = (uint64_t)chunk_tokens;
     /* per chunk token: residual, normalised input, block output, per-rank expert outputs,
-     * routing; the kernels' transient copies (inputs transposed for mpk_matmat, mpk_rvq_matmat's
-     * accumulators): 2 x the widest vector */
+     * routing; the kernels' transient copies (inputs transposed for mpk_matmat, with their block
+     * padding and q4 group sums): 2 x the widest vector */
     uint64_t chunk = T * (uint64_t)H * (3u + (uint64_t)c->top_k) + 3u * T * (uint64_t)c->top_k +
                      2u * T * (uint64_t)max64(max64(H, I), (int64_t)q);
     /* per chunk token: q, k, v, attention output, MLA latents, FFN gate/up */
     uint64_t per_tok = 4 * q + 2 * (uint64_t)max64(I, c->q_lora_rank);
-    /* f32 copies made at load: transposed codebooks (<= 8 stages), rotation signs, norms, bias,
+    /* f32 copies made at load: codebooks as stored and transposed (<= 8 stages), rotation signs, norms, bias,
      * q/k/v biases and full-width q/k norms (GQA variants) */
-    uint64_t per_layer = 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +
+    uint64_t per_layer = 2u * 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +
                                                           c->q_lora_rank + c->kv_lora_rank + c->n_experts) +
                          (c->mla ? 0u : (uint64_t)((2 * c->n_heads + 3 * c->n_kv_heads) * c->head_dim));
     return mpm_kv_scratch_bytes(c) + mpm_dsa_scratch_bytes(c, chunk_tokens) +
@@ -277,7 +277,7 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
             return mp_seterr(L->err, L->errlen, MP_ENOMEM, "out of memory");
         }
         mpk_rvq_transpose_cb(cb, bi.stages[p], ly->cbt[p]);
-        free(cb);
+        ly->cb[p] = cb;
         if (bi.rotation_block[p]) {
             NAME("layers.%d.experts.%s.rotation", l, PARTS[p]);
             TRY(load_f32(L, n, (uint64_t)cols, &ly->signs[p], 1));
@@ -354,6 +354,7 @@ void mpm_free(mpm_model *m) {
         free(ly->router_bias);
         for (int p = 0; p < 3; p++) {
             free(ly->cbt[p]);
+            free(ly->cb[p]);
             free(ly->signs[p]);
         }
     }
@@ -399,7 +400,7 @@ static void lookahead(mpm_model *m, int l, const float *x) {
     m->prefetches += (uint64_t)m->c.top_k;
 }
 
-int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logits, int all) {
+int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logits, int all, int prefill) {
     const mpm_config *c = &m->c;
     const int64_t H = c->hidden;
     if (n < 1 || n > m->chunk) {
@@ -416,6 +417,7 @@ int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logi
         return MP_ECTX;
     }
     m->err[0] = 0;
+    m->prefill = prefill || n > 1;
     m->rbank_n = 0; /* AttnRes (Kimi K3): each pass banks its tokens' streams anew */
     for (int t = 0; t < n; t++) mpk_row(&m->embed, tokens[t], m->bx + t * H);
     if (c->hc_mult) mpm_hc_embed(m, n, m->bx);

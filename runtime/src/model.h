@@ -171,9 +171,13 @@ void mpm_state_load(mpm_model *m, const void *src);
 uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk);
 
 /* Runs n <= mpm_chunk() tokens at positions pos.. (pos = tokens already cached).  logits: NULL,
- * or vocab floats for the last token (all = 0) or n x vocab (all = 1).  Each token's result is
- * bit-identical whatever n is.  Returns 0 or an MP_E* code (message in mpm_error). */
-int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logits, int all);
+ * or vocab floats for the last token (all = 0) or n x vocab (all = 1).  prefill (or n > 1): the
+ * pass is part of a prompt and its routed experts use the prefill product (CODECS.md §3.6), so a
+ * prompt token's result is the same bits however the prompt is split into passes (with linear
+ * attention: at multiples of its sub-chunk); a one-token pass without it (decode) uses the table
+ * product, within the bound docs/RUNTIME.md states.  Returns 0 or an MP_E* code (message in
+ * mpm_error). */
+int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logits, int all, int prefill);
 const char *mpm_error(const mpm_model *m);
 double mpm_now(void); /* monotonic seconds */
 int mpm_ctx(const mpm_model *m);

@@ -115,9 +115,9 @@ static void gqa(mpm_model *m, int l, int pos, int T, const float *xn, float *out
     if (c->attn_gate) /* q rows interleaved with output-gate rows: per token (model_linear.c) */
         for (int t = 0; t < T; t++) mpm_gated_query(m, ly, xn + t * c->hidden, m->q + t * qd, NULL);
     else
-        mpk_matmat(m->kern, m->pool, &ly->q, xn, T, m->q);
-    mpk_matmat(m->kern, m->pool, &ly->k, xn, T, m->kbuf);
-    mpk_matmat(m->kern, m->pool, &ly->v, xn, T, m->vbuf);
+        mpm_matmat(m, &ly->q, xn, T, m->q);
+    mpm_matmat(m, &ly->k, xn, T, m->kbuf);
+    mpm_matmat(m, &ly->v, xn, T, m->vbuf);
     /* per-head qk-norm (Qwen3, GLM) or one norm over all heads (MiniMax-M2), after the biases */
     int full = c->qk_norm && c->qk_norm_full, per_head = c->qk_norm && !c->qk_norm_full;
     for (int t = 0; t < T; t++) {
@@ -150,7 +150,7 @@ static void gqa(mpm_model *m, int l, int pos, int T, const float *xn, float *out
             mpm_apply_gate(m->att + t * qd, m->q + t * qd, qd);
         }
     }
-    mpk_matmat(m->kern, m->pool, &ly->o, m->att, T, out);
+    mpm_matmat(m, &ly->o, m->att, T, out);
 }
 
 typedef struct {
@@ -208,13 +208,13 @@ static void mla(mpm_model *m, int l, int pos, int T, const float *xn, float *out
     const int64_t R = c->kv_lora_rank, rope = c->qk_rope_dim, qk = c->qk_nope_dim + rope;
     const int64_t qd = c->n_heads * qk, od = c->n_heads * c->v_head_dim, lat = R + rope;
     if (c->q_lora_rank) {
-        mpk_matmat(m->kern, m->pool, &ly->q_a, xn, T, m->lat);
+        mpm_matmat(m, &ly->q_a, xn, T, m->lat);
         for (int t = 0; t < T; t++) rms_inplace(m->lat + t * c->q_lora_rank, ly->q_a_norm, c->q_lora_rank, c->latent_eps);
-        mpk_matmat(m->kern, m->pool, &ly->q_b, m->lat, T, m->q);
+        mpm_matmat(m, &ly->q_b, m->lat, T, m->q);
     } else {
-        mpk_matmat(m->kern, m->pool, &ly->q, xn, T, m->q);
+        mpm_matmat(m, &ly->q, xn, T, m->q);
     }
-    mpk_matmat(m->kern, m->pool, &ly->kv_a, xn, T, m->kbuf);
+    mpm_matmat(m, &ly->kv_a, xn, T, m->kbuf);
     for (int t = 0; t < T; t++) {
         const int rot = !c->mla_no_rope; /* Kimi-Linear: the rope dims stay as projected */
         if (rot) rope_tables(m, pos + t);
@@ -228,7 +228,7 @@ static void mla(mpm_model *m, int l, int pos, int T, const float *xn, float *out
     if (c->dsa.on) mpm_dsa_select(m, l, pos, T, xn, m->lat); /* m->lat: the q LoRA latent */
     for (int t = 0; t < T; t++) mla_token(m, ly, pos + t, t, m->q + t * qd, m->att + t * od);
     if (c->mla_gate) mpm_mla_gate(m, ly, T, xn, m->att); /* Kimi K3: sigmoid gate per head dim */
-    mpk_matmat(m->kern, m->pool, &ly->o, m->att, T, out);
+    mpm_matmat(m, &ly->o, m->att, T, out);
 }
 
 void mpm_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out) {

@@ -164,8 +164,8 @@ static void build_pool(mpm_model *m, const mpm_layer *ly, int first) {
 void mpm_dsa_keys(mpm_model *m, int l, int pos, int T, const float *xn) {
     const mpm_dsa_config *d = &m->c.dsa;
     const mpm_layer *ly = &m->layers[l];
-    mpk_matmat(m->kern, m->pool, &ly->idx_k, xn, T, m->dsa_k);
-    if (d->kpool) mpk_matmat(m->kern, m->pool, &ly->idx_pg, xn, T, m->dsa_g);
+    mpm_matmat(m, &ly->idx_k, xn, T, m->dsa_k);
+    if (d->kpool) mpm_matmat(m, &ly->idx_pg, xn, T, m->dsa_g);
     for (int t = 0; t < T; t++) {
         float *k = m->dsa_k + (int64_t)t * d->dim;
         layer_norm(k, ly->idx_kn_w, ly->idx_kn_b, d->dim);
@@ -182,8 +182,8 @@ void mpm_dsa_keys(mpm_model *m, int l, int pos, int T, const float *xn) {
 void mpm_dsa_queries(mpm_model *m, int l, int pos, int T, const float *xn, const float *qres) {
     const mpm_dsa_config *d = &m->c.dsa;
     const mpm_layer *ly = &m->layers[l];
-    mpk_matmat(m->kern, m->pool, &ly->idx_q, qres, T, m->dsa_q);
-    mpk_matmat(m->kern, m->pool, &ly->idx_w, xn, T, m->dsa_w);
+    mpm_matmat(m, &ly->idx_q, qres, T, m->dsa_q);
+    mpm_matmat(m, &ly->idx_w, xn, T, m->dsa_w);
     const float wscale = 1.0f / sqrtf((float)d->heads);
     for (int t = 0; t < T; t++) {
         mpm_rope_tables(m, pos + t);

@@ -33,8 +33,10 @@ typedef struct mpm_layer {
     float *router_bias; /* sigmoid scoring */
     mpm_ffn dense, shared;
     int has_shared;
-    /* routed experts: per part (gate, up, down) transposed codebook, optional rotation */
-    float *cbt[3];
+    /* routed experts: per part (gate, up, down) codebook as stored [stages][256][8] (the prefill
+     * product decodes with it) and transposed (the decode tables are built from it), optional
+     * rotation */
+    float *cb[3], *cbt[3];
     int stages[3];
     float *signs[3];
     int rot_block[3];
@@ -101,15 +103,16 @@ struct mpm_model {
     float *bx, *bxn, *bout, *bselw, *beo;
     int32_t *bsel, *uniq;
     float *aheadw, *choice;
-    /* MoE chunk (model_moe.c): gate/up tables of every chunk token and down tables of one
-     * expert's tokens (ctab_stages = the most stages of any part), table pointers, one expert's
-     * down outputs, the (token, rank) pairs sorted by expert, mpk_rvq_matmat's block-path
-     * workspace (reused by every expert matrix) */
-    mpk_rvq_tab *ctabs;
-    const mpk_rvq_tab **ctabp;
-    void *ctabmem, *cblk;
+    /* MoE (model_moe.c): one token's gate/up/down tables for decode (ctab_stages = the most
+     * stages of any part); for a prefill chunk, one expert's inputs gathered (gate, up: rows of
+     * cxs floats) and its down inputs (rows of cds floats), zero-padded to whole vectors, and
+     * its down outputs; the (token, rank) pairs sorted by expert */
+    mpk_rvq_tab ctabs[3];
+    void *ctabmem;
     int ctab_stages;
-    float *ceo;
+    int prefill; /* this forward pass is part of a prompt: the prefill product (CODECS.md §3.6) */
+    float *cxg, *cxu, *cxd, *ceo;
+    int64_t cxs, cds;
     int32_t *cpairs, *corder, *cstart, *cfill;
     uint8_t *allowed;
     float *lstate, *lbuf, *lqg; /* linear-attention states, model_linear.c scratch, gated q */
@@ -236,6 +239,13 @@ int mpm_moe_alloc(mpm_model *m); /* chunk scratch, after the layers are loaded *
 void mpm_moe_free(mpm_model *m);
 /* dense / shared FFN for T inputs (T x hidden -> T x hidden) */
 void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, int T, const float *xn, float *out);
+/* A trunk matrix times a chunk's T inputs: in a prefill pass the prefill product (mpk_gemm: each
+ * input's bits independent of T), else mpk_matmat (one token in decode).  Per-token products
+ * (routers, the lm_head, gated queries) stay mpk_matvec/mpk_matmat in both. */
+static inline void mpm_matmat(const mpm_model *m, const mpk_mat *w, const float *x, int64_t T, float *y) {
+    if (m->prefill) mpk_gemm(m->kern, m->pool, w, x, T, y);
+    else mpk_matmat(m->kern, m->pool, w, x, T, y);
+}
 void mpm_route(const mpm_model *m, int layer, const float *xn, float *logits_scratch,
                int32_t *sel, float *w);
 

@@ -141,7 +141,7 @@ int mpm_res_push(mpm_model *m, int l, int T, const float *x) {
 }
 
 void mpm_latent_in(mpm_model *m, const mpm_layer *ly, int T, const float *xn, float *z) {
-    mpk_matmat(m->kern, m->pool, &ly->lat_down, xn, T, z);
+    mpm_matmat(m, &ly->lat_down, xn, T, z);
 }
 
 void mpm_latent_out(mpm_model *m, const mpm_layer *ly, int T, float *sum, float *out) {
@@ -152,11 +152,11 @@ void mpm_latent_out(mpm_model *m, const mpm_layer *ly, int T, float *sum, float 
         const float r = 1.0f / sqrtf(ss / (float)D + m->c.eps);
         for (int64_t i = 0; i < D; i++) s[i] = s[i] * r * ly->lat_norm[i];
     }
-    mpk_matmat(m->kern, m->pool, &ly->lat_up, sum, T, out);
+    mpm_matmat(m, &ly->lat_up, sum, T, out);
 }
 
 void mpm_mla_gate(mpm_model *m, const mpm_layer *ly, int T, const float *xn, float *att) {
     const int64_t od = m->c.n_heads * m->c.v_head_dim;
-    mpk_matmat(m->kern, m->pool, &ly->mla_g, xn, T, m->kgate);
+    mpm_matmat(m, &ly->mla_g, xn, T, m->kgate);
     for (int64_t i = 0; i < T * od; i++) att[i] *= 1.0f / (1.0f + expf(-m->kgate[i]));
 }

@@ -125,17 +125,17 @@ void mpm_kda_attention(mpm_model *m, int l, int pos, int T, const float *xn, flo
     for (int i = 0; i < 3; i++, b += T * qd) j.qkv[i] = b;
     j.decay = b, j.gate = b + T * qd, j.o = j.gate + T * qd, j.beta = j.o + T * qd;
     float *low = j.beta + T * nh, *lowg = low + T * dk;
-    for (int i = 0; i < 3; i++) mpk_matmat(m->kern, m->pool, &ly->la_in[i], xn, T, j.qkv[i]);
-    mpk_matmat(m->kern, m->pool, &ly->kda_fa, xn, T, low);
-    mpk_matmat(m->kern, m->pool, &ly->kda_fb, low, T, j.decay);
-    mpk_matmat(m->kern, m->pool, &ly->kda_b, xn, T, j.beta);
+    for (int i = 0; i < 3; i++) mpm_matmat(m, &ly->la_in[i], xn, T, j.qkv[i]);
+    mpm_matmat(m, &ly->kda_fa, xn, T, low);
+    mpm_matmat(m, &ly->kda_fb, low, T, j.decay);
+    mpm_matmat(m, &ly->kda_b, xn, T, j.beta);
     if (c->kda_full_gate) { /* Kimi K3: one full-rank output gate */
-        mpk_matmat(m->kern, m->pool, &ly->kda_g, xn, T, j.gate);
+        mpm_matmat(m, &ly->kda_g, xn, T, j.gate);
     } else {
-        mpk_matmat(m->kern, m->pool, &ly->kda_ga, xn, T, lowg);
-        mpk_matmat(m->kern, m->pool, &ly->kda_gb, lowg, T, j.gate);
+        mpm_matmat(m, &ly->kda_ga, xn, T, lowg);
+        mpm_matmat(m, &ly->kda_gb, lowg, T, j.gate);
     }
     mpm_linear_state(m, ly, pos, &j.src, &j.dst); /* zero at pos 0 */
     mpk_pool_run(m->pool, (size_t)nh, kda_head, &j);
-    mpk_matmat(m->kern, m->pool, &ly->la_out, j.o, T, out);
+    mpm_matmat(m, &ly->la_out, j.o, T, out);
 }

@@ -305,11 +305,11 @@ void mpm_linear_attention(mpm_model *m, int l, int pos, int T, const float *xn, 
      * the rows before it), used in place from there on */
     lin_job j = {m, ly, m->lbuf, m->lbuf + (int64_t)m->chunk * proj_dim(c), pos, T, NULL, NULL};
     for (int i = 0, off = 0; i < ly->la_nin; off += (int)ly->la_in[i].rows, i++)
-        mpk_matmat(m->kern, m->pool, &ly->la_in[i], xn, T, j.blk + (int64_t)T * off);
+        mpm_matmat(m, &ly->la_in[i], xn, T, j.blk + (int64_t)T * off);
     mpm_linear_state(m, ly, pos, &j.src, &j.dst); /* [conv inputs | recurrent matrices] */
     mpk_pool_run(m->pool, (size_t)c->la_nk, lin_conv, &j);
     mpk_pool_run(m->pool, (size_t)c->la_nv, lin_head, &j);
-    mpk_matmat(m->kern, m->pool, &ly->la_out, j.o, T, out);
+    mpm_matmat(m, &ly->la_out, j.o, T, out);
 }
 
 /* Gated full attention (Qwen3-Next): q_proj rows hold, per head, hd query rows then hd gate rows.

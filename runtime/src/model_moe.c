@@ -1,7 +1,8 @@
 /* Feed-forward blocks: routing (FORMAT.md §7), routed experts computed on their tiled rvq codes
- * with int8 lookup tables (CODECS.md §3.5), shared experts, dense FFN.  The gate and up tables are
- * built once per layer per token from the (rotated) normalised input and shared by every routed
- * expert of the layer; the down table is built per expert from its activation. */
+ * (decode: int8 lookup tables, CODECS.md §3.5; prefill: decoded codes times all of an expert's
+ * tokens, §3.6), shared experts, dense FFN.  In decode the gate and up tables are built once per
+ * layer from the (rotated) normalised input and shared by every routed expert of the layer; the
+ * down table is built per expert from its activation. */
 #include "model_internal.h"
 #include "moepack.h"
 
@@ -91,10 +92,10 @@ void mpm_route(const mpm_model *m, int layer, const float *xn, float *logits, in
 }
 
 void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, int T, const float *xn, float *out) {
-    mpk_matmat(m->kern, m->pool, &f->gate, xn, T, m->g);
-    mpk_matmat(m->kern, m->pool, &f->up, xn, T, m->u);
+    mpm_matmat(m, &f->gate, xn, T, m->g);
+    mpm_matmat(m, &f->up, xn, T, m->u);
     for (int64_t i = 0; i < T * f->inter; i++) m->g[i] = mpm_act(&m->c, m->g[i], m->u[i]);
-    mpk_matmat(m->kern, m->pool, &f->down, m->g, T, out);
+    mpm_matmat(m, &f->down, m->g, T, out);
 }
 
 static void rvq_part(const mpm_layer *ly, int p, const uint8_t *rec, int64_t rows, int64_t cols,
@@ -102,36 +103,34 @@ static void rvq_part(const mpm_layer *ly, int p, const uint8_t *rec, int64_t row
     mpk_rvq_init(w, rows, cols, ly->stages[p], rec + ly->part_off[p]);
 }
 
-/* integer tables t (memory mem) of part p from x (rotated first when the part's codec says so) */
+/* x rotated when part p's codec says so (else x itself) */
+static const float *rotated(mpm_model *m, const mpm_layer *ly, int p, const float *x, int64_t n) {
+    if (!ly->rot_block[p]) return x;
+    mpk_hadamard_rotate(x, ly->signs[p], n, ly->rot_block[p], m->xr);
+    return m->xr;
+}
+
+/* integer tables t (memory mem) of part p from x */
 static void build_tab(mpm_model *m, const mpm_layer *ly, int p, const float *x, int64_t n,
                       mpk_rvq_tab *t, void *mem) {
-    const float *in = x;
-    if (ly->rot_block[p]) {
-        mpk_hadamard_rotate(x, ly->signs[p], n, ly->rot_block[p], m->xr);
-        in = m->xr;
-    }
     mpk_rvq_tab_init(t, mem, n, ly->stages[p]);
-    mpk_rvq_tables(m->kern, m->pool, ly->cbt[p], in, t);
+    mpk_rvq_tables(m->kern, m->pool, ly->cbt[p], rotated(m, ly, p, x, n), t);
 }
 
-/* Chunk tables: gate/up for every token of a chunk, down for every token of one expert. */
 static size_t tab_stride(int64_t cols, int stages) { return (mpk_rvq_tab_bytes(cols, stages) + 63) & ~(size_t)63; }
-
-/* mpk_rvq_matmat's block-path workspace: one, for the larger of gate/up and down */
-static uint64_t block_ws_bytes(const mpm_config *c, int stages) {
-    uint64_t gu = mpk_rvq_block_bytes(c->moe_inter, c->hidden, stages);
-    uint64_t dn = mpk_rvq_block_bytes(c->hidden, c->moe_inter, stages);
-    return gu > dn ? gu : dn;
+/* decode table i (gate, up, down) in ctabmem */
+static uint8_t *tab_mem(const mpm_model *m, int i) {
+    return (uint8_t *)(((uintptr_t)m->ctabmem + 63) & ~(uintptr_t)63) + (size_t)i * tab_stride(m->c.hidden, m->ctab_stages);
 }
+static int64_t whole_vectors(int64_t n) { return (n + 7) / 8 * 8; }
 
 uint64_t mpm_moe_chunk_bytes(const mpm_config *c, int chunk, int stages) {
     if (!mpm_config_moe_layers(c)) return 0;
-    uint64_t T = (uint64_t)chunk;
-    return (chunk < 2 ? 0 : block_ws_bytes(c, stages)) +
-           T * (2 * tab_stride(c->hidden, stages) + tab_stride(c->moe_inter, stages)) +
-           T * (uint64_t)c->hidden * 4u + /* one expert's down outputs */
-           T * 4u * (uint64_t)c->top_k * 4u + /* token lists */
-           3u * T * sizeof(mpk_rvq_tab) + T * sizeof(void *);
+    const uint64_t T = (uint64_t)chunk, X = (uint64_t)whole_vectors(c->hidden), Dd = (uint64_t)whole_vectors(c->moe_inter);
+    return 64 + 2 * tab_stride(c->hidden, stages) + tab_stride(c->moe_inter, stages) + /* decode tables */
+           T * (2 * X + Dd) * 4u +            /* prefill: gathered inputs */
+           T * (uint64_t)c->hidden * 4u +      /* one expert's down outputs */
+           T * 4u * (uint64_t)c->top_k * 4u;   /* token lists */
 }
 
 int mpm_moe_alloc(mpm_model *m) {
@@ -140,27 +139,29 @@ int mpm_moe_alloc(mpm_model *m) {
     for (int64_t l = 0; l < c->n_layers; l++)
         for (int p = 0; p < 3; p++) S = m->layers[l].stages[p] > S ? m->layers[l].stages[p] : S;
     const size_t T = (size_t)m->chunk;
-    m->ctabs = calloc(3 * T, sizeof *m->ctabs);
-    m->ctabp = calloc(T, sizeof *m->ctabp);
-    m->ctabmem = calloc(T * (2 * tab_stride(c->hidden, S) + tab_stride(c->moe_inter, S)) + 64, 1);
+    m->ctabmem = calloc(2 * tab_stride(c->hidden, S) + tab_stride(c->moe_inter, S) + 64, 1);
+    m->cxs = whole_vectors(c->hidden);
+    m->cds = whole_vectors(c->moe_inter);
+    m->cxg = calloc(T * (size_t)m->cxs, sizeof(float));
+    m->cxu = calloc(T * (size_t)m->cxs, sizeof(float));
+    m->cxd = calloc(T * (size_t)m->cds, sizeof(float));
     m->ceo = calloc(T * (size_t)c->hidden, sizeof(float));
     m->cpairs = calloc(T * (size_t)c->top_k, sizeof(int32_t));
     m->corder = calloc(T * (size_t)c->top_k, sizeof(int32_t));
     m->cstart = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
     m->cfill = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
-    m->cblk = T >= 2 ? malloc(block_ws_bytes(c, S)) : NULL; /* T = 1: no block path */
     m->ctab_stages = S;
-    return m->ctabs && m->ctabp && m->ctabmem && m->ceo && m->cpairs && m->corder && m->cstart && m->cfill &&
-                   (T < 2 || m->cblk)
+    return m->ctabmem && m->cxg && m->cxu && m->cxd && m->ceo && m->cpairs && m->corder && m->cstart &&
+                   m->cfill
                ? 0
                : -1;
 }
 
 void mpm_moe_free(mpm_model *m) {
-    free(m->ctabs);
-    free(m->ctabp);
     free(m->ctabmem);
-    free(m->cblk);
+    free(m->cxg);
+    free(m->cxu);
+    free(m->cxd);
     free(m->ceo);
     free(m->cpairs);
     free(m->corder);
@@ -168,19 +169,58 @@ void mpm_moe_free(mpm_model *m) {
     free(m->cfill);
 }
 
-/* MoE block for a chunk of T tokens (xn: T x hidden, normalised).  Each token's gate and up
- * tables are built once and shared by its experts.  Routed experts are fetched in groups of at
- * most top_k records (the pinned working set the memory plan allows), each group with one
- * acquire while the next group is prefetched; each expert is computed for all of its tokens at
- * once (mpk_rvq_matmat: its codes are read once per chunk, every token with its own tables, the
- * single-token bits).  Each token's outputs are kept per routing rank and summed in rank order at
- * the end, so a token gets exactly the same arithmetic whatever the chunk size (chunked prefill
- * == token by token, bit for bit). */
+/* Row j of dst (rows of ds floats, zero past n) = src (n floats) rotated for part p. */
+static void put_row(mpm_model *m, const mpm_layer *ly, int p, const float *src, int64_t n, float *dst) {
+    memcpy(dst, rotated(m, ly, p, src, n), (size_t)n * sizeof(float));
+}
+
+/* One expert (record rec) for its n (token, rank) pairs pr, outputs into beo by pair.  Prefill:
+ * its tokens' inputs gathered and multiplied with the decoded codes (mpk_rvq_gemm); decode (one
+ * token): the integer tables, gate/up's built once per layer (tg, tu). */
+static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const float *xe, const int32_t *pr,
+                   int n) {
+    const mpm_config *c = &m->c;
+    const int64_t I = c->moe_inter, K = c->top_k, D = c->latent ? c->latent : c->hidden;
+    mpk_rvq wg, wu, wd;
+    rvq_part(ly, 0, rec, I, D, &wg);
+    rvq_part(ly, 1, rec, I, D, &wu);
+    rvq_part(ly, 2, rec, D, I, &wd);
+    if (!m->prefill) {
+        mpk_rvq_matvec(m->kern, m->pool, &wg, &m->ctabs[0], m->g);
+        mpk_rvq_matvec(m->kern, m->pool, &wu, &m->ctabs[1], m->u);
+        for (int64_t j = 0; j < I; j++) m->g[j] = mpm_act(c, m->g[j], m->u[j]);
+        build_tab(m, ly, 2, m->g, I, &m->ctabs[2], tab_mem(m, 2));
+        mpk_rvq_matvec(m->kern, m->pool, &wd, &m->ctabs[2], m->beo + (int64_t)pr[0] * D);
+        return;
+    }
+    for (int j = 0; j < n; j++) {
+        put_row(m, ly, 0, xe + (int64_t)(pr[j] / K) * D, D, m->cxg + j * m->cxs);
+        put_row(m, ly, 1, xe + (int64_t)(pr[j] / K) * D, D, m->cxu + j * m->cxs);
+    }
+    mpk_rvq_gemm(m->kern, m->pool, &wg, ly->cb[0], m->cxg, m->cxs, n, m->g);
+    mpk_rvq_gemm(m->kern, m->pool, &wu, ly->cb[1], m->cxu, m->cxs, n, m->u);
+    for (int64_t j = 0; j < n * I; j++) m->g[j] = mpm_act(c, m->g[j], m->u[j]);
+    for (int j = 0; j < n; j++) put_row(m, ly, 2, m->g + j * I, I, m->cxd + j * m->cds);
+    mpk_rvq_gemm(m->kern, m->pool, &wd, ly->cb[2], m->cxd, m->cds, n, m->ceo);
+    for (int j = 0; j < n; j++) memcpy(m->beo + (int64_t)pr[j] * D, m->ceo + (int64_t)j * D, (size_t)D * sizeof(float));
+}
+
+/* MoE block for a chunk of T tokens (xn: T x hidden, normalised).  Routed experts are fetched in
+ * groups of at most top_k records (the pinned working set the memory plan allows), each group
+ * with one acquire while the next group is prefetched; in a prefill chunk each distinct expert is
+ * read once and computed for all of its tokens at once (the prefill product, CODECS.md §3.6:
+ * each (token, row) independent of the other tokens).  Each token's outputs are kept per routing
+ * rank and summed in rank order at the end, so a prompt token gets the same arithmetic whatever
+ * the chunk size. */
 int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
     const mpm_config *c = &m->c;
     const mpm_layer *ly = &m->layers[l];
-    const int64_t H = c->hidden, I = c->moe_inter, K = c->top_k;
+    const int64_t H = c->hidden, K = c->top_k;
     const int64_t D = c->latent ? c->latent : H; /* the routed experts' width (Kimi K3: latent) */
+    if (!m->prefill && T != 1) {
+        snprintf(m->err, sizeof m->err, "a decode pass holds one token, not %d", T);
+        return MP_EINVAL;
+    }
     for (int t = 0; t < T; t++) /* the router reads the full-width input */
         mpm_route(m, l, xn + t * H, m->router_logits, m->bsel + t * K, m->bselw + t * K);
     const float *xe = xn;
@@ -203,15 +243,10 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
     for (int u = 0; u < nu; u++) start[u + 1] += start[u];
     memcpy(fill, start, (size_t)nu * sizeof *fill);
     for (int64_t i = 0; i < T * K; i++) pairs[fill[m->cpairs[i]]++] = (int32_t)i;
-    const size_t sh = tab_stride(H, m->ctab_stages), si = tab_stride(I, m->ctab_stages);
-    uint8_t *mem = (uint8_t *)(((uintptr_t)m->ctabmem + 63) & ~(uintptr_t)63);
-    mpk_rvq_tab *tg = m->ctabs, *tu = m->ctabs + T, *td = m->ctabs + 2 * T;
-    for (int t = 0; t < T; t++) { /* gate/up tables: once per token, shared by its experts */
-        build_tab(m, ly, 0, xe + t * D, D, &tg[t], mem + (size_t)t * sh);
-        build_tab(m, ly, 1, xe + t * D, D, &tu[t], mem + (size_t)(T + t) * sh);
+    if (!m->prefill) { /* decode: gate/up tables once, shared by the token's experts */
+        build_tab(m, ly, 0, xe, D, &m->ctabs[0], tab_mem(m, 0));
+        build_tab(m, ly, 1, xe, D, &m->ctabs[1], tab_mem(m, 1));
     }
-    uint8_t *dmem = mem + (size_t)(2 * T) * sh;
-    const mpk_rvq_tab **tp = m->ctabp;
     for (int g0 = 0; g0 < nu; g0 += (int)K) {
         int ng = nu - g0 < (int)K ? nu - g0 : (int)K;
         const int *grp = m->uniq + g0;
@@ -225,25 +260,8 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
         }
         if (m->io.prefetch && g0 + ng < nu) /* next group's reads overlap this group's compute */
             m->io.prefetch(m->io.user, l, m->uniq + g0 + ng, nu - g0 - ng < (int)K ? nu - g0 - ng : (int)K);
-        for (int gi = 0; gi < ng; gi++) {
-            const int32_t *pr = pairs + start[g0 + gi];
-            const int n = start[g0 + gi + 1] - start[g0 + gi];
-            mpk_rvq wg, wu, wd;
-            rvq_part(ly, 0, m->recs[gi], I, D, &wg);
-            rvq_part(ly, 1, m->recs[gi], I, D, &wu);
-            rvq_part(ly, 2, m->recs[gi], D, I, &wd);
-            for (int j = 0; j < n; j++) tp[j] = &tg[pr[j] / K];
-            mpk_rvq_matmat(m->kern, m->pool, &wg, tp, n, m->g, m->cblk);
-            for (int j = 0; j < n; j++) tp[j] = &tu[pr[j] / K];
-            mpk_rvq_matmat(m->kern, m->pool, &wu, tp, n, m->u, m->cblk);
-            for (int64_t j = 0; j < n * I; j++) m->g[j] = mpm_act(c, m->g[j], m->u[j]);
-            for (int j = 0; j < n; j++) {
-                build_tab(m, ly, 2, m->g + j * I, I, &td[j], dmem + (size_t)j * si);
-                tp[j] = &td[j];
-            }
-            mpk_rvq_matmat(m->kern, m->pool, &wd, tp, n, m->ceo, m->cblk);
-            for (int j = 0; j < n; j++) memcpy(m->beo + (int64_t)pr[j] * D, m->ceo + (int64_t)j * D, (size_t)D * sizeof(float));
-        }
+        for (int gi = 0; gi < ng; gi++)
+            expert(m, ly, m->recs[gi], xe, pairs + start[g0 + gi], start[g0 + gi + 1] - start[g0 + gi]);
         m->io.release(m->io.user, l, grp, ng);
     }
     if (ly->has_shared) mpm_ffn_dense(m, &ly->shared, T, xn, out);

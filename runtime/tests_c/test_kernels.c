@@ -140,41 +140,6 @@ static void run_case(const char *what, int64_t rows, int64_t cols, int S, const 
                 }
             CHECK(!bad, "%s", what);
         }
-    /* several inputs at once (prefill): each equals its own single-input product bit for bit;
-     * inputs mix this case's x with random ones (a NaN input next to finite ones) */
-    enum { NI = 7 };
-    void *mems[NI];
-    mpk_rvq_tab tabs[NI];
-    const mpk_rvq_tab *tp[NI];
-    float *xi = malloc((size_t)cols * 4), *one = malloc((size_t)rows * 4), *ym = malloc((size_t)(NI * rows) * 4);
-    float *want = malloc((size_t)(NI * rows) * 4);
-    for (int i = 0; i < NI; i++) {
-        for (int64_t c = 0; c < cols; c++) xi[c] = i % 3 == 0 ? x[c] : urand() * (float)(i + 1);
-        mems[i] = malloc(mpk_rvq_tab_bytes(cols, S));
-        mpk_rvq_tab_init(&tabs[i], mems[i], cols, S);
-        mpk_rvq_tables(NULL, NULL, cbt, xi, &tabs[i]);
-        tp[i] = &tabs[i];
-        mpk_rvq_matvec(NULL, NULL, &w, &tabs[i], one);
-        memcpy(want + i * rows, one, (size_t)rows * 4);
-    }
-    static const int64_t NS[] = {1, 2, 5, NI};
-    for (int k = 0; k < npaths; k++)
-        for (int p = 0; p < 3; p++)
-            for (size_t ni = 0; ni < sizeof NS / sizeof *NS; ni++) {
-                memset(ym, 0x55, (size_t)(NI * rows) * 4);
-                mpk_rvq_matmat(paths[k], pools[p], &w, tp + (NI - NS[ni]), NS[ni], ym, NULL);
-                int64_t badm = -1;
-                for (int64_t e = 0; e < NS[ni] * rows && badm < 0; e++)
-                    if (bits(ym[e]) != bits(want[(NI - NS[ni]) * rows + e])) badm = e;
-                CHECK(badm < 0, "%s multi-input rows %lld cols %lld S %d path %s threads %d n %lld: element %lld",
-                      what, (long long)rows, (long long)cols, S, mpk_impl_name(paths[k]),
-                      mpk_pool_threads(pools[p]), (long long)NS[ni], (long long)badm);
-            }
-    for (int i = 0; i < NI; i++) free(mems[i]);
-    free(xi);
-    free(one);
-    free(ym);
-    free(want);
     free(mem);
     free(cb);
     free(cbt);

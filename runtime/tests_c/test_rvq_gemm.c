@@ -1,0 +1,116 @@
+/* The prefill product of a routed-expert matrix (mpk_rvq_gemm, CODECS.md §3.6): every kernel path
+ * and thread count gives the scalar path's bits; each input's result is the same whether it comes
+ * alone or among up to 150 others (so chunking a prompt never changes it); it lies within f32
+ * rounding of a double-precision product of the decoded weights; a NaN input gives the canonical
+ * NaN in its own outputs only.  Shapes with partial tiles, row blocks, panels and vectors. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "t.h"
+
+static uint64_t rng = 0x243f6a8885a308d3ull;
+static uint32_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float urand(void) { return (float)(rnd() % 2000001) / 1e6f - 1.0f; }
+static uint32_t bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+enum { NMAX = 150 };
+
+static void check_shape(const mpk_impl *const *paths, int npaths, mpk_pool *const *pools, int npools,
+                        int64_t rows, int64_t cols, int S) {
+    uint64_t nbytes = mpk_rvq_nbytes(rows, cols, S);
+    uint8_t *part = malloc(nbytes);
+    for (uint64_t i = 0; i < nbytes; i++) part[i] = (uint8_t)rnd();
+    mpk_rvq w;
+    mpk_rvq_init(&w, rows, cols, S, part);
+    for (int64_t r = 0; r < rows; r++) {
+        uint16_t h = mpk_f32_to_f16(0.01f + (float)(rnd() % 1000) / 1e4f);
+        memcpy((uint8_t *)w.scales + 2 * r, &h, 2);
+    }
+    float *cb = malloc((size_t)S * 2048 * 4);
+    for (int t = 0; t < S; t++)
+        for (int i = 0; i < 2048; i++) cb[t * 2048 + i] = urand() / (float)(1 << t);
+    const int64_t xs = w.nv * 8 + 8; /* a row stride longer than the vectors */
+    float *x = calloc((size_t)(NMAX * xs), 4), *want = malloc((size_t)(NMAX * rows) * 4);
+    float *y = malloc((size_t)(NMAX * rows) * 4);
+    for (int i = 0; i < NMAX; i++)
+        for (int64_t c = 0; c < cols; c++) x[i * xs + c] = i == 5 ? 0.0f : urand() * (float)(1 + i % 9);
+    x[11 * xs + cols / 2] = NAN; /* input 11's products are NaN, its neighbours' are not */
+    mpk_rvq_gemm(NULL, NULL, &w, cb, x, xs, NMAX, want);
+    /* within f32 rounding of the double product of the decoded weights (the weights themselves
+     * are f32 sums of stage entries, as §3.6 decodes them) */
+    double worst = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *c = w.codes + (size_t)((r / 64) * w.nv * S) * 64 + (size_t)(r % 64);
+        float sc = mpk_f16_to_f32((uint16_t)(w.scales[2 * r] | w.scales[2 * r + 1] << 8));
+        for (int i = 0; i < NMAX; i += 7) {
+            if (i == 11) continue;
+            double s = 0.0, mag = 0.0;
+            for (int64_t col = 0; col < cols; col++) {
+                const uint8_t *cv = c + (size_t)((col / 8) * S) * 64;
+                float wv = cb[(size_t)cv[0] * 8 + (size_t)(col % 8)];
+                for (int st = 1; st < S; st++) wv += cb[((size_t)st * 256 + cv[st * 64]) * 8 + (size_t)(col % 8)];
+                s += (double)wv * x[i * xs + col];
+                mag += fabs((double)wv * x[i * xs + col]);
+            }
+            double err = fabs((double)want[i * rows + r] - s * sc) / (mag * sc + 1e-30);
+            worst = err > worst ? err : worst;
+        }
+    }
+    CHECK(worst < 1e-5, "rvq %lldx%lld S %d: relative error %g vs the double product", (long long)rows,
+          (long long)cols, S, worst);
+    for (int64_t r = 0; r < rows; r++) {
+        CHECK(bits(want[11 * rows + r]) == 0x7fc00000u, "NaN input: row %lld is %a", (long long)r,
+              (double)want[11 * rows + r]);
+        CHECK(want[5 * rows + r] == 0.0f, "zero input: row %lld is %a", (long long)r, (double)want[5 * rows + r]);
+        CHECK(want[10 * rows + r] == want[10 * rows + r] && want[12 * rows + r] == want[12 * rows + r],
+              "a NaN beside the NaN input at row %lld", (long long)r);
+    }
+    static const int64_t ns[] = {1, 2, 3, 17, 64, 65, NMAX - 9};
+    for (int k = 0; k < npaths; k++)
+        for (int p = 0; p < npools; p++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                /* a window of inputs from 9 (n = 1: input 9 alone; n >= 3 holds the NaN one) */
+                int64_t n = ns[ni], off = 9, bad = -1;
+                memset(y, 0x55, (size_t)(n * rows) * 4);
+                mpk_rvq_gemm(paths[k], pools[p], &w, cb, x + off * xs, xs, n, y);
+                for (int64_t e = 0; e < n * rows && bad < 0; e++)
+                    if (bits(y[e]) != bits(want[off * rows + e])) bad = e;
+                CHECK(bad < 0, "rvq %lldx%lld S %d path %s threads %d n %lld: element %lld %a != %a", (long long)rows,
+                      (long long)cols, S, mpk_impl_name(paths[k]), mpk_pool_threads(pools[p]), (long long)n,
+                      (long long)bad, bad < 0 ? 0.0 : (double)y[bad], bad < 0 ? 0.0 : (double)want[off * rows + bad]);
+            }
+    free(part);
+    free(cb);
+    free(x);
+    free(want);
+    free(y);
+}
+
+int main(void) {
+    const mpk_impl *paths[3];
+    int np = 0;
+    paths[np++] = mpk_select(MPK_SCALAR);
+    if (mpk_select(MPK_AVX2)) paths[np++] = mpk_select(MPK_AVX2);
+    if (mpk_select(MPK_AVX512VBMI)) paths[np++] = mpk_select(MPK_AVX512VBMI);
+    mpk_pool *pools[3] = {NULL, mpk_pool_create(2), mpk_pool_create(3)};
+    /* 130 rows: a partial third tile and row block; 264 columns: 33 vectors, a partial second
+     * panel; 61 columns: a partial vector; 1100 rows: many row blocks across threads */
+    check_shape(paths, np, pools, 3, 130, 264, 3);
+    check_shape(paths, np, pools, 3, 100, 61, 1);
+    check_shape(paths, np, pools, 3, 1100, 72, 2);
+    mpk_pool_destroy(pools[1]);
+    mpk_pool_destroy(pools[2]);
+    T_DONE("test_rvq_gemm");
+}
