@@ -2,11 +2,12 @@
 
 Each tiny random checkpoint (tests/tiny_models.py) is converted with the real converter, exported
 to a float32 Hugging Face checkpoint (`moepack export`) and loaded by transformers; the engine
-reads the container itself (rvq experts via int8 lookup tables, trunk codecs as below). The
-engine's expert products are not Ŵx but CODECS.md §3.5's table product (about 1 % apart), so the
-transformers expert modules are patched to compute each routed expert's gate, up and down
-projection with the numpy reference of §3.5 (moepack.format.rvq_matvec) on the container's codes;
-transformers still does attention, norms, routing, the activation and shared experts. Tolerance:
+reads the container itself (rvq experts, trunk codecs as below). The engine's expert products are
+CODECS.md §3.6's prefill product for a call of several tokens and §3.5's int8-table product
+(about 1 % from Ŵx) for a call of one, so the transformers expert modules are patched to compute
+each routed expert's gate, up and down projection with the numpy references of those
+(moepack.format.rvq_matvec, tests/spec_experts.py) on the container's codes; transformers still
+does attention, norms, routing, the activation and shared experts. Tolerance:
 max |Δlogit| <= 1e-4 x max |logit| over 80 positions fed in chunks of 16 (CHUNK: the chunk the
 engine plans for these tiny models is the whole prompt); greedy generation identical for 32
 tokens; threads and chunk sizes give the same bits; a turn snapshot's continuation is one pass.
