@@ -1,6 +1,7 @@
 """DeepSeek Sparse Attention (DeepSeek-V3.2 `deepseek_v32`, GLM-5 `glm_moe_dsa`): the C engine
 against transformers on the container's dequantised weights, as tests/test_runtime_models.py
-does for the other families (routed experts patched to the engine's products, tests/spec_experts.py).
+does for the other families (routed experts patched to the engine's products,
+tests/spec_experts.py).
 
 Each family is built twice from the same random weights: `index_topk` 8 (sparse: from position 8
 on each query attends to 8 indexer-selected positions) and 128 (dense: every context of the test

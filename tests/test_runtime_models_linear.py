@@ -2,9 +2,9 @@
 
 As tests/test_runtime_models.py: a tiny random checkpoint converted by the real converter,
 exported, loaded by transformers (PyTorch fallback kernels: its chunked KDA for prompts, 64
-tokens a chunk) with the routed experts patched to the engine's products (tests/spec_experts.py); tolerance
-max |Δlogit| <= 1e-4 x max |logit| over 80 positions.  The engine runs the prompt in chunks of
-16 tokens, so both sides cross their chunk boundaries.
+tokens a chunk) with the routed experts patched to the engine's products (tests/spec_experts.py);
+tolerance max |Δlogit| <= 1e-4 x max |logit| over 80 positions.  The engine runs the prompt in
+chunks of 16 tokens, so both sides cross their chunk boundaries.
 """
 
 from __future__ import annotations
