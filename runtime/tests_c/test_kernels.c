@@ -9,21 +9,9 @@
 
 #include "kernels.h"
 #include "t.h"
+#define T_SEED 0x9e3779b97f4a7c15ull
+#include "rand.h"
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float urand(void) { return (float)(rnd() % 2000001) / 1e6f - 1.0f; } /* [-1, 1] */
-
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
 
 /* f32 -> f16 for positive normal values in range (test scales only), truncating */
 static uint16_t f16_of(float f) {

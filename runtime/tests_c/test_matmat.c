@@ -1,29 +1,22 @@
-/* Trunk matrix times many inputs (mpk_matmat, the prefill path): every output element equals the
- * scalar single-input row_dot bit for bit, for every codec, kernel path, input count (below,
- * at and past the 8-input SIMD blocks), thread count and awkward shapes (partial last group,
- * columns not a multiple of 8, rows not a multiple of the 16-row task). */
+/* Trunk matrix times many inputs, for every codec, kernel path, thread count and awkward shapes
+ * (partial last group, columns not a multiple of 8, rows not a multiple of the 16-row task):
+ * - mpk_matmat (decode numerics): every output element equals the scalar single-input row_dot
+ *   bit for bit, for input counts below, at and past the 8-input SIMD blocks;
+ * - mpk_gemm (the prefill product): each input's result has the bits it has among others and
+ *   the scalar path's (1 input, partial three-input steps, past one kernel call's 64), lies
+ *   within f32 rounding of the double product of the decoded rows (mpk_row), and a NaN input
+ *   gives the canonical NaN in its own outputs only. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
 #include "t.h"
+#define T_SEED 0x243f6a8885a308d3ull
+#include "rand.h"
+#include "kernel_paths.h"
 
-static uint64_t rng = 0x243f6a8885a308d3ull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-static float urand(void) { return (float)(rnd() % 2000001) / 1e6f - 1.0f; }
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-/* a finite f16 in about [-2, 2] (exponent 0..15: never Inf/NaN) */
-static uint16_t f16r(void) { return (uint16_t)((rnd() & 0x8000u) | ((rnd() % 16u) << 10) | (rnd() & 0x3ffu)); }
 
 typedef struct {
     const char *name;
@@ -31,12 +24,58 @@ typedef struct {
     int64_t group;
 } kind;
 
+enum { NI = 70 }; /* inputs of the prefill-product checks */
+
+static void check_gemm(const char *name, const mpk_mat *w, const mpk_impl *const *paths, int np,
+                       mpk_pool *const *pools) {
+    const int64_t rows = w->rows, cols = w->cols;
+    float *x = malloc(sizeof(float) * (size_t)(NI * cols)), *row = malloc(sizeof(float) * (size_t)w->cols_p);
+    for (int64_t i = 0; i < NI * cols; i++) x[i] = urand() * (i % 7 == 0 ? 100.0f : 1.0f);
+    x[3 * cols + cols / 2] = NAN; /* input 3 */
+    float *ref = malloc(sizeof(float) * (size_t)(NI * rows)), *y = malloc(sizeof(float) * (size_t)(NI * rows));
+    mpk_gemm(paths[0], NULL, w, x, NI, ref);
+    double worst = 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+        mpk_row(w, r, row);
+        for (int64_t t = 0; t < NI; t++) {
+            if (t == 3) {
+                CHECK(bits(ref[t * rows + r]) == 0x7fc00000u, "gemm %s NaN input row %lld", name, (long long)r);
+                continue;
+            }
+            double s = 0.0, mag = 0.0;
+            for (int64_t c = 0; c < cols; c++) {
+                s += (double)row[c] * x[t * cols + c];
+                mag += fabs((double)row[c] * x[t * cols + c]);
+            }
+            double e = fabs((double)ref[t * rows + r] - s) / (mag + 1e-30);
+            worst = e > worst ? e : worst;
+        }
+    }
+    CHECK(worst < 1e-5, "gemm %s %lldx%lld: relative error %g vs the double product", name, (long long)rows,
+          (long long)cols, worst);
+    static const int64_t ns[] = {1, 2, 4, 5, 64, 66};
+    for (int k = 0; k < np; k++)
+        for (int p = 0; p < 2; p++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                int64_t n = ns[ni], off = n == 1 ? 5 : 2, bad = -1;
+                if (off + n > NI) off = NI - n;
+                memset(y, 0x55, sizeof(float) * (size_t)(n * rows));
+                mpk_gemm(paths[k], pools[p], w, x + off * cols, n, y);
+                for (int64_t e = 0; e < n * rows && bad < 0; e++)
+                    if (bits(y[e]) != bits(ref[off * rows + e])) bad = e;
+                CHECK(bad < 0, "gemm %s %lldx%lld path %s threads %d n %lld: element %lld", name, (long long)rows,
+                      (long long)cols, mpk_impl_name(paths[k]), mpk_pool_threads(pools[p]), (long long)n,
+                      (long long)bad);
+            }
+    free(x);
+    free(row);
+    free(ref);
+    free(y);
+}
+
 int main(void) {
     const mpk_impl *paths[3];
-    int np = 0;
-    paths[np++] = mpk_select(MPK_SCALAR);
-    if (mpk_select(MPK_AVX2)) paths[np++] = mpk_select(MPK_AVX2);
-    if (mpk_select(MPK_AVX512VBMI)) paths[np++] = mpk_select(MPK_AVX512VBMI);
+    const int np = kernel_paths(paths);
     mpk_pool *pools[2] = {NULL, mpk_pool_create(3)};
     const kind kinds[] = {{"f32", MP_CODEC_F32, 0, 0},  {"f16", MP_CODEC_F16, 0, 0},   {"bf16", MP_CODEC_BF16, 0, 0},
                           {"q8/32", MP_CODEC_Q8, 0, 32}, {"q8/8", MP_CODEC_Q8, 0, 8},   {"q6/16", MP_CODEC_Q6, 0, 16},
@@ -90,6 +129,7 @@ int main(void) {
                               p ? 3 : 1, (long long)bad, bad < 0 ? 0.0 : (double)y[bad],
                               bad < 0 ? 0.0 : (double)ref[bad]);
                     }
+            if (rows <= 70 && cols <= 523) check_gemm(K->name, &w, paths, np, pools);
             free(data);
             free(x);
             free(ref);

@@ -10,20 +10,10 @@
 
 #include "kernels.h"
 #include "t.h"
+#define T_SEED 0x2545f4914f6cdd1dull
+#include "rand.h"
+#include "kernel_paths.h"
 
-static uint64_t rng = 0x243f6a8885a308d3ull;
-static uint32_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-static float urand(void) { return (float)(rnd() % 2000001) / 1e6f - 1.0f; }
-static uint32_t bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
 
 enum { NMAX = 150 };
 
@@ -100,10 +90,7 @@ static void check_shape(const mpk_impl *const *paths, int npaths, mpk_pool *cons
 
 int main(void) {
     const mpk_impl *paths[3];
-    int np = 0;
-    paths[np++] = mpk_select(MPK_SCALAR);
-    if (mpk_select(MPK_AVX2)) paths[np++] = mpk_select(MPK_AVX2);
-    if (mpk_select(MPK_AVX512VBMI)) paths[np++] = mpk_select(MPK_AVX512VBMI);
+    const int np = kernel_paths(paths);
     mpk_pool *pools[3] = {NULL, mpk_pool_create(2), mpk_pool_create(3)};
     /* 130 rows: a partial third tile and row block; 264 columns: 33 vectors, a partial second
      * panel; 61 columns: a partial vector; 1100 rows: many row blocks across threads */
