@@ -433,7 +433,9 @@ class Engine:
     def feed(self, tokens: Sequence[int]) -> np.ndarray:
         """Append tokens to the sequence (KV cache kept); returns the last position's logits.
 
-        All or nothing: on failure (EngineError) the sequence is as it was before the call."""
+        Several tokens take the prefill products, one token the decode products (moepack.h
+        mp_eval, docs/RUNTIME.md "Compute"). All or nothing: on failure (EngineError) the
+        sequence is as it was before the call."""
         if len(tokens) == 0:  # there would be no last position: the logits would be all zero
             raise EngineError("feed needs at least one token", MP_EINVAL)
         out = np.zeros(self.vocab_size, dtype=np.float32)

@@ -195,7 +195,10 @@ MP_API int mp_state_restore(mp_engine *e, int pos, const void *buf, uint64_t len
  * logits of the last token) or n*vocab floats (all_positions = 1).  All or nothing: on failure
  * (e.g. MP_ECORRUPT in a later chunk of a long prompt) the position is what it was before the call
  * and the sequence can go on as if the call had not been made; logits are then undefined.
- * Logits with a NaN or Inf fail with MP_ENONFINITE: sampling them would print garbage. */
+ * Logits with a NaN or Inf fail with MP_ENONFINITE: sampling them would print garbage.
+ * A call of n >= 2 tokens computes them with the prefill products (spec/CODECS.md §3.6), so they
+ * are the same bits however a prompt is split into calls of >= 2 tokens; a call of one token
+ * (a decode step) with the decode products, within the bound docs/RUNTIME.md states. */
 MP_API int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits,
                    int all_positions);
 
