@@ -169,14 +169,14 @@ void mpm_moe_free(mpm_model *m) {
     free(m->cfill);
 }
 
-/* Row j of dst (rows of ds floats, zero past n) = src (n floats) rotated for part p. */
+/* dst[0 .. n) = src rotated for part p (the rest of dst's row, up to whole vectors, stays zero) */
 static void put_row(mpm_model *m, const mpm_layer *ly, int p, const float *src, int64_t n, float *dst) {
     memcpy(dst, rotated(m, ly, p, src, n), (size_t)n * sizeof(float));
 }
 
 /* One expert (record rec) for its n (token, rank) pairs pr, outputs into beo by pair.  Prefill:
  * its tokens' inputs gathered and multiplied with the decoded codes (mpk_rvq_gemm); decode (one
- * token): the integer tables, gate/up's built once per layer (tg, tu). */
+ * token): the integer tables, gate/up's built once per layer by the caller (ctabs[0], [1]). */
 static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const float *xe, const int32_t *pr,
                    int n) {
     const mpm_config *c = &m->c;
