@@ -698,20 +698,19 @@ static void tgemm_task(void *ctx, size_t task) {
     const int64_t b0 = (int64_t)task * j->per, b1 = b0 + j->per < nblocks ? b0 + j->per : nblocks;
     const int64_t rs = j->xs, nv = rs / 8;
     const size_t ng = (size_t)(w->ngroups ? w->ngroups : 1);
-    float *rows = rs % 8 ? NULL : malloc(((size_t)(MPK_GEMM_ROWS * rs) + (size_t)w->cols_p + 2 * ng) * sizeof(float));
+    float *rows = rs % 8 ? NULL : malloc(((size_t)(MPK_GEMM_ROWS * rs) + 2 * ng) * sizeof(float));
     if (!rows) {
         tgemm_rows_one_by_one(j, b0 * MPK_GEMM_ROWS, b1 * MPK_GEMM_ROWS < w->rows ? b1 * MPK_GEMM_ROWS : w->rows);
         return;
     }
-    float *dec = rows + MPK_GEMM_ROWS * rs, *sc = dec + w->cols_p; /* one row as mpk_row writes it */
+    float *sc = rows + MPK_GEMM_ROWS * rs; /* row_values' scratch: scales, minimums */
     float acc[MPK_GEMM_INPUTS * MPK_GEMM_ROWS * 8] __attribute__((aligned(64)));
     for (int64_t b = b0; b < b1; b++) {
         const int64_t r0 = b * MPK_GEMM_ROWS, r1 = r0 + MPK_GEMM_ROWS < w->rows ? r0 + MPK_GEMM_ROWS : w->rows;
         for (int64_t r = r0; r < r0 + MPK_GEMM_ROWS; r++) {
             float *o = rows + (r - r0) * rs;
             if (r < r1) {
-                j->k->row_values(w, r, dec, sc, sc + ng);
-                memcpy(o, dec, (size_t)w->cols * sizeof(float));
+                j->k->row_values(w, r, o, sc, sc + ng); /* cols values */
                 memset(o + w->cols, 0, (size_t)(rs - w->cols) * sizeof(float));
             } else {
                 memset(o, 0, (size_t)rs * sizeof(float));

@@ -557,8 +557,8 @@ AVX2 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n) {
 }
 
 /* §3.6 in panels of GEMM_KP vectors: the block's 16 rows decoded into wb (16 KiB, L1), then
- * pairs of inputs times quads of rows, eight accumulators (one fma chain per lane, as the scalar
- * code), kept in acc between panels. */
+ * three inputs times four rows per step (twelve accumulators, one fma chain per lane as the
+ * scalar code; the last one or two inputs in pairs), kept in acc between panels. */
 #define GEMM_KP 32
 #define WS (MPK_GEMM_ROWS * 8) /* floats from one vector's decoded rows to the next's */
 

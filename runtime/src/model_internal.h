@@ -105,14 +105,13 @@ struct mpm_model {
     float *aheadw, *choice;
     /* MoE (model_moe.c): one token's gate/up/down tables for decode (ctab_stages = the most
      * stages of any part); for a prefill chunk, one expert's inputs gathered (gate, up: rows of
-     * cxs floats) and its down inputs (rows of cds floats), zero-padded to whole vectors, and
-     * its down outputs; the (token, rank) pairs sorted by expert */
+     * hidden floats, down: of moe_inter floats, each zero-padded to whole vectors: mpm_moe's
+     * gather strides) and its down outputs; the (token, rank) pairs sorted by expert */
     mpk_rvq_tab ctabs[3];
     void *ctabmem;
     int ctab_stages;
     int prefill; /* this forward pass is part of a prompt: the prefill product (CODECS.md §3.6) */
     float *cxg, *cxu, *cxd, *ceo;
-    int64_t cxs, cds;
     int32_t *cpairs, *corder, *cstart, *cfill;
     uint8_t *allowed;
     float *lstate, *lbuf, *lqg; /* linear-attention states, model_linear.c scratch, gated q */

@@ -140,11 +140,9 @@ int mpm_moe_alloc(mpm_model *m) {
         for (int p = 0; p < 3; p++) S = m->layers[l].stages[p] > S ? m->layers[l].stages[p] : S;
     const size_t T = (size_t)m->chunk;
     m->ctabmem = calloc(2 * tab_stride(c->hidden, S) + tab_stride(c->moe_inter, S) + 64, 1);
-    m->cxs = whole_vectors(c->hidden);
-    m->cds = whole_vectors(c->moe_inter);
-    m->cxg = calloc(T * (size_t)m->cxs, sizeof(float));
-    m->cxu = calloc(T * (size_t)m->cxs, sizeof(float));
-    m->cxd = calloc(T * (size_t)m->cds, sizeof(float));
+    m->cxg = calloc(T * (size_t)whole_vectors(c->hidden), sizeof(float));
+    m->cxu = calloc(T * (size_t)whole_vectors(c->hidden), sizeof(float));
+    m->cxd = calloc(T * (size_t)whole_vectors(c->moe_inter), sizeof(float));
     m->ceo = calloc(T * (size_t)c->hidden, sizeof(float));
     m->cpairs = calloc(T * (size_t)c->top_k, sizeof(int32_t));
     m->corder = calloc(T * (size_t)c->top_k, sizeof(int32_t));
@@ -181,6 +179,7 @@ static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const 
                    int n) {
     const mpm_config *c = &m->c;
     const int64_t I = c->moe_inter, K = c->top_k, D = c->latent ? c->latent : c->hidden;
+    const int64_t xs = whole_vectors(c->hidden), ds = whole_vectors(I); /* gather strides */
     mpk_rvq wg, wu, wd;
     rvq_part(ly, 0, rec, I, D, &wg);
     rvq_part(ly, 1, rec, I, D, &wu);
@@ -194,14 +193,14 @@ static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const 
         return;
     }
     for (int j = 0; j < n; j++) {
-        put_row(m, ly, 0, xe + (int64_t)(pr[j] / K) * D, D, m->cxg + j * m->cxs);
-        put_row(m, ly, 1, xe + (int64_t)(pr[j] / K) * D, D, m->cxu + j * m->cxs);
+        put_row(m, ly, 0, xe + (int64_t)(pr[j] / K) * D, D, m->cxg + j * xs);
+        put_row(m, ly, 1, xe + (int64_t)(pr[j] / K) * D, D, m->cxu + j * xs);
     }
-    mpk_rvq_gemm(m->kern, m->pool, &wg, ly->cb[0], m->cxg, m->cxs, n, m->g);
-    mpk_rvq_gemm(m->kern, m->pool, &wu, ly->cb[1], m->cxu, m->cxs, n, m->u);
+    mpk_rvq_gemm(m->kern, m->pool, &wg, ly->cb[0], m->cxg, xs, n, m->g);
+    mpk_rvq_gemm(m->kern, m->pool, &wu, ly->cb[1], m->cxu, xs, n, m->u);
     for (int64_t j = 0; j < n * I; j++) m->g[j] = mpm_act(c, m->g[j], m->u[j]);
-    for (int j = 0; j < n; j++) put_row(m, ly, 2, m->g + j * I, I, m->cxd + j * m->cds);
-    mpk_rvq_gemm(m->kern, m->pool, &wd, ly->cb[2], m->cxd, m->cds, n, m->ceo);
+    for (int j = 0; j < n; j++) put_row(m, ly, 2, m->g + j * I, I, m->cxd + j * ds);
+    mpk_rvq_gemm(m->kern, m->pool, &wd, ly->cb[2], m->cxd, ds, n, m->ceo);
     for (int j = 0; j < n; j++) memcpy(m->beo + (int64_t)pr[j] * D, m->ceo + (int64_t)j * D, (size_t)D * sizeof(float));
 }
 
