@@ -138,22 +138,76 @@ def _prepared(codec: dict, shape, data, x: np.ndarray, rotation: np.ndarray | No
     return codes, scales, xp.reshape(*x.shape[:-1], nv, RVQ_DIM)
 
 
+XGROUP = 64  # §3.6: vectors per group of an activation's 12-bit integers (512 columns)
+XMAX = np.float32(2047)
+WMAX = 16383  # §3.6: a decoded weight is an integer of at most 15 bits
+
+
+def int_codebook(cb: np.ndarray) -> tuple[np.ndarray, int, bool]:
+    """§3.6 step 1: (cbq int64 [S, 256, 8], p, nan): cbq = round(cb × 2^p), the largest p ≤ 100
+    with (Σ_t max |cb[t]|) × 2^p ≤ 16383 − S (binary64, stage order); nan when an entry is not
+    finite (every product row is then NaN)."""
+    cb = np.asarray(cb, np.float32)
+    if not np.isfinite(cb).all():
+        return np.zeros(cb.shape, np.int64), 0, True
+    total = 0.0
+    for t in range(cb.shape[0]):
+        total += float(np.abs(cb[t]).max())
+    p = 0
+    if total > 0:
+        frac, e = np.frexp(total)  # total = frac · 2^e, 0.5 <= frac < 1
+        bound = WMAX - cb.shape[0]
+        p = 14 - int(e) if frac * 16384.0 <= bound else 13 - int(e)
+        p = min(p, 100)
+    q = np.rint(cb.astype(np.float64) * 2.0**p).astype(np.int64)
+    return q, p, False
+
+
+def int_activation(xv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """§3.6 step 2: (q int64 [..., ng·XGROUP, 8] zero-padded, d f32 [..., ng]) of x [..., nv, 8]."""
+    *lead, nv, _ = xv.shape
+    ng = -(-nv // XGROUP)
+    xp = np.zeros((*lead, ng * XGROUP, RVQ_DIM), np.float32)
+    xp[..., :nv, :] = xv
+    g = xp.reshape(*lead, ng, XGROUP * RVQ_DIM)
+    m = np.abs(g).max(axis=-1)  # max propagates NaN
+    live = np.isfinite(m) & (m >= TINY)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = np.where(live, XMAX / m, np.float32(0)).astype(np.float32)
+        d = np.where(live, m / XMAX, np.where(np.isfinite(m), np.float32(0), np.float32(np.nan)))
+        q = np.rint((g * inv[..., None]).astype(np.float32))
+    q = np.where(live[..., None], q, 0).astype(np.int64)
+    return q.reshape(*lead, ng * XGROUP, RVQ_DIM), d.astype(np.float32)
+
+
 def rvq_gemm(codec: dict, shape, data, codebook: np.ndarray, x: np.ndarray,
              rotation: np.ndarray | None = None) -> np.ndarray:
-    """y = the §3.6 prefill product (decoded codes, one fma chain per lane) with x [..., cols].
+    """y = the §3.6 prefill product (integer weights times 12-bit activations) with x [..., cols].
 
     Same arguments and result shape as rvq_matvec; bit-identical to a conforming engine.
     """
     codes, scales, xv = _prepared(codec, shape, data, x, rotation)
-    cb = np.asarray(codebook, np.float32)
-    w = cb[0][codes[..., 0]]  # [rows, nv, 8]: stage entries summed in stage order
+    cbq, p, nan = int_codebook(codebook)
+    rows, nv, _ = codes.shape
+    w = cbq[0][codes[..., 0]]  # [rows, nv, 8]: exact integer sums
     for t in range(1, codes.shape[-1]):
-        w = w + cb[t][codes[..., t]]
-    a = np.zeros((*xv.shape[:-2], codes.shape[0], RVQ_DIM), np.float32)  # [..., rows, 8]
-    for v in range(codes.shape[1]):  # the vector order is part of the numerics
-        a = fma_f32(w[:, v, :], xv[..., None, v, :], a)
+        w = w + cbq[t][codes[..., t]]
+    q, d = int_activation(xv)
+    ng = d.shape[-1]
+    wp = np.zeros((rows, ng * XGROUP, RVQ_DIM), np.int64)
+    wp[:, :nv] = w
+    # lane j of group g: columns 16k + 2j and 16k + 2j + 1 of the group, k = 0 … 31
+    wl = wp.reshape(rows, ng, XGROUP // 2, 8, 2)
+    ql = q.reshape(*q.shape[:-2], ng, XGROUP // 2, 8, 2)
+    n = np.einsum("rgkjs,...gkjs->...rgj", wl, ql)  # exact, |n| < 2^31
+    a = np.zeros((*q.shape[:-2], rows, 8), np.float32)
+    for g in range(ng):  # the group order is part of the numerics
+        a = fma_f32(n[..., g, :].astype(np.float32), d[..., None, g, None], a)
     red = ((a[..., 0] + a[..., 1]) + (a[..., 2] + a[..., 3])) + \
         ((a[..., 4] + a[..., 5]) + (a[..., 6] + a[..., 7]))
-    y = red * scales
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = (red * scales) * np.float32(2.0**-p)
+    if nan:
+        y[...] = np.nan
     y[np.isnan(y)] = QUIET_NAN
     return y

@@ -11,15 +11,36 @@ from pathlib import Path
 import numpy as np
 from k3_reference import LatentMoe, kda_step, res_mix, rms, sigmoid, situ
 from moepack.convert.mxfp4 import dequantize
+from moepack.format.reader import Container
 from safetensors.numpy import load_file
+from spec_experts import LayerExperts
+
+
+class SpecProjection:
+    """One routed expert's projection as the engine computes a prompt's: CODECS.md §3.6 on the
+    container's codes (`projection @ x`)."""
+
+    def __init__(self, layer: LayerExperts, expert: int, part: str) -> None:
+        self.layer, self.expert, self.part = layer, expert, part
+
+    def __matmul__(self, x: np.ndarray) -> np.ndarray:
+        y = self.layer.product(self.expert, self.part, np.asarray(x, np.float32)[None], True)
+        return y[0].astype(np.float64)
 
 
 class K3Forward:
-    """`l2_eps`: KDA's q/k L2 norm eps (fla's
-    1e-6, as the engine; llama.cpp's K3 graph uses rms_norm_eps)."""
+    """`l2_eps`: KDA's q/k L2 norm eps (fla's 1e-6, as the engine; llama.cpp's K3 graph uses
+    rms_norm_eps). With `container`, the routed experts are its codes under §3.6 (what the
+    engine computes for a prompt) instead of the checkpoint's dense weights."""
 
-    def __init__(self, directory: Path, l2_eps: float = 1e-6) -> None:
+    def __init__(self, directory: Path, l2_eps: float = 1e-6, container: Path | None = None) -> None:
         self.l2_eps = l2_eps
+        self.spec: dict[int, LayerExperts] | None = None
+        if container is not None:
+            with Container.open(container) as c:
+                t = json.loads((directory / "config.json").read_text())["text_config"]
+                self.spec = {layer: LayerExperts(c, layer)
+                             for layer in range(t["first_k_dense_replace"], t["num_hidden_layers"])}
         cfg = json.loads((directory / "config.json").read_text())
         self.t = cfg["text_config"]
         raw: dict[str, np.ndarray] = {}
@@ -104,13 +125,20 @@ class K3Forward:
             router=w[f"{m}.gate.weight"], bias=w[f"{m}.gate.e_score_correction_bias"],
             down=w[f"{m}.routed_expert_down_proj.weight"],
             up=w[f"{m}.routed_expert_up_proj.weight"], norm=w[f"{m}.routed_expert_norm.weight"],
-            experts=[tuple(w[f"{m}.experts.{e}.{x_}.weight"] for x_ in ("w1", "w3", "w2"))
-                     for e in range(t["num_experts"])],
+            experts=self._experts(layer, m),
             shared=tuple(w[f"{m}.shared_experts.{x_}_proj.weight"]
                          for x_ in ("gate", "up", "down")),
             top_k=t["num_experts_per_token"], scale=t["routed_scaling_factor"],
             renormalize=t["moe_renormalize"], beta=self.beta, linear_beta=self.lb, eps=self.eps)
         return np.array([moe(row) for row in x])
+
+    def _experts(self, layer: int, m: str) -> list:
+        if self.spec is None:
+            return [tuple(self.w[f"{m}.experts.{e}.{x_}.weight"] for x_ in ("w1", "w3", "w2"))
+                    for e in range(self.t["num_experts"])]
+        le = self.spec[layer]
+        return [tuple(SpecProjection(le, e, part) for part in ("gate", "up", "down"))
+                for e in range(le.count)]
 
     def logits(self, tokens: list[int]) -> np.ndarray:
         t, w = self.t, self.w

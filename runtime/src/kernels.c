@@ -12,6 +12,7 @@
 #include "kernels.h"
 #include "kernels_impl.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -245,23 +246,30 @@ static void s_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, i
     s_rvq_acc(w, t, tile0, ntiles, 0, t->ngroups, acc);
 }
 
-/* §3.6: each decoded weight is its stages' codebook entries summed in stage order; each lane
- * (column mod 8) is one fma chain over the vectors in order */
-static void s_rvq_gemm(const mpk_rvq *w, const float *cb, const float *x, int64_t xs, int64_t n, int64_t r0,
-                       float *acc) {
+/* §3.6: each decoded weight is its stages' integer entries summed (exact); lane j of a group sums
+ * its columns 16k + 2j and 16k + 2j + 1 times the quantised input (exact int32), and each lane
+ * accumulates the groups in order with one fma per group */
+static void s_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xq, size_t xqs, int64_t n,
+                       int64_t r0, float *acc) {
     const int S = w->stages;
-    const int64_t nv = w->nv;
+    const int64_t nv = w->nv, ng = (nv + MPK_RVQ_XGROUP - 1) / MPK_RVQ_XGROUP;
     const uint8_t *c = w->codes + (size_t)((r0 / 64) * nv * S) * 64 + (size_t)(r0 % 64);
     for (int i = 0; i < MPK_GEMM_ROWS; i++)
         for (int64_t t = 0; t < n; t++) {
+            const int16_t *q = (const int16_t *)(xq + (size_t)t * xqs);
+            const float *d = mpk_rvq_xq_steps(xq + (size_t)t * xqs, w->cols);
             float a[8] = {0};
-            for (int64_t v = 0; v < nv; v++) {
-                const uint8_t *cv = c + (size_t)(v * S) * 64 + (size_t)i;
-                for (int j = 0; j < 8; j++) {
-                    float wv = cb[(size_t)cv[0] * 8 + (size_t)j];
-                    for (int st = 1; st < S; st++) wv += cb[((size_t)st * 256 + cv[st * 64]) * 8 + (size_t)j];
-                    a[j] = fmaf(wv, x[t * xs + v * 8 + j], a[j]);
+            for (int64_t g = 0; g < ng; g++) {
+                int32_t nl[8] = {0};
+                for (int64_t v = g * MPK_RVQ_XGROUP; v < nv && v < (g + 1) * MPK_RVQ_XGROUP; v++) {
+                    const uint8_t *cv = c + (size_t)(v * S) * 64 + (size_t)i;
+                    for (int dd = 0; dd < 8; dd++) {
+                        int32_t wv = cb->q[0][cv[0]][dd];
+                        for (int st = 1; st < S; st++) wv += cb->q[st][cv[st * 64]][dd];
+                        nl[(v % 2) * 4 + dd / 2] += wv * q[v * 8 + dd];
+                    }
                 }
+                for (int j = 0; j < 8; j++) a[j] = fmaf((float)nl[j], d[g], a[j]);
             }
             memcpy(acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)i) * 8, a, sizeof a);
         }
@@ -627,11 +635,67 @@ void mpk_softmax(float *x, int64_t n) {
 
 float mpk_silu(float x) { return x / (1.0f + expf(-x)); }
 
+void mpk_rvq_icb_init(mpk_rvq_icb *c, const float *cb, int stages) {
+    memset(c, 0, sizeof *c);
+    c->stages = stages;
+    double total = 0;
+    for (int t = 0; t < stages; t++) {
+        float m = 0;
+        for (int i = 0; i < 256 * 8; i++) {
+            const float v = fabsf(cb[t * 2048 + i]);
+            if (!(v <= FLT_MAX)) c->nan = 1;
+            m = v > m ? v : m;
+        }
+        total += m;
+    }
+    int p = 0;
+    if (c->nan) total = 0;
+    if (total > 0) {
+        int e;
+        const double frac = frexp(total, &e);
+        p = frac * 16384.0 <= 16383.0 - stages ? 14 - e : 13 - e;
+        p = p < 100 ? p : 100;
+    }
+    for (int t = 0; t < stages && !c->nan; t++)
+        for (int i = 0; i < 256 * 8; i++) c->q[t][i / 8][i % 8] = (int16_t)nearbyint(ldexp(cb[t * 2048 + i], p));
+    c->unscale = ldexpf(1.0f, -p);
+}
+
+size_t mpk_rvq_xq_bytes(int64_t cols) {
+    const size_t ng = (size_t)((cols + MPK_RVQ_XGROUP * 8 - 1) / (MPK_RVQ_XGROUP * 8));
+    return (2 * (size_t)((cols + 15) / 16 * 16) + 4 * ng + 31) / 32 * 32;
+}
+
+void mpk_rvq_xq(const float *x, int64_t cols, void *out) {
+    int16_t *q = out;
+    float *d = (float *)(q + (cols + 15) / 16 * 16);
+    for (int64_t g0 = 0, g = 0; g0 < cols; g0 += MPK_RVQ_XGROUP * 8, g++) {
+        const int64_t g1 = g0 + MPK_RVQ_XGROUP * 8 < cols ? g0 + MPK_RVQ_XGROUP * 8 : cols;
+        uint32_t mb = 0;
+        for (int64_t c = g0; c < g1; c++) {
+            const uint32_t b = mpk_absbits(x[c]);
+            mb = b > mb ? b : mb;
+        }
+        float inv = 0;
+        const int live = mb < 0x7f800000u && mpk_bits_f32(mb) >= MPK_RVQ_TINY;
+        if (live) {
+            inv = 2047.0f / mpk_bits_f32(mb);
+            d[g] = mpk_bits_f32(mb) / 2047.0f;
+        } else {
+            d[g] = mb >= 0x7f800000u ? mpk_bits_f32(0x7fc00000u) : 0.0f;
+        }
+        for (int64_t c = g0; c < g1; c++) q[c] = live ? (int16_t)nearbyintf(x[c] * inv) : 0;
+    }
+    for (int64_t c = cols; c < (cols + 15) / 16 * 16; c++) q[c] = 0;
+}
+
 typedef struct {
     const mpk_impl *k;
     const mpk_rvq *w;
-    const float *cb, *x;
-    int64_t xs, n, nsets; /* input sets of MPK_GEMM_INPUTS */
+    const mpk_rvq_icb *cb;
+    const uint8_t *xq;
+    size_t xqs;
+    int64_t n, nsets; /* input sets of MPK_GEMM_INPUTS */
     float *y;
 } gemm_job;
 
@@ -642,20 +706,20 @@ static void gemm_task(void *ctx, size_t task) {
     const int64_t n = j->n - t0 < MPK_GEMM_INPUTS ? j->n - t0 : MPK_GEMM_INPUTS;
     const int64_t r1 = r0 + MPK_GEMM_ROWS < w->rows ? r0 + MPK_GEMM_ROWS : w->rows;
     float acc[MPK_GEMM_INPUTS * MPK_GEMM_ROWS * 8] __attribute__((aligned(64)));
-    j->k->rvq_gemm(w, j->cb, j->x + t0 * j->xs, j->xs, n, r0, acc);
+    if (!j->cb->nan) j->k->rvq_gemm(w, j->cb, j->xq + (size_t)t0 * j->xqs, j->xqs, n, r0, acc);
     for (int64_t r = r0; r < r1; r++) {
         const float sc = mpk_f16_to_f32(ld16(w->scales + 2 * r));
         for (int64_t t = 0; t < n; t++) {
-            float v = red8(acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)(r - r0)) * 8) * sc;
+            float v = j->cb->nan ? NAN : red8(acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)(r - r0)) * 8) * sc * j->cb->unscale;
             j->y[(t0 + t) * w->rows + r] = v == v ? v : mpk_bits_f32(0x7fc00000u);
         }
     }
 }
 
-void mpk_rvq_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const float *cb,
-                  const float *x, int64_t xs, int64_t n, float *y) {
+void mpk_rvq_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const mpk_rvq_icb *cb,
+                  const void *xq, size_t xqs, int64_t n, float *y) {
     if (n < 1) return;
-    gemm_job j = {impl_or_scalar(k), w, cb, x, xs, n, (n + MPK_GEMM_INPUTS - 1) / MPK_GEMM_INPUTS, y};
+    gemm_job j = {impl_or_scalar(k), w, cb, xq, xqs, n, (n + MPK_GEMM_INPUTS - 1) / MPK_GEMM_INPUTS, y};
     const int64_t blocks = (w->rows + MPK_GEMM_ROWS - 1) / MPK_GEMM_ROWS;
     mpk_pool_run(w->rows * w->cols * n < 32768 ? NULL : pool, (size_t)(blocks * j.nsets), gemm_task, &j);
 }

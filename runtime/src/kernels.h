@@ -72,14 +72,34 @@ void mpk_rvq_tables(const mpk_impl *k, mpk_pool *pool, const float *cbt, const f
 void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const mpk_rvq_tab *t,
                     float *y);
 
-/* The prefill product (spec/CODECS.md §3.6): y[i][rows] = W x[i] for n inputs at x + i * xs
- * (xs >= nv * 8 floats, zero past cols, already rotated when the codec has a rotation), with W's
- * codes decoded to floats (no lookup tables, no activation rounding).  Each y[i][r] depends only
- * on row r and input i: the same bits for any n, order or grouping of inputs, thread count and
- * kernel path, but not mpk_rvq_matvec's bits (a stated bound, docs/RUNTIME.md).  cb: the
- * codebook as stored, f32 [stages][256][8]. */
-void mpk_rvq_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const float *cb,
-                  const float *x, int64_t xs, int64_t n, float *y);
+/* The prefill product's integer codebook (spec/CODECS.md §3.6 step 1): q = round(cb × 2^p), so
+ * that a decoded weight (the stages' entries summed) is an exact integer, |w| < 2^14. */
+#define MPK_RVQ_MAX_STAGES 8
+typedef struct mpk_rvq_icb {
+    int16_t q[MPK_RVQ_MAX_STAGES][256][8];
+    int stages;
+    int nan;       /* an entry is NaN or infinite: every product row is NaN */
+    float unscale; /* 2^-p */
+} mpk_rvq_icb;
+/* Fills c from the codebook as stored, f32 [stages][256][8] (1 <= stages <= 8). */
+void mpk_rvq_icb_init(mpk_rvq_icb *c, const float *cb, int stages);
+
+/* One activation in the prefill product's integers (§3.6 step 2): int16 q[align16(cols)] (zero
+ * past cols), then f32 d[ceil(cols / 512)] (the step of each group of MPK_RVQ_XGROUP vectors;
+ * NaN for a group holding a NaN or infinity).  mpk_rvq_xq_bytes is its size, a multiple of 32. */
+#define MPK_RVQ_XGROUP 64
+size_t mpk_rvq_xq_bytes(int64_t cols);
+/* Quantises x[cols] (already rotated when the codec has a rotation) into out (32-byte aligned). */
+void mpk_rvq_xq(const float *x, int64_t cols, void *out);
+
+/* The prefill product (§3.6): y[i][rows] = W x[i] for n activations quantised by mpk_rvq_xq at
+ * xq + i * xqs bytes (xqs >= mpk_rvq_xq_bytes(cols), a multiple of 32), with W's codes decoded to
+ * integers and summed exactly against the 12-bit activations (no lookup tables).  Each
+ * y[i][r] depends only on row r and input i: the same bits for any n, order or grouping of
+ * inputs, thread count and kernel path, but not mpk_rvq_matvec's bits (a stated bound,
+ * docs/RUNTIME.md).  NaN rows are the quiet NaN 0x7fc00000. */
+void mpk_rvq_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const mpk_rvq_icb *cb,
+                  const void *xq, size_t xqs, int64_t n, float *y);
 
 #define MPK_VQ_DIM 8
 #define MPK_VQ_ENTRIES 256

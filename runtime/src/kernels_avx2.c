@@ -556,9 +556,10 @@ AVX2 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-/* §3.6 in panels of GEMM_KP vectors: the block's 16 rows decoded into wb (16 KiB, L1), then
- * three inputs times four rows per step (twelve accumulators, one fma chain per lane as the
- * scalar code; the last one or two inputs in pairs), kept in acc between panels. */
+/* The trunk's prefill product in panels of GEMM_KP vectors: the block's 16 decoded rows copied
+ * into wb (16 KiB, L1), then three inputs times four rows per step (twelve accumulators, one fma
+ * chain per lane as the scalar code; the last one or two inputs in pairs), kept in acc between
+ * panels. */
 #define GEMM_KP 32
 #define WS (MPK_GEMM_ROWS * 8) /* floats from one vector's decoded rows to the next's */
 
@@ -607,16 +608,94 @@ AVX2 static void gemm_rows4(const float *wq, const float *xa, const float *xb, i
     _mm256_store_ps(a0 + 24, c3);
 }
 
-/* wb[v][row][8] = the panel's decoded weights: each row's stage entries summed in stage order */
-AVX2 static inline __attribute__((always_inline)) void gemm_decode(const uint8_t *c, const float *cb, int64_t kp,
-                                                                  int S, float *wb) {
+/* wb[pair][row][16] = the panel's decoded integer weights, two vectors per pair (§3.6: each
+ * row's stage entries summed, exact); an odd last vector's pair is completed with zeros */
+AVX2 static inline __attribute__((always_inline)) void igemm_decode(const uint8_t *c, const mpk_rvq_icb *cb,
+                                                                   int64_t kp, int S, int16_t *wb) {
     for (int64_t v = 0; v < kp; v++, c += (size_t)S * 64)
         for (int i = 0; i < MPK_GEMM_ROWS; i++) {
-            __m256 sum = _mm256_loadu_ps(cb + (size_t)c[i] * 8);
-            for (int st = 1; st < S; st++)
-                sum = _mm256_add_ps(sum, _mm256_loadu_ps(cb + ((size_t)st * 256 + c[st * 64 + i]) * 8));
-            _mm256_store_ps(wb + ((size_t)v * MPK_GEMM_ROWS + (size_t)i) * 8, sum);
+            __m128i sum = _mm_loadu_si128((const __m128i *)cb->q[0][c[i]]);
+#pragma GCC unroll 8
+            for (int st = 1; st < S; st++) /* integer sums: exact in any order */
+                sum = _mm_add_epi16(sum, _mm_loadu_si128((const __m128i *)cb->q[st][c[st * 64 + i]]));
+            _mm_store_si128((__m128i *)(wb + ((size_t)(v / 2) * MPK_GEMM_ROWS + (size_t)i) * 16 + (v % 2) * 8), sum);
         }
+    if (kp % 2)
+        for (int i = 0; i < MPK_GEMM_ROWS; i++)
+            _mm_store_si128((__m128i *)(wb + ((size_t)(kp / 2) * MPK_GEMM_ROWS + (size_t)i) * 16 + 8), _mm_setzero_si128());
+}
+
+/* rows q..q+3 (wq: their decoded pairs) times one group of two inputs (two == 0: one): exact
+ * int32 lane sums s<row><input>, then one fma per lane into a[t][row][8] (first group: onto +0).
+ * Eight accumulators: with twelve (three inputs) they spill on AVX2's 16 registers. */
+#define IG_W(r) _mm256_load_si256((const __m256i *)(wq + ((size_t)k * MPK_GEMM_ROWS + (r)) * 16))
+#define IG_MAC(acc, w, x) acc = _mm256_add_epi32(acc, _mm256_madd_epi16(w, x))
+AVX2 static inline __attribute__((always_inline)) void igemm_put(float *a0, int t, int r, __m256i s, float d,
+                                                                int first) {
+    float *a = a0 + ((size_t)t * MPK_GEMM_ROWS + (size_t)r) * 8;
+    const __m256 prev = first ? _mm256_setzero_ps() : _mm256_load_ps(a);
+    _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), prev));
+}
+
+AVX2 static void igemm_rows4x2(const int16_t *wq, const int16_t *const *xq, const float *dg, int64_t np,
+                               int first, float *a0, int two) {
+    __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00;
+    __m256i s20 = s00, s21 = s00, s30 = s00, s31 = s00;
+    const int16_t *xb[2] = {xq[0], two ? xq[1] : xq[0]};
+    for (int64_t k = 0; k < np; k++) {
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xb[0] + 16 * k));
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb[1] + 16 * k));
+        __m256i w = IG_W(0);
+        IG_MAC(s00, w, x0), IG_MAC(s01, w, x1);
+        w = IG_W(1);
+        IG_MAC(s10, w, x0), IG_MAC(s11, w, x1);
+        w = IG_W(2);
+        IG_MAC(s20, w, x0), IG_MAC(s21, w, x1);
+        w = IG_W(3);
+        IG_MAC(s30, w, x0), IG_MAC(s31, w, x1);
+    }
+    igemm_put(a0, 0, 0, s00, dg[0], first), igemm_put(a0, 0, 1, s10, dg[0], first);
+    igemm_put(a0, 0, 2, s20, dg[0], first), igemm_put(a0, 0, 3, s30, dg[0], first);
+    if (two) {
+        igemm_put(a0, 1, 0, s01, dg[1], first), igemm_put(a0, 1, 1, s11, dg[1], first);
+        igemm_put(a0, 1, 2, s21, dg[1], first), igemm_put(a0, 1, 3, s31, dg[1], first);
+    }
+}
+#undef IG_W
+#undef IG_MAC
+
+AVX2 void mpk_avx2_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xq, size_t xqs, int64_t n,
+                            int64_t r0, float *acc) {
+    const int S = w->stages;
+    const int64_t nv = w->nv;
+    const uint8_t *codes = w->codes + (size_t)((r0 / 64) * nv * S) * 64 + (size_t)(r0 % 64);
+    int16_t wb[MPK_GEMM_ROWS * MPK_RVQ_XGROUP * 8] __attribute__((aligned(32)));
+    for (int64_t v0 = 0, g = 0; v0 < nv; v0 += MPK_RVQ_XGROUP, g++) { /* one panel per group */
+        const int64_t kp = nv - v0 < MPK_RVQ_XGROUP ? nv - v0 : MPK_RVQ_XGROUP, np = (kp + 1) / 2;
+        const uint8_t *c = codes + (size_t)(v0 * S) * 64;
+        switch (S) { /* the common stage counts unrolled */
+        case 2: igemm_decode(c, cb, kp, 2, wb); break;
+        case 3: igemm_decode(c, cb, kp, 3, wb); break;
+        case 4: igemm_decode(c, cb, kp, 4, wb); break;
+        default: igemm_decode(c, cb, kp, S, wb);
+        }
+        for (int64_t t = 0; t < n;) {
+            const int nt = n - t >= 2 ? 2 : 1;
+            const int16_t *xp[2];
+            float dg[2];
+            for (int u = 0; u < nt; u++) {
+                const uint8_t *x = xq + (size_t)(t + u) * xqs;
+                xp[u] = (const int16_t *)x + v0 * 8;
+                dg[u] = mpk_rvq_xq_steps(x, w->cols)[g];
+            }
+            for (int q = 0; q < MPK_GEMM_ROWS; q += 4) {
+                float *a0 = acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)q) * 8;
+                const int16_t *wq = wb + (size_t)q * 16;
+                igemm_rows4x2(wq, xp, dg, np, v0 == 0, a0, nt == 2);
+            }
+            t += nt;
+        }
+    }
 }
 
 /* rows q..q+3 times three inputs: twelve fma chains */
@@ -663,25 +742,6 @@ AVX2 static void gemm_panel(const float *wb, const float *x, int64_t xs, int64_t
             float *a0 = acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)q) * 8;
             gemm_rows4(wb + (size_t)q * 8, xa, xb, kp, v0 == 0, a0, a0 + MPK_GEMM_ROWS * 8);
         }
-    }
-}
-
-AVX2 void mpk_avx2_rvq_gemm(const mpk_rvq *w, const float *cb, const float *x, int64_t xs, int64_t n,
-                            int64_t r0, float *acc) {
-    const int S = w->stages;
-    const int64_t nv = w->nv;
-    const uint8_t *codes = w->codes + (size_t)((r0 / 64) * nv * S) * 64 + (size_t)(r0 % 64);
-    float wb[MPK_GEMM_ROWS * GEMM_KP * 8] __attribute__((aligned(32)));
-    for (int64_t v0 = 0; v0 < nv; v0 += GEMM_KP) {
-        const int64_t kp = nv - v0 < GEMM_KP ? nv - v0 : GEMM_KP;
-        const uint8_t *c = codes + (size_t)(v0 * S) * 64;
-        switch (S) { /* the common stage counts unrolled */
-        case 2: gemm_decode(c, cb, kp, 2, wb); break;
-        case 3: gemm_decode(c, cb, kp, 3, wb); break;
-        case 4: gemm_decode(c, cb, kp, 4, wb); break;
-        default: gemm_decode(c, cb, kp, S, wb);
-        }
-        gemm_panel(wb, x, xs, n, v0, kp, acc);
     }
 }
 

@@ -50,9 +50,9 @@ struct mpk_impl {
     void (*mm_rows)(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
                     int64_t nb, int64_t n, float *y, float *wb);
     /* The prefill product (CODECS.md §3.6) of the MPK_GEMM_ROWS rows from r0 (a multiple of
-     * MPK_GEMM_ROWS: inside one code tile) with inputs x[t * xs ...] for t < n <= MPK_GEMM_INPUTS
-     * (zero past cols): writes each (input, row)'s eight lane sums, acc[t][row][8]. */
-    void (*rvq_gemm)(const mpk_rvq *w, const float *cb, const float *x, int64_t xs, int64_t n,
+     * MPK_GEMM_ROWS: inside one code tile) with the quantised inputs xq + t * xqs for
+     * t < n <= MPK_GEMM_INPUTS: writes each (input, row)'s eight lane sums a, acc[t][row][8]. */
+    void (*rvq_gemm)(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xq, size_t xqs, int64_t n,
                      int64_t r0, float *acc);
     /* Row r of w decoded to its values, mpk_row's bits (sc, mn: ngroups floats of scratch). */
     void (*row_values)(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn);
@@ -93,8 +93,12 @@ void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n);
 
 #define MPK_GEMM_ROWS 16   /* rows per rvq_gemm call: decoded once for all its inputs */
 #define MPK_GEMM_INPUTS 64 /* inputs per rvq_gemm call (its lane sums live on the caller's stack) */
-void mpk_avx2_rvq_gemm(const mpk_rvq *w, const float *cb, const float *x, int64_t xs, int64_t n,
+void mpk_avx2_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xq, size_t xqs, int64_t n,
                        int64_t r0, float *acc);
+/* the quantised input's group steps (d, after q) */
+static inline const float *mpk_rvq_xq_steps(const uint8_t *xq, int64_t cols) {
+    return (const float *)(xq + 2 * (size_t)((cols + 15) / 16 * 16));
+}
 void mpk_avx2_row_values(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn);
 void mpk_avx2_gemm_rows(const float *rows, int64_t rs, int64_t nv, const float *x, int64_t xs, int64_t n,
                         float *acc);

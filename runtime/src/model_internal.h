@@ -104,14 +104,17 @@ struct mpm_model {
     int32_t *bsel, *uniq;
     float *aheadw, *choice;
     /* MoE (model_moe.c): one token's gate/up/down tables for decode (ctab_stages = the most
-     * stages of any part); for a prefill chunk, one expert's inputs gathered (gate, up: rows of
-     * hidden floats, down: of moe_inter floats, each zero-padded to whole vectors: mpm_moe's
-     * gather strides) and its down outputs; the (token, rank) pairs sorted by expert */
+     * stages of any part); for a prefill chunk, the layer's integer codebooks (cicb: gate, up,
+     * down), one expert's inputs gathered and quantised (mpk_rvq_xq; gate, up: rows of hidden
+     * values, down: of moe_inter values) and its down outputs; the (token, rank) pairs sorted
+     * by expert */
     mpk_rvq_tab ctabs[3];
     void *ctabmem;
     int ctab_stages;
     int prefill; /* this forward pass is part of a prompt: the prefill product (CODECS.md §3.6) */
-    float *cxg, *cxu, *cxd, *ceo;
+    mpk_rvq_icb *cicb;
+    uint8_t *cxg, *cxu, *cxd;
+    float *ceo;
     int32_t *cpairs, *corder, *cstart, *cfill;
     uint8_t *allowed;
     float *lstate, *lbuf, *lqg; /* linear-attention states, model_linear.c scratch, gated q */

@@ -122,13 +122,13 @@ static size_t tab_stride(int64_t cols, int stages) { return (mpk_rvq_tab_bytes(c
 static uint8_t *tab_mem(const mpm_model *m, int i) {
     return (uint8_t *)(((uintptr_t)m->ctabmem + 63) & ~(uintptr_t)63) + (size_t)i * tab_stride(m->c.hidden, m->ctab_stages);
 }
-static int64_t whole_vectors(int64_t n) { return (n + 7) / 8 * 8; }
 
 uint64_t mpm_moe_chunk_bytes(const mpm_config *c, int chunk, int stages) {
     if (!mpm_config_moe_layers(c)) return 0;
-    const uint64_t T = (uint64_t)chunk, X = (uint64_t)whole_vectors(c->hidden), Dd = (uint64_t)whole_vectors(c->moe_inter);
+    const uint64_t T = (uint64_t)chunk, X = mpk_rvq_xq_bytes(c->hidden), Dd = mpk_rvq_xq_bytes(c->moe_inter);
     return 64 + 2 * tab_stride(c->hidden, stages) + tab_stride(c->moe_inter, stages) + /* decode tables */
-           T * (2 * X + Dd) * 4u +            /* prefill: gathered inputs */
+           3 * sizeof(mpk_rvq_icb) +           /* prefill: integer codebooks */
+           T * (2 * X + Dd) +                  /* prefill: gathered inputs */
            T * (uint64_t)c->hidden * 4u +      /* one expert's down outputs */
            T * 4u * (uint64_t)c->top_k * 4u;   /* token lists */
 }
@@ -140,16 +140,17 @@ int mpm_moe_alloc(mpm_model *m) {
         for (int p = 0; p < 3; p++) S = m->layers[l].stages[p] > S ? m->layers[l].stages[p] : S;
     const size_t T = (size_t)m->chunk;
     m->ctabmem = calloc(2 * tab_stride(c->hidden, S) + tab_stride(c->moe_inter, S) + 64, 1);
-    m->cxg = calloc(T * (size_t)whole_vectors(c->hidden), sizeof(float));
-    m->cxu = calloc(T * (size_t)whole_vectors(c->hidden), sizeof(float));
-    m->cxd = calloc(T * (size_t)whole_vectors(c->moe_inter), sizeof(float));
+    m->cicb = calloc(3, sizeof *m->cicb);
+    m->cxg = calloc(T, mpk_rvq_xq_bytes(c->hidden));
+    m->cxu = calloc(T, mpk_rvq_xq_bytes(c->hidden));
+    m->cxd = calloc(T, mpk_rvq_xq_bytes(c->moe_inter));
     m->ceo = calloc(T * (size_t)c->hidden, sizeof(float));
     m->cpairs = calloc(T * (size_t)c->top_k, sizeof(int32_t));
     m->corder = calloc(T * (size_t)c->top_k, sizeof(int32_t));
     m->cstart = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
     m->cfill = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
     m->ctab_stages = S;
-    return m->ctabmem && m->cxg && m->cxu && m->cxd && m->ceo && m->cpairs && m->corder && m->cstart &&
+    return m->ctabmem && m->cicb && m->cxg && m->cxu && m->cxd && m->ceo && m->cpairs && m->corder && m->cstart &&
                    m->cfill
                ? 0
                : -1;
@@ -157,6 +158,7 @@ int mpm_moe_alloc(mpm_model *m) {
 
 void mpm_moe_free(mpm_model *m) {
     free(m->ctabmem);
+    free(m->cicb);
     free(m->cxg);
     free(m->cxu);
     free(m->cxd);
@@ -167,9 +169,9 @@ void mpm_moe_free(mpm_model *m) {
     free(m->cfill);
 }
 
-/* dst[0 .. n) = src rotated for part p (the rest of dst's row, up to whole vectors, stays zero) */
-static void put_row(mpm_model *m, const mpm_layer *ly, int p, const float *src, int64_t n, float *dst) {
-    memcpy(dst, rotated(m, ly, p, src, n), (size_t)n * sizeof(float));
+/* dst = src[0 .. n) rotated for part p and quantised for the prefill product */
+static void put_row(mpm_model *m, const mpm_layer *ly, int p, const float *src, int64_t n, uint8_t *dst) {
+    mpk_rvq_xq(rotated(m, ly, p, src, n), n, dst);
 }
 
 /* One expert (record rec) for its n (token, rank) pairs pr, outputs into beo by pair.  Prefill:
@@ -179,7 +181,7 @@ static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const 
                    int n) {
     const mpm_config *c = &m->c;
     const int64_t I = c->moe_inter, K = c->top_k, D = c->latent ? c->latent : c->hidden;
-    const int64_t xs = whole_vectors(c->hidden), ds = whole_vectors(I); /* gather strides */
+    const size_t xs = mpk_rvq_xq_bytes(D), ds = mpk_rvq_xq_bytes(I); /* gather strides */
     mpk_rvq wg, wu, wd;
     rvq_part(ly, 0, rec, I, D, &wg);
     rvq_part(ly, 1, rec, I, D, &wu);
@@ -192,15 +194,16 @@ static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const 
         mpk_rvq_matvec(m->kern, m->pool, &wd, &m->ctabs[2], m->beo + (int64_t)pr[0] * D);
         return;
     }
+    const int same = !ly->rot_block[0] && !ly->rot_block[1]; /* gate and up see the same input */
     for (int j = 0; j < n; j++) {
         put_row(m, ly, 0, xe + (int64_t)(pr[j] / K) * D, D, m->cxg + j * xs);
-        put_row(m, ly, 1, xe + (int64_t)(pr[j] / K) * D, D, m->cxu + j * xs);
+        if (!same) put_row(m, ly, 1, xe + (int64_t)(pr[j] / K) * D, D, m->cxu + j * xs);
     }
-    mpk_rvq_gemm(m->kern, m->pool, &wg, ly->cb[0], m->cxg, xs, n, m->g);
-    mpk_rvq_gemm(m->kern, m->pool, &wu, ly->cb[1], m->cxu, xs, n, m->u);
+    mpk_rvq_gemm(m->kern, m->pool, &wg, &m->cicb[0], m->cxg, xs, n, m->g);
+    mpk_rvq_gemm(m->kern, m->pool, &wu, &m->cicb[1], same ? m->cxg : m->cxu, xs, n, m->u);
     for (int64_t j = 0; j < n * I; j++) m->g[j] = mpm_act(c, m->g[j], m->u[j]);
     for (int j = 0; j < n; j++) put_row(m, ly, 2, m->g + j * I, I, m->cxd + j * ds);
-    mpk_rvq_gemm(m->kern, m->pool, &wd, ly->cb[2], m->cxd, ds, n, m->ceo);
+    mpk_rvq_gemm(m->kern, m->pool, &wd, &m->cicb[2], m->cxd, ds, n, m->ceo);
     for (int j = 0; j < n; j++) memcpy(m->beo + (int64_t)pr[j] * D, m->ceo + (int64_t)j * D, (size_t)D * sizeof(float));
 }
 
@@ -245,6 +248,8 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
     if (!m->prefill) { /* decode: gate/up tables once, shared by the token's experts */
         build_tab(m, ly, 0, xe, D, &m->ctabs[0], tab_mem(m, 0));
         build_tab(m, ly, 1, xe, D, &m->ctabs[1], tab_mem(m, 1));
+    } else {
+        for (int p = 0; p < 3; p++) mpk_rvq_icb_init(&m->cicb[p], ly->cb[p], ly->stages[p]);
     }
     for (int g0 = 0; g0 < nu; g0 += (int)K) {
         int ng = nu - g0 < (int)K ? nu - g0 : (int)K;

@@ -11,7 +11,8 @@
  * Prints one JSON line per token count n (ns per weight x token):
  *   table_ns_w  n table products (each token's table build included: in decode a gate/up table
  *               serves top_k experts, so this overstates gate/up by the build's share, table_us);
- *   gemm_ns_w   the prefill product of the n tokens;  gemm_speedup = table_ns_w / gemm_ns_w. */
+ *   gemm_ns_w   the prefill product of the n tokens (the integer codebook and the tokens'
+ *               quantisation included);  gemm_speedup = table_ns_w / gemm_ns_w. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
@@ -36,6 +37,9 @@ int main(int argc, char **argv) {
     enum { NMAX = 128 };
     const long xs = (cols + 7) / 8 * 8;
     float *x = calloc((size_t)NMAX * (size_t)xs, 4), *y = malloc((size_t)NMAX * (size_t)rows * 4);
+    const size_t qs = mpk_rvq_xq_bytes(cols);
+    uint8_t *xq = aligned_alloc(32, NMAX * qs);
+    mpk_rvq_icb *icb = malloc(sizeof *icb);
     for (long i = 0; i < NMAX; i++)
         for (long c = 0; c < cols; c++) x[i * xs + c] = (float)((int64_t)(rnd() % 2001) - 1000) / 1000.0f;
     size_t tb = mpk_rvq_tab_bytes(cols, S);
@@ -63,7 +67,9 @@ int main(int argc, char **argv) {
             double d = cpu_now() - a;
             bt = d < bt ? d : bt;
             a = cpu_now();
-            mpk_rvq_gemm(k, NULL, &w, cb, x, xs, n, y);
+            mpk_rvq_icb_init(icb, cb, S);
+            for (int i = 0; i < n; i++) mpk_rvq_xq(x + (size_t)i * (size_t)xs, cols, xq + (size_t)i * qs);
+            mpk_rvq_gemm(k, NULL, &w, icb, xq, qs, n, y);
             d = cpu_now() - a;
             bg = d < bg ? d : bg;
         }
@@ -78,5 +84,7 @@ int main(int argc, char **argv) {
     free(x);
     free(y);
     free(tmem);
+    free(xq);
+    free(icb);
     return 0;
 }
