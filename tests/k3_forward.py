@@ -33,7 +33,8 @@ class K3Forward:
     rms_norm_eps). With `container`, the routed experts are its codes under §3.6 (what the
     engine computes for a prompt) instead of the checkpoint's dense weights."""
 
-    def __init__(self, directory: Path, l2_eps: float = 1e-6, container: Path | None = None) -> None:
+    def __init__(self, directory: Path, l2_eps: float = 1e-6,
+                 container: Path | None = None) -> None:
         self.l2_eps = l2_eps
         self.spec: dict[int, LayerExperts] | None = None
         if container is not None:

@@ -92,7 +92,8 @@ def _assert_agrees(err: np.ndarray, routed: bool) -> None:
 def test_parts_match_the_numpy_forward(request, tmp_path, variant):
     path, ref = (request.getfixturevalue("k3_dense") if variant == "no_routed_experts"
                  else _build(tmp_path, VARIANTS[variant]))
-    _assert_agrees(_relative_errors(path, ref, _tokens(N_POS, seed=0)), variant != "no_routed_experts")
+    err = _relative_errors(path, ref, _tokens(N_POS, seed=0))
+    _assert_agrees(err, routed=variant != "no_routed_experts")
 
 
 def test_full_model_matches_the_numpy_forward(k3):
