@@ -656,8 +656,14 @@ void mpk_rvq_icb_init(mpk_rvq_icb *c, const float *cb, int stages) {
         p = frac * 16384.0 <= 16383.0 - stages ? 14 - e : 13 - e;
         p = p < 100 ? p : 100;
     }
+    /* |cb x 2^p| < 2^14: adding and removing 1.5 x 2^52 rounds it to the nearest even integer
+     * (binary64, default mode), without a libm call per entry */
+    const double scale = ldexp(1.0, p), magic = 0x1.8p52;
     for (int t = 0; t < stages && !c->nan; t++)
-        for (int i = 0; i < 256 * 8; i++) c->q[t][i / 8][i % 8] = (int16_t)nearbyint(ldexp(cb[t * 2048 + i], p));
+        for (int i = 0; i < 256 * 8; i++) {
+            const double v = (double)cb[t * 2048 + i] * scale + magic; /* the product is exact */
+            c->q[t][i / 8][i % 8] = (int16_t)(v - magic);
+        }
     c->unscale = ldexpf(1.0f, -p);
 }
 
