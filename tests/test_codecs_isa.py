@@ -284,3 +284,37 @@ def test_prefill_kernels_match_reference(kernels: ctypes.CDLL, rows: int, cols: 
             ran.append(name)
             assert _same(y, ref), (name, threads, np.argwhere(y != ref)[:5])
     assert "scalar" in ran
+
+
+@pytest.mark.parametrize("case", ["inf entry", "nan entry", "all zero", "tiny"])
+def test_prefill_codebook_edge_cases(kernels: ctypes.CDLL, case: str) -> None:
+    """§3.6 step 1 at its edges: a non-finite codebook entry makes every row NaN, a zero codebook
+    (p = 0) every row 0, a tiny one (p capped at 100) still the reference's bits, on every path."""
+    rows, cols, stages = 70, 300, 3
+    rng = np.random.default_rng(11)
+    codec, data = _part(rng, rows, cols, stages)
+    cb = rng.standard_normal((stages, 256, 8)).astype(np.float32)
+    if case == "inf entry":
+        cb[2, 255, 7] = np.inf
+    elif case == "nan entry":
+        cb[1, 3, 0] = np.nan
+    elif case == "all zero":
+        cb[:] = 0
+    else:
+        cb *= np.float32(1e-28)  # p would be 106
+    cb = np.ascontiguousarray(cb)
+    x = rng.standard_normal((5, cols)).astype(np.float32)
+    ref = rvq_gemm(codec, (rows, cols), data, cb, x)
+    if case.endswith("entry"):
+        assert (ref.view(np.uint32) == 0x7FC00000).all()
+    elif case == "all zero":
+        assert (ref == 0).all()
+    else:
+        assert np.isfinite(ref).all() and (ref != 0).any()
+    buf = np.frombuffer(data, np.uint8).copy()
+    for which in PATHS.values():
+        y = np.full((5, rows), 7.0, np.float32)
+        if kernels.mpk_test_rvq_gemm(which, 1, buf.ctypes.data, rows, cols, stages,
+                                     cb.ctypes.data, x.ctypes.data, 5, y.ctypes.data):
+            continue
+        assert _same(y, ref), (which, np.argwhere(y != ref)[:5])
