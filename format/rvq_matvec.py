@@ -2,10 +2,10 @@
 matvec of spec/CODECS.md §3.5 (`rvq_matvec`) and the prefill product of §3.6 (`rvq_gemm`).
 
 Bit-exact by construction: every binary32 value the spec names (T, m, inv, d, q, n, acc, y) is
-computed as the spec rounds it (§3.6: each decoded weight, lane accumulator and the lane
-reduction), so an engine's result can be compared bit for bit. numpy has no
-fused multiply-add, so `fma_f32` emulates binary32 fma exactly (see there). Vectorised over a
-batch of activations; meant for tests and measurements, not speed.
+computed as the spec rounds it (§3.6: the integer codebook, the activation's 12-bit integers,
+each lane accumulator and the lane reduction), so an engine's result can be compared bit for
+bit. numpy has no fused multiply-add, so `fma_f32` emulates binary32 fma exactly (see there).
+Vectorised over a batch of activations; meant for tests and measurements, not speed.
 """
 
 from __future__ import annotations
