@@ -42,6 +42,17 @@ def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         return s.astype(np.float32)
 
 
+def _steps(m: np.ndarray, qmax: np.float32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A group's rounding to integers in -qmax … qmax from its max |value| m (§3.5 and §3.6 step
+    2): (live, inv = qmax / m, d = m / qmax), inv and d 0 where the group is not live (m NaN,
+    infinite or below 2⁻⁹⁶)."""
+    live = np.isfinite(m) & (m >= TINY)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = np.where(live, qmax / m, np.float32(0)).astype(np.float32)
+        d = np.where(live, m / qmax, np.float32(0)).astype(np.float32)
+    return live, inv, d
+
+
 def tables(xv: np.ndarray, cb: np.ndarray) -> np.ndarray:
     """§3.5 step 1: T[..., v, t, e] = x·cb[t][e] by a product and an fma chain (binary32).
 
@@ -65,10 +76,8 @@ def quantise(t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     groups = np.concatenate([np.abs(t), pad], axis=-3).reshape(*lead, ng, GROUP, s, k)
     m = groups.max(axis=(-3, -1))  # [..., ng, S]; max propagates NaN
     nan = ~np.isfinite(m).all(axis=(-2, -1))
-    live = np.isfinite(m) & (m >= TINY)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        inv = np.where(live, QMAX / m, np.float32(0)).astype(np.float32)
-        d = np.where(live, m / QMAX, np.float32(0)).astype(np.float32)
+    live, inv, d = _steps(m, QMAX)
+    with np.errstate(invalid="ignore", over="ignore"):
         inv_v = np.repeat(inv, GROUP, axis=-2)[..., :nv, :, None]  # per vector [..., nv, S, 1]
         q = np.rint((t * inv_v).astype(np.float32))  # product rounded to f32, then to even
     q = np.where(np.isfinite(q), q, 0).astype(np.int8)  # rows of NaN products are NaN anyway
@@ -171,10 +180,9 @@ def int_activation(xv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     xp[..., :nv, :] = xv
     g = xp.reshape(*lead, ng, XGROUP * RVQ_DIM)
     m = np.abs(g).max(axis=-1)  # max propagates NaN
-    live = np.isfinite(m) & (m >= TINY)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        inv = np.where(live, XMAX / m, np.float32(0)).astype(np.float32)
-        d = np.where(live, m / XMAX, np.where(np.isfinite(m), np.float32(0), np.float32(np.nan)))
+    live, inv, d = _steps(m, XMAX)
+    d = np.where(np.isfinite(m), d, np.float32(np.nan))  # a NaN or infinite group: NaN rows
+    with np.errstate(invalid="ignore", over="ignore"):
         q = np.rint((g * inv[..., None]).astype(np.float32))
     q = np.where(live[..., None], q, 0).astype(np.int64)
     return q.reshape(*lead, ng * XGROUP, RVQ_DIM), d.astype(np.float32)

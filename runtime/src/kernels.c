@@ -204,7 +204,7 @@ static void s_rvq_tables(const float *cbt, const float *x, mpk_rvq_tab *t, int64
         }
     }
     float inv = 0.0f, dd;
-    int live = mpk_rvq_scale(mb, &inv, &dd);
+    int live = mpk_rvq_scale(mb, 127.0f, &inv, &dd);
     t->d[g * S + st] = dd;
     for (int64_t v = v0; v < v1; v++) {
         int8_t *q = t->q + ((size_t)v * (size_t)S + (size_t)st) * 256;
@@ -550,7 +550,7 @@ static void rvq_task(void *ctx, size_t task) {
     int64_t r0 = tile0 * 64, r1 = r0 + n * 64 < w->rows ? r0 + n * 64 : w->rows;
     for (int64_t r = r0; r < r1; r++) {
         float y = acc[r - r0] * mpk_f16_to_f32(ld16(w->scales + 2 * r));
-        j->y[r] = y == y ? y : mpk_bits_f32(0x7fc00000u); /* one NaN for every path and libm */
+        j->y[r] = mpk_canon(y);
     }
 }
 
@@ -637,7 +637,6 @@ float mpk_silu(float x) { return x / (1.0f + expf(-x)); }
 
 void mpk_rvq_icb_init(mpk_rvq_icb *c, const float *cb, int stages) {
     memset(c, 0, sizeof *c);
-    c->stages = stages;
     double total = 0;
     for (int t = 0; t < stages; t++) {
         float m = 0;
@@ -683,13 +682,7 @@ void mpk_rvq_xq(const float *x, int64_t cols, void *out) {
             mb = b > mb ? b : mb;
         }
         float inv = 0;
-        const int live = mb < 0x7f800000u && mpk_bits_f32(mb) >= MPK_RVQ_TINY;
-        if (live) {
-            inv = 2047.0f / mpk_bits_f32(mb);
-            d[g] = mpk_bits_f32(mb) / 2047.0f;
-        } else {
-            d[g] = mb >= 0x7f800000u ? mpk_bits_f32(0x7fc00000u) : 0.0f;
-        }
+        const int live = mpk_rvq_scale(mb, 2047.0f, &inv, &d[g]);
         for (int64_t c = g0; c < g1; c++) q[c] = live ? (int16_t)nearbyintf(x[c] * inv) : 0;
     }
     for (int64_t c = cols; c < (cols + 15) / 16 * 16; c++) q[c] = 0;
@@ -712,19 +705,22 @@ static void gemm_task(void *ctx, size_t task) {
     const int64_t n = j->n - t0 < MPK_GEMM_INPUTS ? j->n - t0 : MPK_GEMM_INPUTS;
     const int64_t r1 = r0 + MPK_GEMM_ROWS < w->rows ? r0 + MPK_GEMM_ROWS : w->rows;
     float acc[MPK_GEMM_INPUTS * MPK_GEMM_ROWS * 8] __attribute__((aligned(64)));
-    if (!j->cb->nan) j->k->rvq_gemm(w, j->cb, j->xq + (size_t)t0 * j->xqs, j->xqs, n, r0, acc);
+    j->k->rvq_gemm(w, j->cb, j->xq + (size_t)t0 * j->xqs, j->xqs, n, r0, acc);
     for (int64_t r = r0; r < r1; r++) {
         const float sc = mpk_f16_to_f32(ld16(w->scales + 2 * r));
-        for (int64_t t = 0; t < n; t++) {
-            float v = j->cb->nan ? NAN : red8(acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)(r - r0)) * 8) * sc * j->cb->unscale;
-            j->y[(t0 + t) * w->rows + r] = v == v ? v : mpk_bits_f32(0x7fc00000u);
-        }
+        for (int64_t t = 0; t < n; t++) /* (red8 x s_r) x 2^-p */
+            j->y[(t0 + t) * w->rows + r] =
+                mpk_canon(red8(acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)(r - r0)) * 8) * sc * j->cb->unscale);
     }
 }
 
 void mpk_rvq_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const mpk_rvq_icb *cb,
                   const void *xq, size_t xqs, int64_t n, float *y) {
     if (n < 1) return;
+    if (cb->nan) { /* §3.6 step 1: a non-finite codebook entry makes every row NaN */
+        for (int64_t i = 0; i < n * w->rows; i++) y[i] = mpk_bits_f32(0x7fc00000u);
+        return;
+    }
     gemm_job j = {impl_or_scalar(k), w, cb, xq, xqs, n, (n + MPK_GEMM_INPUTS - 1) / MPK_GEMM_INPUTS, y};
     const int64_t blocks = (w->rows + MPK_GEMM_ROWS - 1) / MPK_GEMM_ROWS;
     mpk_pool_run(w->rows * w->cols * n < 32768 ? NULL : pool, (size_t)(blocks * j.nsets), gemm_task, &j);
@@ -740,8 +736,7 @@ typedef struct {
 } tgemm_job;
 
 static void tgemm_put(const tgemm_job *j, int64_t t, int64_t r, const float *a) {
-    float v = red8(a);
-    j->y[t * j->w->rows + r] = v == v ? v : mpk_bits_f32(0x7fc00000u);
+    j->y[t * j->w->rows + r] = mpk_canon(red8(a));
 }
 
 /* rows [r0, r1) one at a time, the same numbers (no memory for the blocked path) */

@@ -77,7 +77,6 @@ void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const m
 #define MPK_RVQ_MAX_STAGES 8
 typedef struct mpk_rvq_icb {
     int16_t q[MPK_RVQ_MAX_STAGES][256][8];
-    int stages;
     int nan;       /* an entry is NaN or infinite: every product row is NaN */
     float unscale; /* 2^-p */
 } mpk_rvq_icb;

@@ -423,7 +423,7 @@ AVX2 static void a_rvq_tables(const float *cbt, const float *x, mpk_rvq_tab *t, 
     _mm256_storeu_si256((__m256i *)l, mx);
     for (int i = 0; i < 8; i++) mb = l[i] > mb ? l[i] : mb;
     float inv = 0.0f, dd;
-    int live = mpk_rvq_scale(mb, &inv, &dd);
+    int live = mpk_rvq_scale(mb, 127.0f, &inv, &dd);
     t->d[g * S + st] = dd;
     const __m256 vi = _mm256_set1_ps(inv);
     const __m256i fix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undo packs' lane interleave */
@@ -556,58 +556,6 @@ AVX2 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-/* The trunk's prefill product in panels of GEMM_KP vectors: the block's 16 decoded rows copied
- * into wb (16 KiB, L1), then three inputs times four rows per step (twelve accumulators, one fma
- * chain per lane as the scalar code; the last one or two inputs in pairs), kept in acc between
- * panels. */
-#define GEMM_KP 32
-#define WS (MPK_GEMM_ROWS * 8) /* floats from one vector's decoded rows to the next's */
-
-/* rows q..q+3 (wq: their decoded panel) times one input pair (xb NULL: one input) */
-AVX2 static void gemm_rows4(const float *wq, const float *xa, const float *xb, int64_t kp, int first,
-                            float *a0, float *a1) {
-    const float *w1 = wq + 8, *w2 = wq + 16, *w3 = wq + 24;
-    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-    if (!first) {
-        c0 = _mm256_load_ps(a0), c1 = _mm256_load_ps(a0 + 8), c2 = _mm256_load_ps(a0 + 16);
-        c3 = _mm256_load_ps(a0 + 24);
-    }
-    if (!xb) {
-        for (int64_t v = 0; v < kp; v++) {
-            const __m256 x0 = _mm256_loadu_ps(xa + 8 * v);
-            c0 = _mm256_fmadd_ps(_mm256_load_ps(wq + WS * v), x0, c0);
-            c1 = _mm256_fmadd_ps(_mm256_load_ps(w1 + WS * v), x0, c1);
-            c2 = _mm256_fmadd_ps(_mm256_load_ps(w2 + WS * v), x0, c2);
-            c3 = _mm256_fmadd_ps(_mm256_load_ps(w3 + WS * v), x0, c3);
-        }
-    } else {
-        __m256 d0 = _mm256_setzero_ps(), d1 = d0, d2 = d0, d3 = d0;
-        if (!first) {
-            d0 = _mm256_load_ps(a1), d1 = _mm256_load_ps(a1 + 8), d2 = _mm256_load_ps(a1 + 16);
-            d3 = _mm256_load_ps(a1 + 24);
-        }
-        for (int64_t v = 0; v < kp; v++) {
-            const __m256 x0 = _mm256_loadu_ps(xa + 8 * v), x1 = _mm256_loadu_ps(xb + 8 * v);
-            __m256 wv = _mm256_load_ps(wq + WS * v);
-            c0 = _mm256_fmadd_ps(wv, x0, c0);
-            d0 = _mm256_fmadd_ps(wv, x1, d0);
-            wv = _mm256_load_ps(w1 + WS * v);
-            c1 = _mm256_fmadd_ps(wv, x0, c1);
-            d1 = _mm256_fmadd_ps(wv, x1, d1);
-            wv = _mm256_load_ps(w2 + WS * v);
-            c2 = _mm256_fmadd_ps(wv, x0, c2);
-            d2 = _mm256_fmadd_ps(wv, x1, d2);
-            wv = _mm256_load_ps(w3 + WS * v);
-            c3 = _mm256_fmadd_ps(wv, x0, c3);
-            d3 = _mm256_fmadd_ps(wv, x1, d3);
-        }
-        _mm256_store_ps(a1, d0), _mm256_store_ps(a1 + 8, d1), _mm256_store_ps(a1 + 16, d2);
-        _mm256_store_ps(a1 + 24, d3);
-    }
-    _mm256_store_ps(a0, c0), _mm256_store_ps(a0 + 8, c1), _mm256_store_ps(a0 + 16, c2);
-    _mm256_store_ps(a0 + 24, c3);
-}
-
 /* wb[pair][row][16] = the panel's decoded integer weights, two vectors per pair (§3.6: each
  * row's stage entries summed, exact); an odd last vector's pair is completed with zeros */
 AVX2 static inline __attribute__((always_inline)) void igemm_decode(const uint8_t *c, const mpk_rvq_icb *cb,
@@ -719,6 +667,58 @@ AVX2 void mpk_avx2_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8
             t += nt;
         }
     }
+}
+
+/* The trunk's prefill product in panels of GEMM_KP vectors: the block's 16 decoded rows copied
+ * into wb (16 KiB, L1), then three inputs times four rows per step (twelve accumulators, one fma
+ * chain per lane as the scalar code; the last one or two inputs in pairs), kept in acc between
+ * panels. */
+#define GEMM_KP 32
+#define WS (MPK_GEMM_ROWS * 8) /* floats from one vector's decoded rows to the next's */
+
+/* rows q..q+3 (wq: their decoded panel) times one input pair (xb NULL: one input) */
+AVX2 static void gemm_rows4(const float *wq, const float *xa, const float *xb, int64_t kp, int first,
+                            float *a0, float *a1) {
+    const float *w1 = wq + 8, *w2 = wq + 16, *w3 = wq + 24;
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+    if (!first) {
+        c0 = _mm256_load_ps(a0), c1 = _mm256_load_ps(a0 + 8), c2 = _mm256_load_ps(a0 + 16);
+        c3 = _mm256_load_ps(a0 + 24);
+    }
+    if (!xb) {
+        for (int64_t v = 0; v < kp; v++) {
+            const __m256 x0 = _mm256_loadu_ps(xa + 8 * v);
+            c0 = _mm256_fmadd_ps(_mm256_load_ps(wq + WS * v), x0, c0);
+            c1 = _mm256_fmadd_ps(_mm256_load_ps(w1 + WS * v), x0, c1);
+            c2 = _mm256_fmadd_ps(_mm256_load_ps(w2 + WS * v), x0, c2);
+            c3 = _mm256_fmadd_ps(_mm256_load_ps(w3 + WS * v), x0, c3);
+        }
+    } else {
+        __m256 d0 = _mm256_setzero_ps(), d1 = d0, d2 = d0, d3 = d0;
+        if (!first) {
+            d0 = _mm256_load_ps(a1), d1 = _mm256_load_ps(a1 + 8), d2 = _mm256_load_ps(a1 + 16);
+            d3 = _mm256_load_ps(a1 + 24);
+        }
+        for (int64_t v = 0; v < kp; v++) {
+            const __m256 x0 = _mm256_loadu_ps(xa + 8 * v), x1 = _mm256_loadu_ps(xb + 8 * v);
+            __m256 wv = _mm256_load_ps(wq + WS * v);
+            c0 = _mm256_fmadd_ps(wv, x0, c0);
+            d0 = _mm256_fmadd_ps(wv, x1, d0);
+            wv = _mm256_load_ps(w1 + WS * v);
+            c1 = _mm256_fmadd_ps(wv, x0, c1);
+            d1 = _mm256_fmadd_ps(wv, x1, d1);
+            wv = _mm256_load_ps(w2 + WS * v);
+            c2 = _mm256_fmadd_ps(wv, x0, c2);
+            d2 = _mm256_fmadd_ps(wv, x1, d2);
+            wv = _mm256_load_ps(w3 + WS * v);
+            c3 = _mm256_fmadd_ps(wv, x0, c3);
+            d3 = _mm256_fmadd_ps(wv, x1, d3);
+        }
+        _mm256_store_ps(a1, d0), _mm256_store_ps(a1 + 8, d1), _mm256_store_ps(a1 + 16, d2);
+        _mm256_store_ps(a1 + 24, d3);
+    }
+    _mm256_store_ps(a0, c0), _mm256_store_ps(a0 + 8, c1), _mm256_store_ps(a0 + 16, c2);
+    _mm256_store_ps(a0 + 24, c3);
 }
 
 /* rows q..q+3 times three inputs: twelve fma chains */

@@ -42,7 +42,7 @@ AVX512 static void v_rvq_tables(const float *cbt, const float *x, mpk_rvq_tab *t
         }
     }
     float inv = 0.0f, dd;
-    int live = mpk_rvq_scale((uint32_t)_mm512_reduce_max_epu32(mx), &inv, &dd);
+    int live = mpk_rvq_scale((uint32_t)_mm512_reduce_max_epu32(mx), 127.0f, &inv, &dd);
     t->d[g * S + st] = dd;
     const __m512 vi = _mm512_set1_ps(inv);
     for (int64_t v = v0; v < v1; v++) {

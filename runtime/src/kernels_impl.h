@@ -120,9 +120,12 @@ static inline float mpk_bits_f32(uint32_t u) {
     memcpy(&f, &u, 4);
     return f;
 }
-/* Step 2's classification of a group: returns 0 when q must be all zero (d set to 0, or to NaN
- * when m is NaN or +inf), else 1 with inv and d set. */
-static inline int mpk_rvq_scale(uint32_t mbits, float *inv, float *d) {
+/* The canonical quiet NaN for every NaN result, so that every path and libm give the same bits */
+static inline float mpk_canon(float v) { return v == v ? v : mpk_bits_f32(0x7fc00000u); }
+/* A group's rounding to integers in -qmax .. qmax (§3.5 step 2: tables, qmax 127; §3.6 step 2:
+ * activations, qmax 2047): returns 0 when q must be all zero (d set to 0, or to NaN when m is NaN
+ * or +inf), else 1 with inv = qmax / m and d = m / qmax. */
+static inline int mpk_rvq_scale(uint32_t mbits, float qmax, float *inv, float *d) {
     if (mbits >= 0x7f800000u) {
         *d = mpk_bits_f32(0x7fc00000u);
         return 0;
@@ -132,8 +135,8 @@ static inline int mpk_rvq_scale(uint32_t mbits, float *inv, float *d) {
         *d = 0.0f;
         return 0;
     }
-    *inv = 127.0f / m;
-    *d = m / 127.0f;
+    *inv = qmax / m;
+    *d = m / qmax;
     return 1;
 }
 
