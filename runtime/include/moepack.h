@@ -79,7 +79,7 @@ enum {
     MP_KERNELS_AUTO = 0,      /* avx512vbmi if the CPU has it, else avx2, else scalar */
     MP_KERNELS_SCALAR = 1,    /* portable C (defines the numerics) */
     MP_KERNELS_AVX2 = 2,      /* AVX2 + FMA + F16C */
-    MP_KERNELS_AVX512VBMI = 3 /* AVX-512 F/BW/VL/VBMI (+ the AVX2 trunk kernels) */
+    MP_KERNELS_AVX512VBMI = 3 /* AVX-512 F/BW/VL/VBMI/VNNI (+ the AVX2 trunk kernels) */
 };
 
 /* Memory plan for a container and context length (all bytes). */

@@ -26,7 +26,8 @@ static int cpu_avx2(void) {
 static int cpu_avx512vbmi(void) {
     /* libgcc also checks that the OS saves the zmm state (XCR0) before reporting these */
     return cpu_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi");
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi") &&
+           __builtin_cpu_supports("avx512vnni");
 }
 #else
 static int cpu_avx2(void) { return 0; }

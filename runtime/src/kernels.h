@@ -105,7 +105,7 @@ void mpk_rvq_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const mpk
 
 /* Kernel paths (same values as moepack.h's MP_KERNELS_*). */
 enum { MPK_AUTO = 0, MPK_SCALAR = 1, MPK_AVX2 = 2, MPK_AVX512VBMI = 3 };
-/* The kernel table for `which`: MPK_AUTO = the best this CPU runs (AVX-512 F/BW/VL/VBMI, else
+/* The kernel table for `which`: MPK_AUTO = the best this CPU runs (AVX-512 F/BW/VL/VBMI/VNNI, else
  * AVX2+FMA+F16C, else scalar); a named path, or NULL when this CPU cannot run it.  All paths give
  * bit-identical results.  Every `k` argument below takes one; NULL = scalar. */
 const mpk_impl *mpk_select(int which);

@@ -1,4 +1,5 @@
-/* AVX-512 VBMI kernels for routed experts (CODECS.md §3.5, bit-identical to the scalar path).
+/* AVX-512 kernels for routed experts, bit-identical to the scalar path: the table product
+ * (CODECS.md §3.5) with VBMI, the prefill product (§3.6) with VNNI.
  *
  * A (vector, stage) table of 256 int8 entries is four zmm registers; vpermi2b looks 64 codes up
  * in two 128-entry halves at once and a blend on code bit 7 picks the half.  The 64 lanes are the
@@ -10,6 +11,7 @@
 #include <immintrin.h>
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,fma")))
+#define AVX512N __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,fma")))
 
 /* Same steps as the scalar path: T = x0 * cb0, then an fma per dimension in order, 16 entries
  * per register and four independent chains; max |T| as integer bits; q written directly. */
@@ -186,9 +188,106 @@ AVX512 static void v_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t t
     v_rvq_unperm(p, ntiles, acc);
 }
 
+/* ---- the prefill product (§3.6) with VNNI ----
+ * wb[quad][row][32]: four decoded vectors of a row per zmm (zeros past the panel's last vector).
+ * vpdpwssd's lane j < 8 sums the columns 16k + 2j, 16k + 2j + 1 of even k, lane j + 8 those of
+ * odd k: the two halves added give §3.6's lane j, exactly (integers), so the bits are AVX2's. */
+AVX512N static inline __attribute__((always_inline)) void vg_decode(const uint8_t *c, const mpk_rvq_icb *cb,
+                                                                  int64_t kp, int S, int16_t *wb) {
+    for (int64_t v = 0; v < kp; v++, c += (size_t)S * 64)
+        for (int i = 0; i < MPK_GEMM_ROWS; i++) {
+            __m128i sum = _mm_loadu_si128((const __m128i *)cb->q[0][c[i]]);
+#pragma GCC unroll 8
+            for (int st = 1; st < S; st++) /* integer sums: exact in any order */
+                sum = _mm_add_epi16(sum, _mm_loadu_si128((const __m128i *)cb->q[st][c[st * 64 + i]]));
+            _mm_store_si128((__m128i *)(wb + ((size_t)(v / 4) * MPK_GEMM_ROWS + (size_t)i) * 32 + (v % 4) * 8), sum);
+        }
+    for (int64_t v = kp; v % 4; v++)
+        for (int i = 0; i < MPK_GEMM_ROWS; i++)
+            _mm_store_si128((__m128i *)(wb + ((size_t)(v / 4) * MPK_GEMM_ROWS + (size_t)i) * 32 + (v % 4) * 8),
+                            _mm_setzero_si128());
+}
+
+/* rows q..q+VR-1 (wq: their decoded quads) times VT inputs: nq quads, then a half quad (its upper
+ * 16 columns masked off the inputs, which end there) when half; then per (input, row) the two
+ * halves added and one fma per lane into a[t][row][8] (first group: onto +0) */
+#define VG_STEP(k, m)                                                                              \
+    do {                                                                                           \
+        __m512i w[4];                                                                              \
+        _Pragma("GCC unroll 4") for (int r = 0; r < VR; r++)                                       \
+            w[r] = _mm512_load_si512(wq + ((size_t)(k) * MPK_GEMM_ROWS + (size_t)r) * 32);         \
+        _Pragma("GCC unroll 4") for (int t = 0; t < VT; t++) {                                     \
+            const __m512i x = _mm512_maskz_loadu_epi16(m, xp[t] + 32 * (k));                      \
+            _Pragma("GCC unroll 4") for (int r = 0; r < VR; r++)                                   \
+                s[r][t] = _mm512_dpwssd_epi32(s[r][t], w[r], x);                                   \
+        }                                                                                          \
+    } while (0)
+AVX512N static inline __attribute__((always_inline)) void
+vg_tile(const int16_t *wq, const int16_t *const *xp, const float *dg, int64_t nq, int half, int first,
+        float *a0, const int VR, const int VT) {
+    __m512i s[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < VR; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < VT; t++) s[r][t] = _mm512_setzero_si512();
+    for (int64_t k = 0; k < nq; k++) VG_STEP(k, 0xffffffffu);
+    if (half) VG_STEP(nq, 0xffffu);
+#pragma GCC unroll 4
+    for (int t = 0; t < VT; t++)
+#pragma GCC unroll 4
+        for (int r = 0; r < VR; r++) {
+            const __m256i n = _mm256_add_epi32(_mm512_castsi512_si256(s[r][t]), _mm512_extracti64x4_epi64(s[r][t], 1));
+            float *a = a0 + ((size_t)t * MPK_GEMM_ROWS + (size_t)r) * 8;
+            const __m256 prev = first ? _mm256_setzero_ps() : _mm256_load_ps(a);
+            _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(dg[t]), prev));
+        }
+}
+#undef VG_STEP
+
+AVX512N static void v_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xq, size_t xqs, int64_t n,
+                               int64_t r0, float *acc) {
+    const int S = w->stages;
+    const int64_t nv = w->nv;
+    const uint8_t *codes = w->codes + (size_t)((r0 / 64) * nv * S) * 64 + (size_t)(r0 % 64);
+    int16_t wb[MPK_GEMM_ROWS * MPK_RVQ_XGROUP * 8] __attribute__((aligned(64)));
+    for (int64_t v0 = 0, g = 0; v0 < nv; v0 += MPK_RVQ_XGROUP, g++) { /* one panel per group */
+        const int64_t kp = nv - v0 < MPK_RVQ_XGROUP ? nv - v0 : MPK_RVQ_XGROUP;
+        const int64_t np = (kp + 1) / 2, nq = np / 2; /* 16-column pairs, whole 32-column quads */
+        const int half = (int)(np % 2);
+        const uint8_t *c = codes + (size_t)(v0 * S) * 64;
+        switch (S) { /* the common stage counts unrolled */
+        case 2: vg_decode(c, cb, kp, 2, wb); break;
+        case 3: vg_decode(c, cb, kp, 3, wb); break;
+        case 4: vg_decode(c, cb, kp, 4, wb); break;
+        default: vg_decode(c, cb, kp, S, wb);
+        }
+        for (int64_t t = 0; t < n;) { /* inputs by four, then the last one to three */
+            const int nt = n - t >= 4 ? 4 : (int)(n - t);
+            const int16_t *xp[4];
+            float dg[4];
+            for (int u = 0; u < nt; u++) {
+                const uint8_t *x = xq + (size_t)(t + u) * xqs;
+                xp[u] = (const int16_t *)x + v0 * 8;
+                dg[u] = mpk_rvq_xq_steps(x, w->cols)[g];
+            }
+            float *a0 = acc + (size_t)t * MPK_GEMM_ROWS * 8;
+            for (int q = 0; q < MPK_GEMM_ROWS; q += 4) {
+                const int16_t *wq = wb + (size_t)q * 32;
+                switch (nt) {
+                case 4: vg_tile(wq, xp, dg, nq, half, v0 == 0, a0 + q * 8, 4, 4); break;
+                case 3: vg_tile(wq, xp, dg, nq, half, v0 == 0, a0 + q * 8, 4, 3); break;
+                case 2: vg_tile(wq, xp, dg, nq, half, v0 == 0, a0 + q * 8, 4, 2); break;
+                default: vg_tile(wq, xp, dg, nq, half, v0 == 0, a0 + q * 8, 4, 1);
+                }
+            }
+            t += nt;
+        }
+    }
+}
+
 const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi", .row_dot = mpk_avx2_row_dots, .rvq_tables = v_rvq_tables,
                                   .rvq_tiles = v_rvq_tiles, .mm_rows = mpk_avx512vl_mm_rows,
-                                  .rvq_gemm = mpk_avx2_rvq_gemm,
+                                  .rvq_gemm = v_rvq_gemm,
                                   .row_values = mpk_avx2_row_values, .gemm_rows = mpk_avx2_gemm_rows};
 
 #else

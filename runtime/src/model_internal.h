@@ -196,6 +196,13 @@ void mpm_shared_gate(mpm_model *m, const mpm_layer *ly, int T, const float *xn, 
 int mpm_kda_load(mpm_model *m, void *loader, int layer);
 /* the state a token of linear layer ly reads (src) and writes (dst), at position pos */
 void mpm_linear_state(mpm_model *m, mpm_layer *ly, int pos, const float **src, float **dst);
+/* Head h of linear layer ly after its inputs: s's delta rule over the call's T tokens from the
+ * state src to dst (each [conv inputs: rec floats | recurrent matrices]), then each token's
+ * output gated-RMSNormed with its gate z + t * zs (sigmoid_gate: KDA's sigmoid, else silu). */
+struct mpl_seq;
+void mpm_linear_head_out(mpm_model *m, const mpm_layer *ly, const struct mpl_seq *s, size_t h, int pos, int T,
+                         const float *src, float *dst, int64_t rec, const float *z, int64_t zs,
+                         int sigmoid_gate);
 uint64_t mpm_kda_chunk_floats(const mpm_config *c); /* per chunk token */
 void mpm_kda_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out);
 /* model.c's tensor loaders for model_linear.c (required tensors) */

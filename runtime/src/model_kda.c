@@ -107,11 +107,7 @@ static void kda_head(void *ctx, size_t h) {
                        .ds = qd, .bs = nh, .o = j->o + at, .os = qd, .dk = dk, .dv = dk,
                        .per_channel = 1};
     const int64_t rec = 3 * qd * (K - 1); /* state: [conv inputs | recurrent matrices] */
-    const size_t hs = (size_t)h * (size_t)(dk * dk);
-    float *ws = j->m->lws + h * mpl_ws_floats(dk, dk, c->la_chunk);
-    mpl_recur(&s, j->pos, j->T, c->la_chunk, j->src + rec + hs, j->dst + rec + hs, ws, j->m->la_simd);
-    for (int t = 0; t < j->T; t++)
-        mpl_gated_rmsnorm(j->o + t * qd + at, ly->la_norm, j->gate + t * qd + at, dk, c->eps, 1);
+    mpm_linear_head_out(j->m, ly, &s, h, j->pos, j->T, j->src, j->dst, rec, j->gate + at, qd, 1);
 }
 
 /* The projections of all T tokens at once (each weight read once per chunk; a token's values

@@ -287,11 +287,18 @@ static void lin_head(void *ctx, size_t h) {
         b[t * bs] = mpl_sigmoid(b[t * bs]);
     }
     s.decay = a, s.ds = as, s.beta = b, s.bs = bs;
-    const size_t hs = (size_t)h * (size_t)(dk * dv);
-    float *ws = j->m->lws + h * mpl_ws_floats(dk, dv, c->la_chunk);
-    mpl_recur(&s, j->pos, j->T, c->la_chunk, j->src + rec + hs, j->dst + rec + hs, ws, j->m->la_simd);
-    for (int t = 0; t < j->T; t++)
-        mpl_gated_rmsnorm(s.o + t * vd, j->ly->la_norm, z + t * zs, dv, c->eps, 0);
+    mpm_linear_head_out(j->m, j->ly, &s, h, j->pos, j->T, j->src, j->dst, rec, z, zs, 0);
+}
+
+void mpm_linear_head_out(mpm_model *m, const mpm_layer *ly, const mpl_seq *s, size_t h, int pos, int T,
+                         const float *src, float *dst, int64_t rec, const float *z, int64_t zs,
+                         int sigmoid_gate) {
+    const mpm_config *c = &m->c;
+    const size_t hs = (size_t)h * (size_t)(s->dk * s->dv);
+    float *ws = m->lws + h * mpl_ws_floats(s->dk, s->dv, c->la_chunk);
+    mpl_recur(s, pos, T, c->la_chunk, src + rec + hs, dst + rec + hs, ws, m->la_simd);
+    for (int t = 0; t < T; t++)
+        mpl_gated_rmsnorm(s->o + t * s->os, ly->la_norm, z + t * zs, s->dv, c->eps, sigmoid_gate);
 }
 
 void mpm_linear_attention(mpm_model *m, int l, int pos, int T, const float *xn, float *out) {
