@@ -189,6 +189,25 @@ def test_any_chunk_size_and_thread_count_gives_the_same_bits(mixtral, kernels):
         assert np.array_equal(r, runs[0])
 
 
+def test_planned_chunk_takes_up_to_three_quarters_of_the_room_for_the_longest(mixtral):
+    """docs/RUNTIME.md's chunk rule, where the cache cannot hold every expert: half the room above
+    the floor goes to the chunk, up to three quarters when that buys the longest chunk (a prompt
+    of two passes reads the experts twice); beyond that, half."""
+    p = plan(mixtral)
+    ctb, every = p["chunk_token_bytes"], p["experts_bytes"]
+    ctx = 16 + every // 2 // ctb  # the longest chunk costs about half of all experts
+    assert 24 <= ctx < p["max_chunk"], (ctx, p["max_chunk"])
+    p = plan(mixtral, ctx=ctx)
+    longest = (p["max_chunk"] - 16) * p["chunk_token_bytes"]
+    assert p["max_chunk"] == ctx and longest < every
+    for share, want in [(0.7, ctx), (0.8, None)]:
+        room = int(longest / share)  # below every expert: no room is left once all are cached
+        with Engine(mixtral, budget=p["floor_bytes"] + room, ctx=ctx) as e:
+            chunk = e.stats()["chunk"]
+        half = 16 + room // 2 // p["chunk_token_bytes"]
+        assert chunk == (want or half) and (want or chunk < ctx), (share, chunk, half, ctx)
+
+
 def test_chunk_is_planned_and_checked(mixtral):
     p = plan(mixtral, ctx=256)
     assert p["max_chunk"] == 256 and p["chunk_token_bytes"] > 0

@@ -68,23 +68,27 @@ static int fitting_ctx(const mpm_config *cfg, const mp_plan_info *p, uint64_t li
     return n < (uint64_t)p->max_pos ? (int)n : p->max_pos;
 }
 
+static uint64_t chunk_extra(const mp_plan_info *p, int chunk) {
+    return chunk > MPM_CHUNK ? (uint64_t)(chunk - MPM_CHUNK) * p->chunk_token_bytes : 0;
+}
+
 /* The prompt chunk a total budget pays for when none is asked: 16 plus what the room above the
- * floor buys, taking what all experts leave of it, at least half (the rest is cache); for a
+ * floor buys, taking what all experts leave of it, at least half (the rest is cache), and up to
+ * three quarters when that buys the longest chunk: a prompt that takes two passes reads each
+ * layer's experts twice, while the cache it would keep saves a part of one token's reads. For a
  * model with linear attention a multiple of its sub-chunk, so that every sub-chunk of a long
  * prompt lies inside one forward pass (the chunk form). */
 static int planned_chunk(const mpm_config *cfg, const mp_plan_info *p, uint64_t total) {
     uint64_t room = total > p->floor_bytes ? total - p->floor_bytes : 0;
     uint64_t left = room > p->experts_bytes ? room - p->experts_bytes : 0;
     uint64_t part = left > room / 2 ? left : room / 2;
+    const uint64_t longest = chunk_extra(p, p->max_chunk);
+    if (part < longest && longest <= room / 4 * 3) part = longest;
     uint64_t more = p->chunk_token_bytes ? part / p->chunk_token_bytes : 0;
     int chunk = MPM_CHUNK + (more < MPM_MAX_CHUNK ? (int)more : MPM_MAX_CHUNK);
     if (chunk > p->max_chunk) chunk = p->max_chunk > MPM_CHUNK ? p->max_chunk : MPM_CHUNK;
     if (cfg->n_linear && cfg->la_chunk > 1 && chunk >= cfg->la_chunk) chunk -= chunk % cfg->la_chunk;
     return chunk;
-}
-
-static uint64_t chunk_extra(const mp_plan_info *p, int chunk) {
-    return chunk > MPM_CHUNK ? (uint64_t)(chunk - MPM_CHUNK) * p->chunk_token_bytes : 0;
 }
 
 static int linear_chunk(const mp_config *want) {
@@ -160,7 +164,7 @@ static int plan_for(const mp_container *c, const mpm_config *model, const mp_con
     p->usable_ram_bytes = ram ? ram : mp_usable_ram(&ri);
     /* the default budget also pays for the largest chunk when RAM allows (the cache still gets
      * every expert it can) */
-    uint64_t max_extra = p->max_chunk > MPM_CHUNK ? (uint64_t)(p->max_chunk - MPM_CHUNK) * p->chunk_token_bytes : 0;
+    uint64_t max_extra = chunk_extra(p, p->max_chunk);
     mp_budget_in in = {p->usable_ram_bytes, p->floor_bytes + max_extra, p->experts_bytes,
                        mp_default_headroom(p->usable_ram_bytes)};
     mp_budget_out out;

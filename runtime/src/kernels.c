@@ -684,7 +684,13 @@ void mpk_rvq_xq(const float *x, int64_t cols, void *out) {
         }
         float inv = 0;
         const int live = mpk_rvq_scale(mb, 2047.0f, &inv, &d[g]);
-        for (int64_t c = g0; c < g1; c++) q[c] = live ? (int16_t)nearbyintf(x[c] * inv) : 0;
+        /* the product rounded to f32, then to the even integer: adding and subtracting 1.5 x 2^23
+         * does that exactly for |v| <= 2047 (default rounding mode), without a libm call */
+        const float magic = 0x1.8p23f;
+        for (int64_t c = g0; c < g1; c++) {
+            const float v = x[c] * inv;
+            q[c] = live ? (int16_t)((v + magic) - magic) : 0;
+        }
     }
     for (int64_t c = cols; c < (cols + 15) / 16 * 16; c++) q[c] = 0;
 }

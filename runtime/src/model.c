@@ -115,10 +115,10 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
     int64_t H = c->hidden, I = max64(c->moe_inter, max64(c->dense_inter, c->shared_inter));
     uint64_t q = (uint64_t)(c->n_heads * max64(c->head_dim, c->kv_lora_rank + c->qk_rope_dim));
     const uint64_t T = (uint64_t)chunk_tokens;
-    /* per chunk token: residual, normalised input, block output, per-rank expert outputs,
-     * routing; the kernels' transient copies (inputs transposed for mpk_matmat, with their block
+    /* per chunk token: residual, normalised input, block output, routed-expert sum, routing;
+     * the kernels' transient copies (inputs transposed for mpk_matmat, with their block
      * padding and q4 group sums): 2 x the widest vector */
-    uint64_t chunk = T * (uint64_t)H * (3u + (uint64_t)c->top_k) + 3u * T * (uint64_t)c->top_k +
+    uint64_t chunk = T * (uint64_t)H * 4u + 3u * T * (uint64_t)c->top_k +
                      2u * T * (uint64_t)max64(max64(H, I), (int64_t)q);
     /* per chunk token: q, k, v, attention output, MLA latents, FFN gate/up */
     uint64_t per_tok = 4 * q + 2 * (uint64_t)max64(I, c->q_lora_rank);
@@ -156,7 +156,6 @@ static int alloc_scratch(mpm_model *m) {
         m->lat = xcalloc(T * (uint64_t)max64(c->q_lora_rank, kvdim), 4);
     }
     m->router_logits = xcalloc((uint64_t)c->n_experts, 4);
-    m->moe_out = xcalloc((uint64_t)H, 4);
     m->eo = xcalloc((uint64_t)big, 4);
     m->g = xcalloc(T * (uint64_t)I, 4);
     m->u = xcalloc(T * (uint64_t)I, 4);
@@ -168,7 +167,7 @@ static int alloc_scratch(mpm_model *m) {
     m->bx = xcalloc(T * (uint64_t)H, 4);
     m->bxn = xcalloc(T * (uint64_t)H, 4);
     m->bout = xcalloc(T * (uint64_t)H, 4);
-    m->beo = xcalloc(T * (uint64_t)(c->top_k * H), 4);
+    m->bsum = xcalloc(T * (uint64_t)H, 4);
     m->bsel = xcalloc(T * (uint64_t)c->top_k, 4);
     m->bselw = xcalloc(T * (uint64_t)c->top_k, 4);
     m->uniq = xcalloc(T * (uint64_t)c->top_k, 4);
@@ -179,9 +178,9 @@ static int alloc_scratch(mpm_model *m) {
     if (mpm_config_moe_layers(c) && mpm_moe_alloc(m)) return -1;
     if (mpm_k3_alloc(m) || mpm_hc_alloc(m)) return -1;
     if (!m->xn || !m->q || !m->kbuf || !m->vbuf || !m->att || !m->scores ||
-        !m->cosb || !m->sinb || !m->router_logits || !m->moe_out || !m->eo || !m->g || !m->u ||
+        !m->cosb || !m->sinb || !m->router_logits || !m->eo || !m->g || !m->u ||
         !m->xr || !m->ar || !m->sel || !m->selw || !m->ahead || !m->recs || !m->aheadw || !m->choice ||
-        !m->allowed || !m->bx || !m->bxn || !m->bout || !m->beo || !m->bsel || !m->bselw ||
+        !m->allowed || !m->bx || !m->bxn || !m->bout || !m->bsum || !m->bsel || !m->bselw ||
         !m->uniq ||
         (c->mla && (!m->qlat || !m->olat || !m->lat)))
         return -1;
@@ -368,9 +367,9 @@ void mpm_free(mpm_model *m) {
     free(m->inv_freq);
     mpm_kv_free(m);
     void *bufs[] = {m->xn, m->q, m->kbuf, m->vbuf, m->att, m->scores, m->cosb, m->sinb, m->qlat,
-                    m->olat, m->lat, m->router_logits, m->moe_out, m->eo, m->g, m->u, m->xr, m->ar,
+                    m->olat, m->lat, m->router_logits, m->eo, m->g, m->u, m->xr, m->ar,
                     m->selw, m->sel, m->bx, m->bxn, m->bout,
-                    m->beo, m->bsel, m->bselw, m->uniq, m->ahead, (void *)m->recs, m->aheadw,
+                    m->bsum, m->bsel, m->bselw, m->uniq, m->ahead, (void *)m->recs, m->aheadw,
                     m->choice, m->allowed, m->c.layer_is_moe};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(m);

@@ -93,14 +93,14 @@ struct mpm_model {
     float *dsa_q, *dsa_k, *dsa_g, *dsa_w, *dsa_pk;
     int32_t *dsa_sel, *dsa_n;
     void *dsa_rows; /* one token's selected cache rows, gathered for mpm_attend */
-    float *router_logits, *moe_out, *eo, *g, *u, *xr, *ar;
+    float *router_logits, *eo, *g, *u, *xr, *ar;
     int32_t *sel;
     const uint8_t **recs;
     float *selw;
     int32_t *ahead; /* look-ahead predictions */
     /* chunk buffers (MPM_CHUNK tokens): residual, normalised input, block output, per-token
-     * routing and per-rank expert outputs, distinct experts of the chunk */
-    float *bx, *bxn, *bout, *bselw, *beo;
+     * routing and routed-expert sums, distinct experts of the chunk */
+    float *bx, *bxn, *bout, *bselw, *bsum;
     int32_t *bsel, *uniq;
     float *aheadw, *choice;
     /* MoE (model_moe.c): one token's gate/up/down tables for decode (ctab_stages = the most

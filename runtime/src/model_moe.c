@@ -176,7 +176,8 @@ static void put_row(mpm_model *m, const mpm_layer *ly, int p, const float *src, 
     mpk_rvq_xq(rotated(m, ly, p, src, n), n, dst);
 }
 
-/* One expert (record rec) for its n (token, rank) pairs pr, outputs into beo by pair.  Prefill:
+/* One expert (record rec) for its n (token, rank) pairs pr, each output added with its routing
+ * weight to its token's sum in bsum (the caller visits experts by ascending index).  Prefill:
  * its tokens' inputs gathered and multiplied with the decoded codes (mpk_rvq_gemm); decode (one
  * token): the integer tables, gate/up's built once per layer by the caller (ctabs[0], [1]). */
 static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const float *xe, const int32_t *pr,
@@ -193,7 +194,8 @@ static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const 
         mpk_rvq_matvec(m->kern, m->pool, &wu, &m->ctabs[1], m->u);
         for (int64_t j = 0; j < I; j++) m->g[j] = mpm_act(c, m->g[j], m->u[j]);
         build_tab(m, ly, 2, m->g, I, &m->ctabs[2], tab_mem(m, 2));
-        mpk_rvq_matvec(m->kern, m->pool, &wd, &m->ctabs[2], m->beo + (int64_t)pr[0] * D);
+        mpk_rvq_matvec(m->kern, m->pool, &wd, &m->ctabs[2], m->ceo);
+        mpk_axpy(m->bsum + (int64_t)pr[0] / K * D, m->bselw[pr[0]], m->ceo, D);
         return;
     }
     const int same = !ly->rot_block[0] && !ly->rot_block[1]; /* gate and up see the same input */
@@ -206,16 +208,16 @@ static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const 
     for (int64_t j = 0; j < n * I; j++) m->g[j] = mpm_act(c, m->g[j], m->u[j]);
     for (int j = 0; j < n; j++) put_row(m, ly, 2, m->g + j * I, I, m->cxd + j * ds);
     mpk_rvq_gemm(m->kern, m->pool, &wd, &m->cicb[2], m->cxd, ds, n, m->ceo);
-    for (int j = 0; j < n; j++) memcpy(m->beo + (int64_t)pr[j] * D, m->ceo + (int64_t)j * D, (size_t)D * sizeof(float));
+    for (int j = 0; j < n; j++) mpk_axpy(m->bsum + (int64_t)pr[j] / K * D, m->bselw[pr[j]], m->ceo + (int64_t)j * D, D);
 }
 
 /* MoE block for a chunk of T tokens (xn: T x hidden, normalised).  Routed experts are fetched in
  * groups of at most top_k records (the pinned working set the memory plan allows), each group
  * with one acquire while the next group is prefetched; in a prefill chunk each distinct expert is
  * read once and computed for all of its tokens at once (the prefill product, CODECS.md §3.6:
- * each (token, row) independent of the other tokens).  Each token's outputs are kept per routing
- * rank and summed in rank order at the end, so a prompt token gets the same arithmetic whatever
- * the chunk size. */
+ * each (token, row) independent of the other tokens).  Experts are visited by ascending index and
+ * each adds its weighted output to its tokens' sums, so every token's experts are summed in the
+ * order of their indices: a prompt token gets the same arithmetic whatever the chunk size. */
 int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
     const mpm_config *c = &m->c;
     const mpm_layer *ly = &m->layers[l];
@@ -232,13 +234,23 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
         mpm_latent_in(m, ly, T, xn, m->klat);
         xe = m->klat;
     }
-    /* distinct experts in order of first use, and each one's (token, rank) pairs in token order */
+    /* distinct experts by ascending index, and each one's (token, rank) pairs in token order */
     int nu = 0;
-    for (int64_t i = 0; i < T * K; i++) {
-        int e = m->bsel[i], u = 0;
-        while (u < nu && m->uniq[u] != e) u++;
-        if (u == nu) m->uniq[nu++] = e;
-        m->cpairs[i] = u; /* expert index of pair i, for the counting sort below */
+    for (int64_t i = 0; i < T * K; i++) { /* insertion into the sorted list */
+        int e = m->bsel[i], u = nu;
+        while (u > 0 && m->uniq[u - 1] > e) u--;
+        if (u > 0 && m->uniq[u - 1] == e) continue;
+        memmove(m->uniq + u + 1, m->uniq + u, (size_t)(nu - u) * sizeof *m->uniq);
+        m->uniq[u] = e, nu++;
+    }
+    for (int64_t i = 0; i < T * K; i++) { /* expert of pair i, for the counting sort below */
+        int lo = 0, hi = nu - 1;
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (m->uniq[mid] < m->bsel[i]) lo = mid + 1;
+            else hi = mid;
+        }
+        m->cpairs[i] = lo;
     }
     /* counting sort of the pairs by expert (stable: token order within an expert) */
     int32_t *start = m->cstart, *fill = m->cfill, *pairs = m->corder;
@@ -253,6 +265,7 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
     } else {
         for (int p = 0; p < 3; p++) mpk_rvq_icb_init(&m->cicb[p], ly->cb[p], ly->stages[p]);
     }
+    memset(m->bsum, 0, (size_t)(T * D) * sizeof(float));
     for (int g0 = 0; g0 < nu; g0 += (int)K) {
         int ng = nu - g0 < (int)K ? nu - g0 : (int)K;
         const int *grp = m->uniq + g0;
@@ -272,25 +285,11 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
     }
     if (ly->has_shared) mpm_ffn_dense(m, &ly->shared, T, xn, out);
     if (ly->shared_gate) mpm_shared_gate(m, ly, T, xn, out);
-    if (c->latent) { /* rank-ordered sums at the latent width, RMSNorm, up-projection */
-        for (int t = 0; t < T; t++) {
-            float *s = m->klat + t * D;
-            memset(s, 0, (size_t)D * sizeof(float));
-            for (int64_t i = 0; i < K; i++) mpk_axpy(s, m->bselw[t * K + i], m->beo + (t * K + i) * D, D);
-        }
-        mpm_latent_out(m, ly, T, m->klat, m->beo); /* beo: free again, T x hidden */
-        for (int64_t j = 0; j < T * H; j++) out[j] = ly->has_shared ? m->beo[j] + out[j] : m->beo[j];
+    if (c->latent) { /* the sums at the latent width: RMSNorm, up-projection */
+        mpm_latent_out(m, ly, T, m->bsum, m->ceo); /* ceo: free again, T x hidden */
+        for (int64_t j = 0; j < T * H; j++) out[j] = ly->has_shared ? m->ceo[j] + out[j] : m->ceo[j];
         return 0;
     }
-    for (int t = 0; t < T; t++) {
-        float *o = out + t * H;
-        memset(m->moe_out, 0, (size_t)H * sizeof(float));
-        for (int64_t i = 0; i < K; i++) mpk_axpy(m->moe_out, m->bselw[t * K + i], m->beo + (t * K + i) * H, H);
-        if (ly->has_shared) {
-            for (int64_t j = 0; j < H; j++) o[j] = m->moe_out[j] + o[j];
-        } else {
-            memcpy(o, m->moe_out, (size_t)H * sizeof(float));
-        }
-    }
+    for (int64_t j = 0; j < T * H; j++) out[j] = ly->has_shared ? m->bsum[j] + out[j] : m->bsum[j];
     return 0;
 }

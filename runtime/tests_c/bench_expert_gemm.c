@@ -6,7 +6,7 @@
  *   gcc -std=c11 -O2 -ffp-contract=off -Iruntime/include -Iruntime/src \
  *       runtime/tests_c/bench_expert_gemm.c runtime/src/kernels*.c runtime/src/codecs.c \
  *       runtime/src/json.c -pthread -lm -o /tmp/bench_expert_gemm
- *   /tmp/bench_expert_gemm [ROWSxCOLS [STAGES]]
+ *   /tmp/bench_expert_gemm [ROWSxCOLS [STAGES [PATH]]]   (PATH: kernels.h MPK_*, 0 = auto)
  *
  * Prints one JSON line per token count n (ns per weight x token):
  *   table_ns_w  n table products (each token's table build included: in decode a gate/up table
@@ -27,7 +27,8 @@ int main(int argc, char **argv) {
     int S = 3;
     if (argc > 1 && sscanf(argv[1], "%ldx%ld", &rows, &cols) != 2) return 2;
     if (argc > 2) S = atoi(argv[2]);
-    const mpk_impl *k = mpk_select(MPK_AUTO);
+    const mpk_impl *k = mpk_select(argc > 3 ? atoi(argv[3]) : MPK_AUTO);
+    if (!k) return 3; /* this CPU cannot run that path */
     float *cb = malloc((size_t)S * 2048 * 4), *cbt = malloc((size_t)S * 2048 * 4);
     mpk_rvq w;
     uint8_t *part = random_rvq(&w, rows, cols, S, cbt);
