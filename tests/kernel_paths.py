@@ -19,7 +19,7 @@ def cpu_has_avx2() -> bool:
 
 def best_kernels() -> str:
     """What kernels="auto" picks on this CPU."""
-    vbmi = ("avx512f", "avx512bw", "avx512vl", "avx512vbmi")
+    vbmi = ("avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_vnni")
     if cpu_has_avx2() and all(f in cpu_flags() for f in vbmi):
         return "avx512vbmi"
     return "avx2" if cpu_has_avx2() else "scalar"
