@@ -556,23 +556,6 @@ AVX2 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-/* wb[pair][row][16] = the panel's decoded integer weights, two vectors per pair (§3.6: each
- * row's stage entries summed, exact); an odd last vector's pair is completed with zeros */
-AVX2 static inline __attribute__((always_inline)) void igemm_decode(const uint8_t *c, const mpk_rvq_icb *cb,
-                                                                   int64_t kp, int S, int16_t *wb) {
-    for (int64_t v = 0; v < kp; v++, c += (size_t)S * 64)
-        for (int i = 0; i < MPK_GEMM_ROWS; i++) {
-            __m128i sum = _mm_loadu_si128((const __m128i *)cb->q[0][c[i]]);
-#pragma GCC unroll 8
-            for (int st = 1; st < S; st++) /* integer sums: exact in any order */
-                sum = _mm_add_epi16(sum, _mm_loadu_si128((const __m128i *)cb->q[st][c[st * 64 + i]]));
-            _mm_store_si128((__m128i *)(wb + ((size_t)(v / 2) * MPK_GEMM_ROWS + (size_t)i) * 16 + (v % 2) * 8), sum);
-        }
-    if (kp % 2)
-        for (int i = 0; i < MPK_GEMM_ROWS; i++)
-            _mm_store_si128((__m128i *)(wb + ((size_t)(kp / 2) * MPK_GEMM_ROWS + (size_t)i) * 16 + 8), _mm_setzero_si128());
-}
-
 /* rows q..q+3 (wq: their decoded pairs) times one group of two inputs (two == 0: one): exact
  * int32 lane sums s<row><input>, then one fma per lane into a[t][row][8] (first group: onto +0).
  * Eight accumulators: with twelve they spill on AVX2's 16 registers. */
@@ -642,22 +625,12 @@ AVX2 void mpk_avx2_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8
     int16_t wb[MPK_GEMM_ROWS * MPK_RVQ_XGROUP * 8] __attribute__((aligned(32)));
     for (int64_t v0 = 0, g = 0; v0 < nv; v0 += MPK_RVQ_XGROUP, g++) { /* one panel per group */
         const int64_t kp = nv - v0 < MPK_RVQ_XGROUP ? nv - v0 : MPK_RVQ_XGROUP, np = (kp + 1) / 2;
-        const uint8_t *c = codes + (size_t)(v0 * S) * 64;
-        switch (S) { /* the common stage counts unrolled */
-        case 2: igemm_decode(c, cb, kp, 2, wb); break;
-        case 3: igemm_decode(c, cb, kp, 3, wb); break;
-        case 4: igemm_decode(c, cb, kp, 4, wb); break;
-        default: igemm_decode(c, cb, kp, S, wb);
-        }
+        mpk_rvq_decode_panel(codes + (size_t)(v0 * S) * 64, cb, kp, S, 2, wb); /* wb[pair][row][16] */
         for (int64_t t = 0; t < n;) { /* inputs by four, the last one to three by two or one */
             const int nt = n - t >= 4 ? 4 : n - t >= 2 ? 2 : 1;
             const int16_t *xp[4];
             float dg[4];
-            for (int u = 0; u < nt; u++) {
-                const uint8_t *x = xq + (size_t)(t + u) * xqs;
-                xp[u] = (const int16_t *)x + v0 * 8;
-                dg[u] = mpk_rvq_xq_steps(x, w->cols)[g];
-            }
+            mpk_rvq_gemm_inputs(xq, xqs, w->cols, t, nt, v0, g, xp, dg);
             float *a0 = acc + (size_t)t * MPK_GEMM_ROWS * 8;
             if (nt == 4)
                 for (int q = 0; q < MPK_GEMM_ROWS; q += 2) igemm_rows2x4(wb + (size_t)q * 16, xp, dg, np, v0 == 0, a0 + q * 8);

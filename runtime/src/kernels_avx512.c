@@ -189,25 +189,9 @@ AVX512 static void v_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t t
 }
 
 /* ---- the prefill product (§3.6) with VNNI ----
- * wb[quad][row][32]: four decoded vectors of a row per zmm (zeros past the panel's last vector).
+ * wb[quad][row][32]: four decoded vectors of a row per zmm (mpk_rvq_decode_panel).
  * vpdpwssd's lane j < 8 sums the columns 16k + 2j, 16k + 2j + 1 of even k, lane j + 8 those of
  * odd k: the two halves added give §3.6's lane j, exactly (integers), so the bits are AVX2's. */
-AVX512N static inline __attribute__((always_inline)) void vg_decode(const uint8_t *c, const mpk_rvq_icb *cb,
-                                                                  int64_t kp, int S, int16_t *wb) {
-    for (int64_t v = 0; v < kp; v++, c += (size_t)S * 64)
-        for (int i = 0; i < MPK_GEMM_ROWS; i++) {
-            __m128i sum = _mm_loadu_si128((const __m128i *)cb->q[0][c[i]]);
-#pragma GCC unroll 8
-            for (int st = 1; st < S; st++) /* integer sums: exact in any order */
-                sum = _mm_add_epi16(sum, _mm_loadu_si128((const __m128i *)cb->q[st][c[st * 64 + i]]));
-            _mm_store_si128((__m128i *)(wb + ((size_t)(v / 4) * MPK_GEMM_ROWS + (size_t)i) * 32 + (v % 4) * 8), sum);
-        }
-    for (int64_t v = kp; v % 4; v++)
-        for (int i = 0; i < MPK_GEMM_ROWS; i++)
-            _mm_store_si128((__m128i *)(wb + ((size_t)(v / 4) * MPK_GEMM_ROWS + (size_t)i) * 32 + (v % 4) * 8),
-                            _mm_setzero_si128());
-}
-
 /* rows q..q+VR-1 (wq: their decoded quads) times VT inputs: nq quads, then a half quad (its upper
  * 16 columns masked off the inputs, which end there) when half; then per (input, row) the two
  * halves added and one fma per lane into a[t][row][8] (first group: onto +0) */
@@ -254,22 +238,12 @@ AVX512N static void v_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const ui
         const int64_t kp = nv - v0 < MPK_RVQ_XGROUP ? nv - v0 : MPK_RVQ_XGROUP;
         const int64_t np = (kp + 1) / 2, nq = np / 2; /* 16-column pairs, whole 32-column quads */
         const int half = (int)(np % 2);
-        const uint8_t *c = codes + (size_t)(v0 * S) * 64;
-        switch (S) { /* the common stage counts unrolled */
-        case 2: vg_decode(c, cb, kp, 2, wb); break;
-        case 3: vg_decode(c, cb, kp, 3, wb); break;
-        case 4: vg_decode(c, cb, kp, 4, wb); break;
-        default: vg_decode(c, cb, kp, S, wb);
-        }
+        mpk_rvq_decode_panel(codes + (size_t)(v0 * S) * 64, cb, kp, S, 4, wb); /* wb[quad][row][32] */
         for (int64_t t = 0; t < n;) { /* inputs by four, then the last one to three */
             const int nt = n - t >= 4 ? 4 : (int)(n - t);
             const int16_t *xp[4];
             float dg[4];
-            for (int u = 0; u < nt; u++) {
-                const uint8_t *x = xq + (size_t)(t + u) * xqs;
-                xp[u] = (const int16_t *)x + v0 * 8;
-                dg[u] = mpk_rvq_xq_steps(x, w->cols)[g];
-            }
+            mpk_rvq_gemm_inputs(xq, xqs, w->cols, t, nt, v0, g, xp, dg);
             float *a0 = acc + (size_t)t * MPK_GEMM_ROWS * 8;
             for (int q = 0; q < MPK_GEMM_ROWS; q += 4) {
                 const int16_t *wq = wb + (size_t)q * 32;

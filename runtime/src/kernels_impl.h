@@ -99,6 +99,48 @@ void mpk_avx2_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *x
 static inline const float *mpk_rvq_xq_steps(const uint8_t *xq, int64_t cols) {
     return (const float *)(xq + 2 * (size_t)((cols + 15) / 16 * 16));
 }
+/* The SIMD prefill drivers' inputs t .. t + nt - 1 at panel v0 (group g): where their quantised
+ * columns start (xp) and their group steps (dg). */
+static inline void mpk_rvq_gemm_inputs(const uint8_t *xq, size_t xqs, int64_t cols, int64_t t, int nt, int64_t v0,
+                                       int64_t g, const int16_t **xp, float *dg) {
+    for (int u = 0; u < nt; u++) {
+        const uint8_t *x = xq + (size_t)(t + u) * xqs;
+        xp[u] = (const int16_t *)x + v0 * 8;
+        dg[u] = mpk_rvq_xq_steps(x, cols)[g];
+    }
+}
+#if defined(__SSE2__)
+#include <emmintrin.h>
+/* §3.6's decoded weights of one panel of the SIMD prefill drivers: for each of its kp vectors
+ * (codes c, S stages) the MPK_GEMM_ROWS rows' stage entries summed (exact in any order), stored
+ * wb[block][row][8 * per] with per vectors a block (2: one 256-bit register, 4: one 512-bit),
+ * zeros from the last vector to the end of its block. */
+static inline __attribute__((always_inline)) void mpk_rvq_decode_rows(const uint8_t *c, const mpk_rvq_icb *cb,
+                                                                      int64_t kp, int S, const int per, int16_t *wb) {
+    for (int64_t v = 0; v < kp; v++, c += (size_t)S * 64)
+        for (int i = 0; i < MPK_GEMM_ROWS; i++) {
+            __m128i sum = _mm_loadu_si128((const __m128i *)cb->q[0][c[i]]);
+#pragma GCC unroll 8
+            for (int st = 1; st < S; st++)
+                sum = _mm_add_epi16(sum, _mm_loadu_si128((const __m128i *)cb->q[st][c[st * 64 + i]]));
+            _mm_store_si128((__m128i *)(wb + ((size_t)(v / per) * MPK_GEMM_ROWS + (size_t)i) * 8 * per + (v % per) * 8), sum);
+        }
+    for (int64_t v = kp; v % per; v++)
+        for (int i = 0; i < MPK_GEMM_ROWS; i++)
+            _mm_store_si128((__m128i *)(wb + ((size_t)(v / per) * MPK_GEMM_ROWS + (size_t)i) * 8 * per + (v % per) * 8),
+                            _mm_setzero_si128());
+}
+/* the same with the common stage counts unrolled (GCC does not unroll a runtime trip count) */
+static inline __attribute__((always_inline)) void mpk_rvq_decode_panel(const uint8_t *c, const mpk_rvq_icb *cb,
+                                                                       int64_t kp, int S, const int per, int16_t *wb) {
+    switch (S) {
+    case 2: mpk_rvq_decode_rows(c, cb, kp, 2, per, wb); break;
+    case 3: mpk_rvq_decode_rows(c, cb, kp, 3, per, wb); break;
+    case 4: mpk_rvq_decode_rows(c, cb, kp, 4, per, wb); break;
+    default: mpk_rvq_decode_rows(c, cb, kp, S, per, wb);
+    }
+}
+#endif
 void mpk_avx2_row_values(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn);
 void mpk_avx2_gemm_rows(const float *rows, int64_t rs, int64_t nv, const float *x, int64_t xs, int64_t n,
                         float *acc);

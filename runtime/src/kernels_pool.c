@@ -1,8 +1,8 @@
 /* Worker pool: tasks claimed from an atomic counter; every task writes a disjoint output, so the
  * claim order is free.  Between jobs a worker (and the caller waiting for the workers) polls for
- * a short while (POOL_SPIN pause instructions, tens of microseconds) before it sleeps on a
- * condition variable: a decode step runs about a hundred short jobs, and a futex wake-up per job
- * cost several percent of it; the bound keeps an idle engine off a core that is shared. */
+ * a short while (POOL_SPIN yields, tens of microseconds) before it sleeps on a condition
+ * variable: a decode step runs about a hundred short jobs, and a futex wake-up per job cost a
+ * sixth of it; yielding, not spinning, hands a shared core to the work being waited for. */
 #define _POSIX_C_SOURCE 200809L
 #include "kernels_pool.h"
 

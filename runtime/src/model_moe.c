@@ -285,11 +285,11 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
     }
     if (ly->has_shared) mpm_ffn_dense(m, &ly->shared, T, xn, out);
     if (ly->shared_gate) mpm_shared_gate(m, ly, T, xn, out);
+    const float *sum = m->bsum;
     if (c->latent) { /* the sums at the latent width: RMSNorm, up-projection */
         mpm_latent_out(m, ly, T, m->bsum, m->ceo); /* ceo: free again, T x hidden */
-        for (int64_t j = 0; j < T * H; j++) out[j] = ly->has_shared ? m->ceo[j] + out[j] : m->ceo[j];
-        return 0;
+        sum = m->ceo;
     }
-    for (int64_t j = 0; j < T * H; j++) out[j] = ly->has_shared ? m->bsum[j] + out[j] : m->bsum[j];
+    for (int64_t j = 0; j < T * H; j++) out[j] = ly->has_shared ? sum[j] + out[j] : sum[j];
     return 0;
 }
