@@ -84,14 +84,14 @@ def _check_budget(file: Path, budget: str | None, ctx: int | None, kv: str | Non
 
 
 def _open(file: Path, *, budget, threads, ctx, kv=None, prefetch=True, o_direct=None,
-          cache_policy="lfu", verify_reads=False, as_json=False, snapshots=0):
+          cache_policy="lfu", verify_reads=False, as_json=False, snapshots=0, warm=True):
     from moepack.runtime.engine import Engine, EngineError
 
     try:
         _check_budget(file, budget, ctx, kv)
         return Engine(str(file), budget=budget, threads=threads, ctx=ctx, kv=kv,
                       prefetch=prefetch, o_direct=o_direct, cache_policy=cache_policy,
-                      verify_reads=verify_reads, snapshots=snapshots)
+                      verify_reads=verify_reads, snapshots=snapshots, warm=warm)
     except EngineError as e:
         _engine_fail(e, as_json, f"{file}: ")
     except (ValueError, OSError) as e:
@@ -295,6 +295,9 @@ def run_cmd(
         "--tokens", callback=token_ids,
         help="Comma-separated prompt token ids instead of text.")] = None,
     prefetch: Annotated[bool, typer.Option(help="Router look-ahead prefetch.")] = True,
+    warm: Annotated[bool, typer.Option(
+        help="When the expert cache holds every expert, read them all in the background from "
+             "the start.")] = True,
     o_direct: Annotated[bool | None, typer.Option(
         "--o-direct/--no-o-direct", help="Force O_DIRECT on/off (default: probe).")] = None,
     cache_policy: Annotated[str, typer.Option(
@@ -313,7 +316,7 @@ def run_cmd(
         fail("empty prompt")
     eng = _open(file, budget=budget, threads=threads, ctx=ctx, kv=kv, prefetch=prefetch,
                 o_direct=o_direct, cache_policy=cache_policy, verify_reads=verify_reads,
-                as_json=as_json)
+                as_json=as_json, warm=warm)
     stop = [tok.eos_id] if tok and tok.eos_id is not None else []
     out: list[int] = []
     dec = StreamDecoder(tok) if tok else None

@@ -93,7 +93,7 @@ class _Config(C.Structure):
                 ("verify_reads", C.c_int), ("io_threads", C.c_int), ("cache_experts", C.c_int),
                 ("kernels", C.c_int), ("chunk", C.c_int), ("kv", C.c_int),
                 ("ram_bytes", C.c_uint64), ("snapshots", C.c_int),
-                ("linear_chunk", C.c_int)]
+                ("linear_chunk", C.c_int), ("warm", C.c_int)]
 
 
 class _Plan(C.Structure):
@@ -118,7 +118,7 @@ class _Stats(C.Structure):
                 ("budget_bytes", C.c_uint64), ("floor_bytes", C.c_uint64),
                 ("cache_capacity_bytes", C.c_uint64), ("cache_capacity_experts", C.c_int),
                 ("chunk", C.c_int), ("cache_peak_bytes", C.c_uint64),
-                ("expert_peak_bytes", C.c_uint64)]
+                ("expert_peak_bytes", C.c_uint64), ("warm_reads", C.c_uint64)]
 
 
 class _Sampler(C.Structure):
@@ -275,7 +275,7 @@ class Engine:
                  cache_experts: int | None = None, io_threads: int | None = None,
                  kernels: str = "auto", scalar_kernels: bool = False,
                  chunk: int | None = None, kv: str | None = None, snapshots: int = 0,
-                 linear_chunk: int = 0) -> None:
+                 linear_chunk: int = 0, warm: bool = True) -> None:
         self._lib = _library()
         cfg = _Config()
         self._lib.mp_config_default(C.byref(cfg))
@@ -301,6 +301,8 @@ class Engine:
         cfg.snapshots = int(snapshots)
         # linear attention's sub-chunk (0: the engine's default; 1: token by token)
         cfg.linear_chunk = int(linear_chunk)
+        # with the cache holding every expert: read them all in the background from open
+        cfg.warm = 1 if warm else 0
         self._h = _P()
         self._seq: list[int] = []  # the tokens now in the sequence (snapshot / restore)
         err = C.create_string_buffer(_ERRLEN)

@@ -114,7 +114,8 @@ def assert_failed_call_changes_nothing(path: Path, tmp: Path, layer: int, head: 
     with Engine(path, threads=1, chunk=chunk) as ok:  # the same calls, none failing
         ok.feed(head)
         want = ok.logits(rest, reset=False)
-    with Engine(bad, verify_reads=True, threads=1, chunk=chunk) as e:
+    # no warm-up: the damaged records must still be unread when the call needs them
+    with Engine(bad, verify_reads=True, threads=1, chunk=chunk, warm=False) as e:
         e.feed(head)
         before = e.snapshot()
         for off in offsets:

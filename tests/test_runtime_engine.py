@@ -436,3 +436,34 @@ def test_nan_router_weights_do_not_crash(tmp_path):
         with pytest.raises(NonFiniteError, match="non-finite logit .* at position 0"):
             e.logits([1, 2, 3])
         assert e.position == 0
+
+
+def test_warm_up_reads_every_expert_once_when_the_cache_holds_all(mixtral):
+    """With the cache holding every expert, open starts reading them all in the background: the
+    reads total every record once, later calls only hit, and the logits are those of an engine
+    that reads on demand. With room for one expert fewer nothing is read ahead."""
+    import time
+
+    from moepack.format.reader import Container
+
+    with Container.open(mixtral) as c:
+        banks = c.banks()
+    n = sum(b["count"] for b in banks)
+    every = sum(b["count"] * b["stride"] for b in banks)
+    toks = _tokens(12, seed=5)
+    with Engine(str(mixtral), threads=1, warm=False) as cold:
+        want = cold.logits(toks)
+        assert cold.stats()["warm_reads"] == 0
+    with Engine(str(mixtral), threads=1) as e:
+        deadline = time.monotonic() + 60
+        while e.stats()["bytes_read"] < every and time.monotonic() < deadline:
+            time.sleep(0.02)
+        s = e.stats()
+        assert s["warm_reads"] == n and s["bytes_read"] == every, s
+        got = e.logits(toks)
+        s = e.stats()
+        assert s["cache_misses"] == 0 and s["cache_hits"] > 0 and s["bytes_read"] == every, s
+    np.testing.assert_array_equal(got, want)
+    with Engine(str(mixtral), threads=1, cache_experts=n - 1) as e:
+        e.logits(toks[:2])
+        assert e.stats()["warm_reads"] == 0

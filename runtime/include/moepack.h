@@ -64,6 +64,9 @@ typedef struct mp_config {
     int linear_chunk;      /* linear-attention layers: positions per sub-chunk of the chunkwise
                               delta rule, 1..MP_MAX_LINEAR_CHUNK (1 = token by token); 0 = 16
                               (docs/RUNTIME.md, "Linear attention": what the results depend on) */
+    int warm;              /* 1 = when the expert cache holds every record, read them all in the
+                              background from open (file order, never evicting, a few reads at a
+                              time ahead of the forward pass's own); 0 = read records when used */
 } mp_config;
 #define MP_MAX_LINEAR_CHUNK 64
 #define MP_MAX_SNAPSHOTS 64
@@ -133,6 +136,7 @@ typedef struct mp_stats {
     uint64_t cache_peak_bytes;   /* most bytes of cached records at once (<= cache capacity) */
     uint64_t expert_peak_bytes;  /* most bytes of expert record buffers allocated at once:
                                     cache + pinned beyond it + recycled (<= capacity + pinned) */
+    uint64_t warm_reads;         /* warm-up reads issued (mp_config.warm; included in bytes_read) */
 } mp_stats;
 
 typedef struct mp_sampler {

@@ -26,6 +26,7 @@ typedef struct entry {
     int status;         /* MP_OK or the read / verify error */
     int pins;
     int cached;         /* 1: counts against the budget and sits in e->cached */
+    int warm;           /* a warm-up read still in flight */
     size_t cpos;        /* index in e->cached */
     uint64_t last_use;
     mp_io_req req;
@@ -57,8 +58,37 @@ struct mp_experts {
     void *spare;                  /* singly linked through the first bytes of each buffer */
     uint64_t spare_bytes, peak_transient, max_stride;
     uint64_t allocated, peak_allocated, peak_used; /* record buffer bytes (memory plan checks) */
+    /* warm-up: the next (bank, expert) to read, reads in flight and their limit */
+    size_t warm_bank;
+    uint32_t warm_next;
+    int warm_inflight, warm_max, warm_stop;
     mp_expert_stats st;
 };
+
+static entry *start_read(mp_experts *e, size_t bi, int ex, int pins, int may_cache, int *rc);
+
+/* Issues warm-up reads in file order up to warm_max in flight; lock held. Stops for good at the
+ * first record that would not fit without evicting, or when a buffer cannot be had. */
+static void warm_more(mp_experts *e) {
+    while (!e->warm_stop && e->warm_inflight < e->warm_max && e->warm_bank < e->nbanks) {
+        const mp_bank_info *bi = mpc_bank_at(e->c, e->warm_bank);
+        if (e->warm_next >= bi->count) {
+            e->warm_bank++;
+            e->warm_next = 0;
+            continue;
+        }
+        int ex = (int)e->warm_next++, rc;
+        if (e->banks[e->warm_bank].slot[ex]) continue;
+        entry *en = e->used + bi->stride <= e->opt.budget_bytes ? start_read(e, e->warm_bank, ex, 0, 1, &rc) : NULL;
+        if (!en) {
+            e->warm_stop = 1;
+            break;
+        }
+        en->warm = 1;
+        e->warm_inflight++;
+        e->st.warm_reads++;
+    }
+}
 
 typedef struct spare_hdr { void *next; uint64_t size; } spare_hdr;
 
@@ -120,6 +150,11 @@ static void on_read(mp_io_req *r) {
     e->st.reads++;
     e->st.read_ns += r->read_ns;
     if (r->status == MP_OK) e->st.bytes_read += en->size;
+    if (en->warm) {
+        en->warm = 0;
+        e->warm_inflight--;
+        warm_more(e);
+    }
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
 }
@@ -233,6 +268,14 @@ mp_experts *mpe_create(const mp_container *c, const mp_expert_options *opt, char
     if (!e->pool) goto fail;
     e->st.o_direct_active = mp_io_direct_active(e->io);
     snprintf(e->st.o_direct_note, sizeof e->st.o_direct_note, "%s", mp_io_direct_note(e->io));
+    uint64_t every = 0;
+    for (size_t i = 0; i < e->nbanks; i++) every += (uint64_t)e->banks[i].b->count * e->banks[i].b->stride;
+    if (e->opt.warm && every && every <= e->opt.budget_bytes) {
+        pthread_mutex_lock(&e->mu);
+        e->warm_max = e->opt.reader_threads / 2 > 1 ? e->opt.reader_threads / 2 : 1;
+        warm_more(e);
+        pthread_mutex_unlock(&e->mu);
+    }
     return e;
 fail:
     mpe_destroy(e);
@@ -241,6 +284,9 @@ fail:
 
 void mpe_destroy(mp_experts *e) {
     if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->warm_stop = 1; /* no more warm-up reads: the pool drains what is queued */
+    pthread_mutex_unlock(&e->mu);
     mp_io_pool_destroy(e->pool); /* waits for reads in flight: their entries stay valid until here */
     for (size_t i = 0; i < e->nbanks; i++) {
         bankrt *b = &e->banks[i];
@@ -376,6 +422,6 @@ void mpe_reset_stats(mp_experts *e) {
     if (!e) return;
     pthread_mutex_lock(&e->mu);
     e->st.hits = e->st.misses = e->st.bytes_read = e->st.reads = 0;
-    e->st.read_ns = e->st.wait_ns = e->st.prefetches = e->st.evictions = 0;
+    e->st.read_ns = e->st.wait_ns = e->st.prefetches = e->st.evictions = e->st.warm_reads = 0;
     pthread_mutex_unlock(&e->mu);
 }

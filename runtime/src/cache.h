@@ -7,6 +7,11 @@
  *   mpe_prefetch(layer, experts[n]) async hint; never evicts pinned or in-flight records, never
  *                                   changes results (records are immutable bytes)
  *
+ * Warm-up (opt.warm): when the budget holds every record, create starts reading all of them in
+ * file order in the background, at most max(1, reader_threads / 2) at a time so that the forward
+ * pass's own reads wait behind few of them; it never evicts and stops at destroy. A record the
+ * forward pass needs while its warm read is in flight waits for that read (a hit).
+ *
  * Budget: bytes of cached records (each costs its bank stride). Pinned records that do not fit
  * (or budget 0 = no cache) live in scratch buffers for the duration of the pin and are freed on
  * release, so the cache never exceeds the budget; the transient extra is at most one acquire's
@@ -32,6 +37,7 @@ typedef struct {
     int reader_threads;    /* 0 = default (4) */
     int o_direct;          /* -1 auto (probe), 0 off, 1 require */
     int verify_reads;      /* 1 = hash every record read */
+    int warm;              /* 1 = read every record in the background when the budget holds all */
 } mp_expert_options;
 
 typedef struct {
@@ -42,6 +48,7 @@ typedef struct {
     uint64_t read_ns;       /* time reader threads spent in pread (summed over threads) */
     uint64_t wait_ns;       /* time mpe_acquire blocked waiting for reads */
     uint64_t prefetches;    /* prefetch reads issued */
+    uint64_t warm_reads;    /* warm-up reads issued */
     uint64_t evictions;
     int o_direct_active;
     char o_direct_note[160];

@@ -41,6 +41,7 @@ static uint64_t align64(uint64_t x) { return (x + 63) & ~(uint64_t)63; }
 void mp_config_default(mp_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->prefetch = 1;
+    cfg->warm = 1;
     cfg->o_direct = -1;
     cfg->cache_policy = MP_CACHE_LFU;
     cfg->cache_experts = -1;
@@ -352,6 +353,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     eo.reader_threads = cfg.io_threads;
     eo.o_direct = cfg.o_direct;
     eo.verify_reads = cfg.verify_reads;
+    eo.warm = cfg.warm;
     if (p->moe_layers) {
         e->ex = mpe_create(e->c, &eo, err, errlen);
         if (!e->ex) {
@@ -538,6 +540,7 @@ void mp_get_stats(const mp_engine *e, mp_stats *o) {
         o->o_direct = es.o_direct_active;
         o->cache_peak_bytes = es.peak_used;
         o->expert_peak_bytes = es.peak_allocated;
+        o->warm_reads = es.warm_reads;
     }
     double total = e->prompt_s + e->decode_s;
     o->compute_seconds = total > o->io_wait_seconds ? total - o->io_wait_seconds : 0.0;

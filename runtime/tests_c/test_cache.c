@@ -1,7 +1,8 @@
 /* cache.c on spec/vectors/valid/mixtral2.moepack (2 banks x 4 experts, stride 4096): records are
  * the file's bytes under every budget; the budget holds; LRU vs frequency-first on a pattern
- * where they differ; pins survive pressure; prefetch hits; verify-reads names layer and expert;
- * concurrent acquirers. Usage: test_cache VECTORS_DIR SCRATCH_DIR */
+ * where they differ; pins survive pressure; prefetch hits; warm-up reads every record once when
+ * the budget holds them all (and nothing otherwise); verify-reads names layer and expert, warm or
+ * not; concurrent acquirers. Usage: test_cache VECTORS_DIR SCRATCH_DIR */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <string.h>
@@ -162,6 +163,7 @@ static void test_verify_reads(const char *scratch) {
         mpe_options_default(&o);
         o.verify_reads = 1;
         o.budget_bytes = budget ? 8 * b->stride : 0;
+        o.warm = budget; /* the damaged record's warm read fails; the acquire reads it again */
         mp_experts *e = mpe_create(dc, &o, err, sizeof err);
         CHECK(e != NULL, "%s", err);
         if (!e) continue;
@@ -185,6 +187,49 @@ static void test_verify_reads(const char *scratch) {
     if (e) { mpe_release(e, 1, &ex, 1); mpe_destroy(e); }
     mpc_close(dc);
     unlink(path);
+}
+
+static mp_experts *make_warm(uint64_t budget) {
+    mp_expert_options o;
+    char err[256];
+    mpe_options_default(&o);
+    o.budget_bytes = budget;
+    o.warm = 1;
+    o.reader_threads = 4;
+    mp_experts *e = mpe_create(C, &o, err, sizeof err);
+    CHECK(e != NULL, "mpe_create: %s", err);
+    return e;
+}
+
+static void test_warm(void) {
+    uint64_t stride = mpc_bank(C, 0)->stride;
+    mp_expert_stats s;
+    mp_experts *e = make_warm(8 * stride);
+    if (!e) return;
+    for (int i = 0; i < 5000; i++) { /* up to 5 s for eight 4 KiB reads */
+        mpe_stats(e, &s);
+        if (s.reads == 8) break;
+        usleep(1000);
+    }
+    CHECK(s.warm_reads == 8 && s.reads == 8 && s.bytes_read == 8 * stride, "warm-up read every record once: %llu reads",
+          (unsigned long long)s.reads);
+    for (int L = 0; L < 2; L++)
+        for (int x = 0; x < 4; x++) get1(e, L, x);
+    mpe_stats(e, &s);
+    CHECK(s.hits == 8 && s.misses == 0 && s.reads == 8 && s.evictions == 0, "then every acquire hits: %llu hits",
+          (unsigned long long)s.hits);
+    mpe_destroy(e);
+    e = make_warm(8 * stride - 1); /* one byte short of every record: no warm-up */
+    if (!e) return;
+    get1(e, 0, 1);
+    mpe_stats(e, &s);
+    CHECK(s.warm_reads == 0 && s.reads == 1 && s.misses == 1, "no warm-up below every record");
+    mpe_destroy(e);
+    for (int i = 0; i < 20; i++) { /* destroyed with warm reads queued or in flight: returns */
+        e = make_warm(8 * stride);
+        if (i % 2 && e) get1(e, 1, 3);
+        mpe_destroy(e);
+    }
 }
 
 typedef struct { mp_experts *e; unsigned seed; int bad; } thr;
@@ -235,6 +280,7 @@ int main(int argc, char **argv) {
     test_budgets();
     test_policies();
     test_pins_and_prefetch();
+    test_warm();
     test_verify_reads(scratch);
     test_threads();
     free(FILEBUF);
