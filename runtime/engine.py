@@ -118,7 +118,8 @@ class _Stats(C.Structure):
                 ("budget_bytes", C.c_uint64), ("floor_bytes", C.c_uint64),
                 ("cache_capacity_bytes", C.c_uint64), ("cache_capacity_experts", C.c_int),
                 ("chunk", C.c_int), ("cache_peak_bytes", C.c_uint64),
-                ("expert_peak_bytes", C.c_uint64), ("warm_reads", C.c_uint64)]
+                ("expert_peak_bytes", C.c_uint64), ("warm_reads", C.c_uint64),
+                ("warming", C.c_int)]
 
 
 class _Sampler(C.Structure):
@@ -474,6 +475,7 @@ class Engine:
         self._lib.mp_get_stats(self._handle(), C.byref(s))
         d = {name: getattr(s, name) for name, _ in _Stats._fields_}
         d["o_direct"] = bool(d["o_direct"])
+        d["warming"] = bool(d["warming"])
         d["kernels"] = self.kernels
         d["kv"] = self.kv
         return with_rates(d)

@@ -65,8 +65,9 @@ typedef struct mp_config {
                               delta rule, 1..MP_MAX_LINEAR_CHUNK (1 = token by token); 0 = 16
                               (docs/RUNTIME.md, "Linear attention": what the results depend on) */
     int warm;              /* 1 = when the expert cache holds every record, read them all in the
-                              background from open (file order, never evicting, a few reads at a
-                              time ahead of the forward pass's own); 0 = read records when used */
+                              background from open (file order, never evicting, one read at a
+                              time and only while the forward pass reads nothing); 0 = read
+                              records when used */
 } mp_config;
 #define MP_MAX_LINEAR_CHUNK 64
 #define MP_MAX_SNAPSHOTS 64
@@ -137,6 +138,7 @@ typedef struct mp_stats {
     uint64_t expert_peak_bytes;  /* most bytes of expert record buffers allocated at once:
                                     cache + pinned beyond it + recycled (<= capacity + pinned) */
     uint64_t warm_reads;         /* warm-up reads issued (mp_config.warm; included in bytes_read) */
+    int warming;                 /* 1 while the warm-up has records left to read or in flight */
 } mp_stats;
 
 typedef struct mp_sampler {

@@ -8,9 +8,9 @@
  *                                   changes results (records are immutable bytes)
  *
  * Warm-up (opt.warm): when the budget holds every record, create starts reading all of them in
- * file order in the background, at most max(1, reader_threads / 2) at a time so that the forward
- * pass's own reads wait behind few of them; it never evicts and stops at destroy. A record the
- * forward pass needs while its warm read is in flight waits for that read (a hit).
+ * file order in the background, one at a time and only while no other read is in flight, so the
+ * forward pass's own reads wait behind at most one of them; it never evicts and stops at destroy.
+ * A record the forward pass needs while its warm read is in flight waits for that read (a hit).
  *
  * Budget: bytes of cached records (each costs its bank stride). Pinned records that do not fit
  * (or budget 0 = no cache) live in scratch buffers for the duration of the pin and are freed on
@@ -49,6 +49,7 @@ typedef struct {
     uint64_t wait_ns;       /* time mpe_acquire blocked waiting for reads */
     uint64_t prefetches;    /* prefetch reads issued */
     uint64_t warm_reads;    /* warm-up reads issued */
+    int warming;            /* 1 while the warm-up has records left to read or in flight */
     uint64_t evictions;
     int o_direct_active;
     char o_direct_note[160];

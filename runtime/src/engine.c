@@ -541,6 +541,7 @@ void mp_get_stats(const mp_engine *e, mp_stats *o) {
         o->cache_peak_bytes = es.peak_used;
         o->expert_peak_bytes = es.peak_allocated;
         o->warm_reads = es.warm_reads;
+        o->warming = es.warming;
     }
     double total = e->prompt_s + e->decode_s;
     o->compute_seconds = total > o->io_wait_seconds ? total - o->io_wait_seconds : 0.0;
