@@ -65,9 +65,8 @@ typedef struct mp_config {
                               delta rule, 1..MP_MAX_LINEAR_CHUNK (1 = token by token); 0 = 16
                               (docs/RUNTIME.md, "Linear attention": what the results depend on) */
     int warm;              /* 1 = when the expert cache holds every record, read them all in the
-                              background from open (file order, never evicting, one read at a
-                              time and only while the forward pass reads nothing); 0 = read
-                              records when used */
+                              background from open (file order, never evicting, half the
+                              reader threads at most); 0 = read records when used */
 } mp_config;
 #define MP_MAX_LINEAR_CHUNK 64
 #define MP_MAX_SNAPSHOTS 64

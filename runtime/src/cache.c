@@ -58,20 +58,20 @@ struct mp_experts {
     void *spare;                  /* singly linked through the first bytes of each buffer */
     uint64_t spare_bytes, peak_transient, max_stride;
     uint64_t allocated, peak_allocated, peak_used; /* record buffer bytes (memory plan checks) */
-    /* warm-up: the next (bank, expert) to read, reads in flight (all, warm-up's) and its limit */
+    /* warm-up: the next (bank, expert) to read, its reads in flight and their limit */
     size_t warm_bank;
     uint32_t warm_next;
-    int inflight, warm_inflight, warm_max, warm_stop;
+    int warm_inflight, warm_max, warm_stop;
     mp_expert_stats st;
 };
 
 static entry *start_read(mp_experts *e, size_t bi, int ex, int pins, int may_cache, int *rc);
 
-/* Issues warm-up reads in file order, up to warm_max in flight and only while no other read is
- * (the forward pass's reads never queue behind more than warm_max of them); lock held. Stops for
- * good at the first record that would not fit without evicting, or when a buffer cannot be had. */
+/* Issues warm-up reads in file order up to warm_max in flight (so the forward pass's reads queue
+ * behind at most that many); lock held. Stops for good at the first record that would not fit
+ * without evicting, or when a buffer cannot be had. */
 static void warm_more(mp_experts *e) {
-    while (!e->warm_stop && e->inflight == e->warm_inflight && e->warm_inflight < e->warm_max &&
+    while (!e->warm_stop && e->warm_inflight < e->warm_max &&
            e->warm_bank < e->nbanks) {
         const mp_bank_info *bi = mpc_bank_at(e->c, e->warm_bank);
         if (e->warm_next >= bi->count) {
@@ -152,12 +152,11 @@ static void on_read(mp_io_req *r) {
     e->st.reads++;
     e->st.read_ns += r->read_ns;
     if (r->status == MP_OK) e->st.bytes_read += en->size;
-    e->inflight--;
     if (en->warm) {
         en->warm = 0;
         e->warm_inflight--;
+        warm_more(e);
     }
-    warm_more(e);
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
 }
@@ -227,7 +226,6 @@ static entry *start_read(mp_experts *e, size_t bi, int ex, int pins, int may_cac
     en->req.len = b->b->stride;
     en->req.done = on_read;
     en->req.user = en;
-    e->inflight++;
     mp_io_pool_submit(e->pool, &en->req);
     *rc = MP_OK;
     return en;
@@ -276,7 +274,9 @@ mp_experts *mpe_create(const mp_container *c, const mp_expert_options *opt, char
     for (size_t i = 0; i < e->nbanks; i++) every += (uint64_t)e->banks[i].b->count * e->banks[i].b->stride;
     if (e->opt.warm && every && every <= e->opt.budget_bytes) {
         pthread_mutex_lock(&e->mu);
-        e->warm_max = 1;
+        /* half the reader threads: measured against one read at a time only while the forward
+         * pass reads nothing, the first 16 tokens after open ran at 26-31 vs 18-25 tok/s */
+        e->warm_max = e->opt.reader_threads / 2 > 1 ? e->opt.reader_threads / 2 : 1;
         warm_more(e);
         pthread_mutex_unlock(&e->mu);
     }

@@ -8,8 +8,8 @@
  *                                   changes results (records are immutable bytes)
  *
  * Warm-up (opt.warm): when the budget holds every record, create starts reading all of them in
- * file order in the background, one at a time and only while no other read is in flight, so the
- * forward pass's own reads wait behind at most one of them; it never evicts and stops at destroy.
+ * file order in the background, max(1, reader_threads / 2) at a time, so the forward pass's own
+ * reads wait behind at most that many; it never evicts and stops at destroy.
  * A record the forward pass needs while its warm read is in flight waits for that read (a hit).
  *
  * Budget: bytes of cached records (each costs its bank stride). Pinned records that do not fit
