@@ -580,9 +580,11 @@ def section(res: dict) -> str:
     if res.get("caps"):
         out.append("### Under a memory cap (each engine alone in a memory cgroup)\n")
         out.append("Decode tok/s as pass 1 (page cache dropped first) / pass 2 (same generation "
-                   "again, same process). *read* = block-device reads of the process "
-                   "(/proc io `read_bytes`, both passes and the load). Peak = cgroup "
-                   "max_usage (anonymous + page cache); RSS = ru_maxrss.\n")
+                   "again, same process; moepack first waits for its expert warm-up to finish "
+                   "when its cache holds every expert, `warm_wait_s` in the json). *read* = "
+                   "block-device reads of the process (/proc io `read_bytes`, both passes and "
+                   "the load). Peak = cgroup max_usage (anonymous + page cache); RSS = "
+                   "ru_maxrss.\n")
         out.append("| cap | cap size | engine | budget | decode tok/s (1 / 2) | peak | "
                    "RSS | read | expert hits | moepack / llama.cpp (1 / 2) |")
         out.append("|---|---|---|---|---|---|---|---|---|---|")
