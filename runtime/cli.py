@@ -223,7 +223,9 @@ def plan_cmd(
                  else "none: the floor does not fit in usable RAM"),
                 ("usable RAM", format_size(p["usable_ram_bytes"]) + (" (--ram)" if ram else "")),
                 ("expert cache", f"{format_size(p['default_cache_bytes'])} (default budget less "
-                 f"the floor and {p['default_chunk']}-token chunks)"
+                 f"the floor and {p['default_chunk']}-token chunks)" + (
+                     "; holds every expert: all are read in the background from open (--no-warm "
+                     "turns that off)" if p["default_cache_bytes"] >= p["experts_bytes"] else "")
                  if p["default_bytes"] else "none: no default budget")]
         if "container_bytes" in p:
             rows.insert(0, ("container (planned)", f"{format_size(p['container_bytes'])} "

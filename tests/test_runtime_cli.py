@@ -47,6 +47,15 @@ def test_plan_json_and_refusal(mixtral):
     assert r.exit_code == 1 and "below the floor" in r.output
     r = _run("plan", mixtral)
     assert r.exit_code == 0 and "floor" in r.output and "default budget" in r.output
+    # the expert cache line says when the default cache holds every expert (the warm-up runs)
+    holds = {}
+    for ram in (None, p["floor_bytes"] + p["experts_bytes"] // 2):
+        extra = ("--ram", ram) if ram else ()
+        q = json.loads(_run("plan", mixtral, "--ctx", 32, *extra, "--json").output)
+        text = _run("plan", mixtral, "--ctx", 32, *extra).output
+        holds[ram] = q["default_cache_bytes"] >= q["experts_bytes"]
+        assert ("read in the background" in text) == holds[ram], text
+    assert holds == {None: True, p["floor_bytes"] + p["experts_bytes"] // 2: False}
 
 
 def test_run_streams_text_then_stats(mixtral):
