@@ -713,12 +713,14 @@ static void gemm_task(void *ctx, size_t task) {
     const int64_t r1 = r0 + MPK_GEMM_ROWS < w->rows ? r0 + MPK_GEMM_ROWS : w->rows;
     float acc[MPK_GEMM_INPUTS * MPK_GEMM_ROWS * 8] __attribute__((aligned(64)));
     j->k->rvq_gemm(w, j->cb, j->xq + (size_t)t0 * j->xqs, j->xqs, n, r0, acc);
-    for (int64_t r = r0; r < r1; r++) {
-        const float sc = mpk_f16_to_f32(ld16(w->scales + 2 * r));
-        for (int64_t t = 0; t < n; t++) /* (red8 x s_r) x 2^-p */
+    float sc[MPK_GEMM_ROWS];
+    for (int64_t r = r0; r < r1; r++) sc[r - r0] = mpk_f16_to_f32(ld16(w->scales + 2 * r));
+    /* input-outer: each input's rows are one run of y (row-outer wrote a line per store, and
+     * the stores' misses were most of this loop) */
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t r = r0; r < r1; r++) /* (red8 x s_r) x 2^-p */
             j->y[(t0 + t) * w->rows + r] =
-                mpk_canon(red8(acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)(r - r0)) * 8) * sc * j->cb->unscale);
-    }
+                mpk_canon(red8(acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)(r - r0)) * 8) * sc[r - r0] * j->cb->unscale);
 }
 
 void mpk_rvq_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const mpk_rvq_icb *cb,
@@ -791,8 +793,8 @@ static void tgemm_task(void *ctx, size_t task) {
         for (int64_t t0 = 0; t0 < j->n; t0 += MPK_GEMM_INPUTS) {
             const int64_t n = j->n - t0 < MPK_GEMM_INPUTS ? j->n - t0 : MPK_GEMM_INPUTS;
             j->k->gemm_rows(rows, rs, nv, j->x + t0 * j->xs, j->xs, n, acc);
-            for (int64_t r = r0; r < r1; r++)
-                for (int64_t t = 0; t < n; t++)
+            for (int64_t t = 0; t < n; t++) /* input-outer, as gemm_task */
+                for (int64_t r = r0; r < r1; r++)
                     tgemm_put(j, t0 + t, r, acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)(r - r0)) * 8);
         }
     }
