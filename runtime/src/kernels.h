@@ -150,6 +150,11 @@ void mpk_hadamard_rotate(const float *x, const float *signs, int64_t n, int64_t 
 void mpk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 float mpk_dot(const float *a, const float *b, int64_t n);
 void mpk_axpy(float *y, float a, const float *x, int64_t n); /* y += a x */
+/* out[h * os + c] = sum over t < nt of w[h * ws + t] x row t's column c, for h < nh, c < n: the
+ * rows at rows + t * rs bytes, f32 or (f16 = 1) IEEE half; each element summed from 0 in t order,
+ * multiply and add apart, i.e. the bits of mpk_axpy over t onto a zeroed out. */
+void mpk_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs, int f16,
+              int64_t nt, int64_t n);
 void mpk_softmax(float *x, int64_t n);
 float mpk_silu(float x);
 

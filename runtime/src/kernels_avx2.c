@@ -556,6 +556,39 @@ AVX2 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+/* mpk_wsum: eight columns and up to eight heads in registers over all rows (the output is
+ * written once instead of loaded and stored per row); the same operations per element */
+AVX2 void mpk_avx2_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs,
+                        int f16, int64_t nt, int64_t n) {
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int h0 = 0; h0 < nh; h0 += 8) {
+            const int hn = nh - h0 < 8 ? nh - h0 : 8;
+            __m256 acc[8];
+            #pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+            for (int64_t t = 0; t < nt; t++) {
+                const uint8_t *r = (const uint8_t *)rows + (size_t)t * rs;
+                const __m256 v = f16 ? f16x8(r + 2 * c) : _mm256_loadu_ps((const float *)(const void *)r + c);
+                #pragma GCC unroll 8
+                for (int i = 0; i < 8; i++)
+                    if (i < hn) acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(_mm256_set1_ps(w[(h0 + i) * ws + t]), v));
+            }
+            for (int i = 0; i < hn; i++) _mm256_storeu_ps(out + (h0 + i) * os + c, acc[i]);
+        }
+    if (c < n) { /* the last columns, scalar: the same per-element order */
+        for (int h = 0; h < nh; h++)
+            for (int64_t k = c; k < n; k++) out[h * os + k] = 0.0f;
+        for (int64_t t = 0; t < nt; t++) {
+            const uint8_t *r = (const uint8_t *)rows + (size_t)t * rs;
+            for (int64_t k = c; k < n; k++) {
+                const float v = f16 ? mpk_f16_to_f32(ld16(r + 2 * k)) : ((const float *)(const void *)r)[k];
+                for (int h = 0; h < nh; h++) out[h * os + k] += w[h * ws + t] * v;
+            }
+        }
+    }
+}
+
 /* rows q..q+3 (wq: their decoded pairs) times one group of two inputs (two == 0: one): exact
  * int32 lane sums s<row><input>, then one fma per lane into a[t][row][8] (first group: onto +0).
  * Eight accumulators: with twelve they spill on AVX2's 16 registers. */

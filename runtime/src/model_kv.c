@@ -163,14 +163,10 @@ static void values_task(void *ctx, size_t task) {
     int64_t g = (int64_t)task / j->nslice, c0 = (int64_t)task % j->nslice * ATT_SLICE, h0, h1;
     int64_t cw = a->vw - c0 < ATT_SLICE ? a->vw - c0 : ATT_SLICE;
     group_heads(j, g, &h0, &h1);
-    for (int64_t h = h0; h < h1; h++) memset(a->out + h * a->os + c0, 0, (size_t)cw * sizeof(float));
     const char *V = (const char *)a->V + (size_t)(g * a->goff + c0) * elt(c);
-    float tmp[ATT_SLICE];
-    for (int64_t t = 0; t < a->n; t++) {
-        const float *v = kv_get(j->m, V + (size_t)t * j->row, cw, tmp);
-        for (int64_t h = h0; h < h1; h++)
-            mpk_axpy(a->out + h * a->os + c0, j->m->scores[(size_t)h * (size_t)j->m->ctx + (size_t)t], v, cw);
-    }
+    /* out = sum over positions of score x value row, in position order (mpk_axpy's bits) */
+    mpk_wsum(a->out + h0 * a->os + c0, a->os, (int)(h1 - h0), j->m->scores + (size_t)h0 * (size_t)j->m->ctx,
+             (int64_t)j->m->ctx, V, j->row, c->kv_f16, a->n, cw);
 }
 
 void mpm_attend(mpm_model *m, const mpm_attn_span *a) {

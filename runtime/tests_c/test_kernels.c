@@ -1,7 +1,8 @@
 /* rvq expert kernels (spec/CODECS.md §3 tiled codes, §3.5 integer-table product): every kernel
  * path (scalar, AVX2, AVX-512 VBMI where the CPU has them) and thread count against a literal
  * implementation of §3.5 written here from the spec, bit for bit, on awkward shapes and
- * activations (zero, tiny, one huge element, overflow, NaN, NaN/inf row scales). */
+ * activations (zero, tiny, one huge element, overflow, NaN, NaN/inf row scales); and mpk_wsum
+ * against mpk_axpy. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -138,7 +139,38 @@ static void run_case(const char *what, int64_t rows, int64_t cols, int S, const 
     free(y);
 }
 
+/* mpk_wsum (attention's values): the bits of mpk_axpy over the rows onto zeros, f32 and f16 rows,
+ * column counts around the 8-wide blocks, head counts around the 8 accumulators */
+static void test_wsum(void) {
+    enum { NT = 37, NC = 70, NH = 17 };
+    float w[NH * NT], r32[NT * NC], out[NH * NC], ref[NH * NC];
+    uint16_t r16[NT * NC];
+    for (int i = 0; i < NH * NT; i++) w[i] = urand();
+    for (int i = 0; i < NT * NC; i++) {
+        r16[i] = f16_of(0.01f + (float)(rnd() % 1000) / 1e3f) ^ (uint16_t)(rnd() % 2 ? 0x8000 : 0);
+        r32[i] = mpk_f16_to_f32(r16[i]) * (1.0f + urand() * 1e-3f);
+    }
+    for (int f16 = 0; f16 < 2; f16++)
+        for (int nh = 1; nh <= NH; nh += 4)
+            for (int64_t n = 1; n <= NC; n += 23) {
+                float row[NC];
+                memset(ref, 0, sizeof ref);
+                for (int64_t t = 0; t < NT; t++) {
+                    for (int64_t c = 0; c < n; c++) row[c] = f16 ? mpk_f16_to_f32(r16[t * NC + c]) : r32[t * NC + c];
+                    for (int h = 0; h < nh; h++) mpk_axpy(ref + h * NC, w[h * NT + t], row, n);
+                }
+                memset(out, 0x55, sizeof out);
+                mpk_wsum(out, NC, nh, w, NT, f16 ? (const void *)r16 : (const void *)r32,
+                         (size_t)NC * (f16 ? 2 : 4), f16, NT, n);
+                int bad = 0;
+                for (int h = 0; h < nh; h++)
+                    for (int64_t c = 0; c < n; c++) bad += bits(out[h * NC + c]) != bits(ref[h * NC + c]);
+                CHECK(bad == 0, "wsum f16 %d heads %d columns %lld: %d elements differ", f16, nh, (long long)n, bad);
+            }
+}
+
 int main(void) {
+    test_wsum();
     paths[npaths++] = mpk_select(MPK_SCALAR);
     if (mpk_select(MPK_AVX2)) paths[npaths++] = mpk_select(MPK_AVX2);
     if (mpk_select(MPK_AVX512VBMI)) paths[npaths++] = mpk_select(MPK_AVX512VBMI);
