@@ -612,6 +612,19 @@ void mpk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float ep
     for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * inv);
 }
 
+void mpk_wsum_cols(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs,
+                   int f16, int64_t nt, int64_t c0, int64_t n) {
+    for (int h = 0; h < nh; h++)
+        for (int64_t c = c0; c < n; c++) out[h * os + c] = 0.0f;
+    for (int64_t t = 0; t < nt; t++) {
+        const uint8_t *r = (const uint8_t *)rows + (size_t)t * rs;
+        for (int64_t c = c0; c < n; c++) {
+            const float v = f16 ? mpk_f16_to_f32(ld16(r + 2 * c)) : ((const float *)(const void *)r)[c];
+            for (int h = 0; h < nh; h++) out[h * os + c] += w[h * ws + t] * v;
+        }
+    }
+}
+
 void mpk_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs, int f16,
               int64_t nt, int64_t n) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -620,15 +633,7 @@ void mpk_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const 
         return;
     }
 #endif
-    for (int h = 0; h < nh; h++)
-        for (int64_t c = 0; c < n; c++) out[h * os + c] = 0.0f;
-    for (int64_t t = 0; t < nt; t++) {
-        const uint8_t *r = (const uint8_t *)rows + (size_t)t * rs;
-        for (int64_t c = 0; c < n; c++) {
-            const float v = f16 ? mpk_f16_to_f32(ld16(r + 2 * c)) : ((const float *)(const void *)r)[c];
-            for (int h = 0; h < nh; h++) out[h * os + c] += w[h * ws + t] * v;
-        }
-    }
+    mpk_wsum_cols(out, os, nh, w, ws, rows, rs, f16, nt, 0, n);
 }
 
 void mpk_axpy(float *y, float a, const float *x, int64_t n) {

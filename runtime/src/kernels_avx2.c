@@ -576,17 +576,7 @@ AVX2 void mpk_avx2_wsum(float *out, int64_t os, int nh, const float *w, int64_t 
             }
             for (int i = 0; i < hn; i++) _mm256_storeu_ps(out + (h0 + i) * os + c, acc[i]);
         }
-    if (c < n) { /* the last columns, scalar: the same per-element order */
-        for (int h = 0; h < nh; h++)
-            for (int64_t k = c; k < n; k++) out[h * os + k] = 0.0f;
-        for (int64_t t = 0; t < nt; t++) {
-            const uint8_t *r = (const uint8_t *)rows + (size_t)t * rs;
-            for (int64_t k = c; k < n; k++) {
-                const float v = f16 ? mpk_f16_to_f32(ld16(r + 2 * k)) : ((const float *)(const void *)r)[k];
-                for (int h = 0; h < nh; h++) out[h * os + k] += w[h * ws + t] * v;
-            }
-        }
-    }
+    mpk_wsum_cols(out, os, nh, w, ws, rows, rs, f16, nt, c, n); /* the last columns */
 }
 
 /* rows q..q+3 (wq: their decoded pairs) times one group of two inputs (two == 0: one): exact

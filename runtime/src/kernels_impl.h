@@ -92,6 +92,9 @@ float mpk_avx2_dot(const float *a, const float *b, int64_t n);
 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n);
 void mpk_avx2_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs, int f16,
                    int64_t nt, int64_t n);
+/* mpk_wsum's scalar definition for columns [c0, n): the scalar path and the SIMD tails */
+void mpk_wsum_cols(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs,
+                   int f16, int64_t nt, int64_t c0, int64_t n);
 
 #define MPK_GEMM_ROWS 16   /* rows per rvq_gemm call: decoded once for all its inputs */
 #define MPK_GEMM_INPUTS 64 /* inputs per rvq_gemm call (its lane sums live on the caller's stack) */
