@@ -419,7 +419,7 @@ void mpe_stats(mp_experts *e, mp_expert_stats *out) {
     out->peak_used = e->peak_used;
     out->allocated = e->allocated;
     out->peak_allocated = e->peak_allocated;
-    out->warming = e->warm_max && !e->warm_stop && (e->warm_bank < e->nbanks || e->warm_inflight);
+    out->warming = e->warm_inflight || (e->warm_max && !e->warm_stop && e->warm_bank < e->nbanks);
     pthread_mutex_unlock(&e->mu);
 }
 
