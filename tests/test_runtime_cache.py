@@ -57,4 +57,3 @@ def test_rss_stays_within_budget(probe, container, budget_mib):
         assert r["hits"] > 0
     else:
         assert r["hits"] == 0 and r["used"] == 0
-
