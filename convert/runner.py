@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from multiprocessing.connection import wait
 
 from moepack.convert.errors import ConvertError
 from moepack.convert.tasks import Task
@@ -69,35 +69,43 @@ def _run_inline(cfg: WorkerConfig, tasks: list[Task], done: dict[str, str],
 
 def _run_processes(cfg: WorkerConfig, tasks: list[Task], done: dict[str, str], jobs: int,
                    on_message: OnMessage) -> None:
+    # One pipe per worker, no mp.Queue: queues hold named semaphores, and a run stopped by an
+    # error could leave one for the resource tracker to report as leaked on stderr.
     ctx = mp.get_context("spawn")  # no fork: BLAS thread pools and locks do not survive it
-    task_q, result_q = ctx.Queue(), ctx.Queue()
-    for t in tasks:
-        task_q.put(t)
+    pending = list(reversed(tasks))
     n = min(jobs, len(tasks))
-    for _ in range(n):
-        task_q.put(None)
-    with _thread_env(cfg.threads):
-        procs = [ctx.Process(target=process_main, args=(cfg, done, task_q, result_q),
-                             name=f"moepack-convert-{i}", daemon=True) for i in range(n)]
-        for p in procs:
-            p.start()
-    remaining = len(tasks)
+    conns, procs = [], []
     try:
-        while remaining:
-            try:
-                msg = result_q.get(timeout=0.5)
-            except queue.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead:
+        with _thread_env(cfg.threads):
+            for i in range(n):
+                ours, theirs = ctx.Pipe()
+                p = ctx.Process(target=process_main, args=(cfg, done, theirs),
+                                name=f"moepack-convert-{i}", daemon=True)
+                p.start()
+                theirs.close()
+                conns.append(ours)
+                procs.append(p)
+        for c in conns:
+            c.send(pending.pop())
+        busy = list(conns)
+        while busy:
+            for c in wait(busy):
+                try:
+                    msg = c.recv()
+                except EOFError:
+                    p = procs[conns.index(c)]
+                    p.join(timeout=5)
                     raise ConvertError(
-                        f"worker {dead[0].name} died (exit code {dead[0].exitcode}); "
+                        f"worker {p.name} died (exit code {p.exitcode}); "
                         "out of memory? rerun the same command to continue") from None
-                continue
-            if msg[0] == "error":
-                raise ConvertError(f"{msg[1]}: {msg[2]}")
-            if msg[0] == "task_done":
-                remaining -= 1
-            on_message(msg)
+                if msg[0] == "error":
+                    raise ConvertError(f"{msg[1]}: {msg[2]}")
+                if msg[0] == "task_done":
+                    task = pending.pop() if pending else None
+                    c.send(task)
+                    if task is None:
+                        busy.remove(c)
+                on_message(msg)
         for p in procs:
             p.join()
     finally:
@@ -106,5 +114,5 @@ def _run_processes(cfg: WorkerConfig, tasks: list[Task], done: dict[str, str], j
                 p.terminate()
         for p in procs:
             p.join(timeout=5)
-        task_q.cancel_join_thread()
-        result_q.cancel_join_thread()
+        for c in conns:
+            c.close()

@@ -166,19 +166,22 @@ def describe(exc: BaseException) -> str:
         "".join(traceback.format_tb(exc.__traceback__)[-3:])
 
 
-def process_main(cfg: WorkerConfig, done: dict[str, str], tasks, results) -> None:
-    """Entry point of a worker process (spawned): take tasks until a None arrives."""
+def process_main(cfg: WorkerConfig, done: dict[str, str], conn) -> None:
+    """Entry point of a worker process (spawned): run the tasks the coordinator sends over
+    `conn` until a None arrives, sending every report back over it."""
     _die_with_parent()
     worker = None
     key = "startup"
     try:
-        worker = Worker(cfg, results.put)
-        while (task := tasks.get()) is not None:
+        worker = Worker(cfg, conn.send)
+        while (task := conn.recv()) is not None:
             key = task.key
             worker.run(task, done)
-            results.put(("task_done", key, peak_rss()))
+            conn.send(("task_done", key, peak_rss()))
+    except EOFError:  # the coordinator is gone: nobody to report to
+        pass
     except BaseException as e:  # reported to the coordinator, which stops the run
-        results.put(("error", key, describe(e)))
+        conn.send(("error", key, describe(e)))
     finally:
         if worker is not None:
             worker.close()

@@ -109,6 +109,27 @@ def test_jobs_2_is_byte_identical(sources, reference, tmp_path):
     assert out.read_bytes() == reference["deepseek_v3"][1].read_bytes()
 
 
+class KillAWorker(Reporter):
+    """SIGKILLs one worker process (as the kernel's OOM killer would) once an expert is done."""
+
+    def advance(self, layers: int = 0, experts: int = 0, nbytes: int = 0) -> None:
+        import multiprocessing
+
+        if experts and (workers := multiprocessing.active_children()):
+            os.kill(workers[0].pid, signal.SIGKILL)
+
+
+def test_a_killed_worker_stops_the_run_and_the_rerun_finishes(sources, reference, tmp_path):
+    out = tmp_path / "w.moepack"
+    with pytest.raises(ConvertError, match=r"worker moepack-convert-\d died \(exit code -9\); "
+                                           r"out of memory\? rerun"):
+        convert(sources["mixtral"], out, FAST, jobs=2, reporter=KillAWorker(),
+                pause_per_unit=0.05)
+    assert not out.exists()
+    convert(sources["mixtral"], out, FAST, jobs=2)
+    assert out.read_bytes() == reference["mixtral"][1].read_bytes()
+
+
 def test_interrupted_then_resumed_is_byte_identical(sources, reference, tmp_path):
     out = tmp_path / "r.moepack"
     _interrupted(sources["qwen3_moe"], out, n=3)
