@@ -259,10 +259,62 @@ AVX512N static void v_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const ui
     }
 }
 
+/* ---- the trunk's prefill product (mpk_gemm) ----
+ * AVX2's gemm_rows with two rows per zmm: the panel wb[v][row][8] holds rows 2m, 2m + 1 of vector
+ * v in one 64-byte line and each input's vector is broadcast to both halves, so one fma serves
+ * two rows; every lane keeps its own fma chain in vector order, so the bits are AVX2's. */
+#define VGEMM_KP 32
+/* the 16 rows times NT <= 3 inputs (24 accumulators) over the panel's kp vectors */
+AVX512 static inline __attribute__((always_inline)) void vgemm_rows16(const float *wb, const float *x, int64_t xs,
+                                                                     int64_t kp, int first, float *a, const int NT) {
+    __m512 c[3][8];
+#pragma GCC unroll 3
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 8
+        for (int m = 0; m < 8; m++)
+            c[t][m] = first ? _mm512_setzero_ps() : _mm512_load_ps(a + ((size_t)t * MPK_GEMM_ROWS + 2 * (size_t)m) * 8);
+    for (int64_t v = 0; v < kp; v++) {
+        __m512 xb[3];
+        if (!(v & 1)) /* the next inputs' line at this column: x comes from L2 in short runs */
+#pragma GCC unroll 3
+            for (int t = 0; t < NT; t++) _mm_prefetch((const char *)(x + (size_t)(NT + t) * (size_t)xs + 8 * v), _MM_HINT_T0);
+#pragma GCC unroll 3
+        for (int t = 0; t < NT; t++) /* 256 bits to both halves; f64x4: AVX512F (f32x8 needs DQ) */
+            xb[t] = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)(x + (size_t)t * (size_t)xs + 8 * v))));
+#pragma GCC unroll 8
+        for (int m = 0; m < 8; m++) {
+            const __m512 w = _mm512_load_ps(wb + ((size_t)v * MPK_GEMM_ROWS + 2 * (size_t)m) * 8);
+#pragma GCC unroll 3
+            for (int t = 0; t < NT; t++) c[t][m] = _mm512_fmadd_ps(w, xb[t], c[t][m]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int t = 0; t < NT; t++)
+#pragma GCC unroll 8
+        for (int m = 0; m < 8; m++) _mm512_store_ps(a + ((size_t)t * MPK_GEMM_ROWS + 2 * (size_t)m) * 8, c[t][m]);
+}
+
+AVX512 static void v_gemm_rows(const float *rows, int64_t rs, int64_t nv, const float *x, int64_t xs, int64_t n,
+                               float *acc) {
+    float wb[MPK_GEMM_ROWS * VGEMM_KP * 8] __attribute__((aligned(64)));
+    for (int64_t v0 = 0; v0 < nv; v0 += VGEMM_KP) {
+        const int64_t kp = nv - v0 < VGEMM_KP ? nv - v0 : VGEMM_KP;
+        for (int64_t v = 0; v < kp; v++)
+            for (int i = 0; i < MPK_GEMM_ROWS; i++)
+                _mm256_store_ps(wb + ((size_t)v * MPK_GEMM_ROWS + (size_t)i) * 8,
+                                _mm256_loadu_ps(rows + (size_t)i * (size_t)rs + (size_t)(v0 + v) * 8));
+        const float *xv = x + v0 * 8;
+        int64_t t = 0;
+        for (; t + 3 <= n; t += 3) vgemm_rows16(wb, xv + t * xs, xs, kp, v0 == 0, acc + (size_t)t * MPK_GEMM_ROWS * 8, 3);
+        if (n - t == 2) vgemm_rows16(wb, xv + t * xs, xs, kp, v0 == 0, acc + (size_t)t * MPK_GEMM_ROWS * 8, 2);
+        if (n - t == 1) vgemm_rows16(wb, xv + t * xs, xs, kp, v0 == 0, acc + (size_t)t * MPK_GEMM_ROWS * 8, 1);
+    }
+}
+
 const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi", .row_dot = mpk_avx2_row_dots, .rvq_tables = v_rvq_tables,
                                   .rvq_tiles = v_rvq_tiles, .mm_rows = mpk_avx512vl_mm_rows,
                                   .rvq_gemm = v_rvq_gemm,
-                                  .row_values = mpk_avx2_row_values, .gemm_rows = mpk_avx2_gemm_rows};
+                                  .row_values = mpk_avx2_row_values, .gemm_rows = v_gemm_rows};
 
 #else
 const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi"};
