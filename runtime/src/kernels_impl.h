@@ -122,7 +122,9 @@ static inline void mpk_rvq_gemm_inputs(const uint8_t *xq, size_t xqs, int64_t co
  * zeros from the last vector to the end of its block. */
 static inline __attribute__((always_inline)) void mpk_rvq_decode_rows(const uint8_t *c, const mpk_rvq_icb *cb,
                                                                       int64_t kp, int S, const int per, int16_t *wb) {
-    for (int64_t v = 0; v < kp; v++, c += (size_t)S * 64)
+    for (int64_t v = 0; v < kp; v++, c += (size_t)S * 64) {
+        for (int st = 0; st < S; st++) /* the codes come from RAM: their lines 8 vectors ahead */
+            _mm_prefetch((const char *)(c + (size_t)(8 * S + st) * 64), _MM_HINT_T0);
         for (int i = 0; i < MPK_GEMM_ROWS; i++) {
             __m128i sum = _mm_loadu_si128((const __m128i *)cb->q[0][c[i]]);
 #pragma GCC unroll 8
@@ -130,6 +132,7 @@ static inline __attribute__((always_inline)) void mpk_rvq_decode_rows(const uint
                 sum = _mm_add_epi16(sum, _mm_loadu_si128((const __m128i *)cb->q[st][c[st * 64 + i]]));
             _mm_store_si128((__m128i *)(wb + ((size_t)(v / per) * MPK_GEMM_ROWS + (size_t)i) * 8 * per + (v % per) * 8), sum);
         }
+    }
     for (int64_t v = kp; v % per; v++)
         for (int i = 0; i < MPK_GEMM_ROWS; i++)
             _mm_store_si128((__m128i *)(wb + ((size_t)(v / per) * MPK_GEMM_ROWS + (size_t)i) * 8 * per + (v % per) * 8),
