@@ -771,10 +771,7 @@ AVX2 void mpk_avx2_gemm_rows(const float *rows, int64_t rs, int64_t nv, const fl
     float wb[MPK_GEMM_ROWS * GEMM_KP * 8] __attribute__((aligned(32)));
     for (int64_t v0 = 0; v0 < nv; v0 += GEMM_KP) {
         const int64_t kp = nv - v0 < GEMM_KP ? nv - v0 : GEMM_KP;
-        for (int64_t v = 0; v < kp; v++)
-            for (int i = 0; i < MPK_GEMM_ROWS; i++)
-                _mm256_store_ps(wb + ((size_t)v * MPK_GEMM_ROWS + (size_t)i) * 8,
-                                _mm256_loadu_ps(rows + (size_t)i * (size_t)rs + (size_t)(v0 + v) * 8));
+        mpk_gemm_panel_copy(rows, rs, v0, kp, wb);
         gemm_panel(wb, x, xs, n, v0, kp, acc);
     }
 }

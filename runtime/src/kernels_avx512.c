@@ -299,10 +299,7 @@ AVX512 static void v_gemm_rows(const float *rows, int64_t rs, int64_t nv, const 
     float wb[MPK_GEMM_ROWS * VGEMM_KP * 8] __attribute__((aligned(64)));
     for (int64_t v0 = 0; v0 < nv; v0 += VGEMM_KP) {
         const int64_t kp = nv - v0 < VGEMM_KP ? nv - v0 : VGEMM_KP;
-        for (int64_t v = 0; v < kp; v++)
-            for (int i = 0; i < MPK_GEMM_ROWS; i++)
-                _mm256_store_ps(wb + ((size_t)v * MPK_GEMM_ROWS + (size_t)i) * 8,
-                                _mm256_loadu_ps(rows + (size_t)i * (size_t)rs + (size_t)(v0 + v) * 8));
+        mpk_gemm_panel_copy(rows, rs, v0, kp, wb);
         const float *xv = x + v0 * 8;
         int64_t t = 0;
         for (; t + 3 <= n; t += 3) vgemm_rows16(wb, xv + t * xs, xs, kp, v0 == 0, acc + (size_t)t * MPK_GEMM_ROWS * 8, 3);
