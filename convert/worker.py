@@ -174,17 +174,23 @@ def process_main(cfg: WorkerConfig, done: dict[str, str], conn) -> None:
     key = "startup"
     try:
         worker = Worker(cfg, conn.send)
-        while (task := conn.recv()) is not None:
+        while (task := _next_task(conn)) is not None:
             key = task.key
             worker.run(task, done)
             conn.send(("task_done", key, peak_rss()))
-    except EOFError:  # the coordinator is gone: nobody to report to
-        pass
     except BaseException as e:  # reported to the coordinator, which stops the run
         conn.send(("error", key, describe(e)))
     finally:
         if worker is not None:
             worker.close()
+
+
+def _next_task(conn) -> Task | None:
+    """The coordinator's next task; None also when it has gone (nobody left to report to)."""
+    try:
+        return conn.recv()
+    except EOFError:
+        return None
 
 
 def _die_with_parent() -> None:

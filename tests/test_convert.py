@@ -4,6 +4,7 @@ refusals (settings/source changed, existing output, no space), damaged sources."
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -113,8 +114,6 @@ class KillAWorker(Reporter):
     """SIGKILLs one worker process (as the kernel's OOM killer would) once an expert is done."""
 
     def advance(self, layers: int = 0, experts: int = 0, nbytes: int = 0) -> None:
-        import multiprocessing
-
         if experts and (workers := multiprocessing.active_children()):
             os.kill(workers[0].pid, signal.SIGKILL)
 
