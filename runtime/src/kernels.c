@@ -422,6 +422,10 @@ static void mv_task(void *ctx, size_t t) {
             return;
         }
     }
+    if (j->n == 1 && j->k->rows_dot) {
+        j->k->rows_dot(w, r0, r1, j->x, j->y + r0);
+        return;
+    }
     for (int64_t r = r0; r < r1; r++)
         for (int64_t i = 0; i < j->n; i++) j->y[i * w->rows + r] = j->k->row_dot[w->codec](w, r, j->x + i * w->cols);
 }

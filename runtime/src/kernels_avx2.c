@@ -13,8 +13,6 @@
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
-#define TRUNK_PF 4096 /* bytes ahead of a trunk row's codes the decode products prefetch */
-
 static uint16_t ld16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
 AVX2 static __m256 f16x8(const uint8_t *p) {
@@ -129,11 +127,11 @@ AVX2 static inline __attribute__((always_inline)) float grouped_dot(const mpk_ma
     const int64_t blk = codec == MP_CODEC_Q8 ? 8 * G : codec == MP_CODEC_Q6 ? 6 * G : 4 * G; /* 8 groups' bytes */
     for (; (g + 8) * G <= n; g += 8) { /* eight full groups (G is a multiple of 8) */
         __m256 L[8], XL[8];
-        /* rows are contiguous: fetch TRUNK_PF bytes ahead, into the next rows (decode streams
+        /* rows are contiguous: fetch MPK_TRUNK_PF bytes ahead, into the next rows (decode streams
          * the trunk from RAM; the hardware prefetcher alone left the loads waiting: q8 4096x4096
          * in RAM 6.0-6.3 -> 8.0 G weights/s, one thread, Xeon 2026-12-03) */
-        for (int64_t o = 0; o < blk; o += 64) _mm_prefetch((const char *)(q + g / 8 * blk + TRUNK_PF + o), _MM_HINT_T0);
-        _mm_prefetch((const char *)(sc + 2 * g + TRUNK_PF / 16), _MM_HINT_T0);
+        for (int64_t o = 0; o < blk; o += 64) _mm_prefetch((const char *)(q + g / 8 * blk + MPK_TRUNK_PF + o), _MM_HINT_T0);
+        _mm_prefetch((const char *)(sc + 2 * g + MPK_TRUNK_PF / 16), _MM_HINT_T0);
         /* groups together (lanes8x8), measured against one group at a time (Zen 3, best of 5-6
          * alternating rounds): q8 1.0-1.1x, q6 1.2x and with the wide decode 1.45-1.8x, q4
          * 1.25-1.35x (with the one-broadcast decode); q4 with minimums keeps one group at a time

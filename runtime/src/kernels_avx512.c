@@ -4,7 +4,7 @@
  * A (vector, stage) table of 256 int8 entries is four zmm registers; vpermi2b looks 64 codes up
  * in two 128-entry halves at once and a blend on code bit 7 picks the half.  The 64 lanes are the
  * 64 rows of a code tile, so one table load serves a whole tile (several tiles per load here).
- * Trunk matrices use the AVX2 kernels. */
+ * Trunk matrices use the AVX2 kernels, except q8's decode product. */
 #include "kernels_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -308,7 +308,87 @@ AVX512 static void v_gemm_rows(const float *rows, int64_t rs, int64_t nv, const 
     }
 }
 
-const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi", .row_dot = mpk_avx2_row_dots, .rvq_tables = v_rvq_tables,
+/* ---- the trunk's q8 decode product (row_dot), groups of 32 ----
+ * AVX2's arithmetic (per group lane j = ((p_j + p_j+8) + p_j+16) + p_j+24 with p = f32(code) x
+ * rounded, red8's tree, x scale, added to the row sum group by group) with two groups per zmm:
+ * sixteen codes and inputs per multiply, the two 8-lane steps of a group split between zmm
+ * halves by one shuffle for two groups.  AVX2 starts each lane at +0; a -0 lane can only make
+ * a group's part -0, and the row sum (from +0) absorbs it, so the row's bits are the same. */
+AVX512 static inline __m512 v_q8_p16(const int8_t *q, const float *x) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), _mm512_loadu_ps(x));
+}
+/* AVX2's hadd per 128-bit lane, on zmm */
+AVX512 static inline __m512 v_hadd(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd));
+}
+/* groups g .. g + 15 of one q8 row (q, sc: its codes and scales) times x: each group's part */
+AVX512 static inline __attribute__((always_inline)) __m512 v_q8_parts(const int8_t *q, const uint8_t *sc,
+                                                                      const float *x, int64_t g) {
+    for (int o = 0; o < 512; o += 64) _mm_prefetch((const char *)(q + g * 32 + MPK_TRUNK_PF + o), _MM_HINT_T0);
+    _mm_prefetch((const char *)(sc + 2 * g + MPK_TRUNK_PF / 16), _MM_HINT_T0);
+    __m512 L[8]; /* lanes 0-7: group g + m, 8-15: group g + 8 + m */
+#pragma GCC unroll 8
+    for (int m = 0; m < 8; m++) {
+        const int64_t a = (g + m) * 32, b = (g + 8 + m) * 32;
+        const __m512 a0 = v_q8_p16(q + a, x + a), b0 = v_q8_p16(q + b, x + b);
+        const __m512 a1 = v_q8_p16(q + a + 16, x + a + 16), b1 = v_q8_p16(q + b + 16, x + b + 16);
+        const __m512 s0 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, b0, 0x44), _mm512_shuffle_f32x4(a0, b0, 0xee));
+        const __m512 s1 = _mm512_add_ps(s0, _mm512_shuffle_f32x4(a1, b1, 0x44));
+        L[m] = _mm512_add_ps(s1, _mm512_shuffle_f32x4(a1, b1, 0xee));
+    }
+    /* red8x8 in each 256-bit half (AVX2's order), then the halves' 128-bit lanes in place */
+    const __m512 h0 = v_hadd(v_hadd(L[0], L[1]), v_hadd(L[2], L[3]));
+    const __m512 h1 = v_hadd(v_hadd(L[4], L[5]), v_hadd(L[6], L[7]));
+    const __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(h0, h1, 0x88), _mm512_shuffle_f32x4(h0, h1, 0xdd));
+    const __m512 red = _mm512_shuffle_f32x4(t, t, 0xd8); /* groups g .. g + 15 in order */
+    return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + 2 * g))), red);
+}
+
+/* the other trunk codecs: AVX2's */
+AVX512 static float v_dot_avx2(const mpk_mat *w, int64_t r, const float *x) { return mpk_avx2_row_dots[w->codec](w, r, x); }
+
+AVX512 static float v_dot_q8(const mpk_mat *w, int64_t r, const float *x) {
+    const int64_t ng = w->ngroups;
+    if (w->group != 32 || w->cols % 512) return v_dot_avx2(w, r, x);
+    const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
+    const int8_t *q = (const int8_t *)mpk_q8_row(w, r);
+    float acc = 0.0f, pv[16];
+    for (int64_t g = 0; g < ng; g += 16) {
+        _mm512_storeu_ps(pv, v_q8_parts(q, sc, x, g));
+        for (int i = 0; i < 16; i++) acc += pv[i];
+    }
+    return acc;
+}
+
+static const mpk_row_dot_fn v_row_dots[MPK_TRUNK_CODECS];
+
+/* Rows [r0, r1): q8 four rows at a time, whose row sums are four independent add chains (one
+ * row's chain of a group at a time bound a row at 13-14 G weights/s in L1, 18 without it) */
+AVX512 static void v_rows_dot(const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y) {
+    const int64_t ng = w->ngroups;
+    int64_t r = r0;
+    if (w->codec == MP_CODEC_Q8 && w->group == 32 && w->cols % 512 == 0)
+        for (; r + 4 <= r1; r += 4) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pv[4][16];
+            for (int64_t g = 0; g < ng; g += 16) {
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++)
+                    _mm512_storeu_ps(pv[k], v_q8_parts((const int8_t *)mpk_q8_row(w, r + k),
+                                                       w->data + (size_t)((r + k) * ng) * 2, x, g));
+                for (int i = 0; i < 16; i++)
+#pragma GCC unroll 4
+                    for (int k = 0; k < 4; k++) acc[k] += pv[k][i];
+            }
+            for (int k = 0; k < 4; k++) y[r + k - r0] = acc[k];
+        }
+    for (; r < r1; r++) y[r - r0] = v_row_dots[w->codec](w, r, x);
+}
+
+static const mpk_row_dot_fn v_row_dots[MPK_TRUNK_CODECS] = {
+    [MP_CODEC_F32] = v_dot_avx2, [MP_CODEC_F16] = v_dot_avx2, [MP_CODEC_BF16] = v_dot_avx2,
+    [MP_CODEC_Q8] = v_dot_q8,    [MP_CODEC_Q6] = v_dot_avx2,  [MP_CODEC_Q4] = v_dot_avx2};
+
+const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi", .row_dot = v_row_dots, .rows_dot = v_rows_dot, .rvq_tables = v_rvq_tables,
                                   .rvq_tiles = v_rvq_tiles, .mm_rows = mpk_avx512vl_mm_rows,
                                   .rvq_gemm = v_rvq_gemm,
                                   .row_values = mpk_avx2_row_values, .gemm_rows = v_gemm_rows};

@@ -35,6 +35,8 @@ typedef void (*mpk_row_codes_fn)(const mpk_mat *w, int64_t r, float *out, float 
 struct mpk_impl {
     const char *name;
     const mpk_row_dot_fn *row_dot; /* [MPK_TRUNK_CODECS]: dot(row r of w, x) */
+    /* y[r - r0] = row_dot(w, r, x) for r0 <= r < r1, several rows at once; NULL: row by row */
+    void (*rows_dot)(const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y);
     /* §3.5 steps 1-2 for group g, stage st: writes t->q of the group's vectors and t->d[g][st]
      * (NaN when the group's max |T| is NaN or +inf; the driver then sets t->nan). */
     void (*rvq_tables)(const float *cbt, const float *x, mpk_rvq_tab *t, int64_t g, int st);
@@ -96,6 +98,7 @@ void mpk_avx2_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, c
 void mpk_wsum_cols(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs,
                    int f16, int64_t nt, int64_t c0, int64_t n);
 
+#define MPK_TRUNK_PF 4096 /* bytes ahead of a trunk row's codes the decode products prefetch */
 #define MPK_GEMM_ROWS 16   /* rows per rvq_gemm call: decoded once for all its inputs */
 #define MPK_GEMM_INPUTS 64 /* inputs per rvq_gemm call (its lane sums live on the caller's stack) */
 void mpk_avx2_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xq, size_t xqs, int64_t n,
