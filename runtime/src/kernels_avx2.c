@@ -227,6 +227,32 @@ AVX2 static float a_dot_q8(const mpk_mat *w, int64_t r, const float *x) {
 AVX2 static float a_dot_q6(const mpk_mat *w, int64_t r, const float *x) { return grouped_dot(w, r, x, MP_CODEC_Q6, 0); }
 AVX2 static float a_dot_q4(const mpk_mat *w, int64_t r, const float *x) { return grouped_dot(w, r, x, MP_CODEC_Q4, 0); }
 
+/* Rows [r0, r1) of an f32 matrix (columns a multiple of 8) eight at a time: a_dot_f32's lanes
+ * per row (lane j sums columns j mod 8 in order, multiply then add) and red8x8 for red8, so each
+ * row's bits are row_dot's; one row's single add chain (4096 dependent adds of 8 lanes) bound it.
+ * Other codecs: row by row. */
+AVX2 void mpk_avx2_rows_dot(const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y) {
+    const int64_t n = w->cols;
+    int64_t r = r0;
+    if (w->codec == MP_CODEC_F32 && n % 8 == 0)
+        for (; r + 8 <= r1; r += 8) {
+            const float *row = (const float *)w->data + r * n;
+            __m256 L[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) L[k] = _mm256_setzero_ps();
+            for (int64_t c = 0; c < n; c += 8) {
+                const __m256 xv = _mm256_loadu_ps(x + c);
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) {
+                    if (!(c & 15)) _mm_prefetch((const char *)(row + k * n + c) + MPK_TRUNK_PF, _MM_HINT_T0);
+                    L[k] = _mm256_add_ps(L[k], _mm256_mul_ps(_mm256_loadu_ps(row + k * n + c), xv));
+                }
+            }
+            _mm256_storeu_ps(y + (r - r0), red8x8(L));
+        }
+    for (; r < r1; r++) y[r - r0] = mpk_avx2_row_dots[w->codec](w, r, x);
+}
+
 /* also the AVX-512 table's trunk products */
 const mpk_row_dot_fn mpk_avx2_row_dots[MPK_TRUNK_CODECS] = {
     [MP_CODEC_F32] = a_dot_f32, [MP_CODEC_F16] = a_dot_f16, [MP_CODEC_BF16] = a_dot_bf16,
@@ -785,7 +811,7 @@ AVX2 void mpk_avx2_gemm_rows(const float *rows, int64_t rs, int64_t nv, const fl
 const mpk_impl mpk_avx2_impl = {.name = "avx2", .row_dot = mpk_avx2_row_dots, .rvq_tables = a_rvq_tables,
                                 .rvq_tiles = a_rvq_tiles, .mm_rows = mpk_avx2_mm_rows,
                                 .rvq_gemm = mpk_avx2_rvq_gemm, .row_values = mpk_avx2_row_values,
-                                .gemm_rows = mpk_avx2_gemm_rows};
+                                .gemm_rows = mpk_avx2_gemm_rows, .rows_dot = mpk_avx2_rows_dot};
 
 #else
 const mpk_impl mpk_avx2_impl = {.name = "avx2"};

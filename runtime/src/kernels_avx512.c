@@ -393,20 +393,23 @@ static const mpk_row_dot_fn v_row_dots[MPK_TRUNK_CODECS];
 AVX512 static void v_rows_dot(const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y) {
     const int64_t ng = w->ngroups;
     int64_t r = r0;
-    if (w->codec == MP_CODEC_Q8 && w->group == 32 && w->cols % 512 == 0)
-        for (; r + 4 <= r1; r += 4) {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pv[4][16];
-            for (int64_t g = 0; g < ng; g += 16) {
+    if (w->codec != MP_CODEC_Q8 || w->group != 32 || w->cols % 512) {
+        mpk_avx2_rows_dot(w, r0, r1, x, y);
+        return;
+    }
+    for (; r + 4 <= r1; r += 4) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pv[4][16];
+        for (int64_t g = 0; g < ng; g += 16) {
 #pragma GCC unroll 4
-                for (int k = 0; k < 4; k++)
-                    _mm512_storeu_ps(pv[k], v_q8_parts((const int8_t *)mpk_q8_row(w, r + k),
-                                                       w->data + (size_t)((r + k) * ng) * 2, x, g));
-                for (int i = 0; i < 16; i++)
+            for (int k = 0; k < 4; k++)
+                _mm512_storeu_ps(pv[k], v_q8_parts((const int8_t *)mpk_q8_row(w, r + k),
+                                                   w->data + (size_t)((r + k) * ng) * 2, x, g));
+            for (int i = 0; i < 16; i++)
 #pragma GCC unroll 4
-                    for (int k = 0; k < 4; k++) acc[k] += pv[k][i];
-            }
-            for (int k = 0; k < 4; k++) y[r + k - r0] = acc[k];
+                for (int k = 0; k < 4; k++) acc[k] += pv[k][i];
         }
+        for (int k = 0; k < 4; k++) y[r + k - r0] = acc[k];
+    }
     for (; r < r1; r++) y[r - r0] = v_row_dots[w->codec](w, r, x);
 }
 

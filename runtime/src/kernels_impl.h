@@ -84,6 +84,7 @@ void mpk_row_codes(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn
 void mpk_group_scales(const mpk_mat *w, int64_t r, float *sc, float *mn);
 /* AVX2 trunk kernels, shared with the AVX-512 table (the trunk is not its business yet). */
 extern const mpk_row_dot_fn mpk_avx2_row_dots[MPK_TRUNK_CODECS];
+void mpk_avx2_rows_dot(const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y);
 void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
                       int64_t nb, int64_t n, float *y, float *wb);
 void mpk_avx512vl_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
