@@ -229,7 +229,7 @@ AVX2 static float a_dot_q4(const mpk_mat *w, int64_t r, const float *x) { return
 
 /* Rows [r0, r1) of an f32 matrix (columns a multiple of 8) eight at a time: a_dot_f32's lanes
  * per row (lane j sums columns j mod 8 in order, multiply then add) and red8x8 for red8, so each
- * row's bits are row_dot's; one row's single add chain (4096 dependent adds of 8 lanes) bound it.
+ * row's bits are row_dot's; one row's single chain of cols / 8 dependent adds bound it.
  * Other codecs: row by row. */
 AVX2 void mpk_avx2_rows_dot(const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y) {
     const int64_t n = w->cols;

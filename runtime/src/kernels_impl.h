@@ -82,7 +82,7 @@ void mpk_row_codes(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn
 /* The group scales (and q4 zero-point minimums, when mn is not NULL) of row r; nothing when sc is
  * NULL. */
 void mpk_group_scales(const mpk_mat *w, int64_t r, float *sc, float *mn);
-/* AVX2 trunk kernels, shared with the AVX-512 table (the trunk is not its business yet). */
+/* AVX2 trunk kernels, shared with the AVX-512 table (which has its own q8 decode product). */
 extern const mpk_row_dot_fn mpk_avx2_row_dots[MPK_TRUNK_CODECS];
 void mpk_avx2_rows_dot(const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y);
 void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
