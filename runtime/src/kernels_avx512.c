@@ -373,44 +373,47 @@ AVX512 static inline __attribute__((always_inline)) __m512 v_q8_parts(const int8
 /* the other trunk codecs: AVX2's */
 AVX512 static float v_dot_avx2(const mpk_mat *w, int64_t r, const float *x) { return mpk_avx2_row_dots[w->codec](w, r, x); }
 
-AVX512 static float v_dot_q8(const mpk_mat *w, int64_t r, const float *x) {
+/* the shapes v_q8_parts serves: groups of 32, rows of whole 512-column blocks */
+static int v_q8_fits(const mpk_mat *w) { return w->codec == MP_CODEC_Q8 && w->group == 32 && w->cols % 512 == 0; }
+
+/* rows r .. r + K - 1 (v_q8_fits): each row sum one add per group in group order; K rows are K
+ * independent add chains (one row's chain bound a row at 13-14 G weights/s in L1, 18 without it) */
+AVX512 static inline __attribute__((always_inline)) void v_q8_rows(const mpk_mat *w, int64_t r, const float *x,
+                                                                   float *y, const int K) {
     const int64_t ng = w->ngroups;
-    if (w->group != 32 || w->cols % 512) return v_dot_avx2(w, r, x);
-    const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
-    const int8_t *q = (const int8_t *)mpk_q8_row(w, r);
-    float acc = 0.0f, pv[16];
-    for (int64_t g = 0; g < ng; g += 16) {
-        _mm512_storeu_ps(pv, v_q8_parts(q, sc, x, g));
-        for (int i = 0; i < 16; i++) acc += pv[i];
+    const int8_t *q[4];
+    const uint8_t *sc[4];
+    for (int k = 0; k < K; k++) {
+        q[k] = (const int8_t *)mpk_q8_row(w, r + k);
+        sc[k] = w->data + (size_t)((r + k) * ng) * 2;
     }
-    return acc;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pv[4][16];
+    for (int64_t g = 0; g < ng; g += 16) {
+#pragma GCC unroll 4
+        for (int k = 0; k < K; k++) _mm512_storeu_ps(pv[k], v_q8_parts(q[k], sc[k], x, g));
+        for (int i = 0; i < 16; i++)
+#pragma GCC unroll 4
+            for (int k = 0; k < K; k++) acc[k] += pv[k][i];
+    }
+    for (int k = 0; k < K; k++) y[k] = acc[k];
 }
 
-static const mpk_row_dot_fn v_row_dots[MPK_TRUNK_CODECS];
+AVX512 static float v_dot_q8(const mpk_mat *w, int64_t r, const float *x) {
+    if (!v_q8_fits(w)) return v_dot_avx2(w, r, x);
+    float y;
+    v_q8_rows(w, r, x, &y, 1);
+    return y;
+}
 
-/* Rows [r0, r1): q8 four rows at a time, whose row sums are four independent add chains (one
- * row's chain of a group at a time bound a row at 13-14 G weights/s in L1, 18 without it) */
+/* Rows [r0, r1): q8 four rows at a time; the rest as AVX2 does them */
 AVX512 static void v_rows_dot(const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y) {
-    const int64_t ng = w->ngroups;
-    int64_t r = r0;
-    if (w->codec != MP_CODEC_Q8 || w->group != 32 || w->cols % 512) {
+    if (!v_q8_fits(w)) {
         mpk_avx2_rows_dot(w, r0, r1, x, y);
         return;
     }
-    for (; r + 4 <= r1; r += 4) {
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pv[4][16];
-        for (int64_t g = 0; g < ng; g += 16) {
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++)
-                _mm512_storeu_ps(pv[k], v_q8_parts((const int8_t *)mpk_q8_row(w, r + k),
-                                                   w->data + (size_t)((r + k) * ng) * 2, x, g));
-            for (int i = 0; i < 16; i++)
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) acc[k] += pv[k][i];
-        }
-        for (int k = 0; k < 4; k++) y[r + k - r0] = acc[k];
-    }
-    for (; r < r1; r++) y[r - r0] = v_row_dots[w->codec](w, r, x);
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) v_q8_rows(w, r, x, y + (r - r0), 4);
+    for (; r < r1; r++) v_q8_rows(w, r, x, y + (r - r0), 1);
 }
 
 static const mpk_row_dot_fn v_row_dots[MPK_TRUNK_CODECS] = {
