@@ -517,61 +517,95 @@ void mpk_rvq_tab_init(mpk_rvq_tab *t, void *mem, int64_t cols, int stages) {
     t->d = (float *)(p + align64((size_t)t->nv * (size_t)stages * 256));
 }
 
-typedef struct {
-    const mpk_impl *k;
-    const float *cbt, *x;
-    mpk_rvq_tab *t;
-} tab_job;
-
-static void tab_task(void *ctx, size_t i) {
-    tab_job *j = ctx;
-    j->k->rvq_tables(j->cbt, j->x, j->t, (int64_t)i / j->t->stages, (int)(i % (size_t)j->t->stages));
+/* A batch's tasks: matrix i owns tasks first[i] .. first[i + 1] - 1 */
+static int batch_item(const size_t *first, int n, size_t task) {
+    int i = 0;
+    while (i + 1 < n && first[i + 1] <= task) i++;
+    return i;
 }
 
-void mpk_rvq_tables(const mpk_impl *k, mpk_pool *pool, const float *cbt, const float *x,
-                    mpk_rvq_tab *t) {
-    tab_job j = {impl_or_scalar(k), cbt, x, t};
-    size_t n = (size_t)t->ngroups * (size_t)t->stages;
-    mpk_pool_run(t->nv * t->stages < 64 ? NULL : pool, n, tab_task, &j);
-    t->nan = 0;
-    for (size_t i = 0; i < n; i++) t->nan |= t->d[i] != t->d[i];
+typedef struct {
+    const mpk_impl *k;
+    const float *cbt;
+    const float *const *x;
+    mpk_rvq_tab *const *t;
+    int n;
+    size_t first[MPK_RVQ_BATCH + 1];
+} tab_job;
+
+static void tab_task(void *ctx, size_t task) {
+    tab_job *j = ctx;
+    int i = batch_item(j->first, j->n, task);
+    size_t k = task - j->first[i];
+    mpk_rvq_tab *t = j->t[i];
+    j->k->rvq_tables(j->cbt, j->x[i], t, (int64_t)k / t->stages, (int)(k % (size_t)t->stages));
+}
+
+void mpk_rvq_tables_batch(const mpk_impl *k, mpk_pool *pool, int n, const float *cbt, const float *const *x,
+                          mpk_rvq_tab *const *t) {
+    tab_job j = {impl_or_scalar(k), cbt, x, t, n, {0}};
+    int64_t work = 0;
+    for (int i = 0; i < n; i++) {
+        j.first[i + 1] = j.first[i] + (size_t)t[i]->ngroups * (size_t)t[i]->stages;
+        work += t[i]->nv * t[i]->stages;
+    }
+    mpk_pool_run(work < 64 ? NULL : pool, j.first[n], tab_task, &j);
+    for (int i = 0; i < n; i++) {
+        t[i]->nan = 0;
+        for (size_t g = 0; g < j.first[i + 1] - j.first[i]; g++) t[i]->nan |= t[i]->d[g] != t[i]->d[g];
+    }
+}
+
+void mpk_rvq_tables(const mpk_impl *k, mpk_pool *pool, const float *cbt, const float *x, mpk_rvq_tab *t) {
+    mpk_rvq_tables_batch(k, pool, 1, cbt, &x, &t);
 }
 
 typedef struct {
     const mpk_impl *k;
     const mpk_rvq *w;
-    const mpk_rvq_tab *t;
-    float *y;
-    int64_t per; /* tiles per task */
+    const mpk_rvq_tab *const *t;
+    float *const *y;
+    int n;
+    int64_t per[MPK_RVQ_BATCH]; /* tiles per task */
+    size_t first[MPK_RVQ_BATCH + 1];
 } rvq_job;
 
 static void rvq_task(void *ctx, size_t task) {
     rvq_job *j = ctx;
-    const mpk_rvq *w = j->w;
-    int64_t nt = (w->rows + 63) / 64, tile0 = (int64_t)task * j->per;
-    int64_t n = nt - tile0 < j->per ? nt - tile0 : j->per;
+    int i = batch_item(j->first, j->n, task);
+    const mpk_rvq *w = &j->w[i];
+    int64_t nt = (w->rows + 63) / 64, per = j->per[i], tile0 = (int64_t)(task - j->first[i]) * per;
+    int64_t n = nt - tile0 < per ? nt - tile0 : per;
     float acc[MPK_RVQ_MAX_TILES * 64] __attribute__((aligned(64)));
-    j->k->rvq_tiles(w, j->t, tile0, n, acc);
+    j->k->rvq_tiles(w, j->t[i], tile0, n, acc);
     int64_t r0 = tile0 * 64, r1 = r0 + n * 64 < w->rows ? r0 + n * 64 : w->rows;
-    for (int64_t r = r0; r < r1; r++) {
-        float y = acc[r - r0] * mpk_f16_to_f32(ld16(w->scales + 2 * r));
-        j->y[r] = mpk_canon(y);
-    }
+    float *y = j->y[i];
+    for (int64_t r = r0; r < r1; r++) y[r] = mpk_canon(acc[r - r0] * mpk_f16_to_f32(ld16(w->scales + 2 * r)));
 }
 
-void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const mpk_rvq_tab *t,
-                    float *y) {
-    if (t->nan) { /* §3.5 step 2: the whole product is NaN */
-        for (int64_t r = 0; r < w->rows; r++) y[r] = mpk_bits_f32(0x7fc00000u);
-        return;
+void mpk_rvq_matvec_batch(const mpk_impl *k, mpk_pool *pool, int n, const mpk_rvq *w,
+                          const mpk_rvq_tab *const *t, float *const *y) {
+    rvq_job j = {impl_or_scalar(k), w, t, y, n, {0}, {0}};
+    const int64_t threads = mpk_pool_threads(pool);
+    int64_t work = 0;
+    for (int i = 0; i < n; i++) {
+        const int64_t nt = (w[i].rows + 63) / 64;
+        /* big tasks keep a group's tables in L1 across many tiles; two per thread and matrix
+         * balance shared cores.  The partition never changes a result (integer sums, per-row
+         * combine). */
+        int64_t per = (nt + 2 * threads - 1) / (2 * threads);
+        per = per < 1 ? 1 : per > MPK_RVQ_MAX_TILES ? MPK_RVQ_MAX_TILES : per;
+        j.per[i] = per;
+        j.first[i + 1] = j.first[i] + (t[i]->nan ? 0 : (size_t)((nt + per - 1) / per));
+        if (t[i]->nan) /* §3.5 step 2: the whole product is NaN */
+            for (int64_t r = 0; r < w[i].rows; r++) y[i][r] = mpk_bits_f32(0x7fc00000u);
+        work += w[i].rows * w[i].nv;
     }
-    int64_t nt = (w->rows + 63) / 64, threads = mpk_pool_threads(pool);
-    /* big tasks keep a group's tables in L1 across many tiles; two per thread balance shared
-     * cores.  The partition never changes a result (integer sums, per-row combine). */
-    int64_t per = (nt + 2 * threads - 1) / (2 * threads);
-    per = per < 1 ? 1 : per > MPK_RVQ_MAX_TILES ? MPK_RVQ_MAX_TILES : per;
-    rvq_job j = {impl_or_scalar(k), w, t, y, per};
-    mpk_pool_run(w->rows * w->nv < 4096 ? NULL : pool, (size_t)((nt + per - 1) / per), rvq_task, &j);
+    mpk_pool_run(work < 4096 ? NULL : pool, j.first[n], rvq_task, &j);
+}
+
+void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const mpk_rvq_tab *t, float *y) {
+    mpk_rvq_matvec_batch(k, pool, 1, w, &t, &y);
 }
 
 void mpk_hadamard_rotate(const float *x, const float *signs, int64_t n, int64_t block, float *out) {

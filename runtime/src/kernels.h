@@ -71,6 +71,13 @@ void mpk_rvq_tables(const mpk_impl *k, mpk_pool *pool, const float *cbt, const f
  * that every path and libm give the same bits). */
 void mpk_rvq_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const mpk_rvq_tab *t,
                     float *y);
+/* Up to MPK_RVQ_BATCH tables or products in one pool job (a decode step's experts: one wait
+ * for the threads instead of one per matrix); each result as the single call gives it. */
+#define MPK_RVQ_BATCH 32
+void mpk_rvq_tables_batch(const mpk_impl *k, mpk_pool *pool, int n, const float *cbt, const float *const *x,
+                          mpk_rvq_tab *const *t);
+void mpk_rvq_matvec_batch(const mpk_impl *k, mpk_pool *pool, int n, const mpk_rvq *w,
+                          const mpk_rvq_tab *const *t, float *const *y);
 
 /* The prefill product's integer codebook (spec/CODECS.md §3.6 step 1): q = round(cb × 2^p), so
  * that a decoded weight (the stages' entries summed) is an exact integer, |w| < 2^14. */

@@ -103,13 +103,14 @@ struct mpm_model {
     float *bx, *bxn, *bout, *bselw, *bsum;
     int32_t *bsel, *uniq;
     float *aheadw, *choice;
-    /* MoE (model_moe.c): one token's gate/up/down tables for decode (ctab_stages = the most
-     * stages of any part); for a prefill chunk, the layer's integer codebooks (cicb: gate, up,
+    /* MoE (model_moe.c): one token's gate/up tables for decode (ctab_stages = the most stages
+     * of any part); for a prefill chunk, the layer's integer codebooks (cicb: gate, up,
      * down), one expert's inputs gathered and quantised (mpk_rvq_xq; gate, up: rows of hidden
      * values, down: of moe_inter values) and its down outputs; the (token, rank) pairs sorted
      * by expert */
-    mpk_rvq_tab ctabs[3];
-    void *ctabmem;
+    mpk_rvq_tab ctabs[2];
+    void *ctabmem; /* ctabs' memory, then a decode batch's down tables */
+    float *cdec;   /* a decode batch's gate, up and down outputs */
     int ctab_stages;
     int prefill; /* this forward pass is part of a prompt: the prefill product (CODECS.md §3.6) */
     mpk_rvq_icb *cicb;

@@ -119,15 +119,22 @@ static void build_tab(mpm_model *m, const mpm_layer *ly, int p, const float *x, 
 }
 
 static size_t tab_stride(int64_t cols, int stages) { return (mpk_rvq_tab_bytes(cols, stages) + 63) & ~(size_t)63; }
-/* decode table i (gate, up, down) in ctabmem */
+/* decode table i in ctabmem: 0 gate, 1 up (hidden columns), 2 + e the down table of a step's
+ * expert e (moe_inter columns) */
 static uint8_t *tab_mem(const mpm_model *m, int i) {
-    return (uint8_t *)(((uintptr_t)m->ctabmem + 63) & ~(uintptr_t)63) + (size_t)i * tab_stride(m->c.hidden, m->ctab_stages);
+    uint8_t *base = (uint8_t *)(((uintptr_t)m->ctabmem + 63) & ~(uintptr_t)63);
+    const size_t wide = tab_stride(m->c.hidden, m->ctab_stages);
+    return i < 2 ? base + (size_t)i * wide : base + 2 * wide + (size_t)(i - 2) * tab_stride(m->c.moe_inter, m->ctab_stages);
 }
+/* the experts a decode step computes in one batch (each has three products) */
+static int decode_batch(const mpm_config *c) { return c->top_k < MPK_RVQ_BATCH / 2 ? (int)c->top_k : MPK_RVQ_BATCH / 2; }
 
 uint64_t mpm_moe_chunk_bytes(const mpm_config *c, int chunk, int stages) {
     if (!mpm_config_moe_layers(c)) return 0;
     const uint64_t T = (uint64_t)chunk, X = mpk_rvq_xq_bytes(c->hidden), Dd = mpk_rvq_xq_bytes(c->moe_inter);
-    return 64 + 2 * tab_stride(c->hidden, stages) + tab_stride(c->moe_inter, stages) + /* decode tables */
+    const uint64_t B = (uint64_t)decode_batch(c), D = (uint64_t)(c->latent ? c->latent : c->hidden);
+    return 64 + 2 * tab_stride(c->hidden, stages) + B * tab_stride(c->moe_inter, stages) + /* decode tables */
+           B * (2u * (uint64_t)c->moe_inter + D) * 4u + /* decode: a batch's gate, up, down outputs */
            3 * sizeof(mpk_rvq_icb) +           /* prefill: integer codebooks */
            T * (2 * X + Dd) +                  /* prefill: gathered inputs */
            T * (uint64_t)c->hidden * 4u +      /* one expert's down outputs */
@@ -140,7 +147,9 @@ int mpm_moe_alloc(mpm_model *m) {
     for (int64_t l = 0; l < c->n_layers; l++)
         for (int p = 0; p < 3; p++) S = m->layers[l].stages[p] > S ? m->layers[l].stages[p] : S;
     const size_t T = (size_t)m->chunk;
-    m->ctabmem = calloc(2 * tab_stride(c->hidden, S) + tab_stride(c->moe_inter, S) + 64, 1);
+    const size_t B = (size_t)decode_batch(c), D = (size_t)(c->latent ? c->latent : c->hidden);
+    m->ctabmem = calloc(2 * tab_stride(c->hidden, S) + B * tab_stride(c->moe_inter, S) + 64, 1);
+    m->cdec = calloc(B * (2 * (size_t)c->moe_inter + D), sizeof(float));
     m->cicb = calloc(3, sizeof *m->cicb);
     /* 64-byte aligned: the prefill kernels' 32-byte loads then never straddle a cache line */
     m->cxg = mp_aligned_alloc(64, T * mpk_rvq_xq_bytes(c->hidden));
@@ -152,7 +161,7 @@ int mpm_moe_alloc(mpm_model *m) {
     m->cstart = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
     m->cfill = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
     m->ctab_stages = S;
-    return m->ctabmem && m->cicb && m->cxg && m->cxu && m->cxd && m->ceo && m->cpairs && m->corder && m->cstart &&
+    return m->ctabmem && m->cdec && m->cicb && m->cxg && m->cxu && m->cxd && m->ceo && m->cpairs && m->corder && m->cstart &&
                    m->cfill
                ? 0
                : -1;
@@ -160,6 +169,7 @@ int mpm_moe_alloc(mpm_model *m) {
 
 void mpm_moe_free(mpm_model *m) {
     free(m->ctabmem);
+    free(m->cdec);
     free(m->cicb);
     mp_aligned_free(m->cxg);
     mp_aligned_free(m->cxu);
@@ -176,10 +186,49 @@ static void put_row(mpm_model *m, const mpm_layer *ly, int p, const float *src, 
     mpk_rvq_xq(rotated(m, ly, p, src, n), n, dst);
 }
 
-/* One expert (record rec) for its n (token, rank) pairs pr, each output added with its routing
- * weight to its token's sum in bsum (the caller visits experts by ascending index).  Prefill:
- * its tokens' inputs gathered and multiplied with the decoded codes (mpk_rvq_gemm); decode (one
- * token): the integer tables, gate/up's built once per layer by the caller (ctabs[0], [1]). */
+/* The decode step's experts recs[0 .. n) (n <= decode_batch; pair[e]: expert e's one (token,
+ * rank) pair), in three pool jobs: every gate and up product (tables ctabs[0], [1], built once
+ * per layer by the caller), every down table, every down product; then each output added with
+ * its routing weight to bsum in the caller's (ascending index) order. */
+static void experts_decode(mpm_model *m, const mpm_layer *ly, const uint8_t *const *recs, int n,
+                           const int32_t *const *pair) {
+    const mpm_config *c = &m->c;
+    const int64_t I = c->moe_inter, K = c->top_k, D = c->latent ? c->latent : c->hidden;
+    mpk_rvq w[MPK_RVQ_BATCH];
+    const mpk_rvq_tab *t[MPK_RVQ_BATCH];
+    mpk_rvq_tab down[MPK_RVQ_BATCH / 2], *dt[MPK_RVQ_BATCH / 2];
+    float *y[MPK_RVQ_BATCH], *g = m->cdec, *u = g + n * I, *o = u + n * I;
+    const float *dx[MPK_RVQ_BATCH / 2];
+    for (int e = 0; e < n; e++) {
+        rvq_part(ly, 0, recs[e], I, D, &w[2 * e]);
+        rvq_part(ly, 1, recs[e], I, D, &w[2 * e + 1]);
+        t[2 * e] = &m->ctabs[0], t[2 * e + 1] = &m->ctabs[1];
+        y[2 * e] = g + e * I, y[2 * e + 1] = u + e * I;
+    }
+    mpk_rvq_matvec_batch(m->kern, m->pool, 2 * n, w, t, y);
+    for (int e = 0; e < n; e++) {
+        float *ge = g + e * I, *ue = u + e * I;
+        for (int64_t j = 0; j < I; j++) ge[j] = mpm_act(c, ge[j], ue[j]);
+        dx[e] = ge;
+        if (ly->rot_block[2]) { /* rotated into the expert's up output, no longer needed */
+            mpk_hadamard_rotate(ge, ly->signs[2], I, ly->rot_block[2], ue);
+            dx[e] = ue;
+        }
+        mpk_rvq_tab_init(&down[e], tab_mem(m, 2 + e), I, ly->stages[2]);
+        dt[e] = &down[e];
+    }
+    mpk_rvq_tables_batch(m->kern, m->pool, n, ly->cbt[2], dx, dt);
+    for (int e = 0; e < n; e++) {
+        rvq_part(ly, 2, recs[e], D, I, &w[e]);
+        t[e] = &down[e], y[e] = o + e * D;
+    }
+    mpk_rvq_matvec_batch(m->kern, m->pool, n, w, t, y);
+    for (int e = 0; e < n; e++) mpk_axpy(m->bsum + (int64_t)pair[e][0] / K * D, m->bselw[pair[e][0]], o + e * D, D);
+}
+
+/* One expert (record rec) of a prefill chunk for its n (token, rank) pairs pr: its tokens'
+ * inputs gathered and multiplied with the decoded codes (mpk_rvq_gemm), each output added with
+ * its routing weight to its token's sum in bsum (the caller visits experts by ascending index). */
 static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const float *xe, const int32_t *pr,
                    int n) {
     const mpm_config *c = &m->c;
@@ -189,15 +238,6 @@ static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const 
     rvq_part(ly, 0, rec, I, D, &wg);
     rvq_part(ly, 1, rec, I, D, &wu);
     rvq_part(ly, 2, rec, D, I, &wd);
-    if (!m->prefill) {
-        mpk_rvq_matvec(m->kern, m->pool, &wg, &m->ctabs[0], m->g);
-        mpk_rvq_matvec(m->kern, m->pool, &wu, &m->ctabs[1], m->u);
-        for (int64_t j = 0; j < I; j++) m->g[j] = mpm_act(c, m->g[j], m->u[j]);
-        build_tab(m, ly, 2, m->g, I, &m->ctabs[2], tab_mem(m, 2));
-        mpk_rvq_matvec(m->kern, m->pool, &wd, &m->ctabs[2], m->ceo);
-        mpk_axpy(m->bsum + (int64_t)pr[0] / K * D, m->bselw[pr[0]], m->ceo, D);
-        return;
-    }
     const int same = !ly->rot_block[0] && !ly->rot_block[1]; /* gate and up see the same input */
     for (int j = 0; j < n; j++) {
         put_row(m, ly, 0, xe + (int64_t)(pr[j] / K) * D, D, m->cxg + j * xs);
@@ -279,8 +319,18 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
         }
         if (m->io.prefetch && g0 + ng < nu) /* next group's reads overlap this group's compute */
             m->io.prefetch(m->io.user, l, m->uniq + g0 + ng, nu - g0 - ng < (int)K ? nu - g0 - ng : (int)K);
-        for (int gi = 0; gi < ng; gi++)
-            expert(m, ly, m->recs[gi], xe, pairs + start[g0 + gi], start[g0 + gi + 1] - start[g0 + gi]);
+        if (m->prefill) {
+            for (int gi = 0; gi < ng; gi++)
+                expert(m, ly, m->recs[gi], xe, pairs + start[g0 + gi], start[g0 + gi + 1] - start[g0 + gi]);
+        } else {
+            const int B = decode_batch(c);
+            const int32_t *pr[MPK_RVQ_BATCH / 2];
+            for (int b0 = 0; b0 < ng; b0 += B) {
+                const int nb = ng - b0 < B ? ng - b0 : B;
+                for (int e = 0; e < nb; e++) pr[e] = pairs + start[g0 + b0 + e];
+                experts_decode(m, ly, m->recs + b0, nb, pr);
+            }
+        }
         m->io.release(m->io.user, l, grp, ng);
     }
     if (ly->has_shared) mpm_ffn_dense(m, &ly->shared, T, xn, out);
