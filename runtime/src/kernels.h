@@ -120,6 +120,8 @@ const mpk_impl *mpk_select(int which);
 const char *mpk_impl_name(const mpk_impl *k);
 
 float mpk_f16_to_f32(uint16_t h);
+/* n f16 values stored little-endian at src, as f32 (exact; F16C where the CPU has it) */
+void mpk_f16_to_f32_n(const void *src, int64_t n, float *d);
 float mpk_bf16_to_f32(uint16_t h);
 uint16_t mpk_f32_to_f16(float f); /* round to nearest even */
 

@@ -135,9 +135,11 @@ static void layer_norm(float *v, const float *w, const float *b, int64_t n) {
     for (int64_t i = 0; i < n; i++) v[i] = ((float)((double)v[i] - mean)) * inv * w[i] + b[i];
 }
 
-/* element i of a cache row (f32, or f16 read back exactly) */
+/* element i of a cache row (f32, or f16 stored little-endian, read back exactly) */
 static float entry(const mpm_model *m, const char *row, int64_t i) {
-    return m->c.kv_f16 ? mpk_f16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+    if (!m->c.kv_f16) return ((const float *)row)[i];
+    const uint8_t *h = (const uint8_t *)row + 2 * i;
+    return mpk_f16_to_f32((uint16_t)(h[0] | (h[1] << 8)));
 }
 
 /* The key of the pool starting at position `first`, from the cached keys and gate scores of its
@@ -212,8 +214,7 @@ static void score_block(void *ctx, size_t b) {
     for (int s = (int)b * DSA_BLOCK; s < end; s++) {
         const float *k;
         if (f16) {
-            const uint16_t *h = (const uint16_t *)j->K + (size_t)s * j->stride * (size_t)d->dim;
-            for (int64_t i = 0; i < d->dim; i++) row[i] = mpk_f16_to_f32(h[i]);
+            mpk_f16_to_f32_n((const uint16_t *)j->K + (size_t)s * j->stride * (size_t)d->dim, d->dim, row);
             k = row;
         } else {
             k = (const float *)j->K + (size_t)s * j->stride * (size_t)d->dim;

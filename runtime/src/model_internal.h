@@ -80,7 +80,6 @@ struct mpm_model {
      * rope] (vc = kc); entries f32, or f16 when c.kv_f16 */
     void *kc, *vc;
     float *kvrows; /* f16 key rows read back by the attention tasks */
-    int kv_f16c;   /* the CPU converts f16 with F16C */
     /* scratch */
     float *xn, *q, *kbuf, *vbuf, *att, *scores, *cosb, *sinb;
     float *qlat, *olat, *lat;

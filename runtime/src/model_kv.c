@@ -15,10 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #define ATT_MAX_BLOCKS 32 /* position blocks per head group */
 #define ATT_MIN_BLOCK 128 /* positions per block at least (short contexts: one block) */
 #define ATT_SLICE 64      /* value columns per output task */
@@ -46,20 +42,6 @@ static uint64_t key_scratch_floats(const mpm_config *c) {
     return (uint64_t)head_groups(c) * ATT_MAX_BLOCKS * (uint64_t)kw;
 }
 
-#if defined(__x86_64__)
-/* F16C's conversion is exact like mpk_f16_to_f32, only faster */
-__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const uint16_t *s, int64_t n, float *d) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
-    for (; i < n; i++) d[i] = mpk_f16_to_f32(s[i]);
-}
-static int have_f16c(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-}
-#else
-static int have_f16c(void) { return 0; }
-#endif
 
 uint64_t mpm_kv_bytes(const mpm_config *c, int ctx) {
     uint64_t per = (uint64_t)row_width(c) * (c->mla ? 1u : 2u); /* MLA: one latent row */
@@ -76,7 +58,6 @@ int mpm_kv_alloc(mpm_model *m) {
     m->vc = c->mla ? m->kc : calloc(one ? (size_t)one : 1, elt(c));
     uint64_t ks = key_scratch_floats(c);
     m->kvrows = ks ? malloc((size_t)ks * sizeof(float)) : NULL;
-    m->kv_f16c = have_f16c();
     return !m->kc || !m->vc || (ks && !m->kvrows) ? -1 : 0;
 }
 
@@ -98,21 +79,17 @@ void mpm_kv_put(const mpm_model *m, void *dst, const float *src, int64_t n) {
         memcpy(dst, src, (size_t)n * sizeof(float));
         return;
     }
-    uint16_t *h = dst;
-    for (int64_t i = 0; i < n; i++) h[i] = mpk_f32_to_f16(src[i]);
+    uint8_t *h = dst; /* little-endian, as mpk_f16_to_f32_n reads it */
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t v = mpk_f32_to_f16(src[i]);
+        h[2 * i] = (uint8_t)v, h[2 * i + 1] = (uint8_t)(v >> 8);
+    }
 }
 
 /* n entries at src as f32: src itself for an f32 cache, else converted into tmp */
 static const float *kv_get(const mpm_model *m, const void *src, int64_t n, float *tmp) {
     if (!m->c.kv_f16) return src;
-#if defined(__x86_64__)
-    if (m->kv_f16c) {
-        f16_to_f32_f16c(src, n, tmp);
-        return tmp;
-    }
-#endif
-    const uint16_t *h = src;
-    for (int64_t i = 0; i < n; i++) tmp[i] = mpk_f16_to_f32(h[i]);
+    mpk_f16_to_f32_n(src, n, tmp);
     return tmp;
 }
 
