@@ -129,6 +129,7 @@ static inline __attribute__((always_inline)) void mpk_rvq_decode_rows(const uint
     for (int64_t v = 0; v < kp; v++, c += (size_t)S * 64) {
         for (int st = 0; st < S; st++) /* the codes come from RAM: their lines 8 vectors ahead */
             _mm_prefetch((const char *)(c + (size_t)(8 * S + st) * 64), _MM_HINT_T0);
+#pragma GCC unroll 16 /* the rows unrolled: constant code offsets, no loop counter (+20-25 %) */
         for (int i = 0; i < MPK_GEMM_ROWS; i++) {
             __m128i sum = _mm_loadu_si128((const __m128i *)cb->q[0][c[i]]);
 #pragma GCC unroll 8
