@@ -667,6 +667,16 @@ float mpk_dot(const float *a, const float *b, int64_t n) {
     return red8(l);
 }
 
+void mpk_dots(const float *x, const float *rows, int64_t stride, int nr, int64_t n, float *out) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (vec_helpers()) {
+        mpk_avx2_dots(x, rows, stride, nr, n, out);
+        return;
+    }
+#endif
+    for (int i = 0; i < nr; i++) out[i] = mpk_dot(rows + i * stride, x, n);
+}
+
 void mpk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     double ss = 0.0; /* double: the sum of squares is the one long reduction here */
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];

@@ -158,6 +158,8 @@ void mpk_hadamard_rotate(const float *x, const float *signs, int64_t n, int64_t 
 /* Small vector helpers (single-threaded, fixed order). */
 void mpk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 float mpk_dot(const float *a, const float *b, int64_t n);
+/* out[i] = mpk_dot(rows + i * stride, x, n) for i < nr, the same bits, several at a time */
+void mpk_dots(const float *x, const float *rows, int64_t stride, int nr, int64_t n, float *out);
 void mpk_axpy(float *y, float a, const float *x, int64_t n); /* y += a x */
 /* out[h * os + c] = sum over t < nt of w[h * ws + t] x row t's column c, for h < nh, c < n: the
  * rows at rows + t * rs bytes, f32 or (f16 = 1) IEEE half; each element summed from 0 in t order,

@@ -580,6 +580,32 @@ AVX2 float mpk_avx2_dot(const float *a, const float *b, int64_t n) {
     return hred(lanes_f32(a, b, n));
 }
 
+/* out[i] = mpk_avx2_dot(rows + i * stride, x, n) for i < 8, eight add chains side by side (one
+ * dot's chain is add-latency bound: attention scores ran at ~2 multiply-adds per cycle) */
+AVX2 static void dots8(const float *x, const float *rows, int64_t stride, int64_t n, float *out) {
+    __m256 L[8];
+    for (int i = 0; i < 8; i++) L[i] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + c);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) L[i] = _mm256_add_ps(L[i], _mm256_mul_ps(_mm256_loadu_ps(rows + i * stride + c), xv));
+    }
+    for (int i = 0; c < n && i < 8; i++) { /* the tail as lanes_f32 adds it */
+        float l[8];
+        _mm256_storeu_ps(l, L[i]);
+        for (int64_t t = c; t < n; t++) l[t & 7] += rows[i * stride + t] * x[t];
+        L[i] = _mm256_loadu_ps(l);
+    }
+    _mm256_storeu_ps(out, red8x8(L));
+}
+
+AVX2 void mpk_avx2_dots(const float *x, const float *rows, int64_t stride, int nr, int64_t n, float *out) {
+    int i = 0;
+    for (; i + 8 <= nr; i += 8) dots8(x, rows + i * stride, stride, n, out + i);
+    for (; i < nr; i++) out[i] = mpk_avx2_dot(rows + i * stride, x, n);
+}
+
 AVX2 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n) {
     const __m256 av = _mm256_set1_ps(a);
     int64_t i = 0;

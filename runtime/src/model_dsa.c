@@ -219,10 +219,14 @@ static void score_block(void *ctx, size_t b) {
         } else {
             k = (const float *)j->K + (size_t)s * j->stride * (size_t)d->dim;
         }
-        float acc = 0.0f;
-        for (int64_t h = 0; h < d->heads; h++) {
-            float v = mpk_dot(j->q + h * d->dim, k, d->dim) * scale;
-            acc += j->w[h] * (v > 0.0f ? v : 0.0f);
+        float acc = 0.0f, dv[64]; /* the heads' dots with this key, a block at a time */
+        for (int64_t h0 = 0; h0 < d->heads; h0 += 64) {
+            const int nh = (int)(d->heads - h0 < 64 ? d->heads - h0 : 64);
+            mpk_dots(k, j->q + h0 * d->dim, d->dim, nh, d->dim, dv);
+            for (int i = 0; i < nh; i++) {
+                float v = dv[i] * scale;
+                acc += j->w[h0 + i] * (v > 0.0f ? v : 0.0f);
+            }
         }
         j->out[s] = acc;
     }

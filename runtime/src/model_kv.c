@@ -116,13 +116,16 @@ static void scores_task(void *ctx, size_t task) {
     int64_t kw = a->kd + a->kd2, t1 = (b + 1) * j->blk < a->n ? (b + 1) * j->blk : a->n;
     float *tmp = j->m->kvrows ? j->m->kvrows + (size_t)task * (size_t)kw : NULL;
     const char *K = (const char *)a->K + (size_t)(g * a->goff) * elt(c);
+    float s[64], s2[64]; /* a block of heads' scores for one key */
     for (int64_t t = b * j->blk; t < t1; t++) {
         const float *k = kv_get(j->m, K + (size_t)t * j->row, kw, tmp);
-        for (int64_t h = h0; h < h1; h++) {
-            const float *q = a->q + h * a->qs;
-            float s = a->kd2 ? mpk_dot(q, k, a->kd) + mpk_dot(q + a->kd, k + a->kd, a->kd2)
-                             : mpk_dot(q, k, a->kd);
-            j->m->scores[(size_t)h * (size_t)j->m->ctx + (size_t)t] = s * a->scale;
+        for (int64_t hb = h0; hb < h1; hb += 64) { /* the group's heads against this key at once */
+            const int nh = (int)(h1 - hb < 64 ? h1 - hb : 64);
+            const float *q = a->q + hb * a->qs;
+            mpk_dots(k, q, a->qs, nh, a->kd, s);
+            if (a->kd2) mpk_dots(k + a->kd, q + a->kd, a->qs, nh, a->kd2, s2);
+            for (int i = 0; i < nh; i++)
+                j->m->scores[(size_t)(hb + i) * (size_t)j->m->ctx + (size_t)t] = (a->kd2 ? s[i] + s2[i] : s[i]) * a->scale;
         }
     }
 }

@@ -1,8 +1,8 @@
 /* rvq expert kernels (spec/CODECS.md §3 tiled codes, §3.5 integer-table product): every kernel
  * path (scalar, AVX2, AVX-512 VBMI where the CPU has them) and thread count against a literal
  * implementation of §3.5 written here from the spec, bit for bit, on awkward shapes and
- * activations (zero, tiny, one huge element, overflow, NaN, NaN/inf row scales); and mpk_wsum
- * against mpk_axpy. */
+ * activations (zero, tiny, one huge element, overflow, NaN, NaN/inf row scales); mpk_wsum
+ * against mpk_axpy and mpk_dots against mpk_dot. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -169,8 +169,26 @@ static void test_wsum(void) {
             }
 }
 
+/* mpk_dots (attention scores): each row's bits are mpk_dot's, row counts around the blocks of
+ * eight, lengths around the 8-wide steps, a row stride wider than the length */
+static void test_dots(void) {
+    enum { NR = 19, NC = 140, STRIDE = 147 };
+    float rows[NR * STRIDE], x[NC], out[NR];
+    for (int i = 0; i < NR * STRIDE; i++) rows[i] = urand() * 4.0f;
+    for (int i = 0; i < NC; i++) x[i] = urand();
+    for (int nr = 1; nr <= NR; nr += 3)
+        for (int64_t n = 1; n <= NC; n += 13) {
+            memset(out, 0x55, sizeof out);
+            mpk_dots(x, rows, STRIDE, nr, n, out);
+            int bad = 0;
+            for (int r = 0; r < nr; r++) bad += bits(out[r]) != bits(mpk_dot(rows + r * STRIDE, x, n));
+            CHECK(bad == 0, "dots rows %d length %lld: %d rows differ", nr, (long long)n, bad);
+        }
+}
+
 int main(void) {
     test_wsum();
+    test_dots();
     paths[npaths++] = mpk_select(MPK_SCALAR);
     if (mpk_select(MPK_AVX2)) paths[npaths++] = mpk_select(MPK_AVX2);
     if (mpk_select(MPK_AVX512VBMI)) paths[npaths++] = mpk_select(MPK_AVX512VBMI);
