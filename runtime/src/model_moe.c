@@ -181,9 +181,54 @@ void mpm_moe_free(mpm_model *m) {
     free(m->cfill);
 }
 
-/* dst = src[0 .. n) rotated for part p and quantised for the prefill product */
-static void put_row(mpm_model *m, const mpm_layer *ly, int p, const float *src, int64_t n, uint8_t *dst) {
-    mpk_rvq_xq(rotated(m, ly, p, src, n), n, dst);
+/* dst = src[0 .. n) rotated for part p (in scratch[n]) and quantised for the prefill product */
+static void put_row(const mpm_layer *ly, int p, const float *src, int64_t n, uint8_t *dst, float *scratch) {
+    if (ly->rot_block[p]) {
+        mpk_hadamard_rotate(src, ly->signs[p], n, ly->rot_block[p], scratch);
+        src = scratch;
+    }
+    mpk_rvq_xq(src, n, dst);
+}
+
+/* One expert's prefill inputs by tokens: its tokens' gate (and up) inputs gathered and quantised
+ * (down = 0), or their activations and the down inputs (down = 1); over the pool unless a part
+ * is rotated (then in order on this thread, rotating into the model's one scratch row). */
+typedef struct {
+    mpm_model *m;
+    const mpm_layer *ly;
+    const float *xe;
+    const int32_t *pr;
+    int n, same, down;
+    float *scratch;
+} prep_job;
+#define PREP_TOKENS 4 /* tokens per task */
+
+static void prep_task(void *ctx, size_t task) {
+    const prep_job *j = ctx;
+    mpm_model *m = j->m;
+    const mpm_config *c = &m->c;
+    const int64_t I = c->moe_inter, K = c->top_k, D = c->latent ? c->latent : c->hidden;
+    const size_t xs = mpk_rvq_xq_bytes(D), ds = mpk_rvq_xq_bytes(I);
+    const int t0 = (int)task * PREP_TOKENS, t1 = t0 + PREP_TOKENS < j->n ? t0 + PREP_TOKENS : j->n;
+    float *scratch = j->scratch;
+    for (int t = t0; t < t1; t++) {
+        if (!j->down) {
+            const float *x = j->xe + (int64_t)(j->pr[t] / K) * D;
+            put_row(j->ly, 0, x, D, m->cxg + t * xs, scratch);
+            if (!j->same) put_row(j->ly, 1, x, D, m->cxu + t * xs, scratch);
+        } else {
+            float *g = m->g + t * I;
+            const float *u = m->u + t * I;
+            for (int64_t i = 0; i < I; i++) g[i] = mpm_act(c, g[i], u[i]);
+            put_row(j->ly, 2, g, I, m->cxd + t * ds, scratch);
+        }
+    }
+}
+
+static void prep(mpm_model *m, const mpm_layer *ly, const float *xe, const int32_t *pr, int n, int same, int down) {
+    const int rot = ly->rot_block[0] || ly->rot_block[1] || ly->rot_block[2];
+    prep_job j = {m, ly, xe, pr, n, same, down, rot ? m->xr : NULL};
+    mpk_pool_run(rot ? NULL : m->pool, (size_t)((n + PREP_TOKENS - 1) / PREP_TOKENS), prep_task, &j);
 }
 
 /* The decode step's experts recs[0 .. n) (n <= decode_batch; pair[e]: expert e's one (token,
@@ -239,14 +284,10 @@ static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const 
     rvq_part(ly, 1, rec, I, D, &wu);
     rvq_part(ly, 2, rec, D, I, &wd);
     const int same = !ly->rot_block[0] && !ly->rot_block[1]; /* gate and up see the same input */
-    for (int j = 0; j < n; j++) {
-        put_row(m, ly, 0, xe + (int64_t)(pr[j] / K) * D, D, m->cxg + j * xs);
-        if (!same) put_row(m, ly, 1, xe + (int64_t)(pr[j] / K) * D, D, m->cxu + j * xs);
-    }
+    prep(m, ly, xe, pr, n, same, 0);
     mpk_rvq_gemm(m->kern, m->pool, &wg, &m->cicb[0], m->cxg, xs, n, m->g);
     mpk_rvq_gemm(m->kern, m->pool, &wu, &m->cicb[1], same ? m->cxg : m->cxu, xs, n, m->u);
-    for (int64_t j = 0; j < n * I; j++) m->g[j] = mpm_act(c, m->g[j], m->u[j]);
-    for (int j = 0; j < n; j++) put_row(m, ly, 2, m->g + j * I, I, m->cxd + j * ds);
+    prep(m, ly, xe, pr, n, same, 1);
     mpk_rvq_gemm(m->kern, m->pool, &wd, &m->cicb[2], m->cxd, ds, n, m->ceo);
     for (int j = 0; j < n; j++) mpk_axpy(m->bsum + (int64_t)pr[j] / K * D, m->bselw[pr[j]], m->ceo + (int64_t)j * D, D);
 }
