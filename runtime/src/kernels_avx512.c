@@ -310,8 +310,9 @@ AVX512 static inline __attribute__((always_inline)) void vgemm_rows16(const floa
 #pragma GCC unroll 8
         for (int m = 0; m < 8; m++) {
             __m512 w = _mm512_load_ps(wb + ((size_t)v * MPK_GEMM_ROWS + 2 * (size_t)m) * 8);
-            __asm__("" : "+v"(w)); /* in a register: GCC folds the load into each of the NT fmas,
-                                     * 3 loads per weight (Zen 5: 56 -> 64-72 G fma/s, one thread) */
+            /* in a register: GCC folds the load into each of the NT fmas, 3 loads per weight
+             * (Zen 5, one thread: 53-64 -> 68-76 G multiply-adds/s) */
+            __asm__("" : "+v"(w));
 #pragma GCC unroll 3
             for (int t = 0; t < NT; t++) c[t][m] = _mm512_fmadd_ps(w, xb[t], c[t][m]);
         }
