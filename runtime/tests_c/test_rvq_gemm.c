@@ -1,6 +1,7 @@
 /* The prefill product of a routed-expert matrix (mpk_rvq_gemm, CODECS.md §3.6): every kernel path
- * and thread count gives the scalar path's bits; each input's result is the same whether it comes
- * alone or among up to 150 others (so chunking a prompt never changes it); it lies within the
+ * and thread count gives the scalar path's bits, and those are §3.6 written out here (all four
+ * steps, bit for bit); each input's result is the same whether it comes alone or among up to 150
+ * others (so chunking a prompt never changes it); it lies within the
  * bound §3.6's two roundings allow (activations to 12 bits per 512 columns, codebook entries to
  * multiples of 2^-p) of a double-precision product of the decoded weights; a NaN input gives the
  * canonical NaN in its own outputs only.  Shapes with partial tiles, row blocks, groups, vectors. */
@@ -17,6 +18,50 @@
 
 
 enum { NMAX = 150 };
+
+/* §3.6 written out from the spec for row r and one input x[cols] (cb as stored, [S][256][8]):
+ * the integer codebook (step 1), the 12-bit activation (2), the lane sums (3), the combine (4) */
+static float spec_row(const mpk_rvq *w, const float *cb, int S, const float *x, int64_t cols, int64_t r) {
+    double M = 0.0;
+    for (int t = 0; t < S; t++) {
+        float mt = 0.0f;
+        for (int i = 0; i < 2048; i++) mt = fabsf(cb[t * 2048 + i]) > mt ? fabsf(cb[t * 2048 + i]) : mt;
+        M += (double)mt;
+    }
+    int p = 0, e;
+    if (M != 0.0) {
+        const double f = frexp(M, &e);
+        p = f * 16384.0 <= 16383.0 - S ? 14 - e : 13 - e;
+        p = p < 100 ? p : 100;
+    }
+    const int64_t nv = (cols + 7) / 8, ng = (nv * 8 + 511) / 512;
+    const uint8_t *codes = w->codes + (size_t)((r / 64) * nv * S) * 64 + (size_t)(r % 64);
+    float a[8] = {0};
+    for (int64_t g = 0; g < ng; g++) {
+        float m = 0.0f;
+        int nan = 0;
+        for (int64_t c = 512 * g; c < 512 * (g + 1) && c < cols; c++) {
+            nan |= x[c] != x[c];
+            m = fabsf(x[c]) > m ? fabsf(x[c]) : m;
+        }
+        float inv = 0.0f, dx = 0.0f;
+        if (nan || m == INFINITY) dx = NAN;
+        else if (m >= 0x1p-96f) inv = 2047.0f / m, dx = m / 2047.0f;
+        int64_t n[8] = {0};
+        for (int64_t c = 512 * g; c < 512 * (g + 1) && c < nv * 8; c++) {
+            const float xc = c < cols ? x[c] : 0.0f, prod = xc * inv;
+            const int64_t q = inv == 0.0f ? 0 : (int64_t)rintf(prod);
+            int64_t wv = 0;
+            for (int t = 0; t < S; t++)
+                wv += (int64_t)rint(ldexp((double)cb[((size_t)t * 256 + codes[(size_t)((c / 8) * S + t) * 64]) * 8 + (size_t)(c % 8)], p));
+            n[(c % 16) / 2] += wv * q;
+        }
+        for (int j = 0; j < 8; j++) a[j] = fmaf((float)n[j], dx, a[j]);
+    }
+    const float sc = mpk_f16_to_f32((uint16_t)(w->scales[2 * r] | w->scales[2 * r + 1] << 8));
+    const float y = ((((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) * sc) * ldexpf(1.0f, -p);
+    return y == y ? y : NAN;
+}
 
 static void check_shape(const mpk_impl *const *paths, int npaths, mpk_pool *const *pools, int npools,
                         int64_t rows, int64_t cols, int S) {
@@ -78,6 +123,14 @@ static void check_shape(const mpk_impl *const *paths, int npaths, mpk_pool *cons
           (long long)rows, (long long)cols, S, worst);
     CHECK(loosest < 2e-3, "rvq %lldx%lld S %d: the bound itself is %g of sum |w x|", (long long)rows,
           (long long)cols, S, loosest);
+    int64_t off_spec = 0;
+    for (int i = 0; i < NMAX; i += i == 5 || i == 11 ? 1 : 6) /* inputs 5 (zero) and 11 (NaN) among them */
+        for (int64_t r = 0; r < rows; r++) {
+            const float v = spec_row(&w, cb, S, x + i * xs, cols, r);
+            off_spec += bits(want[i * rows + r]) != (v == v ? bits(v) : 0x7fc00000u);
+        }
+    CHECK(off_spec == 0, "rvq %lldx%lld S %d: %lld results differ from §3.6 written out", (long long)rows,
+          (long long)cols, S, (long long)off_spec);
     for (int64_t r = 0; r < rows; r++) {
         CHECK(bits(want[11 * rows + r]) == 0x7fc00000u, "NaN input: row %lld is %a", (long long)r,
               (double)want[11 * rows + r]);
