@@ -77,23 +77,24 @@ float mpk_f16_to_f32(uint16_t h) {
     return f;
 }
 
+static uint16_t ld16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
 #if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const uint8_t *s, int64_t n, float *d) {
+/* the whole blocks of eight; returns how many values it converted */
+__attribute__((target("avx,f16c"))) static int64_t f16_to_f32_f16c(const uint8_t *s, int64_t n, float *d) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 2 * i))));
-    for (; i < n; i++) d[i] = mpk_f16_to_f32((uint16_t)(s[2 * i] | (s[2 * i + 1] << 8)));
+    return i;
 }
 #endif
 
 void mpk_f16_to_f32_n(const void *src, int64_t n, float *d) {
     const uint8_t *s = src;
+    int64_t i = 0;
 #if defined(__x86_64__) || defined(__i386__)
-    if (vec_helpers()) { /* F16C: exact like mpk_f16_to_f32, only faster */
-        f16_to_f32_f16c(s, n, d);
-        return;
-    }
+    if (vec_helpers()) i = f16_to_f32_f16c(s, n, d); /* F16C: exact like mpk_f16_to_f32, only faster */
 #endif
-    for (int64_t i = 0; i < n; i++) d[i] = mpk_f16_to_f32((uint16_t)(s[2 * i] | (s[2 * i + 1] << 8)));
+    for (; i < n; i++) d[i] = mpk_f16_to_f32(ld16(s + 2 * i));
 }
 
 /* IEEE binary16 with round to nearest, ties to even (what numpy's astype(float16) and F16C do);
@@ -128,7 +129,6 @@ float mpk_bf16_to_f32(uint16_t h) {
     return f;
 }
 
-static uint16_t ld16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
 /* ---- scalar implementations ---- */
 
@@ -810,7 +810,7 @@ static void gemm_task(void *ctx, size_t task) {
     float acc[MPK_GEMM_INPUTS * MPK_GEMM_ROWS * 8] __attribute__((aligned(64)));
     j->k->rvq_gemm(w, j->cb, j->xq + (size_t)t0 * j->xqs, j->xqs, n, r0, acc);
     float sc[MPK_GEMM_ROWS];
-    for (int64_t r = r0; r < r1; r++) sc[r - r0] = mpk_f16_to_f32(ld16(w->scales + 2 * r));
+    mpk_f16_to_f32_n(w->scales + 2 * r0, r1 - r0, sc);
     /* input-outer: each input's rows are one run of y (row-outer wrote a line per store, and
      * the stores' misses were most of this loop) */
     for (int64_t t = 0; t < n; t++)

@@ -138,8 +138,9 @@ static void layer_norm(float *v, const float *w, const float *b, int64_t n) {
 /* element i of a cache row (f32, or f16 stored little-endian, read back exactly) */
 static float entry(const mpm_model *m, const char *row, int64_t i) {
     if (!m->c.kv_f16) return ((const float *)row)[i];
-    const uint8_t *h = (const uint8_t *)row + 2 * i;
-    return mpk_f16_to_f32((uint16_t)(h[0] | (h[1] << 8)));
+    float v;
+    mpk_f16_to_f32_n(row + 2 * i, 1, &v);
+    return v;
 }
 
 /* The key of the pool starting at position `first`, from the cached keys and gate scores of its

@@ -42,7 +42,6 @@ static uint64_t key_scratch_floats(const mpm_config *c) {
     return (uint64_t)head_groups(c) * ATT_MAX_BLOCKS * (uint64_t)kw;
 }
 
-
 uint64_t mpm_kv_bytes(const mpm_config *c, int ctx) {
     uint64_t per = (uint64_t)row_width(c) * (c->mla ? 1u : 2u); /* MLA: one latent row */
     return per * (uint64_t)kv_slots(c) * (uint64_t)ctx * elt(c) /* linear layers: no KV */
