@@ -232,11 +232,11 @@ static void prep(mpm_model *m, const mpm_layer *ly, const float *xe, const int32
 }
 
 /* The decode step's experts recs[0 .. n) (n <= decode_batch; pair[e]: expert e's one (token,
- * rank) pair), in three pool jobs: every gate and up product (tables ctabs[0], [1], built once
+ * rank) pair index), in three pool jobs: every gate and up product (tables ctabs[0], [1], built once
  * per layer by the caller), every down table, every down product; then each output added with
  * its routing weight to bsum in the caller's (ascending index) order. */
 static void experts_decode(mpm_model *m, const mpm_layer *ly, const uint8_t *const *recs, int n,
-                           const int32_t *const *pair) {
+                           const int32_t *pair) {
     const mpm_config *c = &m->c;
     const int64_t I = c->moe_inter, K = c->top_k, D = c->latent ? c->latent : c->hidden;
     mpk_rvq w[MPK_RVQ_BATCH];
@@ -244,6 +244,7 @@ static void experts_decode(mpm_model *m, const mpm_layer *ly, const uint8_t *con
     mpk_rvq_tab down[MPK_RVQ_BATCH / 2], *dt[MPK_RVQ_BATCH / 2];
     float *y[MPK_RVQ_BATCH], *g = m->cdec, *u = g + n * I, *o = u + n * I;
     const float *dx[MPK_RVQ_BATCH / 2];
+    if (n < 1) return;
     for (int e = 0; e < n; e++) {
         rvq_part(ly, 0, recs[e], I, D, &w[2 * e]);
         rvq_part(ly, 1, recs[e], I, D, &w[2 * e + 1]);
@@ -268,7 +269,7 @@ static void experts_decode(mpm_model *m, const mpm_layer *ly, const uint8_t *con
         t[e] = &down[e], y[e] = o + e * D;
     }
     mpk_rvq_matvec_batch(m->kern, m->pool, n, w, t, y);
-    for (int e = 0; e < n; e++) mpk_axpy(m->bsum + (int64_t)pair[e][0] / K * D, m->bselw[pair[e][0]], o + e * D, D);
+    for (int e = 0; e < n; e++) mpk_axpy(m->bsum + (int64_t)pair[e] / K * D, m->bselw[pair[e]], o + e * D, D);
 }
 
 /* One expert (record rec) of a prefill chunk for its n (token, rank) pairs pr: its tokens'
@@ -365,10 +366,10 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
                 expert(m, ly, m->recs[gi], xe, pairs + start[g0 + gi], start[g0 + gi + 1] - start[g0 + gi]);
         } else {
             const int B = decode_batch(c);
-            const int32_t *pr[MPK_RVQ_BATCH / 2];
+            int32_t pr[MPK_RVQ_BATCH / 2];
             for (int b0 = 0; b0 < ng; b0 += B) {
                 const int nb = ng - b0 < B ? ng - b0 : B;
-                for (int e = 0; e < nb; e++) pr[e] = pairs + start[g0 + b0 + e];
+                for (int e = 0; e < nb; e++) pr[e] = pairs[start[g0 + b0 + e]];
                 experts_decode(m, ly, m->recs + b0, nb, pr);
             }
         }
