@@ -46,6 +46,7 @@ VARIANTS = {
     "threads2": dict(threads=2),
     "no_cache": dict(cache_experts=0),
     "tiny_cache": dict(cache_experts=1),
+    "small_cache": dict(cache_experts=3),  # under two top-2 groups: prompt acquires shrink
     "lru": dict(cache_policy="lru"),
     "no_prefetch": dict(prefetch=False),
     "buffered_io": dict(o_direct=False),
@@ -153,6 +154,20 @@ def test_cache_statistics(mixtral):
         s = e.stats()
     assert s["cache_misses"] == 0 and s["cache_hits"] > 0 and s["bytes_read"] == 0
     assert s["prompt_tokens"] == 30 and s["hit_rate"] == 1.0
+
+
+def test_prompt_prefetch_finds_room_in_a_small_cache(mixtral):
+    """A cache holding fewer than two top_k groups: a prompt acquires half the cache at a time,
+    so the next group's prefetch has room while this one is pinned and only each layer's first
+    acquire in a chunk waits for a read (with whole top_k groups the prefetch found room for one
+    record: 4 of 6 experts a layer were read while the compute waited)."""
+    toks = _tokens(40, seed=5)
+    with Engine(mixtral, cache_experts=3, threads=1) as e:
+        e.logits(toks)
+        s = e.stats()
+    chunks = -(-len(toks) // s["chunk"])
+    assert 0 < s["cache_misses"] <= 2 * chunks, s  # 2 layers: one miss each per chunk at most
+    assert s["cache_hits"] >= 2 * chunks, s
 
 
 def test_prompt_in_pieces_equals_one_pass_and_decode_is_close(mixtral):

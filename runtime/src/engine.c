@@ -369,7 +369,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     }
     mpm_set_pool(e->model, e->pool);
     mpm_set_kernels(e->model, e->kern);
-    mpm_expert_io io = {e, io_acquire, io_release, cfg.prefetch ? io_prefetch : NULL};
+    mpm_expert_io io = {e, io_acquire, io_release, cfg.prefetch ? io_prefetch : NULL, e->cache_experts};
     mpm_set_io(e->model, &io);
     mpm_set_lookahead(e->model, cfg.prefetch);
     *out = e;

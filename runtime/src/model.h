@@ -111,13 +111,15 @@ typedef int (*mpm_tensor_fn)(void *user, const char *name, mpm_src *out);
 /* Routed-expert record access for one layer's selected experts at once: acquire blocks until
  * all n records are in RAM (reads issued together) and pins them; returns 0 or an MP_E* code with
  * a message in msg.  release unpins the same list.  prefetch is an asynchronous hint (may be
- * NULL). */
+ * NULL) that finds room only in the cache, which holds `cached` records, pinned ones included
+ * (0: none or unknown). */
 typedef struct mpm_expert_io {
     void *user;
     int (*acquire)(void *user, int layer, const int *experts, int n, const uint8_t **records,
                    char *msg, size_t msglen);
     void (*release)(void *user, int layer, const int *experts, int n);
     void (*prefetch)(void *user, int layer, const int *experts, int n);
+    int cached;
 } mpm_expert_io;
 
 /* Expert part layout within a record (from the bank's "parts"). */

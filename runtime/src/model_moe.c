@@ -293,9 +293,21 @@ static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const 
     for (int j = 0; j < n; j++) mpk_axpy(m->bsum + (int64_t)pr[j] / K * D, m->bselw[pr[j]], m->ceo + (int64_t)j * D, D);
 }
 
+/* Records per acquire: top_k (the pinned working set the memory plan allows), but in a prefill
+ * pass whose cache holds fewer than two such groups, half of what it holds, so that the next
+ * group's prefetch finds room while this one is pinned (with top_k it found room for one record
+ * and the next acquire read the rest while the compute waited: a 512-token prompt under the
+ * quick bench's 25 % cap, Zen 3, waited for reads 23-30 % of its time).  The group size changes
+ * no result: each expert is computed alone, in the same order. */
+static int acquire_group(const mpm_model *m) {
+    const int K = (int)m->c.top_k, half = m->io.cached / 2;
+    if (!m->prefill || !m->io.prefetch || half >= K) return K;
+    return half > 1 ? half : 1;
+}
+
 /* MoE block for a chunk of T tokens (xn: T x hidden, normalised).  Routed experts are fetched in
- * groups of at most top_k records (the pinned working set the memory plan allows), each group
- * with one acquire while the next group is prefetched; in a prefill chunk each distinct expert is
+ * groups of at most acquire_group records, each group with one acquire while the next group is
+ * prefetched; in a prefill chunk each distinct expert is
  * read once and computed for all of its tokens at once (the prefill product, CODECS.md §3.6:
  * each (token, row) independent of the other tokens).  Experts are visited by ascending index and
  * each adds its weighted output to its tokens' sums, so every token's experts are summed in the
@@ -348,8 +360,9 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
         for (int p = 0; p < 3; p++) mpk_rvq_icb_init(&m->cicb[p], ly->cb[p], ly->stages[p]);
     }
     memset(m->bsum, 0, (size_t)(T * D) * sizeof(float));
-    for (int g0 = 0; g0 < nu; g0 += (int)K) {
-        int ng = nu - g0 < (int)K ? nu - g0 : (int)K;
+    const int A = acquire_group(m);
+    for (int g0 = 0; g0 < nu; g0 += A) {
+        int ng = nu - g0 < A ? nu - g0 : A;
         const int *grp = m->uniq + g0;
         char msg[192] = "";
         double t0 = mpm_now();
@@ -360,7 +373,7 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
             return rc;
         }
         if (m->io.prefetch && g0 + ng < nu) /* next group's reads overlap this group's compute */
-            m->io.prefetch(m->io.user, l, m->uniq + g0 + ng, nu - g0 - ng < (int)K ? nu - g0 - ng : (int)K);
+            m->io.prefetch(m->io.user, l, m->uniq + g0 + ng, nu - g0 - ng < A ? nu - g0 - ng : A);
         if (m->prefill) {
             for (int gi = 0; gi < ng; gi++)
                 expert(m, ly, m->recs[gi], xe, pairs + start[g0 + gi], start[g0 + gi + 1] - start[g0 + gi]);
