@@ -306,9 +306,9 @@ static int acquire_group(const mpm_model *m) {
 }
 
 /* MoE block for a chunk of T tokens (xn: T x hidden, normalised).  Routed experts are fetched in
- * groups of at most acquire_group records, each group with one acquire while the next group is
- * prefetched; in a prefill chunk each distinct expert is
- * read once and computed for all of its tokens at once (the prefill product, CODECS.md §3.6:
+ * groups of acquire_group records, each group with one acquire while the next group is
+ * prefetched; in a prefill chunk each distinct expert is read once and computed for all of its
+ * tokens at once (the prefill product, CODECS.md §3.6:
  * each (token, row) independent of the other tokens).  Experts are visited by ascending index and
  * each adds its weighted output to its tokens' sums, so every token's experts are summed in the
  * order of their indices: a prompt token gets the same arithmetic whatever the chunk size. */
