@@ -594,7 +594,11 @@ AVX2 static void a_rvq_acc(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0
                     _mm_prefetch((const char *)(c + (j + A_PF) * 64), _MM_HINT_T0);
 #pragma GCC unroll 2
                     for (int h = 0; h < 2; h++) {
-                        const __m256i r = lookup32(t->q + j * 256, _mm256_loadu_si256((const __m256i *)(c + j * 64 + 32 * h)));
+                        /* each half broadcasts its sub-tables afresh from L1: with one pointer GCC
+                         * kept the first half's 16 for the second and spilled 8 of them */
+                        const int8_t *tab = t->q + j * 256;
+                        __asm__ volatile("" : "+r"(tab));
+                        const __m256i r = lookup32(tab, _mm256_loadu_si256((const __m256i *)(c + j * 64 + 32 * h)));
                         /* even and odd rows' bytes sign-extended to int16 (vpmaddubsw by 1 and 0) */
                         ev[st][h] = _mm256_add_epi16(ev[st][h], _mm256_maddubs_epi16(_mm256_set1_epi16(0x0001), r));
                         od[st][h] = _mm256_add_epi16(od[st][h], _mm256_maddubs_epi16(_mm256_set1_epi16(0x0100), r));
