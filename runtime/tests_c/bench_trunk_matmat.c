@@ -1,13 +1,16 @@
-/* Trunk matrix times a prompt chunk (mpk_matmat, issue 15): ns per (weight x token) against the
- * number of tokens, per codec, one thread, matrix in cache after the first call.  Not a test.
+/* Trunk matrix times several tokens, both products (issue 15): ns per (weight x token) against
+ * the number of tokens, per codec, one thread, matrix in cache after the first call.  Not a test.
+ * mpk_matmat keeps the decode numerics (routers, the lm_head; where its MPK_MM_TB blocking pays
+ * off); mpk_gemm is the prefill trunk product (rows decoded once, FMA micro-kernels).
  *
  *   gcc -std=c11 -O2 -ffp-contract=off -Iruntime/include -Iruntime/src \
  *       runtime/tests_c/bench_trunk_matmat.c runtime/src/kernels*.c runtime/src/codecs.c \
  *       runtime/src/json.c -pthread -lm -o /tmp/bench_trunk_matmat
  *   /tmp/bench_trunk_matmat [ROWSxCOLS]
  *
- * One JSON line per codec and token count n: ns_w = this thread's CPU time (time spent
- * descheduled on a shared machine does not count) per weight x token, best of 5 calls. */
+ * One JSON line per codec and token count n: ns_w (mpk_matmat) and ns_w_gemm (mpk_gemm) = this
+ * thread's CPU time (time spent descheduled on a shared machine does not count) per weight x
+ * token, best of 5 calls each. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
@@ -46,16 +49,18 @@ int main(int argc, char **argv) {
         mpk_mat_init(&w, kinds[ki].codec, rows, cols, kinds[ki].group, kinds[ki].zp, data);
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
             int n = ns[ni];
-            double best = 1e30;
-            for (int rep = 0; rep < 5; rep++) {
+            double best[2] = {1e30, 1e30};
+            for (int rep = 0; rep < 10; rep++) { /* the two products alternated */
                 double a = cpu_now();
-                mpk_matmat(k, NULL, &w, x, n, y);
+                if (rep % 2) mpk_gemm(k, NULL, &w, x, n, y);
+                else mpk_matmat(k, NULL, &w, x, n, y);
                 double d = cpu_now() - a;
-                best = d < best ? d : best;
+                best[rep % 2] = d < best[rep % 2] ? d : best[rep % 2];
             }
+            const double wt = (double)rows * (double)cols * n;
             printf("{\"codec\": \"%s\", \"shape\": \"%ldx%ld\", \"path\": \"%s\", \"n\": %d, \"ns_w\": %.5f, "
-                   "\"check\": %g}\n",
-                   kinds[ki].name, rows, cols, mpk_impl_name(k), n, best / ((double)rows * (double)cols * n) * 1e9,
+                   "\"ns_w_gemm\": %.5f, \"check\": %g}\n",
+                   kinds[ki].name, rows, cols, mpk_impl_name(k), n, best[0] / wt * 1e9, best[1] / wt * 1e9,
                    (double)y[0]);
         }
         free(data);
