@@ -131,9 +131,7 @@ static inline float parts_sum(const float *p, int64_t n, float acc) {
  * one register (the scalar reduction was most of the time).  While it computes groups
  * g .. g + 7 it adds another row's parts g - g0 .. g - g0 + 7 onto *pacc (prev; NULL: none) and
  * returns how many it added: a row's sum is a chain of dependent adds, and right behind the
- * row's own products it filled the reorder window (with the loads' one base in lanes8x8,
- * bench_kernels one thread, Zen 3, best of 4 alternated rounds: q8 10.1-10.4 -> 11.9-12.1 G
- * weights/s, q6 6.2 -> 7.4-7.5, q4 7.1 -> 8.5-8.6, in RAM and in cache alike). */
+ * row's own products it filled the reorder window (docs/RUNTIME.md "Determinism (trunk, decode)"). */
 AVX2 static inline __attribute__((always_inline)) int64_t grouped_parts(const mpk_mat *w, int64_t r, const float *x,
                                                                          const int codec, const int64_t GC, int64_t g0,
                                                                          int64_t g1, float *p, const float *prev,
