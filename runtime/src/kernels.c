@@ -24,7 +24,7 @@
 static int cpu_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("bmi2");
 }
 static int cpu_avx512vbmi(void) {
     /* libgcc also checks that the OS saves the zmm state (XCR0) before reporting these */

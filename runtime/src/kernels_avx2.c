@@ -11,7 +11,7 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX2 __attribute__((target("avx2,fma,f16c,bmi2")))
 
 static uint16_t ld16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
@@ -478,7 +478,7 @@ AVX2 void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float
 }
 
 /* The same code where AVX-512VL gives 32 vector registers (the AVX-512 table's trunk product). */
-__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) void
+__attribute__((target("avx2,fma,f16c,bmi2,avx512f,avx512vl"))) void
 mpk_avx512vl_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl, int64_t nb,
                      int64_t n, float *y, float *wb) {
     mm_rows_body(w, r0, r1, xt, xl, nb, n, y, wb);
@@ -705,7 +705,8 @@ AVX2 void mpk_avx2_wsum(float *out, int64_t os, int nh, const float *w, int64_t 
 /* rows q..q+3 (wq: their decoded pairs) times one group of two inputs (two == 0: one): exact
  * int32 lane sums s<row><input>, then one fma per lane into a[t][row][8] (first group: onto +0).
  * Eight accumulators: with twelve they spill on AVX2's 16 registers. */
-#define IG_W(r) _mm256_load_si256((const __m256i *)(wq + ((size_t)k * MPK_GEMM_ROWS + (r)) * 16))
+#define IG_WP(r) ((const __m256i *)(wq + ((size_t)k * MPK_GEMM_ROWS + (r)) * 16))
+#define IG_W(r) _mm256_load_si256(IG_WP(r))
 /* one multiply-add per asm statement through a fixed temporary: written as intrinsics, GCC
  * computed all eight products first and copied every sum back (35 instructions a step, not 22) */
 #define IG_MAC(acc, w, x) \
@@ -745,33 +746,37 @@ AVX2 static void igemm_rows4x2(const int16_t *wq, const int16_t *const *xq, cons
         igemm_put(a0, 1, 2, s21, dg[1], first), igemm_put(a0, 1, 3, s31, dg[1], first);
     }
 }
-/* rows q, q+1 times four inputs: the two rows' weights stay in registers and each input is loaded
- * once per step (6 loads for 8 multiply-adds; 4 x 2 takes 10) */
-AVX2 static void igemm_rows2x4(const int16_t *wq, const int16_t *const *xq, const float *dg, int64_t np,
+/* rows q..q+3 times three inputs held in registers: twelve sums, each weight the multiply's
+ * memory operand (2.5 instructions a multiply-add; two rows x four inputs with the weights in
+ * registers took 3.25 and measured 3-5 % slower, Zen 3) */
+#define IG_MACM(acc, x, r) \
+    __asm__("vpmaddwd %2, %1, %%ymm15\n\tvpaddd %%ymm15, %0, %0" \
+            : "+x"(acc) : "x"(x), "m"(*IG_WP(r)) : "xmm15")
+AVX2 static void igemm_rows4x3(const int16_t *wq, const int16_t *const *xq, const float *dg, int64_t np,
                                int first, float *a0) {
-    __m256i s00 = _mm256_setzero_si256(), s01 = s00, s02 = s00, s03 = s00;
-    __m256i s10 = s00, s11 = s00, s12 = s00, s13 = s00;
+    __m256i s00 = _mm256_setzero_si256(), s01 = s00, s02 = s00, s10 = s00, s11 = s00, s12 = s00;
+    __m256i s20 = s00, s21 = s00, s22 = s00, s30 = s00, s31 = s00, s32 = s00;
     for (int64_t k = 0; k < np; k++) {
-        const __m256i w0 = IG_W(0), w1 = IG_W(1);
-        __m256i x = _mm256_loadu_si256((const __m256i *)(xq[0] + 16 * k));
-        IG_MAC(s00, w0, x);
-        IG_MAC(s10, w1, x);
-        x = _mm256_loadu_si256((const __m256i *)(xq[1] + 16 * k));
-        IG_MAC(s01, w0, x);
-        IG_MAC(s11, w1, x);
-        x = _mm256_loadu_si256((const __m256i *)(xq[2] + 16 * k));
-        IG_MAC(s02, w0, x);
-        IG_MAC(s12, w1, x);
-        x = _mm256_loadu_si256((const __m256i *)(xq[3] + 16 * k));
-        IG_MAC(s03, w0, x);
-        IG_MAC(s13, w1, x);
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq[0] + 16 * k));
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq[1] + 16 * k));
+        const __m256i x2 = _mm256_loadu_si256((const __m256i *)(xq[2] + 16 * k));
+        IG_MACM(s00, x0, 0); IG_MACM(s01, x1, 0); IG_MACM(s02, x2, 0);
+        IG_MACM(s10, x0, 1); IG_MACM(s11, x1, 1); IG_MACM(s12, x2, 1);
+        IG_MACM(s20, x0, 2); IG_MACM(s21, x1, 2); IG_MACM(s22, x2, 2);
+        IG_MACM(s30, x0, 3); IG_MACM(s31, x1, 3); IG_MACM(s32, x2, 3);
     }
     igemm_put(a0, 0, 0, s00, dg[0], first), igemm_put(a0, 1, 0, s01, dg[1], first);
-    igemm_put(a0, 2, 0, s02, dg[2], first), igemm_put(a0, 3, 0, s03, dg[3], first);
+    igemm_put(a0, 2, 0, s02, dg[2], first);
     igemm_put(a0, 0, 1, s10, dg[0], first), igemm_put(a0, 1, 1, s11, dg[1], first);
-    igemm_put(a0, 2, 1, s12, dg[2], first), igemm_put(a0, 3, 1, s13, dg[3], first);
+    igemm_put(a0, 2, 1, s12, dg[2], first);
+    igemm_put(a0, 0, 2, s20, dg[0], first), igemm_put(a0, 1, 2, s21, dg[1], first);
+    igemm_put(a0, 2, 2, s22, dg[2], first);
+    igemm_put(a0, 0, 3, s30, dg[0], first), igemm_put(a0, 1, 3, s31, dg[1], first);
+    igemm_put(a0, 2, 3, s32, dg[2], first);
 }
+#undef IG_MACM
 #undef IG_W
+#undef IG_WP
 #undef IG_MAC
 
 AVX2 void mpk_avx2_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xq, size_t xqs, int64_t n,
@@ -783,14 +788,14 @@ AVX2 void mpk_avx2_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8
     for (int64_t v0 = 0, g = 0; v0 < nv; v0 += MPK_RVQ_XGROUP, g++) { /* one panel per group */
         const int64_t kp = nv - v0 < MPK_RVQ_XGROUP ? nv - v0 : MPK_RVQ_XGROUP, np = (kp + 1) / 2;
         mpk_rvq_decode_panel(codes + (size_t)(v0 * S) * 64, cb, kp, S, 2, wb); /* wb[pair][row][16] */
-        for (int64_t t = 0; t < n;) { /* inputs by four, the last one to three by two or one */
-            const int nt = n - t >= 4 ? 4 : n - t >= 2 ? 2 : 1;
-            const int16_t *xp[4];
-            float dg[4];
+        for (int64_t t = 0; t < n;) { /* inputs by three, the last one or two together */
+            const int nt = n - t >= 3 ? 3 : n - t >= 2 ? 2 : 1;
+            const int16_t *xp[3];
+            float dg[3];
             mpk_rvq_gemm_inputs(xq, xqs, w->cols, t, nt, v0, g, xp, dg);
             float *a0 = acc + (size_t)t * MPK_GEMM_ROWS * 8;
-            if (nt == 4)
-                for (int q = 0; q < MPK_GEMM_ROWS; q += 2) igemm_rows2x4(wb + (size_t)q * 16, xp, dg, np, v0 == 0, a0 + q * 8);
+            if (nt == 3)
+                for (int q = 0; q < MPK_GEMM_ROWS; q += 4) igemm_rows4x3(wb + (size_t)q * 16, xp, dg, np, v0 == 0, a0 + q * 8);
             else
                 for (int q = 0; q < MPK_GEMM_ROWS; q += 4)
                     igemm_rows4x2(wb + (size_t)q * 16, xp, dg, np, v0 == 0, a0 + q * 8, nt == 2);

@@ -10,8 +10,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,fma")))
-#define AVX512N __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,fma")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,fma,bmi2")))
+#define AVX512N __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,fma,bmi2")))
 
 /* T for vectors v .. v + NV - 1 (VE x 16 entries per step): each codebook load serves NV fma
  * chains (one vector at a time, loads bound it: 38 -> 26 us for a 1536-column table) */

@@ -121,6 +121,12 @@ static inline void mpk_rvq_gemm_inputs(const uint8_t *xq, size_t xqs, int64_t co
 }
 #if defined(__SSE2__)
 #include <emmintrin.h>
+/* Byte b of w times 16 (a codebook entry's offset): a rotate putting it at bits 4..11 (one BMI2
+ * rorx where the caller's target has BMI2) and a mask. */
+static inline size_t mpk_code_x16(uint64_t w, int b) {
+    const int sh = (8 * b + 60) % 64; /* never 0 */
+    return (size_t)((w >> sh | w << (64 - sh)) & 0xff0u);
+}
 /* §3.6's decoded weights of one panel of the SIMD prefill drivers: for each of its kp vectors
  * (codes c, S stages) the MPK_GEMM_ROWS rows' stage entries summed (exact in any order), stored
  * wb[block][row][8 * per] with per vectors a block (2: one 256-bit register, 4: one 512-bit),
@@ -130,12 +136,19 @@ static inline __attribute__((always_inline)) void mpk_rvq_decode_rows(const uint
     for (int64_t v = 0; v < kp; v++, c += (size_t)S * 64) {
         for (int st = 0; st < S; st++) /* the codes come from RAM: their lines 8 vectors ahead */
             _mm_prefetch((const char *)(c + (size_t)(8 * S + st) * 64), _MM_HINT_T0);
+        /* each stage's 16 codes as two 8-byte words, a code's entry offset taken by a rotate and a
+         * mask instead of a byte load each (the loads bounded this loop) */
+        uint64_t cw[MPK_RVQ_MAX_STAGES][2];
+#pragma GCC unroll 8
+        for (int st = 0; st < S; st++) memcpy(cw[st], c + st * 64, 16);
 #pragma GCC unroll 16 /* the rows unrolled: constant code offsets, no loop counter (+20-25 %) */
         for (int i = 0; i < MPK_GEMM_ROWS; i++) {
-            __m128i sum = _mm_loadu_si128((const __m128i *)cb->q[0][c[i]]);
+            const char *e0 = (const char *)cb->q[0] + mpk_code_x16(cw[0][i >> 3], i & 7);
+            __m128i sum = _mm_loadu_si128((const __m128i *)e0);
 #pragma GCC unroll 8
             for (int st = 1; st < S; st++)
-                sum = _mm_add_epi16(sum, _mm_loadu_si128((const __m128i *)cb->q[st][c[st * 64 + i]]));
+                sum = _mm_add_epi16(sum, _mm_loadu_si128((const __m128i *)((const char *)cb->q[st] +
+                                                                           mpk_code_x16(cw[st][i >> 3], i & 7))));
             _mm_store_si128((__m128i *)(wb + ((size_t)(v / per) * MPK_GEMM_ROWS + (size_t)i) * 8 * per + (v % per) * 8), sum);
         }
     }
