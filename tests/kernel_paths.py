@@ -14,7 +14,7 @@ def cpu_flags() -> list[str]:
 
 
 def cpu_has_avx2() -> bool:
-    return all(f in cpu_flags() for f in ("avx2", "fma", "f16c"))
+    return all(f in cpu_flags() for f in ("avx2", "fma", "f16c", "bmi2"))
 
 
 def best_kernels() -> str:

@@ -93,7 +93,7 @@ def test_kernel_choice_is_per_engine(mixtral):
     import threading
 
     if not cpu_has_avx2():
-        pytest.skip("CPU without AVX2/FMA/F16C: every engine uses the scalar kernels")
+        pytest.skip("CPU without AVX2/FMA/F16C/BMI2: every engine uses the scalar kernels")
     toks = _tokens(40, seed=9)
     best = best_kernels()
     with Engine(mixtral, threads=1) as a:
