@@ -140,6 +140,19 @@ def test_markdown_renders_partial_results(tmp_path, monkeypatch) -> None:
     assert "records of 7.340 MB" in md
 
 
+def test_bandwidth_bound_above_one_is_not_a_verdict(tmp_path, monkeypatch) -> None:
+    """A decode faster than the run's own RAM probe allows means the probe ran slow: no "yes"."""
+    from bench import run_all
+
+    res = {"threads": 2, "memory_read_gb_s": 1.0,
+           "plan": {"trunk_bytes": 10**8, "step_expert_bytes": 10**8},
+           "warm": {"moepack": {"tok_s": [4.0, 8.0]}}}  # bound 5 tok/s, decode 8: 1.6 of it
+    goals = run_all.goals_kernels_prompt(res)
+    assert "| 1.60 of 5.00 tok/s | – (the RAM probe read slower than decode) |" in goals
+    res["memory_read_gb_s"] = 4.0  # bound 20 tok/s: 0.4 of it, a real "no"
+    assert "| 0.40 of 20.00 tok/s | no |" in run_all.goals_kernels_prompt(res)
+
+
 def test_forced_token_stream_is_fixed_varied_and_in_range() -> None:
     from bench.run_all import forced_tokens
 
