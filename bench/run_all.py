@@ -513,13 +513,16 @@ def _prompt_row(cap: str, label: str, run: dict | None, ref: dict | None) -> str
 BOUND_TRUSTED = 1.0
 
 
-def _bandwidth_bound(res: dict) -> tuple[float, int] | None:
-    """(tok/s, bytes per token) if decode only had to read its resident bytes once per token."""
+def _bandwidth_bound(res: dict) -> tuple[float, int, float | None] | None:
+    """(tok/s, bytes per token) if decode only had to read its resident bytes once per token,
+    and moepack's best warm decode as a share of that tok/s."""
     bw, p = res.get("memory_read_gb_s"), res.get("plan") or {}
     if not bw or not p.get("trunk_bytes"):
         return None
     touched = p["trunk_bytes"] + p["step_expert_bytes"]
-    return bw * 1e9 / touched, touched
+    w = res.get("warm") or {}
+    best = max(_tok(w.get("moepack"), -1) or 0, _tok(w.get("moepack_vs_q3k"), -1) or 0)
+    return bw * 1e9 / touched, touched, _ratio(best, bw * 1e9 / touched)
 
 
 def _moepack_runs(res: dict) -> list[dict]:
@@ -624,13 +627,12 @@ def section(res: dict) -> str:
                 out.append(f"| moepack, alternated with the Q3_K twin | {_f(mq)}"
                            f"{_spread(w['moepack_vs_q3k'])} | – |")
         bound = _bandwidth_bound(res)
-        best_mw = max(mw or 0, _tok(w.get("moepack_vs_q3k"), -1) or 0)
         if bound:
             out.append(f"\nMemory-bandwidth bound: {_size(bound[1])} touched per token (trunk + "
                        f"one token's experts) at {_f(res['memory_read_gb_s'])} GB/s "
                        f"({res['threads']} threads reading RAM) = {_f(bound[0])} tok/s; moepack's "
-                       f"best warm decode is {_f(_ratio(best_mw, bound[0]))} of it.")
-            if (_ratio(best_mw, bound[0]) or 0) > BOUND_TRUSTED:
+                       f"best warm decode is {_f(bound[2])} of it.")
+            if (bound[2] or 0) > BOUND_TRUSTED:
                 out.append("Above 1: decode read RAM faster than this run's probe did, so the "
                            "probe ran in a slow phase of the machine; the bound is not a "
                            "measurement here.")
@@ -843,7 +845,7 @@ def goals_kernels_prompt(res: dict) -> str:
                      f"passes | {_f(r[0])}x / {_f(r[1])}x (default budget) | {met} |")
     bound = _bandwidth_bound(res)
     if bound:
-        b = _ratio(max(_tok(w.get("moepack"), -1) or 0, mq or 0), bound[0])
+        b = bound[2]
         met = (_verdict(b, 0.8) if (b or 0) <= BOUND_TRUSTED
                else "– (the RAM probe read slower than decode)")
         lines.append(f"| 14 (moonshot): warm decode >= 0.8 of the memory-bandwidth bound | "

@@ -140,7 +140,7 @@ def test_markdown_renders_partial_results(tmp_path, monkeypatch) -> None:
     assert "records of 7.340 MB" in md
 
 
-def test_bandwidth_bound_above_one_is_not_a_verdict(tmp_path, monkeypatch) -> None:
+def test_bandwidth_bound_above_one_is_not_a_verdict() -> None:
     """A decode faster than the run's own RAM probe allows means the probe ran slow: no "yes"."""
     from bench import run_all
 
