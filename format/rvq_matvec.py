@@ -3,7 +3,7 @@ matvec of spec/CODECS.md §3.5 (`rvq_matvec`) and the prefill product of §3.6 (
 
 Bit-exact by construction: every binary32 value the spec names (T, m, inv, d, q, n, acc, y) is
 computed as the spec rounds it (§3.6: the integer codebook, the activation's 12-bit integers,
-each lane accumulator and the lane reduction), so an engine's result can be compared bit for
+each group's exact sum and the accumulator), so an engine's result can be compared bit for
 bit. numpy has no fused multiply-add, so `fma_f32` emulates binary32 fma exactly (see there).
 Vectorised over a batch of activations; meant for tests and measurements, not speed.
 """
@@ -204,17 +204,14 @@ def rvq_gemm(codec: dict, shape, data, codebook: np.ndarray, x: np.ndarray,
     ng = d.shape[-1]
     wp = np.zeros((rows, ng * XGROUP, RVQ_DIM), np.int64)
     wp[:, :nv] = w
-    # lane j of group g: columns 16k + 2j and 16k + 2j + 1 of the group, k = 0 … 31
-    wl = wp.reshape(rows, ng, XGROUP // 2, 8, 2)
-    ql = q.reshape(*q.shape[:-2], ng, XGROUP // 2, 8, 2)
-    n = np.einsum("rgkjs,...gkjs->...rgj", wl, ql)  # exact, |n| < 2^31
-    a = np.zeros((*q.shape[:-2], rows, 8), np.float32)
+    wg = wp.reshape(rows, ng, XGROUP * RVQ_DIM)
+    qg = q.reshape(*q.shape[:-2], ng, XGROUP * RVQ_DIM)
+    n = np.einsum("rgc,...gc->...rg", wg, qg)  # one exact sum per group, |n| < 2^35
+    a = np.zeros((*q.shape[:-2], rows), np.float32)
     for g in range(ng):  # the group order is part of the numerics
-        a = fma_f32(n[..., g, :].astype(np.float32), d[..., None, g, None], a)
-    red = ((a[..., 0] + a[..., 1]) + (a[..., 2] + a[..., 3])) + \
-        ((a[..., 4] + a[..., 5]) + (a[..., 6] + a[..., 7]))
+        a = fma_f32(n[..., g].astype(np.float32), d[..., None, g], a)
     with np.errstate(invalid="ignore", over="ignore"):
-        y = (red * scales) * np.float32(2.0**-p)
+        y = (a * scales) * np.float32(2.0**-p)
     if nan:
         y[...] = np.nan
     y[np.isnan(y)] = QUIET_NAN

@@ -31,7 +31,7 @@ MP_OK, MP_EINVAL, MP_EFORMAT, MP_EIO, MP_ENOMEM, MP_EBUDGET = 0, -1, -2, -3, -4,
 MP_EUNSUPPORTED, MP_ECORRUPT, MP_ECTX, MP_ENONFINITE = -6, -7, -8, -9
 POLICIES = {"lru": 0, "lfu": 1}
 # mp_config.kernels (moepack.h MP_KERNELS_*); a path this CPU lacks fails at open
-KERNELS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512vbmi": 3}
+KERNELS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512vbmi": 3, "avx512amx": 4}
 # mp_config.kv (moepack.h MP_KV_*): KV cache entry type; None = the engine's default
 KV_TYPES = {"f32": 1, "f16": 2}
 
@@ -344,9 +344,9 @@ class Engine:
 
     @property
     def kernels(self) -> str:
-        """Kernels this engine computes with: "avx512vbmi", "avx2" or "scalar" (its own choice,
-        made at open from `kernels` and the CPU; other engines in the process do not change it;
-        every path gives the same bits)."""
+        """Kernels this engine computes with: "avx512amx", "avx512vbmi", "avx2" or "scalar" (its
+        own choice, made at open from `kernels` and the CPU; other engines in the process do not
+        change it; every path gives the same bits)."""
         return self._lib.mp_kernels(self._handle()).decode()
 
     @property

@@ -3,7 +3,8 @@ force each path (tests/test_runtime_engine.py, tests/test_runtime_models_dsa.py)
 
 from __future__ import annotations
 
-KERNELS = ("scalar", "avx2", "avx512vbmi")   # each needs all the features the one before needs
+# each needs all the features the one before needs
+KERNELS = ("scalar", "avx2", "avx512vbmi", "avx512amx")
 
 
 def cpu_flags() -> list[str]:
@@ -21,7 +22,10 @@ def best_kernels() -> str:
     """What kernels="auto" picks on this CPU."""
     vbmi = ("avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_vnni")
     if cpu_has_avx2() and all(f in cpu_flags() for f in vbmi):
-        return "avx512vbmi"
+        # Linux lists amx_* only when it saves the tile state; the engine also asks for the
+        # tile-data permission, which a kernel that lists them grants
+        amx = all(f in cpu_flags() for f in ("amx_tile", "amx_int8"))
+        return "avx512amx" if amx else "avx512vbmi"
     return "avx2" if cpu_has_avx2() else "scalar"
 
 

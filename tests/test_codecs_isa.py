@@ -166,14 +166,14 @@ int mpk_test_rvq_gemm(int which, int threads, const uint8_t *part, long long row
     mpk_pool *pool = threads > 1 ? mpk_pool_create(threads) : NULL;
     mpk_rvq w;
     mpk_rvq_init(&w, rows, cols, stages, part);
-    mpk_rvq_gemm(k, pool, &w, icb, xq, xs, n, y);
+    mpk_rvq_gemm(k, pool, &w, icb, xq, xs, n, NULL, y);
     mpk_pool_destroy(pool);
     free(icb);
     free(xq);
     return 0;
 }
 """
-PATHS = {"scalar": 1, "avx2": 2, "avx512vbmi": 3}  # kernels.h MPK_*
+PATHS = {"scalar": 1, "avx2": 2, "avx512vbmi": 3, "avx512amx": 4}  # kernels.h MPK_*
 
 
 @pytest.fixture(scope="module")
@@ -184,8 +184,8 @@ def kernels(tmp_path_factory) -> ctypes.CDLL:
     d = tmp_path_factory.mktemp("kernels")
     (d / "wrap.c").write_text(KERNEL_WRAPPER)
     src = ROOT / "runtime/src"
-    srcs = [src / f for f in ("kernels.c", "kernels_avx2.c", "kernels_avx512.c", "kernels_pool.c",
-                             "codecs.c", "json.c")]  # codecs: the size rule
+    # every kernel table (kernels*.c), and codecs.c for the size rule
+    srcs = [*sorted(src.glob("kernels*.c")), src / "codecs.c", src / "json.c"]
     out = d / "kernels.so"
     subprocess.run([cc, "-std=c11", "-O2", "-ffp-contract=off", "-fno-fast-math", "-pthread",
                     "-fPIC", "-shared", "-fvisibility=hidden", "-I", str(ROOT / "runtime/include"),

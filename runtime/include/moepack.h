@@ -79,10 +79,11 @@ enum { MP_KV_F32 = 1, MP_KV_F16 = 2 };
 
 /* mp_config.kernels; mp_kernels() names the path an engine uses. */
 enum {
-    MP_KERNELS_AUTO = 0,      /* avx512vbmi if the CPU has it, else avx2, else scalar */
-    MP_KERNELS_SCALAR = 1,    /* portable C (defines the numerics) */
-    MP_KERNELS_AVX2 = 2,      /* AVX2 + FMA + F16C */
-    MP_KERNELS_AVX512VBMI = 3 /* AVX-512 F/BW/VL/VBMI/VNNI (+ the AVX2 trunk kernels) */
+    MP_KERNELS_AUTO = 0,        /* the last of these the CPU (and OS) can run */
+    MP_KERNELS_SCALAR = 1,      /* portable C (defines the numerics) */
+    MP_KERNELS_AVX2 = 2,        /* AVX2 + FMA + F16C + BMI2 */
+    MP_KERNELS_AVX512VBMI = 3,  /* AVX-512 F/BW/VL/VBMI/VNNI (+ the AVX2 trunk kernels) */
+    MP_KERNELS_AVX512AMX = 4    /* avx512vbmi + AMX-TILE/INT8 for prompts' expert products */
 };
 
 /* Memory plan for a container and context length (all bytes). */

@@ -32,18 +32,24 @@ static int cpu_avx512vbmi(void) {
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi") &&
            __builtin_cpu_supports("avx512vnni");
 }
+static int cpu_avx512amx(void) { return cpu_avx512vbmi() && mpk_amx_usable(); }
 #else
 static int cpu_avx2(void) { return 0; }
 static int cpu_avx512vbmi(void) { return 0; }
+static int cpu_avx512amx(void) { return 0; }
 #endif
 
 const mpk_impl *mpk_select(int which) {
     switch (which) {
     case MPK_AUTO:
-        return cpu_avx512vbmi() ? &mpk_avx512_impl : cpu_avx2() ? &mpk_avx2_impl : &mpk_scalar_impl;
+        return cpu_avx512amx()    ? &mpk_avx512amx_impl
+               : cpu_avx512vbmi() ? &mpk_avx512_impl
+               : cpu_avx2()       ? &mpk_avx2_impl
+                                  : &mpk_scalar_impl;
     case MPK_SCALAR: return &mpk_scalar_impl;
     case MPK_AVX2: return cpu_avx2() ? &mpk_avx2_impl : NULL;
     case MPK_AVX512VBMI: return cpu_avx512vbmi() ? &mpk_avx512_impl : NULL;
+    case MPK_AVX512AMX: return cpu_avx512amx() ? &mpk_avx512amx_impl : NULL;
     }
     return NULL;
 }
@@ -270,9 +276,8 @@ static void s_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, i
     s_rvq_acc(w, t, tile0, ntiles, 0, t->ngroups, acc);
 }
 
-/* §3.6: each decoded weight is its stages' integer entries summed (exact); lane j of a group sums
- * its columns 16k + 2j and 16k + 2j + 1 times the quantised input (exact int32), and each lane
- * accumulates the groups in order with one fma per group */
+/* §3.6: each decoded weight is its stages' integer entries summed (exact), each group's products
+ * summed exactly in 64 bits, and the groups accumulated in order with one fma each */
 static void s_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xq, size_t xqs, int64_t n,
                        int64_t r0, float *acc) {
     const int S = w->stages;
@@ -282,20 +287,20 @@ static void s_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *x
         for (int64_t t = 0; t < n; t++) {
             const int16_t *q = (const int16_t *)(xq + (size_t)t * xqs);
             const float *d = mpk_rvq_xq_steps(xq + (size_t)t * xqs, w->cols);
-            float a[8] = {0};
+            float a = 0.0f;
             for (int64_t g = 0; g < ng; g++) {
-                int32_t nl[8] = {0};
+                int64_t sum = 0;
                 for (int64_t v = g * MPK_RVQ_XGROUP; v < nv && v < (g + 1) * MPK_RVQ_XGROUP; v++) {
                     const uint8_t *cv = c + (size_t)(v * S) * 64 + (size_t)i;
                     for (int dd = 0; dd < 8; dd++) {
                         int32_t wv = cb->q[0][cv[0]][dd];
                         for (int st = 1; st < S; st++) wv += cb->q[st][cv[st * 64]][dd];
-                        nl[(v % 2) * 4 + dd / 2] += wv * q[v * 8 + dd];
+                        sum += (int64_t)wv * q[v * 8 + dd];
                     }
                 }
-                for (int j = 0; j < 8; j++) a[j] = fmaf((float)nl[j], d[g], a[j]);
+                a = fmaf((float)sum, d[g], a);
             }
-            memcpy(acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)i) * 8, a, sizeof a);
+            acc[(size_t)t * MPK_GEMM_ROWS + (size_t)i] = a;
         }
 }
 
@@ -791,8 +796,10 @@ void mpk_rvq_xq(const float *x, int64_t cols, void *out) {
     for (int64_t c = cols; c < (cols + 15) / 16 * 16; c++) q[c] = 0;
 }
 
+typedef void (*rvq_gemm_fn)(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xq, size_t xqs, int64_t n,
+                            int64_t r0, float *acc);
 typedef struct {
-    const mpk_impl *k;
+    rvq_gemm_fn gemm; /* the kernel's rvq_gemm, or rvq_gemm_tiles on its own input layout */
     const mpk_rvq *w;
     const mpk_rvq_icb *cb;
     const uint8_t *xq;
@@ -807,28 +814,47 @@ static void gemm_task(void *ctx, size_t task) {
     const int64_t r0 = (int64_t)task / j->nsets * MPK_GEMM_ROWS, t0 = (int64_t)task % j->nsets * MPK_GEMM_INPUTS;
     const int64_t n = j->n - t0 < MPK_GEMM_INPUTS ? j->n - t0 : MPK_GEMM_INPUTS;
     const int64_t r1 = r0 + MPK_GEMM_ROWS < w->rows ? r0 + MPK_GEMM_ROWS : w->rows;
-    float acc[MPK_GEMM_INPUTS * MPK_GEMM_ROWS * 8] __attribute__((aligned(64)));
-    j->k->rvq_gemm(w, j->cb, j->xq + (size_t)t0 * j->xqs, j->xqs, n, r0, acc);
+    float acc[MPK_GEMM_INPUTS * MPK_GEMM_ROWS] __attribute__((aligned(64)));
+    j->gemm(w, j->cb, j->xq + (size_t)t0 * j->xqs, j->xqs, n, r0, acc);
     float sc[MPK_GEMM_ROWS];
     mpk_f16_to_f32_n(w->scales + 2 * r0, r1 - r0, sc);
     /* input-outer: each input's rows are one run of y (row-outer wrote a line per store, and
      * the stores' misses were most of this loop) */
     for (int64_t t = 0; t < n; t++)
-        for (int64_t r = r0; r < r1; r++) /* (red8 x s_r) x 2^-p */
-            j->y[(t0 + t) * w->rows + r] =
-                mpk_canon(red8(acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)(r - r0)) * 8) * sc[r - r0] * j->cb->unscale);
+        for (int64_t r = r0; r < r1; r++) /* (a x s_r) x 2^-p */
+            j->y[(t0 + t) * w->rows + r] = mpk_canon(acc[t * MPK_GEMM_ROWS + (r - r0)] * sc[r - r0] * j->cb->unscale);
+}
+
+size_t mpk_rvq_gemm_ws_bytes(const mpk_impl *k, int64_t cols, int64_t n) {
+    k = impl_or_scalar(k);
+    return k->rvq_gemm_tiles ? ((size_t)((n + 15) / 16 * 16) * k->rvq_gemm_xbytes(cols) + 63) / 64 * 64 : 0;
+}
+
+/* the one layout so far, AMX's, in blocks of 16 inputs */
+size_t mpk_rvq_gemm_ws_bound(int64_t cols, int64_t n) {
+    return (size_t)(n + 16) * (size_t)((cols + MPK_RVQ_XGROUP * 8 - 1) / (MPK_RVQ_XGROUP * 8)) * MPK_AMX_GROUP_BYTES;
 }
 
 void mpk_rvq_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const mpk_rvq_icb *cb,
-                  const void *xq, size_t xqs, int64_t n, float *y) {
+                  const void *xq, size_t xqs, int64_t n, void *ws, float *y) {
     if (n < 1) return;
     if (cb->nan) { /* §3.6 step 1: a non-finite codebook entry makes every row NaN */
         for (int64_t i = 0; i < n * w->rows; i++) y[i] = mpk_bits_f32(0x7fc00000u);
         return;
     }
-    gemm_job j = {impl_or_scalar(k), w, cb, xq, xqs, n, (n + MPK_GEMM_INPUTS - 1) / MPK_GEMM_INPUTS, y};
+    const mpk_impl *ki = impl_or_scalar(k);
+    gemm_job j = {ki->rvq_gemm, w, cb, xq, xqs, n, (n + MPK_GEMM_INPUTS - 1) / MPK_GEMM_INPUTS, y};
+    uint8_t *own = NULL, *xb = ws;
+    if (ki->rvq_gemm_tiles && n >= ki->rvq_gemm_tiles_min) { /* the same bits, from its own layout */
+        if (!xb) xb = own = aligned_alloc(64, mpk_rvq_gemm_ws_bytes(ki, w->cols, n));
+        if (xb) { /* else (no memory): rvq_gemm */
+            ki->rvq_gemm_xprep(xq, xqs, w->cols, n, xb);
+            j.gemm = ki->rvq_gemm_tiles, j.xq = xb, j.xqs = ki->rvq_gemm_xbytes(w->cols);
+        }
+    }
     const int64_t blocks = (w->rows + MPK_GEMM_ROWS - 1) / MPK_GEMM_ROWS;
     mpk_pool_run(w->rows * w->cols * n < 32768 ? NULL : pool, (size_t)(blocks * j.nsets), gemm_task, &j);
+    free(own);
 }
 
 typedef struct {

@@ -105,18 +105,25 @@ void mpk_rvq_xq(const float *x, int64_t cols, void *out);
  * inputs, thread count and kernel path, but not mpk_rvq_matvec's bits (a stated bound,
  * docs/RUNTIME.md).  NaN rows are the quiet NaN 0x7fc00000. */
 void mpk_rvq_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_rvq *w, const mpk_rvq_icb *cb,
-                  const void *xq, size_t xqs, int64_t n, float *y);
+                  const void *xq, size_t xqs, int64_t n, void *ws, float *y);
+/* Paths that multiply from inputs re-laid in a layout of their own (AMX tiles) need that much
+ * workspace for a call of n inputs of cols columns: mpk_rvq_gemm_ws_bytes(k, cols, n) bytes (0 when
+ * k reads the inputs as they are), passed as ws, 64-byte aligned; ws NULL: the call allocates it. */
+size_t mpk_rvq_gemm_ws_bytes(const mpk_impl *k, int64_t cols, int64_t n);
+/* At least mpk_rvq_gemm_ws_bytes for any path and any call of up to n inputs, and n + 1 inputs'
+ * bound exceeds n's by the same bytes whatever n (memory plans count it per prompt token). */
+size_t mpk_rvq_gemm_ws_bound(int64_t cols, int64_t n);
 
 #define MPK_VQ_DIM 8
 #define MPK_VQ_ENTRIES 256
 
 /* Kernel paths (same values as moepack.h's MP_KERNELS_*). */
-enum { MPK_AUTO = 0, MPK_SCALAR = 1, MPK_AVX2 = 2, MPK_AVX512VBMI = 3 };
+enum { MPK_AUTO = 0, MPK_SCALAR = 1, MPK_AVX2 = 2, MPK_AVX512VBMI = 3, MPK_AVX512AMX = 4 };
 /* The kernel table for `which`: MPK_AUTO = the best this CPU runs (AVX-512 F/BW/VL/VBMI/VNNI, else
  * AVX2+FMA+F16C, else scalar); a named path, or NULL when this CPU cannot run it.  All paths give
  * bit-identical results.  Every `k` argument below takes one; NULL = scalar. */
 const mpk_impl *mpk_select(int which);
-/* "avx512vbmi", "avx2" or "scalar". */
+/* "avx512amx", "avx512vbmi", "avx2" or "scalar". */
 const char *mpk_impl_name(const mpk_impl *k);
 
 float mpk_f16_to_f32(uint16_t h);

@@ -703,19 +703,32 @@ AVX2 void mpk_avx2_wsum(float *out, int64_t os, int nh, const float *w, int64_t 
 }
 
 /* rows q..q+3 (wq: their decoded pairs) times one group of two inputs (two == 0: one): exact
- * int32 lane sums s<row><input>, then one fma per lane into a[t][row][8] (first group: onto +0).
- * Eight accumulators: with twelve they spill on AVX2's 16 registers. */
+ * int32 lane sums s<row><input> (64 products a lane: below 2^31), then per input the rows' group
+ * sums into a[t][row] (igemm_put; first group: onto +0).  Eight accumulators: with twelve
+ * they spill on AVX2's 16 registers. */
 #define IG_WP(r) ((const __m256i *)(wq + ((size_t)k * MPK_GEMM_ROWS + (r)) * 16))
 #define IG_W(r) _mm256_load_si256(IG_WP(r))
 /* one multiply-add per asm statement through a fixed temporary: written as intrinsics, GCC
  * computed all eight products first and copied every sum back (35 instructions a step, not 22) */
 #define IG_MAC(acc, w, x) \
     __asm__("vpmaddwd %2, %1, %%ymm15\n\tvpaddd %%ymm15, %0, %0" : "+x"(acc) : "x"(w), "x"(x) : "xmm15")
-AVX2 static inline __attribute__((always_inline)) void igemm_put(float *a0, int t, int r, __m256i s, float d,
-                                                                int first) {
-    float *a = a0 + ((size_t)t * MPK_GEMM_ROWS + (size_t)r) * 8;
-    const __m256 prev = first ? _mm256_setzero_ps() : _mm256_load_ps(a);
-    _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d), prev));
+/* a lane sum's eight int32 in binary64, added in pairs (exact) */
+AVX2 static inline __attribute__((always_inline)) __m256d lanes_f64(__m256i s) {
+    return _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(s)), _mm256_cvtepi32_pd(_mm256_extracti128_si256(s, 1)));
+}
+/* §3.6 steps 3-4 for rows q..q+3 of one input from their stored lane sums sb[0..3] (eight int32
+ * lanes each, each exact, below 2^31): the lanes added in binary64 (exact: integers below 2^53),
+ * each row's group sum rounded once to binary32, a[0..3] = fma(f32(n), d, a) (first group: onto
+ * +0).  Not inlined: its temporaries made GCC spill the kernels' accumulators inside their loops
+ * (AVX2 prefill product 25-30 % slower, Xeon, 2026-12-05). */
+AVX2 static __attribute__((noinline)) void igemm_put(float *a, const __m256i *sb, float d, int first) {
+    const __m256d d0 = lanes_f64(_mm256_load_si256(sb)), d1 = lanes_f64(_mm256_load_si256(sb + 1));
+    const __m256d d2 = lanes_f64(_mm256_load_si256(sb + 2)), d3 = lanes_f64(_mm256_load_si256(sb + 3));
+    const __m256d h01 = _mm256_add_pd(_mm256_unpacklo_pd(d0, d1), _mm256_unpackhi_pd(d0, d1));
+    const __m256d h23 = _mm256_add_pd(_mm256_unpacklo_pd(d2, d3), _mm256_unpackhi_pd(d2, d3));
+    const __m256d n = _mm256_add_pd(_mm256_permute2f128_pd(h01, h23, 0x20), _mm256_permute2f128_pd(h01, h23, 0x31));
+    const __m128 prev = first ? _mm_setzero_ps() : _mm_loadu_ps(a);
+    _mm_storeu_ps(a, _mm_fmadd_ps(_mm256_cvtpd_ps(n), _mm_set1_ps(d), prev));
 }
 
 AVX2 static void igemm_rows4x2(const int16_t *wq, const int16_t *const *xq, const float *dg, int64_t np,
@@ -739,12 +752,12 @@ AVX2 static void igemm_rows4x2(const int16_t *wq, const int16_t *const *xq, cons
         IG_MAC(s30, w, x0);
         IG_MAC(s31, w, x1);
     }
-    igemm_put(a0, 0, 0, s00, dg[0], first), igemm_put(a0, 0, 1, s10, dg[0], first);
-    igemm_put(a0, 0, 2, s20, dg[0], first), igemm_put(a0, 0, 3, s30, dg[0], first);
-    if (two) {
-        igemm_put(a0, 1, 0, s01, dg[1], first), igemm_put(a0, 1, 1, s11, dg[1], first);
-        igemm_put(a0, 1, 2, s21, dg[1], first), igemm_put(a0, 1, 3, s31, dg[1], first);
-    }
+    __m256i sb[8] __attribute__((aligned(32))); /* the sums leave the registers for igemm_put */
+    _mm256_store_si256(sb, s00), _mm256_store_si256(sb + 1, s10), _mm256_store_si256(sb + 2, s20);
+    _mm256_store_si256(sb + 3, s30), _mm256_store_si256(sb + 4, s01), _mm256_store_si256(sb + 5, s11);
+    _mm256_store_si256(sb + 6, s21), _mm256_store_si256(sb + 7, s31);
+    igemm_put(a0, sb, dg[0], first);
+    if (two) igemm_put(a0 + MPK_GEMM_ROWS, sb + 4, dg[1], first);
 }
 /* rows q..q+3 times three inputs held in registers: twelve sums, each weight the multiply's
  * memory operand (2.5 instructions a multiply-add; two rows x four inputs with the weights in
@@ -754,8 +767,10 @@ AVX2 static void igemm_rows4x2(const int16_t *wq, const int16_t *const *xq, cons
             : "+x"(acc) : "x"(x), "m"(*IG_WP(r)) : "xmm15")
 AVX2 static void igemm_rows4x3(const int16_t *wq, const int16_t *const *xq, const float *dg, int64_t np,
                                int first, float *a0) {
-    __m256i s00 = _mm256_setzero_si256(), s01 = s00, s02 = s00, s10 = s00, s11 = s00, s12 = s00;
-    __m256i s20 = s00, s21 = s00, s22 = s00, s30 = s00, s31 = s00, s32 = s00;
+    __m256i s00 = _mm256_setzero_si256(), s01 = _mm256_setzero_si256(), s02 = _mm256_setzero_si256();
+    __m256i s10 = _mm256_setzero_si256(), s11 = _mm256_setzero_si256(), s12 = _mm256_setzero_si256();
+    __m256i s20 = _mm256_setzero_si256(), s21 = _mm256_setzero_si256(), s22 = _mm256_setzero_si256();
+    __m256i s30 = _mm256_setzero_si256(), s31 = _mm256_setzero_si256(), s32 = _mm256_setzero_si256();
     for (int64_t k = 0; k < np; k++) {
         const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq[0] + 16 * k));
         const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq[1] + 16 * k));
@@ -765,14 +780,14 @@ AVX2 static void igemm_rows4x3(const int16_t *wq, const int16_t *const *xq, cons
         IG_MACM(s20, x0, 2); IG_MACM(s21, x1, 2); IG_MACM(s22, x2, 2);
         IG_MACM(s30, x0, 3); IG_MACM(s31, x1, 3); IG_MACM(s32, x2, 3);
     }
-    igemm_put(a0, 0, 0, s00, dg[0], first), igemm_put(a0, 1, 0, s01, dg[1], first);
-    igemm_put(a0, 2, 0, s02, dg[2], first);
-    igemm_put(a0, 0, 1, s10, dg[0], first), igemm_put(a0, 1, 1, s11, dg[1], first);
-    igemm_put(a0, 2, 1, s12, dg[2], first);
-    igemm_put(a0, 0, 2, s20, dg[0], first), igemm_put(a0, 1, 2, s21, dg[1], first);
-    igemm_put(a0, 2, 2, s22, dg[2], first);
-    igemm_put(a0, 0, 3, s30, dg[0], first), igemm_put(a0, 1, 3, s31, dg[1], first);
-    igemm_put(a0, 2, 3, s32, dg[2], first);
+    __m256i sb[12] __attribute__((aligned(32))); /* as igemm_rows4x2 */
+    _mm256_store_si256(sb, s00), _mm256_store_si256(sb + 1, s10), _mm256_store_si256(sb + 2, s20);
+    _mm256_store_si256(sb + 3, s30), _mm256_store_si256(sb + 4, s01), _mm256_store_si256(sb + 5, s11);
+    _mm256_store_si256(sb + 6, s21), _mm256_store_si256(sb + 7, s31), _mm256_store_si256(sb + 8, s02);
+    _mm256_store_si256(sb + 9, s12), _mm256_store_si256(sb + 10, s22), _mm256_store_si256(sb + 11, s32);
+    igemm_put(a0, sb, dg[0], first);
+    igemm_put(a0 + MPK_GEMM_ROWS, sb + 4, dg[1], first);
+    igemm_put(a0 + 2 * MPK_GEMM_ROWS, sb + 8, dg[2], first);
 }
 #undef IG_MACM
 #undef IG_W
@@ -793,12 +808,12 @@ AVX2 void mpk_avx2_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8
             const int16_t *xp[3];
             float dg[3];
             mpk_rvq_gemm_inputs(xq, xqs, w->cols, t, nt, v0, g, xp, dg);
-            float *a0 = acc + (size_t)t * MPK_GEMM_ROWS * 8;
+            float *a0 = acc + (size_t)t * MPK_GEMM_ROWS;
             if (nt == 3)
-                for (int q = 0; q < MPK_GEMM_ROWS; q += 4) igemm_rows4x3(wb + (size_t)q * 16, xp, dg, np, v0 == 0, a0 + q * 8);
+                for (int q = 0; q < MPK_GEMM_ROWS; q += 4) igemm_rows4x3(wb + (size_t)q * 16, xp, dg, np, v0 == 0, a0 + q);
             else
                 for (int q = 0; q < MPK_GEMM_ROWS; q += 4)
-                    igemm_rows4x2(wb + (size_t)q * 16, xp, dg, np, v0 == 0, a0 + q * 8, nt == 2);
+                    igemm_rows4x2(wb + (size_t)q * 16, xp, dg, np, v0 == 0, a0 + q, nt == 2);
             t += nt;
         }
     }

@@ -215,44 +215,63 @@ AVX512 static void v_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t t
 }
 
 /* ---- the prefill product (§3.6) with VNNI ----
- * wb[quad][row][32]: four decoded vectors of a row per zmm (mpk_rvq_decode_panel).
- * vpdpwssd's lane j < 8 sums the columns 16k + 2j, 16k + 2j + 1 of even k, lane j + 8 those of
- * odd k: the two halves added give §3.6's lane j, exactly (integers), so the bits are AVX2's. */
-/* rows q..q+VR-1 (wq: their decoded quads) times VT inputs: nq quads, then a half quad (its upper
- * 16 columns masked off the inputs, which end there) when half; then per (input, row) the two
- * halves added and one fma per lane into a[t][row][8] (first group: onto +0) */
-#define VG_STEP(k, m)                                                                              \
-    do {                                                                                           \
-        __m512i w[4];                                                                              \
-        _Pragma("GCC unroll 4") for (int r = 0; r < VR; r++)                                       \
-            w[r] = _mm512_load_si512(wq + ((size_t)(k) * MPK_GEMM_ROWS + (size_t)r) * 32);         \
-        _Pragma("GCC unroll 4") for (int t = 0; t < VT; t++) {                                     \
-            const __m512i x = _mm512_maskz_loadu_epi16(m, xp[t] + 32 * (k));                      \
-            _Pragma("GCC unroll 4") for (int r = 0; r < VR; r++)                                   \
-                s[r][t] = _mm512_dpwssd_epi32(s[r][t], w[r], x);                                   \
-        }                                                                                          \
-    } while (0)
+ * wb[pair][row][16]: two decoded vectors of a row per 256 bits (mpk_rvq_decode_panel), so that one
+ * zmm holds rows r, r + 1 and each input's 16 columns go to both halves: a row keeps eight int32
+ * lanes of 64 products each (below 2^31, exact), like AVX2's, and its group sum is those eight
+ * lanes added in binary64 (exact) at the end of the group. */
+/* §3.6 steps 3-4 for rows q..q+7 of nt inputs from their stored lane sums sb[t][row pair]: the
+ * 8 rows' lanes to binary64, added across lanes (exact), each sum rounded once to binary32, then
+ * a[t][row] = fma(f32(n), d, a) (first group: onto +0).  Not inlined: its temporaries made GCC
+ * copy the accumulators inside vg_tile's loop. */
+AVX512N static __attribute__((noinline)) void vg_put(float *a0, const __m512i (*sb)[4], const float *dg, int first,
+                                                     int nt) {
+    for (int t = 0; t < nt; t++) {
+        __m512d v[8];
+#pragma GCC unroll 4 /* v and h in registers (not unrolled, GCC kept them on the stack) */
+        for (int p = 0; p < 4; p++) {
+            const __m512i s = _mm512_load_si512(&sb[t][p]);
+            v[2 * p] = _mm512_cvtepi32_pd(_mm512_castsi512_si256(s));
+            v[2 * p + 1] = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(s, 1));
+        }
+        __m512d h[4]; /* per 128-bit lane L: (row 2i, row 2i + 1) sums of lanes 2L, 2L + 1 */
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) h[i] = _mm512_add_pd(_mm512_unpacklo_pd(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_pd(v[2 * i], v[2 * i + 1]));
+        const __m512d h01 = _mm512_add_pd(_mm512_shuffle_f64x2(h[0], h[1], 0x44), _mm512_shuffle_f64x2(h[0], h[1], 0xee));
+        const __m512d h23 = _mm512_add_pd(_mm512_shuffle_f64x2(h[2], h[3], 0x44), _mm512_shuffle_f64x2(h[2], h[3], 0xee));
+        const __m512d n = _mm512_add_pd(_mm512_shuffle_f64x2(h01, h23, 0x88), _mm512_shuffle_f64x2(h01, h23, 0xdd));
+        float *a = a0 + (size_t)t * MPK_GEMM_ROWS;
+        const __m256 prev = first ? _mm256_setzero_ps() : _mm256_loadu_ps(a);
+        _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm512_cvtpd_ps(n), _mm256_set1_ps(dg[t]), prev));
+    }
+}
+
+/* rows q..q+7 (wq: their decoded pairs, two rows a zmm) times VT inputs over np pairs */
 AVX512N static inline __attribute__((always_inline)) void
-vg_tile(const int16_t *wq, const int16_t *const *xp, const float *dg, int64_t nq, int half, int first,
-        float *a0, const int VR, const int VT) {
+vg_tile(const int16_t *wq, const int16_t *const *xp, const float *dg, int64_t np, int first, float *a0, const int VT) {
     __m512i s[4][4];
 #pragma GCC unroll 4
-    for (int r = 0; r < VR; r++)
+    for (int p = 0; p < 4; p++)
 #pragma GCC unroll 4
-        for (int t = 0; t < VT; t++) s[r][t] = _mm512_setzero_si512();
-    for (int64_t k = 0; k < nq; k++) VG_STEP(k, 0xffffffffu);
-    if (half) VG_STEP(nq, 0xffffu);
+        for (int t = 0; t < VT; t++) s[p][t] = _mm512_setzero_si512();
+    for (int64_t k = 0; k < np; k++) {
+        __m512i w[4];
 #pragma GCC unroll 4
-    for (int t = 0; t < VT; t++)
+        for (int p = 0; p < 4; p++) w[p] = _mm512_load_si512(wq + ((size_t)k * MPK_GEMM_ROWS + 2 * (size_t)p) * 16);
 #pragma GCC unroll 4
-        for (int r = 0; r < VR; r++) {
-            const __m256i n = _mm256_add_epi32(_mm512_castsi512_si256(s[r][t]), _mm512_extracti64x4_epi64(s[r][t], 1));
-            float *a = a0 + ((size_t)t * MPK_GEMM_ROWS + (size_t)r) * 8;
-            const __m256 prev = first ? _mm256_setzero_ps() : _mm256_load_ps(a);
-            _mm256_store_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(dg[t]), prev));
+        for (int t = 0; t < VT; t++) {
+            const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xp[t] + 16 * k)));
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++) /* in place: as an intrinsic GCC copied every sum twice a step */
+                __asm__("vpdpwssd %2, %1, %0" : "+v"(s[p][t]) : "v"(w[p]), "v"(x));
         }
+    }
+    __m512i sb[4][4] __attribute__((aligned(64)));
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; p++)
+#pragma GCC unroll 4
+        for (int t = 0; t < VT; t++) _mm512_store_si512(&sb[t][p], s[p][t]);
+    vg_put(a0, sb, dg, first, VT);
 }
-#undef VG_STEP
 
 AVX512N static void v_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xq, size_t xqs, int64_t n,
                                int64_t r0, float *acc) {
@@ -261,23 +280,21 @@ AVX512N static void v_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const ui
     const uint8_t *codes = w->codes + (size_t)((r0 / 64) * nv * S) * 64 + (size_t)(r0 % 64);
     int16_t wb[MPK_GEMM_ROWS * MPK_RVQ_XGROUP * 8] __attribute__((aligned(64)));
     for (int64_t v0 = 0, g = 0; v0 < nv; v0 += MPK_RVQ_XGROUP, g++) { /* one panel per group */
-        const int64_t kp = nv - v0 < MPK_RVQ_XGROUP ? nv - v0 : MPK_RVQ_XGROUP;
-        const int64_t np = (kp + 1) / 2, nq = np / 2; /* 16-column pairs, whole 32-column quads */
-        const int half = (int)(np % 2);
-        mpk_rvq_decode_panel(codes + (size_t)(v0 * S) * 64, cb, kp, S, 4, wb); /* wb[quad][row][32] */
+        const int64_t kp = nv - v0 < MPK_RVQ_XGROUP ? nv - v0 : MPK_RVQ_XGROUP, np = (kp + 1) / 2;
+        mpk_rvq_decode_panel(codes + (size_t)(v0 * S) * 64, cb, kp, S, 2, wb); /* wb[pair][row][16] */
         for (int64_t t = 0; t < n;) { /* inputs by four, then the last one to three */
             const int nt = n - t >= 4 ? 4 : (int)(n - t);
             const int16_t *xp[4];
             float dg[4];
             mpk_rvq_gemm_inputs(xq, xqs, w->cols, t, nt, v0, g, xp, dg);
-            float *a0 = acc + (size_t)t * MPK_GEMM_ROWS * 8;
-            for (int q = 0; q < MPK_GEMM_ROWS; q += 4) {
-                const int16_t *wq = wb + (size_t)q * 32;
+            float *a0 = acc + (size_t)t * MPK_GEMM_ROWS;
+            for (int q = 0; q < MPK_GEMM_ROWS; q += 8) {
+                const int16_t *wq = wb + (size_t)q * 16;
                 switch (nt) {
-                case 4: vg_tile(wq, xp, dg, nq, half, v0 == 0, a0 + q * 8, 4, 4); break;
-                case 3: vg_tile(wq, xp, dg, nq, half, v0 == 0, a0 + q * 8, 4, 3); break;
-                case 2: vg_tile(wq, xp, dg, nq, half, v0 == 0, a0 + q * 8, 4, 2); break;
-                default: vg_tile(wq, xp, dg, nq, half, v0 == 0, a0 + q * 8, 4, 1);
+                case 4: vg_tile(wq, xp, dg, np, v0 == 0, a0 + q, 4); break;
+                case 3: vg_tile(wq, xp, dg, np, v0 == 0, a0 + q, 3); break;
+                case 2: vg_tile(wq, xp, dg, np, v0 == 0, a0 + q, 2); break;
+                default: vg_tile(wq, xp, dg, np, v0 == 0, a0 + q, 1);
                 }
             }
             t += nt;
@@ -439,7 +456,18 @@ const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi", .row_dot = v_row_dots, .
                                   .rvq_tiles = v_rvq_tiles, .mm_rows = mpk_avx512vl_mm_rows,
                                   .rvq_gemm = v_rvq_gemm,
                                   .row_values = mpk_avx2_row_values, .gemm_rows = v_gemm_rows};
+/* the same, with the prefill product on AMX tiles (kernels_amx.c) for calls of 24 inputs or more:
+ * below that VNNI's is faster (a tile block holds 16 inputs; one thread, 4096 x 1536 and
+ * 1536 x 4096, three stages: 20 inputs 0.0128-0.0130 vs 0.0124-0.0126 ns a weight x input,
+ * 24 inputs 0.0108-0.0111 vs 0.0116-0.0119) */
+const mpk_impl mpk_avx512amx_impl = {.name = "avx512amx", .row_dot = v_row_dots, .rows_dot = v_rows_dot,
+                                     .rvq_tables = v_rvq_tables, .rvq_tiles = v_rvq_tiles,
+                                     .mm_rows = mpk_avx512vl_mm_rows, .rvq_gemm = v_rvq_gemm,
+                                     .rvq_gemm_tiles = mpk_amx_rvq_gemm, .rvq_gemm_xbytes = mpk_amx_xbytes,
+                                     .rvq_gemm_xprep = mpk_amx_xprep, .rvq_gemm_tiles_min = 24,
+                                     .row_values = mpk_avx2_row_values, .gemm_rows = v_gemm_rows};
 
 #else
 const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi"};
+const mpk_impl mpk_avx512amx_impl = {.name = "avx512amx"};
 #endif

@@ -53,9 +53,19 @@ struct mpk_impl {
                     int64_t nb, int64_t n, float *y, float *wb);
     /* The prefill product (CODECS.md §3.6) of the MPK_GEMM_ROWS rows from r0 (a multiple of
      * MPK_GEMM_ROWS: inside one code tile) with the quantised inputs xq + t * xqs for
-     * t < n <= MPK_GEMM_INPUTS: writes each (input, row)'s eight lane sums a, acc[t][row][8]. */
+     * t < n <= MPK_GEMM_INPUTS: writes each (input, row)'s accumulator a (step 4, before the row
+     * scale), acc[t][row]. */
     void (*rvq_gemm)(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xq, size_t xqs, int64_t n,
                      int64_t r0, float *acc);
+    /* NULL, or the same product from inputs in a layout of its own, for calls of at least
+     * rvq_gemm_tiles_min inputs: rvq_gemm_xbytes(cols) bytes an input, in blocks of 16 (inputs
+     * past n zero), which mpk_rvq_gemm fills once a call with rvq_gemm_xprep from mpk_rvq_xq's
+     * layout (xqs then that size), so that every row block shares it. */
+    void (*rvq_gemm_tiles)(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xb, size_t xbs, int64_t n,
+                           int64_t r0, float *acc);
+    size_t (*rvq_gemm_xbytes)(int64_t cols);
+    void (*rvq_gemm_xprep)(const uint8_t *xq, size_t xqs, int64_t cols, int64_t n, uint8_t *out);
+    int rvq_gemm_tiles_min;
     /* Row r of w decoded to its values, mpk_row's bits (sc, mn: ngroups floats of scratch). */
     void (*row_values)(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn);
     /* The trunk's prefill product (mpk_gemm) of MPK_GEMM_ROWS decoded rows (rows[i * rs ...],
@@ -67,6 +77,17 @@ struct mpk_impl {
 extern const mpk_impl mpk_scalar_impl;
 extern const mpk_impl mpk_avx2_impl;
 extern const mpk_impl mpk_avx512_impl;
+extern const mpk_impl mpk_avx512amx_impl;
+/* kernels_amx.c: the prefill product on AMX-INT8 tiles, and whether this CPU, OS and process can
+ * run it */
+size_t mpk_amx_xbytes(int64_t cols);
+void mpk_amx_xprep(const uint8_t *xq, size_t xqs, int64_t cols, int64_t n, uint8_t *out);
+void mpk_amx_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xb, size_t xbs, int64_t n,
+                      int64_t r0, float *acc);
+int mpk_amx_usable(void);
+/* kernels_amx.c's input layout: bytes an input per 512-column group (8 steps x 2 byte planes x 64
+ * columns, and the group's step) */
+#define MPK_AMX_GROUP_BYTES 1028
 
 float mpk_red8(const float l[8]);
 

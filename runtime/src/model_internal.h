@@ -114,6 +114,7 @@ struct mpm_model {
     int prefill; /* this forward pass is part of a prompt: the prefill product (CODECS.md §3.6) */
     mpk_rvq_icb *cicb;
     uint8_t *cxg, *cxu, *cxd;
+    void *cws; /* the prefill products' workspace (prefill_ws_bytes; NULL when the kernels need none) */
     float *ceo;
     int32_t *cpairs, *corder, *cstart, *cfill;
     uint8_t *allowed;

@@ -129,6 +129,17 @@ static uint8_t *tab_mem(const mpm_model *m, int i) {
 /* the experts a decode step computes in one batch (each has three products) */
 static int decode_batch(const mpm_config *c) { return c->top_k < MPK_RVQ_BATCH / 2 ? (int)c->top_k : MPK_RVQ_BATCH / 2; }
 
+/* the prefill products' workspace for a chunk: one expert's inputs at a time, at most the chunk, of
+ * the wider of the experts' two input widths; planned on every machine (a plan does not depend
+ * on the CPU it is made on), allocated where the kernels use it */
+static int64_t prefill_ws_cols(const mpm_config *c) {
+    const int64_t D = c->latent ? c->latent : c->hidden;
+    return D > c->moe_inter ? D : c->moe_inter;
+}
+static uint64_t prefill_ws_bytes(const mpm_config *c, int chunk) {
+    return mpk_rvq_gemm_ws_bound(prefill_ws_cols(c), chunk);
+}
+
 uint64_t mpm_moe_chunk_bytes(const mpm_config *c, int chunk, int stages) {
     if (!mpm_config_moe_layers(c)) return 0;
     const uint64_t T = (uint64_t)chunk, X = mpk_rvq_xq_bytes(c->hidden), Dd = mpk_rvq_xq_bytes(c->moe_inter);
@@ -137,6 +148,7 @@ uint64_t mpm_moe_chunk_bytes(const mpm_config *c, int chunk, int stages) {
            B * (2u * (uint64_t)c->moe_inter + D) * 4u + /* decode: a batch's gate, up, down outputs */
            3 * sizeof(mpk_rvq_icb) +           /* prefill: integer codebooks */
            T * (2 * X + Dd) +                  /* prefill: gathered inputs */
+           prefill_ws_bytes(c, chunk) +        /* prefill: the kernels' own input layout */
            T * (uint64_t)c->hidden * 4u +      /* one expert's down outputs */
            T * 4u * (uint64_t)c->top_k * 4u;   /* token lists */
 }
@@ -155,13 +167,16 @@ int mpm_moe_alloc(mpm_model *m) {
     m->cxg = mp_aligned_alloc(64, T * mpk_rvq_xq_bytes(c->hidden));
     m->cxu = mp_aligned_alloc(64, T * mpk_rvq_xq_bytes(c->hidden));
     m->cxd = mp_aligned_alloc(64, T * mpk_rvq_xq_bytes(c->moe_inter));
+    const uint64_t ws = mpk_rvq_gemm_ws_bytes(m->kern, prefill_ws_cols(c), 1) ? prefill_ws_bytes(c, m->chunk) : 0;
+    m->cws = ws ? mp_aligned_alloc(64, ws) : NULL;
     m->ceo = calloc(T * (size_t)c->hidden, sizeof(float));
     m->cpairs = calloc(T * (size_t)c->top_k, sizeof(int32_t));
     m->corder = calloc(T * (size_t)c->top_k, sizeof(int32_t));
     m->cstart = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
     m->cfill = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
     m->ctab_stages = S;
-    return m->ctabmem && m->cdec && m->cicb && m->cxg && m->cxu && m->cxd && m->ceo && m->cpairs && m->corder && m->cstart &&
+    return m->ctabmem && m->cdec && m->cicb && m->cxg && m->cxu && m->cxd && (m->cws || !ws) && m->ceo && m->cpairs &&
+                   m->corder && m->cstart &&
                    m->cfill
                ? 0
                : -1;
@@ -174,6 +189,7 @@ void mpm_moe_free(mpm_model *m) {
     mp_aligned_free(m->cxg);
     mp_aligned_free(m->cxu);
     mp_aligned_free(m->cxd);
+    mp_aligned_free(m->cws);
     free(m->ceo);
     free(m->cpairs);
     free(m->corder);
@@ -286,10 +302,10 @@ static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const 
     rvq_part(ly, 2, rec, D, I, &wd);
     const int same = !ly->rot_block[0] && !ly->rot_block[1]; /* gate and up see the same input */
     prep(m, ly, xe, pr, n, same, 0);
-    mpk_rvq_gemm(m->kern, m->pool, &wg, &m->cicb[0], m->cxg, xs, n, m->g);
-    mpk_rvq_gemm(m->kern, m->pool, &wu, &m->cicb[1], same ? m->cxg : m->cxu, xs, n, m->u);
+    mpk_rvq_gemm(m->kern, m->pool, &wg, &m->cicb[0], m->cxg, xs, n, m->cws, m->g);
+    mpk_rvq_gemm(m->kern, m->pool, &wu, &m->cicb[1], same ? m->cxg : m->cxu, xs, n, m->cws, m->u);
     prep(m, ly, xe, pr, n, same, 1);
-    mpk_rvq_gemm(m->kern, m->pool, &wd, &m->cicb[2], m->cxd, ds, n, m->ceo);
+    mpk_rvq_gemm(m->kern, m->pool, &wd, &m->cicb[2], m->cxd, ds, n, m->cws, m->ceo);
     for (int j = 0; j < n; j++) mpk_axpy(m->bsum + (int64_t)pr[j] / K * D, m->bselw[pr[j]], m->ceo + (int64_t)j * D, D);
 }
 

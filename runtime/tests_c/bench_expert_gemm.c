@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
             a = cpu_now();
             mpk_rvq_icb_init(icb, cb, S);
             for (int i = 0; i < n; i++) mpk_rvq_xq(x + (size_t)i * (size_t)xs, cols, xq + (size_t)i * qs);
-            mpk_rvq_gemm(k, NULL, &w, icb, xq, qs, n, y);
+            mpk_rvq_gemm(k, NULL, &w, icb, xq, qs, n, NULL, y);
             d = cpu_now() - a;
             bg = d < bg ? d : bg;
         }

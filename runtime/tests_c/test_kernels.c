@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "kernel_paths.h"
 #include "t.h"
 #define T_SEED 0x9e3779b97f4a7c15ull
 #include "rand.h"
@@ -91,7 +92,7 @@ static uint8_t *make_part(int64_t rows, int64_t cols, int S, const uint8_t *code
     return p;
 }
 
-static const mpk_impl *paths[3];
+static const mpk_impl *paths[4];
 static int npaths;
 static mpk_pool *pools[3];
 
@@ -189,9 +190,7 @@ static void test_dots(void) {
 int main(void) {
     test_wsum();
     test_dots();
-    paths[npaths++] = mpk_select(MPK_SCALAR);
-    if (mpk_select(MPK_AVX2)) paths[npaths++] = mpk_select(MPK_AVX2);
-    if (mpk_select(MPK_AVX512VBMI)) paths[npaths++] = mpk_select(MPK_AVX512VBMI);
+    npaths = kernel_paths(paths);
     printf("paths:");
     for (int k = 0; k < npaths; k++) printf(" %s", mpk_impl_name(paths[k]));
     printf(" (auto: %s)\n", mpk_impl_name(mpk_select(MPK_AUTO)));

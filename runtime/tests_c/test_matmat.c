@@ -74,7 +74,7 @@ static void check_gemm(const char *name, const mpk_mat *w, const mpk_impl *const
 }
 
 int main(void) {
-    const mpk_impl *paths[3];
+    const mpk_impl *paths[4];
     const int np = kernel_paths(paths);
     mpk_pool *pools[2] = {NULL, mpk_pool_create(3)};
     const kind kinds[] = {{"f32", MP_CODEC_F32, 0, 0},  {"f16", MP_CODEC_F16, 0, 0},   {"bf16", MP_CODEC_BF16, 0, 0},

@@ -20,7 +20,7 @@
 enum { NMAX = 150 };
 
 /* §3.6 written out from the spec for row r and one input x[cols] (cb as stored, [S][256][8]):
- * the integer codebook (step 1), the 12-bit activation (2), the lane sums (3), the combine (4) */
+ * the integer codebook (step 1), the 12-bit activation (2), the group sums (3), the combine (4) */
 static float spec_row(const mpk_rvq *w, const float *cb, int S, const float *x, int64_t cols, int64_t r) {
     double M = 0.0;
     for (int t = 0; t < S; t++) {
@@ -36,7 +36,7 @@ static float spec_row(const mpk_rvq *w, const float *cb, int S, const float *x, 
     }
     const int64_t nv = (cols + 7) / 8, ng = (nv * 8 + 511) / 512;
     const uint8_t *codes = w->codes + (size_t)((r / 64) * nv * S) * 64 + (size_t)(r % 64);
-    float a[8] = {0};
+    float a = 0.0f;
     for (int64_t g = 0; g < ng; g++) {
         float m = 0.0f;
         int nan = 0;
@@ -47,19 +47,19 @@ static float spec_row(const mpk_rvq *w, const float *cb, int S, const float *x, 
         float inv = 0.0f, dx = 0.0f;
         if (nan || m == INFINITY) dx = NAN;
         else if (m >= 0x1p-96f) inv = 2047.0f / m, dx = m / 2047.0f;
-        int64_t n[8] = {0};
+        int64_t n = 0;
         for (int64_t c = 512 * g; c < 512 * (g + 1) && c < nv * 8; c++) {
             const float xc = c < cols ? x[c] : 0.0f, prod = xc * inv;
             const int64_t q = inv == 0.0f ? 0 : (int64_t)rintf(prod);
             int64_t wv = 0;
             for (int t = 0; t < S; t++)
                 wv += (int64_t)rint(ldexp((double)cb[((size_t)t * 256 + codes[(size_t)((c / 8) * S + t) * 64]) * 8 + (size_t)(c % 8)], p));
-            n[(c % 16) / 2] += wv * q;
+            n += wv * q;
         }
-        for (int j = 0; j < 8; j++) a[j] = fmaf((float)n[j], dx, a[j]);
+        a = fmaf((float)n, dx, a);
     }
     const float sc = mpk_f16_to_f32((uint16_t)(w->scales[2 * r] | w->scales[2 * r + 1] << 8));
-    const float y = ((((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) * sc) * ldexpf(1.0f, -p);
+    const float y = (a * sc) * ldexpf(1.0f, -p);
     return y == y ? y : NAN;
 }
 
@@ -88,7 +88,7 @@ static void check_shape(const mpk_impl *const *paths, int npaths, mpk_pool *cons
     for (int i = 0; i < NMAX; i++) mpk_rvq_xq(x + i * xs, cols, xq + i * qs);
     mpk_rvq_icb *icb = malloc(sizeof *icb);
     mpk_rvq_icb_init(icb, cb, S);
-    mpk_rvq_gemm(NULL, NULL, &w, icb, xq, qs, NMAX, want);
+    mpk_rvq_gemm(NULL, NULL, &w, icb, xq, qs, NMAX, NULL, want);
     /* |error| <= the activation rounding (half a step of the group, times |w|) + the codebook
      * rounding (S half-units of 2^-p, times |x|) + f32 rounding of the sums; worst = the largest
      * error as a share of that bound, tightest = the largest bound as a share of sum |w x| */
@@ -145,7 +145,11 @@ static void check_shape(const mpk_impl *const *paths, int npaths, mpk_pool *cons
                 /* a window of inputs from 9 (n = 1: input 9 alone; n >= 3 holds the NaN one) */
                 int64_t n = ns[ni], off = 9, bad = -1;
                 memset(y, 0x55, (size_t)(n * rows) * 4);
-                mpk_rvq_gemm(paths[k], pools[p], &w, icb, xq + off * qs, qs, n, y);
+                /* the caller's workspace (odd pools) or the call's own */
+                const size_t wsb = mpk_rvq_gemm_ws_bytes(paths[k], cols, n);
+                void *ws = p % 2 && wsb ? aligned_alloc(64, wsb) : NULL;
+                mpk_rvq_gemm(paths[k], pools[p], &w, icb, xq + off * qs, qs, n, ws, y);
+                free(ws);
                 for (int64_t e = 0; e < n * rows && bad < 0; e++)
                     if (bits(y[e]) != bits(want[off * rows + e])) bad = e;
                 CHECK(bad < 0, "rvq %lldx%lld S %d path %s threads %d n %lld: element %lld %a != %a", (long long)rows,
@@ -162,7 +166,7 @@ static void check_shape(const mpk_impl *const *paths, int npaths, mpk_pool *cons
 }
 
 int main(void) {
-    const mpk_impl *paths[3];
+    const mpk_impl *paths[4];
     const int np = kernel_paths(paths);
     mpk_pool *pools[3] = {NULL, mpk_pool_create(2), mpk_pool_create(3)};
     /* 130 rows: a partial third tile and row block; 264 columns: 33 vectors, an odd count;
