@@ -165,9 +165,27 @@ static void check_shape(const mpk_impl *const *paths, int npaths, mpk_pool *cons
     free(y);
 }
 
+/* The memory plan counts mpk_rvq_gemm_ws_bound per chunk token: it must cover every path's
+ * workspace for any call of up to n inputs, and grow by the same bytes for every token. */
+static void check_ws_bound(const mpk_impl *const *paths, int npaths) {
+    static const int64_t cols[] = {1, 61, 512, 513, 1536, 4096, 7168};
+    for (size_t c = 0; c < sizeof cols / sizeof *cols; c++) {
+        const size_t step = mpk_rvq_gemm_ws_bound(cols[c], 2) - mpk_rvq_gemm_ws_bound(cols[c], 1);
+        for (int64_t n = 1; n <= 600; n++) {
+            CHECK(mpk_rvq_gemm_ws_bound(cols[c], n + 1) - mpk_rvq_gemm_ws_bound(cols[c], n) == step,
+                  "ws bound not linear at cols %lld n %lld", (long long)cols[c], (long long)n);
+            for (int k = 0; k < npaths; k++)
+                CHECK(mpk_rvq_gemm_ws_bytes(paths[k], cols[c], n) <= mpk_rvq_gemm_ws_bound(cols[c], n),
+                      "path %s cols %lld n %lld: workspace above the planned bound", mpk_impl_name(paths[k]),
+                      (long long)cols[c], (long long)n);
+        }
+    }
+}
+
 int main(void) {
     const mpk_impl *paths[4];
     const int np = kernel_paths(paths);
+    check_ws_bound(paths, np);
     mpk_pool *pools[3] = {NULL, mpk_pool_create(2), mpk_pool_create(3)};
     /* 130 rows: a partial third tile and row block; 264 columns: 33 vectors, an odd count;
      * 1160 columns: a partial third group; 61 columns: a partial vector; 1100 rows: many row
