@@ -10,8 +10,10 @@ whatever the page cache kept). Prints one JSON line with the timings of every pa
 One deviation from llama.cpp's defaults, on purpose: `use_extra_bufts = False`. With extra buffer
 types on, a CPU that reports AMX makes llama.cpp copy weights into AMX/repacked anonymous buffers
 (no longer mmap), and on this VM the AMX tile instructions then die with SIGILL (the hypervisor
-advertises AMX but does not enable tile state). Without them the weights stay in the mmap, which
-is the GGUF + mmap behaviour the comparison is about.
+advertises AMX but does not enable tile state; on a later Xeon VM that does enable it, where
+moepack's own AMX kernels run, llama-cpp-python 0.3.36 with extra buffer types died with SIGSEGV
+on the IQ3_XXS twin's 512-token prompt, 2026-12-05). Without them the weights stay in the mmap,
+which is the GGUF + mmap behaviour the comparison is about.
 """
 
 from __future__ import annotations
