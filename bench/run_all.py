@@ -896,10 +896,11 @@ NOTES = """## How to read this and known limits
   anonymous memory). The default budget (then: a few tokens' experts under 3/4 of usable RAM;
   now: usable RAM minus a 10 % headroom, at most every expert) stays before it.
 - llama.cpp runs through llama-cpp-python with mmap on and no mlock, but with
-  `use_extra_bufts = False`: on this VM llama.cpp's default AMX path dies with SIGILL (the CPU
-  reports AMX, the hypervisor does not enable tile state), and extra buffer types would copy
-  weights out of the mmap anyway. Its pages are charged to its cgroup, so under a cap the page
-  cache thrashes exactly as on a small machine. Its loader prefetches the whole file
+  `use_extra_bufts = False`: llama.cpp's default AMX path died with SIGILL on a Xeon VM whose
+  hypervisor reports AMX without enabling tile state, and with SIGSEGV on one that enables it
+  (2026-12-05), and extra buffer types would copy weights out of the mmap anyway. Its pages
+  are charged to its cgroup, so under a cap the page cache thrashes exactly as on a small
+  machine. Its loader prefetches the whole file
   (`MADV_WILLNEED`) when it starts, which is why pass 1 reads the full GGUF even at 110%.
 - llama.cpp's CPU speed depends heavily on the expert type. Warm, the Q3_K twin (3.44 bpw,
   13% more bytes) decoded several times faster than the IQ3_XXS twin (3.06 bpw, byte-matched

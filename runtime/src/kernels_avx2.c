@@ -767,10 +767,8 @@ AVX2 static void igemm_rows4x2(const int16_t *wq, const int16_t *const *xq, cons
             : "+x"(acc) : "x"(x), "m"(*IG_WP(r)) : "xmm15")
 AVX2 static void igemm_rows4x3(const int16_t *wq, const int16_t *const *xq, const float *dg, int64_t np,
                                int first, float *a0) {
-    __m256i s00 = _mm256_setzero_si256(), s01 = _mm256_setzero_si256(), s02 = _mm256_setzero_si256();
-    __m256i s10 = _mm256_setzero_si256(), s11 = _mm256_setzero_si256(), s12 = _mm256_setzero_si256();
-    __m256i s20 = _mm256_setzero_si256(), s21 = _mm256_setzero_si256(), s22 = _mm256_setzero_si256();
-    __m256i s30 = _mm256_setzero_si256(), s31 = _mm256_setzero_si256(), s32 = _mm256_setzero_si256();
+    __m256i s00 = _mm256_setzero_si256(), s01 = s00, s02 = s00, s10 = s00, s11 = s00, s12 = s00;
+    __m256i s20 = s00, s21 = s00, s22 = s00, s30 = s00, s31 = s00, s32 = s00;
     for (int64_t k = 0; k < np; k++) {
         const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq[0] + 16 * k));
         const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq[1] + 16 * k));
