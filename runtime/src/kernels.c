@@ -304,12 +304,12 @@ static void s_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *x
         }
 }
 
-static void s_gemm_rows(const float *rows, int64_t rs, int64_t nv, const float *x, int64_t xs, int64_t n,
-                        float *acc) {
+static void s_gemm_rows(const float *wb, int64_t nv, const float *x, int64_t xs, int64_t n, float *acc) {
     for (int i = 0; i < MPK_GEMM_ROWS; i++)
         for (int64_t t = 0; t < n; t++) {
             float a[8] = {0};
-            for (int64_t c = 0; c < nv * 8; c++) a[c & 7] = fmaf(rows[i * rs + c], x[t * xs + c], a[c & 7]);
+            for (int64_t c = 0; c < nv * 8; c++)
+                a[c & 7] = fmaf(wb[((c >> 3) * MPK_GEMM_ROWS + i) * 8 + (c & 7)], x[t * xs + c], a[c & 7]);
             memcpy(acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)i) * 8, a, sizeof a);
         }
 }
@@ -884,43 +884,69 @@ static void tgemm_rows_one_by_one(const tgemm_job *j, int64_t r0, int64_t r1) {
     free(one);
 }
 
-/* Blocks of 16 rows [b0, b1): each decoded once (zero past cols and past the last row), then
- * multiplied with every input set; one buffer per task (a few tasks per thread), so that a call
- * allocates a few blocks' worth, not one per block. */
+/* Rows and inputs per pass, sized to stay in L2 together: up to four 16-row blocks (about 1 MiB
+ * of decoded rows) times up to 30 inputs (about 512 KiB; a multiple of the micro-kernels' three,
+ * so that only a call's last set ends in a pair or a single input).  Inputs then come from L3
+ * once per group of blocks, not once per block: q8 4096 x 4096 x 512 inputs, one thread, Intel
+ * Xeon (AMX VM), best of 5: 0.0169 -> 0.0146 ns per weight x input. */
+#define TGEMM_MAX_BLOCKS 4
+#define TGEMM_MAX_INPUTS 30
+static int64_t tgemm_blocks(int64_t rs) {
+    const int64_t b = (1 << 20) / (MPK_GEMM_ROWS * rs * (int64_t)sizeof(float));
+    return b < 1 ? 1 : b > TGEMM_MAX_BLOCKS ? TGEMM_MAX_BLOCKS : b;
+}
+static int64_t tgemm_inputs(int64_t rs) {
+    const int64_t n = (1 << 19) / (rs * (int64_t)sizeof(float)) / 3 * 3;
+    return n < 3 ? 3 : n > TGEMM_MAX_INPUTS ? TGEMM_MAX_INPUTS : n;
+}
+
+/* Blocks of 16 rows [b0, b1), tgemm_blocks at a time: each decoded once (zero past cols and past
+ * the last row) into the vector-major layout gemm_rows streams, then multiplied with every input
+ * set, all blocks of a group with one set before the next; one buffer per task (a few tasks per
+ * thread), so that a call allocates a few groups' worth, not one per block. */
 static void tgemm_task(void *ctx, size_t task) {
     tgemm_job *j = ctx;
     const mpk_mat *w = j->w;
     const int64_t nblocks = (w->rows + MPK_GEMM_ROWS - 1) / MPK_GEMM_ROWS;
     const int64_t b0 = (int64_t)task * j->per, b1 = b0 + j->per < nblocks ? b0 + j->per : nblocks;
-    const int64_t rs = j->xs, nv = rs / 8;
+    const int64_t rs = j->xs, nv = rs / 8, bs = MPK_GEMM_ROWS * rs; /* floats a block */
+    const int64_t G = tgemm_blocks(rs), N = tgemm_inputs(rs);
     const size_t ng = (size_t)(w->ngroups ? w->ngroups : 1);
-    float *rows = rs % 8 ? NULL : malloc(((size_t)(MPK_GEMM_ROWS * rs) + 2 * ng) * sizeof(float));
-    if (!rows) {
+    /* wb[block][v][16][8], then one row's values, then row_values' scratch (scales, minimums) */
+    const size_t bytes = ((size_t)(G * bs + rs) + 2 * ng) * sizeof(float);
+    float *wb = rs % 8 ? NULL : aligned_alloc(64, (bytes + 63) / 64 * 64); /* aligned vector loads */
+    if (!wb) {
         tgemm_rows_one_by_one(j, b0 * MPK_GEMM_ROWS, b1 * MPK_GEMM_ROWS < w->rows ? b1 * MPK_GEMM_ROWS : w->rows);
         return;
     }
-    float *sc = rows + MPK_GEMM_ROWS * rs; /* row_values' scratch: scales, minimums */
-    float acc[MPK_GEMM_INPUTS * MPK_GEMM_ROWS * 8] __attribute__((aligned(64)));
-    for (int64_t b = b0; b < b1; b++) {
-        const int64_t r0 = b * MPK_GEMM_ROWS, r1 = r0 + MPK_GEMM_ROWS < w->rows ? r0 + MPK_GEMM_ROWS : w->rows;
-        for (int64_t r = r0; r < r0 + MPK_GEMM_ROWS; r++) {
-            float *o = rows + (r - r0) * rs;
+    float *one = wb + G * bs, *sc = one + rs;
+    float acc[TGEMM_MAX_INPUTS * MPK_GEMM_ROWS * 8] __attribute__((aligned(64)));
+    for (int64_t g0 = b0; g0 < b1; g0 += G) {
+        const int64_t g1 = g0 + G < b1 ? g0 + G : b1;
+        const int64_t r0 = g0 * MPK_GEMM_ROWS, r1 = g1 * MPK_GEMM_ROWS < w->rows ? g1 * MPK_GEMM_ROWS : w->rows;
+        for (int64_t r = r0; r < g1 * MPK_GEMM_ROWS; r++) {
             if (r < r1) {
-                j->k->row_values(w, r, o, sc, sc + ng); /* cols values */
-                memset(o + w->cols, 0, (size_t)(rs - w->cols) * sizeof(float));
+                j->k->row_values(w, r, one, sc, sc + ng); /* cols values */
+                memset(one + w->cols, 0, (size_t)(rs - w->cols) * sizeof(float));
             } else {
-                memset(o, 0, (size_t)rs * sizeof(float));
+                memset(one, 0, (size_t)rs * sizeof(float));
+            }
+            float *blk = wb + (r - r0) / MPK_GEMM_ROWS * bs;
+            for (int64_t v = 0; v < nv; v++)
+                memcpy(blk + ((size_t)v * MPK_GEMM_ROWS + (size_t)(r % MPK_GEMM_ROWS)) * 8, one + v * 8, 8 * sizeof(float));
+        }
+        for (int64_t t0 = 0; t0 < j->n; t0 += N) {
+            const int64_t n = j->n - t0 < N ? j->n - t0 : N;
+            for (int64_t b = g0; b < g1; b++) {
+                const int64_t q0 = b * MPK_GEMM_ROWS, q1 = q0 + MPK_GEMM_ROWS < r1 ? q0 + MPK_GEMM_ROWS : r1;
+                j->k->gemm_rows(wb + (b - g0) * bs, nv, j->x + t0 * j->xs, j->xs, n, acc);
+                for (int64_t t = 0; t < n; t++) /* input-outer, as gemm_task */
+                    for (int64_t r = q0; r < q1; r++)
+                        tgemm_put(j, t0 + t, r, acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)(r - q0)) * 8);
             }
         }
-        for (int64_t t0 = 0; t0 < j->n; t0 += MPK_GEMM_INPUTS) {
-            const int64_t n = j->n - t0 < MPK_GEMM_INPUTS ? j->n - t0 : MPK_GEMM_INPUTS;
-            j->k->gemm_rows(rows, rs, nv, j->x + t0 * j->xs, j->xs, n, acc);
-            for (int64_t t = 0; t < n; t++) /* input-outer, as gemm_task */
-                for (int64_t r = r0; r < r1; r++)
-                    tgemm_put(j, t0 + t, r, acc + ((size_t)t * MPK_GEMM_ROWS + (size_t)(r - r0)) * 8);
-        }
     }
-    free(rows);
+    free(wb);
 }
 
 void mpk_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y) {

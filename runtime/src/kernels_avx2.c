@@ -817,8 +817,8 @@ AVX2 void mpk_avx2_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8
     }
 }
 
-/* The trunk's prefill product in panels of GEMM_KP vectors: the block's 16 decoded rows copied
- * into wb (16 KiB, L1), then three inputs times four rows per step (twelve accumulators, one fma
+/* The trunk's prefill product in panels of GEMM_KP vectors of the block's 16 decoded rows (16 KiB,
+ * read from L1 after the first input set), three inputs times four rows per step (twelve accumulators, one fma
  * chain per lane as the scalar code; the last one or two inputs in pairs), kept in acc between
  * panels. */
 #define GEMM_KP 32
@@ -916,16 +916,11 @@ AVX2 static void gemm_panel(const float *wb, const float *x, int64_t xs, int64_t
     }
 }
 
-/* The trunk's prefill product (mpk_gemm): rows [16][rs] already decoded, panel by panel into the
- * vector-major layout the micro-kernels read. */
-AVX2 void mpk_avx2_gemm_rows(const float *rows, int64_t rs, int64_t nv, const float *x, int64_t xs, int64_t n,
-                             float *acc) {
-    float wb[MPK_GEMM_ROWS * GEMM_KP * 8] __attribute__((aligned(32)));
-    for (int64_t v0 = 0; v0 < nv; v0 += GEMM_KP) {
-        const int64_t kp = nv - v0 < GEMM_KP ? nv - v0 : GEMM_KP;
-        mpk_gemm_panel_copy(rows, rs, v0, kp, wb);
-        gemm_panel(wb, x, xs, n, v0, kp, acc);
-    }
+/* The trunk's prefill product (mpk_gemm): the block's rows decoded, vector-major, streamed panel
+ * by panel. */
+AVX2 void mpk_avx2_gemm_rows(const float *wb, int64_t nv, const float *x, int64_t xs, int64_t n, float *acc) {
+    for (int64_t v0 = 0; v0 < nv; v0 += GEMM_KP)
+        gemm_panel(wb + (size_t)v0 * WS, x, xs, n, v0, nv - v0 < GEMM_KP ? nv - v0 : GEMM_KP, acc);
 }
 
 const mpk_impl mpk_avx2_impl = {.name = "avx2", .row_dot = mpk_avx2_row_dots, .rvq_tables = a_rvq_tables,

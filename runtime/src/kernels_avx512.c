@@ -340,17 +340,14 @@ AVX512 static inline __attribute__((always_inline)) void vgemm_rows16(const floa
         for (int m = 0; m < 8; m++) _mm512_store_ps(a + ((size_t)t * MPK_GEMM_ROWS + 2 * (size_t)m) * 8, c[t][m]);
 }
 
-AVX512 static void v_gemm_rows(const float *rows, int64_t rs, int64_t nv, const float *x, int64_t xs, int64_t n,
-                               float *acc) {
-    float wb[MPK_GEMM_ROWS * VGEMM_KP * 8] __attribute__((aligned(64)));
+AVX512 static void v_gemm_rows(const float *wb, int64_t nv, const float *x, int64_t xs, int64_t n, float *acc) {
     for (int64_t v0 = 0; v0 < nv; v0 += VGEMM_KP) {
         const int64_t kp = nv - v0 < VGEMM_KP ? nv - v0 : VGEMM_KP;
-        mpk_gemm_panel_copy(rows, rs, v0, kp, wb);
-        const float *xv = x + v0 * 8;
+        const float *wp = wb + (size_t)v0 * MPK_GEMM_ROWS * 8, *xv = x + v0 * 8;
         int64_t t = 0;
-        for (; t + 3 <= n; t += 3) vgemm_rows16(wb, xv + t * xs, xs, kp, v0 == 0, acc + (size_t)t * MPK_GEMM_ROWS * 8, 3);
-        if (n - t == 2) vgemm_rows16(wb, xv + t * xs, xs, kp, v0 == 0, acc + (size_t)t * MPK_GEMM_ROWS * 8, 2);
-        if (n - t == 1) vgemm_rows16(wb, xv + t * xs, xs, kp, v0 == 0, acc + (size_t)t * MPK_GEMM_ROWS * 8, 1);
+        for (; t + 3 <= n; t += 3) vgemm_rows16(wp, xv + t * xs, xs, kp, v0 == 0, acc + (size_t)t * MPK_GEMM_ROWS * 8, 3);
+        if (n - t == 2) vgemm_rows16(wp, xv + t * xs, xs, kp, v0 == 0, acc + (size_t)t * MPK_GEMM_ROWS * 8, 2);
+        if (n - t == 1) vgemm_rows16(wp, xv + t * xs, xs, kp, v0 == 0, acc + (size_t)t * MPK_GEMM_ROWS * 8, 1);
     }
 }
 

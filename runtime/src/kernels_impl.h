@@ -68,10 +68,10 @@ struct mpk_impl {
     int rvq_gemm_tiles_min;
     /* Row r of w decoded to its values, mpk_row's bits (sc, mn: ngroups floats of scratch). */
     void (*row_values)(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn);
-    /* The trunk's prefill product (mpk_gemm) of MPK_GEMM_ROWS decoded rows (rows[i * rs ...],
-     * nv vectors) with inputs x[t * xs ...] for t < n <= MPK_GEMM_INPUTS: acc[t][row][8]. */
-    void (*gemm_rows)(const float *rows, int64_t rs, int64_t nv, const float *x, int64_t xs, int64_t n,
-                      float *acc);
+    /* The trunk's prefill product (mpk_gemm) of MPK_GEMM_ROWS decoded rows, vector-major
+     * (wb[v][row][8], nv vectors: the layout the micro-kernels stream), with inputs x[t * xs ...]
+     * for t < n <= MPK_GEMM_INPUTS: acc[t][row][8]. */
+    void (*gemm_rows)(const float *wb, int64_t nv, const float *x, int64_t xs, int64_t n, float *acc);
 };
 
 extern const mpk_impl mpk_scalar_impl;
@@ -190,17 +190,7 @@ static inline __attribute__((always_inline)) void mpk_rvq_decode_panel(const uin
 }
 #endif
 void mpk_avx2_row_values(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn);
-/* The SIMD trunk prefill products' panel: vectors v0 .. v0 + kp of the 16 decoded rows (stride rs)
- * into the vector-major wb[v][row][8] their micro-kernels read. */
-static inline __attribute__((always_inline)) void mpk_gemm_panel_copy(const float *rows, int64_t rs, int64_t v0,
-                                                                      int64_t kp, float *wb) {
-    for (int64_t v = 0; v < kp; v++)
-        for (int i = 0; i < MPK_GEMM_ROWS; i++)
-            memcpy(wb + ((size_t)v * MPK_GEMM_ROWS + (size_t)i) * 8, rows + (size_t)i * (size_t)rs + (size_t)(v0 + v) * 8,
-                   8 * sizeof(float));
-}
-void mpk_avx2_gemm_rows(const float *rows, int64_t rs, int64_t nv, const float *x, int64_t xs, int64_t n,
-                        float *acc);
+void mpk_avx2_gemm_rows(const float *wb, int64_t nv, const float *x, int64_t xs, int64_t n, float *acc);
 
 
 /* The most tiles one rvq_tiles call gets (its accumulator lives on the caller's stack). */
