@@ -83,10 +83,10 @@ int main(void) {
                           {"q4/32", MP_CODEC_Q4, 0, 32}, {"q4z/64", MP_CODEC_Q4, 1, 64}, {"q4z/16", MP_CODEC_Q4, 1, 16}};
     /* 1031 columns: many blocks of eight full groups (the AVX2 reduction) and a partial group;
      * 1024 and 512: AVX-512's q8 product (16 groups per step, four rows at a time); 4100 at
-     * group 8: more groups than the AVX2 product keeps parts of in one pass; 6000 and 20003: the
-     * prefill product's passes of fewer blocks and inputs (two blocks of 21, one block of 6) */
+     * group 8: more groups than the AVX2 product keeps parts of in one pass; 4400 and 8200: the
+     * prefill product's passes of fewer blocks and inputs (three blocks x 27, one block x 15) */
     const int64_t shapes[][2] = {{37, 100}, {16, 64}, {70, 523}, {1, 8}, {3, 1031}, {13, 1024}, {6, 512}, {3, 4100},
-                                 {35, 6000}, {20, 20003}};
+                                 {20, 4400}, {6, 8200}};
     const int64_t ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33};
     for (size_t ki = 0; ki < sizeof kinds / sizeof *kinds; ki++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
@@ -136,7 +136,7 @@ int main(void) {
                               p ? 3 : 1, (long long)bad, bad < 0 ? 0.0 : (double)y[bad],
                               bad < 0 ? 0.0 : (double)ref[bad]);
                     }
-            if ((rows <= 70 && cols <= 523) || cols >= 6000) check_gemm(K->name, &w, paths, np, pools);
+            if ((rows <= 70 && cols <= 523) || cols >= 4400) check_gemm(K->name, &w, paths, np, pools);
             free(data);
             free(x);
             free(ref);
