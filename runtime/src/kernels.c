@@ -808,6 +808,15 @@ typedef struct {
     float *y;
 } gemm_job;
 
+/* y[r] = (a[r] x s_r) x 2^-p for one input's rows; a full block's fixed trip count and the
+ * restrict pointers let GCC vectorise it (it was ~8 % of the AMX product, scalar) */
+static void gemm_put(const float *restrict a, const float *restrict sc, float u, int64_t nr, float *restrict y) {
+    if (nr == MPK_GEMM_ROWS)
+        for (int r = 0; r < MPK_GEMM_ROWS; r++) y[r] = mpk_canon(a[r] * sc[r] * u);
+    else
+        for (int64_t r = 0; r < nr; r++) y[r] = mpk_canon(a[r] * sc[r] * u);
+}
+
 static void gemm_task(void *ctx, size_t task) {
     gemm_job *j = ctx;
     const mpk_rvq *w = j->w;
@@ -821,8 +830,7 @@ static void gemm_task(void *ctx, size_t task) {
     /* input-outer: each input's rows are one run of y (row-outer wrote a line per store, and
      * the stores' misses were most of this loop) */
     for (int64_t t = 0; t < n; t++)
-        for (int64_t r = r0; r < r1; r++) /* (a x s_r) x 2^-p */
-            j->y[(t0 + t) * w->rows + r] = mpk_canon(acc[t * MPK_GEMM_ROWS + (r - r0)] * sc[r - r0] * j->cb->unscale);
+        gemm_put(acc + t * MPK_GEMM_ROWS, sc, j->cb->unscale, r1 - r0, j->y + (t0 + t) * w->rows + r0);
 }
 
 size_t mpk_rvq_gemm_ws_bytes(const mpk_impl *k, int64_t cols, int64_t n) {

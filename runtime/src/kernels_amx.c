@@ -4,11 +4,11 @@
  * multiplies bytes.  With W = 256 Wh + Wl and x = 256 xh + xl (Wl, xl unsigned bytes, Wh, xh
  * signed) n = 65536 hh + 256 (hl + lh) + ll: four tile products (16 rows x 16 inputs x 64 bytes)
  * per 64 columns into three int32 tiles (none can overflow over a group), which stay in the tiles
- * for the group's eight 64-column steps, leave them once, and are combined in binary64 (exact),
+ * for the group's eight 64-column steps, leave them once, and are combined exactly in integers,
  * rounded once and accumulated with one fma per group as §3.6 step 4 says.  Weights are tile A
- * (16 rows, 64 columns a row, one byte plane each), decoded as on the other SIMD paths then split
- * into planes; inputs are tile B (16 rows of 4-column steps x 16 inputs), re-laid once per
- * mpk_rvq_gemm call (mpk_amx_xprep) for every row block to share. */
+ * (16 rows, 64 columns a row, one byte plane each), decoded as on the other SIMD paths 64
+ * columns at a time, then split into planes; inputs are tile B (16 rows of 4-column steps x 16
+ * inputs), re-laid once per mpk_rvq_gemm call (mpk_amx_xprep) for every row block to share. */
 #define _GNU_SOURCE /* syscall */
 #include "kernels_impl.h"
 
@@ -110,21 +110,20 @@ AMX static void amx_config(void) {
     _tile_loadconfig(&c);
 }
 
-/* one block's group: n = 65536 c0 + 256 c1 + c2 per (row, input) in binary64 (exact: below 2^53),
- * rounded once, a[row][input] = fma(f32(n), d[input], a) (first group: onto +0) */
+/* one block's group: n = 256 u + c2 per (row, input) with u = 256 c0 + c1 exact in int32
+ * (|c0| <= 512 * 64 * 8, |c1| <= 512 * (64 * 255 + 255 * 8): |u| < 2^27) and n exact in int64
+ * (< 2^35), rounded once to binary32; a[row][input] = fma(f32(n), d[input], a) (first group: onto +0) */
 AMX static inline __attribute__((always_inline)) void combine(int32_t (*cs)[16][16], const float *dg, int first,
                                                               float (*a)[16]) {
     const __m512 d = _mm512_loadu_ps(dg);
-    const __m512d k16 = _mm512_set1_pd(65536.0), k8 = _mm512_set1_pd(256.0);
     for (int i = 0; i < 16; i++) {
-        const __m512i c0 = _mm512_load_si512(cs[0][i]), c1 = _mm512_load_si512(cs[1][i]), c2 = _mm512_load_si512(cs[2][i]);
-        const __m512d lo = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(c0)), k16,
-                                           _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(c1)), k8,
-                                                           _mm512_cvtepi32_pd(_mm512_castsi512_si256(c2))));
-        const __m512d hi = _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(c0, 1)), k16,
-                                           _mm512_fmadd_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(c1, 1)), k8,
-                                                           _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(c2, 1))));
-        const __m512 nf = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
+        const __m512i u = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(cs[0][i]), 8), _mm512_load_si512(cs[1][i]));
+        const __m512i c2 = _mm512_load_si512(cs[2][i]);
+        const __m512i lo = _mm512_add_epi64(_mm512_slli_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(u)), 8),
+                                            _mm512_cvtepi32_epi64(_mm512_castsi512_si256(c2)));
+        const __m512i hi = _mm512_add_epi64(_mm512_slli_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(u, 1)), 8),
+                                            _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(c2, 1)));
+        const __m512 nf = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtepi64_ps(lo)), _mm512_cvtepi64_ps(hi), 1);
         const __m512 prev = first ? _mm512_setzero_ps() : _mm512_load_ps(a[i]);
         _mm512_store_ps(a[i], _mm512_fmadd_ps(nf, d, prev));
     }
@@ -137,24 +136,28 @@ AMX void mpk_amx_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t
     const int64_t nv = w->nv, ng = (nv + MPK_RVQ_XGROUP - 1) / MPK_RVQ_XGROUP, nblk = (n + TB - 1) / TB;
     const size_t bb = xbs * TB;
     const uint8_t *codes = w->codes + (size_t)((r0 / 64) * nv * S) * 64 + (size_t)(r0 % 64);
-    int16_t wb[MPK_GEMM_ROWS * MPK_RVQ_XGROUP * 8] __attribute__((aligned(64)));
+    int16_t wb[2 * MPK_GEMM_ROWS * 32] __attribute__((aligned(64))); /* one step: [quad][row][32] */
     uint8_t ab[KS * 2 * TILE_BYTES] __attribute__((aligned(64))); /* weight tiles [step][plane] */
     int32_t cs[3][16][16] __attribute__((aligned(64)));
     float a[MPK_GEMM_INPUTS / TB][16][16] __attribute__((aligned(64))); /* [block][row][input] */
     const __m512i lo = _mm512_load_si512(plane_idx), hi = _mm512_add_epi8(lo, _mm512_set1_epi8(1));
     amx_config();
     for (int64_t g = 0, v0 = 0; g < ng; g++, v0 += MPK_RVQ_XGROUP) {
-        const int64_t kp = nv - v0 < MPK_RVQ_XGROUP ? nv - v0 : MPK_RVQ_XGROUP, nq = (kp + 3) / 4;
-        mpk_rvq_decode_panel(codes + (size_t)(v0 * S) * 64, cb, kp, S, 4, wb); /* wb[quad][row][32] */
-        if (nq < 16) memset(wb + nq * MPK_GEMM_ROWS * 32, 0, (size_t)(16 - nq) * MPK_GEMM_ROWS * 32 * 2);
-        for (int i = 0; i < MPK_GEMM_ROWS; i++)
-            for (int st = 0; st < KS; st++) { /* quads 2 st, 2 st + 1: the step's 64 columns */
-                const __m512i q0 = _mm512_load_si512(wb + ((size_t)(2 * st) * MPK_GEMM_ROWS + (size_t)i) * 32);
-                const __m512i q1 = _mm512_load_si512(wb + ((size_t)(2 * st + 1) * MPK_GEMM_ROWS + (size_t)i) * 32);
+        const int64_t kp = nv - v0 < MPK_RVQ_XGROUP ? nv - v0 : MPK_RVQ_XGROUP;
+        /* a step (8 vectors) at a time, split while its 2 KiB of decoded rows are in L1 (the
+         * group's 16 KiB at once, next to the tiles' operands, left L1 between decode and split) */
+        for (int st = 0; st < KS; st++) {
+            const int64_t vs = 8 * st, kv = kp - vs < 8 ? kp - vs : 8;
+            if (kv > 0) mpk_rvq_decode_panel(codes + (size_t)((v0 + vs) * S) * 64, cb, kv, S, 4, wb);
+            if (kv <= 4) /* quads past the group's last vector: zero weights */
+                memset(wb + (kv > 0 ? MPK_GEMM_ROWS * 32 : 0), 0, (size_t)(kv > 0 ? 1 : 2) * MPK_GEMM_ROWS * 64);
+            for (int i = 0; i < MPK_GEMM_ROWS; i++) {
+                const __m512i q0 = _mm512_load_si512(wb + (size_t)i * 32), q1 = _mm512_load_si512(wb + (size_t)(MPK_GEMM_ROWS + i) * 32);
                 uint8_t *t = ab + (size_t)(2 * st) * TILE_BYTES + (size_t)i * 64;
                 _mm512_store_si512(t, _mm512_permutex2var_epi8(q0, lo, q1));
                 _mm512_store_si512(t + TILE_BYTES, _mm512_permutex2var_epi8(q0, hi, q1));
             }
+        }
         for (int64_t b = 0; b < nblk; b++) {
             const uint8_t *xt = xb + (size_t)b * bb + (size_t)(g * KS * 2) * TILE_BYTES;
             _tile_zero(0);

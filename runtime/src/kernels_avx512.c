@@ -453,15 +453,15 @@ const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi", .row_dot = v_row_dots, .
                                   .rvq_tiles = v_rvq_tiles, .mm_rows = mpk_avx512vl_mm_rows,
                                   .rvq_gemm = v_rvq_gemm,
                                   .row_values = mpk_avx2_row_values, .gemm_rows = v_gemm_rows};
-/* the same, with the prefill product on AMX tiles (kernels_amx.c) for calls of 24 inputs or more:
- * below that VNNI's is faster (a tile block holds 16 inputs; Intel Xeon, cfab844, 2026-12-05,
- * one thread, 4096 x 1536 and 1536 x 4096, three stages: 20 inputs 0.0128-0.0130 vs 0.0124-0.0126 ns a weight x input,
- * 24 inputs 0.0108-0.0111 vs 0.0116-0.0119) */
+/* the same, with the prefill product on AMX tiles (kernels_amx.c) for calls of 16 inputs (one
+ * tile block) or more: below that VNNI's is faster (Intel Xeon, 2026-12-05, one thread,
+ * 4096 x 1536 and 1536 x 4096, three stages, ns a weight x input, AMX vs VNNI: 12 inputs
+ * 0.0166-0.0173 vs 0.0154-0.0159, 16 inputs 0.0126-0.0129 vs 0.0134-0.0139) */
 const mpk_impl mpk_avx512amx_impl = {.name = "avx512amx", .row_dot = v_row_dots, .rows_dot = v_rows_dot,
                                      .rvq_tables = v_rvq_tables, .rvq_tiles = v_rvq_tiles,
                                      .mm_rows = mpk_avx512vl_mm_rows, .rvq_gemm = v_rvq_gemm,
                                      .rvq_gemm_tiles = mpk_amx_rvq_gemm, .rvq_gemm_xbytes = mpk_amx_xbytes,
-                                     .rvq_gemm_xprep = mpk_amx_xprep, .rvq_gemm_tiles_min = 24,
+                                     .rvq_gemm_xprep = mpk_amx_xprep, .rvq_gemm_tiles_min = 16,
                                      .row_values = mpk_avx2_row_values, .gemm_rows = v_gemm_rows};
 
 #else
