@@ -207,8 +207,10 @@ static void put_row(const mpm_layer *ly, int p, const float *src, int64_t n, uin
 }
 
 /* One expert's prefill inputs by tokens: its tokens' gate (and up) inputs gathered and quantised
- * (down = 0), or their activations and the down inputs (down = 1); over the pool unless a part
- * is rotated (then in order on this thread, rotating into the model's one scratch row). */
+ * (down = 0; where gate and up share an unrotated input, copied from the chunk's inputs
+ * quantised once per layer in cxu), or their activations and the down inputs (down = 1); over
+ * the pool unless a part is rotated (then in order on this thread, rotating into the model's one
+ * scratch row). */
 typedef struct {
     mpm_model *m;
     const mpm_layer *ly;
@@ -228,10 +230,12 @@ static void prep_task(void *ctx, size_t task) {
     const int t0 = (int)task * PREP_TOKENS, t1 = t0 + PREP_TOKENS < j->n ? t0 + PREP_TOKENS : j->n;
     float *scratch = j->scratch;
     for (int t = t0; t < t1; t++) {
-        if (!j->down) {
+        if (!j->down && j->same) {
+            memcpy(m->cxg + t * xs, m->cxu + (size_t)(j->pr[t] / K) * xs, xs);
+        } else if (!j->down) {
             const float *x = j->xe + (int64_t)(j->pr[t] / K) * D;
             put_row(j->ly, 0, x, D, m->cxg + t * xs, scratch);
-            if (!j->same) put_row(j->ly, 1, x, D, m->cxu + t * xs, scratch);
+            put_row(j->ly, 1, x, D, m->cxu + t * xs, scratch);
         } else {
             float *g = m->g + t * I;
             const float *u = m->u + t * I;
@@ -288,6 +292,20 @@ static void experts_decode(mpm_model *m, const mpm_layer *ly, const uint8_t *con
     for (int e = 0; e < n; e++) mpk_axpy(m->bsum + (int64_t)pair[e] / K * D, m->bselw[pair[e]], o + e * D, D);
 }
 
+/* gate and up see the same input (neither rotated): quantised once per chunk token and layer */
+static int gate_up_same(const mpm_layer *ly) { return !ly->rot_block[0] && !ly->rot_block[1]; }
+
+typedef struct {
+    const float *xe;
+    int64_t D;
+    uint8_t *out;
+} quant_job;
+
+static void quant_task(void *ctx, size_t t) {
+    const quant_job *j = ctx;
+    mpk_rvq_xq(j->xe + (int64_t)t * j->D, j->D, j->out + t * mpk_rvq_xq_bytes(j->D));
+}
+
 /* One expert (record rec) of a prefill chunk for its n (token, rank) pairs pr: its tokens'
  * inputs gathered and multiplied with the decoded codes (mpk_rvq_gemm), each output added with
  * its routing weight to its token's sum in bsum (the caller visits experts by ascending index). */
@@ -300,7 +318,7 @@ static void expert(mpm_model *m, const mpm_layer *ly, const uint8_t *rec, const 
     rvq_part(ly, 0, rec, I, D, &wg);
     rvq_part(ly, 1, rec, I, D, &wu);
     rvq_part(ly, 2, rec, D, I, &wd);
-    const int same = !ly->rot_block[0] && !ly->rot_block[1]; /* gate and up see the same input */
+    const int same = gate_up_same(ly);
     prep(m, ly, xe, pr, n, same, 0);
     mpk_rvq_gemm(m->kern, m->pool, &wg, &m->cicb[0], m->cxg, xs, n, m->cws, m->g);
     mpk_rvq_gemm(m->kern, m->pool, &wu, &m->cicb[1], same ? m->cxg : m->cxu, xs, n, m->cws, m->u);
@@ -374,6 +392,10 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
         build_tab(m, ly, 1, xe, D, &m->ctabs[1], tab_mem(m, 1));
     } else {
         for (int p = 0; p < 3; p++) mpk_rvq_icb_init(&m->cicb[p], ly->cb[p], ly->stages[p]);
+        if (gate_up_same(ly)) { /* each token's input quantised once, not once per expert */
+            quant_job q = {xe, D, m->cxu};
+            mpk_pool_run(m->pool, (size_t)T, quant_task, &q);
+        }
     }
     memset(m->bsum, 0, (size_t)(T * D) * sizeof(float));
     const int A = acquire_group(m);
