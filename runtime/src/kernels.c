@@ -654,12 +654,13 @@ void mpk_hadamard_rotate(const float *x, const float *signs, int64_t n, int64_t 
 /* ---- small vector helpers ---- */
 
 /* The helpers below run per head and position in attention: on AVX2 CPUs 8-wide with the same
- * operations (lanes = index mod 8, multiply then add, red8), so the same bits.  Which one runs
+ * operations (lanes = index mod 8, multiply then add, red8), so the same bits (mpk_wsum, whose
+ * lanes are columns, 16-wide on AVX-512 CPUs: vec_helpers 2).  Which one runs
  * depends on the CPU alone, never on an engine's kernel choice. */
 static int vec_helpers(void) {
     static _Atomic int have = -1; /* -1: not asked yet */
     int h = have;
-    if (h < 0) have = h = cpu_avx2();
+    if (h < 0) have = h = cpu_avx512vbmi() ? 2 : cpu_avx2();
     return h;
 }
 
@@ -706,7 +707,7 @@ void mpk_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const 
               int64_t nt, int64_t n) {
 #if defined(__x86_64__) || defined(__i386__)
     if (vec_helpers()) {
-        mpk_avx2_wsum(out, os, nh, w, ws, rows, rs, f16, nt, n);
+        (vec_helpers() > 1 ? mpk_avx512_wsum : mpk_avx2_wsum)(out, os, nh, w, ws, rows, rs, f16, nt, n);
         return;
     }
 #endif

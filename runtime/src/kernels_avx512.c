@@ -449,6 +449,32 @@ static const mpk_row_dot_fn v_row_dots[MPK_TRUNK_CODECS] = {
     [MP_CODEC_F32] = v_dot_avx2, [MP_CODEC_F16] = v_dot_avx2, [MP_CODEC_BF16] = v_dot_avx2,
     [MP_CODEC_Q8] = v_dot_q8,    [MP_CODEC_Q6] = v_dot_avx2,  [MP_CODEC_Q4] = v_dot_avx2};
 
+/* mpk_wsum sixteen columns a zmm (AVX2's eight heads x eight columns per step, twice the columns
+ * per instruction; each element the same multiply then add over the rows in order, so the same
+ * bits); the last columns AVX2's */
+AVX512 void mpk_avx512_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs,
+                            int f16, int64_t nt, int64_t n) {
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16)
+        for (int h0 = 0; h0 < nh; h0 += 8) {
+            const int hn = nh - h0 < 8 ? nh - h0 : 8;
+            __m512 acc[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) acc[i] = _mm512_setzero_ps();
+            for (int64_t t = 0; t < nt; t++) {
+                const uint8_t *r = (const uint8_t *)rows + (size_t)t * rs;
+                const __m512 v = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 2 * c)))
+                                     : _mm512_loadu_ps((const float *)(const void *)r + c);
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++)
+                    if (i < hn) acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_set1_ps(w[(h0 + i) * ws + t]), v));
+            }
+            for (int i = 0; i < hn; i++) _mm512_storeu_ps(out + (h0 + i) * os + c, acc[i]);
+        }
+    if (c < n)
+        mpk_avx2_wsum(out + c, os, nh, w, ws, (const uint8_t *)rows + (size_t)c * (f16 ? 2 : 4), rs, f16, nt, n - c);
+}
+
 const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi", .row_dot = v_row_dots, .rows_dot = v_rows_dot, .rvq_tables = v_rvq_tables,
                                   .rvq_tiles = v_rvq_tiles, .mm_rows = mpk_avx512vl_mm_rows,
                                   .rvq_gemm = v_rvq_gemm,

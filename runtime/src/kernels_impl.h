@@ -117,6 +117,8 @@ void mpk_avx2_dots(const float *x, const float *rows, int64_t stride, int nr, in
 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n);
 void mpk_avx2_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs, int f16,
                    int64_t nt, int64_t n);
+void mpk_avx512_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs,
+                     int f16, int64_t nt, int64_t n);
 /* mpk_wsum's scalar definition for columns [c0, n): the scalar path and the SIMD tails */
 void mpk_wsum_cols(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs,
                    int f16, int64_t nt, int64_t c0, int64_t n);

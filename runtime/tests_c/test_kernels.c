@@ -141,7 +141,7 @@ static void run_case(const char *what, int64_t rows, int64_t cols, int S, const 
 }
 
 /* mpk_wsum (attention's values): the bits of mpk_axpy over the rows onto zeros, f32 and f16 rows,
- * column counts around the 8-wide blocks, head counts around the 8 accumulators */
+ * column counts around the 16- and 8-wide blocks, head counts around the 8 accumulators */
 static void test_wsum(void) {
     enum { NT = 37, NC = 70, NH = 17 };
     float w[NH * NT], r32[NT * NC], out[NH * NC], ref[NH * NC];
