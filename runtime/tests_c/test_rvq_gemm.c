@@ -17,7 +17,7 @@
 #include "kernel_paths.h"
 
 
-enum { NMAX = 150 };
+enum { NMAX = 280 }; /* past MPK_GEMM_INPUTS: a call of two input sets */
 
 /* §3.6 written out from the spec for row r and one input x[cols] (cb as stored, [S][256][8]):
  * the integer codebook (step 1), the 12-bit activation (2), the group sums (3), the combine (4) */
@@ -138,7 +138,7 @@ static void check_shape(const mpk_impl *const *paths, int npaths, mpk_pool *cons
         CHECK(want[10 * rows + r] == want[10 * rows + r] && want[12 * rows + r] == want[12 * rows + r],
               "a NaN beside the NaN input at row %lld", (long long)r);
     }
-    static const int64_t ns[] = {1, 2, 3, 17, 64, 65, NMAX - 9};
+    static const int64_t ns[] = {1, 2, 3, 16, 17, 64, 65, 141, 257, NMAX - 9};
     for (int k = 0; k < npaths; k++)
         for (int p = 0; p < npools; p++)
             for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
