@@ -5,9 +5,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,14 +31,40 @@ uint64_t mp_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Buffers of MAPPED_MIN bytes and more are mapped directly, so freeing one returns its pages at
+ * once: after the first free of a big chunk glibc raises its mmap threshold and then keeps freed
+ * record buffers in its heaps (one per thread that allocated), resident but outside the memory
+ * plan. A header just before the returned pointer says how the buffer was made. */
+#define MAPPED_MIN ((size_t)64 << 10)
+
+typedef struct alloc_hdr { void *raw; size_t mapped; } alloc_hdr;
+
 void *mp_aligned_alloc(size_t alignment, size_t size) {
-    void *p = NULL;
-    if (alignment < sizeof(void *)) alignment = sizeof(void *);
-    if (posix_memalign(&p, alignment, size ? size : 1) != 0) return NULL;
-    return p;
+    if (alignment < sizeof(alloc_hdr)) alignment = sizeof(alloc_hdr);
+    if ((alignment & (alignment - 1)) || size > SIZE_MAX - alignment - sizeof(alloc_hdr)) return NULL;
+    size_t len = size + alignment + sizeof(alloc_hdr);
+    size_t mapped = 0;
+    void *raw;
+    if (size >= MAPPED_MIN) {
+        raw = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == MAP_FAILED) return NULL;
+        mapped = len;
+    } else if (!(raw = malloc(len))) {
+        return NULL;
+    }
+    uintptr_t at = ((uintptr_t)raw + sizeof(alloc_hdr) + alignment - 1) & ~(uintptr_t)(alignment - 1);
+    alloc_hdr *h = (alloc_hdr *)at - 1;
+    h->raw = raw;
+    h->mapped = mapped;
+    return (void *)at;
 }
 
-void mp_aligned_free(void *p) { free(p); }
+void mp_aligned_free(void *p) {
+    if (!p) return;
+    alloc_hdr *h = (alloc_hdr *)p - 1;
+    if (h->mapped) munmap(h->raw, h->mapped);
+    else free(h->raw);
+}
 
 static int read_full(int fd, void *dst, uint64_t off, uint64_t len) {
     uint8_t *p = dst;
