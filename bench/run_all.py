@@ -473,15 +473,32 @@ def _engine_row(label: str, cap: str, capgb: str, run: dict | None, ref: dict | 
         return ""
     if "tok_s" not in run:
         err = " ".join(run.get("error", []))[-160:].replace("|", "/")
-        return f"| {cap} | {capgb} | {label} | failed (rc {run.get('rc')}): {err} |||||||\n"
+        return f"| {cap} | {capgb} | {label} | failed (rc {run.get('rc')}): {err} ||||||||\n"
     hits = run.get("hit_rate")
     r1, r2 = _ratio(_tok(run, 0), _tok(ref, 0)), _ratio(_tok(run, -1), _tok(ref, -1))
     ratio = "–" if ref is None or run is ref else f"**{_f(r1)}** / **{_f(r2)}**"
+    first = _first_s(run)
+    speedup = None if ref is None or run is ref else _ratio(_first_s(ref), first)
+    first_cell = _f(first) + ("" if speedup is None else f" ({_f(speedup)}x)")
     return (f"| {cap} | {capgb} | {label} | {_size(run.get('budget_bytes'))} | "
             f"{_f(_tok(run, 0))} / {_f(_tok(run, -1))}{_spread(run)} | "
             f"{_size(run.get('peak_cgroup_bytes'))} | "
             f"{_size(run.get('max_rss_bytes'))} | {_size(run.get('read_bytes'))} | "
-            f"{'–' if not hits else '/'.join(f'{100 * h:.0f}%' for h in hits)} | {ratio} |\n")
+            f"{'–' if not hits else '/'.join(f'{100 * h:.0f}%' for h in hits)} | {ratio} | "
+            f"{first_cell} |\n")
+
+
+def _first_s(run: dict | None) -> float | None:
+    """Seconds from the start to pass 1's last token: load, pass 1's prompt and its decode.
+    Pass 1's tok/s leaves the load out, where llama.cpp reads most of its GGUF (MADV_WILLNEED)
+    and moepack only its trunk; this counts what a user waits for."""
+    r = (run or {}).get("result") or {}
+    p = (r.get("passes") or [None])[0]
+    if not p or r.get("load_s") is None:
+        return None
+    prompt = p.get("prompt_seconds", p.get("prompt_s"))
+    decode = p.get("decode_seconds", p.get("decode_s"))
+    return None if prompt is None or decode is None else r["load_s"] + prompt + decode
 
 
 def _spread(run: dict, key: str = "rounds_tok_s") -> str:
@@ -592,10 +609,14 @@ def section(res: dict) -> str:
                    "when its cache holds every expert, `warm_wait_s` in the json). *read* = "
                    "block-device reads of the process (/proc io `read_bytes`, both passes and "
                    "the load). Peak = cgroup max_usage (anonymous + page cache); RSS = "
-                   "ru_maxrss.\n")
+                   "ru_maxrss. *Start to pass 1's end* = load + pass 1's prompt + its decode, "
+                   "in seconds (and llama.cpp's time / moepack's): pass 1's tok/s leaves the "
+                   "load out, in which llama.cpp reads most of its GGUF (`MADV_WILLNEED`) and "
+                   "moepack only its trunk.\n")
         out.append("| cap | cap size | engine | budget | decode tok/s (1 / 2) | peak | "
-                   "RSS | read | expert hits | moepack / llama.cpp (1 / 2) |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|")
+                   "RSS | read | expert hits | moepack / llama.cpp (1 / 2) | "
+                   "start to pass 1's end, s |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for row in res["caps"]:
             cap, capgb = f"{100 * row['frac']:.0f}%", _size(row["cap_bytes"])
             ll = row.get("llama")
@@ -841,8 +862,10 @@ def goals_kernels_prompt(res: dict) -> str:
             continue
         r = [_ratio(_tok(row.get("moepack"), i), _tok(row["llama"], i)) for i in (0, -1)]
         met = _verdict(min(r) if None not in r else None, 1.5)
+        e2e = _ratio(_first_s(row["llama"]), _first_s(row.get("moepack")))
+        e2e_note = "" if e2e is None else f"; start to pass 1's end {_f(e2e)}x"
         lines.append(f"| 14: {100 * frac:.0f}% cap >= 1.5x llama.cpp (IQ3_XXS twin), both "
-                     f"passes | {_f(r[0])}x / {_f(r[1])}x (default budget) | {met} |")
+                     f"passes | {_f(r[0])}x / {_f(r[1])}x (default budget){e2e_note} | {met} |")
     bound = _bandwidth_bound(res)
     if bound:
         b = bound[2]

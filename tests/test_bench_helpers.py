@@ -125,14 +125,19 @@ def test_markdown_renders_partial_results(tmp_path, monkeypatch) -> None:
            "disk": {"1": {"gb_s": 0.5}, "4": {"gb_s": 0.8}},
            "caps": [{"frac": 0.25, "cap_bytes": 250 * 10**6,
                      "moepack": {"tok_s": [3.0, 3.0], "hit_rate": [0.1, 0.2],
-                                 "budget_bytes": 10**8, "read_bytes": 10**9},
-                     "llama": {"tok_s": [1.0, 0.5], "read_bytes": 10**10}}],
+                                 "budget_bytes": 10**8, "read_bytes": 10**9,
+                                 "result": {"load_s": 0.5, "passes": [
+                                     {"prompt_seconds": 1.0, "decode_seconds": 1.5}]}},
+                     "llama": {"tok_s": [1.0, 0.5], "read_bytes": 10**10,
+                               "result": {"load_s": 4.0, "passes": [
+                                   {"prompt_s": 1.0, "decode_s": 4.0}]}}}],
            "warm": {"moepack": {"tok_s": [1, 2.0]}, "llama": {"rc": 1, "error": ["boom"]}}}
     monkeypatch.setattr(run_all, "RESULTS", tmp_path)
     (tmp_path / "run_all-quick.json").write_text(json.dumps(res))
     run_all.write_markdown(tmp_path / "B.md")
     md = (tmp_path / "B.md").read_text()
-    assert "**3.00** / **6.00**" in md  # moepack / llama ratio, pass 1 / pass 2
+    assert "**3.00** / **6.00** | 3.00 (3.00x) |" in md  # ratios; load + pass 1: 3 s vs 9 s
+    assert "| – | 9.00 |" in md  # llama.cpp's own row: its seconds, no ratio
     assert "| 25% cap: >= 3x llama.cpp decode | 3.00x (pass 1), 6.00x (pass 2) | yes |" in md
     assert "warm: >= 1.0x llama.cpp | not measured" in md
     # sizes through moepack.sizes.format_size, the unit in the cell
@@ -151,6 +156,24 @@ def test_bandwidth_bound_above_one_is_not_a_verdict() -> None:
     assert "| 1.60 of 5.00 tok/s | – (the RAM probe read slower than decode) |" in goals
     res["memory_read_gb_s"] = 4.0  # bound 20 tok/s: 0.4 of it, a real "no"
     assert "| 0.40 of 20.00 tok/s | no |" in run_all.goals_kernels_prompt(res)
+
+
+def test_cap_goal_reports_the_start_to_pass_1_time_beside_the_tok_s_verdict() -> None:
+    """Pass 1's tok/s leaves the load out; the goal row adds load + pass 1 and keeps its
+    verdict on tok/s."""
+    from bench import run_all
+
+    def run(tok, load, prompt, decode):
+        return {"tok_s": tok, "result": {"load_s": load, "passes": [
+            {"prompt_seconds": prompt, "decode_seconds": decode}]}}
+
+    res = {"caps": [{"frac": 1.1, "moepack": run([1.0, 4.0], 0.2, 0.5, 0.8),
+                     "llama": run([2.0, 2.0], 1.5, 0.6, 0.5)}]}
+    goals = run_all.goals_kernels_prompt(res)
+    assert ("| 0.50x / 2.00x (default budget); start to pass 1's end 1.73x | no |"
+            in goals), goals
+    del res["caps"][0]["llama"]["result"]  # no timings: no claim
+    assert "(default budget) | no |" in run_all.goals_kernels_prompt(res)
 
 
 def test_forced_token_stream_is_fixed_varied_and_in_range() -> None:
