@@ -910,46 +910,48 @@ NOTES = """## How to read this and known limits
   not uniform (some experts win more often), not a trained model's skew either. Hit rates are
   therefore only comparable within this page. The two engines decode different token streams
   (different random weights), so they touch different experts; both see the same kind of routing.
-- Timings come from a shared 2-core VM whose load average was 6-10 during the runs (other
-  sessions were compiling, training, converting). Single figures can move by 30-50% between
-  repeats; differences under ~1.5x are within that noise. The big ratios are not.
+- Timings come from a shared 2-core VM (each run's header gives its load average at the start
+  and the end). Each row is the round with the fastest last pass of several rounds with the
+  engines alternated, and the "rounds" ranges show the spread. The VM's memory and disk speeds
+  also move between runs, so compare ratios within one run, not figures across runs.
 - Without swap (this machine has none), a moepack budget above the cgroup cap is not paged: the
   engine is OOM-killed as soon as the cache grows past the cap, so the "cliff" past usable RAM
   shows up as a kill, not as the 8x slowdown a peer saw on macOS (which compresses and pages
-  anonymous memory). The default budget (then: a few tokens' experts under 3/4 of usable RAM;
-  now: usable RAM minus a 10 % headroom, at most every expert) stays before it.
+  anonymous memory). The default budget (usable RAM minus a 10 % headroom, at most every
+  expert; docs/RUNTIME.md) stays before it.
 - llama.cpp runs through llama-cpp-python with mmap on and no mlock, but with
   `use_extra_bufts = False`: llama.cpp's default AMX path died with SIGILL on a Xeon VM whose
   hypervisor reports AMX without enabling tile state, and with SIGSEGV on one that enables it
   (2026-12-05), and extra buffer types would copy weights out of the mmap anyway. Its pages
   are charged to its cgroup, so under a cap the page cache thrashes exactly as on a small
-  machine. Its loader prefetches the whole file
-  (`MADV_WILLNEED`) when it starts, which is why pass 1 reads the full GGUF even at 110%.
-- llama.cpp's CPU speed depends heavily on the expert type. Warm, the Q3_K twin (3.44 bpw,
-  13% more bytes) decoded several times faster than the IQ3_XXS twin (3.06 bpw, byte-matched
-  to moepack's 3.0 bpw records). The warm goal is judged against both; the capped runs use the
-  byte-matched IQ3_XXS twin (under a cap the bytes matter more than the kernel).
+  machine. Its loader prefetches the whole file (`MADV_WILLNEED`) when it starts, which is why
+  it reads the full GGUF even at 110 % and why its pass 1 decodes from the page cache there.
+- llama.cpp's CPU speed depends heavily on the expert type: warm, the Q3_K twin (3.44 bpw, 13 %
+  more bytes) decodes faster than the IQ3_XXS twin (3.06 bpw, byte-matched to moepack's 3.0 bpw
+  records). The warm goals are judged against both; the capped runs use the byte-matched
+  IQ3_XXS twin (under a cap the bytes matter more than the kernel).
 - With random weights llama.cpp's greedy output settles on one repeated token after a few steps
   (moepack's does not), which keeps llama.cpp's routing on the same few experts and lets its
-  page cache hold them even under a 25% cap. Runs marked "fixed token stream" avoid this: both
+  page cache hold them even under a 25 % cap. Runs marked "fixed token stream" avoid this: both
   engines are fed the same pseudo-random ids one decode step at a time (same work per step as
   greedy decoding, minus one argmax).
-- llama.cpp's speed on this shared 2-core VM is bimodal. bench/results/llama_warm_bimodal.json:
-  the same GGUF, the same procedure, back to back: 1.6-2.1 tok/s in one process, 16-19 tok/s in
-  the next. With threads == cores its per-op thread barriers stall whenever another process
-  takes a core (other sessions were compiling and training). That is why llama.cpp's "warm" rows
-  here (1.1-1.6 tok/s) are far below its 110% rows in the quick run (15-19 tok/s), and why pass 1
-  and pass 2 of the Q3_K twin differ 4x. moepack's figures moved by up to ~2.5x, not 10x.
-  In llama.cpp's fast mode, the quick run's 110% row is the fair warm comparison: moepack
-  (budget holding every expert, pass 2: all hits) 10.4 tok/s vs llama.cpp IQ3_XXS 19.3 tok/s,
-  about 0.5x. So "not slower when RAM is plenty" is NOT shown; the warm ratio in the tables
-  flatters moepack. The 25% result (3-7x in every run, 4-9x fewer bytes read, llama.cpp I/O-bound
-  there) is the robust one.
+- llama.cpp's speed on this shared 2-core VM is bimodal (bench/results/llama_warm_bimodal.json:
+  the same GGUF and procedure, back to back, ran 1.6-2.1 tok/s in one process and 16-19 in the
+  next; with threads == cores its per-op barriers stall whenever another process takes a core).
+  Its Q3_K twin's warm 512-token prompt on the quick model moved between about 240 and 350
+  tok/s in runs of one day (2026-12-05), so a warm prompt ratio near 1.0 in one run is not a
+  settled verdict.
+- Pass 1 under the 50 % and 110 % caps starts from a dropped page cache: moepack reads the
+  records its first tokens need as they are routed (its load reads only the trunk), so its
+  pass-1 tok/s is bound by the disk, while llama.cpp's load has already read what fits. The
+  "start to pass 1's end" column counts the load too.
+- Cold rows (pass 1, the capped prompts, the warm prompt row's first pass) also pay for fresh
+  memory on this VM: the guest hands free memory back to the host (virtio balloon free page
+  reporting), and touching it again is slow. moepack's record buffers are fresh anonymous
+  memory that its reader threads fault in on the same two vCPUs as the compute (a cold
+  512-token prompt on the quick model: 2.2-4.8 s of system time for 2.7 GB; docs/LEARNED.md),
+  while llama.cpp's page cache is filled by the host's I/O thread.
 - *read* counts block-device reads (O_DIRECT and page-fault read-ahead alike), not cache hits.
-- In these runs (2026-11-29) moepack's default budget was the old rule (a few tokens' experts),
-  so at 110% of the model it still streamed experts from disk; `--budget` near the cap turned
-  pass 2 into all hits. Since 2026-12-01 the default takes usable RAM minus a 10 % headroom, up
-  to every expert (docs/RUNTIME.md); these tables have not been rerun with it.
 """
 
 
