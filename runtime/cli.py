@@ -134,7 +134,8 @@ _MAX_CONFIG = 16 << 20  # a config.json is a few KB; refuse anything that could 
 
 
 def _config_plan(config: Path, codecs: tuple[str | None, str | None, list[str]],
-                 ctx: int | None, kv: str | None, b: int | None, ram: str | None) -> dict:
+                 ctx: int | None, kv: str | None, b: int | None, ram: str | None,
+                 threads: int | None) -> dict:
     """plan_for_config on a config.json file; one error line for anything wrong with it."""
     from moepack.convert.cli import _settings
     from moepack.convert.errors import ConvertError
@@ -152,7 +153,7 @@ def _config_plan(config: Path, codecs: tuple[str | None, str | None, list[str]],
             fail(f"{config}: a config.json holds a JSON object, not {type(doc).__name__}")
         expert, trunk, per_class = codecs
         settings = _settings(expert, trunk, per_class, 0, 4096, None, None)
-        return plan_for_config(doc, settings, ctx, kv, b, ram)
+        return plan_for_config(doc, settings, ctx, kv, b, ram, threads)
     except (EngineError, ConvertError, FormatError, ValueError, OSError) as e:
         fail(f"{config}: {one_line(str(e))}")
 
@@ -164,6 +165,7 @@ def plan_cmd(
     budget: BudgetOpt = None,
     kv: KvOpt = None,
     ram: RamOpt = None,
+    threads: ThreadsOpt = None,
     expert_codec: ExpertCodecOpt = None,
     trunk_codec: TrunkCodecOpt = None,
     codec: CodecOpt = None,
@@ -179,12 +181,13 @@ def plan_cmd(
         fail("plan needs a container FILE or --config config.json (one of them)")
     b = parse_bytes(budget) if budget else None
     if config is not None:
-        p = _config_plan(config, (expert_codec, trunk_codec, codec or []), ctx, kv, b, ram)
+        p = _config_plan(config, (expert_codec, trunk_codec, codec or []), ctx, kv, b, ram,
+                         threads)
         file = config
     else:
         _require_file(file)
         try:
-            p = plan(str(file), ctx, kv, b, ram)
+            p = plan(str(file), ctx, kv, b, ram, threads=threads)
         except (EngineError, ValueError, OSError) as e:
             fail(f"{file}: {e}")
     verdict = None
@@ -309,7 +312,7 @@ def run_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object at the end.")] = False,
 ) -> None:
     """Generate text: streams tokens, then prints a stats line."""
-    from moepack.runtime.engine import EngineError
+    from moepack.runtime.engine import MP_ECTX, EngineError
     from moepack.runtime.tokenizer import StreamDecoder
 
     _require_file(file)
@@ -319,6 +322,14 @@ def run_cmd(
     eng = _open(file, budget=budget, threads=threads, ctx=ctx, kv=kv, prefetch=prefetch,
                 o_direct=o_direct, cache_policy=cache_policy, verify_reads=verify_reads,
                 as_json=as_json, warm=warm)
+    # the last sampled token is never fed: prompt + n - 1 positions (refused before any work,
+    # so that --json never loses tokens to a context that fills midway)
+    need = len(ids) + max(n - 1, 0)
+    if need > eng.ctx:
+        eng.close()
+        _engine_fail(EngineError(
+            f"context full: the prompt's {len(ids)} tokens and -n {n} need {need} positions, "
+            f"ctx is {eng.ctx} (--ctx)", MP_ECTX), as_json)
     stop = [tok.eos_id] if tok and tok.eos_id is not None else []
     out: list[int] = []
     dec = StreamDecoder(tok) if tok else None
@@ -466,9 +477,12 @@ def chat_cmd(
             ids = _encode_chat(tok, messages)
             if len(ids) + max_tokens > eng.ctx:
                 _err.print("[yellow]context full: starting over[/yellow]")
-                messages = messages[-1:]
+                messages = messages[:1] * bool(system) + messages[-1:]  # the system prompt stays
                 ids = _encode_chat(tok, messages)
                 eng.reset()
+                if len(ids) + max_tokens > eng.ctx:
+                    fail(f"context full: this turn's {len(ids)} tokens and -n {max_tokens} need "
+                         f"more than ctx {eng.ctx} (--ctx)")
             new = ids[reuse.rewind(ids):]
             dec, reply = StreamDecoder(tok), []
             try:

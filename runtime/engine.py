@@ -222,6 +222,16 @@ def _sampler(temperature: float, top_k: int, top_p: float, seed: int = 0) -> _Sa
     return _Sampler(float(temperature), int(top_k), float(top_p), seed)
 
 
+def _c_int(name: str, v: int | None, lo: int, hi: int = INT32_MAX, default: int = 0) -> int:
+    """`v` (None: `default`) as the engine's C int: ValueError for a non-integer or what lies
+    outside lo..hi (ctypes would silently wrap 2**32 + 64 to 64, or truncate 1.7)."""
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
+        raise ValueError(f"{name} must be an integer in {lo}..{hi}, not {v!r}")
+    return int(v)
+
+
 def _kv_code(kv: str | None) -> int:
     if kv is not None and kv not in KV_TYPES:
         raise ValueError(f"kv must be one of {list(KV_TYPES)}, not {kv!r}")
@@ -230,18 +240,21 @@ def _kv_code(kv: str | None) -> int:
 
 def plan(path: str, ctx: int | None = None, kv: str | None = None,
          budget: int | str | None = None, ram: int | str | None = None,
-         snapshots: int = 0) -> dict:
+         snapshots: int = 0, threads: int | None = None) -> dict:
     """Memory plan of a container (bytes): floor, recommended and default budgets; `kv` the KV
     entry type ("f32"/"f16", None = default, the plan says which as "kv"); max_ctx the longest
     context whose floor fits `budget` (None: usable RAM); `ram`: plan for a machine with this
     much usable RAM (None: this one); `snapshots`: recurrent-state snapshots kept beside the
-    engine (Engine.snapshot; chat and serve keep one), counted in the floor as snapshot_bytes."""
+    engine (Engine.snapshot; chat and serve keep one), counted in the floor as snapshot_bytes;
+    `threads`: the compute threads (None: the usable cores), each with its task buffer in the
+    scratch."""
     lib, p, err = _library(), _Plan(), C.create_string_buffer(_ERRLEN)
     cfg = _Config()
     lib.mp_config_default(C.byref(cfg))
-    cfg.ctx, cfg.kv, cfg.budget_bytes = int(ctx or 0), _kv_code(kv), parse_bytes(budget)
+    cfg.ctx, cfg.kv, cfg.budget_bytes = _c_int("ctx", ctx, 0), _kv_code(kv), parse_bytes(budget)
     cfg.ram_bytes = parse_bytes(ram)
-    cfg.snapshots = int(snapshots)
+    cfg.snapshots = _c_int("snapshots", snapshots, 0)
+    cfg.threads = _c_int("threads", threads, 0)
     rc = lib.mp_plan_config(os.fsencode(path), C.byref(cfg), C.byref(p), err, _ERRLEN)
     if rc:
         _raise(rc, err.value.decode(errors="replace"), path)
@@ -252,7 +265,7 @@ def plan(path: str, ctx: int | None = None, kv: str | None = None,
 
 def plan_for_config(config: dict, settings: Settings | None = None, ctx: int | None = None,
                     kv: str | None = None, budget: int | str | None = None,
-                    ram: int | str | None = None) -> dict:
+                    ram: int | str | None = None, threads: int | None = None) -> dict:
     """The memory plan of a model not converted yet, from its config.json alone: the converter
     plans the container it would write (`settings`: its codecs, None = the defaults), which is
     written without payloads (a sparse file of the planned size) and planned by the same engine
@@ -265,7 +278,7 @@ def plan_for_config(config: dict, settings: Settings | None = None, ctx: int | N
     with tempfile.TemporaryDirectory(prefix="moepack-plan-") as d:
         path = os.path.join(d, "planned.moepack")
         write_index_only(layout, path)
-        p = plan(path, ctx, kv, budget, ram)
+        p = plan(path, ctx, kv, budget, ram, threads=threads)
     return {**p, "container_bytes": layout.file_size}
 
 
@@ -281,27 +294,26 @@ class Engine:
         cfg = _Config()
         self._lib.mp_config_default(C.byref(cfg))
         cfg.budget_bytes = parse_bytes(budget)
-        cfg.threads = int(threads or 0)
-        cfg.ctx = int(ctx or 0)
+        cfg.threads = _c_int("threads", threads, 0)
+        cfg.ctx = _c_int("ctx", ctx, 0)
         cfg.prefetch = 1 if prefetch else 0
         cfg.o_direct = -1 if o_direct is None else int(bool(o_direct))
         if cache_policy not in POLICIES:
             raise ValueError(f"cache_policy must be one of {sorted(POLICIES)}")
         cfg.cache_policy = POLICIES[cache_policy]
         cfg.verify_reads = 1 if verify_reads else 0
-        cfg.io_threads = int(io_threads or 0)
-        cfg.cache_experts = -1 if cache_experts is None else int(cache_experts)
+        cfg.io_threads = _c_int("io_threads", io_threads, 0)
+        cfg.cache_experts = _c_int("cache_experts", cache_experts, 0,
+                                    default=-1)
         if kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {list(KERNELS)}")
         cfg.kernels = KERNELS["scalar" if scalar_kernels else kernels]
-        if chunk is not None and not 1 <= int(chunk) <= 512:
-            raise ValueError("chunk must be 1..512")
-        cfg.chunk = int(chunk or 0)
+        cfg.chunk = _c_int("chunk", chunk, 1, 512)  # moepack.h: 1..512
         cfg.kv = _kv_code(kv)
         # state snapshots the caller keeps (PrefixReuse keeps this many): in the floor
-        cfg.snapshots = int(snapshots)
+        cfg.snapshots = _c_int("snapshots", snapshots, 0)
         # linear attention's sub-chunk (0: the engine's default; 1: token by token)
-        cfg.linear_chunk = int(linear_chunk)
+        cfg.linear_chunk = _c_int("linear_chunk", linear_chunk, 0)
         # with the cache holding every expert: read them all in the background from open
         cfg.warm = 1 if warm else 0
         self._h = _P()
@@ -404,14 +416,17 @@ class Engine:
         del self._seq[k:]
 
     def plan(self, ctx: int | None = None) -> dict:
-        return plan(self.path, ctx or self.ctx, self.kv, snapshots=self.snapshots)
+        return plan(self.path, ctx or self.ctx, self.kv, snapshots=self.snapshots,
+                    threads=self.threads)
 
     def _eval(self, tokens: Sequence[int], out: np.ndarray | None, all_pos: bool) -> None:
-        bad = EngineError(f"token ids must be in 0..{self.vocab_size - 1}", MP_EINVAL)
-        try:
-            toks = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64))
-        except OverflowError:  # an id beyond int64
+        bad = EngineError(f"token ids must be integers in 0..{self.vocab_size - 1}", MP_EINVAL)
+        try:  # no dtype: a float id must be refused, not truncated to an integer
+            toks = np.asarray(tokens) if len(tokens) else np.zeros(0, np.int64)
+        except (OverflowError, ValueError, TypeError):
             raise bad from None
+        if toks.ndim != 1 or toks.dtype.kind not in "iu":  # floats, bools, ids beyond uint64
+            raise bad
         if toks.size and (toks.min() < 0 or toks.max() >= self.vocab_size):
             raise bad
         arr = np.ascontiguousarray(toks.astype(np.int32))

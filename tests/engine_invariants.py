@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_paths import prefill_then_decode, runnable_kernels
 from moepack.runtime.engine import Engine
 
 # (threads, chunk) runs compared with one thread at the family's chunk; chunk 1 is token by
@@ -54,15 +55,20 @@ def _compare(got: np.ndarray, want: np.ndarray, what: str, splits: tuple[int, ..
 
 def assert_threads_and_chunks_bit_identical(path: Path, toks: list[int], chunk: int,
                                             close: Close | None = None) -> None:
-    """Other thread counts give the same bits; other chunk sizes too, or (linear attention,
-    `close` given) within `close` where the size is not a multiple of LINEAR_CHUNK, then also
-    checked at twice LINEAR_CHUNK (the same bits)."""
+    """The prompt's logits and decode steps after it: every kernel path this CPU runs and other
+    thread counts give the same bits; other chunk sizes too, or (linear attention, `close`
+    given) within `close` where the size is not a multiple of LINEAR_CHUNK, then also checked
+    at twice LINEAR_CHUNK (the same bits)."""
     with Engine(path, threads=1, chunk=chunk) as e1:
-        base = e1.logits(toks)
-    for threads, run_chunk in (*RUNS, *(((1, 2 * LINEAR_CHUNK),) if close else ())):
+        base = prefill_then_decode(e1, toks)
+    runs = [(threads, run_chunk, "auto")
+            for threads, run_chunk in (*RUNS, *(((1, 2 * LINEAR_CHUNK),) if close else ()))]
+    runs += [(2, chunk, name) for name in runnable_kernels()[:-1]]  # the last one is auto's
+    for threads, run_chunk, kernels in runs:
         run_chunk = run_chunk or chunk
-        with Engine(path, threads=threads, chunk=run_chunk) as e:
-            _compare(e.logits(toks), base, f"threads={threads} chunk={run_chunk}",
+        with Engine(path, threads=threads, chunk=run_chunk, kernels=kernels) as e:
+            _compare(prefill_then_decode(e, toks), base,
+                     f"threads={threads} chunk={run_chunk} kernels={kernels}",
                      () if run_chunk == chunk else (run_chunk, chunk), close)
 
 

@@ -32,3 +32,14 @@ def best_kernels() -> str:
 def runnable_kernels() -> tuple[str, ...]:
     """The paths this CPU runs, scalar first."""
     return KERNELS[:KERNELS.index(best_kernels()) + 1]
+
+
+def prefill_then_decode(engine, toks: list[int], steps: int = 8):
+    """The prompt's logits (the prefill products), then those of `steps` tokens (the prompt's
+    first ones again) fed one at a time (the decode products: their own kernels and tables), as
+    one [len(toks) + steps, vocab] array to compare across paths, thread counts and chunks."""
+    import numpy as np
+
+    rows = [engine.logits(toks)]
+    rows += [engine.feed([t])[None] for t in toks[:steps]]
+    return np.concatenate(rows)

@@ -14,6 +14,7 @@ DRIVER = r"""
 #include "moepack.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 int main(int argc, char **argv) {
     int bad = 0;
     for (int a = 1; a < argc; a++) {
@@ -33,12 +34,25 @@ int main(int argc, char **argv) {
             if (mp_eval(e, toks, 40, lg, 1)) { printf("eval: %s\n", mp_error(e)); bad = 1; }
             mp_sampler s = {0.8f, 10, 0.9f, 1};
             if (mp_generate(e, toks, 3, 8, &s, NULL, NULL) < 0) bad = 1;
+            /* refusals name themselves (not the last call's message) */
+            if (mp_generate(e, toks, 0, 8, &s, NULL, NULL) != MP_EINVAL ||
+                !strstr(mp_error(e), "empty")) bad = 1;
+            if (mp_generate(e, toks, 3, -1, &s, NULL, NULL) != MP_EINVAL ||
+                !strstr(mp_error(e), "n_new")) bad = 1;
+            if (mp_eval(e, NULL, 3, NULL, 0) != MP_EINVAL ||
+                !strstr(mp_error(e), "no token array")) bad = 1;
+            if (bad) printf("refusal messages: %s\n", mp_error(e));
             free(lg);
             mp_close(e);
         }
     }
     mp_plan_info p; char err[256];
     if (mp_plan("/nonexistent", 0, &p, err, sizeof err) == 0) bad = 1;
+    if (argc > 1 && mp_plan(argv[1], -5, &p, err, sizeof err) != MP_EINVAL) bad = 1;
+    mp_config neg; mp_config_default(&neg); neg.threads = -1;
+    mp_engine *none = NULL;
+    if (argc > 1 && (mp_open(argv[1], &neg, &none, err, sizeof err) != MP_EINVAL || none))
+        bad = 1;
     printf("done %d\n", bad);
     return bad;
 }

@@ -132,6 +132,33 @@ def test_chat_keeps_the_kv_cache_across_turns(mixtral, monkeypatch):
     assert len(prompts) == 2 and prompts[1] <= 3
 
 
+def test_chat_starting_over_keeps_the_system_message(mixtral, monkeypatch):
+    rendered: list[list[dict]] = []
+    real = Tokenizer.encode_chat
+
+    def encode_chat(self, messages):
+        rendered.append([dict(m) for m in messages])
+        return real(self, messages)
+
+    monkeypatch.setattr(Tokenizer, "encode_chat", encode_chat)
+    turns = "".join(f"w{i} w{i + 1} w{i + 2}\n" for i in range(5, 35, 3)) + "\n"
+    r = _run("chat", mixtral, "-n", 4, "--ctx", 24, "--system", "w1 w2", input=turns)
+    assert r.exit_code == 0, r.output
+    assert "starting over" in r.output
+    assert all(m[0] == {"role": "system", "content": "w1 w2"} for m in rendered), rendered
+
+
+def test_run_refuses_a_prompt_and_n_longer_than_ctx_before_generating(mixtral):
+    """prompt + n - 1 positions (the last token is never fed): refused up front, so that --json
+    never loses the tokens made before the context fills."""
+    r = _run("run", mixtral, "--tokens", "5,9,12", "-n", 6, "--ctx", 8, "--json")
+    assert r.exit_code == 0, r.output  # 3 + 6 - 1 = 8 positions fit
+    r = _run("run", mixtral, "--tokens", "5,9,12", "-n", 7, "--ctx", 8, "--json")
+    assert r.exit_code == 1
+    err = json.loads(r.output)["error"]
+    assert "9 positions" in err["message"] and err["engine_code"] == -8, err
+
+
 def test_budget_above_usable_ram_warns(mixtral):
     r = _run("plan", mixtral, "--budget", "1000T")
     assert r.exit_code == 0 and "above usable RAM" in r.output

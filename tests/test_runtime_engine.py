@@ -12,7 +12,13 @@ import textwrap
 import numpy as np
 import pytest
 from damage import flip
-from kernel_paths import KERNELS, best_kernels, cpu_has_avx2, runnable_kernels
+from kernel_paths import (
+    KERNELS,
+    best_kernels,
+    cpu_has_avx2,
+    prefill_then_decode,
+    runnable_kernels,
+)
 from moepack.runtime.engine import (
     BudgetError,
     CorruptError,
@@ -58,27 +64,31 @@ VARIANTS = {
 def test_logits_bit_identical_across_configurations(mixtral):
     toks = _tokens(N_POS)
     with Engine(mixtral, threads=1) as e:  # large cache (default budget), prefetch, auto O_DIRECT
-        base = e.logits(toks)
+        base = prefill_then_decode(e, toks)
         s = e.stats()
     assert s["cache_capacity_experts"] >= 12  # every expert fits: the "large" cache
     for name, kw in VARIANTS.items():
         with Engine(mixtral, **{"threads": 1, **kw}) as e:
-            got = e.logits(toks)
+            got = prefill_then_decode(e, toks)
         assert np.array_equal(got, base), name
 
 
 def test_every_kernel_path_bit_identical(mixtral):
-    """Each path this CPU runs, forced, gives the auto path's logits bit for bit; a path it
-    cannot run is refused at open."""
-    toks = _tokens(24, seed=4)
+    """Each path this CPU runs, forced, gives the auto path's logits bit for bit, in the prompt
+    and in decode steps; a path it cannot run is refused at open.  70 tokens in one chunk route
+    140 (token, expert) pairs to 6 experts: some expert of every layer gets >= 24 tokens, past
+    the 16 from which the AMX path takes its tile layout."""
+    toks = _tokens(N_POS, seed=4)
     with Engine(mixtral, threads=2) as e:
         assert e.kernels == best_kernels() and e.stats()["kernels"] == e.kernels
-        base = e.logits(toks)
+        assert e.stats()["chunk"] >= N_POS
+        base = prefill_then_decode(e, toks)
     for name in runnable_kernels():
         for threads in (1, 2):
             with Engine(mixtral, threads=threads, kernels=name) as e:
                 assert e.kernels == name
-                assert np.array_equal(e.logits(toks), base), (name, threads)
+                got = prefill_then_decode(e, toks)
+                assert np.array_equal(got, base), (name, threads)
     for name in KERNELS[len(runnable_kernels()):]:
         with pytest.raises(EngineError, match="cannot run"):
             Engine(mixtral, kernels=name)
@@ -235,6 +245,14 @@ def test_chunk_is_planned_and_checked(mixtral):
         Engine(mixtral, chunk=513)
 
 
+def test_each_compute_thread_has_its_task_buffer_in_the_scratch(mixtral):
+    scratch = {t: plan(mixtral, threads=t)["scratch_bytes"] for t in (1, 2, 4)}
+    one = scratch[2] - scratch[1]
+    assert one > 0 and scratch[4] - scratch[1] == 3 * one
+    with Engine(mixtral, threads=4) as e:
+        assert e.plan()["scratch_bytes"] == scratch[4]
+
+
 def test_budget_below_floor_is_refused_with_the_floor(mixtral):
     p = plan(mixtral)
     assert p["floor_bytes"] == (p["trunk_bytes"] + p["kv_bytes"] + p["scratch_bytes"]
@@ -323,6 +341,61 @@ def test_context_limit_and_bad_tokens(mixtral):
             e.feed([67])
 
 
+def test_config_integers_are_checked_not_wrapped(mixtral):
+    """What a C int cannot hold, a negative count or a float is refused, never wrapped or
+    truncated (2**32 + 64 threads would be 64); the C engine refuses a negative ctx too."""
+    for kw in (dict(ctx=2**32 + 64), dict(ctx=-5), dict(threads=-1), dict(threads=1.5),
+               dict(io_threads=2**31), dict(cache_experts=-2), dict(chunk=0),
+               dict(snapshots=2**32), dict(linear_chunk=-1)):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            Engine(mixtral, **kw)
+    with pytest.raises(ValueError, match="ctx"):
+        plan(mixtral, ctx=-5)
+    with Engine(mixtral, threads=0, ctx=0, cache_experts=0) as e:  # 0: the defaults
+        assert e.ctx == 512 and e.stats()["cache_capacity_experts"] == 0
+
+
+def test_float_token_ids_are_refused_not_truncated(mixtral):
+    with Engine(mixtral) as e:
+        for bad in ([1.7], [1, 2.0], [True], [2**64], [[1, 2]]):
+            with pytest.raises(EngineError, match="token ids must be integers"):
+                e.feed(bad)
+        assert e.position == 0
+        e.feed(np.array([1, 2], dtype=np.uint16))
+        assert e.position == 2
+
+
+def test_chunk_longer_than_ctx_is_the_whole_context(mixtral):
+    for chunk in (41, 512):
+        with Engine(mixtral, ctx=40, chunk=chunk) as e:
+            assert e.stats()["chunk"] == 40
+
+
+def test_cache_of_more_than_int32_max_records_saturates(mixtral):
+    p = plan(mixtral, ctx=64)
+    n = 2**32 + 3  # the budget pays for this many records: no allocation until they are read
+    budget = p["floor_bytes"] + n * p["expert_record_bytes"]
+    with Engine(mixtral, ctx=64, chunk=16, budget=budget) as e:
+        s = e.stats()
+    assert s["cache_capacity_bytes"] // p["expert_record_bytes"] == n
+    assert s["cache_capacity_experts"] == 2**31 - 1
+
+
+def test_kv_cache_too_big_to_count_is_refused():
+    """A context whose KV bytes would wrap a uint64 (17 GB a token x 2^30 tokens) is refused
+    with the bytes per token, not planned as a KV cache of 0 bytes."""
+    from moepack.runtime.engine import plan_for_config
+
+    cfg = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 64,
+           "intermediate_size": 64, "num_hidden_layers": 33, "num_attention_heads": 4096,
+           "num_key_value_heads": 4096, "head_dim": 4096, "max_position_embeddings": 2**30,
+           "vocab_size": 256, "num_local_experts": 2, "num_experts_per_tok": 1,
+           "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": False}
+    with pytest.raises(BudgetError, match="bytes of KV cache a token"):
+        plan_for_config(cfg, ctx=2**30, kv="f32", ram="64T")
+    assert plan_for_config(cfg, ctx=1024, kv="f32", ram="64T")["kv_bytes"] == 1024 * 33 * 2**27
+
+
 def test_sampling_is_seeded(mixtral):
     with Engine(mixtral) as e:
         a = list(e.generate([1, 2], 12, temperature=1.0, top_p=0.9, top_k=20, seed=7))
@@ -340,7 +413,7 @@ def test_resident_memory_stays_within_the_budget(tmp_path):
 
     path = tmp_path / "syn.moepack"
     write_synthetic(path, mixtral_spec(layers=2, experts=32, hidden=512, inter=1024, vocab=256))
-    p = plan(path, 64)
+    p = plan(path, 64, threads=2)
     budget = p["floor_bytes"] + 4 * p["expert_record_bytes"]
     code = textwrap.dedent(f"""
         import json, re

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from kernel_paths import prefill_then_decode, runnable_kernels
 from moepack.runtime import _lib
 from moepack.runtime.engine import BudgetError, Engine, EngineError, plan
 from tiny_models import make_checkpoint
@@ -101,15 +102,17 @@ def test_f16_kv_is_close_to_f32_and_not_the_same(request, fixture):
 @pytest.mark.parametrize("kv", ["f16", "f32"])
 @pytest.mark.parametrize("fixture", ["gqa", "mla"])
 def test_long_context_same_bits_for_any_threads_and_chunking(request, fixture, kv):
-    """300 positions: several position blocks per head group and enough work for the pool;
-    threads 1/2/3, chunks of 1/7/64/300 and both kernel paths give the same bits."""
+    """300 positions and 8 decode steps after them: several position blocks per head group and
+    enough work for the pool; threads 1/2/3, chunks of 1/7/64/300 and every kernel path this
+    CPU runs give the same bits."""
     path = request.getfixturevalue(fixture)
     toks = _tokens(300, seed=3)
     runs = []
+    paths = [(2, 64, name) for name in runnable_kernels()[1:-1]]  # between scalar and auto
     for threads, chunk, kernels in [(1, 300, "auto"), (2, 7, "auto"), (3, 64, "scalar"),
-                                    (2, 1, "scalar")]:
+                                    (2, 1, "scalar"), *paths]:
         with Engine(path, threads=threads, chunk=chunk, kv=kv, kernels=kernels, ctx=MAX_POS) as e:
-            runs.append(e.logits(toks))
+            runs.append(prefill_then_decode(e, toks))
     assert np.isfinite(runs[0]).all()
     for r in runs[1:]:
         assert np.array_equal(r, runs[0])

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from dsa_checkpoints import DSA_COMMON, DSA_FAMILIES, dsa_config, make_dsa_checkpoint
-from kernel_paths import runnable_kernels
+from kernel_paths import prefill_then_decode, runnable_kernels
 from model_refusals import c_refusal, reseal_model
 from moepack.format.reader import Container
 from moepack.runtime.engine import Engine
@@ -227,14 +227,17 @@ def test_dsa_needs_a_q_lora(tmp_path):
 @pytest.mark.parametrize("arch", list(DSA_FAMILIES))
 def test_every_kernel_path_bit_identical(tmp_path_factory, arch):
     """The indexer's projections go through the same kernels as the trunk: every path this CPU
-    runs gives the auto path's logits bit for bit (sparse regime, 40 positions)."""
+    runs gives the auto path's logits bit for bit (sparse regime, 40 positions), and the
+    decode steps after them."""
     path = str(built(tmp_path_factory, arch, "sparse") / "m.moepack")
     toks = _tokens(40, 6)
     with Engine(path, threads=2, chunk=CHUNK) as e:
-        base = e.logits(toks)
+        base = prefill_then_decode(e, toks)
     for name in runnable_kernels():
-        with Engine(path, threads=1, chunk=CHUNK, kernels=name) as e:
-            np.testing.assert_array_equal(e.logits(toks), base, err_msg=name)
+        for threads in (1, 2):
+            with Engine(path, threads=threads, chunk=CHUNK, kernels=name) as e:
+                got = prefill_then_decode(e, toks)
+            np.testing.assert_array_equal(got, base, err_msg=f"{name} threads={threads}")
 
 
 @pytest.mark.parametrize("arch", list(DSA_FAMILIES))

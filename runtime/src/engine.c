@@ -55,6 +55,24 @@ static uint64_t trunk_bytes(const mp_container *c) {
     return t;
 }
 
+/* The largest buffer one compute task allocates for a trunk matrix (mpk_task_bytes) */
+static uint64_t task_bytes(const mp_container *c) {
+    uint64_t most = 0;
+    for (size_t i = 0; i < mpc_tensor_count(c); i++) {
+        const mp_tensor_info *t = mpc_tensor_at(c, i);
+        if (t->ndim != 2 || t->codec.kind >= MP_CODEC_RVQ) continue;
+        uint64_t b = mpk_task_bytes(t->shape[1], (int64_t)t->codec.group_size); /* 0: ungrouped */
+        if (b > most) most = b;
+    }
+    return most;
+}
+
+/* the compute threads mp_open starts for `want` (mpk_pool_create's bound) */
+static int plan_threads(const mp_config *want) {
+    int n = want->threads > 0 ? want->threads : mp_usable_cores();
+    return n < 1 ? 1 : n > 256 ? 256 : n;
+}
+
 static uint64_t chunk_bytes(const mpm_config *cfg, int chunk, int stages) {
     return mpm_scratch_bytes(cfg, chunk) + mpm_moe_chunk_bytes(cfg, chunk, stages) +
            mpm_linear_chunk_bytes(cfg, chunk);
@@ -116,7 +134,8 @@ static int plan_for(const mp_container *c, const mpm_config *model, const mp_con
     planned.la_chunk = linear_chunk(want);
     const mpm_config *cfg = &planned;
     p->max_pos = cfg->max_pos < INT32_MAX ? (int)cfg->max_pos : INT32_MAX;
-    if (ctx <= 0) ctx = cfg->max_pos < 4096 ? (int)cfg->max_pos : 4096;
+    if (ctx < 0) return mp_seterr(err, errlen, MP_EINVAL, "ctx %d: must be 0 (the default) or more", ctx);
+    if (!ctx) ctx = cfg->max_pos < 4096 ? (int)cfg->max_pos : 4096;
     if (ctx > p->max_pos)
         return mp_seterr(err, errlen, MP_EINVAL, "ctx %d is longer than this model's longest context, %d tokens (max_position_embeddings)", ctx, p->max_pos);
     p->ctx = ctx;
@@ -126,6 +145,10 @@ static int plan_for(const mp_container *c, const mpm_config *model, const mp_con
     /* linear-attention layers' conv + recurrent state: fixed size, counted with the KV cache */
     p->state_bytes = mpm_state_bytes(cfg);
     p->kv_token_bytes = mpm_kv_bytes(cfg, 1);
+    /* KV bytes are linear in ctx; past 2^62 no machine holds them and the sums below would wrap */
+    if (p->kv_token_bytes > (UINT64_C(1) << 62) / (uint64_t)ctx)
+        return mp_seterr(err, errlen, MP_EBUDGET, "ctx %d needs %llu bytes of KV cache a token: more than 2^62 bytes in all; ask for a shorter --ctx",
+                         ctx, (unsigned long long)p->kv_token_bytes);
     p->kv_bytes = mpm_kv_bytes(cfg, ctx) + p->state_bytes;
     /* the caller's mp_state_save buffers (chat and serve keep one to rewind to a turn) */
     p->snapshot_bytes = (uint64_t)want->snapshots * p->state_bytes;
@@ -158,6 +181,7 @@ static int plan_for(const mp_container *c, const mpm_config *model, const mp_con
     p->chunk_token_bytes = chunk_bytes(cfg, MPM_CHUNK + 1, stages) - chunk_bytes(cfg, MPM_CHUNK, stages);
     p->max_chunk = ctx < MPM_MAX_CHUNK ? ctx : MPM_MAX_CHUNK;
     p->scratch_bytes += mpm_linear_scratch_bytes(cfg); /* per token, whatever the chunk */
+    p->scratch_bytes += (uint64_t)plan_threads(want) * task_bytes(c); /* each thread's task buffer */
     p->floor_bytes = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + p->pinned_expert_bytes +
                      p->snapshot_bytes;
     p->recommended_bytes = p->floor_bytes + 4 * p->step_expert_bytes; /* cache: 4 tokens' experts */
@@ -287,6 +311,11 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     mp_engine *e = calloc(1, sizeof *e);
     if (!e) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory");
     int rc = MP_OK;
+    if (cfg.threads < 0 || cfg.io_threads < 0 || cfg.cache_experts < -1) {
+        free(e);
+        return mp_seterr(err, errlen, MP_EINVAL, "threads %d, io_threads %d, cache_experts %d: threads must be >= 0 (0 = default), cache_experts >= -1 (-1 = from the budget)",
+                         cfg.threads, cfg.io_threads, cfg.cache_experts);
+    }
     e->verify_reads = cfg.verify_reads;
     e->kern = mpk_select(cfg.kernels);
     if (!e->kern) {
@@ -327,6 +356,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
         goto fail;
     }
     if (!chunk) chunk = planned_chunk(&e->cfg, p, total);
+    if (chunk > p->max_chunk) chunk = p->max_chunk; /* no pass is longer than the context */
     uint64_t extra = chunk_extra(p, chunk);
     if (total - p->floor_bytes < extra) {
         rc = mp_seterr(err, errlen, MP_EBUDGET, "budget %s is too small for chunks of %d tokens: that needs %s",
@@ -343,7 +373,8 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     if (cfg.cache_experts >= 0 && (uint64_t)cfg.cache_experts * p->expert_record_bytes < cache)
         cache = (uint64_t)cfg.cache_experts * p->expert_record_bytes;
     e->cache_bytes = cache;
-    e->cache_experts = p->expert_record_bytes ? (int)(cache / p->expert_record_bytes) : 0;
+    uint64_t records = p->expert_record_bytes ? cache / p->expert_record_bytes : 0;
+    e->cache_experts = records < INT32_MAX ? (int)records : INT32_MAX;
 
     if ((rc = load_trunk(e, err, errlen))) goto fail;
     mp_expert_options eo;
@@ -362,9 +393,13 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
         }
     }
     if ((rc = mpm_load(&e->cfg, tensor_cb, bank_cb, e, p->ctx, e->chunk, &e->model, err, errlen))) goto fail;
-    e->pool = mpk_pool_create(cfg.threads > 0 ? cfg.threads : mp_usable_cores());
+    e->pool = mpk_pool_create(plan_threads(&cfg));
     if (!e->pool) {
         rc = mp_seterr(err, errlen, MP_ENOMEM, "cannot start compute threads");
+        goto fail;
+    }
+    if (mpk_pool_reserve(e->pool, task_bytes(e->c))) { /* the plan's task buffers, now */
+        rc = mp_seterr(err, errlen, MP_ENOMEM, "out of memory for the compute threads' buffers");
         goto fail;
     }
     mpm_set_pool(e->model, e->pool);
@@ -443,7 +478,8 @@ static size_t first_nonfinite(const float *l, size_t n) {
 }
 
 int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int all_positions) {
-    if (!e || (!tokens && n)) return MP_EINVAL;
+    if (!e) return MP_EINVAL;
+    if (!tokens && n) return mp_seterr(e->err, sizeof e->err, MP_EINVAL, "mp_eval: %zu tokens but no token array", n);
     if (n > (size_t)(e->plan.ctx - e->pos)) {
         snprintf(e->err, sizeof e->err, "context full: %d + %zu tokens > ctx %d", e->pos, n, e->plan.ctx);
         return MP_ECTX;
@@ -501,11 +537,13 @@ static int is_eos(const mp_engine *e, int32_t t) {
 
 int mp_generate(mp_engine *e, const int32_t *prompt, size_t n_prompt, int n_new,
                 const mp_sampler *s, mp_token_cb cb, void *user) {
-    if (!e || n_new < 0) return MP_EINVAL;
+    if (!e) return MP_EINVAL;
+    if (n_new < 0) return mp_seterr(e->err, sizeof e->err, MP_EINVAL, "mp_generate: n_new %d is negative", n_new);
+    if (!n_prompt) return mp_seterr(e->err, sizeof e->err, MP_EINVAL, "mp_generate: the prompt is empty");
     float *logits = malloc((size_t)e->cfg.vocab * sizeof(float));
-    if (!logits) return MP_ENOMEM;
+    if (!logits) return mp_seterr(e->err, sizeof e->err, MP_ENOMEM, "out of memory for %lld logits", (long long)e->cfg.vocab);
     uint64_t rng = mp_rng_seed(s ? s->seed : 0);
-    int rc = n_prompt ? mp_eval(e, prompt, n_prompt, logits, 0) : MP_EINVAL;
+    int rc = mp_eval(e, prompt, n_prompt, logits, 0);
     int made = 0;
     while (rc == MP_OK && made < n_new) {
         int32_t t = mp_sample(logits, (int)e->cfg.vocab, s, &rng);

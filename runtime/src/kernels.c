@@ -421,6 +421,17 @@ void mpk_row(const mpk_mat *w, int64_t r, float *out) {
 
 /* ---- threaded drivers: fixed row blocks ---- */
 
+/* A task's work buffer (64-byte aligned): the running thread's scratch in `pool`, reserved at
+ * open for the widest trunk matrix (mpk_task_bytes, in the memory plan), or without a pool one
+ * allocated for the task and freed by task_buffer_done */
+static void *task_buffer(mpk_pool *pool, size_t bytes) {
+    return pool ? mpk_pool_scratch(pool, bytes) : aligned_alloc(64, (bytes + 63) / 64 * 64);
+}
+
+static void task_buffer_done(mpk_pool *pool, void *b) {
+    if (!pool) free(b);
+}
+
 #define ROWS_PER_TASK MPK_MM_ROWS
 
 size_t mpk_mm_wb_floats(const mpk_mat *w) {
@@ -435,6 +446,7 @@ typedef struct {
     float *y;
     const float *xt, *xl; /* multi-input path: transposed inputs, q4 zero-point sums */
     int64_t nb;
+    mpk_pool *pool; /* whose threads' scratch the tasks use (NULL: their own allocations) */
 } mv_job;
 
 static void mv_task(void *ctx, size_t t) {
@@ -443,10 +455,10 @@ static void mv_task(void *ctx, size_t t) {
     int64_t r0 = (int64_t)t * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK;
     if (r1 > w->rows) r1 = w->rows;
     if (j->xt) {
-        float *wb = malloc(mpk_mm_wb_floats(w) * sizeof(float));
+        float *wb = task_buffer(j->pool, mpk_mm_wb_floats(w) * sizeof(float));
         if (wb) {
             j->k->mm_rows(w, r0, r1, j->xt, j->xl, j->nb, j->n, j->y, wb);
-            free(wb);
+            task_buffer_done(j->pool, wb);
             return;
         }
     }
@@ -485,7 +497,7 @@ static float *mm_inputs(const mpk_mat *w, const float *x, int64_t n, int64_t nb,
 
 void mpk_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n,
                 float *y) {
-    mv_job j = {impl_or_scalar(k), w, x, n, y, NULL, NULL, 0};
+    mv_job j = {impl_or_scalar(k), w, x, n, y, NULL, NULL, 0, pool};
     float *xt = NULL;
     /* several inputs: each row decoded once and multiplied with MPK_MM_TB inputs per
      * instruction (same operations per input as row_dot, so the same bits) */
@@ -873,6 +885,7 @@ typedef struct {
     int64_t xs, n; /* inputs at x + t * xs; whole vectors (zero past cols) unless xs == cols */
     int64_t per;   /* row blocks per task */
     float *y;
+    mpk_pool *pool; /* whose threads' scratch the tasks use (NULL: their own allocations) */
 } tgemm_job;
 
 #if defined(__SSE2__)
@@ -929,6 +942,15 @@ static int64_t tgemm_inputs(int64_t rs) {
     return n < 3 ? 3 : n > TGEMM_MAX_INPUTS ? TGEMM_MAX_INPUTS : n;
 }
 
+uint64_t mpk_task_bytes(int64_t cols, int64_t group) {
+    const uint64_t cols_p = (uint64_t)(group ? (cols + group - 1) / group * group : cols);
+    const uint64_t ng = group ? cols_p / (uint64_t)group : 1, rs = (uint64_t)(cols + 7) / 8 * 8;
+    /* tgemm_task's wb (aligned up to 64 bytes), mv_task's wb */
+    const uint64_t tg = (((uint64_t)tgemm_blocks((int64_t)rs) * MPK_GEMM_ROWS * rs + rs + 2 * ng) * 4 + 63) / 64 * 64;
+    const uint64_t mm = (uint64_t)MPK_MM_ROWS * (cols_p + 2 * ng) * 4;
+    return tg > mm ? tg : mm;
+}
+
 /* Blocks of 16 rows [b0, b1), tgemm_blocks at a time: each decoded once (zero past cols and past
  * the last row) into the vector-major layout gemm_rows streams, then multiplied with every input
  * set, all blocks of a group with one set before the next; one buffer per task (a few tasks per
@@ -943,7 +965,7 @@ static void tgemm_task(void *ctx, size_t task) {
     const size_t ng = (size_t)(w->ngroups ? w->ngroups : 1);
     /* wb[block][v][16][8], then one row's values, then row_values' scratch (scales, minimums) */
     const size_t bytes = ((size_t)(G * bs + rs) + 2 * ng) * sizeof(float);
-    float *wb = rs % 8 ? NULL : aligned_alloc(64, (bytes + 63) / 64 * 64); /* aligned vector loads */
+    float *wb = rs % 8 ? NULL : task_buffer(j->pool, bytes); /* aligned vector loads */
     if (!wb) {
         tgemm_rows_one_by_one(j, b0 * MPK_GEMM_ROWS, b1 * MPK_GEMM_ROWS < w->rows ? b1 * MPK_GEMM_ROWS : w->rows);
         return;
@@ -974,14 +996,14 @@ static void tgemm_task(void *ctx, size_t task) {
             }
         }
     }
-    free(wb);
+    task_buffer_done(j->pool, wb);
 }
 
 void mpk_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y) {
     if (n < 1) return;
     const int64_t nblocks = (w->rows + MPK_GEMM_ROWS - 1) / MPK_GEMM_ROWS;
     const int64_t tasks = 4 * (int64_t)mpk_pool_threads(pool) < nblocks ? 4 * (int64_t)mpk_pool_threads(pool) : nblocks;
-    tgemm_job j = {impl_or_scalar(k), w, x, w->cols, n, (nblocks + tasks - 1) / tasks, y};
+    tgemm_job j = {impl_or_scalar(k), w, x, w->cols, n, (nblocks + tasks - 1) / tasks, y, pool};
     float *xp = NULL;
     const int64_t xs = (w->cols + 7) / 8 * 8;
     if (xs != w->cols && (xp = calloc((size_t)(n * xs), sizeof(float))) != NULL) { /* whole vectors */

@@ -150,6 +150,10 @@ void mpk_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float
  * bits (that one multiplies and adds apart, per group); the same bits for any n, grouping of
  * inputs, thread count and kernel path (docs/RUNTIME.md). */
 void mpk_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y);
+/* The most one pool task of mpk_gemm or mpk_matmat allocates, and frees before it ends, for a
+ * matrix of `cols` columns in groups of `group` (0: none): one such buffer per compute thread at
+ * a time, counted in the memory plan's scratch. */
+uint64_t mpk_task_bytes(int64_t cols, int64_t group);
 /* dot(row r of w, x) (single-threaded). */
 float mpk_row_dot(const mpk_impl *k, const mpk_mat *w, int64_t r, const float *x);
 /* Decodes row r of w into out[cols] (embedding lookup, small vectors). */

@@ -11,9 +11,15 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+typedef struct {
+    void *buf;
+    size_t bytes;
+} scratch;
+
 struct mpk_pool {
     int nthreads; /* including the caller */
     pthread_t *tids;
+    scratch *scratch; /* [nthreads]: [0] the caller's, [i] worker i's */
     pthread_mutex_t mu;
     pthread_cond_t wake, done;
     atomic_ulong generation; /* bumped per job (under mu) */
@@ -42,8 +48,20 @@ static void drain(mpk_pool *p, mpk_task_fn fn, void *ctx, size_t ntasks) {
  * decode speed) */
 static inline void relax(void) { sched_yield(); }
 
+/* which slot of its pool's scratch this thread uses: 0 for any caller, i for worker i (a worker
+ * runs the tasks of its own pool only) */
+static _Thread_local int slot;
+
+typedef struct {
+    mpk_pool *p;
+    int slot;
+} worker_arg;
+
 static void *worker(void *arg) {
-    mpk_pool *p = arg;
+    worker_arg *a = arg;
+    mpk_pool *p = a->p;
+    slot = a->slot;
+    free(a);
     unsigned long seen = 0;
     for (;;) {
         for (int i = 0; i < POOL_SPIN && atomic_load_explicit(&p->generation, memory_order_acquire) == seen &&
@@ -83,6 +101,11 @@ mpk_pool *mpk_pool_create(int threads) {
     atomic_init(&p->generation, 0);
     atomic_init(&p->stopping, 0);
     atomic_init(&p->active, 0);
+    p->scratch = calloc((size_t)threads, sizeof *p->scratch);
+    if (!p->scratch) {
+        mpk_pool_destroy(p);
+        return NULL;
+    }
     if (threads > 1) {
         p->tids = calloc((size_t)threads - 1, sizeof *p->tids);
         if (!p->tids) {
@@ -90,7 +113,13 @@ mpk_pool *mpk_pool_create(int threads) {
             return NULL;
         }
         for (int i = 0; i < threads - 1; i++) {
-            if (pthread_create(&p->tids[i], NULL, worker, p) != 0) break;
+            worker_arg *a = malloc(sizeof *a);
+            if (!a) break;
+            *a = (worker_arg){p, i + 1};
+            if (pthread_create(&p->tids[i], NULL, worker, a) != 0) {
+                free(a);
+                break;
+            }
             p->nthreads++;
         }
     }
@@ -105,6 +134,8 @@ void mpk_pool_destroy(mpk_pool *p) {
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < p->nthreads - 1; i++) pthread_join(p->tids[i], NULL);
     free(p->tids);
+    for (int i = 0; p->scratch && i < p->nthreads; i++) free(p->scratch[i].buf);
+    free(p->scratch);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->done);
@@ -112,6 +143,28 @@ void mpk_pool_destroy(mpk_pool *p) {
 }
 
 int mpk_pool_threads(const mpk_pool *p) { return p ? p->nthreads : 1; }
+
+static int grow(scratch *s, size_t bytes) {
+    if (s->bytes >= bytes) return 0;
+    void *b = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!b) return -1;
+    free(s->buf);
+    s->buf = b;
+    s->bytes = bytes;
+    return 0;
+}
+
+void *mpk_pool_scratch(mpk_pool *p, size_t bytes) {
+    if (!p) return NULL;
+    scratch *s = &p->scratch[slot < p->nthreads ? slot : 0];
+    return grow(s, bytes) ? NULL : s->buf;
+}
+
+int mpk_pool_reserve(mpk_pool *p, size_t bytes) {
+    for (int i = 0; i < p->nthreads; i++)
+        if (grow(&p->scratch[i], bytes)) return -1;
+    return 0;
+}
 
 void mpk_pool_run(mpk_pool *p, size_t ntasks, mpk_task_fn fn, void *ctx) {
     if (ntasks == 0) return;

@@ -17,5 +17,13 @@ int mpk_pool_threads(const mpk_pool *p);
 /* Runs fn(ctx, 0 .. ntasks-1) on all threads and returns when all are done.  p may be NULL
  * (runs inline). */
 void mpk_pool_run(mpk_pool *p, size_t ntasks, mpk_task_fn fn, void *ctx);
+/* The scratch buffer of the calling thread in p (a caller's, or the worker's running a task of
+ * p): at least `bytes`, 64-byte aligned, kept (and reused by the thread's later tasks) until the
+ * pool is destroyed or a larger request replaces it.  Only its thread touches it, so tasks take
+ * it without a lock.  NULL with p NULL or without memory. */
+void *mpk_pool_scratch(mpk_pool *p, size_t bytes);
+/* Every thread's scratch buffer allocated now, at least `bytes` (what the memory plan counts):
+ * 0, or -1 without memory. */
+int mpk_pool_reserve(mpk_pool *p, size_t bytes);
 
 #endif
