@@ -34,6 +34,7 @@ POLICIES = {"lru": 0, "lfu": 1}
 KERNELS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512vbmi": 3, "avx512amx": 4}
 # mp_config.kv (moepack.h MP_KV_*): KV cache entry type; None = the engine's default
 KV_TYPES = {"f32": 1, "f16": 2}
+MAX_SNAPSHOTS = 64  # moepack.h MP_MAX_SNAPSHOTS
 
 
 def with_rates(d: dict) -> dict:
@@ -253,7 +254,7 @@ def plan(path: str, ctx: int | None = None, kv: str | None = None,
     lib.mp_config_default(C.byref(cfg))
     cfg.ctx, cfg.kv, cfg.budget_bytes = _c_int("ctx", ctx, 0), _kv_code(kv), parse_bytes(budget)
     cfg.ram_bytes = parse_bytes(ram)
-    cfg.snapshots = _c_int("snapshots", snapshots, 0)
+    cfg.snapshots = _c_int("snapshots", snapshots, 0, MAX_SNAPSHOTS)
     cfg.threads = _c_int("threads", threads, 0)
     rc = lib.mp_plan_config(os.fsencode(path), C.byref(cfg), C.byref(p), err, _ERRLEN)
     if rc:
@@ -311,7 +312,7 @@ class Engine:
         cfg.chunk = _c_int("chunk", chunk, 1, 512)  # moepack.h: 1..512
         cfg.kv = _kv_code(kv)
         # state snapshots the caller keeps (PrefixReuse keeps this many): in the floor
-        cfg.snapshots = _c_int("snapshots", snapshots, 0)
+        cfg.snapshots = _c_int("snapshots", snapshots, 0, MAX_SNAPSHOTS)
         # linear attention's sub-chunk (0: the engine's default; 1: token by token)
         cfg.linear_chunk = _c_int("linear_chunk", linear_chunk, 0)
         # with the cache holding every expert: read them all in the background from open
@@ -420,13 +421,14 @@ class Engine:
                     threads=self.threads)
 
     def _eval(self, tokens: Sequence[int], out: np.ndarray | None, all_pos: bool) -> None:
-        bad = EngineError(f"token ids must be integers in 0..{self.vocab_size - 1}", MP_EINVAL)
+        bad = EngineError(f"token ids must be in 0..{self.vocab_size - 1}", MP_EINVAL)
         try:  # no dtype: a float id must be refused, not truncated to an integer
             toks = np.asarray(tokens) if len(tokens) else np.zeros(0, np.int64)
         except (OverflowError, ValueError, TypeError):
             raise bad from None
         if toks.ndim != 1 or toks.dtype.kind not in "iu":  # floats, bools, ids beyond uint64
-            raise bad
+            raise EngineError(f"token ids must be a list of integers in 0..{self.vocab_size - 1}"
+                              f", not {toks.dtype} of shape {list(toks.shape)}", MP_EINVAL)
         if toks.size and (toks.min() < 0 or toks.max() >= self.vocab_size):
             raise bad
         arr = np.ascontiguousarray(toks.astype(np.int32))

@@ -358,7 +358,7 @@ def test_config_integers_are_checked_not_wrapped(mixtral):
 def test_float_token_ids_are_refused_not_truncated(mixtral):
     with Engine(mixtral) as e:
         for bad in ([1.7], [1, 2.0], [True], [2**64], [[1, 2]]):
-            with pytest.raises(EngineError, match="token ids must be integers"):
+            with pytest.raises(EngineError, match="token ids must be a list of integers"):
                 e.feed(bad)
         assert e.position == 0
         e.feed(np.array([1, 2], dtype=np.uint16))

@@ -39,12 +39,13 @@ def test_real_configs_describe_as_expected():
 
 def test_k3_64gb_plan_in_readme_and_k3_md():
     """The Kimi K3 figures README.md and docs/K3.md quote for a 64 GB machine are what
-    `moepack plan --config docs/configs/Kimi-K3.json --ram 64G` prints (default codecs)."""
+    `moepack plan --config docs/configs/Kimi-K3.json --ram 64G --threads 8` prints (default
+    codecs)."""
     from typer.testing import CliRunner
 
     from moepack.cli import app
 
-    args = ["plan", "--config", str(CONFIGS / "Kimi-K3.json"), "--ram", "64G"]
+    args = ["plan", "--config", str(CONFIGS / "Kimi-K3.json"), "--ram", "64G", "--threads", "8"]
     r = CliRunner().invoke(app, [*args, "--json"])
     assert r.exit_code == 0, r.output
     p = json.loads(r.output)
@@ -55,10 +56,10 @@ def test_k3_64gb_plan_in_readme_and_k3_md():
         return f"{n / 1e9:.1f} GB"
 
     readme = (ROOT / "README.md").read_text()
-    assert (f"Kimi K3 at 64 GB: floor {gb(floor)}, {gb(step)} of experts per cold token, "
-            f"default budget {gb(default)}, expert cache {gb(cache)}") in readme
+    assert (f"Kimi K3 at 64 GB with 8 threads: floor {gb(floor)}, {gb(step)} of experts per "
+            f"cold token, default budget {gb(default)}, expert cache {gb(cache)}") in readme
     k3 = (ROOT / "docs" / "K3.md").read_text()
-    command = "$ moepack plan --config docs/configs/Kimi-K3.json --ram 64G\n"
+    command = "$ moepack plan --config docs/configs/Kimi-K3.json --ram 64G --threads 8\n"
     block = k3.split(command, 1)[1].split("```", 1)[0].splitlines()
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
