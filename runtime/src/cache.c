@@ -67,6 +67,12 @@ struct mp_experts {
 
 static entry *start_read(mp_experts *e, size_t bi, int ex, int pins, int may_cache, int *rc);
 
+uint64_t mpe_bookkeeping_bytes(uint64_t records) {
+    /* an entry while it is read or cached (with its malloc header), its slot, access count and
+     * hash, and its place in e->cached (which grows by doubling) */
+    return records * (sizeof(entry) + 16 + sizeof(entry *) + sizeof(uint32_t) + 32 + 2 * sizeof(entry *));
+}
+
 /* Issues warm-up reads in file order up to warm_max in flight (so the forward pass's reads queue
  * behind at most that many); lock held. Stops for good at the first record that would not fit
  * without evicting, or when a buffer cannot be had. */
@@ -105,7 +111,7 @@ static uint8_t *get_buf(mp_experts *e, uint64_t size) {
         }
         link = &h->next;
     }
-    uint8_t *buf = mp_aligned_alloc(e->balign, (size_t)size);
+    uint8_t *buf = mp_buffer_alloc(e->balign, (size_t)size);
     if (buf) {
         e->allocated += size;
         if (e->allocated > e->peak_allocated) e->peak_allocated = e->allocated;
@@ -116,7 +122,7 @@ static uint8_t *get_buf(mp_experts *e, uint64_t size) {
 static void put_buf(mp_experts *e, uint8_t *buf, uint64_t size) {
     uint64_t cap = e->peak_transient > e->max_stride ? e->peak_transient : e->max_stride;
     if (size < sizeof(spare_hdr) || e->spare_bytes + size > cap) {
-        mp_aligned_free(buf);
+        mp_buffer_free(buf, e->balign, (size_t)size);
         e->allocated -= size;
         return;
     }
@@ -296,13 +302,13 @@ void mpe_destroy(mp_experts *e) {
         bankrt *b = &e->banks[i];
         if (b->slot)
             for (uint32_t x = 0; x < b->b->count; x++)
-                if (b->slot[x]) { mp_aligned_free(b->slot[x]->buf); free(b->slot[x]); }
+                if (b->slot[x]) { mp_buffer_free(b->slot[x]->buf, e->balign, (size_t)b->slot[x]->size); free(b->slot[x]); }
         free(b->slot); free(b->freq); free(b->hashes);
     }
     while (e->spare) {
         spare_hdr *h = e->spare;
         e->spare = h->next;
-        mp_aligned_free(h);
+        mp_buffer_free(h, e->balign, (size_t)h->size);
     }
     free(e->banks);
     free(e->cached);

@@ -67,6 +67,9 @@ typedef struct {
 typedef struct mp_experts mp_experts;
 
 void mpe_options_default(mp_expert_options *opt);
+/* The most the cache's bookkeeping holds beside the record buffers, for `records` records in
+ * the container (in the memory plan) */
+uint64_t mpe_bookkeeping_bytes(uint64_t records);
 /* c must outlive the returned object. */
 mp_experts *mpe_create(const mp_container *c, const mp_expert_options *opt, char *err, size_t errlen);
 void mpe_destroy(mp_experts *e);

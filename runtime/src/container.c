@@ -53,6 +53,7 @@ struct mp_container {
     mp_bank_info *banks; size_t nbanks;
     const mp_bank_info **banks_by_layer;
     mp_blob_info *blobs; size_t nblobs;
+    size_t nsections; /* entries of tensors, blobs and banks as allocated */
 };
 
 /* ---------- messages ---------- */
@@ -459,6 +460,7 @@ static int validate_sections(E *e, mp_container *c, const mp_json *value) {
     htab by_name = {0}, layers = {0};
     const char **layer_keys = NULL;
     long *users = NULL;
+    c->nsections = n ? n : 1;
     c->tensors = calloc(n ? n : 1, sizeof *c->tensors);
     c->blobs = calloc(n ? n : 1, sizeof *c->blobs);
     c->banks = calloc(n ? n : 1, sizeof *c->banks);
@@ -819,6 +821,14 @@ int mpc_version(const mp_container *c, int *minor) { if (minor) *minor = c ? c->
 const char *mpc_id(const mp_container *c) { return c ? c->id : NULL; }
 const mp_json *mpc_manifest(const mp_container *c) { return c ? c->manifest : NULL; }
 const mp_json *mpc_model(const mp_container *c) { return c ? c->model : NULL; }
+uint64_t mpc_held_bytes(const mp_container *c) {
+    if (!c) return 0;
+    const uint64_t blocks = 16 * 8; /* a malloc header each, generously */
+    return sizeof *c + strlen(c->path) + 1 + c->index_length + 1 + mp_json_doc_bytes(c->doc) + blocks +
+           (uint64_t)c->nsections * (sizeof *c->tensors + sizeof *c->blobs + sizeof *c->banks) +
+           (uint64_t)(c->ntensors + c->nbanks) * sizeof(void *);
+}
+
 size_t mpc_tensor_count(const mp_container *c) { return c ? c->ntensors : 0; }
 const mp_tensor_info *mpc_tensor_at(const mp_container *c, size_t i) { return c && i < c->ntensors ? &c->tensors[i] : NULL; }
 size_t mpc_bank_count(const mp_container *c) { return c ? c->nbanks : 0; }

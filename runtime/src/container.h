@@ -81,6 +81,8 @@ const char *mpc_id(const mp_container *c);       /* container ID: hex of root_ha
 const mp_json *mpc_manifest(const mp_container *c);
 const mp_json *mpc_model(const mp_container *c); /* manifest.model */
 
+/* What the open container holds in memory: its index as read and parsed, the section tables */
+uint64_t mpc_held_bytes(const mp_container *c);
 size_t mpc_tensor_count(const mp_container *c);
 const mp_tensor_info *mpc_tensor_at(const mp_container *c, size_t i); /* file order */
 const mp_tensor_info *mpc_tensor(const mp_container *c, const char *name); /* NULL if absent */

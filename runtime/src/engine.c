@@ -182,6 +182,8 @@ static int plan_for(const mp_container *c, const mpm_config *model, const mp_con
     p->max_chunk = ctx < MPM_MAX_CHUNK ? ctx : MPM_MAX_CHUNK;
     p->scratch_bytes += mpm_linear_scratch_bytes(cfg); /* per token, whatever the chunk */
     p->scratch_bytes += (uint64_t)plan_threads(want) * task_bytes(c); /* each thread's task buffer */
+    p->scratch_bytes += mpc_held_bytes(c); /* the container's index, read and parsed */
+    p->scratch_bytes += mpe_bookkeeping_bytes(p->expert_count); /* the expert cache's tables */
     p->floor_bytes = p->trunk_bytes + p->kv_bytes + p->scratch_bytes + p->pinned_expert_bytes +
                      p->snapshot_bytes;
     p->recommended_bytes = p->floor_bytes + 4 * p->step_expert_bytes; /* cache: 4 tokens' experts */

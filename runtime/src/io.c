@@ -66,6 +66,26 @@ void mp_aligned_free(void *p) {
     else free(h->raw);
 }
 
+static size_t page_size(void) {
+    long page = sysconf(_SC_PAGESIZE);
+    return page > 0 ? (size_t)page : 4096;
+}
+
+void *mp_buffer_alloc(size_t alignment, size_t size) {
+    const size_t page = page_size();
+    if (alignment > page || !size) return mp_aligned_alloc(alignment, size);
+    if (size > SIZE_MAX - page) return NULL;
+    void *p = mmap(NULL, (size + page - 1) / page * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void mp_buffer_free(void *p, size_t alignment, size_t size) {
+    const size_t page = page_size();
+    if (!p) return;
+    if (alignment > page || !size) mp_aligned_free(p);
+    else munmap(p, (size + page - 1) / page * page);
+}
+
 static int read_full(int fd, void *dst, uint64_t off, uint64_t len) {
     uint8_t *p = dst;
     while (len) {

@@ -33,6 +33,11 @@ int mp_io_read(mp_io *io, void *dst, uint64_t off, uint64_t len, char *err, size
 /* Aligned allocation helpers (free with mp_aligned_free). */
 void *mp_aligned_alloc(size_t alignment, size_t size);
 void mp_aligned_free(void *p);
+/* Expert record buffers: mapped exactly (the size rounded up to pages, no header page beside it)
+ * when `alignment` is at most the page size, which mmap's placement gives; else
+ * mp_aligned_alloc. Freed with the same alignment and size. */
+void *mp_buffer_alloc(size_t alignment, size_t size);
+void mp_buffer_free(void *p, size_t alignment, size_t size);
 uint64_t mp_now_ns(void); /* CLOCK_MONOTONIC */
 
 /* ---- reader pool ---- */

@@ -78,6 +78,12 @@ static void sb_put(sbuf *s, const char *p, size_t k) {
 }
 static void sb_str(sbuf *s, const char *p) { sb_put(s, p, strlen(p)); }
 
+size_t mp_json_doc_bytes(const mp_json_doc *d) {
+    size_t n = sizeof *d;
+    for (const chunk *c = d ? d->chunks : NULL; c; c = c->next) n += sizeof *c + c->cap;
+    return d ? n : 0;
+}
+
 /* ---- arena ---- */
 static void *arena_alloc(mp_json_doc *d, size_t size) {
     size = (size + 15) & ~(size_t)15;

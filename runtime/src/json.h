@@ -35,6 +35,7 @@ mp_json_doc *mp_json_parse(const char *text, size_t len, size_t max_len, char *e
 mp_json_doc *mp_json_parse_coded(const char *text, size_t len, size_t max_len, const char **code,
                                  char *err, size_t errlen);
 void mp_json_free(mp_json_doc *doc);
+size_t mp_json_doc_bytes(const mp_json_doc *doc); /* what the parsed document holds in memory */
 const mp_json *mp_json_root(const mp_json_doc *doc);
 
 /* Canonical form check of FORMAT.md section 3: re-serialises the tree exactly like

@@ -127,7 +127,10 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
     uint64_t per_layer = 2u * 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +
                                                           c->q_lora_rank + c->kv_lora_rank + c->n_experts) +
                          (c->mla ? 0u : (uint64_t)((2 * c->n_heads + 3 * c->n_kv_heads) * c->head_dim));
-    return mpm_kv_scratch_bytes(c) + mpm_dsa_scratch_bytes(c, chunk_tokens) +
+    /* the layer table; mp_sample's candidates (id, probability) and the C library sort's merge
+     * buffer, when a token is sampled with a temperature */
+    uint64_t tables = (uint64_t)c->n_layers * sizeof(mpm_layer) + 16u * (uint64_t)c->vocab;
+    return tables + mpm_kv_scratch_bytes(c) + mpm_dsa_scratch_bytes(c, chunk_tokens) +
            mpm_k3_scratch_bytes(c, chunk_tokens) + mpm_hc_scratch_bytes(c, chunk_tokens) +
            4u * (T * per_tok + 16 * (uint64_t)max64(H, I) +
                  (uint64_t)c->vocab + 2 * (uint64_t)c->n_experts + chunk +
