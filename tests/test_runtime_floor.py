@@ -128,12 +128,18 @@ def _check_floor_runs(model, extra_records: int, layers: int) -> None:
 def test_plan_of_a_config_equals_the_converted_containers(model):
     """The container convert would write, planned without weights, has the converted
     container's plan (same usable RAM given, so nothing depends on this machine); its size is the
-    converted one's less what only the checkpoint has (its file list and tokenizer blobs)."""
+    converted one's less what only the checkpoint has (its file list and tokenizer blobs); the
+    memory the engine holds for the index is less by the file list's entries, a few kB."""
     config = json.loads((model.parent / "src" / "config.json").read_text())
     got = plan_for_config(config, ctx=128, ram="3G")
     want = plan(model, ctx=128, ram="3G")
     assert 0.95 * model.stat().st_size < got.pop("container_bytes") <= model.stat().st_size
-    assert got == want
+    index = want["scratch_bytes"] - got["scratch_bytes"]
+    assert 0 < index <= 64 << 10
+    with_index = ("scratch_bytes", "floor_bytes", "recommended_bytes", "default_bytes")
+    assert all(want[k] - got[k] == index for k in with_index), (want, got)
+    assert {k: v for k, v in got.items() if k not in with_index} == {
+        k: v for k, v in want.items() if k not in with_index}
     assert want["usable_ram_bytes"] == 3 * 10**9
     assert want["default_bytes"] <= want["usable_ram_bytes"]
     assert want["default_cache_bytes"] + want["floor_bytes"] <= want["default_bytes"]
@@ -147,7 +153,7 @@ def test_plan_cli_config_and_its_refusals(model, tmp_path):
     assert r.exit_code == 0, r.output
     p = json.loads(r.output)
     assert p["container_bytes"] <= model.stat().st_size
-    assert p["floor_bytes"] == plan(model, ctx=64)["floor_bytes"]
+    assert 0 < plan(model, ctx=64)["floor_bytes"] - p["floor_bytes"] <= 64 << 10  # file list
     r = runner.invoke(app, ["plan", "--config", str(config), "--ram", "2G"])
     assert r.exit_code == 0 and "container (planned)" in r.output and "expert cache" in r.output
     bad = tmp_path / "bad.json"
