@@ -477,7 +477,7 @@ def chat_cmd(
             ids = _encode_chat(tok, messages)
             if len(ids) + max_tokens > eng.ctx:
                 _err.print("[yellow]context full: starting over[/yellow]")
-                messages = messages[:1] * bool(system) + messages[-1:]  # the system prompt stays
+                messages = ([messages[0]] if system else []) + messages[-1:]  # system stays
                 ids = _encode_chat(tok, messages)
                 eng.reset()
                 if len(ids) + max_tokens > eng.ctx:

@@ -70,7 +70,7 @@ static uint64_t task_bytes(const mp_container *c) {
 /* the compute threads mp_open starts for `want` (mpk_pool_create's bound) */
 static int plan_threads(const mp_config *want) {
     int n = want->threads > 0 ? want->threads : mp_usable_cores();
-    return n < 1 ? 1 : n > 256 ? 256 : n;
+    return n < 1 ? 1 : n > MPK_POOL_MAX_THREADS ? MPK_POOL_MAX_THREADS : n;
 }
 
 static uint64_t chunk_bytes(const mpm_config *cfg, int chunk, int stages) {
@@ -121,6 +121,9 @@ static int plan_for(const mp_container *c, const mpm_config *model, const mp_con
     memset(p, 0, sizeof *p);
     int ctx = want->ctx, kv = want->kv;
     uint64_t budget = want->budget_bytes, ram = want->ram_bytes;
+    if (want->threads < 0 || want->io_threads < 0 || want->cache_experts < -1)
+        return mp_seterr(err, errlen, MP_EINVAL, "threads %d, io_threads %d, cache_experts %d: threads must be >= 0 (0 = default), cache_experts >= -1 (-1 = from the budget)",
+                         want->threads, want->io_threads, want->cache_experts);
     if (want->snapshots < 0 || want->snapshots > MP_MAX_SNAPSHOTS)
         return mp_seterr(err, errlen, MP_EINVAL, "snapshots %d: must be 0..%d", want->snapshots, MP_MAX_SNAPSHOTS);
     if (!kv) kv = MP_KV_DEFAULT;
@@ -313,11 +316,6 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     mp_engine *e = calloc(1, sizeof *e);
     if (!e) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory");
     int rc = MP_OK;
-    if (cfg.threads < 0 || cfg.io_threads < 0 || cfg.cache_experts < -1) {
-        free(e);
-        return mp_seterr(err, errlen, MP_EINVAL, "threads %d, io_threads %d, cache_experts %d: threads must be >= 0 (0 = default), cache_experts >= -1 (-1 = from the budget)",
-                         cfg.threads, cfg.io_threads, cfg.cache_experts);
-    }
     e->verify_reads = cfg.verify_reads;
     e->kern = mpk_select(cfg.kernels);
     if (!e->kern) {

@@ -140,8 +140,7 @@ mp_io *mp_io_open(const char *path, int mode, uint32_t falign, char *err, size_t
     if (!io) { if (err && errlen) snprintf(err, errlen, "out of memory"); return NULL; }
     io->dfd = -1;
     io->falign = falign;
-    long page = sysconf(_SC_PAGESIZE);
-    io->balign = falign > (uint32_t)(page > 0 ? page : 4096) ? falign : (size_t)(page > 0 ? page : 4096);
+    io->balign = falign > page_size() ? falign : page_size();
     io->fd = open(path, O_RDONLY | O_CLOEXEC);
     if (io->fd < 0) {
         if (err && errlen) snprintf(err, errlen, "%s: %s", path, strerror(errno));

@@ -90,7 +90,7 @@ static void *worker(void *arg) {
 
 mpk_pool *mpk_pool_create(int threads) {
     if (threads < 1) threads = 1;
-    if (threads > 256) threads = 256;
+    if (threads > MPK_POOL_MAX_THREADS) threads = MPK_POOL_MAX_THREADS;
     mpk_pool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->nthreads = 1;

@@ -10,7 +10,10 @@
 typedef struct mpk_pool mpk_pool;
 typedef void (*mpk_task_fn)(void *ctx, size_t task);
 
-/* threads >= 1 (the caller counts as one); returns NULL on failure. */
+#define MPK_POOL_MAX_THREADS 256
+
+/* threads 1..MPK_POOL_MAX_THREADS (the caller counts as one; out of range: clamped); returns
+ * NULL on failure. */
 mpk_pool *mpk_pool_create(int threads);
 void mpk_pool_destroy(mpk_pool *p);
 int mpk_pool_threads(const mpk_pool *p);
