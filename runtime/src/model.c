@@ -111,44 +111,58 @@ static int load_ffn(loader *L, int l, const char *prefix, int64_t inter, int64_t
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* Widths of the attention's chunk buffers: queries, keys and values (MLA: the latent + rope
+ * part), outputs */
+static void attn_widths(const mpm_config *c, int64_t *qdim, int64_t *kvdim, int64_t *odim) {
+    *qdim = c->mla ? c->n_heads * (c->qk_nope_dim + c->qk_rope_dim) : c->n_heads * c->head_dim;
+    *kvdim = max64(c->mla ? c->kv_lora_rank + c->qk_rope_dim : c->n_kv_heads * c->head_dim, 1);
+    *odim = c->mla ? c->n_heads * c->v_head_dim : c->n_heads * c->head_dim;
+}
+
 uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
     int64_t H = c->hidden, I = max64(c->moe_inter, max64(c->dense_inter, c->shared_inter));
-    uint64_t q = (uint64_t)(c->n_heads * max64(c->head_dim, c->kv_lora_rank + c->qk_rope_dim));
+    int64_t qdim, kvdim, odim;
+    attn_widths(c, &qdim, &kvdim, &odim);
     const uint64_t T = (uint64_t)chunk_tokens;
-    /* per chunk token: residual, normalised input, block output, routed-expert sum, routing;
-     * the kernels' transient copies (inputs transposed for mpk_matmat, with their block
-     * padding and q4 group sums): 2 x the widest vector */
-    uint64_t chunk = T * (uint64_t)H * 4u + 3u * T * (uint64_t)c->top_k +
-                     2u * T * (uint64_t)max64(max64(H, I), (int64_t)q);
-    /* per chunk token: q, k, v, attention output, MLA latents, FFN gate/up */
-    uint64_t per_tok = 4 * q + 2 * (uint64_t)max64(I, c->q_lora_rank);
+    /* the widest input a trunk product multiplies with a chunk (mpm_matmat's inputs) */
+    const int64_t wide = max64(max64(max64(H, I), max64(odim, c->q_lora_rank)),
+                               max64(c->la_nv * c->la_dv, c->latent));
+    /* per chunk token, as alloc_scratch allocates them: residual, normalised input, block output,
+     * routed-expert sum; q, k, v, attention output, MLA's latents; FFN gate and up; routing.
+     * Then the kernels' transient copies of an input (transposed for mpk_matmat with block
+     * padding and q4 group sums, or padded to whole vectors for mpk_gemm: up to 1.1 x the
+     * widest), counted twice for what the C library keeps of freed ones. */
+    uint64_t per_tok = 4u * (uint64_t)H + (uint64_t)(qdim + 2 * kvdim + odim) +
+                       (c->mla ? (uint64_t)max64(c->q_lora_rank, kvdim) : 0u) + 2u * (uint64_t)I +
+                       3u * (uint64_t)c->top_k + 2u * (uint64_t)wide;
     /* f32 copies made at load: codebooks as stored and transposed (<= 8 stages), rotation signs, norms, bias,
      * q/k/v biases and full-width q/k norms (GQA variants) */
     uint64_t per_layer = 2u * 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +
                                                           c->q_lora_rank + c->kv_lora_rank + c->n_experts) +
                          (c->mla ? 0u : (uint64_t)((2 * c->n_heads + 3 * c->n_kv_heads) * c->head_dim));
-    /* the layer table; mp_sample's candidates (id, probability) and the C library sort's merge
-     * buffer, when a token is sampled with a temperature */
+    /* one token's vectors (the widest three, MLA's per-head latent query and output) and the
+     * logits; the layer table; mp_sample's candidates (id, probability) and the C library sort's
+     * merge buffer, when a token is sampled with a temperature */
+    uint64_t fixed = 16u * (uint64_t)max64(H, I) + 3u * (uint64_t)odim +
+                     (c->mla ? (uint64_t)(c->n_heads * (2 * c->kv_lora_rank + c->qk_rope_dim)) : 0u) +
+                     (uint64_t)c->vocab + 2u * (uint64_t)c->n_experts + (uint64_t)H;
     uint64_t tables = (uint64_t)c->n_layers * sizeof(mpm_layer) + 16u * (uint64_t)c->vocab;
     return tables + mpm_kv_scratch_bytes(c) + mpm_dsa_scratch_bytes(c, chunk_tokens) +
            mpm_k3_scratch_bytes(c, chunk_tokens) + mpm_hc_scratch_bytes(c, chunk_tokens) +
-           4u * (T * per_tok + 16 * (uint64_t)max64(H, I) +
-                 (uint64_t)c->vocab + 2 * (uint64_t)c->n_experts + chunk +
-                 per_layer * (uint64_t)c->n_layers + (uint64_t)H);
+           4u * (T * per_tok + fixed + per_layer * (uint64_t)c->n_layers);
 }
 
 static int alloc_scratch(mpm_model *m) {
     const mpm_config *c = &m->c;
     int64_t H = c->hidden, I = max64(c->moe_inter, max64(c->dense_inter, c->shared_inter));
-    int64_t qdim = c->mla ? c->n_heads * (c->qk_nope_dim + c->qk_rope_dim) : c->n_heads * c->head_dim;
-    int64_t odim = c->mla ? c->n_heads * c->v_head_dim : c->n_heads * c->head_dim;
-    int64_t kvdim = c->mla ? c->kv_lora_rank + c->qk_rope_dim : c->n_kv_heads * c->head_dim;
+    int64_t qdim, kvdim, odim;
+    attn_widths(c, &qdim, &kvdim, &odim);
     int64_t big = max64(H, max64(I, odim));
     m->xn = xcalloc((uint64_t)H, 4);
     const uint64_t T = (uint64_t)m->chunk;
     m->q = xcalloc(T * (uint64_t)qdim, 4);
-    m->kbuf = xcalloc(T * (uint64_t)max64(kvdim, 1), 4);
-    m->vbuf = xcalloc(T * (uint64_t)max64(kvdim, 1), 4);
+    m->kbuf = xcalloc(T * (uint64_t)kvdim, 4);
+    m->vbuf = xcalloc(T * (uint64_t)kvdim, 4);
     m->att = xcalloc(T * (uint64_t)odim, 4);
     m->scores = xcalloc((uint64_t)c->n_heads * (uint64_t)m->ctx, 4);
     m->cosb = xcalloc((uint64_t)m->rope_dim, 4);
