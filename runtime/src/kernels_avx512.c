@@ -95,9 +95,11 @@ v_look(const __m512i t[4], __m512i code) {
 
 /* Tuning (override with -D to measure): code lines prefetched ahead of each tile's read
  * position, stages per pass, tiles per table load.  With codes in RAM, four tiles read as four
- * strictly sequential streams ran 1.7-2.3x the previous group-hopping order (LEARNED.md). */
+ * strictly sequential streams ran 1.7-2.3x the previous group-hopping order (LEARNED.md).
+ * The prefetches go to L2 (T1): into L1 (T0) they stalled on its few miss buffers, 64 lines
+ * ahead or 24 alike (Zen 4, rvq3 4096x1536 in RAM, one thread: 34 -> 44-47 G weights/s). */
 #ifndef V_PF
-#define V_PF 24
+#define V_PF 64
 #endif
 
 /* Stages [s0, s0 + SC) of one group for NB tiles: for each vector, every stage of the chunk in
@@ -123,7 +125,7 @@ v_stages(const int8_t *q, const uint8_t *c, size_t tile_bytes, int64_t v0, int64
 #pragma GCC unroll 8
             for (int b = 0; b < NB; b++) {
                 const uint8_t *cl = c + b * tile_bytes + j * 64;
-                _mm_prefetch((const char *)(cl + V_PF * 64), _MM_HINT_T0);
+                _mm_prefetch((const char *)(cl + V_PF * 64), _MM_HINT_T1);
                 __m512i r = v_look(t, _mm512_loadu_si512(cl));
                 ev[b][s] = _mm512_add_epi16(ev[b][s], _mm512_srai_epi16(_mm512_slli_epi16(r, 8), 8));
                 od[b][s] = _mm512_add_epi16(od[b][s], _mm512_srai_epi16(r, 8));
@@ -368,8 +370,8 @@ AVX512 static inline __m512 v_hadd(__m512 a, __m512 b) {
 AVX512 static inline __attribute__((always_inline)) __m512 v_q8_parts(const int8_t *q, const uint8_t *sc,
                                                                       const float *x, int64_t g,
                                                                       const int8_t *pq, const uint8_t *psc) {
-    for (int o = 0; o < 512; o += 64) _mm_prefetch((const char *)(pq + o), _MM_HINT_T0);
-    _mm_prefetch((const char *)psc, _MM_HINT_T0);
+    for (int o = 0; o < 512; o += 64) _mm_prefetch((const char *)(pq + o), _MM_HINT_T1); /* to L2, as v_stages */
+    _mm_prefetch((const char *)psc, _MM_HINT_T1);
     __m512 L[8]; /* lanes 0-7: group g + m, 8-15: group g + 8 + m */
 #pragma GCC unroll 8
     for (int m = 0; m < 8; m++) {
