@@ -57,12 +57,20 @@ def lscpu() -> dict:
     return out
 
 
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo, else what platform says)."""
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name with its family and model numbers (/proc/cpuinfo, else what platform
+    says): VMs often name only the brand ("AMD EPYC"), and the numbers tell Zen 3, 4 and 5 apart."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields: dict[str, str] = {}
+        for line in cpuinfo.read_text().splitlines():
+            k, sep, v = line.partition(":")
+            if not sep:
+                break  # the first CPU's block ends at its blank line
+            fields.setdefault(k.strip(), v.strip())
+        name = fields.get("model name")
+        if name:
+            fam, mod = fields.get("cpu family"), fields.get("model")
+            return f"{name} (family {fam}, model {mod})" if fam and mod else name
     except OSError:
         pass
     return platform.processor() or "unknown CPU"

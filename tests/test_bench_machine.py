@@ -15,3 +15,12 @@ def test_machine_record_helpers() -> None:
     line = machine.machine_line()
     assert f", {os.cpu_count()} CPUs, " in line and machine.cpu_model() in line
     assert machine.lscpu()["kernel"] in line
+
+
+def test_cpu_model_names_family_and_model(tmp_path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                    "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\n")
+    assert machine.cpu_model(info) == "AMD EPYC (family 25, model 17)"
+    info.write_text("processor\t: 0\nmodel name\t: Some CPU\n")
+    assert machine.cpu_model(info) == "Some CPU"
