@@ -96,8 +96,9 @@ v_look(const __m512i t[4], __m512i code) {
 /* Tuning (override with -D to measure): code lines prefetched ahead of each tile's read
  * position, stages per pass, tiles per table load.  With codes in RAM, four tiles read as four
  * strictly sequential streams ran 1.7-2.3x the previous group-hopping order (LEARNED.md).
- * The prefetches go to L2 (T1): into L1 (T0) they stalled on its few miss buffers, 64 lines
- * ahead or 24 alike (Zen 4, rvq3 4096x1536 in RAM, one thread: 34 -> 44-47 G weights/s). */
+ * The prefetches go to L2 (T1): into L1 (T0) they ran slower, 64 lines ahead or 24 alike
+ * (Zen 4, rvq3 4096x1536 in RAM, one thread: 34 -> 44-47 G weights/s; likely L1's few miss
+ * buffers, not measured). */
 #ifndef V_PF
 #define V_PF 64
 #endif
