@@ -53,39 +53,42 @@ def lscpu() -> dict:
         out["MemTotal GB"] = round(int(mem) * 1024 / 1e9, 1)
     except (OSError, IndexError, ValueError):
         pass
+    if "Model name" in out:  # with the family and model numbers, as every other record says it
+        out["Model name"] = cpu_model()
     out["kernel"] = f"{platform.system()} {platform.release()}"
     return out
+
+
+def _first_cpu(cpuinfo: Path) -> dict[str, str]:
+    """The first CPU's fields in /proc/cpuinfo (its block ends at the first blank line); empty
+    when the file cannot be read."""
+    fields: dict[str, str] = {}
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return fields
+    for line in text.splitlines():
+        k, sep, v = line.partition(":")
+        if not sep:
+            break
+        fields.setdefault(k.strip(), v.strip())
+    return fields
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name with its family and model numbers (/proc/cpuinfo, else what platform
     says): VMs often name only the brand ("AMD EPYC"), and the numbers tell Zen 3, 4 and 5 apart."""
-    try:
-        fields: dict[str, str] = {}
-        for line in cpuinfo.read_text().splitlines():
-            k, sep, v = line.partition(":")
-            if not sep:
-                break  # the first CPU's block ends at its blank line
-            fields.setdefault(k.strip(), v.strip())
-        name = fields.get("model name")
-        if name:
-            fam, mod = fields.get("cpu family"), fields.get("model")
-            return f"{name} (family {fam}, model {mod})" if fam and mod else name
-    except OSError:
-        pass
+    f = _first_cpu(cpuinfo)
+    name, fam, mod = f.get("model name"), f.get("cpu family"), f.get("model")
+    if name:
+        return f"{name} (family {fam}, model {mod})" if fam and mod else name
     return platform.processor() or "unknown CPU"
 
 
-def cpu_simd_flags() -> list[str]:
+def cpu_simd_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
     """Which of SIMD_FLAGS the CPU has (the kernel paths the engine can choose from)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                return [f for f in SIMD_FLAGS if f in have]
-    except OSError:
-        pass
-    return []
+    have = set(_first_cpu(cpuinfo).get("flags", "").split())
+    return [f for f in SIMD_FLAGS if f in have]
 
 
 def machine_line() -> str:
