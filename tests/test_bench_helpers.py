@@ -176,6 +176,27 @@ def test_cap_goal_reports_the_start_to_pass_1_time_beside_the_tok_s_verdict() ->
     assert "(default budget) | no |" in run_all.goals_kernels_prompt(res)
 
 
+def test_capped_prompt_goal_says_what_bounds_it() -> None:
+    """The capped prompt's row gives moepack's share of time waiting for reads and the ratio its
+    own warm prompt speed would give: a small wait means the compute, not the disk, caps it."""
+    from bench import run_all
+
+    def run(tok, wait=None, seconds=None):
+        r = {"prompt_tok_s": [tok], "read_bytes": 10**9}
+        if wait is not None:
+            r["result"] = {"passes": [{"io_wait_seconds": wait, "prompt_seconds": seconds}]}
+        return r
+
+    res = {"prompt_long": {"tokens": 512, "rows": [
+        {"frac": None, "moepack": run(60.0), "llama": run(66.0)},
+        {"frac": 0.25, "moepack": run(50.0, 0.5, 10.0), "llama": run(40.0)}]}}
+    goals = run_all.goals_kernels_prompt(res)
+    assert ("| 1.25x (read 1.000 GB vs 1.000 GB; moepack waited for reads 5 %, 1.50x at its "
+            "warm prompt speed) | no |") in goals, goals
+    del res["prompt_long"]["rows"][0]  # no warm row: the wait alone
+    assert "waited for reads 5 %) | no |" in run_all.goals_kernels_prompt(res)
+
+
 def test_forced_token_stream_is_fixed_varied_and_in_range() -> None:
     from bench.run_all import forced_tokens
 
