@@ -128,13 +128,14 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
     const int64_t wide = max64(max64(max64(H, I), max64(odim, c->q_lora_rank)),
                                max64(c->la_nv * c->la_dv, c->latent));
     /* per chunk token, as alloc_scratch allocates them: residual, normalised input, block output,
-     * routed-expert sum; q, k, v, attention output, MLA's latents; FFN gate and up; routing.
+     * routed-expert sum; q, k, v, attention output, MLA's latents; FFN gate and up; routing
+     * (router logits, choices, weights).
      * Then the kernels' transient copies of an input (transposed for mpk_matmat with block
      * padding and q4 group sums, or padded to whole vectors for mpk_gemm: up to 1.1 x the
      * widest), counted twice for what the C library keeps of freed ones. */
     uint64_t per_tok = 4u * (uint64_t)H + (uint64_t)(qdim + 2 * kvdim + odim) +
                        (c->mla ? (uint64_t)max64(c->q_lora_rank, kvdim) : 0u) + 2u * (uint64_t)I +
-                       3u * (uint64_t)c->top_k + 2u * (uint64_t)wide;
+                       3u * (uint64_t)c->top_k + (uint64_t)c->n_experts + 2u * (uint64_t)wide;
     /* f32 copies made at load: codebooks as stored and transposed (<= 8 stages), rotation signs, norms, bias,
      * q/k/v biases and full-width q/k norms (GQA variants) */
     uint64_t per_layer = 2u * 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +
@@ -145,7 +146,7 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
      * merge buffer, when a token is sampled with a temperature */
     uint64_t fixed = 16u * (uint64_t)max64(H, I) + 3u * (uint64_t)odim +
                      (c->mla ? (uint64_t)(c->n_heads * (2 * c->kv_lora_rank + c->qk_rope_dim)) : 0u) +
-                     (uint64_t)c->vocab + 2u * (uint64_t)c->n_experts + (uint64_t)H;
+                     (uint64_t)c->vocab + (uint64_t)c->n_experts + (uint64_t)H;
     uint64_t tables = (uint64_t)c->n_layers * sizeof(mpm_layer) + 16u * (uint64_t)c->vocab;
     return tables + mpm_kv_scratch_bytes(c) + mpm_dsa_scratch_bytes(c, chunk_tokens) +
            mpm_k3_scratch_bytes(c, chunk_tokens) + mpm_hc_scratch_bytes(c, chunk_tokens) +
@@ -172,7 +173,7 @@ static int alloc_scratch(mpm_model *m) {
         m->olat = xcalloc((uint64_t)(c->n_heads * c->kv_lora_rank), 4);
         m->lat = xcalloc(T * (uint64_t)max64(c->q_lora_rank, kvdim), 4);
     }
-    m->router_logits = xcalloc((uint64_t)c->n_experts, 4);
+    m->router_logits = xcalloc(T * (uint64_t)c->n_experts, 4);
     m->eo = xcalloc((uint64_t)big, 4);
     m->g = xcalloc(T * (uint64_t)I, 4);
     m->u = xcalloc(T * (uint64_t)I, 4);

@@ -258,5 +258,7 @@ static inline void mpm_matmat(const mpm_model *m, const mpk_mat *w, const float 
 }
 void mpm_route(const mpm_model *m, int layer, const float *xn, float *logits_scratch,
                int32_t *sel, float *w);
+/* mpm_route's choice from a token's router logits (overwritten: softmax or sigmoid in place) */
+void mpm_select(const mpm_model *m, int layer, float *logits, int32_t *sel, float *w);
 
 #endif

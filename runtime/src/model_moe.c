@@ -39,10 +39,14 @@ static void topk(const float *v, int64_t n, int64_t k, const uint8_t *allowed, i
 
 void mpm_route(const mpm_model *m, int layer, const float *xn, float *logits, int32_t *sel,
                float *w) {
+    mpk_matvec(m->kern, m->pool, &m->layers[layer].router, xn, logits);
+    mpm_select(m, layer, logits, sel, w);
+}
+
+void mpm_select(const mpm_model *m, int layer, float *logits, int32_t *sel, float *w) {
     const mpm_config *c = &m->c;
     const mpm_layer *ly = &m->layers[layer];
     const int64_t E = c->n_experts, K = c->top_k;
-    mpk_matvec(m->kern, m->pool, &ly->router, xn, logits);
     if (!c->sigmoid) {
         mpk_softmax(logits, E);
         topk(logits, E, K, NULL, sel);
@@ -355,8 +359,11 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
         snprintf(m->err, sizeof m->err, "a decode pass holds one token, not %d", T);
         return MP_EINVAL;
     }
-    for (int t = 0; t < T; t++) /* the router reads the full-width input */
-        mpm_route(m, l, xn + t * H, m->router_logits, m->bsel + t * K, m->bselw + t * K);
+    /* the router reads the full-width input; one product for the chunk reads its rows once
+     * (mpk_matmat: every token's logits are mpk_matvec's bits) */
+    mpk_matmat(m->kern, m->pool, &ly->router, xn, T, m->router_logits);
+    for (int t = 0; t < T; t++)
+        mpm_select(m, l, m->router_logits + (int64_t)t * c->n_experts, m->bsel + t * K, m->bselw + t * K);
     const float *xe = xn;
     if (c->latent) {
         mpm_latent_in(m, ly, T, xn, m->klat);
