@@ -710,6 +710,21 @@ void mpk_dots(const float *x, const float *rows, int64_t stride, int nr, int64_t
     for (int i = 0; i < nr; i++) out[i] = mpk_dot(rows + i * stride, x, n);
 }
 
+void mpk_dots_f16(const void *x, const float *rows, int64_t stride, int nr, int64_t n, float *out) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (vec_helpers()) {
+        mpk_avx2_dots_f16(x, rows, stride, nr, n, out);
+        return;
+    }
+#endif
+    const uint8_t *h = x;
+    for (int i = 0; i < nr; i++) { /* mpk_dot's lanes and order, x converted as it is read */
+        float l[8] = {0};
+        for (int64_t c = 0; c < n; c++) l[c & 7] += rows[i * stride + c] * mpk_f16_to_f32(ld16(h + 2 * c));
+        out[i] = red8(l);
+    }
+}
+
 void mpk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     double ss = 0.0; /* double: the sum of squares is the one long reduction here */
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];

@@ -171,6 +171,8 @@ void mpk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float ep
 float mpk_dot(const float *a, const float *b, int64_t n);
 /* out[i] = mpk_dot(rows + i * stride, x, n) for i < nr, the same bits, several at a time */
 void mpk_dots(const float *x, const float *rows, int64_t stride, int nr, int64_t n, float *out);
+/* mpk_dots with x given as n little-endian f16 values (converted exactly as it is read) */
+void mpk_dots_f16(const void *x, const float *rows, int64_t stride, int nr, int64_t n, float *out);
 void mpk_axpy(float *y, float a, const float *x, int64_t n); /* y += a x */
 /* out[h * os + c] = sum over t < nt of w[h * ws + t] x row t's column c, for h < nh, c < n: the
  * rows at rows + t * rs bytes, f32 or (f16 = 1) IEEE half; each element summed from 0 in t order,

@@ -645,30 +645,62 @@ AVX2 float mpk_avx2_dot(const float *a, const float *b, int64_t n) {
     return hred(lanes_f32(a, b, n));
 }
 
-/* out[i] = mpk_avx2_dot(rows + i * stride, x, n) for i < 8, eight add chains side by side (one
- * dot's chain is add-latency bound: attention scores ran at ~2 multiply-adds per cycle) */
-AVX2 static void dots8(const float *x, const float *rows, int64_t stride, int64_t n, float *out) {
+/* out[i] = mpk_avx2_dot(rows + i * stride, x, n) for i < NR <= 8, NR add chains side by side (one
+ * dot's chain is add-latency bound: attention scores ran at ~2 multiply-adds per cycle).  x is
+ * f32, or f16 (XH) converted in registers (exact): a converted copy stored and loaded back cost
+ * about a fifth more per key.  A tail (n not a multiple of 8) goes through lane arrays, apart
+ * from the whole-vector case: with them GCC kept every chain on the stack. */
+AVX2 static inline __attribute__((always_inline)) void dots_body(const void *x, const float *rows, int64_t stride,
+                                                                int64_t n, float *out, const int NR, const int XH,
+                                                                const int tail) {
+    const float *xf = x;
+    const uint8_t *xh = x;
     __m256 L[8];
+#pragma GCC unroll 8
     for (int i = 0; i < 8; i++) L[i] = _mm256_setzero_ps();
     int64_t c = 0;
     for (; c + 8 <= n; c += 8) {
-        const __m256 xv = _mm256_loadu_ps(x + c);
+        const __m256 xv = XH ? f16x8(xh + 2 * c) : _mm256_loadu_ps(xf + c);
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) L[i] = _mm256_add_ps(L[i], _mm256_mul_ps(_mm256_loadu_ps(rows + i * stride + c), xv));
+        for (int i = 0; i < NR; i++) L[i] = _mm256_add_ps(L[i], _mm256_mul_ps(_mm256_loadu_ps(rows + i * stride + c), xv));
     }
-    for (int i = 0; c < n && i < 8; i++) { /* the tail as lanes_f32 adds it */
-        float l[8];
-        _mm256_storeu_ps(l, L[i]);
-        for (int64_t t = c; t < n; t++) l[t & 7] += rows[i * stride + t] * x[t];
-        L[i] = _mm256_loadu_ps(l);
+    if (tail)
+        for (int i = 0; i < NR; i++) { /* the tail as lanes_f32 adds it */
+            float l[8];
+            _mm256_storeu_ps(l, L[i]);
+            for (int64_t t = c; t < n; t++) l[t & 7] += rows[i * stride + t] * (XH ? mpk_f16_to_f32(ld16(xh + 2 * t)) : xf[t]);
+            L[i] = _mm256_loadu_ps(l);
+        }
+    if (NR == 8) {
+        _mm256_storeu_ps(out, red8x8(L));
+    } else {
+        float o[8];
+        _mm256_storeu_ps(o, red8x8(L));
+        for (int i = 0; i < NR; i++) out[i] = o[i];
     }
-    _mm256_storeu_ps(out, red8x8(L));
 }
 
+#define DOTS_NR(NR)                                                          \
+    case NR:                                                                 \
+        if (n & 7) dots_body(x, rows, stride, n, out, NR, XH, 1);            \
+        else dots_body(x, rows, stride, n, out, NR, XH, 0);                  \
+        break;
+AVX2 static inline __attribute__((always_inline)) void dots_any(const void *x, const float *rows, int64_t stride,
+                                                               int nr, int64_t n, float *out, const int XH) {
+    for (int i = 0; i < nr; i += 8, rows += 8 * stride, out += 8) {
+        switch (nr - i < 8 ? nr - i : 8) {
+            DOTS_NR(8) DOTS_NR(7) DOTS_NR(6) DOTS_NR(5) DOTS_NR(4) DOTS_NR(3) DOTS_NR(2) DOTS_NR(1)
+        }
+    }
+}
+#undef DOTS_NR
+
 AVX2 void mpk_avx2_dots(const float *x, const float *rows, int64_t stride, int nr, int64_t n, float *out) {
-    int i = 0;
-    for (; i + 8 <= nr; i += 8) dots8(x, rows + i * stride, stride, n, out + i);
-    for (; i < nr; i++) out[i] = mpk_avx2_dot(rows + i * stride, x, n);
+    dots_any(x, rows, stride, nr, n, out, 0);
+}
+
+AVX2 void mpk_avx2_dots_f16(const void *x, const float *rows, int64_t stride, int nr, int64_t n, float *out) {
+    dots_any(x, rows, stride, nr, n, out, 1);
 }
 
 AVX2 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n) {
@@ -679,25 +711,41 @@ AVX2 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-/* mpk_wsum: eight columns and up to eight heads in registers over all rows (the output is
- * written once instead of loaded and stored per row); the same operations per element */
+/* mpk_wsum: eight columns of heads h0 .. h0 + HN in registers over all rows (the output is
+ * written once instead of loaded and stored per row); the same operations per element.  HN and
+ * F16 fixed, so that the loop carries no per-head test. */
+AVX2 static inline __attribute__((always_inline)) void
+wsum8(float *out, int64_t os, const float *w, int64_t ws, const void *rows, size_t rs, int64_t nt, int64_t c,
+      const int HN, const int F16) {
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < HN; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < nt; t++) {
+        const uint8_t *r = (const uint8_t *)rows + (size_t)t * rs;
+        const __m256 v = F16 ? f16x8(r + 2 * c) : _mm256_loadu_ps((const float *)(const void *)r + c);
+#pragma GCC unroll 8
+        for (int i = 0; i < HN; i++) acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(_mm256_set1_ps(w[i * ws + t]), v));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < HN; i++) _mm256_storeu_ps(out + i * os + c, acc[i]);
+}
+
 AVX2 void mpk_avx2_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs,
                         int f16, int64_t nt, int64_t n) {
     int64_t c = 0;
     for (; c + 8 <= n; c += 8)
         for (int h0 = 0; h0 < nh; h0 += 8) {
-            const int hn = nh - h0 < 8 ? nh - h0 : 8;
-            __m256 acc[8];
-            #pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-            for (int64_t t = 0; t < nt; t++) {
-                const uint8_t *r = (const uint8_t *)rows + (size_t)t * rs;
-                const __m256 v = f16 ? f16x8(r + 2 * c) : _mm256_loadu_ps((const float *)(const void *)r + c);
-                #pragma GCC unroll 8
-                for (int i = 0; i < 8; i++)
-                    if (i < hn) acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(_mm256_set1_ps(w[(h0 + i) * ws + t]), v));
+            float *o = out + h0 * os;
+            const float *wh = w + h0 * ws;
+#define WSUM_HN(HN)                                                                   \
+    case HN:                                                                          \
+        if (f16) wsum8(o, os, wh, ws, rows, rs, nt, c, HN, 1);                        \
+        else wsum8(o, os, wh, ws, rows, rs, nt, c, HN, 0);                            \
+        break;
+            switch (nh - h0 < 8 ? nh - h0 : 8) {
+                WSUM_HN(8) WSUM_HN(7) WSUM_HN(6) WSUM_HN(5) WSUM_HN(4) WSUM_HN(3) WSUM_HN(2) WSUM_HN(1)
             }
-            for (int i = 0; i < hn; i++) _mm256_storeu_ps(out + (h0 + i) * os + c, acc[i]);
+#undef WSUM_HN
         }
     mpk_wsum_cols(out, os, nh, w, ws, rows, rs, f16, nt, c, n); /* the last columns */
 }

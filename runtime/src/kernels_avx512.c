@@ -455,24 +455,41 @@ static const mpk_row_dot_fn v_row_dots[MPK_TRUNK_CODECS] = {
 /* mpk_wsum sixteen columns a zmm (AVX2's eight heads x eight columns per step, twice the columns
  * per instruction; each element the same multiply then add over the rows in order, so the same
  * bits); the last columns AVX2's */
+/* 16 columns from c of heads h0 .. h0 + HN: their sums in registers over all rows (HN and F16
+ * fixed, so that the loop carries no per-head test) */
+AVX512 static inline __attribute__((always_inline)) void
+wsum16(float *out, int64_t os, const float *w, int64_t ws, const void *rows, size_t rs, int64_t nt, int64_t c,
+       const int HN, const int F16) {
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < HN; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < nt; t++) {
+        const uint8_t *r = (const uint8_t *)rows + (size_t)t * rs;
+        const __m512 v = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 2 * c)))
+                             : _mm512_loadu_ps((const float *)(const void *)r + c);
+#pragma GCC unroll 8
+        for (int i = 0; i < HN; i++) acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_set1_ps(w[i * ws + t]), v));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < HN; i++) _mm512_storeu_ps(out + i * os + c, acc[i]);
+}
+
 AVX512 void mpk_avx512_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs,
                             int f16, int64_t nt, int64_t n) {
     int64_t c = 0;
     for (; c + 16 <= n; c += 16)
         for (int h0 = 0; h0 < nh; h0 += 8) {
-            const int hn = nh - h0 < 8 ? nh - h0 : 8;
-            __m512 acc[8];
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) acc[i] = _mm512_setzero_ps();
-            for (int64_t t = 0; t < nt; t++) {
-                const uint8_t *r = (const uint8_t *)rows + (size_t)t * rs;
-                const __m512 v = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 2 * c)))
-                                     : _mm512_loadu_ps((const float *)(const void *)r + c);
-#pragma GCC unroll 8
-                for (int i = 0; i < 8; i++)
-                    if (i < hn) acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_set1_ps(w[(h0 + i) * ws + t]), v));
+            float *o = out + h0 * os;
+            const float *wh = w + h0 * ws;
+#define WSUM_HN(HN)                                                                   \
+    case HN:                                                                          \
+        if (f16) wsum16(o, os, wh, ws, rows, rs, nt, c, HN, 1);                       \
+        else wsum16(o, os, wh, ws, rows, rs, nt, c, HN, 0);                           \
+        break;
+            switch (nh - h0 < 8 ? nh - h0 : 8) {
+                WSUM_HN(8) WSUM_HN(7) WSUM_HN(6) WSUM_HN(5) WSUM_HN(4) WSUM_HN(3) WSUM_HN(2) WSUM_HN(1)
             }
-            for (int i = 0; i < hn; i++) _mm512_storeu_ps(out + (h0 + i) * os + c, acc[i]);
+#undef WSUM_HN
         }
     if (c < n)
         mpk_avx2_wsum(out + c, os, nh, w, ws, (const uint8_t *)rows + (size_t)c * (f16 ? 2 : 4), rs, f16, nt, n - c);

@@ -114,6 +114,7 @@ void mpk_avx512vl_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float 
 /* mpk_dot / mpk_axpy 8-wide (the same bits; x86 only) */
 float mpk_avx2_dot(const float *a, const float *b, int64_t n);
 void mpk_avx2_dots(const float *x, const float *rows, int64_t stride, int nr, int64_t n, float *out);
+void mpk_avx2_dots_f16(const void *x, const float *rows, int64_t stride, int nr, int64_t n, float *out);
 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n);
 void mpk_avx2_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs, int f16,
                    int64_t nt, int64_t n);

@@ -148,7 +148,7 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
                      (c->mla ? (uint64_t)(c->n_heads * (2 * c->kv_lora_rank + c->qk_rope_dim)) : 0u) +
                      (uint64_t)c->vocab + (uint64_t)c->n_experts + (uint64_t)H;
     uint64_t tables = (uint64_t)c->n_layers * sizeof(mpm_layer) + 16u * (uint64_t)c->vocab;
-    return tables + mpm_kv_scratch_bytes(c) + mpm_dsa_scratch_bytes(c, chunk_tokens) +
+    return tables + mpm_dsa_scratch_bytes(c, chunk_tokens) +
            mpm_k3_scratch_bytes(c, chunk_tokens) + mpm_hc_scratch_bytes(c, chunk_tokens) +
            4u * (T * per_tok + fixed + per_layer * (uint64_t)c->n_layers);
 }

@@ -79,7 +79,6 @@ struct mpm_model {
     /* caches (model_kv.c): GQA k/v [slot][ctx][kv*hd]; MLA latent + k_rope [slot][ctx][kv_lora +
      * rope] (vc = kc); entries f32, or f16 when c.kv_f16 */
     void *kc, *vc;
-    float *kvrows; /* f16 key rows read back by the attention tasks */
     /* scratch */
     float *xn, *q, *kbuf, *vbuf, *att, *scores, *cosb, *sinb;
     float *qlat, *olat, *lat;
@@ -135,7 +134,6 @@ struct mpm_model {
 /* model_kv.c: KV cache rows (f32 or f16 entries) and attention over cached positions */
 int mpm_kv_alloc(mpm_model *m); /* after m->ctx is set; -1 out of memory */
 void mpm_kv_free(mpm_model *m);
-uint64_t mpm_kv_scratch_bytes(const mpm_config *c);
 void *mpm_kv_row(const mpm_model *m, void *cache, int slot, int64_t pos);
 void mpm_kv_put(const mpm_model *m, void *dst, const float *src, int64_t n); /* n floats -> entries */
 /* One token's attention over n cached positions: head h (of heads) scores

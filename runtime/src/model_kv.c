@@ -35,37 +35,24 @@ static int64_t head_groups(const mpm_config *c) {
     return c->mla ? (c->n_heads + ATT_MLA_GROUP - 1) / ATT_MLA_GROUP : c->n_kv_heads;
 }
 
-/* f16 rows read back as f32 by the scores tasks: one key row per task (f32 caches need none) */
-static uint64_t key_scratch_floats(const mpm_config *c) {
-    if (!c->kv_f16) return 0;
-    int64_t kw = c->mla ? row_width(c) : c->head_dim;
-    return (uint64_t)head_groups(c) * ATT_MAX_BLOCKS * (uint64_t)kw;
-}
-
 uint64_t mpm_kv_bytes(const mpm_config *c, int ctx) {
     uint64_t per = (uint64_t)row_width(c) * (c->mla ? 1u : 2u); /* MLA: one latent row */
     return per * (uint64_t)kv_slots(c) * (uint64_t)ctx * elt(c) /* linear layers: no KV */
            + mpm_dsa_cache_bytes(c, ctx);                      /* DSA indexer keys (same type) */
 }
 
-uint64_t mpm_kv_scratch_bytes(const mpm_config *c) { return 4u * key_scratch_floats(c); }
-
 int mpm_kv_alloc(mpm_model *m) {
     const mpm_config *c = &m->c;
     uint64_t one = (uint64_t)row_width(c) * (uint64_t)kv_slots(c) * (uint64_t)m->ctx;
     m->kc = calloc(one ? (size_t)one : 1, elt(c));
     m->vc = c->mla ? m->kc : calloc(one ? (size_t)one : 1, elt(c));
-    uint64_t ks = key_scratch_floats(c);
-    m->kvrows = ks ? malloc((size_t)ks * sizeof(float)) : NULL;
-    return !m->kc || !m->vc || (ks && !m->kvrows) ? -1 : 0;
+    return !m->kc || !m->vc ? -1 : 0;
 }
 
 void mpm_kv_free(mpm_model *m) {
     if (m->vc != m->kc) free(m->vc);
     free(m->kc);
-    free(m->kvrows);
     m->kc = m->vc = NULL;
-    m->kvrows = NULL;
 }
 
 void *mpm_kv_row(const mpm_model *m, void *cache, int slot, int64_t pos) {
@@ -85,13 +72,6 @@ void mpm_kv_put(const mpm_model *m, void *dst, const float *src, int64_t n) {
     }
 }
 
-/* n entries at src as f32: src itself for an f32 cache, else converted into tmp */
-static const float *kv_get(const mpm_model *m, const void *src, int64_t n, float *tmp) {
-    if (!m->c.kv_f16) return src;
-    mpk_f16_to_f32_n(src, n, tmp);
-    return tmp;
-}
-
 typedef struct {
     mpm_model *m;
     const mpm_attn_span *a;
@@ -106,23 +86,30 @@ static void group_heads(const attend_job *j, int64_t g, int64_t *h0, int64_t *h1
     *h1 = *h0 + j->hg < j->a->heads ? *h0 + j->hg : j->a->heads;
 }
 
+/* one cached key against nr query rows: an f16 key is converted as the products read it */
+static void dots(const mpm_config *c, const void *k, const float *rows, int64_t stride, int nr, int64_t n,
+                 float *out) {
+    if (c->kv_f16) mpk_dots_f16(k, rows, stride, nr, n, out);
+    else mpk_dots(k, rows, stride, nr, n, out);
+}
+
 static void scores_task(void *ctx, size_t task) {
     const attend_job *j = ctx;
     const mpm_attn_span *a = j->a;
     const mpm_config *c = &j->m->c;
     int64_t g = (int64_t)task / j->nblk, b = (int64_t)task % j->nblk, h0, h1;
     group_heads(j, g, &h0, &h1);
-    int64_t kw = a->kd + a->kd2, t1 = (b + 1) * j->blk < a->n ? (b + 1) * j->blk : a->n;
-    float *tmp = j->m->kvrows ? j->m->kvrows + (size_t)task * (size_t)kw : NULL;
-    const char *K = (const char *)a->K + (size_t)(g * a->goff) * elt(c);
+    int64_t t1 = (b + 1) * j->blk < a->n ? (b + 1) * j->blk : a->n;
+    const size_t es = elt(c);
+    const char *K = (const char *)a->K + (size_t)(g * a->goff) * es;
     float s[64], s2[64]; /* a block of heads' scores for one key */
     for (int64_t t = b * j->blk; t < t1; t++) {
-        const float *k = kv_get(j->m, K + (size_t)t * j->row, kw, tmp);
+        const char *k = K + (size_t)t * j->row;
         for (int64_t hb = h0; hb < h1; hb += 64) { /* the group's heads against this key at once */
             const int nh = (int)(h1 - hb < 64 ? h1 - hb : 64);
             const float *q = a->q + hb * a->qs;
-            mpk_dots(k, q, a->qs, nh, a->kd, s);
-            if (a->kd2) mpk_dots(k + a->kd, q + a->kd, a->qs, nh, a->kd2, s2);
+            dots(c, k, q, a->qs, nh, a->kd, s);
+            if (a->kd2) dots(c, k + (size_t)a->kd * es, q + a->kd, a->qs, nh, a->kd2, s2);
             for (int i = 0; i < nh; i++)
                 j->m->scores[(size_t)(hb + i) * (size_t)j->m->ctx + (size_t)t] = (a->kd2 ? s[i] + s2[i] : s[i]) * a->scale;
         }

@@ -141,7 +141,7 @@ static void run_case(const char *what, int64_t rows, int64_t cols, int S, const 
 }
 
 /* mpk_wsum (attention's values): the bits of mpk_axpy over the rows onto zeros, f32 and f16 rows,
- * column counts around the 16- and 8-wide blocks, head counts around the 8 accumulators */
+ * column counts around the 16- and 8-wide blocks, every head count up to two blocks of 8 and one */
 static void test_wsum(void) {
     enum { NT = 37, NC = 70, NH = 17 };
     float w[NH * NT], r32[NT * NC], out[NH * NC], ref[NH * NC];
@@ -152,7 +152,7 @@ static void test_wsum(void) {
         r32[i] = mpk_f16_to_f32(r16[i]) * (1.0f + urand() * 1e-3f);
     }
     for (int f16 = 0; f16 < 2; f16++)
-        for (int nh = 1; nh <= NH; nh += 4)
+        for (int nh = 1; nh <= NH; nh++) /* every remainder of the 8-head blocks */
             for (int64_t n = 1; n <= NC; n += 23) {
                 float row[NC];
                 memset(ref, 0, sizeof ref);
@@ -184,6 +184,23 @@ static void test_dots(void) {
             int bad = 0;
             for (int r = 0; r < nr; r++) bad += bits(out[r]) != bits(mpk_dot(rows + r * STRIDE, x, n));
             CHECK(bad == 0, "dots rows %d length %lld: %d rows differ", nr, (long long)n, bad);
+        }
+    /* an f16 x (the KV cache's keys): mpk_dots' bits on x converted first */
+    uint8_t xh[2 * NC];
+    float xf[NC], ref[NR];
+    for (int i = 0; i < NC; i++) {
+        uint16_t h = mpk_f32_to_f16(x[i] * 3.0f - 1.0f);
+        xh[2 * i] = (uint8_t)h, xh[2 * i + 1] = (uint8_t)(h >> 8);
+        xf[i] = mpk_f16_to_f32(h);
+    }
+    for (int nr = 1; nr <= NR; nr++)
+        for (int64_t n = 1; n <= NC; n += 13) {
+            memset(out, 0x55, sizeof out);
+            mpk_dots_f16(xh, rows, STRIDE, nr, n, out);
+            mpk_dots(xf, rows, STRIDE, nr, n, ref);
+            int bad = 0;
+            for (int r = 0; r < nr; r++) bad += bits(out[r]) != bits(ref[r]);
+            CHECK(bad == 0, "dots f16 rows %d length %lld: %d rows differ", nr, (long long)n, bad);
         }
 }
 
