@@ -680,20 +680,16 @@ AVX2 static inline __attribute__((always_inline)) void dots_body(const void *x, 
     }
 }
 
-#define DOTS_NR(NR)                                                          \
-    case NR:                                                                 \
-        if (n & 7) dots_body(x, rows, stride, n, out, NR, XH, 1);            \
-        else dots_body(x, rows, stride, n, out, NR, XH, 0);                  \
-        break;
 AVX2 static inline __attribute__((always_inline)) void dots_any(const void *x, const float *rows, int64_t stride,
                                                                int nr, int64_t n, float *out, const int XH) {
     for (int i = 0; i < nr; i += 8, rows += 8 * stride, out += 8) {
-        switch (nr - i < 8 ? nr - i : 8) {
-            DOTS_NR(8) DOTS_NR(7) DOTS_NR(6) DOTS_NR(5) DOTS_NR(4) DOTS_NR(3) DOTS_NR(2) DOTS_NR(1)
-        }
+#define DOTS_NR(NR)                                                                     \
+    if (n & 7) dots_body(x, rows, stride, n, out, NR, XH, 1);                           \
+    else dots_body(x, rows, stride, n, out, NR, XH, 0);
+        MPK_SWITCH8(nr - i < 8 ? nr - i : 8, DOTS_NR)
+#undef DOTS_NR
     }
 }
-#undef DOTS_NR
 
 AVX2 void mpk_avx2_dots(const float *x, const float *rows, int64_t stride, int nr, int64_t n, float *out) {
     dots_any(x, rows, stride, nr, n, out, 0);
@@ -737,14 +733,10 @@ AVX2 void mpk_avx2_wsum(float *out, int64_t os, int nh, const float *w, int64_t 
         for (int h0 = 0; h0 < nh; h0 += 8) {
             float *o = out + h0 * os;
             const float *wh = w + h0 * ws;
-#define WSUM_HN(HN)                                                                   \
-    case HN:                                                                          \
-        if (f16) wsum8(o, os, wh, ws, rows, rs, nt, c, HN, 1);                        \
-        else wsum8(o, os, wh, ws, rows, rs, nt, c, HN, 0);                            \
-        break;
-            switch (nh - h0 < 8 ? nh - h0 : 8) {
-                WSUM_HN(8) WSUM_HN(7) WSUM_HN(6) WSUM_HN(5) WSUM_HN(4) WSUM_HN(3) WSUM_HN(2) WSUM_HN(1)
-            }
+#define WSUM_HN(HN)                                                                     \
+    if (f16) wsum8(o, os, wh, ws, rows, rs, nt, c, HN, 1);                              \
+    else wsum8(o, os, wh, ws, rows, rs, nt, c, HN, 0);
+            MPK_SWITCH8(nh - h0 < 8 ? nh - h0 : 8, WSUM_HN)
 #undef WSUM_HN
         }
     mpk_wsum_cols(out, os, nh, w, ws, rows, rs, f16, nt, c, n); /* the last columns */

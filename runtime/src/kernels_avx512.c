@@ -481,14 +481,10 @@ AVX512 void mpk_avx512_wsum(float *out, int64_t os, int nh, const float *w, int6
         for (int h0 = 0; h0 < nh; h0 += 8) {
             float *o = out + h0 * os;
             const float *wh = w + h0 * ws;
-#define WSUM_HN(HN)                                                                   \
-    case HN:                                                                          \
-        if (f16) wsum16(o, os, wh, ws, rows, rs, nt, c, HN, 1);                       \
-        else wsum16(o, os, wh, ws, rows, rs, nt, c, HN, 0);                           \
-        break;
-            switch (nh - h0 < 8 ? nh - h0 : 8) {
-                WSUM_HN(8) WSUM_HN(7) WSUM_HN(6) WSUM_HN(5) WSUM_HN(4) WSUM_HN(3) WSUM_HN(2) WSUM_HN(1)
-            }
+#define WSUM_HN(HN)                                                                     \
+    if (f16) wsum16(o, os, wh, ws, rows, rs, nt, c, HN, 1);                             \
+    else wsum16(o, os, wh, ws, rows, rs, nt, c, HN, 0);
+            MPK_SWITCH8(nh - h0 < 8 ? nh - h0 : 8, WSUM_HN)
 #undef WSUM_HN
         }
     if (c < n)

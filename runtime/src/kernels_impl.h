@@ -113,6 +113,19 @@ void mpk_avx512vl_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float 
 
 /* mpk_dot / mpk_axpy 8-wide (the same bits; x86 only) */
 float mpk_avx2_dot(const float *a, const float *b, int64_t n);
+/* X(K) with K a compile-time constant equal to n, for n in 1..8 (kernels specialised on a small
+ * count: heads of an attention group, rows of a block) */
+#define MPK_SWITCH8(n, X)                                                                       \
+    switch (n) {                                                                                \
+    case 8: X(8) break;                                                                         \
+    case 7: X(7) break;                                                                         \
+    case 6: X(6) break;                                                                         \
+    case 5: X(5) break;                                                                         \
+    case 4: X(4) break;                                                                         \
+    case 3: X(3) break;                                                                         \
+    case 2: X(2) break;                                                                         \
+    default: X(1) break;                                                                        \
+    }
 void mpk_avx2_dots(const float *x, const float *rows, int64_t stride, int nr, int64_t n, float *out);
 void mpk_avx2_dots_f16(const void *x, const float *rows, int64_t stride, int nr, int64_t n, float *out);
 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n);
