@@ -174,6 +174,10 @@ void mpk_dots(const float *x, const float *rows, int64_t stride, int nr, int64_t
 /* mpk_dots with x given as n little-endian f16 values (converted exactly as it is read) */
 void mpk_dots_f16(const void *x, const float *rows, int64_t stride, int nr, int64_t n, float *out);
 void mpk_axpy(float *y, float a, const float *x, int64_t n); /* y += a x */
+/* Rows prefetched ahead where attention walks a strided slice of the KV cache's rows (the score
+ * tasks' keys, mpk_wsum's values): a decode step reads them from RAM, and the hardware
+ * prefetchers do not cover the slices. */
+#define MPK_ROWS_AHEAD 16
 /* out[h * os + c] = sum over t < nt of w[h * ws + t] x row t's column c, for h < nh, c < n: the
  * rows at rows + t * rs bytes, f32 or (f16 = 1) IEEE half; each element summed from 0 in t order,
  * multiply and add apart, i.e. the bits of mpk_axpy over t onto a zeroed out. */

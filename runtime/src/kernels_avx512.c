@@ -465,8 +465,8 @@ wsum16(float *out, int64_t os, const float *w, int64_t ws, const void *rows, siz
     for (int i = 0; i < HN; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t t = 0; t < nt; t++) {
         const uint8_t *r = (const uint8_t *)rows + (size_t)t * rs;
-        /* value rows are strided (one slice of each): prefetched, decode reads them from RAM */
-        if (t + 16 < nt) _mm_prefetch((const char *)(r + 16 * rs + c * (F16 ? 2 : 4)), _MM_HINT_T0);
+        if (t + MPK_ROWS_AHEAD < nt)
+            _mm_prefetch((const char *)(r + MPK_ROWS_AHEAD * rs + c * (F16 ? 2 : 4)), _MM_HINT_T0);
         const __m512 v = F16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + 2 * c)))
                              : _mm512_loadu_ps((const float *)(const void *)r + c);
 #pragma GCC unroll 8

@@ -20,7 +20,6 @@
 #define ATT_SLICE 64      /* value columns per output task */
 #define ATT_MLA_GROUP 16  /* MLA heads per task: all heads share each latent row */
 #define ATT_INLINE 2048   /* heads x positions below which the pool is not worth waking */
-#define ATT_PF 16         /* key rows prefetched ahead by a scores task */
 
 static size_t elt(const mpm_config *c) { return c->kv_f16 ? 2u : 4u; }
 
@@ -107,8 +106,8 @@ static void scores_task(void *ctx, size_t task) {
     const size_t kb = (size_t)(a->kd + a->kd2) * es; /* this group's bytes of a key row */
     for (int64_t t = b * j->blk; t < t1; t++) {
         const char *k = K + (size_t)t * j->row;
-        if (t + ATT_PF < t1) /* rows a group reads are strided: prefetch them (decode reads them from RAM) */
-            for (size_t o = 0; o < kb; o += 64) __builtin_prefetch(k + ATT_PF * j->row + o);
+        if (t + MPK_ROWS_AHEAD < t1)
+            for (size_t o = 0; o < kb; o += 64) __builtin_prefetch(k + MPK_ROWS_AHEAD * j->row + o);
         for (int64_t hb = h0; hb < h1; hb += 64) { /* the group's heads against this key at once */
             const int nh = (int)(h1 - hb < 64 ? h1 - hb : 64);
             const float *q = a->q + hb * a->qs;
