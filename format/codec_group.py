@@ -40,7 +40,18 @@ class _GroupCodec(Codec):
 
     def values(self, codec: dict, buf: np.ndarray, rows: int, cp: int, ng: int,
                scales: np.ndarray) -> np.ndarray:
+        """[rows, ng, G]: scale × code, + the minimum with a zero point (the product rounded)"""
+        k = self.codes(codec, buf, rows, cp, ng).astype(np.float32).reshape(rows, ng, -1)
+        mins = self.minimums(codec, buf, rows, ng)
+        return scales * k if mins is None else scales * k + mins[..., None]
+
+    def codes(self, codec: dict, buf: np.ndarray, rows: int, cp: int, ng: int) -> np.ndarray:
+        """The integer codes [rows, cp] a weight is its scale times (CODECS.md §2.4 step 2)"""
         raise NotImplementedError
+
+    def minimums(self, codec: dict, buf: np.ndarray, rows: int, ng: int) -> np.ndarray | None:
+        """f32 [rows, ng] with a zero point, else None"""
+        return None
 
 
 class Q8(_GroupCodec):
@@ -50,9 +61,8 @@ class Q8(_GroupCodec):
     code_bits = 8
     encoder = "moepack.convert.quant.groupq:encode_q8"
 
-    def values(self, codec, buf, rows, cp, ng, scales) -> np.ndarray:
-        q = buf[2 * rows * ng :].view(np.int8).astype(np.float32).reshape(rows, ng, -1)
-        return scales * q
+    def codes(self, codec, buf, rows, cp, ng) -> np.ndarray:
+        return buf[2 * rows * ng :].view(np.int8).reshape(rows, cp).astype(np.int16)
 
 
 def _unpack_q6(packed: np.ndarray, rows: int, cols_p: int) -> np.ndarray:
@@ -72,9 +82,8 @@ class Q6(_GroupCodec):
     code_bits = 6
     encoder = "moepack.convert.quant.groupq:encode_q6"
 
-    def values(self, codec, buf, rows, cp, ng, scales) -> np.ndarray:
-        k = _unpack_q6(buf[2 * rows * ng :], rows, cp).astype(np.float32).reshape(rows, ng, -1)
-        return scales * (k - np.float32(32))
+    def codes(self, codec, buf, rows, cp, ng) -> np.ndarray:
+        return _unpack_q6(buf[2 * rows * ng :], rows, cp).astype(np.int16) - 32
 
 
 class Q4(_GroupCodec):
@@ -93,15 +102,15 @@ class Q4(_GroupCodec):
     def scale_planes(self, codec: dict) -> int:
         return 2 if codec.get("zero_point") else 1
 
-    def values(self, codec, buf, rows, cp, ng, scales) -> np.ndarray:
+    def codes(self, codec, buf, rows, cp, ng) -> np.ndarray:
         zp = bool(codec.get("zero_point"))
-        off = 2 * rows * ng * (2 if zp else 1)
-        packed = buf[off:].reshape(rows, cp // 2)
-        nib = np.empty((rows, cp), dtype=np.uint8)
+        packed = buf[2 * rows * ng * (2 if zp else 1) :].reshape(rows, cp // 2)
+        nib = np.empty((rows, cp), dtype=np.int16)
         nib[:, 0::2] = packed & 15  # even column in the low nibble
         nib[:, 1::2] = packed >> 4
-        q = nib.astype(np.float32).reshape(rows, ng, -1)
-        if zp:
-            mins = buf[2 * rows * ng : off].view("<f2").astype(np.float32).reshape(rows, ng, 1)
-            return scales * q + mins
-        return scales * (q - np.float32(8))
+        return nib if zp else nib - 8
+
+    def minimums(self, codec, buf, rows, ng) -> np.ndarray | None:
+        if not codec.get("zero_point"):
+            return None
+        return buf[2 * rows * ng : 4 * rows * ng].view("<f2").astype(np.float32).reshape(rows, ng)

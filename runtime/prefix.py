@@ -38,10 +38,13 @@ class PrefixReuse:
 
     def rewind(self, ids: Sequence[int]) -> int:
         """Leaves the engine holding the longest prefix of `ids` it can reuse, at most
-        len(ids) - 1 tokens (the last one's logits start the reply); returns its length."""
+        len(ids) - 2 tokens, and returns its length. The last one's logits start the reply, and
+        at least two are fed: a call of two or more tokens takes the prompt products, so the
+        reply starts from the logits one pass over `ids` gives (one token alone would take the
+        decode products, docs/RUNTIME.md)."""
         e = self.engine
         seq = e.sequence
-        n = min(common_prefix(seq, ids), max(len(ids) - 1, 0))
+        n = min(common_prefix(seq, ids), max(len(ids) - 2, 0))
         if n == len(seq) or not e.state_bytes:  # nothing to drop, or a KV cache only
             e.truncate(n)
             return n

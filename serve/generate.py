@@ -71,7 +71,8 @@ class Generator:
         if len(job.prompt) >= eng.ctx:
             raise EngineError(f"prompt of {len(job.prompt)} tokens does not fit ctx {eng.ctx}",
                               MP_ECTX)
-        # keep at least one prompt token to feed: its logits start the reply
+        # feed at least two prompt tokens (PrefixReuse.rewind); the last one's logits start
+        # the reply
         reuse = self.prefix.rewind(job.prompt)
         del self.cached[reuse:]
         logits = self._feed(job.prompt[reuse:])

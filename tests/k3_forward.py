@@ -14,6 +14,7 @@ from moepack.convert.mxfp4 import dequantize
 from moepack.format.reader import Container
 from safetensors.numpy import load_file
 from spec_experts import LayerExperts
+from spec_trunk import SpecTrunk, rounded
 
 
 class SpecProjection:
@@ -30,8 +31,9 @@ class SpecProjection:
 
 class K3Forward:
     """`l2_eps`: KDA's q/k L2 norm eps (fla's 1e-6, as the engine; llama.cpp's K3 graph uses
-    rms_norm_eps). With `container`, the routed experts are its codes under §3.6 (what the
-    engine computes for a prompt) instead of the checkpoint's dense weights."""
+    rms_norm_eps). With `container`, what the engine computes for a prompt: the routed experts
+    are its codes under §3.6 instead of the checkpoint's dense weights, and the trunk products
+    that take §2.4 round their activations as it does."""
 
     def __init__(self, directory: Path, l2_eps: float = 1e-6,
                  container: Path | None = None) -> None:
@@ -63,6 +65,14 @@ class K3Forward:
         self.bound = la.get("gate_lower_bound")
         self.beta, self.lb = t["activation_situ_beta"], t.get("activation_situ_linear_beta", 0.0)
 
+    def mm(self, x: np.ndarray, name: str) -> np.ndarray:
+        """x [T, cols] times a trunk matrix the engine multiplies with a prompt by §2.4"""
+        return (x if self.spec is None else rounded(x)) @ self.w[name].T
+
+    def trunk(self, name: str) -> np.ndarray | SpecTrunk:
+        """a trunk matrix for `matrix @ x` products, §2.4's with a container"""
+        return self.w[name] if self.spec is None else SpecTrunk(self.w[name])
+
     def norm(self, x: np.ndarray, name: str) -> np.ndarray:
         return rms(x, self.eps) * self.w[name]
 
@@ -75,7 +85,7 @@ class K3Forward:
         T = x.shape[0]
         conv = []
         for name in "qkv":
-            y = x @ w[f"{p}.{name}_proj.weight"].T                       # [T, h*dk]
+            y = self.mm(x, f"{p}.{name}_proj.weight")                    # [T, h*dk]
             cw = w[f"{p}.{name}_conv1d.weight"].reshape(h * dk, k)
             pad = np.vstack([np.zeros((k - 1, h * dk)), y])
             out = sum(cw[:, j] * pad[j:j + T] for j in range(k))
@@ -83,16 +93,16 @@ class K3Forward:
         q, kk, v = (c.reshape(T, h, dk) for c in conv)
         q = q / np.sqrt((q * q).sum(-1, keepdims=True) + self.l2_eps) / np.sqrt(dk)
         kk = kk / np.sqrt((kk * kk).sum(-1, keepdims=True) + self.l2_eps)
-        z = (x @ w[f"{p}.f_a_proj.weight"].T) @ w[f"{p}.f_b_proj.weight"].T + w[f"{p}.dt_bias"]
+        z = self.mm(self.mm(x, f"{p}.f_a_proj.weight"), f"{p}.f_b_proj.weight") + w[f"{p}.dt_bias"]
         a = np.exp(w[f"{p}.A_log"].reshape(h))[None, :, None]
         g = self.bound * sigmoid(a * z.reshape(T, h, dk))
-        beta = sigmoid(x @ w[f"{p}.b_proj.weight"].T)
-        gate = sigmoid(x @ w[f"{p}.g_proj.weight"].T).reshape(T, h, dk)
+        beta = sigmoid(self.mm(x, f"{p}.b_proj.weight"))
+        gate = sigmoid(self.mm(x, f"{p}.g_proj.weight")).reshape(T, h, dk)
         state, outs = np.zeros((h, dk, dk)), []
         for i in range(T):
             o, state = kda_step(state, q[i], kk[i], v[i], g[i], beta[i])
             outs.append((rms(o, self.eps) * w[f"{p}.o_norm.weight"] * gate[i]).reshape(-1))
-        return np.array(outs) @ w[f"{p}.o_proj.weight"].T
+        return self.mm(np.array(outs), f"{p}.o_proj.weight")
 
     def mla(self, p: str, x: np.ndarray) -> np.ndarray:
         """Without RoPE; the heads' output gated by sigmoid(g_proj x)."""
@@ -100,9 +110,9 @@ class K3Forward:
         T, h = x.shape[0], t["num_attention_heads"]
         nope, rope, vd, r = (t["qk_nope_head_dim"], t["qk_rope_head_dim"], t["v_head_dim"],
                              t["kv_lora_rank"])
-        q = self.norm(x @ w[f"{p}.q_a_proj.weight"].T, f"{p}.q_a_layernorm.weight")
-        q = (q @ w[f"{p}.q_b_proj.weight"].T).reshape(T, h, nope + rope)
-        ckv = x @ w[f"{p}.kv_a_proj_with_mqa.weight"].T
+        q = self.norm(self.mm(x, f"{p}.q_a_proj.weight"), f"{p}.q_a_layernorm.weight")
+        q = self.mm(q, f"{p}.q_b_proj.weight").reshape(T, h, nope + rope)
+        ckv = self.mm(x, f"{p}.kv_a_proj_with_mqa.weight")
         c, k_pe = self.norm(ckv[:, :r], f"{p}.kv_a_layernorm.weight"), ckv[:, r:]
         kv = (c @ w[f"{p}.kv_b_proj.weight"].T).reshape(T, h, nope + vd)
         k = np.concatenate([kv[..., :nope], np.broadcast_to(k_pe[:, None], (T, h, rope))], -1)
@@ -111,23 +121,24 @@ class K3Forward:
         pr = np.exp(s - s.max(-1, keepdims=True))
         pr /= pr.sum(-1, keepdims=True)
         out = np.einsum("hqk,khd->qhd", pr, kv[..., nope:]).reshape(T, h * vd)
-        out = out * sigmoid(x @ w[f"{p}.g_proj.weight"].T)
-        return out @ w[f"{p}.o_proj.weight"].T
+        out = out * sigmoid(self.mm(x, f"{p}.g_proj.weight"))
+        return self.mm(out, f"{p}.o_proj.weight")
 
     def ffn(self, layer: int, x: np.ndarray) -> np.ndarray:
         w, t = self.w, self.t
         p = f"model.layers.{layer}"
         if layer < t["first_k_dense_replace"]:
             m = f"{p}.mlp"
-            return situ(x @ w[f"{m}.gate_proj.weight"].T, x @ w[f"{m}.up_proj.weight"].T,
-                        self.beta, self.lb) @ w[f"{m}.down_proj.weight"].T
+            gate, up = self.mm(x, f"{m}.gate_proj.weight"), self.mm(x, f"{m}.up_proj.weight")
+            return self.mm(situ(gate, up, self.beta, self.lb), f"{m}.down_proj.weight")
         m = f"{p}.block_sparse_moe"
         moe = LatentMoe(
             router=w[f"{m}.gate.weight"], bias=w[f"{m}.gate.e_score_correction_bias"],
-            down=w[f"{m}.routed_expert_down_proj.weight"],
-            up=w[f"{m}.routed_expert_up_proj.weight"], norm=w[f"{m}.routed_expert_norm.weight"],
+            down=self.trunk(f"{m}.routed_expert_down_proj.weight"),
+            up=self.trunk(f"{m}.routed_expert_up_proj.weight"),
+            norm=w[f"{m}.routed_expert_norm.weight"],
             experts=self._experts(layer, m),
-            shared=tuple(w[f"{m}.shared_experts.{x_}_proj.weight"]
+            shared=tuple(self.trunk(f"{m}.shared_experts.{x_}_proj.weight")
                          for x_ in ("gate", "up", "down")),
             top_k=t["num_experts_per_token"], scale=t["routed_scaling_factor"],
             renormalize=t["moe_renormalize"], beta=self.beta, linear_beta=self.lb, eps=self.eps)

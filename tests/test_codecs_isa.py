@@ -5,8 +5,9 @@
    test compiles convert/native/encoder.c a second time without clones (baseline x86-64 only)
    and compares encoder outputs, which stands in for "the same bytes on any x86-64 machine".
 2. The routed-expert kernels (runtime/src/kernels*.c: scalar, AVX2, AVX-512 VBMI) give the bits
-   of the numpy references of CODECS.md §3.5 and §3.6 (moepack.format.rvq_matvec) for every path
-   this CPU runs and every thread count.
+   of the numpy references of CODECS.md §3.5 and §3.6 (moepack.format.rvq_matvec), and the
+   trunk's prefill product those of §2.4 (moepack.format.group_gemm), for every path this CPU
+   runs and every thread count.
 """
 
 import ctypes
@@ -17,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from moepack.convert.quant import native
-from moepack.format.codecs import rvq_tile_codes
+from moepack.format.codecs import encoded_nbytes, rvq_tile_codes
+from moepack.format.group_gemm import group_gemm
 from moepack.format.rvq_matvec import rvq_gemm, rvq_matvec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,6 +174,20 @@ int mpk_test_rvq_gemm(int which, int threads, const uint8_t *part, long long row
     free(xq);
     return 0;
 }
+/* the trunk's prefill product (§2.4 for q8 / q6 / q4: kind 0 / 1 / 2) of n inputs x[n][cols] */
+__attribute__((visibility("default")))
+int mpk_test_group_gemm(int which, int threads, int kind, int zero_point, long long group,
+                        const uint8_t *data, long long rows, long long cols, const float *x,
+                        long long n, float *y) {
+    const mpk_impl *k = mpk_select(which);
+    static const int kinds[] = {MP_CODEC_Q8, MP_CODEC_Q6, MP_CODEC_Q4};
+    mpk_mat w;
+    if (!k || mpk_mat_init(&w, kinds[kind], rows, cols, group, zero_point, data)) return -1;
+    mpk_pool *pool = threads > 1 ? mpk_pool_create(threads) : NULL;
+    mpk_gemm(k, pool, &w, x, n, y);
+    mpk_pool_destroy(pool);
+    return 0;
+}
 """
 PATHS = {"scalar": 1, "avx2": 2, "avx512vbmi": 3, "avx512amx": 4}  # kernels.h MPK_*
 
@@ -201,6 +217,11 @@ def kernels(tmp_path_factory) -> ctypes.CDLL:
     g.restype = ctypes.c_int
     g.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong,
                   ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                  ctypes.c_longlong, ctypes.c_void_p]
+    h = lib.mpk_test_group_gemm
+    h.restype = ctypes.c_int
+    h.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+                  ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_void_p,
                   ctypes.c_longlong, ctypes.c_void_p]
     return lib
 
@@ -318,3 +339,55 @@ def test_prefill_codebook_edge_cases(kernels: ctypes.CDLL, case: str) -> None:
                                      cb.ctypes.data, x.ctypes.data, 5, y.ctypes.data):
             continue
         assert _same(y, ref), (which, np.argwhere(y != ref)[:5])
+
+
+# ---------------------------------------------------------------- trunk prefill product vs §2.4
+
+GROUP_CODECS = {"q8": 0, "q6": 1, "q4": 2}  # mpk_test_group_gemm's kinds
+
+
+def _group_matrix(rng, codec: dict, rows: int, cols: int) -> bytes:
+    """Random codes, finite f16 scales (some negative, a zero) and minimums."""
+    n = encoded_nbytes(codec, (rows, cols))
+    data = rng.integers(0, 256, n, dtype=np.uint8)
+    ng = -(-cols // codec["group_size"])
+    planes = 2 if codec.get("zero_point") else 1
+    sc = rng.uniform(-0.05, 0.05, planes * rows * ng).astype("<f2")
+    sc[1] = 0
+    data[: sc.nbytes] = np.frombuffer(sc.tobytes(), np.uint8)
+    return data.tobytes()
+
+
+@pytest.mark.parametrize("codec", [
+    {"name": "q8", "group_size": 32}, {"name": "q6", "group_size": 32},
+    {"name": "q6", "group_size": 16}, {"name": "q4", "group_size": 32, "zero_point": False},
+    {"name": "q4", "group_size": 64, "zero_point": True}, {"name": "q8", "group_size": 256},
+], ids=lambda c: f"{c['name']}{'z' if c.get('zero_point') else ''}-g{c['group_size']}")
+@pytest.mark.parametrize("rows,cols", [(37, 100), (20, 1031)])
+def test_trunk_prefill_product_matches_reference(kernels: ctypes.CDLL, codec: dict, rows: int,
+                                                 cols: int) -> None:
+    """§2.4 on every path and thread count: the reference's bits for 35 inputs (past one
+    micro-kernel step of 8 and one of 3), among them a zero, a huge, a tiny and a NaN input."""
+    rng = np.random.default_rng(rows * 7 + cols + codec["group_size"])
+    data = _group_matrix(rng, codec, rows, cols)
+    x = rng.standard_normal((35, cols)).astype(np.float32)
+    x[3] = 0
+    x[4, cols // 2] = 1e30
+    x[5] *= np.float32(1e-31)
+    x[6, -1] = np.nan
+    ref = group_gemm(codec, (rows, cols), data, x)
+    assert np.isnan(ref[6]).all() and not np.isnan(ref[7]).any() and (ref[3] == 0).all()
+    buf = np.frombuffer(data, np.uint8).copy()
+    ran = []
+    for name, which in PATHS.items():
+        for threads in (1, 3):
+            y = np.full((35, rows), 7.0, np.float32)
+            if kernels.mpk_test_group_gemm(which, threads, GROUP_CODECS[codec["name"]],
+                                           int(bool(codec.get("zero_point"))), codec["group_size"],
+                                           buf.ctypes.data, rows, cols, x.ctypes.data, 35,
+                                           y.ctypes.data):
+                continue  # this CPU cannot run that path
+            ran.append(name)
+            bad = np.argwhere(y.view(np.uint32) != ref.view(np.uint32))[:5]
+            assert _same(y, ref), (name, threads, bad)
+    assert "scalar" in ran

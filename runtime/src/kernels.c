@@ -314,6 +314,27 @@ static void s_gemm_rows(const float *wb, int64_t nv, const float *x, int64_t xs,
         }
 }
 
+static void s_row_ints(const mpk_mat *w, int64_t r, int16_t *out);
+/* §2.4 steps 2-4 as written: the definition the SIMD paths reproduce */
+static void s_qgemm_rows(const int16_t *wq, const float *sc, const float *mn, int64_t ng, int64_t group,
+                         const uint8_t *xq, size_t xqs, int64_t n, float *acc) {
+    for (int64_t t = 0; t < n; t++) {
+        const int16_t *q = (const int16_t *)(xq + (size_t)t * xqs);
+        const float *d = mpk_tq_steps(xq + (size_t)t * xqs, ng * group), *z = d + ng;
+        for (int i = 0; i < MPK_GEMM_ROWS; i++) {
+            float a = 0.0f;
+            for (int64_t g = 0; g < ng; g++) {
+                int32_t sum = 0; /* |sum| <= 256 x 128 x 32767 < 2^31 */
+                for (int64_t c = g * group; c < (g + 1) * group; c++)
+                    sum += (int32_t)wq[((c >> 1) * MPK_GEMM_ROWS + i) * 2 + (c & 1)] * q[c];
+                a = fmaf((float)sum, sc[g * MPK_GEMM_ROWS + i] * d[g], a);
+                if (mn) a = fmaf(z[g], mn[g * MPK_GEMM_ROWS + i] * d[g], a);
+            }
+            acc[t * MPK_GEMM_ROWS + i] = a;
+        }
+    }
+}
+
 static void s_row_values(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
     (void)sc, (void)mn;
     mpk_row(w, r, out);
@@ -321,7 +342,8 @@ static void s_row_values(const mpk_mat *w, int64_t r, float *out, float *sc, flo
 
 const mpk_impl mpk_scalar_impl = {.name = "scalar", .row_dot = s_row_dots, .rvq_tables = s_rvq_tables,
                                  .rvq_tiles = s_rvq_tiles, .rvq_gemm = s_rvq_gemm,
-                                 .row_values = s_row_values, .gemm_rows = s_gemm_rows};
+                                 .row_values = s_row_values, .gemm_rows = s_gemm_rows,
+                                 .qgemm_rows = s_qgemm_rows, .row_ints = s_row_ints};
 
 /* ---- shared helpers ---- */
 
@@ -397,6 +419,23 @@ static void codes_q4(const mpk_mat *w, int64_t r, float *out, float *sc, float *
     }
     mpk_group_scales(w, r, sc, mn);
 }
+
+/* Row r's integer codes as §2.4 multiplies them (q4 symmetric and q6 minus their offsets), columns
+ * [c0, cols) of out */
+void mpk_row_ints_from(const mpk_mat *w, int64_t r, int64_t c0, int16_t *out) {
+    if (w->codec == MP_CODEC_Q8) {
+        const int8_t *q = (const int8_t *)mpk_q8_row(w, r);
+        for (int64_t c = c0; c < w->cols; c++) out[c] = q[c];
+    } else if (w->codec == MP_CODEC_Q6) {
+        const uint8_t *q = mpk_q6_row(w, r);
+        for (int64_t c = c0; c < w->cols; c++) out[c] = (int16_t)(mpk_q6_code(q, c) - 32);
+    } else if (w->codec == MP_CODEC_Q4) {
+        const uint8_t *q = mpk_q4_row(w, r);
+        const int off = w->zero_point ? 0 : 8;
+        for (int64_t c = c0; c < w->cols; c++) out[c] = (int16_t)(((q[c >> 1] >> ((c & 1) * 4)) & 15) - off);
+    }
+}
+static void s_row_ints(const mpk_mat *w, int64_t r, int16_t *out) { mpk_row_ints_from(w, r, 0, out); }
 
 static const mpk_row_codes_fn row_codes[MPK_TRUNK_CODECS] = {
     [MP_CODEC_F32] = codes_f32, [MP_CODEC_F16] = codes_f16, [MP_CODEC_BF16] = codes_bf16,
@@ -816,26 +855,30 @@ size_t mpk_rvq_xq_bytes(int64_t cols) {
     return (2 * (size_t)((cols + 15) / 16 * 16) + 4 * ng + 31) / 32 * 32;
 }
 
+/* x[c0 .. c1) rounded to integers in -qmax .. qmax (qmax <= 2^22) with one step for the range:
+ * q[c] and *d as mpk_rvq_scale defines them (§3.6 step 2, §2.4 step 1) */
+static void xq_group(const float *x, int64_t c0, int64_t c1, float qmax, int16_t *q, float *d) {
+    uint32_t mb = 0;
+    for (int64_t c = c0; c < c1; c++) {
+        const uint32_t b = mpk_absbits(x[c]);
+        mb = b > mb ? b : mb;
+    }
+    float inv = 0;
+    const int live = mpk_rvq_scale(mb, qmax, &inv, d);
+    /* the product rounded to f32, then to the even integer: adding and subtracting 1.5 x 2^23
+     * does that exactly for |v| <= 2^22 (default rounding mode), without a libm call */
+    const float magic = 0x1.8p23f;
+    for (int64_t c = c0; c < c1; c++) {
+        const float v = x[c] * inv;
+        q[c] = live ? (int16_t)((v + magic) - magic) : 0;
+    }
+}
+
 void mpk_rvq_xq(const float *x, int64_t cols, void *out) {
     int16_t *q = out;
     float *d = (float *)(q + (cols + 15) / 16 * 16);
-    for (int64_t g0 = 0, g = 0; g0 < cols; g0 += MPK_RVQ_XGROUP * 8, g++) {
-        const int64_t g1 = g0 + MPK_RVQ_XGROUP * 8 < cols ? g0 + MPK_RVQ_XGROUP * 8 : cols;
-        uint32_t mb = 0;
-        for (int64_t c = g0; c < g1; c++) {
-            const uint32_t b = mpk_absbits(x[c]);
-            mb = b > mb ? b : mb;
-        }
-        float inv = 0;
-        const int live = mpk_rvq_scale(mb, 2047.0f, &inv, &d[g]);
-        /* the product rounded to f32, then to the even integer: adding and subtracting 1.5 x 2^23
-         * does that exactly for |v| <= 2047 (default rounding mode), without a libm call */
-        const float magic = 0x1.8p23f;
-        for (int64_t c = g0; c < g1; c++) {
-            const float v = x[c] * inv;
-            q[c] = live ? (int16_t)((v + magic) - magic) : 0;
-        }
-    }
+    for (int64_t g0 = 0, g = 0; g0 < cols; g0 += MPK_RVQ_XGROUP * 8, g++)
+        xq_group(x, g0, g0 + MPK_RVQ_XGROUP * 8 < cols ? g0 + MPK_RVQ_XGROUP * 8 : cols, 2047.0f, q, &d[g]);
     for (int64_t c = cols; c < (cols + 15) / 16 * 16; c++) q[c] = 0;
 }
 
@@ -916,6 +959,8 @@ typedef struct {
     int64_t per;   /* row blocks per task */
     float *y;
     mpk_pool *pool; /* whose threads' scratch the tasks use (NULL: their own allocations) */
+    const uint8_t *xq; /* the integer product's inputs (qgemm_fits), xqs bytes apart; else NULL */
+    size_t xqs;
 } tgemm_job;
 
 #if defined(__SSE2__)
@@ -972,13 +1017,22 @@ static int64_t tgemm_inputs(int64_t rs) {
     return n < 3 ? 3 : n > TGEMM_MAX_INPUTS ? TGEMM_MAX_INPUTS : n;
 }
 
+/* qgemm_task's buffer: per block the codes [cols_p / 2][16][2] and the scales and minimums
+ * [ng][16], then one block's rows as decoded [16][cols_p] and their scales and minimums
+ * [16][ng]; each part 64-byte aligned */
+static size_t qgemm_buffer_bytes(int64_t blocks, int64_t cols_p, int64_t ng) {
+    const size_t wq = (size_t)(MPK_GEMM_ROWS * cols_p) * 2, sm = (size_t)(2 * MPK_GEMM_ROWS * ng) * 4;
+    return (size_t)(blocks + 1) * (wq + sm) + 4 * 64;
+}
+
 uint64_t mpk_task_bytes(int64_t cols, int64_t group) {
     const uint64_t cols_p = (uint64_t)(group ? (cols + group - 1) / group * group : cols);
     const uint64_t ng = group ? cols_p / (uint64_t)group : 1, rs = (uint64_t)(cols + 7) / 8 * 8;
-    /* tgemm_task's wb (aligned up to 64 bytes), mv_task's wb */
+    /* tgemm_task's wb (aligned up to 64 bytes), qgemm_task's, mv_task's wb */
     const uint64_t tg = (((uint64_t)tgemm_blocks((int64_t)rs) * MPK_GEMM_ROWS * rs + rs + 2 * ng) * 4 + 63) / 64 * 64;
+    const uint64_t ig = (qgemm_buffer_bytes(tgemm_blocks((int64_t)rs), (int64_t)cols_p, (int64_t)ng) + 63) / 64 * 64;
     const uint64_t mm = (uint64_t)MPK_MM_ROWS * (cols_p + 2 * ng) * 4;
-    return tg > mm ? tg : mm;
+    return tg > mm ? (tg > ig ? tg : ig) : (mm > ig ? mm : ig);
 }
 
 /* Blocks of 16 rows [b0, b1), tgemm_blocks at a time: each decoded once (zero past cols and past
@@ -1029,11 +1083,172 @@ static void tgemm_task(void *ctx, size_t task) {
     task_buffer_done(j->pool, wb);
 }
 
+/* ---- the trunk's integer prefill product (CODECS.md §2.4) ----
+ * It serves the group codecs whose group sums fit int32: |code| <= 128, |q| <= 32767 and at most
+ * 256 columns a group (the spec's largest); the float codecs (and wider groups, which only the C
+ * API can make) keep the FMA product above. */
+#define QGEMM_MAX_GROUP 256
+static int qgemm_fits(const mpk_mat *w) { return w->group > 0 && w->group <= QGEMM_MAX_GROUP; }
+
+static size_t tq_bytes(const mpk_mat *w) {
+    return mpk_tq_qbytes(w->cols_p) + ((size_t)w->ngroups * (w->zero_point ? 8u : 4u) + 63) / 64 * 64;
+}
+
+/* §2.4 step 1: x[cols] into out (tq_bytes, mpk_tq_steps' layout) */
+static void tq_input(const mpk_mat *w, const float *x, uint8_t *out) {
+    int16_t *q = (int16_t *)out;
+    float *d = (float *)mpk_tq_steps(out, w->cols_p), *z = d + w->ngroups;
+    const int64_t G = w->group;
+    for (int64_t g = 0; g < w->ngroups; g++) {
+        const int64_t c0 = g * G, c1 = c0 + G < w->cols ? c0 + G : w->cols;
+        xq_group(x, c0, c1, 32767.0f, q, &d[g]);
+        for (int64_t c = c1; c < c0 + G; c++) q[c] = 0;
+        if (w->zero_point) {
+            int32_t sum = 0;
+            for (int64_t c = c0; c < c1; c++) sum += q[c];
+            z[g] = (float)sum; /* |sum| <= 256 x 32767 < 2^24: exact */
+        }
+    }
+}
+
+#define TQ_TASK_INPUTS 16
+static void tq_task(void *ctx, size_t task) {
+    const tgemm_job *j = ctx;
+    const int64_t t0 = (int64_t)task * TQ_TASK_INPUTS, t1 = t0 + TQ_TASK_INPUTS < j->n ? t0 + TQ_TASK_INPUTS : j->n;
+    for (int64_t t = t0; t < t1; t++) tq_input(j->w, j->x + t * j->w->cols, (uint8_t *)j->xq + (size_t)t * j->xqs);
+}
+
+/* rows [r0, r1) one at a time through the scalar kernel, the same numbers (no memory for the
+ * blocked path) */
+static void qgemm_rows_one_by_one(const tgemm_job *j, int64_t r0, int64_t r1) {
+    const mpk_mat *w = j->w;
+    const int64_t ng = w->ngroups;
+    int16_t *wq = calloc((size_t)(MPK_GEMM_ROWS * w->cols_p), 2), *row = calloc((size_t)w->cols_p, 2);
+    float *sc = calloc((size_t)(4 * MPK_GEMM_ROWS * ng), 4), *mn = sc + MPK_GEMM_ROWS * ng, *rs = mn + MPK_GEMM_ROWS * ng;
+    float acc[MPK_GEMM_ROWS];
+    for (int64_t r = r0; wq && row && sc && r < r1; r++) {
+        s_row_ints(w, r, row);
+        mpk_group_scales(w, r, rs, rs + ng);
+        for (int64_t c = 0; c < w->cols_p; c++) wq[(c >> 1) * MPK_GEMM_ROWS * 2 + (c & 1)] = c < w->cols ? row[c] : 0;
+        for (int64_t g = 0; g < ng; g++) sc[g * MPK_GEMM_ROWS] = rs[g], mn[g * MPK_GEMM_ROWS] = rs[ng + g];
+        for (int64_t t = 0; t < j->n; t++) {
+            mpk_scalar_impl.qgemm_rows(wq, sc, w->zero_point ? mn : NULL, ng, w->group, j->xq + (size_t)t * j->xqs,
+                                       j->xqs, 1, acc);
+            j->y[t * w->rows + r] = mpk_canon(acc[0]);
+        }
+    }
+    if (!wq || !row || !sc) /* no memory at all: NaN rows, never numbers that were not computed */
+        for (int64_t t = 0; t < j->n; t++)
+            for (int64_t r = r0; r < r1; r++) j->y[t * w->rows + r] = mpk_bits_f32(0x7fc00000u);
+    free(wq), free(row), free(sc);
+}
+
+static inline void *align_ptr64(void *p) { return (void *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
+
+/* The 16 rows [16][cp] int16 as column pairs [cp / 2][16][2] (cp a multiple of 8) */
+static void pairs_transpose(const int16_t *rows, int64_t cp, int16_t *out) {
+#if defined(__SSE2__)
+    for (int64_t p = 0; p < cp / 2; p += 4) /* 4 x 4 pairs a step, as a 4 x 4 float transpose */
+        for (int i = 0; i < MPK_GEMM_ROWS; i += 4) {
+            __m128 r0 = _mm_loadu_ps((const float *)(rows + i * cp + 2 * p));
+            __m128 r1 = _mm_loadu_ps((const float *)(rows + (i + 1) * cp + 2 * p));
+            __m128 r2 = _mm_loadu_ps((const float *)(rows + (i + 2) * cp + 2 * p));
+            __m128 r3 = _mm_loadu_ps((const float *)(rows + (i + 3) * cp + 2 * p));
+            _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+            _mm_storeu_ps((float *)(out + (p * MPK_GEMM_ROWS + i) * 2), r0);
+            _mm_storeu_ps((float *)(out + ((p + 1) * MPK_GEMM_ROWS + i) * 2), r1);
+            _mm_storeu_ps((float *)(out + ((p + 2) * MPK_GEMM_ROWS + i) * 2), r2);
+            _mm_storeu_ps((float *)(out + ((p + 3) * MPK_GEMM_ROWS + i) * 2), r3);
+        }
+#else
+    for (int64_t p = 0; p < cp / 2; p++)
+        for (int i = 0; i < MPK_GEMM_ROWS; i++) memcpy(out + (p * MPK_GEMM_ROWS + i) * 2, rows + i * cp + 2 * p, 4);
+#endif
+}
+
+/* tgemm_task for qgemm_fits matrices: blocks of 16 rows decoded once to their integer codes in
+ * column pairs (and their scales), then multiplied with every input set, as tgemm_task */
+static void qgemm_task(void *ctx, size_t task) {
+    tgemm_job *j = ctx;
+    const mpk_mat *w = j->w;
+    const int64_t nblocks = (w->rows + MPK_GEMM_ROWS - 1) / MPK_GEMM_ROWS, ng = w->ngroups, cp = w->cols_p;
+    const int64_t b0 = (int64_t)task * j->per, b1 = b0 + j->per < nblocks ? b0 + j->per : nblocks;
+    const int64_t rs = (w->cols + 7) / 8 * 8, B = tgemm_blocks(rs), N = tgemm_inputs(rs);
+    uint8_t *buf = task_buffer(j->pool, qgemm_buffer_bytes(B, cp, ng));
+    if (!buf) {
+        qgemm_rows_one_by_one(j, b0 * MPK_GEMM_ROWS, b1 * MPK_GEMM_ROWS < w->rows ? b1 * MPK_GEMM_ROWS : w->rows);
+        return;
+    }
+    int16_t *wq = align_ptr64(buf); /* [B][cp / 2][16][2] */
+    float *sc = align_ptr64(wq + B * MPK_GEMM_ROWS * cp), *mn = sc + B * MPK_GEMM_ROWS * ng; /* [B][ng][16] each */
+    int16_t *rows = align_ptr64(mn + B * MPK_GEMM_ROWS * ng); /* [16][cp] */
+    float *rsc = align_ptr64(rows + MPK_GEMM_ROWS * cp), *rmn = rsc + MPK_GEMM_ROWS * ng; /* [16][ng] each */
+    float acc[TGEMM_MAX_INPUTS * MPK_GEMM_ROWS] __attribute__((aligned(64)));
+    for (int64_t g0 = b0; g0 < b1; g0 += B) {
+        const int64_t g1 = g0 + B < b1 ? g0 + B : b1;
+        const int64_t r0 = g0 * MPK_GEMM_ROWS, r1 = g1 * MPK_GEMM_ROWS < w->rows ? g1 * MPK_GEMM_ROWS : w->rows;
+        for (int64_t b = 0; b < g1 - g0; b++) { /* each block's rows decoded, then in column pairs */
+            for (int64_t i = 0; i < MPK_GEMM_ROWS; i++) {
+                const int64_t r = r0 + b * MPK_GEMM_ROWS + i;
+                int16_t *row = rows + i * cp;
+                if (r < r1) {
+                    j->k->row_ints(w, r, row);
+                    memset(row + w->cols, 0, (size_t)(cp - w->cols) * 2);
+                    mpk_group_scales(w, r, rsc + i * ng, rmn + i * ng);
+                } else { /* past the last row: code 0, scale 0 */
+                    memset(row, 0, (size_t)cp * 2);
+                    memset(rsc + i * ng, 0, (size_t)ng * 4);
+                }
+                if (!w->zero_point) memset(rmn + i * ng, 0, (size_t)ng * 4);
+            }
+            pairs_transpose(rows, cp, wq + b * MPK_GEMM_ROWS * cp);
+            for (int64_t g = 0; g < ng; g++)
+                for (int i = 0; i < MPK_GEMM_ROWS; i++) {
+                    sc[(b * ng + g) * MPK_GEMM_ROWS + i] = rsc[i * ng + g];
+                    mn[(b * ng + g) * MPK_GEMM_ROWS + i] = rmn[i * ng + g];
+                }
+        }
+        for (int64_t t0 = 0; t0 < j->n; t0 += N) {
+            const int64_t n = j->n - t0 < N ? j->n - t0 : N;
+            for (int64_t b = g0; b < g1; b++) {
+                const int64_t q0 = b * MPK_GEMM_ROWS, q1 = q0 + MPK_GEMM_ROWS < r1 ? q0 + MPK_GEMM_ROWS : r1;
+                const int64_t o = (b - g0) * MPK_GEMM_ROWS * ng;
+                j->k->qgemm_rows(wq + (b - g0) * MPK_GEMM_ROWS * cp, sc + o, w->zero_point ? mn + o : NULL, ng,
+                                 w->group, j->xq + (size_t)t0 * j->xqs, j->xqs, n, acc);
+                for (int64_t t = 0; t < n; t++) /* input-outer, as gemm_task */
+                    for (int64_t r = q0; r < q1; r++)
+                        j->y[(t0 + t) * w->rows + r] = mpk_canon(acc[t * MPK_GEMM_ROWS + (r - q0)]);
+            }
+        }
+    }
+    task_buffer_done(j->pool, buf);
+}
+
 void mpk_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y) {
     if (n < 1) return;
     const int64_t nblocks = (w->rows + MPK_GEMM_ROWS - 1) / MPK_GEMM_ROWS;
     const int64_t tasks = 4 * (int64_t)mpk_pool_threads(pool) < nblocks ? 4 * (int64_t)mpk_pool_threads(pool) : nblocks;
-    tgemm_job j = {impl_or_scalar(k), w, x, w->cols, n, (nblocks + tasks - 1) / tasks, y, pool};
+    tgemm_job j = {impl_or_scalar(k), w, x, w->cols, n, (nblocks + tasks - 1) / tasks, y, pool, NULL, 0};
+    if (qgemm_fits(w)) {
+        j.xqs = tq_bytes(w);
+        uint8_t *xq = aligned_alloc(64, j.xqs * (size_t)n);
+        const int64_t m = xq ? n : 1; /* no memory for all inputs: one at a time, the same bits */
+        if (!xq) xq = aligned_alloc(64, j.xqs);
+        for (int64_t t = 0; t < n; t += m) {
+            tgemm_job jt = j;
+            jt.x = x + t * w->cols, jt.n = n - t < m ? n - t : m, jt.y = y + t * w->rows, jt.xq = xq;
+            if (!xq) { /* not even one input: NaN rows, never numbers that were not computed */
+                for (int64_t i = 0; i < jt.n * w->rows; i++) jt.y[i] = mpk_bits_f32(0x7fc00000u);
+                continue;
+            }
+            mpk_pool_run(jt.n * w->cols < 32768 ? NULL : pool, (size_t)((jt.n + TQ_TASK_INPUTS - 1) / TQ_TASK_INPUTS),
+                         tq_task, &jt);
+            mpk_pool_run(w->rows * w->cols * jt.n < 32768 ? NULL : pool, (size_t)((nblocks + j.per - 1) / j.per),
+                         qgemm_task, &jt);
+        }
+        free(xq);
+        return;
+    }
     float *xp = NULL;
     const int64_t xs = (w->cols + 7) / 8 * 8;
     if (xs != w->cols && (xp = calloc((size_t)(n * xs), sizeof(float))) != NULL) { /* whole vectors */

@@ -144,11 +144,13 @@ void mpk_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float
 /* y[t][rows] = W x[t] for n inputs x[n][cols]: each row is read once for all n inputs (prefill);
  * every y[t][r] is computed exactly as mpk_matvec computes it. */
 void mpk_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y);
-/* The trunk's prefill product: y[t][rows] = W x[t] for n inputs x[n][cols], each row decoded to
- * its values once (mpk_row: the codec's decode) and multiplied with FMA, per (input, row) eight
- * lane chains (column mod 8) over the columns in order, then mpk_red8's tree.  Not mpk_matvec's
- * bits (that one multiplies and adds apart, per group); the same bits for any n, grouping of
- * inputs, thread count and kernel path (docs/RUNTIME.md). */
+/* The trunk's prefill product: y[t][rows] = W x[t] for n inputs x[n][cols].  Grouped codecs
+ * (q8/q6/q4, groups of at most 256 columns): CODECS.md §2.4, each row's integer codes summed
+ * exactly against each input rounded to 16-bit integers per group, the group scales applied once
+ * per group.  Float codecs: each row decoded to its values once (mpk_row) and multiplied with FMA,
+ * per (input, row) eight lane chains (column mod 8) over the columns in order, then mpk_red8's
+ * tree.  Not mpk_matvec's bits; the same bits for any n, grouping of inputs, thread count and
+ * kernel path (docs/RUNTIME.md). */
 void mpk_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y);
 /* The most one pool task of mpk_gemm or mpk_matmat allocates, and frees before it ends, for a
  * matrix of `cols` columns in groups of `group` (0: none): one such buffer per compute thread at

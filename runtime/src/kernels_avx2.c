@@ -41,12 +41,11 @@ AVX2 static __m256 lanes_f32(const float *row, const float *x, int64_t n) {
     return acc;
 }
 
-/* Eight codes of a grouped codec from column c (a multiple of 8) as floats: q8 the int8, q6 the
+/* Eight codes of a grouped codec from column c (a multiple of 8) as int32: q8 the int8, q6 the
  * 6-bit code minus 32, q4 the nibble (minus 8 when symmetric). */
-AVX2 static inline __attribute__((always_inline)) __m256 codes8(const uint8_t *q, int64_t c, const int codec,
-                                                                 __m256i off4) {
-    if (codec == MP_CODEC_Q8)
-        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + c))));
+AVX2 static inline __attribute__((always_inline)) __m256i codes8i(const uint8_t *q, int64_t c, const int codec,
+                                                                   __m256i off4) {
+    if (codec == MP_CODEC_Q8) return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + c)));
     if (codec == MP_CODEC_Q6) { /* 8 codes = 6 bytes = two 24-bit words k0|k1<<6|k2<<12|k3<<18 */
         uint32_t lo; /* bytes 0..3 and 4..5 (not one 8-byte load: the tensor may end) */
         uint16_t hi;
@@ -58,25 +57,33 @@ AVX2 static inline __attribute__((always_inline)) __m256 codes8(const uint8_t *q
                                                 _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
         __m256i k = _mm256_and_si256(_mm256_srlv_epi32(u, _mm256_setr_epi32(0, 6, 12, 18, 0, 6, 12, 18)),
                                      _mm256_set1_epi32(63));
-        return _mm256_cvtepi32_ps(_mm256_sub_epi32(k, _mm256_set1_epi32(32)));
+        return _mm256_sub_epi32(k, _mm256_set1_epi32(32));
     }
     int32_t b4; /* q4: nibbles, low nibble = even column: column c + i is bits 4i.. of the word */
     memcpy(&b4, q + (c >> 1), 4);
     __m256i nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b4), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
                                    _mm256_set1_epi32(15));
-    return _mm256_cvtepi32_ps(_mm256_sub_epi32(nib, off4));
+    return _mm256_sub_epi32(nib, off4);
+}
+/* the same as floats */
+AVX2 static inline __attribute__((always_inline)) __m256 codes8(const uint8_t *q, int64_t c, const int codec,
+                                                                 __m256i off4) {
+    return _mm256_cvtepi32_ps(codes8i(q, c, codec, off4));
 }
 
 /* q6 codes c..c+7 (c a multiple of 8) from one 16-byte load at byte (c / 4) * 3, which the
  * caller checks lies inside the matrix: each lane takes the two bytes its 6 bits start in. */
-AVX2 static inline __attribute__((always_inline)) __m256 q6_codes8_wide(const uint8_t *q, int64_t c) {
+AVX2 static inline __attribute__((always_inline)) __m256i q6_codes8i_wide(const uint8_t *q, int64_t c) {
     const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q + (c >> 2) * 3)));
     const __m256i pick = _mm256_setr_epi8(0, 1, -1, -1, 0, 1, -1, -1, 1, 2, -1, -1, 2, 3, -1, -1,
                                           3, 4, -1, -1, 3, 4, -1, -1, 4, 5, -1, -1, 5, -1, -1, -1);
     const __m256i k = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(b, pick),
                                                          _mm256_setr_epi32(0, 6, 4, 2, 0, 6, 4, 2)),
                                        _mm256_set1_epi32(63));
-    return _mm256_cvtepi32_ps(_mm256_sub_epi32(k, _mm256_set1_epi32(32)));
+    return _mm256_sub_epi32(k, _mm256_set1_epi32(32));
+}
+AVX2 static inline __attribute__((always_inline)) __m256 q6_codes8_wide(const uint8_t *q, int64_t c) {
+    return _mm256_cvtepi32_ps(q6_codes8i_wide(q, c));
 }
 
 /* Columns of row r from which q6_codes8_wide's 16-byte load stays inside the matrix: it may be
@@ -424,6 +431,29 @@ AVX2 static void a_codes_bf16(const mpk_mat *w, int64_t r, float *o, float *sc, 
 static const mpk_row_codes_fn a_row_codes[MPK_TRUNK_CODECS] = {
     [MP_CODEC_F32] = mpk_row_codes, [MP_CODEC_F16] = a_codes_f16, [MP_CODEC_BF16] = a_codes_bf16,
     [MP_CODEC_Q8] = a_codes_q8,     [MP_CODEC_Q6] = a_codes_q6,    [MP_CODEC_Q4] = a_codes_q4};
+
+/* Row r's integer codes (the trunk's integer prefill product, CODECS.md §2.4) 8 columns at a
+ * time, as int16; the tails in scalar */
+AVX2 static void st8_i16(int16_t *o, __m256i v) {
+    _mm_storeu_si128((__m128i *)o, _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+}
+AVX2 void mpk_avx2_row_ints(const mpk_mat *w, int64_t r, int16_t *out) {
+    const int64_t C = w->cols;
+    int64_t c = 0;
+    if (w->codec == MP_CODEC_Q8) {
+        const uint8_t *q = mpk_q8_row(w, r);
+        for (; c + 8 <= C; c += 8) st8_i16(out + c, codes8i(q, c, MP_CODEC_Q8, _mm256_setzero_si256()));
+    } else if (w->codec == MP_CODEC_Q6) {
+        const uint8_t *q = mpk_q6_row(w, r);
+        const int64_t wide_end = q6_wide_cols(w, r);
+        for (; c + 8 <= C && c < wide_end; c += 8) st8_i16(out + c, q6_codes8i_wide(q, c));
+    } else if (w->codec == MP_CODEC_Q4) {
+        const uint8_t *q = mpk_q4_row(w, r);
+        const __m256i off = _mm256_set1_epi32(w->zero_point ? 0 : 8);
+        for (; c + 8 <= C; c += 8) st8_i16(out + c, codes8i(q, c, MP_CODEC_Q4, off));
+    }
+    mpk_row_ints_from(w, r, c, out);
+}
 
 /* mpk_row's values 8-wide: the codes as floats, then code x scale (+ minimum), the same
  * operations; sc, mn: ngroups floats of scratch */
@@ -965,10 +995,79 @@ AVX2 void mpk_avx2_gemm_rows(const float *wb, int64_t nv, const float *x, int64_
         gemm_panel(wb + (size_t)v0 * WS, x, xs, n, v0, nv - v0 < GEMM_KP ? nv - v0 : GEMM_KP, acc);
 }
 
+/* The trunk's integer prefill product (CODECS.md §2.4): eight rows a register (lanes = rows), each
+ * step one column pair of NT <= 3 inputs (vpmaddwd: the pair's two products, exact; then vpaddd),
+ * and at each group's end the exact int32 sums converted and combined with one fma, in group order */
+AVX2 static inline __attribute__((always_inline)) void
+qg_rows(const int16_t *wq, const float *sc, const float *mn, int64_t ng, int64_t group, const uint8_t *xq, size_t xqs,
+        float *acc, const int NT) {
+    const int16_t *q[3];
+    const float *d[3];
+#pragma GCC unroll 3
+    for (int t = 0; t < NT; t++) {
+        q[t] = (const int16_t *)(xq + (size_t)t * xqs);
+        d[t] = mpk_tq_steps(xq + (size_t)t * xqs, ng * group);
+    }
+    __m256 f[3][2];
+#pragma GCC unroll 3
+    for (int t = 0; t < NT; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();
+    const int64_t np = group / 2;
+    for (int64_t g = 0; g < ng; g++) {
+        __m256i s[3][2];
+    #pragma GCC unroll 3
+    for (int t = 0; t < NT; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
+        const int16_t *wg = wq + (size_t)(g * np) * MPK_GEMM_ROWS * 2;
+        for (int64_t k = 0; k < np; k++) {
+            const __m256i w0 = _mm256_load_si256((const __m256i *)(wg + k * 32));
+            const __m256i w1 = _mm256_load_si256((const __m256i *)(wg + k * 32 + 16));
+        #pragma GCC unroll 3
+    for (int t = 0; t < NT; t++) {
+                int32_t pair;
+                memcpy(&pair, q[t] + g * group + 2 * k, 4);
+                const __m256i x = _mm256_set1_epi32(pair);
+                const __m256i p0 = _mm256_madd_epi16(w0, x), p1 = _mm256_madd_epi16(w1, x);
+                /* in place: as an intrinsic GCC added into the product's register, then copied */
+                __asm__("vpaddd %1, %0, %0" : "+x"(s[t][0]) : "x"(p0));
+                __asm__("vpaddd %1, %0, %0" : "+x"(s[t][1]) : "x"(p1));
+            }
+        }
+        const __m256 s0 = _mm256_loadu_ps(sc + g * MPK_GEMM_ROWS), s1 = _mm256_loadu_ps(sc + g * MPK_GEMM_ROWS + 8);
+    #pragma GCC unroll 3
+    for (int t = 0; t < NT; t++) {
+            const __m256 dd = _mm256_set1_ps(d[t][g]);
+            f[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t][0]), _mm256_mul_ps(s0, dd), f[t][0]);
+            f[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t][1]), _mm256_mul_ps(s1, dd), f[t][1]);
+        }
+        if (mn) {
+            const __m256 m0 = _mm256_loadu_ps(mn + g * MPK_GEMM_ROWS), m1 = _mm256_loadu_ps(mn + g * MPK_GEMM_ROWS + 8);
+        #pragma GCC unroll 3
+    for (int t = 0; t < NT; t++) {
+                const __m256 dd = _mm256_set1_ps(d[t][g]), z = _mm256_set1_ps(d[t][ng + g]);
+                f[t][0] = _mm256_fmadd_ps(z, _mm256_mul_ps(m0, dd), f[t][0]);
+                f[t][1] = _mm256_fmadd_ps(z, _mm256_mul_ps(m1, dd), f[t][1]);
+            }
+        }
+    }
+#pragma GCC unroll 3
+    for (int t = 0; t < NT; t++) {
+        _mm256_storeu_ps(acc + t * MPK_GEMM_ROWS, f[t][0]);
+        _mm256_storeu_ps(acc + t * MPK_GEMM_ROWS + 8, f[t][1]);
+    }
+}
+
+AVX2 static void a_qgemm_rows(const int16_t *wq, const float *sc, const float *mn, int64_t ng, int64_t group,
+                              const uint8_t *xq, size_t xqs, int64_t n, float *acc) {
+    int64_t t = 0;
+    for (; t + 3 <= n; t += 3) qg_rows(wq, sc, mn, ng, group, xq + (size_t)t * xqs, xqs, acc + t * MPK_GEMM_ROWS, 3);
+    if (n - t == 2) qg_rows(wq, sc, mn, ng, group, xq + (size_t)t * xqs, xqs, acc + t * MPK_GEMM_ROWS, 2);
+    if (n - t == 1) qg_rows(wq, sc, mn, ng, group, xq + (size_t)t * xqs, xqs, acc + t * MPK_GEMM_ROWS, 1);
+}
+
 const mpk_impl mpk_avx2_impl = {.name = "avx2", .row_dot = mpk_avx2_row_dots, .rvq_tables = a_rvq_tables,
                                 .rvq_tiles = a_rvq_tiles, .mm_rows = mpk_avx2_mm_rows,
                                 .rvq_gemm = mpk_avx2_rvq_gemm, .row_values = mpk_avx2_row_values,
-                                .gemm_rows = mpk_avx2_gemm_rows, .rows_dot = mpk_avx2_rows_dot};
+                                .gemm_rows = mpk_avx2_gemm_rows, .rows_dot = mpk_avx2_rows_dot,
+                                .qgemm_rows = a_qgemm_rows, .row_ints = mpk_avx2_row_ints};
 
 #else
 const mpk_impl mpk_avx2_impl = {.name = "avx2"};

@@ -354,6 +354,63 @@ AVX512 static void v_gemm_rows(const float *wb, int64_t nv, const float *x, int6
     }
 }
 
+/* ---- the trunk's integer prefill product (CODECS.md §2.4) ----
+ * AVX2's with the block's sixteen rows in one register and vpdpwssd (a column pair's two products
+ * added into each row's int32 lane, exact) for NT <= 8 inputs, each input's pair broadcast from
+ * memory by the instruction itself. */
+AVX512N static inline __attribute__((always_inline)) void
+vqg_rows(const int16_t *wq, const float *sc, const float *mn, int64_t ng, int64_t group, const uint8_t *xq, size_t xqs,
+         float *acc, const int NT) {
+    const int16_t *q[8];
+    const float *d[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) {
+        q[t] = (const int16_t *)(xq + (size_t)t * xqs);
+        d[t] = mpk_tq_steps(xq + (size_t)t * xqs, ng * group);
+    }
+    __m512 f[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) f[t] = _mm512_setzero_ps();
+    const int64_t np = group / 2;
+    for (int64_t g = 0; g < ng; g++) {
+        __m512i s[8];
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) s[t] = _mm512_setzero_si512();
+        const int16_t *wg = wq + (size_t)(g * np) * MPK_GEMM_ROWS * 2;
+        for (int64_t k = 0; k < np; k++) {
+            const __m512i w = _mm512_load_si512(wg + k * 32);
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) /* in place, as vg_tile's */
+                __asm__("vpdpwssd %2%{1to16%}, %1, %0"
+                        : "+v"(s[t])
+                        : "v"(w), "m"(*(const int32_t *)(q[t] + g * group + 2 * k)));
+        }
+        const __m512 s0 = _mm512_loadu_ps(sc + g * MPK_GEMM_ROWS);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++)
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(s0, _mm512_set1_ps(d[t][g])), f[t]);
+        if (mn) {
+            const __m512 m0 = _mm512_loadu_ps(mn + g * MPK_GEMM_ROWS);
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++)
+                f[t] = _mm512_fmadd_ps(_mm512_set1_ps(d[t][ng + g]), _mm512_mul_ps(m0, _mm512_set1_ps(d[t][g])), f[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) _mm512_storeu_ps(acc + t * MPK_GEMM_ROWS, f[t]);
+}
+
+AVX512N static void v_qgemm_rows(const int16_t *wq, const float *sc, const float *mn, int64_t ng, int64_t group,
+                                 const uint8_t *xq, size_t xqs, int64_t n, float *acc) {
+    for (int64_t t = 0; t < n; t += 8) {
+        const uint8_t *x = xq + (size_t)t * xqs;
+        float *a = acc + t * MPK_GEMM_ROWS;
+#define VIG(NT) vqg_rows(wq, sc, mn, ng, group, x, xqs, a, NT);
+        MPK_SWITCH8(n - t >= 8 ? 8 : (int)(n - t), VIG)
+#undef VIG
+    }
+}
+
 /* ---- the trunk's q8 decode product (row_dot), groups of 32 ----
  * AVX2's arithmetic (per group lane j = ((p_j + p_j+8) + p_j+16) + p_j+24 with p = f32(code) x
  * rounded, red8's tree, x scale, added to the row sum group by group) with two groups per zmm:
@@ -496,7 +553,8 @@ AVX512 void mpk_avx512_wsum(float *out, int64_t os, int nh, const float *w, int6
 const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi", .row_dot = v_row_dots, .rows_dot = v_rows_dot, .rvq_tables = v_rvq_tables,
                                   .rvq_tiles = v_rvq_tiles, .mm_rows = mpk_avx512vl_mm_rows,
                                   .rvq_gemm = v_rvq_gemm,
-                                  .row_values = mpk_avx2_row_values, .gemm_rows = v_gemm_rows};
+                                  .row_values = mpk_avx2_row_values, .gemm_rows = v_gemm_rows,
+                                  .qgemm_rows = v_qgemm_rows, .row_ints = mpk_avx2_row_ints};
 /* the same, with the prefill product on AMX tiles (kernels_amx.c) for calls of 16 inputs (one
  * tile block) or more: below that VNNI's is faster (Intel Xeon, 2026-12-05, one thread,
  * 4096 x 1536 and 1536 x 4096, three stages, ns a weight x input, AMX vs VNNI: 12 inputs
@@ -506,7 +564,8 @@ const mpk_impl mpk_avx512amx_impl = {.name = "avx512amx", .row_dot = v_row_dots,
                                      .mm_rows = mpk_avx512vl_mm_rows, .rvq_gemm = v_rvq_gemm,
                                      .rvq_gemm_tiles = mpk_amx_rvq_gemm, .rvq_gemm_xbytes = mpk_amx_xbytes,
                                      .rvq_gemm_xprep = mpk_amx_xprep, .rvq_gemm_tiles_min = 16,
-                                     .row_values = mpk_avx2_row_values, .gemm_rows = v_gemm_rows};
+                                     .row_values = mpk_avx2_row_values, .gemm_rows = v_gemm_rows,
+                                  .qgemm_rows = v_qgemm_rows, .row_ints = mpk_avx2_row_ints};
 
 #else
 const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi"};

@@ -72,6 +72,15 @@ struct mpk_impl {
      * (wb[v][row][8], nv vectors: the layout the micro-kernels stream), with inputs x[t * xs ...]
      * for t < n <= MPK_GEMM_INPUTS: acc[t][row][8]. */
     void (*gemm_rows)(const float *wb, int64_t nv, const float *x, int64_t xs, int64_t n, float *acc);
+    /* The trunk's integer prefill product (CODECS.md §2.4 steps 2-4) of MPK_GEMM_ROWS rows: wq their
+     * integer codes in column pairs [cols_p / 2][row][2], sc their group scales [ng][row] and mn
+     * (q4 with a zero point, else NULL) their minimums [ng][row], groups of `group` columns; the
+     * inputs at xq + t * xqs (mpk_tq_steps' layout) for t < n <= MPK_GEMM_INPUTS: acc[t][row]. */
+    void (*qgemm_rows)(const int16_t *wq, const float *sc, const float *mn, int64_t ng, int64_t group,
+                       const uint8_t *xq, size_t xqs, int64_t n, float *acc);
+    /* Row r of a grouped matrix as the integer codes qgemm_rows multiplies, out[cols] (q8 the int8,
+     * q6 the code minus 32, q4 the nibble, minus 8 when symmetric) */
+    void (*row_ints)(const mpk_mat *w, int64_t r, int16_t *out);
 };
 
 extern const mpk_impl mpk_scalar_impl;
@@ -105,6 +114,9 @@ void mpk_row_codes(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn
 void mpk_group_scales(const mpk_mat *w, int64_t r, float *sc, float *mn);
 /* AVX2 trunk kernels, shared with the AVX-512 table (which has its own q8 decode product). */
 extern const mpk_row_dot_fn mpk_avx2_row_dots[MPK_TRUNK_CODECS];
+/* mpk_row_ints for columns [c0, cols): the scalar path and the SIMD tails */
+void mpk_row_ints_from(const mpk_mat *w, int64_t r, int64_t c0, int16_t *out);
+void mpk_avx2_row_ints(const mpk_mat *w, int64_t r, int16_t *out);
 void mpk_avx2_rows_dot(const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y);
 void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
                       int64_t nb, int64_t n, float *y, float *wb);
@@ -145,6 +157,13 @@ void mpk_wsum_cols(float *out, int64_t os, int nh, const float *w, int64_t ws, c
 #define MPK_GEMM_INPUTS 256
 void mpk_avx2_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xq, size_t xqs, int64_t n,
                        int64_t r0, float *acc);
+/* An input of the trunk's integer prefill product (§2.4 step 1), as mpk_gemm quantises it: int16
+ * q[cols_p] (zero past cols), from the next 64-byte boundary f32 d[ng] (the group steps), then
+ * for q4 with a zero point f32 z[ng] (each group's sum of q, an exact integer). */
+static inline size_t mpk_tq_qbytes(int64_t cols_p) { return (2 * (size_t)cols_p + 63) / 64 * 64; }
+static inline const float *mpk_tq_steps(const uint8_t *xq, int64_t cols_p) {
+    return (const float *)(xq + mpk_tq_qbytes(cols_p));
+}
 /* the quantised input's group steps (d, after q) */
 static inline const float *mpk_rvq_xq_steps(const uint8_t *xq, int64_t cols) {
     return (const float *)(xq + 2 * (size_t)((cols + 15) / 16 * 16));

@@ -131,11 +131,13 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
      * routed-expert sum; q, k, v, attention output, MLA's latents; FFN gate and up; routing
      * (router logits, choices, weights).
      * Then the kernels' transient copies of an input (transposed for mpk_matmat with block
-     * padding and q4 group sums, or padded to whole vectors for mpk_gemm: up to 1.1 x the
-     * widest), counted twice for what the C library keeps of freed ones. */
+     * padding and q4 group sums, or for mpk_gemm padded to whole vectors, up to 1.1 x the widest,
+     * or rounded to 16-bit integers, 2 bytes a column padded to the group and 4-8 a group, each
+     * part 64-byte aligned: at most 2.5 x the widest + 768 bytes), counted twice for what the C
+     * library keeps of freed ones. */
     uint64_t per_tok = 4u * (uint64_t)H + (uint64_t)(qdim + 2 * kvdim + odim) +
                        (c->mla ? (uint64_t)max64(c->q_lora_rank, kvdim) : 0u) + 2u * (uint64_t)I +
-                       3u * (uint64_t)c->top_k + (uint64_t)c->n_experts + 2u * (uint64_t)wide;
+                       3u * (uint64_t)c->top_k + (uint64_t)c->n_experts + 2u * (uint64_t)wide + 384u;
     /* f32 copies made at load: codebooks as stored and transposed (<= 8 stages), rotation signs, norms, bias,
      * q/k/v biases and full-width q/k norms (GQA variants) */
     uint64_t per_layer = 2u * 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +

@@ -4,8 +4,10 @@
  *   bit for bit, for input counts below, at and past the 8-input SIMD blocks;
  * - mpk_gemm (the prefill product): each input's result has the bits it has among others and
  *   the scalar path's (1 input, partial three-input steps, past one kernel call's 64), lies
- *   within f32 rounding of the double product of the decoded rows (mpk_row), and a NaN input
- *   gives the canonical NaN in its own outputs only. */
+ *   within f32 rounding of the double product of the decoded rows (mpk_row) with the inputs (for
+ *   the grouped codecs: as CODECS.md §2.4 rounds them to 16-bit integers, and within that
+ *   rounding's bound of the product with the inputs themselves), and a NaN input gives the
+ *   canonical NaN in its own outputs only. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,7 +36,7 @@ static void check_gemm(const char *name, const mpk_mat *w, const mpk_impl *const
     x[3 * cols + cols / 2] = NAN; /* input 3 */
     float *ref = malloc(sizeof(float) * (size_t)(NI * rows)), *y = malloc(sizeof(float) * (size_t)(NI * rows));
     mpk_gemm(paths[0], NULL, w, x, NI, ref);
-    double worst = 0.0;
+    double worst = 0.0, rmax = 0.0; /* rmax: the largest |x - x^| / d */
     for (int64_t r = 0; r < rows; r++) {
         mpk_row(w, r, row);
         for (int64_t t = 0; t < NI; t++) {
@@ -42,15 +44,34 @@ static void check_gemm(const char *name, const mpk_mat *w, const mpk_impl *const
                 CHECK(bits(ref[t * rows + r]) == 0x7fc00000u, "gemm %s NaN input row %lld", name, (long long)r);
                 continue;
             }
-            double s = 0.0, mag = 0.0;
-            for (int64_t c = 0; c < cols; c++) {
-                s += (double)row[c] * x[t * cols + c];
-                mag += fabs((double)row[c] * x[t * cols + c]);
+            /* grouped codecs (CODECS.md §2.4): the product of the rows with the inputs as rounded
+             * to 16-bit integers, x^ = q x d, within f32 rounding; and the product with x within
+             * that rounding's bound, sum |w| x |x - x^| <= sum |w| x d / 2 (d = the group's
+             * max |x| / 32767) */
+            double s = 0.0, mag = 0.0, bound = 0.0, exact = 0.0;
+            for (int64_t c0 = 0; c0 < cols; c0 += w->group ? w->group : cols) {
+                const int64_t c1 = w->group && c0 + w->group < cols ? c0 + w->group : cols;
+                float m = 0.0f;
+                for (int64_t c = c0; c < c1; c++) m = fabsf(x[t * cols + c]) > m ? fabsf(x[t * cols + c]) : m;
+                const float d = m / 32767.0f, inv = 32767.0f / m;
+                for (int64_t c = c0; c < c1; c++) {
+                    const double xc = x[t * cols + c], xh = w->group ? (double)rintf(xc * inv) * d : xc;
+                    s += (double)row[c] * xh;
+                    mag += fabs((double)row[c] * xh);
+                    bound += fabs((double)row[c]) * fabs(xc - xh);
+                    if (w->group && d > 0.0f) rmax = fabs(xc - xh) / d > rmax ? fabs(xc - xh) / d : rmax;
+                    exact += (double)row[c] * xc;
+                }
             }
             double e = fabs((double)ref[t * rows + r] - s) / (mag + 1e-30);
             worst = e > worst ? e : worst;
+            CHECK(fabs((double)ref[t * rows + r] - exact) <= bound + 1e-5 * mag + 1e-30,
+                  "gemm %s row %lld input %lld: %g off the float product, bound %g", name, (long long)r, (long long)t,
+                  fabs((double)ref[t * rows + r] - exact), bound + 1e-5 * mag);
         }
     }
+    /* half a step, and the step's and inverse's own roundings: |x| <= 32767 d, 3 x 2^-24 of it */
+    CHECK(rmax <= 0.5 + 32767.0 * 3 * 0x1p-24, "gemm %s: inputs rounded %g steps off", name, rmax);
     CHECK(worst < 1e-5, "gemm %s %lldx%lld: relative error %g vs the double product", name, (long long)rows,
           (long long)cols, worst);
     static const int64_t ns[] = {1, 2, 4, 5, 64, 66};
