@@ -218,62 +218,81 @@ AVX512 static void v_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t t
 }
 
 /* ---- the prefill product (§3.6) with VNNI ----
- * wb[pair][row][16]: two decoded vectors of a row per 256 bits (mpk_rvq_decode_panel), so that one
- * zmm holds rows r, r + 1 and each input's 16 columns go to both halves: a row keeps eight int32
- * lanes of 64 products each (below 2^31, exact), like AVX2's, and its group sum is those eight
- * lanes added in binary64 (exact) at the end of the group. */
-/* §3.6 steps 3-4 for rows q..q+7 of nt inputs from their stored lane sums sb[t][row pair]: the
- * 8 rows' lanes to binary64, added across lanes (exact), each sum rounded once to binary32, then
- * a[t][row] = fma(f32(n), d, a) (first group: onto +0).  Not inlined: its temporaries made GCC
- * copy the accumulators inside vg_tile's loop. */
-AVX512N static __attribute__((noinline)) void vg_put(float *a0, const __m512i (*sb)[4], const float *dg, int first,
-                                                     int nt) {
-    for (int t = 0; t < nt; t++) {
-        __m512d v[8];
-#pragma GCC unroll 4 /* v and h in registers (not unrolled, GCC kept them on the stack) */
-        for (int p = 0; p < 4; p++) {
-            const __m512i s = _mm512_load_si512(&sb[t][p]);
-            v[2 * p] = _mm512_cvtepi32_pd(_mm512_castsi512_si256(s));
-            v[2 * p + 1] = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(s, 1));
+ * One row a lane: the panel holds each column pair of the 16 rows in one zmm (wp[pair][row][2]),
+ * and vpdpwssd adds a pair's two products into each row's int32 lane, the input's pair broadcast
+ * by the instruction.  A lane takes 64 products (32 pairs, below 2^31, exact) before its sums go
+ * to binary64 (exact), so a group's sum needs no reduction across lanes. */
+#define VG_SEG 32 /* column pairs a lane sums before they go to binary64 */
+
+/* §3.6's decoded weights of kp vectors of the 16 rows from their codes (c, S stages) in column
+ * pairs: per vector the 16 rows' stage sums (8 int16 each, as mpk_rvq_decode_rows) transposed
+ * into its four pairs' registers */
+AVX512N static inline __attribute__((always_inline)) void vg_decode(const uint8_t *c, const mpk_rvq_icb *cb,
+                                                                    int64_t kp, const int S, int16_t *wp) {
+    for (int64_t v = 0; v < kp; v++, c += (size_t)S * 64) {
+        for (int st = 0; st < S; st++) /* the codes come from RAM: their lines 8 vectors ahead */
+            _mm_prefetch((const char *)(c + (size_t)(8 * S + st) * 64), _MM_HINT_T0);
+        uint64_t cw[MPK_RVQ_MAX_STAGES][2];
+#pragma GCC unroll 8
+        for (int st = 0; st < S; st++) memcpy(cw[st], c + st * 64, 16);
+        __m128i sum[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            sum[i] = _mm_loadu_si128((const __m128i *)((const char *)cb->q[0] + mpk_code_x16(cw[0][i >> 3], i & 7)));
+#pragma GCC unroll 8
+            for (int st = 1; st < S; st++)
+                sum[i] = _mm_add_epi16(sum[i], _mm_loadu_si128((const __m128i *)((const char *)cb->q[st] +
+                                                                                   mpk_code_x16(cw[st][i >> 3], i & 7))));
         }
-        __m512d h[4]; /* per 128-bit lane L: (row 2i, row 2i + 1) sums of lanes 2L, 2L + 1 */
+        /* z[k] lane m = row 4m + k; a 4 x 4 transpose of 32-bit pairs in every 128-bit lane then
+         * gives pair j of rows 0..15 in order */
+        __m512i z[4];
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) h[i] = _mm512_add_pd(_mm512_unpacklo_pd(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_pd(v[2 * i], v[2 * i + 1]));
-        const __m512d h01 = _mm512_add_pd(_mm512_shuffle_f64x2(h[0], h[1], 0x44), _mm512_shuffle_f64x2(h[0], h[1], 0xee));
-        const __m512d h23 = _mm512_add_pd(_mm512_shuffle_f64x2(h[2], h[3], 0x44), _mm512_shuffle_f64x2(h[2], h[3], 0xee));
-        const __m512d n = _mm512_add_pd(_mm512_shuffle_f64x2(h01, h23, 0x88), _mm512_shuffle_f64x2(h01, h23, 0xdd));
-        float *a = a0 + (size_t)t * MPK_GEMM_ROWS;
-        const __m256 prev = first ? _mm256_setzero_ps() : _mm256_loadu_ps(a);
-        _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm512_cvtpd_ps(n), _mm256_set1_ps(dg[t]), prev));
+        for (int k = 0; k < 4; k++)
+            z[k] = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(sum[k]), sum[4 + k], 1),
+                                                         sum[8 + k], 2), sum[12 + k], 3);
+        const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+        const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+        int16_t *o = wp + (size_t)v * 4 * 32;
+        _mm512_store_si512(o, _mm512_unpacklo_epi64(t0, t2));
+        _mm512_store_si512(o + 32, _mm512_unpackhi_epi64(t0, t2));
+        _mm512_store_si512(o + 64, _mm512_unpacklo_epi64(t1, t3));
+        _mm512_store_si512(o + 96, _mm512_unpackhi_epi64(t1, t3));
     }
 }
 
-/* rows q..q+7 (wq: their decoded pairs, two rows a zmm) times VT inputs over np pairs */
+/* §3.6 steps 3-4 for the 16 rows and NT <= 8 inputs over npairs column pairs of one group:
+ * acc[t][row] = fma(f32(n), dg[t], acc) (first group: onto +0) */
 AVX512N static inline __attribute__((always_inline)) void
-vg_tile(const int16_t *wq, const int16_t *const *xp, const float *dg, int64_t np, int first, float *a0, const int VT) {
-    __m512i s[4][4];
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; p++)
-#pragma GCC unroll 4
-        for (int t = 0; t < VT; t++) s[p][t] = _mm512_setzero_si512();
-    for (int64_t k = 0; k < np; k++) {
-        __m512i w[4];
-#pragma GCC unroll 4
-        for (int p = 0; p < 4; p++) w[p] = _mm512_load_si512(wq + ((size_t)k * MPK_GEMM_ROWS + 2 * (size_t)p) * 16);
-#pragma GCC unroll 4
-        for (int t = 0; t < VT; t++) {
-            const __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xp[t] + 16 * k)));
-#pragma GCC unroll 4
-            for (int p = 0; p < 4; p++) /* in place: as an intrinsic GCC copied every sum twice a step */
-                __asm__("vpdpwssd %2, %1, %0" : "+v"(s[p][t]) : "v"(w[p]), "v"(x));
+vg_rows(const int16_t *wp, const int16_t *const *xp, const float *dg, int64_t npairs, int first, float *acc,
+        const int NT) {
+    __m512d lo[8], hi[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) lo[t] = hi[t] = _mm512_setzero_pd();
+    for (int64_t k0 = 0; k0 < npairs; k0 += VG_SEG) {
+        const int64_t k1 = k0 + VG_SEG < npairs ? k0 + VG_SEG : npairs;
+        __m512i s[8];
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) s[t] = _mm512_setzero_si512();
+        for (int64_t k = k0; k < k1; k++) {
+            const __m512i w = _mm512_load_si512(wp + k * 32);
+#pragma GCC unroll 8
+            for (int t = 0; t < NT; t++) /* in place: as an intrinsic GCC copied every sum twice a step */
+                __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(s[t]) : "v"(w), "m"(*(const int32_t *)(xp[t] + 2 * k)));
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; t++) {
+            lo[t] = _mm512_add_pd(lo[t], _mm512_cvtepi32_pd(_mm512_castsi512_si256(s[t])));
+            hi[t] = _mm512_add_pd(hi[t], _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(s[t], 1)));
         }
     }
-    __m512i sb[4][4] __attribute__((aligned(64)));
-#pragma GCC unroll 4
-    for (int p = 0; p < 4; p++)
-#pragma GCC unroll 4
-        for (int t = 0; t < VT; t++) _mm512_store_si512(&sb[t][p], s[p][t]);
-    vg_put(a0, sb, dg, first, VT);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; t++) { /* each group sum rounded once to binary32 */
+        const __m512 n = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm512_cvtpd_ps(lo[t]))),
+                                                             _mm256_castps_pd(_mm512_cvtpd_ps(hi[t])), 1));
+        const __m512 prev = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + t * MPK_GEMM_ROWS);
+        _mm512_storeu_ps(acc + t * MPK_GEMM_ROWS, _mm512_fmadd_ps(n, _mm512_set1_ps(dg[t]), prev));
+    }
 }
 
 AVX512N static void v_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xq, size_t xqs, int64_t n,
@@ -281,26 +300,24 @@ AVX512N static void v_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const ui
     const int S = w->stages;
     const int64_t nv = w->nv;
     const uint8_t *codes = w->codes + (size_t)((r0 / 64) * nv * S) * 64 + (size_t)(r0 % 64);
-    int16_t wb[MPK_GEMM_ROWS * MPK_RVQ_XGROUP * 8] __attribute__((aligned(64)));
+    int16_t wp[MPK_GEMM_ROWS * MPK_RVQ_XGROUP * 8] __attribute__((aligned(64)));
     for (int64_t v0 = 0, g = 0; v0 < nv; v0 += MPK_RVQ_XGROUP, g++) { /* one panel per group */
-        const int64_t kp = nv - v0 < MPK_RVQ_XGROUP ? nv - v0 : MPK_RVQ_XGROUP, np = (kp + 1) / 2;
-        mpk_rvq_decode_panel(codes + (size_t)(v0 * S) * 64, cb, kp, S, 2, wb); /* wb[pair][row][16] */
-        for (int64_t t = 0; t < n;) { /* inputs by four, then the last one to three */
-            const int nt = n - t >= 4 ? 4 : (int)(n - t);
-            const int16_t *xp[4];
-            float dg[4];
+        const int64_t kp = nv - v0 < MPK_RVQ_XGROUP ? nv - v0 : MPK_RVQ_XGROUP;
+        const uint8_t *c = codes + (size_t)(v0 * S) * 64;
+        switch (S) { /* the common stage counts unrolled */
+        case 2: vg_decode(c, cb, kp, 2, wp); break;
+        case 3: vg_decode(c, cb, kp, 3, wp); break;
+        case 4: vg_decode(c, cb, kp, 4, wp); break;
+        default: vg_decode(c, cb, kp, S, wp);
+        }
+        for (int64_t t = 0; t < n; t += 8) { /* inputs by eight, then the last one to seven */
+            const int nt = n - t >= 8 ? 8 : (int)(n - t);
+            const int16_t *xp[8];
+            float dg[8];
             mpk_rvq_gemm_inputs(xq, xqs, w->cols, t, nt, v0, g, xp, dg);
-            float *a0 = acc + (size_t)t * MPK_GEMM_ROWS;
-            for (int q = 0; q < MPK_GEMM_ROWS; q += 8) {
-                const int16_t *wq = wb + (size_t)q * 16;
-                switch (nt) {
-                case 4: vg_tile(wq, xp, dg, np, v0 == 0, a0 + q, 4); break;
-                case 3: vg_tile(wq, xp, dg, np, v0 == 0, a0 + q, 3); break;
-                case 2: vg_tile(wq, xp, dg, np, v0 == 0, a0 + q, 2); break;
-                default: vg_tile(wq, xp, dg, np, v0 == 0, a0 + q, 1);
-                }
-            }
-            t += nt;
+#define VG(NT) vg_rows(wp, xp, dg, 4 * kp, v0 == 0, acc + t * MPK_GEMM_ROWS, NT);
+            MPK_SWITCH8(nt, VG)
+#undef VG
         }
     }
 }
