@@ -1003,11 +1003,7 @@ qg_rows(const int16_t *wq, const float *sc, const float *mn, int64_t ng, int64_t
         float *acc, const int NT) {
     const int16_t *q[3];
     const float *d[3];
-#pragma GCC unroll 3
-    for (int t = 0; t < NT; t++) {
-        q[t] = (const int16_t *)(xq + (size_t)t * xqs);
-        d[t] = mpk_tq_steps(xq + (size_t)t * xqs, ng * group);
-    }
+    mpk_tq_inputs(xq, xqs, ng * group, NT, q, d);
     __m256 f[3][2];
 #pragma GCC unroll 3
     for (int t = 0; t < NT; t++) f[t][0] = f[t][1] = _mm256_setzero_ps();

@@ -230,20 +230,11 @@ AVX512 static void v_rvq_tiles(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t t
 AVX512N static inline __attribute__((always_inline)) void vg_decode(const uint8_t *c, const mpk_rvq_icb *cb,
                                                                     int64_t kp, const int S, int16_t *wp) {
     for (int64_t v = 0; v < kp; v++, c += (size_t)S * 64) {
-        for (int st = 0; st < S; st++) /* the codes come from RAM: their lines 8 vectors ahead */
-            _mm_prefetch((const char *)(c + (size_t)(8 * S + st) * 64), _MM_HINT_T0);
         uint64_t cw[MPK_RVQ_MAX_STAGES][2];
-#pragma GCC unroll 8
-        for (int st = 0; st < S; st++) memcpy(cw[st], c + st * 64, 16);
+        mpk_rvq_vector_codes(c, S, cw);
         __m128i sum[16];
 #pragma GCC unroll 16
-        for (int i = 0; i < 16; i++) {
-            sum[i] = _mm_loadu_si128((const __m128i *)((const char *)cb->q[0] + mpk_code_x16(cw[0][i >> 3], i & 7)));
-#pragma GCC unroll 8
-            for (int st = 1; st < S; st++)
-                sum[i] = _mm_add_epi16(sum[i], _mm_loadu_si128((const __m128i *)((const char *)cb->q[st] +
-                                                                                   mpk_code_x16(cw[st][i >> 3], i & 7))));
-        }
+        for (int i = 0; i < 16; i++) sum[i] = mpk_rvq_row_sum((const uint64_t (*)[2])cw, cb, S, i);
         /* z[k] lane m = row 4m + k; a 4 x 4 transpose of 32-bit pairs in every 128-bit lane then
          * gives pair j of rows 0..15 in order */
         __m512i z[4];
@@ -380,11 +371,7 @@ vqg_rows(const int16_t *wq, const float *sc, const float *mn, int64_t ng, int64_
          float *acc, const int NT) {
     const int16_t *q[8];
     const float *d[8];
-#pragma GCC unroll 8
-    for (int t = 0; t < NT; t++) {
-        q[t] = (const int16_t *)(xq + (size_t)t * xqs);
-        d[t] = mpk_tq_steps(xq + (size_t)t * xqs, ng * group);
-    }
+    mpk_tq_inputs(xq, xqs, ng * group, NT, q, d);
     __m512 f[8];
 #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) f[t] = _mm512_setzero_ps();

@@ -164,6 +164,15 @@ static inline size_t mpk_tq_qbytes(int64_t cols_p) { return (2 * (size_t)cols_p 
 static inline const float *mpk_tq_steps(const uint8_t *xq, int64_t cols_p) {
     return (const float *)(xq + mpk_tq_qbytes(cols_p));
 }
+/* The trunk integer product kernels' inputs 0 .. nt - 1 at xq + t * xqs: their integers (q) and
+ * group steps (d) */
+static inline void mpk_tq_inputs(const uint8_t *xq, size_t xqs, int64_t cols_p, int nt, const int16_t **q,
+                                 const float **d) {
+    for (int t = 0; t < nt; t++) {
+        q[t] = (const int16_t *)(xq + (size_t)t * xqs);
+        d[t] = mpk_tq_steps(xq + (size_t)t * xqs, cols_p);
+    }
+}
 /* the quantised input's group steps (d, after q) */
 static inline const float *mpk_rvq_xq_steps(const uint8_t *xq, int64_t cols) {
     return (const float *)(xq + 2 * (size_t)((cols + 15) / 16 * 16));
@@ -190,26 +199,36 @@ static inline size_t mpk_code_x16(uint64_t w, int b) {
  * (codes c, S stages) the MPK_GEMM_ROWS rows' stage entries summed (exact in any order), stored
  * wb[block][row][8 * per] with per vectors a block (2: one 256-bit register, 4: one 512-bit),
  * zeros from the last vector to the end of its block. */
+/* One vector's codes of the 16 rows (c: S stages of 64 lanes): each stage's 16 codes as two
+ * 8-byte words, a code's entry offset then taken by a rotate and a mask instead of a byte load each
+ * (the loads bounded the decode); the codes come from RAM, so their lines 8 vectors ahead are
+ * prefetched. */
+static inline __attribute__((always_inline)) void mpk_rvq_vector_codes(const uint8_t *c, int S,
+                                                                       uint64_t (*cw)[2]) {
+    for (int st = 0; st < S; st++) _mm_prefetch((const char *)(c + (size_t)(8 * S + st) * 64), _MM_HINT_T0);
+    memcpy(cw[0], c, 16); /* S >= 1, which GCC cannot see */
+#pragma GCC unroll 8
+    for (int st = 1; st < S; st++) memcpy(cw[st], c + st * 64, 16);
+}
+/* row i's decoded vector: its S stage entries summed (exact) */
+static inline __attribute__((always_inline)) __m128i mpk_rvq_row_sum(const uint64_t (*cw)[2], const mpk_rvq_icb *cb,
+                                                                     int S, int i) {
+    __m128i sum = _mm_loadu_si128((const __m128i *)((const char *)cb->q[0] + mpk_code_x16(cw[0][i >> 3], i & 7)));
+#pragma GCC unroll 8
+    for (int st = 1; st < S; st++)
+        sum = _mm_add_epi16(sum, _mm_loadu_si128((const __m128i *)((const char *)cb->q[st] +
+                                                                   mpk_code_x16(cw[st][i >> 3], i & 7))));
+    return sum;
+}
 static inline __attribute__((always_inline)) void mpk_rvq_decode_rows(const uint8_t *c, const mpk_rvq_icb *cb,
                                                                       int64_t kp, int S, const int per, int16_t *wb) {
     for (int64_t v = 0; v < kp; v++, c += (size_t)S * 64) {
-        for (int st = 0; st < S; st++) /* the codes come from RAM: their lines 8 vectors ahead */
-            _mm_prefetch((const char *)(c + (size_t)(8 * S + st) * 64), _MM_HINT_T0);
-        /* each stage's 16 codes as two 8-byte words, a code's entry offset taken by a rotate and a
-         * mask instead of a byte load each (the loads bounded this loop) */
         uint64_t cw[MPK_RVQ_MAX_STAGES][2];
-#pragma GCC unroll 8
-        for (int st = 0; st < S; st++) memcpy(cw[st], c + st * 64, 16);
+        mpk_rvq_vector_codes(c, S, cw);
 #pragma GCC unroll 16 /* the rows unrolled: constant code offsets, no loop counter (+20-25 %) */
-        for (int i = 0; i < MPK_GEMM_ROWS; i++) {
-            const char *e0 = (const char *)cb->q[0] + mpk_code_x16(cw[0][i >> 3], i & 7);
-            __m128i sum = _mm_loadu_si128((const __m128i *)e0);
-#pragma GCC unroll 8
-            for (int st = 1; st < S; st++)
-                sum = _mm_add_epi16(sum, _mm_loadu_si128((const __m128i *)((const char *)cb->q[st] +
-                                                                           mpk_code_x16(cw[st][i >> 3], i & 7))));
-            _mm_store_si128((__m128i *)(wb + ((size_t)(v / per) * MPK_GEMM_ROWS + (size_t)i) * 8 * per + (v % per) * 8), sum);
-        }
+        for (int i = 0; i < MPK_GEMM_ROWS; i++)
+            _mm_store_si128((__m128i *)(wb + ((size_t)(v / per) * MPK_GEMM_ROWS + (size_t)i) * 8 * per + (v % per) * 8),
+                            mpk_rvq_row_sum((const uint64_t (*)[2])cw, cb, S, i));
     }
     for (int64_t v = kp; v % per; v++)
         for (int i = 0; i < MPK_GEMM_ROWS; i++)
