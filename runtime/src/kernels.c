@@ -1124,7 +1124,7 @@ static void qgemm_rows_one_by_one(const tgemm_job *j, int64_t r0, int64_t r1) {
     const mpk_mat *w = j->w;
     const int64_t ng = w->ngroups;
     int16_t *wq = calloc((size_t)(MPK_GEMM_ROWS * w->cols_p), 2), *row = calloc((size_t)w->cols_p, 2);
-    float *sc = calloc((size_t)(4 * MPK_GEMM_ROWS * ng), 4), *mn = sc + MPK_GEMM_ROWS * ng, *rs = mn + MPK_GEMM_ROWS * ng;
+    float *sc = calloc((size_t)((2 * MPK_GEMM_ROWS + 2) * ng), 4), *mn = sc + MPK_GEMM_ROWS * ng, *rs = mn + MPK_GEMM_ROWS * ng;
     float acc[MPK_GEMM_ROWS];
     for (int64_t r = r0; wq && row && sc && r < r1; r++) {
         s_row_ints(w, r, row);
@@ -1194,19 +1194,19 @@ static void qgemm_task(void *ctx, size_t task) {
                 if (r < r1) {
                     j->k->row_ints(w, r, row);
                     memset(row + w->cols, 0, (size_t)(cp - w->cols) * 2);
-                    mpk_group_scales(w, r, rsc + i * ng, rmn + i * ng);
-                } else { /* past the last row: code 0, scale 0 */
+                    mpk_group_scales(w, r, rsc + i * ng, rmn + i * ng); /* minimums: zero point only */
+                } else { /* past the last row: code 0, scale and minimum 0 */
                     memset(row, 0, (size_t)cp * 2);
                     memset(rsc + i * ng, 0, (size_t)ng * 4);
+                    memset(rmn + i * ng, 0, (size_t)ng * 4);
                 }
-                if (!w->zero_point) memset(rmn + i * ng, 0, (size_t)ng * 4);
             }
             pairs_transpose(rows, cp, wq + b * MPK_GEMM_ROWS * cp);
             for (int64_t g = 0; g < ng; g++)
-                for (int i = 0; i < MPK_GEMM_ROWS; i++) {
-                    sc[(b * ng + g) * MPK_GEMM_ROWS + i] = rsc[i * ng + g];
-                    mn[(b * ng + g) * MPK_GEMM_ROWS + i] = rmn[i * ng + g];
-                }
+                for (int i = 0; i < MPK_GEMM_ROWS; i++) sc[(b * ng + g) * MPK_GEMM_ROWS + i] = rsc[i * ng + g];
+            if (w->zero_point)
+                for (int64_t g = 0; g < ng; g++)
+                    for (int i = 0; i < MPK_GEMM_ROWS; i++) mn[(b * ng + g) * MPK_GEMM_ROWS + i] = rmn[i * ng + g];
         }
         for (int64_t t0 = 0; t0 < j->n; t0 += N) {
             const int64_t n = j->n - t0 < N ? j->n - t0 : N;
