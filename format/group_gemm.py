@@ -1,4 +1,4 @@
-"""Reference of the trunk's prefill product (spec/CODECS.md §2.4) in numpy: a group codec's
+"""Reference of the trunk's integer product (spec/CODECS.md §2.4) in numpy: a group codec's
 integer codes summed exactly against activations rounded to 16-bit integers per group, the
 scales (and q4 minimums) applied once per group with binary32 fma.
 

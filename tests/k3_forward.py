@@ -66,7 +66,7 @@ class K3Forward:
         self.beta, self.lb = t["activation_situ_beta"], t.get("activation_situ_linear_beta", 0.0)
 
     def mm(self, x: np.ndarray, name: str) -> np.ndarray:
-        """x [T, cols] times a trunk matrix the engine multiplies with a prompt by §2.4"""
+        """x [T, cols] times a grouped trunk matrix, as the engine multiplies it (§2.4)"""
         return (x if self.spec is None else rounded(x)) @ self.w[name].T
 
     def trunk(self, name: str) -> np.ndarray | SpecTrunk:
@@ -176,4 +176,4 @@ class K3Forward:
                           f"{p}.post_attention_layernorm.weight")
             x = x + self.ffn(layer, f)
         x = self.norm(mix(x, self.score("model.output_attn_res")), "model.norm.weight")
-        return x @ w["lm_head.weight"].T
+        return self.mm(x, "lm_head.weight")

@@ -1,7 +1,7 @@
-"""The trunk's prompt product as the engine computes it (CODECS.md §2.4): each activation rounded
-to 16-bit integers per group of the weights' columns (moepack.format.group_gemm's step 1), then
-multiplied with the decoded weights. What is left against the engine is its binary32 arithmetic,
-which can send an activation's rounding the other way (tests/test_k3_engine.py)."""
+"""The trunk's grouped products as the engine computes them (CODECS.md §2.4): each activation
+rounded to 16-bit integers per group of the weights' columns (moepack.format.group_gemm's step
+1), then multiplied with the decoded weights. What is left against the engine is its binary32
+arithmetic, which can send an activation's rounding the other way (tests/test_k3_engine.py)."""
 
 from __future__ import annotations
 

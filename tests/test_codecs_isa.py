@@ -174,7 +174,7 @@ int mpk_test_rvq_gemm(int which, int threads, const uint8_t *part, long long row
     free(xq);
     return 0;
 }
-/* the trunk's prefill product (§2.4 for q8 / q6 / q4: kind 0 / 1 / 2) of n inputs x[n][cols] */
+/* the trunk's product (§2.4 for q8 / q6 / q4: kind 0 / 1 / 2) of n inputs x[n][cols] */
 __attribute__((visibility("default")))
 int mpk_test_group_gemm(int which, int threads, int kind, int zero_point, long long group,
                         const uint8_t *data, long long rows, long long cols, const float *x,
@@ -364,10 +364,12 @@ def _group_matrix(rng, codec: dict, rows: int, cols: int) -> bytes:
     {"name": "q4", "group_size": 64, "zero_point": True}, {"name": "q8", "group_size": 256},
 ], ids=lambda c: f"{c['name']}{'z' if c.get('zero_point') else ''}-g{c['group_size']}")
 @pytest.mark.parametrize("rows,cols", [(37, 100), (20, 1031)])
-def test_trunk_prefill_product_matches_reference(kernels: ctypes.CDLL, codec: dict, rows: int,
-                                                 cols: int) -> None:
-    """§2.4 on every path and thread count: the reference's bits for 35 inputs (past one
-    micro-kernel step of 8 and one of 3), among them a zero, a huge, a tiny and a NaN input."""
+def test_trunk_product_matches_reference(kernels: ctypes.CDLL, codec: dict, rows: int,
+                                         cols: int) -> None:
+    """§2.4 on every path and thread count: the reference's bits for 35 inputs in one call (the
+    prompt's panels, past one micro-kernel step of 8 and one of 3), among them a zero, a huge, a
+    tiny and a NaN input, and for one input a call (decode's kernel: rows read as stored, the
+    last block of rows overlapping the one before)."""
     rng = np.random.default_rng(rows * 7 + cols + codec["group_size"])
     data = _group_matrix(rng, codec, rows, cols)
     x = rng.standard_normal((35, cols)).astype(np.float32)
@@ -390,4 +392,11 @@ def test_trunk_prefill_product_matches_reference(kernels: ctypes.CDLL, codec: di
             ran.append(name)
             bad = np.argwhere(y.view(np.uint32) != ref.view(np.uint32))[:5]
             assert _same(y, ref), (name, threads, bad)
+            for t in (0, 3, 4, 5, 6, 7):
+                one = np.full(rows, 7.0, np.float32)
+                assert kernels.mpk_test_group_gemm(which, threads, GROUP_CODECS[codec["name"]],
+                                                   int(bool(codec.get("zero_point"))),
+                                                   codec["group_size"], buf.ctypes.data, rows, cols,
+                                                   x[t].ctypes.data, 1, one.ctypes.data) == 0
+                assert _same(one, ref[t]), (name, threads, t)
     assert "scalar" in ran

@@ -240,17 +240,16 @@ def test_logits_match_transformers(model):
 
 
 def test_greedy_matches_transformers(model):
-    """The engine's 32 greedy tokens are transformers' argmax after each prefix, read from one
-    causal pass over prompt + reply: by induction transformers' own greedy run gives the same
-    32 tokens (32 passes would cost ~30 s here)."""
+    """The engine's 32 greedy tokens are transformers' argmax after each prefix (or a near tie
+    with it), read from one causal pass over prompt + reply (32 passes would cost ~30 s here)."""
+    from engine_invariants import assert_greedy_agrees
     from moepack.runtime.engine import Engine
 
     path, ref = model
     prompt = _tokens(10, 1)
     with Engine(str(path), threads=2, kv="f32") as e:
         got = list(e.generate(prompt, 32))
-    want = _reference_logits(ref, prompt + got[:-1])[len(prompt) - 1:].argmax(-1)
-    assert got == want.tolist()
+    assert_greedy_agrees(got, _reference_logits(ref, prompt + got[:-1])[len(prompt) - 1:])
 
 
 def test_threads_chunks_and_pieces_bit_identical(model):

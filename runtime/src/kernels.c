@@ -57,6 +57,11 @@ const mpk_impl *mpk_select(int which) {
 const char *mpk_impl_name(const mpk_impl *k) { return k ? k->name : mpk_scalar_impl.name; }
 
 static const mpk_impl *impl_or_scalar(const mpk_impl *k) { return k ? k : &mpk_scalar_impl; }
+/* The grouped codecs (q8/q6/q4) take the trunk's integer product (CODECS.md §2.4) in every call:
+ * their group sums fit int32 (|code| <= 128, |q| <= 32767, at most MPK_MAX_GROUP columns a group,
+ * the spec's largest, which mpk_mat_init enforces); the float codecs keep their float products. */
+#define MPK_MAX_GROUP 256
+static int grouped(const mpk_mat *w) { return w->group > 0; }
 static int vec_helpers(void);
 
 float mpk_f16_to_f32(uint16_t h) {
@@ -143,8 +148,8 @@ static float red8(const float l[8]) {
 }
 float mpk_red8(const float l[8]) { return red8(l); }
 
-/* Per-codec scalar row products (row_dot's order: lanes of element mod 8, separate multiply and
- * add, red8; grouped codecs scale each group's red8 and add the groups in order). */
+/* Per-codec scalar row products of the float codecs (row_dot's order: lanes of element mod 8,
+ * separate multiply and add, red8); the grouped codecs take §2.4 (s_qdot_rows). */
 static float s_dot_f32(const mpk_mat *w, int64_t r, const float *x) {
     float l[8] = {0};
     const float *row = (const float *)w->data + r * w->cols;
@@ -161,58 +166,8 @@ static float dot_16(const mpk_mat *w, int64_t r, const float *x, float (*cvt)(ui
 static float s_dot_f16(const mpk_mat *w, int64_t r, const float *x) { return dot_16(w, r, x, mpk_f16_to_f32); }
 static float s_dot_bf16(const mpk_mat *w, int64_t r, const float *x) { return dot_16(w, r, x, mpk_bf16_to_f32); }
 
-static float s_dot_q8(const mpk_mat *w, int64_t r, const float *x) {
-    const int64_t G = w->group, ng = w->ngroups, n = w->cols;
-    const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
-    const int8_t *q = (const int8_t *)mpk_q8_row(w, r);
-    float acc = 0.0f;
-    for (int64_t g = 0; g < ng; g++) {
-        int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
-        float gl[8] = {0};
-        for (int64_t c = c0; c < c1; c++) gl[(c - c0) & 7] += (float)q[c] * x[c];
-        acc += mpk_f16_to_f32(ld16(sc + 2 * g)) * red8(gl);
-    }
-    return acc;
-}
-
-static float s_dot_q6(const mpk_mat *w, int64_t r, const float *x) {
-    const int64_t G = w->group, ng = w->ngroups, n = w->cols;
-    const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
-    const uint8_t *q = mpk_q6_row(w, r);
-    float acc = 0.0f;
-    for (int64_t g = 0; g < ng; g++) {
-        int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
-        float gl[8] = {0};
-        for (int64_t c = c0; c < c1; c++) gl[(c - c0) & 7] += (float)(mpk_q6_code(q, c) - 32) * x[c];
-        acc += mpk_f16_to_f32(ld16(sc + 2 * g)) * red8(gl);
-    }
-    return acc;
-}
-
-static float s_dot_q4(const mpk_mat *w, int64_t r, const float *x) {
-    const int64_t G = w->group, ng = w->ngroups, n = w->cols;
-    const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
-    const uint8_t *mins = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
-    const uint8_t *q = mpk_q4_row(w, r);
-    float acc = 0.0f;
-    for (int64_t g = 0; g < ng; g++) {
-        int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n;
-        float gl[8] = {0}, xl[8] = {0};
-        for (int64_t c = c0; c < c1; c++) {
-            int nib = (q[c >> 1] >> ((c & 1) * 4)) & 15;
-            gl[(c - c0) & 7] += (float)(w->zero_point ? nib : nib - 8) * x[c];
-            if (w->zero_point) xl[(c - c0) & 7] += x[c];
-        }
-        float part = mpk_f16_to_f32(ld16(sc + 2 * g)) * red8(gl);
-        if (w->zero_point) part += mpk_f16_to_f32(ld16(mins + 2 * g)) * red8(xl);
-        acc += part;
-    }
-    return acc;
-}
-
 static const mpk_row_dot_fn s_row_dots[MPK_TRUNK_CODECS] = {
-    [MP_CODEC_F32] = s_dot_f32, [MP_CODEC_F16] = s_dot_f16, [MP_CODEC_BF16] = s_dot_bf16,
-    [MP_CODEC_Q8] = s_dot_q8,   [MP_CODEC_Q6] = s_dot_q6,   [MP_CODEC_Q4] = s_dot_q4};
+    [MP_CODEC_F32] = s_dot_f32, [MP_CODEC_F16] = s_dot_f16, [MP_CODEC_BF16] = s_dot_bf16};
 
 /* §3.5 steps 1-2, literally.  T is kept for the group (32 KiB) because q needs the group's max. */
 static void s_rvq_tables(const float *cbt, const float *x, mpk_rvq_tab *t, int64_t g, int st) {
@@ -335,15 +290,31 @@ static void s_qgemm_rows(const int16_t *wq, const float *sc, const float *mn, in
     }
 }
 
-static void s_row_values(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
-    (void)sc, (void)mn;
-    mpk_row(w, r, out);
+/* §2.4 for one input, as written (the definition the SIMD qdot_rows reproduce) */
+static void s_qdot_rows(const mpk_mat *w, int64_t r0, int64_t r1, const uint8_t *xq, float *y) {
+    const int16_t *q = (const int16_t *)xq;
+    const int64_t ng = w->ngroups, G = w->group;
+    const float *d = mpk_tq_steps(xq, w->cols_p), *z = d + ng;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *k = mpk_grouped_row(w, r), *s = w->data + (size_t)(r * ng) * 2, *m = s + (size_t)(w->rows * ng) * 2;
+        float a = 0.0f;
+        for (int64_t g = 0; g < ng; g++) {
+            int32_t sum = 0; /* |sum| <= 256 x 128 x 32767 < 2^31 */
+            for (int64_t c = g * G; c < (g + 1) * G; c++) sum += mpk_int_code(w, k, c) * q[c];
+            a = fmaf((float)sum, mpk_f16_to_f32(ld16(s + 2 * g)) * d[g], a);
+            if (w->zero_point) a = fmaf(z[g], mpk_f16_to_f32(ld16(m + 2 * g)) * d[g], a);
+        }
+        y[r - r0] = a;
+    }
 }
+
+static void s_row_values(const mpk_mat *w, int64_t r, float *out) { mpk_row(w, r, out); }
 
 const mpk_impl mpk_scalar_impl = {.name = "scalar", .row_dot = s_row_dots, .rvq_tables = s_rvq_tables,
                                  .rvq_tiles = s_rvq_tiles, .rvq_gemm = s_rvq_gemm,
                                  .row_values = s_row_values, .gemm_rows = s_gemm_rows,
-                                 .qgemm_rows = s_qgemm_rows, .row_ints = s_row_ints};
+                                 .qgemm_rows = s_qgemm_rows, .row_ints = s_row_ints,
+                                 .qdot_rows = s_qdot_rows};
 
 /* ---- shared helpers ---- */
 
@@ -357,7 +328,7 @@ int mpk_mat_init(mpk_mat *m, int codec, int64_t rows, int64_t cols, int64_t grou
     m->data = data;
     m->cols_p = cols;
     if (codec == MP_CODEC_Q8 || codec == MP_CODEC_Q4 || codec == MP_CODEC_Q6) {
-        if (group < 8 || group % 8 || group > 4096) return -1;
+        if (group < 8 || group % 8 || group > MPK_MAX_GROUP) return -1;
         m->group = group;
         m->ngroups = (cols + group - 1) / group;
         m->cols_p = m->ngroups * group;
@@ -374,12 +345,8 @@ uint64_t mpk_mat_nbytes(const mpk_mat *m) {
     return mp_codec_nbytes(&ci, 2, (const int64_t[2]){m->rows, m->cols});
 }
 
-float mpk_row_dot(const mpk_impl *k, const mpk_mat *w, int64_t r, const float *x) {
-    return impl_or_scalar(k)->row_dot[w->codec](w, r, x);
-}
-
-/* Per-codec row decodes: a row's values (mpk_row), and its stored numbers as row_dot multiplies
- * them with the group scales and q4 minimums apart (mpk_row_codes, what mm_rows multiplies). */
+/* Per-codec row decodes: a row's values (mpk_row), and its stored numbers with the group scales
+ * and q4 minimums apart (mpk_row_codes; for the float codecs, what mm_rows multiplies). */
 void mpk_group_scales(const mpk_mat *w, int64_t r, float *sc, float *mn) {
     if (!sc) return; /* mpk_row applies the scales itself */
     const int64_t ng = w->ngroups;
@@ -423,17 +390,8 @@ static void codes_q4(const mpk_mat *w, int64_t r, float *out, float *sc, float *
 /* Row r's integer codes as §2.4 multiplies them (q4 symmetric and q6 minus their offsets), columns
  * [c0, cols) of out */
 void mpk_row_ints_from(const mpk_mat *w, int64_t r, int64_t c0, int16_t *out) {
-    if (w->codec == MP_CODEC_Q8) {
-        const int8_t *q = (const int8_t *)mpk_q8_row(w, r);
-        for (int64_t c = c0; c < w->cols; c++) out[c] = q[c];
-    } else if (w->codec == MP_CODEC_Q6) {
-        const uint8_t *q = mpk_q6_row(w, r);
-        for (int64_t c = c0; c < w->cols; c++) out[c] = (int16_t)(mpk_q6_code(q, c) - 32);
-    } else if (w->codec == MP_CODEC_Q4) {
-        const uint8_t *q = mpk_q4_row(w, r);
-        const int off = w->zero_point ? 0 : 8;
-        for (int64_t c = c0; c < w->cols; c++) out[c] = (int16_t)(((q[c >> 1] >> ((c & 1) * 4)) & 15) - off);
-    }
+    const uint8_t *q = mpk_grouped_row(w, r);
+    for (int64_t c = c0; c < w->cols; c++) out[c] = (int16_t)mpk_int_code(w, q, c);
 }
 static void s_row_ints(const mpk_mat *w, int64_t r, int16_t *out) { mpk_row_ints_from(w, r, 0, out); }
 
@@ -496,7 +454,7 @@ typedef struct {
     const float *x;
     int64_t n;
     float *y;
-    const float *xt, *xl; /* multi-input path: transposed inputs, q4 zero-point sums */
+    const float *xt; /* multi-input path: transposed inputs */
     int64_t nb;
     int64_t rows; /* per task: MPK_MM_ROWS for mm_rows (its buffer's rows), else stream_rows */
     mpk_pool *pool; /* whose threads' scratch the tasks use (NULL: their own allocations) */
@@ -510,7 +468,7 @@ static void mv_task(void *ctx, size_t t) {
     if (j->xt) {
         float *wb = task_buffer(j->pool, mpk_mm_wb_floats(w) * sizeof(float));
         if (wb) {
-            j->k->mm_rows(w, r0, r1, j->xt, j->xl, j->nb, j->n, j->y, wb);
+            j->k->mm_rows(w, r0, r1, j->xt, j->nb, j->n, j->y, wb);
             task_buffer_done(j->pool, wb);
             return;
         }
@@ -523,43 +481,31 @@ static void mv_task(void *ctx, size_t t) {
         for (int64_t i = 0; i < j->n; i++) j->y[i * w->rows + r] = j->k->row_dot[w->codec](w, r, j->x + i * w->cols);
 }
 
-/* Inputs transposed for mm_rows: xt[b][c][i] = x[b * TB + i][c] (0 past n); for q4 zero-point,
- * xl[b][g][i] = red8 of the group's input lanes, computed exactly as row_dot does (it does not
- * depend on the row).  NULL when out of memory (the caller then runs row by row). */
-static float *mm_inputs(const mpk_mat *w, const float *x, int64_t n, int64_t nb, float **xl) {
+/* Inputs transposed for mm_rows: xt[b][c][i] = x[b * TB + i][c] (0 past n).  NULL when out of
+ * memory (the caller then runs row by row). */
+static float *mm_inputs(const mpk_mat *w, const float *x, int64_t n, int64_t nb) {
     const int64_t C = w->cols, TB = MPK_MM_TB;
-    size_t nxt = (size_t)(nb * C * TB), nxl = w->zero_point ? (size_t)(nb * w->ngroups * TB) : 0;
-    float *xt = malloc((nxt + nxl) * sizeof(float));
+    float *xt = calloc((size_t)(nb * C * TB), sizeof(float));
     if (!xt) return NULL;
-    memset(xt, 0, nxt * sizeof(float));
     for (int64_t t = 0; t < n; t++)
         for (int64_t c = 0; c < C; c++) xt[((t / TB) * C + c) * TB + t % TB] = x[t * C + c];
-    *xl = NULL;
-    if (nxl) {
-        *xl = xt + nxt;
-        for (int64_t t = 0; t < nb * TB; t++)
-            for (int64_t g = 0; g < w->ngroups; g++) {
-                int64_t c0 = g * w->group, c1 = c0 + w->group < C ? c0 + w->group : C;
-                float l[8] = {0};
-                for (int64_t c = c0; t < n && c < c1; c++) l[(c - c0) & 7] += x[t * C + c];
-                (*xl)[((t / TB) * w->ngroups + g) * TB + t % TB] = red8(l);
-            }
-    }
     return xt;
 }
 
 void mpk_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n,
                 float *y) {
-    mv_job j = {impl_or_scalar(k), w, x, n, y, NULL, NULL, 0, MPK_MM_ROWS, pool};
+    if (grouped(w)) { /* grouped codecs: §2.4 for any number of inputs */
+        mpk_gemm(k, pool, w, x, n, y);
+        return;
+    }
+    mv_job j = {impl_or_scalar(k), w, x, n, y, NULL, 0, MPK_MM_ROWS, pool};
     float *xt = NULL;
     /* several inputs: each row decoded once and multiplied with MPK_MM_TB inputs per
      * instruction (same operations per input as row_dot, so the same bits) */
     /* from where it beats row by row (bench_trunk_matmat) */
     if (n >= MPK_MM_TB && j.k->mm_rows) {
         j.nb = (n + MPK_MM_TB - 1) / MPK_MM_TB;
-        float *xl = NULL;
-        j.xt = xt = mm_inputs(w, x, n, j.nb, &xl);
-        j.xl = xl;
+        j.xt = xt = mm_inputs(w, x, n, j.nb);
     }
     if (!j.xt) j.rows = stream_rows(w, mpk_pool_threads(pool));
     size_t ntasks = (size_t)((w->rows + j.rows - 1) / j.rows);
@@ -959,7 +905,7 @@ typedef struct {
     int64_t per;   /* row blocks per task */
     float *y;
     mpk_pool *pool; /* whose threads' scratch the tasks use (NULL: their own allocations) */
-    const uint8_t *xq; /* the integer product's inputs (qgemm_fits), xqs bytes apart; else NULL */
+    const uint8_t *xq; /* the integer product's inputs (grouped matrices), xqs bytes apart; else NULL */
     size_t xqs;
 } tgemm_job;
 
@@ -1046,22 +992,21 @@ static void tgemm_task(void *ctx, size_t task) {
     const int64_t b0 = (int64_t)task * j->per, b1 = b0 + j->per < nblocks ? b0 + j->per : nblocks;
     const int64_t rs = j->xs, nv = rs / 8, bs = MPK_GEMM_ROWS * rs; /* floats a block */
     const int64_t G = tgemm_blocks(rs), N = tgemm_inputs(rs);
-    const size_t ng = (size_t)(w->ngroups ? w->ngroups : 1);
-    /* wb[block][v][16][8], then one row's values, then row_values' scratch (scales, minimums) */
-    const size_t bytes = ((size_t)(G * bs + rs) + 2 * ng) * sizeof(float);
+    /* wb[block][v][16][8], then one row's values */
+    const size_t bytes = (size_t)(G * bs + rs) * sizeof(float);
     float *wb = rs % 8 ? NULL : task_buffer(j->pool, bytes); /* aligned vector loads */
     if (!wb) {
         tgemm_rows_one_by_one(j, b0 * MPK_GEMM_ROWS, b1 * MPK_GEMM_ROWS < w->rows ? b1 * MPK_GEMM_ROWS : w->rows);
         return;
     }
-    float *one = wb + G * bs, *sc = one + rs;
+    float *one = wb + G * bs;
     float acc[TGEMM_MAX_INPUTS * MPK_GEMM_ROWS * 8] __attribute__((aligned(64)));
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
         const int64_t g1 = g0 + G < b1 ? g0 + G : b1;
         const int64_t r0 = g0 * MPK_GEMM_ROWS, r1 = g1 * MPK_GEMM_ROWS < w->rows ? g1 * MPK_GEMM_ROWS : w->rows;
         for (int64_t r = r0; r < g1 * MPK_GEMM_ROWS; r++) {
             if (r < r1) {
-                j->k->row_values(w, r, one, sc, sc + ng); /* cols values */
+                j->k->row_values(w, r, one); /* cols values */
                 memset(one + w->cols, 0, (size_t)(rs - w->cols) * sizeof(float));
             } else {
                 memset(one, 0, (size_t)rs * sizeof(float));
@@ -1083,12 +1028,7 @@ static void tgemm_task(void *ctx, size_t task) {
     task_buffer_done(j->pool, wb);
 }
 
-/* ---- the trunk's integer prefill product (CODECS.md §2.4) ----
- * It serves the group codecs whose group sums fit int32: |code| <= 128, |q| <= 32767 and at most
- * 256 columns a group (the spec's largest); the float codecs (and wider groups, which only the C
- * API can make) keep the FMA product above. */
-#define QGEMM_MAX_GROUP 256
-static int qgemm_fits(const mpk_mat *w) { return w->group > 0 && w->group <= QGEMM_MAX_GROUP; }
+/* ---- the trunk's integer product (CODECS.md §2.4) ---- */
 
 static size_t tq_bytes(const mpk_mat *w) {
     return mpk_tq_qbytes(w->cols_p) + ((size_t)w->ngroups * (w->zero_point ? 8u : 4u) + 63) / 64 * 64;
@@ -1166,7 +1106,7 @@ static void pairs_transpose(const int16_t *rows, int64_t cp, int16_t *out) {
 #endif
 }
 
-/* tgemm_task for qgemm_fits matrices: blocks of 16 rows decoded once to their integer codes in
+/* tgemm_task for grouped matrices: blocks of 16 rows decoded once to their integer codes in
  * column pairs (and their scales), then multiplied with every input set, as tgemm_task */
 static void qgemm_task(void *ctx, size_t task) {
     tgemm_job *j = ctx;
@@ -1224,12 +1164,61 @@ static void qgemm_task(void *ctx, size_t task) {
     task_buffer_done(j->pool, buf);
 }
 
+/* §2.4 for one input (decode, the lm_head, routers of grouped codecs): the input rounded once,
+ * then rows in stream_rows blocks, each read once as stored */
+typedef struct {
+    const mpk_impl *k;
+    const mpk_mat *w;
+    const uint8_t *xq;
+    float *y;
+    int64_t rows;
+} qmv_job;
+
+static void qmv_task(void *ctx, size_t t) {
+    const qmv_job *j = ctx;
+    const int64_t r0 = (int64_t)t * j->rows, r1 = r0 + j->rows < j->w->rows ? r0 + j->rows : j->w->rows;
+    (j->k->qdot_rows ? j->k->qdot_rows : s_qdot_rows)(j->w, r0, r1, j->xq, j->y + r0);
+    for (int64_t r = r0; r < r1; r++) j->y[r] = mpk_canon(j->y[r]);
+}
+
+/* rows [r0, r1) of a grouped matrix times x on the calling thread (pool NULL) or the pool */
+static void qmatvec(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, int64_t r0, int64_t r1, const float *x,
+                    float *y) {
+    uint8_t *xq = aligned_alloc(64, tq_bytes(w));
+    if (!xq) { /* no memory: NaN rows, never numbers that were not computed */
+        for (int64_t r = r0; r < r1; r++) y[r - r0] = mpk_bits_f32(0x7fc00000u);
+        return;
+    }
+    tq_input(w, x, xq);
+    qmv_job j = {k, w, xq, y - r0, pool ? stream_rows(w, mpk_pool_threads(pool)) : r1 - r0};
+    if (r0 == 0 && r1 == w->rows) {
+        mpk_pool_run(w->rows * w->cols < 32768 ? NULL : pool, (size_t)((w->rows + j.rows - 1) / j.rows), qmv_task, &j);
+    } else {
+        (k->qdot_rows ? k->qdot_rows : s_qdot_rows)(w, r0, r1, xq, y);
+        for (int64_t r = r0; r < r1; r++) y[r - r0] = mpk_canon(y[r - r0]);
+    }
+    free(xq);
+}
+
+void mpk_matvec_rows(const mpk_impl *k, const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y) {
+    k = impl_or_scalar(k);
+    if (grouped(w)) {
+        qmatvec(k, NULL, w, r0, r1, x, y);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r++) y[r - r0] = k->row_dot[w->codec](w, r, x);
+}
+
 void mpk_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y) {
     if (n < 1) return;
+    if (n == 1 && grouped(w)) { /* the same bits without the column-pair panels */
+        qmatvec(impl_or_scalar(k), pool, w, 0, w->rows, x, y);
+        return;
+    }
     const int64_t nblocks = (w->rows + MPK_GEMM_ROWS - 1) / MPK_GEMM_ROWS;
     const int64_t tasks = 4 * (int64_t)mpk_pool_threads(pool) < nblocks ? 4 * (int64_t)mpk_pool_threads(pool) : nblocks;
     tgemm_job j = {impl_or_scalar(k), w, x, w->cols, n, (nblocks + tasks - 1) / tasks, y, pool, NULL, 0};
-    if (qgemm_fits(w)) {
+    if (grouped(w)) {
         j.xqs = tq_bytes(w);
         uint8_t *xq = aligned_alloc(64, j.xqs * (size_t)n);
         const int64_t m = xq ? n : 1; /* no memory for all inputs: one at a time, the same bits */

@@ -139,25 +139,26 @@ int mpk_mat_init(mpk_mat *m, int codec, int64_t rows, int64_t cols, int64_t grou
 /* Encoded size in bytes of m (the codec's size rule, codecs.c). */
 uint64_t mpk_mat_nbytes(const mpk_mat *m);
 
-/* y[rows] = W x.  */
+/* y[rows] = W x.  Grouped codecs (q8/q6/q4, groups of at most 256 columns): CODECS.md §2.4, each
+ * row's integer codes summed exactly against the input rounded to 16-bit integers per group, the
+ * group scales applied once per group (mpk_gemm's bits).  Float codecs: per row eight lane sums
+ * (column mod 8), multiply and add apart, then mpk_red8's tree (docs/RUNTIME.md). */
 void mpk_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, float *y);
 /* y[t][rows] = W x[t] for n inputs x[n][cols]: each row is read once for all n inputs (prefill);
  * every y[t][r] is computed exactly as mpk_matvec computes it. */
 void mpk_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y);
-/* The trunk's prefill product: y[t][rows] = W x[t] for n inputs x[n][cols].  Grouped codecs
- * (q8/q6/q4, groups of at most 256 columns): CODECS.md §2.4, each row's integer codes summed
- * exactly against each input rounded to 16-bit integers per group, the group scales applied once
- * per group.  Float codecs: each row decoded to its values once (mpk_row) and multiplied with FMA,
- * per (input, row) eight lane chains (column mod 8) over the columns in order, then mpk_red8's
- * tree.  Not mpk_matvec's bits; the same bits for any n, grouping of inputs, thread count and
- * kernel path (docs/RUNTIME.md). */
+/* y[r - r0] for rows [r0, r1) of W x, on the calling thread, each as mpk_matvec computes it. */
+void mpk_matvec_rows(const mpk_impl *k, const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y);
+/* The trunk's prefill product: y[t][rows] = W x[t] for n inputs x[n][cols].  Grouped codecs:
+ * mpk_matvec's product (§2.4) for every input.  Float codecs: each row decoded to its values once
+ * (mpk_row) and multiplied with FMA, per (input, row) eight lane chains (column mod 8) over the
+ * columns in order, then mpk_red8's tree, not mpk_matvec's bits.  The same bits for any n,
+ * grouping of inputs, thread count and kernel path (docs/RUNTIME.md). */
 void mpk_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, float *y);
 /* The most one pool task of mpk_gemm or mpk_matmat allocates, and frees before it ends, for a
  * matrix of `cols` columns in groups of `group` (0: none): one such buffer per compute thread at
  * a time, counted in the memory plan's scratch. */
 uint64_t mpk_task_bytes(int64_t cols, int64_t group);
-/* dot(row r of w, x) (single-threaded). */
-float mpk_row_dot(const mpk_impl *k, const mpk_mat *w, int64_t r, const float *x);
 /* Decodes row r of w into out[cols] (embedding lookup, small vectors). */
 void mpk_row(const mpk_mat *w, int64_t r, float *out);
 

@@ -41,7 +41,7 @@ AVX2 static __m256 lanes_f32(const float *row, const float *x, int64_t n) {
     return acc;
 }
 
-/* Eight codes of a grouped codec from column c (a multiple of 8) as int32: q8 the int8, q6 the
+/* Eight codes of a grouped codec from column c (a multiple of 8) as int32 (what row_ints stores): q8 the int8, q6 the
  * 6-bit code minus 32, q4 the nibble (minus 8 when symmetric). */
 AVX2 static inline __attribute__((always_inline)) __m256i codes8i(const uint8_t *q, int64_t c, const int codec,
                                                                    __m256i off4) {
@@ -65,11 +65,6 @@ AVX2 static inline __attribute__((always_inline)) __m256i codes8i(const uint8_t 
                                    _mm256_set1_epi32(15));
     return _mm256_sub_epi32(nib, off4);
 }
-/* the same as floats */
-AVX2 static inline __attribute__((always_inline)) __m256 codes8(const uint8_t *q, int64_t c, const int codec,
-                                                                 __m256i off4) {
-    return _mm256_cvtepi32_ps(codes8i(q, c, codec, off4));
-}
 
 /* q6 codes c..c+7 (c a multiple of 8) from one 16-byte load at byte (c / 4) * 3, which the
  * caller checks lies inside the matrix: each lane takes the two bytes its 6 bits start in. */
@@ -82,37 +77,12 @@ AVX2 static inline __attribute__((always_inline)) __m256i q6_codes8i_wide(const 
                                        _mm256_set1_epi32(63));
     return _mm256_sub_epi32(k, _mm256_set1_epi32(32));
 }
-AVX2 static inline __attribute__((always_inline)) __m256 q6_codes8_wide(const uint8_t *q, int64_t c) {
-    return _mm256_cvtepi32_ps(q6_codes8i_wide(q, c));
-}
 
-/* Columns of row r from which q6_codes8_wide's 16-byte load stays inside the matrix: it may be
+/* Columns of row r from which q6_codes8i_wide's 16-byte load stays inside the matrix: it may be
  * used at every multiple-of-8 column c below this. */
 static inline int64_t q6_wide_cols(const mpk_mat *w, int64_t r) {
     const int64_t left = (w->rows - r) * (w->cols_p / 4 * 3); /* code bytes from row r to the end */
     return left < 16 ? 0 : ((left - 16) / 3 + 1) * 4;
-}
-
-/* Eight full groups' lane sums, the groups advancing together: eight independent add chains
- * instead of one group's at a time (bound by the add latency); each lane's order is unchanged. */
-AVX2 static inline __attribute__((always_inline)) void lanes8x8(const uint8_t *q, const float *x, int64_t c0,
-                                                                 int64_t G, const int codec, const int wide,
-                                                                 __m256i off4, __m256 L[8]) {
-    for (int i = 0; i < 8; i++) L[i] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < G; k += 8) {
-        /* column c0 + k's code bytes and input, opaque to the compiler so that the eight groups'
-         * loads are one base plus constant offsets: as eight separately stepped pointers they
-         * spilled (16 pointers in 16 registers) */
-        const int64_t c = c0 + k;
-        const uint8_t *qk = q + (codec == MP_CODEC_Q8 ? c : codec == MP_CODEC_Q6 ? (c >> 2) * 3 : c >> 1);
-        const float *xk = x + c;
-        __asm__("" : "+r"(qk), "+r"(xk));
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) {
-            const __m256 v = wide ? q6_codes8_wide(qk, i * G) : codes8(qk, i * G, codec, off4);
-            L[i] = _mm256_add_ps(L[i], _mm256_mul_ps(v, _mm256_loadu_ps(xk + i * G)));
-        }
-    }
 }
 
 /* red8 of eight lane vectors at once: lane g is red8(L[g]) in red8's exact order (hadd adds
@@ -121,129 +91,6 @@ AVX2 static inline __m256 red8x8(const __m256 L[8]) {
     __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(L[0], L[1]), _mm256_hadd_ps(L[2], L[3]));
     __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(L[4], L[5]), _mm256_hadd_ps(L[6], L[7]));
     return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-}
-
-#define PARTS_MAX 512 /* groups whose parts one pass keeps (2 KiB) */
-
-/* A row's sum: its parts added in group order (row_dot's order) onto acc. */
-static inline float parts_sum(const float *p, int64_t n, float acc) {
-    for (int64_t i = 0; i < n; i++) acc += p[i];
-    return acc;
-}
-
-/* Row r of a grouped codec (q8/q6/q4), groups [g0, g1) (g0 a multiple of 8): p[g - g0] = the
- * group's part as row_dot computes it (lane = element mod 8 of the group, multiply then add, red8,
- * times the scale, plus minimum x red8 of the input's lanes), the row's dot being the parts'
- * sum in group order (parts_sum).  Eight full groups at a time: their red8s and scale products in
- * one register (the scalar reduction was most of the time).  While it computes groups
- * g .. g + 7 it adds another row's parts g - g0 .. g - g0 + 7 onto *pacc (prev; NULL: none) and
- * returns how many it added: a row's sum is a chain of dependent adds, and right behind the
- * row's own products it filled the reorder window (docs/RUNTIME.md "Determinism (trunk, decode)"). */
-AVX2 static inline __attribute__((always_inline)) int64_t grouped_parts(const mpk_mat *w, int64_t r, const float *x,
-                                                                         const int codec, const int64_t GC, int64_t g0,
-                                                                         int64_t g1, float *p, const float *prev,
-                                                                         float *pacc) {
-    const int64_t n = w->cols, G = GC ? GC : w->group, ng = w->ngroups;
-    const uint8_t *sc = w->data + (size_t)(r * ng) * 2;
-    const int zp = codec == MP_CODEC_Q4 && w->zero_point;
-    const uint8_t *mins = w->data + (size_t)(w->rows * ng) * 2 + (size_t)(r * ng) * 2;
-    const uint8_t *q = codec == MP_CODEC_Q8 ? mpk_q8_row(w, r) : codec == MP_CODEC_Q6 ? mpk_q6_row(w, r) : mpk_q4_row(w, r);
-    const __m256i off4 = _mm256_set1_epi32(zp ? 0 : 8);
-    const int64_t wide_end = codec == MP_CODEC_Q6 ? q6_wide_cols(w, r) : 0;
-    float pa = prev ? *pacc : 0.0f;
-    int64_t g = g0;
-    const int64_t blk = codec == MP_CODEC_Q8 ? 8 * G : codec == MP_CODEC_Q6 ? 6 * G : 4 * G; /* 8 groups' bytes */
-    for (; g + 8 <= g1 && (g + 8) * G <= n; g += 8) { /* eight full groups (G is a multiple of 8) */
-        __m256 L[8], XL[8];
-        /* rows are contiguous: fetch MPK_TRUNK_PF bytes ahead, into the next rows (decode streams
-         * the trunk from RAM; the hardware prefetcher alone left the loads waiting: q8 4096x4096
-         * in RAM 6.0-6.3 -> 8.0 G weights/s, one thread, Xeon 2026-12-03) */
-        for (int64_t o = 0; o < blk; o += 64) _mm_prefetch((const char *)(q + g / 8 * blk + MPK_TRUNK_PF + o), _MM_HINT_T0);
-        _mm_prefetch((const char *)(sc + 2 * g + MPK_TRUNK_PF / 16), _MM_HINT_T0);
-        /* groups together (lanes8x8), measured against one group at a time (Zen 3, best of 5-6
-         * alternating rounds): q8 1.0-1.1x, q6 1.2x and with the wide decode 1.45-1.8x, q4
-         * 1.25-1.35x (with the one-broadcast decode); q4 with minimums keeps one group at a time
-         * (its 16 accumulators) */
-        if (codec == MP_CODEC_Q6 && (g + 8) * G - 8 < wide_end) {
-            lanes8x8(q, x, g * G, G, MP_CODEC_Q6, 1, off4, L);
-        } else if (!zp) {
-            lanes8x8(q, x, g * G, G, codec, 0, off4, L);
-        } else
-            for (int i = 0; i < 8; i++) {
-                __m256 l = _mm256_setzero_ps(), xl = _mm256_setzero_ps();
-#pragma GCC unroll 4
-                for (int64_t c = (g + i) * G; c < (g + i + 1) * G; c += 8) {
-                    __m256 xv = _mm256_loadu_ps(x + c);
-                    l = _mm256_add_ps(l, _mm256_mul_ps(codes8(q, c, codec, off4), xv));
-                    if (zp) xl = _mm256_add_ps(xl, xv);
-                }
-                L[i] = l;
-                XL[i] = xl;
-            }
-        __m256 part = _mm256_mul_ps(f16x8(sc + 2 * g), red8x8(L));
-        if (zp) part = _mm256_add_ps(part, _mm256_mul_ps(f16x8(mins + 2 * g), red8x8(XL)));
-        _mm256_storeu_ps(p + (g - g0), part);
-        if (prev)
-            for (int i = 0; i < 8; i++) pa += prev[g - g0 + i];
-    }
-    const int64_t added = g - g0;
-    for (; g < g1; g++) {
-        int64_t c0 = g * G, c1 = c0 + G < n ? c0 + G : n, c = c0;
-        __m256 gl = _mm256_setzero_ps(), xl = _mm256_setzero_ps();
-        for (; c + 8 <= c1; c += 8) { /* c is a multiple of 8: c0 is a multiple of G */
-            __m256 xv = _mm256_loadu_ps(x + c);
-            gl = _mm256_add_ps(gl, _mm256_mul_ps(codes8(q, c, codec, off4), xv));
-            if (zp) xl = _mm256_add_ps(xl, xv);
-        }
-        float l[8], lx[8];
-        _mm256_storeu_ps(l, gl);
-        _mm256_storeu_ps(lx, xl);
-        for (; c < c1; c++) {
-            float v;
-            if (codec == MP_CODEC_Q8) v = (float)((const int8_t *)q)[c];
-            else if (codec == MP_CODEC_Q6) v = (float)(mpk_q6_code(q, c) - 32);
-            else {
-                int nib = (q[c >> 1] >> ((c & 1) * 4)) & 15;
-                v = (float)(zp ? nib : nib - 8);
-            }
-            l[(c - c0) & 7] += v * x[c];
-            lx[(c - c0) & 7] += x[c];
-        }
-        float part = mpk_f16_to_f32(ld16(sc + 2 * g)) * mpk_red8(l);
-        if (zp) part += mpk_f16_to_f32(ld16(mins + 2 * g)) * mpk_red8(lx);
-        p[g - g0] = part;
-    }
-    if (prev) *pacc = pa;
-    return added;
-}
-
-/* Row r of a grouped codec times x (row_dot), PARTS_MAX groups per pass */
-AVX2 static inline __attribute__((always_inline)) float grouped_dot(const mpk_mat *w, int64_t r, const float *x,
-                                                                     const int codec, const int64_t GC) {
-    float p[PARTS_MAX], acc = 0.0f;
-    for (int64_t g0 = 0; g0 < w->ngroups; g0 += PARTS_MAX) {
-        const int64_t g1 = g0 + PARTS_MAX < w->ngroups ? g0 + PARTS_MAX : w->ngroups;
-        grouped_parts(w, r, x, codec, GC, g0, g1, p, NULL, NULL);
-        acc = parts_sum(p, g1 - g0, acc);
-    }
-    return acc;
-}
-
-/* Rows [r0, r1) of a grouped codec with at most PARTS_MAX groups: row r's sum advances while
- * row r + 1's parts are computed (grouped_parts), the same bits as grouped_dot. */
-AVX2 static inline __attribute__((always_inline)) void grouped_rows(const mpk_mat *w, int64_t r0, int64_t r1,
-                                                                     const float *x, float *y, const int codec,
-                                                                     const int64_t GC) {
-    const int64_t ng = w->ngroups;
-    float p[2][PARTS_MAX];
-    for (int64_t r = r0; r < r1; r++) {
-        float *cur = p[(r - r0) & 1];
-        const float *prev = r > r0 ? p[(r - r0 - 1) & 1] : NULL;
-        float acc = 0.0f;
-        const int64_t added = grouped_parts(w, r, x, codec, GC, 0, ng, cur, prev, &acc);
-        if (prev) y[r - 1 - r0] = parts_sum(prev + added, ng - added, acc);
-    }
-    y[r1 - 1 - r0] = parts_sum(p[(r1 - 1 - r0) & 1], ng, 0.0f);
 }
 
 AVX2 static float a_dot_f32(const mpk_mat *w, int64_t r, const float *x) {
@@ -279,17 +126,10 @@ AVX2 static float a_dot_f16(const mpk_mat *w, int64_t r, const float *x) {
     return mpk_red8(l);
 }
 
-/* q8 with group 32 (the common size): chunk loops unrolled, +10 % (q6/q4 gained nothing) */
-AVX2 static float a_dot_q8(const mpk_mat *w, int64_t r, const float *x) {
-    return w->group == 32 ? grouped_dot(w, r, x, MP_CODEC_Q8, 32) : grouped_dot(w, r, x, MP_CODEC_Q8, 0);
-}
-AVX2 static float a_dot_q6(const mpk_mat *w, int64_t r, const float *x) { return grouped_dot(w, r, x, MP_CODEC_Q6, 0); }
-AVX2 static float a_dot_q4(const mpk_mat *w, int64_t r, const float *x) { return grouped_dot(w, r, x, MP_CODEC_Q4, 0); }
-
 /* Rows [r0, r1) of an f32 matrix (columns a multiple of 8) eight at a time: a_dot_f32's lanes
  * per row (lane j sums columns j mod 8 in order, multiply then add) and red8x8 for red8, so each
  * row's bits are row_dot's; one row's single chain of cols / 8 dependent adds bound it.
- * q8, q6, q4: grouped_rows; f16, bf16: row by row. */
+ * f16, bf16: row by row. */
 AVX2 void mpk_avx2_rows_dot(const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y) {
     const int64_t n = w->cols;
     int64_t r = r0;
@@ -309,105 +149,47 @@ AVX2 void mpk_avx2_rows_dot(const mpk_mat *w, int64_t r0, int64_t r1, const floa
             }
             _mm256_storeu_ps(y + (r - r0), red8x8(L));
         }
-    const int grouped = w->codec == MP_CODEC_Q8 || w->codec == MP_CODEC_Q6 || w->codec == MP_CODEC_Q4;
-    if (r < r1 && grouped && w->ngroups <= PARTS_MAX) {
-        y += r - r0;
-        if (w->codec == MP_CODEC_Q8 && w->group == 32) grouped_rows(w, r, r1, x, y, MP_CODEC_Q8, 32);
-        else if (w->codec == MP_CODEC_Q8) grouped_rows(w, r, r1, x, y, MP_CODEC_Q8, 0);
-        else if (w->codec == MP_CODEC_Q6) grouped_rows(w, r, r1, x, y, MP_CODEC_Q6, 0);
-        else grouped_rows(w, r, r1, x, y, MP_CODEC_Q4, 0);
-        return;
-    }
     for (; r < r1; r++) y[r - r0] = mpk_avx2_row_dots[w->codec](w, r, x);
 }
 
-/* also the AVX-512 table's trunk products */
+/* also the AVX-512 table's (the float codecs: the grouped ones take §2.4's qdot_rows) */
 const mpk_row_dot_fn mpk_avx2_row_dots[MPK_TRUNK_CODECS] = {
-    [MP_CODEC_F32] = a_dot_f32, [MP_CODEC_F16] = a_dot_f16, [MP_CODEC_BF16] = a_dot_bf16,
-    [MP_CODEC_Q8] = a_dot_q8,   [MP_CODEC_Q6] = a_dot_q6,   [MP_CODEC_Q4] = a_dot_q4};
+    [MP_CODEC_F32] = a_dot_f32, [MP_CODEC_F16] = a_dot_f16, [MP_CODEC_BF16] = a_dot_bf16};
 
-/* Rows [r0, r1) times many inputs: one input per lane.  Per input this is exactly row_dot's
- * arithmetic (lane j of a group sums elements j mod 8 with separate multiply and add, the lanes
- * are reduced in red8's order, groups scaled and summed in order), done for 8 inputs at once on
- * inputs stored transposed, with each row's codes decoded once per task (mm_decode).
+/* Rows [r0, r1) of a float matrix times many inputs: one input per lane.  Per input this is
+ * exactly row_dot's arithmetic (lane j sums elements j mod 8 with separate multiply and add, the
+ * lanes reduced in red8's order), done for 8 inputs at once on inputs stored transposed, with each
+ * row's values decoded once per task.
  *
- * The products of RB rows (RB = 1 or 2) with one block of 8 inputs: each input lane follows
- * row_dot's order exactly (8 lanes of element mod 8 per group, red8, group scale).  Two rows share
- * each input load; with AVX-512VL's 32 vector registers their 16 accumulators stay in registers. */
-AVX2 static inline __attribute__((always_inline)) void
-mm_block(const mpk_mat *w, const float *wr0, const float *sc0, const float *mn0, const float *X,
-         const float *xl, int64_t b, int64_t cp, int64_t ng, int grouped, const int RB, __m256 acc[2]) {
-    const int64_t C = w->cols, G = grouped ? w->group : C;
-    for (int k = 0; k < RB; k++) acc[k] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < ng; g++) {
-        int64_t c0 = g * G, c1 = c0 + G < C ? c0 + G : C, c = c0;
-        __m256 L[2][8];
-        #pragma GCC unroll 2
-        for (int k = 0; k < RB; k++)
-            #pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) L[k][i] = _mm256_setzero_ps();
-        for (; c + 8 <= c1; c += 8) /* lane i: elements c0 + i mod 8 (c0 % 8 == 0) */
-            #pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) {
-                __m256 xv = _mm256_loadu_ps(X + (c + i) * 8);
-                #pragma GCC unroll 2
-                for (int k = 0; k < RB; k++)
-                    L[k][i] = _mm256_add_ps(L[k][i], _mm256_mul_ps(_mm256_broadcast_ss(wr0 + k * cp + c + i), xv));
-            }
-        for (; c < c1; c++)
-            #pragma GCC unroll 2
+ * The products of RB rows (RB = 1 or 2) with one block of 8 inputs: two rows share each input
+ * load; with AVX-512VL's 32 vector registers their 16 accumulators stay in registers. */
+AVX2 static inline __attribute__((always_inline)) void mm_block(int64_t C, const float *wr0, const float *X, int64_t cp,
+                                                                 const int RB, __m256 acc[2]) {
+    __m256 L[2][8];
+#pragma GCC unroll 2
+    for (int k = 0; k < RB; k++)
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) L[k][i] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= C; c += 8) /* lane i: elements i mod 8 */
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            __m256 xv = _mm256_loadu_ps(X + (c + i) * 8);
+#pragma GCC unroll 2
             for (int k = 0; k < RB; k++)
-                L[k][(c - c0) & 7] = _mm256_add_ps(L[k][(c - c0) & 7],
-                                                   _mm256_mul_ps(_mm256_broadcast_ss(wr0 + k * cp + c), _mm256_loadu_ps(X + c * 8)));
-        #pragma GCC unroll 2
-        for (int k = 0; k < RB; k++) {
-            /* red8: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) */
-            __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(L[k][0], L[k][1]), _mm256_add_ps(L[k][2], L[k][3])),
-                                     _mm256_add_ps(_mm256_add_ps(L[k][4], L[k][5]), _mm256_add_ps(L[k][6], L[k][7])));
-            if (!grouped) {
-                acc[k] = s;
-                continue;
-            }
-            __m256 part = _mm256_mul_ps(_mm256_broadcast_ss(sc0 + k * ng + g), s);
-            if (w->zero_point)
-                part = _mm256_add_ps(part, _mm256_mul_ps(_mm256_broadcast_ss(mn0 + k * ng + g),
-                                                         _mm256_loadu_ps(xl + (size_t)(b * ng + g) * 8)));
-            acc[k] = _mm256_add_ps(acc[k], part);
+                L[k][i] = _mm256_add_ps(L[k][i], _mm256_mul_ps(_mm256_broadcast_ss(wr0 + k * cp + c + i), xv));
         }
-    }
+    for (; c < C; c++)
+#pragma GCC unroll 2
+        for (int k = 0; k < RB; k++)
+            L[k][c & 7] = _mm256_add_ps(L[k][c & 7], _mm256_mul_ps(_mm256_broadcast_ss(wr0 + k * cp + c), _mm256_loadu_ps(X + c * 8)));
+#pragma GCC unroll 2
+    for (int k = 0; k < RB; k++) /* red8: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) */
+        acc[k] = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(L[k][0], L[k][1]), _mm256_add_ps(L[k][2], L[k][3])),
+                               _mm256_add_ps(_mm256_add_ps(L[k][4], L[k][5]), _mm256_add_ps(L[k][6], L[k][7])));
 }
 
-/* Row r's numbers as row_dot multiplies them (mpk_row_codes), 8 columns per instruction for
- * q8, q6, q4, f16 and bf16; f32 and the tails in scalar. */
-AVX2 static void a_codes_q8(const mpk_mat *w, int64_t r, float *o, float *sc, float *mn) {
-    const int64_t C = w->cols;
-    const uint8_t *q = mpk_q8_row(w, r);
-    int64_t c = 0;
-    for (; c + 8 <= C; c += 8) _mm256_storeu_ps(o + c, codes8(q, c, MP_CODEC_Q8, _mm256_setzero_si256()));
-    for (; c < C; c++) o[c] = (float)((const int8_t *)q)[c];
-    mpk_group_scales(w, r, sc, mn);
-}
-
-AVX2 static void a_codes_q6(const mpk_mat *w, int64_t r, float *o, float *sc, float *mn) {
-    const int64_t C = w->cols;
-    const uint8_t *q = mpk_q6_row(w, r);
-    const int64_t wide_end = q6_wide_cols(w, r);
-    int64_t c = 0;
-    for (; c + 8 <= C && c < wide_end; c += 8) _mm256_storeu_ps(o + c, q6_codes8_wide(q, c));
-    for (; c < C; c++) o[c] = (float)(mpk_q6_code(q, c) - 32);
-    mpk_group_scales(w, r, sc, mn);
-}
-
-AVX2 static void a_codes_q4(const mpk_mat *w, int64_t r, float *o, float *sc, float *mn) {
-    const int64_t C = w->cols;
-    mpk_group_scales(w, r, sc, mn);
-    const uint8_t *q = mpk_q4_row(w, r);
-    const __m256i off = _mm256_set1_epi32(w->zero_point ? 0 : 8);
-    int64_t c = 0;
-    for (; c + 8 <= C; c += 8) _mm256_storeu_ps(o + c, codes8(q, c, MP_CODEC_Q4, off));
-    for (; c < C; c++) o[c] = (float)(((q[c >> 1] >> ((c & 1) * 4)) & 15) - (w->zero_point ? 0 : 8));
-}
-
+/* Row r's values as row_dot converts them, 8 columns per instruction for f16 and bf16 */
 AVX2 static void a_codes_f16(const mpk_mat *w, int64_t r, float *o, float *sc, float *mn) {
     (void)sc, (void)mn;
     const int64_t C = w->cols;
@@ -429,8 +211,7 @@ AVX2 static void a_codes_bf16(const mpk_mat *w, int64_t r, float *o, float *sc, 
 }
 
 static const mpk_row_codes_fn a_row_codes[MPK_TRUNK_CODECS] = {
-    [MP_CODEC_F32] = mpk_row_codes, [MP_CODEC_F16] = a_codes_f16, [MP_CODEC_BF16] = a_codes_bf16,
-    [MP_CODEC_Q8] = a_codes_q8,     [MP_CODEC_Q6] = a_codes_q6,    [MP_CODEC_Q4] = a_codes_q4};
+    [MP_CODEC_F32] = mpk_row_codes, [MP_CODEC_F16] = a_codes_f16, [MP_CODEC_BF16] = a_codes_bf16};
 
 /* Row r's integer codes (the trunk's integer prefill product, CODECS.md §2.4) 8 columns at a
  * time, as int16; the tails in scalar */
@@ -455,43 +236,22 @@ AVX2 void mpk_avx2_row_ints(const mpk_mat *w, int64_t r, int16_t *out) {
     mpk_row_ints_from(w, r, c, out);
 }
 
-/* mpk_row's values 8-wide: the codes as floats, then code x scale (+ minimum), the same
- * operations; sc, mn: ngroups floats of scratch */
-AVX2 void mpk_avx2_row_values(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn) {
-    a_row_codes[w->codec](w, r, out, w->group ? sc : NULL, mn);
-    if (!w->group) return;
-    const int64_t G = w->group, C = w->cols;
-    for (int64_t g = 0; g < w->ngroups; g++) {
-        const int64_t c1 = (g + 1) * G < C ? (g + 1) * G : C;
-        const __m256 s = _mm256_set1_ps(sc[g]), m = _mm256_set1_ps(w->zero_point ? mn[g] : 0.0f);
-        int64_t c = g * G;
-        for (; c + 8 <= c1; c += 8) {
-            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(out + c), s);
-            _mm256_storeu_ps(out + c, w->zero_point ? _mm256_add_ps(v, m) : v);
-        }
-        for (; c < c1; c++) out[c] = w->zero_point ? out[c] * sc[g] + mn[g] : out[c] * sc[g];
-    }
-}
+/* mpk_row's values 8-wide (the float codecs) */
+AVX2 void mpk_avx2_row_values(const mpk_mat *w, int64_t r, float *out) { a_row_codes[w->codec](w, r, out, NULL, NULL); }
 
-AVX2 static inline __attribute__((always_inline)) void
-mm_rows_body(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl, int64_t nb,
-             int64_t n, float *y, float *wb) {
-    const int64_t C = w->cols, cp = w->cols_p, R = r1 - r0;
-    const int grouped = w->group != 0;
-    const int64_t ng = grouped ? w->ngroups : 1;
-    float *sc = wb + (size_t)(R * cp), *mn = sc + (size_t)(R * ng);
-    for (int64_t r = r0; r < r1; r++)
-        a_row_codes[w->codec](w, r, wb + (size_t)((r - r0) * cp), sc + (r - r0) * ng, mn + (r - r0) * ng);
+AVX2 static inline __attribute__((always_inline)) void mm_rows_body(const mpk_mat *w, int64_t r0, int64_t r1,
+                                                                     const float *xt, int64_t nb, int64_t n, float *y,
+                                                                     float *wb) {
+    const int64_t C = w->cols, cp = w->cols_p;
+    for (int64_t r = r0; r < r1; r++) a_row_codes[w->codec](w, r, wb + (size_t)((r - r0) * cp), NULL, NULL);
     for (int64_t b = 0; b < nb; b++) {
         const float *X = xt + (size_t)(b * C) * 8;
         for (int64_t r = r0; r < r1;) {
-            const int64_t i = r - r0;
+            const float *wr = wb + (size_t)((r - r0) * cp);
             __m256 acc[2];
-            int rb = r + 1 < r1 ? 2 : 1;
-            if (rb == 2)
-                mm_block(w, wb + (size_t)(i * cp), sc + i * ng, mn + i * ng, X, xl, b, cp, ng, grouped, 2, acc);
-            else
-                mm_block(w, wb + (size_t)(i * cp), sc + i * ng, mn + i * ng, X, xl, b, cp, ng, grouped, 1, acc);
+            const int rb = r + 1 < r1 ? 2 : 1;
+            if (rb == 2) mm_block(C, wr, X, cp, 2, acc);
+            else mm_block(C, wr, X, cp, 1, acc);
             for (int k = 0; k < rb; k++) {
                 float v[8];
                 _mm256_storeu_ps(v, acc[k]);
@@ -502,16 +262,16 @@ mm_rows_body(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const fl
     }
 }
 
-AVX2 void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
-                           int64_t nb, int64_t n, float *y, float *wb) {
-    mm_rows_body(w, r0, r1, xt, xl, nb, n, y, wb);
+AVX2 void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, int64_t nb, int64_t n, float *y,
+                           float *wb) {
+    mm_rows_body(w, r0, r1, xt, nb, n, y, wb);
 }
 
 /* The same code where AVX-512VL gives 32 vector registers (the AVX-512 table's trunk product). */
 __attribute__((target("avx2,fma,f16c,bmi2,avx512f,avx512vl"))) void
-mpk_avx512vl_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl, int64_t nb,
-                     int64_t n, float *y, float *wb) {
-    mm_rows_body(w, r0, r1, xt, xl, nb, n, y, wb);
+mpk_avx512vl_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, int64_t nb, int64_t n, float *y,
+                     float *wb) {
+    mm_rows_body(w, r0, r1, xt, nb, n, y, wb);
 }
 
 AVX2 static void a_rvq_tables(const float *cbt, const float *x, mpk_rvq_tab *t, int64_t g, int st) {
@@ -1059,11 +819,151 @@ AVX2 static void a_qgemm_rows(const int16_t *wq, const float *sc, const float *m
     if (n - t == 1) qg_rows(wq, sc, mn, ng, group, xq + (size_t)t * xqs, xqs, acc + t * MPK_GEMM_ROWS, 1);
 }
 
+/* ---- the trunk's one-input integer product (CODECS.md §2.4: decode, the lm_head) ----
+ * AVX-512's with eight rows a block: each (row, group)'s codes widened to int16, vpmaddwd with the
+ * group's integer input and vpaddd into the row's register, one transpose-and-add tree to the
+ * eight rows' group sums (exact), the combine with a row a lane in group order. */
+
+/* 16 codes from column c of a row whose codes start at q, as §2.4's integers in column order (q6:
+ * twelve bytes, each word shifted left until its code's top bit is bit 15, then back down) */
+AVX2 static inline __attribute__((always_inline)) __m256i aq_codes(const uint8_t *q, int64_t c, const int codec,
+                                                                    const int zp) {
+    if (codec == MP_CODEC_Q8) return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + c)));
+    if (codec == MP_CODEC_Q6) {
+        const __m128i b = _mm_maskload_epi32((const int *)(const void *)(q + c / 4 * 3), _mm_setr_epi32(-1, -1, -1, 0));
+        const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 1, 2, 2, 2, 3, 4, 3, 4, 4, 5, 5, 5,
+                                              6, 7, 6, 7, 7, 8, 8, 8, 9, 10, 9, 10, 10, 11, 11, 11);
+        const __m256i up = _mm256_setr_epi16(1024, 16, 64, 256, 1024, 16, 64, 256, 1024, 16, 64, 256, 1024, 16, 64, 256);
+        const __m256i k = _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(b), pick), up), 10);
+        return _mm256_sub_epi16(k, _mm256_set1_epi16(32));
+    }
+    const __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + c / 2)));
+    const __m256i v = _mm256_and_si256(_mm256_or_si256(d, _mm256_slli_epi32(d, 12)), _mm256_set1_epi32(0x000f000f));
+    return zp ? v : _mm256_sub_epi16(v, _mm256_set1_epi16(8));
+}
+
+/* lane i = the sum of a[i]'s eight lanes */
+AVX2 static inline __attribute__((always_inline)) __m256i a_sum8x8(const __m256i a[8]) {
+    __m256i b[4], c[2];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+        b[j] = _mm256_add_epi32(_mm256_unpacklo_epi32(a[2 * j], a[2 * j + 1]), _mm256_unpackhi_epi32(a[2 * j], a[2 * j + 1]));
+    for (int m = 0; m < 2; m++) /* per 128-bit lane: rows 4m .. 4m + 3 */
+        c[m] = _mm256_add_epi32(_mm256_unpacklo_epi64(b[2 * m], b[2 * m + 1]), _mm256_unpackhi_epi64(b[2 * m], b[2 * m + 1]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(c[0], c[1], 0x20), _mm256_permute2x128_si256(c[0], c[1], 0x31));
+}
+
+/* out[j][i] = the f16 at p + i * ps + 2 (g0 + j) for eight rows' groups g0 .. g0 + 7 (zero past
+ * ng): an 8 x 8 transpose of 16-bit values in three unpack steps */
+AVX2 static inline __attribute__((always_inline)) void aq_f16_t8(const uint8_t *p, size_t ps, int64_t ng, int64_t g0,
+                                                                  uint16_t out[8][8]) {
+    __m128i a[8], b[8];
+    for (int i = 0; i < 8; i++) {
+        if (ng - g0 >= 8) {
+            a[i] = _mm_loadu_si128((const __m128i *)(p + i * ps + 2 * g0));
+        } else {
+            uint16_t v[8] = {0};
+            memcpy(v, p + i * ps + 2 * g0, (size_t)(ng - g0) * 2);
+            a[i] = _mm_loadu_si128((const __m128i *)v);
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        b[i] = _mm_unpacklo_epi16(a[2 * i], a[2 * i + 1]);
+        b[i + 4] = _mm_unpackhi_epi16(a[2 * i], a[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 2; i++) {
+            a[4 * h + i] = _mm_unpacklo_epi32(b[4 * h + 2 * i], b[4 * h + 2 * i + 1]);
+            a[4 * h + i + 2] = _mm_unpackhi_epi32(b[4 * h + 2 * i], b[4 * h + 2 * i + 1]);
+        }
+    for (int q = 0; q < 4; q++) { /* group 2q, then 2q + 1, rows in order */
+        _mm_store_si128((__m128i *)out[2 * q], _mm_unpacklo_epi64(a[2 * q], a[2 * q + 1]));
+        _mm_store_si128((__m128i *)out[2 * q + 1], _mm_unpackhi_epi64(a[2 * q], a[2 * q + 1]));
+    }
+}
+
+/* rows r .. r + 7, to out[8]; NCH chunks of 16 columns a group; the codes prefetched (to L2) a
+ * block of rows ahead as AVX-512's */
+AVX2 static inline __attribute__((always_inline)) void aqd_block(const mpk_mat *w, int64_t r, const uint8_t *xq,
+                                                                  float *out, const int codec, const int zp,
+                                                                  const int NCH) {
+    const int64_t ng = w->ngroups, G = 16 * NCH;
+    const int64_t bpg = codec == MP_CODEC_Q8 ? G : codec == MP_CODEC_Q6 ? G / 4 * 3 : G / 2; /* code bytes a group */
+    const size_t rs = (size_t)(ng * bpg), ss = (size_t)ng * 2; /* row strides of the codes and the scales */
+    const uint8_t *k0 = codec == MP_CODEC_Q8 ? mpk_q8_row(w, r) : codec == MP_CODEC_Q6 ? mpk_q6_row(w, r) : mpk_q4_row(w, r);
+    const uint8_t *s0 = w->data + (size_t)(r * ng) * 2, *m0 = s0 + (size_t)(w->rows * ng) * 2;
+    uint16_t st[8][8] __attribute__((aligned(16))), mt[8][8] __attribute__((aligned(16)));
+    const int16_t *q = (const int16_t *)xq;
+    const float *d = mpk_tq_steps(xq, w->cols_p), *z = d + ng;
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *kg = k0 + g * bpg;
+        if ((g * bpg) % 64 < bpg)
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(kg + (8 + i) * rs), _MM_HINT_T1);
+        if (g % 8 == 0) { /* the next eight groups' scales (and minimums) with a row a lane */
+            aq_f16_t8(s0, ss, ng, g, st);
+            if (zp) aq_f16_t8(m0, ss, ng, g, mt);
+        }
+        __m256i acc[8];
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(q + g * G));
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_madd_epi16(aq_codes(kg + i * rs, 0, codec, zp), x0);
+#pragma GCC unroll 16
+        for (int h = 1; h < NCH; h++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(q + g * G + h * 16));
+            const uint8_t *kc = kg + (codec == MP_CODEC_Q8 ? h * 16 : codec == MP_CODEC_Q6 ? h * 12 : h * 8);
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(aq_codes(kc + i * rs, 0, codec, zp), xv));
+        }
+        const __m256 n = _mm256_cvtepi32_ps(a_sum8x8(acc)), dg = _mm256_set1_ps(d[g]);
+        a = _mm256_fmadd_ps(n, _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)st[g % 8])), dg), a);
+        if (zp)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(z[g]),
+                                _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)mt[g % 8])), dg), a);
+    }
+    _mm256_storeu_ps(out, a);
+}
+
+/* Blocks of eight rows; a last short block is the matrix's eight rows ending there, matrices of
+ * fewer rows the scalar kernel's. */
+AVX2 void mpk_avx2_qdot_rows(const mpk_mat *w, int64_t r0, int64_t r1, const uint8_t *xq, float *y) {
+    const int64_t G = w->group;
+    if (w->rows < 8 || G % 16) { /* groups of 8: only the C API makes them */
+        mpk_scalar_impl.qdot_rows(w, r0, r1, xq, y);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r += 8) {
+        const int64_t rb = r + 8 <= w->rows ? r : w->rows - 8;
+        float out[8];
+#define AQD(CODEC, ZP)                                                                                       \
+    switch (G) {                                                                                             \
+    case 16: aqd_block(w, rb, xq, out, CODEC, ZP, 1); break;                                                \
+    case 32: aqd_block(w, rb, xq, out, CODEC, ZP, 2); break;                                                \
+    case 64: aqd_block(w, rb, xq, out, CODEC, ZP, 4); break;                                                \
+    default: aqd_block(w, rb, xq, out, CODEC, ZP, (int)(G / 16));                                           \
+    }
+        if (w->codec == MP_CODEC_Q8) {
+            AQD(MP_CODEC_Q8, 0)
+        } else if (w->codec == MP_CODEC_Q6) {
+            AQD(MP_CODEC_Q6, 0)
+        } else if (w->zero_point) {
+            AQD(MP_CODEC_Q4, 1)
+        } else {
+            AQD(MP_CODEC_Q4, 0)
+        }
+#undef AQD
+        const int64_t n = r1 - r < 8 ? r1 - r : 8;
+        memcpy(y + (r - r0), out + (r - rb), (size_t)n * sizeof(float));
+    }
+}
+
 const mpk_impl mpk_avx2_impl = {.name = "avx2", .row_dot = mpk_avx2_row_dots, .rvq_tables = a_rvq_tables,
                                 .rvq_tiles = a_rvq_tiles, .mm_rows = mpk_avx2_mm_rows,
                                 .rvq_gemm = mpk_avx2_rvq_gemm, .row_values = mpk_avx2_row_values,
                                 .gemm_rows = mpk_avx2_gemm_rows, .rows_dot = mpk_avx2_rows_dot,
-                                .qgemm_rows = a_qgemm_rows, .row_ints = mpk_avx2_row_ints};
+                                .qgemm_rows = a_qgemm_rows, .row_ints = mpk_avx2_row_ints,
+                                .qdot_rows = mpk_avx2_qdot_rows};
 
 #else
 const mpk_impl mpk_avx2_impl = {.name = "avx2"};

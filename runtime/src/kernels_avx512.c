@@ -415,103 +415,182 @@ AVX512N static void v_qgemm_rows(const int16_t *wq, const float *sc, const float
     }
 }
 
-/* ---- the trunk's q8 decode product (row_dot), groups of 32 ----
- * AVX2's arithmetic (per group lane j = ((p_j + p_j+8) + p_j+16) + p_j+24 with p = f32(code) x
- * rounded, red8's tree, x scale, added to the row sum group by group) with two groups per zmm:
- * sixteen codes and inputs per multiply, the two 8-lane steps of a group split between zmm
- * halves by one shuffle for two groups.  AVX2 starts each lane at +0; a -0 lane can only make
- * a group's part -0, and the row sum (from +0) absorbs it, so the row's bits are the same. */
-AVX512 static inline __m512 v_q8_p16(const int8_t *q, const float *x) {
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), _mm512_loadu_ps(x));
+/* ---- the trunk's one-input integer product (CODECS.md §2.4: decode, the lm_head) ----
+ * Sixteen rows a block, read as stored: each (row, group)'s codes widened to int16 and multiplied
+ * with the group's integer input by vpdpwssd into the row's own register, then one transpose-and-
+ * add tree turns the sixteen registers into the sixteen rows' group sums (exact in any order), and
+ * the combine runs with a row a lane in group order, as §2.4 step 4 writes it. */
+
+/* q6: for word k of 32 codes, the two bytes (of the 24) its 6 bits start in */
+static const uint8_t vq_q6_pick[64] __attribute__((aligned(64))) = {
+    0, 1, 0, 1, 1, 2, 2, 2, 3, 4, 3, 4, 4, 5, 5, 5, 6, 7, 6, 7, 7, 8, 8, 8, 9, 10, 9, 10, 10, 11, 11, 11,
+    12, 13, 12, 13, 13, 14, 14, 14, 15, 16, 15, 16, 16, 17, 17, 17, 18, 19, 18, 19, 19, 20, 20, 20, 21, 22, 21, 22, 22, 23, 23, 23};
+
+/* 32 codes from column c of a row whose codes start at q, as §2.4's integers in column order; with
+ * CW < 32 (groups of 8 or 16) only columns c .. c + CW - 1, the rest zero, and no byte read past
+ * them */
+AVX512N static inline __attribute__((always_inline)) __m512i vq_codes(const uint8_t *q, int64_t c, const int codec,
+                                                                       const int zp, const int CW) {
+    __m512i v;
+    if (codec == MP_CODEC_Q8) {
+        return _mm512_cvtepi8_epi16(CW < 32 ? _mm256_maskz_loadu_epi8((1u << CW) - 1, q + c)
+                                            : _mm256_loadu_si256((const __m256i *)(q + c)));
+    } else if (codec == MP_CODEC_Q6) { /* word k takes the two bytes its 6 bits start in */
+        const __m512i b = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8((1u << (CW / 4 * 3)) - 1, q + c / 4 * 3));
+        const __m512i pick = _mm512_loadu_si512(vq_q6_pick);
+        const __m512i sh = _mm512_set4_epi32(0x00020004, 0x00060000, 0x00020004, 0x00060000);
+        v = _mm512_sub_epi16(_mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi8(pick, b), sh),
+                                              _mm512_set1_epi16(63)),
+                             _mm512_set1_epi16(32));
+    } else { /* q4: byte j -> the dword (low nibble, high nibble) of columns c + 2j, c + 2j + 1 */
+        const __m512i d = _mm512_cvtepu8_epi32(CW < 32 ? _mm_maskz_loadu_epi8((1u << (CW / 2)) - 1, q + c / 2)
+                                                       : _mm_loadu_si128((const __m128i *)(q + c / 2)));
+        v = _mm512_ternarylogic_epi32(d, _mm512_slli_epi32(d, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
+        if (!zp) v = _mm512_sub_epi16(v, _mm512_set1_epi16(8));
+    }
+    return CW < 32 ? _mm512_maskz_mov_epi16((1u << CW) - 1, v) : v;
 }
-/* AVX2's hadd per 128-bit lane, on zmm */
-AVX512 static inline __m512 v_hadd(__m512 a, __m512 b) {
-    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd));
-}
-/* groups g .. g + 15 of one q8 row (q, sc: its codes and scales) times x: each group's part */
-AVX512 static inline __attribute__((always_inline)) __m512 v_q8_parts(const int8_t *q, const uint8_t *sc,
-                                                                      const float *x, int64_t g,
-                                                                      const int8_t *pq, const uint8_t *psc) {
-    for (int o = 0; o < 512; o += 64) _mm_prefetch((const char *)(pq + o), _MM_HINT_T1); /* to L2, as v_stages */
-    _mm_prefetch((const char *)psc, _MM_HINT_T1);
-    __m512 L[8]; /* lanes 0-7: group g + m, 8-15: group g + 8 + m */
+
+/* lane i = the sum of a[i]'s sixteen lanes */
+AVX512 static inline __attribute__((always_inline)) __m512i v_sum16x16(const __m512i a[16]) {
+    __m512i b[8], c[4], e[2];
 #pragma GCC unroll 8
-    for (int m = 0; m < 8; m++) {
-        const int64_t a = (g + m) * 32, b = (g + 8 + m) * 32;
-        const __m512 a0 = v_q8_p16(q + a, x + a), b0 = v_q8_p16(q + b, x + b);
-        const __m512 a1 = v_q8_p16(q + a + 16, x + a + 16), b1 = v_q8_p16(q + b + 16, x + b + 16);
-        const __m512 s0 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, b0, 0x44), _mm512_shuffle_f32x4(a0, b0, 0xee));
-        const __m512 s1 = _mm512_add_ps(s0, _mm512_shuffle_f32x4(a1, b1, 0x44));
-        L[m] = _mm512_add_ps(s1, _mm512_shuffle_f32x4(a1, b1, 0xee));
-    }
-    /* red8x8 in each 256-bit half (AVX2's order), then the halves' 128-bit lanes in place */
-    const __m512 h0 = v_hadd(v_hadd(L[0], L[1]), v_hadd(L[2], L[3]));
-    const __m512 h1 = v_hadd(v_hadd(L[4], L[5]), v_hadd(L[6], L[7]));
-    const __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(h0, h1, 0x88), _mm512_shuffle_f32x4(h0, h1, 0xdd));
-    const __m512 red = _mm512_shuffle_f32x4(t, t, 0xd8); /* groups g .. g + 15 in order */
-    return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sc + 2 * g))), red);
-}
-
-/* the other trunk codecs: AVX2's */
-AVX512 static float v_dot_avx2(const mpk_mat *w, int64_t r, const float *x) { return mpk_avx2_row_dots[w->codec](w, r, x); }
-
-/* Lookahead in bytes shared by the K rows in flight: row k prefetches V_Q8_PF / K ahead in its
- * own row and, past its end, in row k + K (the next block's row k).  One per-row distance of
- * 4 KiB landed in the block's own rows once rows reach 4096 columns (q8 2048x7168 in RAM, one
- * thread, Zen 5: 7-11 -> 17-22 G weights/s; 6-16 KiB measured alike). */
-#ifndef V_Q8_PF
-#define V_Q8_PF (2 * MPK_TRUNK_PF)
-#endif
-
-/* the shapes v_q8_parts serves: groups of 32, rows of whole 512-column blocks */
-static int v_q8_fits(const mpk_mat *w) { return w->codec == MP_CODEC_Q8 && w->group == 32 && w->cols % 512 == 0; }
-
-/* rows r .. r + K - 1 (v_q8_fits): each row sum one add per group in group order; K rows are K
- * independent add chains (one row's chain bound a row at 13-14 G weights/s in L1, 18 without it) */
-AVX512 static inline __attribute__((always_inline)) void v_q8_rows(const mpk_mat *w, int64_t r, const float *x,
-                                                                   float *y, const int K) {
-    const int64_t ng = w->ngroups;
-    const int8_t *q[4];
-    const uint8_t *sc[4];
-    for (int k = 0; k < K; k++) {
-        q[k] = (const int8_t *)mpk_q8_row(w, r + k);
-        sc[k] = w->data + (size_t)((r + k) * ng) * 2;
-    }
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, pv[4][16];
-    const int64_t rb = ng * 32, D = V_Q8_PF / K;
-    for (int64_t g = 0; g < ng; g += 16) {
-        const int64_t o = g * 32 + D, skip = o < rb ? 0 : (K - 1) * rb;
+    for (int j = 0; j < 8; j++) /* per 128-bit lane: (a0 + a2, b0 + b2, a1 + a3, b1 + b3) */
+        b[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2 * j], a[2 * j + 1]), _mm512_unpackhi_epi32(a[2 * j], a[2 * j + 1]));
 #pragma GCC unroll 4
-        for (int k = 0; k < K; k++)
-            _mm512_storeu_ps(pv[k], v_q8_parts(q[k], sc[k], x, g, q[k] + skip + o, sc[k] + (skip + o) / 16));
-        for (int i = 0; i < 16; i++)
-#pragma GCC unroll 4
-            for (int k = 0; k < K; k++) acc[k] += pv[k][i];
+    for (int m = 0; m < 4; m++) /* per 128-bit lane: rows 4m .. 4m + 3 */
+        c[m] = _mm512_add_epi32(_mm512_unpacklo_epi64(b[2 * m], b[2 * m + 1]), _mm512_unpackhi_epi64(b[2 * m], b[2 * m + 1]));
+    for (int h = 0; h < 2; h++)
+        e[h] = _mm512_add_epi32(_mm512_shuffle_i32x4(c[2 * h], c[2 * h + 1], 0x88),
+                                _mm512_shuffle_i32x4(c[2 * h], c[2 * h + 1], 0xdd));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(e[0], e[1], 0x88), _mm512_shuffle_i32x4(e[0], e[1], 0xdd));
+}
+
+/* out[j][i] = the f16 at p + i * ps + 2 (g0 + j) for sixteen rows' groups g0 .. g0 + 15 (zero past
+ * ng): a 16 x 16 transpose of 16-bit values in four unpack steps (one 32-bit gather a group took
+ * a third of the product on Zen 4) */
+AVX512 static inline __attribute__((always_inline)) void vq_f16_t16(const uint8_t *p, size_t ps, int64_t ng,
+                                                                    int64_t g0, uint16_t out[16][16]) {
+    const __mmask16 live = ng - g0 >= 16 ? 0xffff : (__mmask16)((1u << (ng - g0)) - 1);
+    __m256i a[16], b[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) a[i] = _mm256_maskz_loadu_epi16(live, p + i * ps + 2 * g0);
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        b[i] = _mm256_unpacklo_epi16(a[2 * i], a[2 * i + 1]);
+        b[i + 8] = _mm256_unpackhi_epi16(a[2 * i], a[2 * i + 1]);
     }
-    for (int k = 0; k < K; k++) y[k] = acc[k];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++)
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            a[8 * h + i] = _mm256_unpacklo_epi32(b[8 * h + 2 * i], b[8 * h + 2 * i + 1]);
+            a[8 * h + i + 4] = _mm256_unpackhi_epi32(b[8 * h + 2 * i], b[8 * h + 2 * i + 1]);
+        }
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++)
+#pragma GCC unroll 2
+        for (int i = 0; i < 2; i++) {
+            b[4 * q + i] = _mm256_unpacklo_epi64(a[4 * q + 2 * i], a[4 * q + 2 * i + 1]);
+            b[4 * q + i + 2] = _mm256_unpackhi_epi64(a[4 * q + 2 * i], a[4 * q + 2 * i + 1]);
+        }
+    /* now b[2j] holds rows 0-7 of group j (low lane) and of group j + 8 (high lane), b[2j + 1]
+     * rows 8-15 of the same two groups */
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        _mm_store_si128((__m128i *)out[j], _mm256_castsi256_si128(b[2 * j]));
+        _mm_store_si128((__m128i *)out[j] + 1, _mm256_castsi256_si128(b[2 * j + 1]));
+        _mm_store_si128((__m128i *)out[j + 8], _mm256_extracti128_si256(b[2 * j], 1));
+        _mm_store_si128((__m128i *)out[j + 8] + 1, _mm256_extracti128_si256(b[2 * j + 1], 1));
+    }
 }
 
-AVX512 static float v_dot_q8(const mpk_mat *w, int64_t r, const float *x) {
-    if (!v_q8_fits(w)) return v_dot_avx2(w, r, x);
-    float y;
-    v_q8_rows(w, r, x, &y, 1);
-    return y;
+/* Each row's codes are prefetched (to L2) a block of rows ahead as its group starts a line: two
+ * threads each streaming sixteen rows left the loads waiting (q8 2048 x 7168 in RAM, one thread,
+ * Zen 4: 14.7 -> 17.4 G weights/s; 1-row and 256 B - 4 KiB distances, or L1, measured no better). */
+#define VQ_PF_ROWS 16
+
+/* rows r .. r + 15, to out[16]; NCH chunks of CW <= 32 columns a group (the group size NCH x CW) */
+AVX512N static inline __attribute__((always_inline)) void vqd_block(const mpk_mat *w, int64_t r, const uint8_t *xq,
+                                                                     float *out, const int codec, const int zp,
+                                                                     const int CW, const int NCH) {
+    const int64_t ng = w->ngroups, G = (int64_t)CW * NCH;
+    const int64_t bpg = codec == MP_CODEC_Q8 ? G : codec == MP_CODEC_Q6 ? G / 4 * 3 : G / 2; /* code bytes a group */
+    const size_t rs = (size_t)(ng * bpg), ss = (size_t)ng * 2; /* row strides of the codes and the scales */
+    const uint8_t *k0 = codec == MP_CODEC_Q8 ? mpk_q8_row(w, r) : codec == MP_CODEC_Q6 ? mpk_q6_row(w, r) : mpk_q4_row(w, r);
+    const uint8_t *s0 = w->data + (size_t)(r * ng) * 2, *m0 = s0 + (size_t)(w->rows * ng) * 2;
+    uint16_t st[16][16] __attribute__((aligned(32))), mt[16][16] __attribute__((aligned(32)));
+    const int16_t *q = (const int16_t *)xq;
+    const float *d = mpk_tq_steps(xq, w->cols_p), *z = d + ng;
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *kg = k0 + g * bpg;
+        if ((g * bpg) % 64 < bpg)
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) _mm_prefetch((const char *)(kg + (VQ_PF_ROWS + i) * rs), _MM_HINT_T1);
+        if (g % 16 == 0) { /* the next sixteen groups' scales (and minimums) with a row a lane */
+            vq_f16_t16(s0, ss, ng, g, st);
+            if (zp) vq_f16_t16(m0, ss, ng, g, mt);
+        }
+        __m512i acc[16];
+        const __m512i x0 = _mm512_loadu_si512(q + g * G); /* past CW columns it meets zero codes */
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_madd_epi16(vq_codes(kg + i * rs, 0, codec, zp, CW), x0);
+#pragma GCC unroll 8
+        for (int h = 1; h < NCH; h++) {
+            const __m512i xv = _mm512_loadu_si512(q + g * G + h * 32);
+            const uint8_t *kc = kg + (codec == MP_CODEC_Q8 ? h * 32 : codec == MP_CODEC_Q6 ? h * 24 : h * 16);
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) acc[i] = _mm512_dpwssd_epi32(acc[i], vq_codes(kc + i * rs, 0, codec, zp, CW), xv);
+        }
+        const __m512 n = _mm512_cvtepi32_ps(v_sum16x16(acc)), dg = _mm512_set1_ps(d[g]);
+        const __m512 sv = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)st[g % 16]));
+        a = _mm512_fmadd_ps(n, _mm512_mul_ps(sv, dg), a);
+        if (zp) {
+            const __m512 mv = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)mt[g % 16]));
+            a = _mm512_fmadd_ps(_mm512_set1_ps(z[g]), _mm512_mul_ps(mv, dg), a);
+        }
+    }
+    _mm512_storeu_ps(out, a);
 }
 
-/* Rows [r0, r1): q8 four rows at a time; the rest as AVX2 does them */
-AVX512 static void v_rows_dot(const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y) {
-    if (!v_q8_fits(w)) {
-        mpk_avx2_rows_dot(w, r0, r1, x, y);
+/* Blocks of sixteen rows; a last short block is the matrix's sixteen rows ending there (rows
+ * computed twice give the same bits), matrices of fewer rows the scalar kernel's. */
+AVX512N static void v_qdot_rows(const mpk_mat *w, int64_t r0, int64_t r1, const uint8_t *xq, float *y) {
+    const int64_t G = w->group;
+    if (w->codec == MP_CODEC_Q8) {
+        mpk_avx2_qdot_rows(w, r0, r1, xq, y);
         return;
     }
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) v_q8_rows(w, r, x, y + (r - r0), 4);
-    for (; r < r1; r++) v_q8_rows(w, r, x, y + (r - r0), 1);
+    if (w->rows < 16 || (G != 8 && G != 16 && G % 32)) { /* such groups: only the C API makes them */
+        mpk_scalar_impl.qdot_rows(w, r0, r1, xq, y);
+        return;
+    }
+    for (int64_t r = r0; r < r1; r += 16) {
+        const int64_t rb = r + 16 <= w->rows ? r : w->rows - 16;
+        float out[16];
+#define VQD(CODEC, ZP)                                                                                       \
+    switch (G) {                                                                                             \
+    case 8: vqd_block(w, rb, xq, out, CODEC, ZP, 8, 1); break;                                              \
+    case 16: vqd_block(w, rb, xq, out, CODEC, ZP, 16, 1); break;                                            \
+    case 32: vqd_block(w, rb, xq, out, CODEC, ZP, 32, 1); break;                                            \
+    case 64: vqd_block(w, rb, xq, out, CODEC, ZP, 32, 2); break;                                            \
+    default: vqd_block(w, rb, xq, out, CODEC, ZP, 32, (int)(G / 32));                                       \
+    }
+        if (w->codec == MP_CODEC_Q8) {
+            VQD(MP_CODEC_Q8, 0)
+        } else if (w->codec == MP_CODEC_Q6) {
+            VQD(MP_CODEC_Q6, 0)
+        } else if (w->zero_point) {
+            VQD(MP_CODEC_Q4, 1)
+        } else {
+            VQD(MP_CODEC_Q4, 0)
+        }
+#undef VQD
+        const int64_t n = r1 - r < 16 ? r1 - r : 16;
+        memcpy(y + (r - r0), out + (r - rb), (size_t)n * sizeof(float));
+    }
 }
-
-static const mpk_row_dot_fn v_row_dots[MPK_TRUNK_CODECS] = {
-    [MP_CODEC_F32] = v_dot_avx2, [MP_CODEC_F16] = v_dot_avx2, [MP_CODEC_BF16] = v_dot_avx2,
-    [MP_CODEC_Q8] = v_dot_q8,    [MP_CODEC_Q6] = v_dot_avx2,  [MP_CODEC_Q4] = v_dot_avx2};
 
 /* mpk_wsum sixteen columns a zmm (AVX2's eight heads x eight columns per step, twice the columns
  * per instruction; each element the same multiply then add over the rows in order, so the same
@@ -554,22 +633,24 @@ AVX512 void mpk_avx512_wsum(float *out, int64_t os, int nh, const float *w, int6
         mpk_avx2_wsum(out + c, os, nh, w, ws, (const uint8_t *)rows + (size_t)c * (f16 ? 2 : 4), rs, f16, nt, n - c);
 }
 
-const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi", .row_dot = v_row_dots, .rows_dot = v_rows_dot, .rvq_tables = v_rvq_tables,
+const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi", .row_dot = mpk_avx2_row_dots, .rows_dot = mpk_avx2_rows_dot, .rvq_tables = v_rvq_tables,
                                   .rvq_tiles = v_rvq_tiles, .mm_rows = mpk_avx512vl_mm_rows,
                                   .rvq_gemm = v_rvq_gemm,
                                   .row_values = mpk_avx2_row_values, .gemm_rows = v_gemm_rows,
-                                  .qgemm_rows = v_qgemm_rows, .row_ints = mpk_avx2_row_ints};
+                                  .qgemm_rows = v_qgemm_rows, .row_ints = mpk_avx2_row_ints,
+                                  .qdot_rows = v_qdot_rows};
 /* the same, with the prefill product on AMX tiles (kernels_amx.c) for calls of 16 inputs (one
  * tile block) or more: below that VNNI's is faster (Intel Xeon, 2026-12-05, one thread,
  * 4096 x 1536 and 1536 x 4096, three stages, ns a weight x input, AMX vs VNNI: 12 inputs
  * 0.0166-0.0173 vs 0.0154-0.0159, 16 inputs 0.0126-0.0129 vs 0.0134-0.0139) */
-const mpk_impl mpk_avx512amx_impl = {.name = "avx512amx", .row_dot = v_row_dots, .rows_dot = v_rows_dot,
+const mpk_impl mpk_avx512amx_impl = {.name = "avx512amx", .row_dot = mpk_avx2_row_dots, .rows_dot = mpk_avx2_rows_dot,
                                      .rvq_tables = v_rvq_tables, .rvq_tiles = v_rvq_tiles,
                                      .mm_rows = mpk_avx512vl_mm_rows, .rvq_gemm = v_rvq_gemm,
                                      .rvq_gemm_tiles = mpk_amx_rvq_gemm, .rvq_gemm_xbytes = mpk_amx_xbytes,
                                      .rvq_gemm_xprep = mpk_amx_xprep, .rvq_gemm_tiles_min = 16,
                                      .row_values = mpk_avx2_row_values, .gemm_rows = v_gemm_rows,
-                                  .qgemm_rows = v_qgemm_rows, .row_ints = mpk_avx2_row_ints};
+                                  .qgemm_rows = v_qgemm_rows, .row_ints = mpk_avx2_row_ints,
+                                  .qdot_rows = v_qdot_rows};
 
 #else
 const mpk_impl mpk_avx512_impl = {.name = "avx512vbmi"};

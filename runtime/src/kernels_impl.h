@@ -25,6 +25,17 @@ static inline int mpk_q6_code(const uint8_t *q, int64_t c) {
     return (int)((u >> ((c & 3) * 6)) & 63);
 }
 
+/* §2.4 step 2: the integer code of column c of a grouped row whose codes start at q (q8 the int8,
+ * q6 the code minus 32, q4 the nibble, minus 8 when symmetric) */
+static inline int mpk_int_code(const mpk_mat *w, const uint8_t *q, int64_t c) {
+    if (w->codec == MP_CODEC_Q8) return (int8_t)q[c];
+    if (w->codec == MP_CODEC_Q6) return mpk_q6_code(q, c) - 32;
+    return ((q[c >> 1] >> ((c & 1) * 4)) & 15) - (w->zero_point ? 0 : 8);
+}
+static inline const uint8_t *mpk_grouped_row(const mpk_mat *w, int64_t r) {
+    return w->codec == MP_CODEC_Q8 ? mpk_q8_row(w, r) : w->codec == MP_CODEC_Q6 ? mpk_q6_row(w, r) : mpk_q4_row(w, r);
+}
+
 /* Trunk kernels come per codec: tables indexed by mp_codec_kind (the trunk codecs are the kinds
  * below MP_CODEC_RVQ), so no kernel branches on the codec; adding a trunk codec is its entry in
  * codecs.c and one function per instruction set here. */
@@ -34,7 +45,7 @@ typedef void (*mpk_row_codes_fn)(const mpk_mat *w, int64_t r, float *out, float 
 
 struct mpk_impl {
     const char *name;
-    const mpk_row_dot_fn *row_dot; /* [MPK_TRUNK_CODECS]: dot(row r of w, x) */
+    const mpk_row_dot_fn *row_dot; /* [MPK_TRUNK_CODECS]: dot(row r of w, x), the float codecs */
     /* y[r - r0] = row_dot(w, r, x) for r0 <= r < r1, several rows at once; NULL: row by row */
     void (*rows_dot)(const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y);
     /* §3.5 steps 1-2 for group g, stage st: writes t->q of the group's vectors and t->d[g][st]
@@ -45,12 +56,12 @@ struct mpk_impl {
      * prefetch one group ahead (measured best with codes in RAM; tables then come from L2). */
     void (*rvq_tiles)(const mpk_rvq *w, const mpk_rvq_tab *t, int64_t tile0, int64_t ntiles,
                       float *acc);
-    /* Trunk rows [r0, r1) times many inputs (prefill), exactly as row_dot computes each
-     * (y[t][r]): xt holds the inputs transposed in blocks of MPK_MM_TB tokens [nb][cols][TB]
-     * (zero past n), xl the q4 zero-point group sums [nb][ngroups][TB]; wb is scratch for the
-     * rows' decoded codes and scales (mpk_mm_wb_floats).  NULL: the driver uses row_dot. */
-    void (*mm_rows)(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
-                    int64_t nb, int64_t n, float *y, float *wb);
+    /* Rows [r0, r1) of a float-codec matrix times many inputs (routers over a prompt chunk),
+     * exactly as row_dot computes each (y[t][r]): xt holds the inputs transposed in blocks of
+     * MPK_MM_TB tokens [nb][cols][TB] (zero past n); wb is scratch for the rows' values
+     * (mpk_mm_wb_floats).  NULL: the driver uses row_dot. */
+    void (*mm_rows)(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, int64_t nb, int64_t n, float *y,
+                    float *wb);
     /* The prefill product (CODECS.md §3.6) of the MPK_GEMM_ROWS rows from r0 (a multiple of
      * MPK_GEMM_ROWS: inside one code tile) with the quantised inputs xq + t * xqs for
      * t < n <= MPK_GEMM_INPUTS: writes each (input, row)'s accumulator a (step 4, before the row
@@ -66,8 +77,8 @@ struct mpk_impl {
     size_t (*rvq_gemm_xbytes)(int64_t cols);
     void (*rvq_gemm_xprep)(const uint8_t *xq, size_t xqs, int64_t cols, int64_t n, uint8_t *out);
     int rvq_gemm_tiles_min;
-    /* Row r of w decoded to its values, mpk_row's bits (sc, mn: ngroups floats of scratch). */
-    void (*row_values)(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn);
+    /* Row r of a float-codec matrix as its values, mpk_row's bits. */
+    void (*row_values)(const mpk_mat *w, int64_t r, float *out);
     /* The trunk's prefill product (mpk_gemm) of MPK_GEMM_ROWS decoded rows, vector-major
      * (wb[v][row][8], nv vectors: the layout the micro-kernels stream), with inputs x[t * xs ...]
      * for t < n <= MPK_GEMM_INPUTS: acc[t][row][8]. */
@@ -81,6 +92,10 @@ struct mpk_impl {
     /* Row r of a grouped matrix as the integer codes qgemm_rows multiplies, out[cols] (q8 the int8,
      * q6 the code minus 32, q4 the nibble, minus 8 when symmetric) */
     void (*row_ints)(const mpk_mat *w, int64_t r, int16_t *out);
+    /* §2.4 steps 2-4 for one input: rows [r0, r1) of a grouped matrix read as stored, the input at
+     * xq (mpk_tq_steps' layout): y[r - r0], NaNs not yet canonical.  The one-input product
+     * (decode), where the prefill kernels' column-pair panels cost more than they save. */
+    void (*qdot_rows)(const mpk_mat *w, int64_t r0, int64_t r1, const uint8_t *xq, float *y);
 };
 
 extern const mpk_impl mpk_scalar_impl;
@@ -102,26 +117,26 @@ float mpk_red8(const float l[8]);
 
 #define MPK_MM_TB 8     /* inputs per SIMD block of the multi-input trunk kernel (one per lane) */
 #define MPK_MM_ROWS 16  /* rows per task: decoded once, used by every input block */
-/* Floats of mm_rows scratch for MPK_MM_ROWS rows of w: codes [rows][cols_p], then scales and
- * q4 minimums [rows][ngroups] each. */
+/* Floats of mm_rows scratch for MPK_MM_ROWS rows of w: their values [rows][cols_p]. */
 size_t mpk_mm_wb_floats(const mpk_mat *w);
-/* Row r of w as its stored numbers: out[cols] = the value row_dot multiplies (the int8/6/4-bit
- * code as a float, q4 symmetric minus 8; f16/bf16/f32 converted), sc[ngroups] the group scales,
- * mn[ngroups] the q4 zero-point minimums (grouped codecs only). */
+/* Row r of w as its stored numbers: out[cols] = the int8/6/4-bit code as a float (q4 symmetric
+ * minus 8) or the f16/bf16/f32 value converted, sc[ngroups] the group scales, mn[ngroups] the q4
+ * zero-point minimums (grouped codecs only; mpk_row applies them). */
 void mpk_row_codes(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn);
 /* The group scales (and q4 zero-point minimums, when mn is not NULL) of row r; nothing when sc is
  * NULL. */
 void mpk_group_scales(const mpk_mat *w, int64_t r, float *sc, float *mn);
-/* AVX2 trunk kernels, shared with the AVX-512 table (which has its own q8 decode product). */
+/* AVX2 trunk kernels, shared with the AVX-512 table. */
 extern const mpk_row_dot_fn mpk_avx2_row_dots[MPK_TRUNK_CODECS];
 /* mpk_row_ints for columns [c0, cols): the scalar path and the SIMD tails */
 void mpk_row_ints_from(const mpk_mat *w, int64_t r, int64_t c0, int16_t *out);
 void mpk_avx2_row_ints(const mpk_mat *w, int64_t r, int16_t *out);
+void mpk_avx2_qdot_rows(const mpk_mat *w, int64_t r0, int64_t r1, const uint8_t *xq, float *y);
 void mpk_avx2_rows_dot(const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y);
-void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
-                      int64_t nb, int64_t n, float *y, float *wb);
-void mpk_avx512vl_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, const float *xl,
-                          int64_t nb, int64_t n, float *y, float *wb);
+void mpk_avx2_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, int64_t nb, int64_t n, float *y,
+                      float *wb);
+void mpk_avx512vl_mm_rows(const mpk_mat *w, int64_t r0, int64_t r1, const float *xt, int64_t nb, int64_t n, float *y,
+                          float *wb);
 
 /* mpk_dot / mpk_axpy 8-wide (the same bits; x86 only) */
 float mpk_avx2_dot(const float *a, const float *b, int64_t n);
@@ -246,7 +261,7 @@ static inline __attribute__((always_inline)) void mpk_rvq_decode_panel(const uin
     }
 }
 #endif
-void mpk_avx2_row_values(const mpk_mat *w, int64_t r, float *out, float *sc, float *mn);
+void mpk_avx2_row_values(const mpk_mat *w, int64_t r, float *out);
 void mpk_avx2_gemm_rows(const float *wb, int64_t nv, const float *x, int64_t xs, int64_t n, float *acc);
 
 

@@ -184,8 +184,8 @@ static void mla_value(void *ctx, size_t h) {
     const int64_t R = c->kv_lora_rank, nope = c->qk_nope_dim, vd = c->v_head_dim;
     const float *ol = j->m->olat + (int64_t)h * R;
     float *out = j->out + (int64_t)h * vd;
-    for (int64_t i = 0; i < vd; i++)
-        out[i] = mpk_row_dot(j->m->kern, &j->ly->kv_b, (int64_t)h * (nope + vd) + nope + i, ol);
+    const int64_t r0 = (int64_t)h * (nope + vd) + nope;
+    mpk_matvec_rows(j->m->kern, &j->ly->kv_b, r0, r0 + vd, ol, out);
 }
 
 /* scores against the cached latents, the value read back through kv_b: K and V never expanded */

@@ -18,7 +18,8 @@
  *                projections cycled through): the memory-speed bound for this mode;
  *   experts      distinct projections cycled through.
  * Trunk codecs (--trunk, "" for none): the same fields where they apply (codec "q8"/"q6"/"q4",
- * group size "group", gws of mpk_matvec with a float activation; no table), per path and mode.
+ * group size "group", gws of mpk_matvec: CODECS.md §2.4, the activation's rounding included;
+ * no table), per path and mode.
  * mode "ram": the projections cycled through span --ram-mib (default 128 MiB, beyond a 32 MiB L3),
  * so codes stream from memory; mode "cache": one projection, codes in cache after the first call.
  * The activation is random and fixed; each timed call builds the table and runs the matvec. */

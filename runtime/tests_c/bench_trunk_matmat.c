@@ -1,7 +1,9 @@
 /* Trunk matrix times several tokens, both products (issue 15): ns per (weight x token) against
  * the number of tokens, per codec, one thread, matrix in cache after the first call.  Not a test.
- * mpk_matmat keeps the decode numerics (routers, the lm_head; where its MPK_MM_TB blocking pays
- * off); mpk_gemm is the prefill trunk product (rows decoded once, FMA micro-kernels).
+ * For the grouped codecs both are CODECS.md §2.4 (mpk_matmat calls mpk_gemm; one token takes the
+ * rows as stored, more the column-pair panels); for f16, mpk_matmat is the float codecs' decode
+ * product (routers; MPK_MM_TB inputs a register from 8 tokens on) and mpk_gemm the prefill FMA
+ * product.
  *
  *   gcc -std=c11 -O2 -ffp-contract=off -Iruntime/include -Iruntime/src \
  *       runtime/tests_c/bench_trunk_matmat.c runtime/src/kernels*.c runtime/src/codecs.c \

@@ -1,7 +1,8 @@
 /* Trunk matrix times many inputs, for every codec, kernel path, thread count and awkward shapes
  * (partial last group, columns not a multiple of 8, rows not a multiple of the 16-row task):
- * - mpk_matmat (decode numerics): every output element equals the scalar single-input row_dot
- *   bit for bit, for input counts below, at and past the 8-input SIMD blocks;
+ * - mpk_matmat (decode numerics): every output element equals the scalar path's product of its
+ *   row alone (mpk_matvec_rows) bit for bit, for input counts below, at and past the 8-input SIMD
+ *   blocks, and so does mpk_matvec_rows of any row range on every path;
  * - mpk_gemm (the prefill product): each input's result has the bits it has among others and
  *   the scalar path's (1 input, partial three-input steps, past one kernel call's 64), lies
  *   within f32 rounding of the double product of the decoded rows (mpk_row) with the inputs (for
@@ -143,7 +144,16 @@ int main(void) {
             for (int64_t i = 0; i < 33 * cols; i++) x[i] = urand() * (i % 7 == 0 ? 100.0f : 1.0f);
             float *ref = malloc(sizeof(float) * (size_t)(33 * rows)), *y = malloc(sizeof(float) * (size_t)(33 * rows));
             for (int64_t t = 0; t < 33; t++)
-                for (int64_t r = 0; r < rows; r++) ref[t * rows + r] = mpk_row_dot(paths[0], &w, r, x + t * cols);
+                for (int64_t r = 0; r < rows; r++) mpk_matvec_rows(paths[0], &w, r, r + 1, x + t * cols, ref + t * rows + r);
+            for (int k = 0; k < np; k++) { /* row ranges on the calling thread: rows [r0, rows) */
+                const int64_t r0 = rows / 3, t = k % 33;
+                mpk_matvec_rows(paths[k], &w, r0, rows, x + t * cols, y);
+                int64_t bad = -1;
+                for (int64_t r = r0; r < rows && bad < 0; r++)
+                    if (bits(y[r - r0]) != bits(ref[t * rows + r])) bad = r;
+                CHECK(bad < 0, "%s %lldx%lld rows from %lld %s: row %lld", K->name, (long long)rows, (long long)cols,
+                      (long long)r0, mpk_impl_name(paths[k]), (long long)bad);
+            }
             for (int k = 0; k < np; k++)
                 for (int p = 0; p < 2; p++)
                     for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
