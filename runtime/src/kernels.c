@@ -1031,7 +1031,7 @@ static void tgemm_task(void *ctx, size_t task) {
 /* ---- the trunk's integer product (CODECS.md §2.4) ---- */
 
 static size_t tq_bytes(const mpk_mat *w) {
-    return mpk_tq_qbytes(w->cols_p) + ((size_t)w->ngroups * (w->zero_point ? 8u : 4u) + 63) / 64 * 64;
+    return mpk_tq_qbytes(w->cols_p) + ((size_t)w->ngroups * 8u + 63) / 64 * 64;
 }
 
 /* §2.4 step 1: x[cols] into out (tq_bytes, mpk_tq_steps' layout) */
@@ -1043,11 +1043,9 @@ static void tq_input(const mpk_mat *w, const float *x, uint8_t *out) {
         const int64_t c0 = g * G, c1 = c0 + G < w->cols ? c0 + G : w->cols;
         xq_group(x, c0, c1, 32767.0f, q, &d[g]);
         for (int64_t c = c1; c < c0 + G; c++) q[c] = 0;
-        if (w->zero_point) {
-            int32_t sum = 0;
-            for (int64_t c = c0; c < c1; c++) sum += q[c];
-            z[g] = (float)sum; /* |sum| <= 256 x 32767 < 2^24: exact */
-        }
+        int32_t sum = 0;
+        for (int64_t c = c0; c < c1; c++) sum += q[c];
+        z[g] = (float)sum; /* |sum| <= 256 x 32767 < 2^24: exact */
     }
 }
 

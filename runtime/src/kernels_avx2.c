@@ -824,22 +824,21 @@ AVX2 static void a_qgemm_rows(const int16_t *wq, const float *sc, const float *m
  * group's integer input and vpaddd into the row's register, one transpose-and-add tree to the
  * eight rows' group sums (exact), the combine with a row a lane in group order. */
 
-/* 16 codes from column c of a row whose codes start at q, as §2.4's integers in column order (q6:
- * twelve bytes, each word shifted left until its code's top bit is bit 15, then back down) */
-AVX2 static inline __attribute__((always_inline)) __m256i aq_codes(const uint8_t *q, int64_t c, const int codec,
-                                                                    const int zp) {
+/* 16 codes from column c of a row whose codes start at q, in column order, as stored: q8 the int8,
+ * q6 the 6-bit code and q4 the nibble without their offsets (aqd_block takes those off once per
+ * group); q6: twelve bytes, each word shifted left until its code's top bit is bit 15, then back
+ * down */
+AVX2 static inline __attribute__((always_inline)) __m256i aq_codes(const uint8_t *q, int64_t c, const int codec) {
     if (codec == MP_CODEC_Q8) return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + c)));
     if (codec == MP_CODEC_Q6) {
         const __m128i b = _mm_maskload_epi32((const int *)(const void *)(q + c / 4 * 3), _mm_setr_epi32(-1, -1, -1, 0));
         const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 1, 2, 2, 2, 3, 4, 3, 4, 4, 5, 5, 5,
                                               6, 7, 6, 7, 7, 8, 8, 8, 9, 10, 9, 10, 10, 11, 11, 11);
         const __m256i up = _mm256_setr_epi16(1024, 16, 64, 256, 1024, 16, 64, 256, 1024, 16, 64, 256, 1024, 16, 64, 256);
-        const __m256i k = _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(b), pick), up), 10);
-        return _mm256_sub_epi16(k, _mm256_set1_epi16(32));
+        return _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(b), pick), up), 10);
     }
     const __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + c / 2)));
-    const __m256i v = _mm256_and_si256(_mm256_or_si256(d, _mm256_slli_epi32(d, 12)), _mm256_set1_epi32(0x000f000f));
-    return zp ? v : _mm256_sub_epi16(v, _mm256_set1_epi16(8));
+    return _mm256_and_si256(_mm256_or_si256(d, _mm256_slli_epi32(d, 12)), _mm256_set1_epi32(0x000f000f));
 }
 
 /* lane i = the sum of a[i]'s eight lanes */
@@ -908,15 +907,19 @@ AVX2 static inline __attribute__((always_inline)) void aqd_block(const mpk_mat *
         __m256i acc[8];
         const __m256i x0 = _mm256_loadu_si256((const __m256i *)(q + g * G));
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) acc[i] = _mm256_madd_epi16(aq_codes(kg + i * rs, 0, codec, zp), x0);
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_madd_epi16(aq_codes(kg + i * rs, 0, codec), x0);
 #pragma GCC unroll 16
         for (int h = 1; h < NCH; h++) {
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(q + g * G + h * 16));
             const uint8_t *kc = kg + (codec == MP_CODEC_Q8 ? h * 16 : codec == MP_CODEC_Q6 ? h * 12 : h * 8);
 #pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(aq_codes(kc + i * rs, 0, codec, zp), xv));
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(aq_codes(kc + i * rs, 0, codec), xv));
         }
-        const __m256 n = _mm256_cvtepi32_ps(a_sum8x8(acc)), dg = _mm256_set1_ps(d[g]);
+        /* the codes' offset (q6 32, symmetric q4 8) once per group: n = sum (k + off) q - off sum q */
+        const int off = codec == MP_CODEC_Q6 ? 32 : codec == MP_CODEC_Q4 && !zp ? 8 : 0;
+        __m256i ni = a_sum8x8(acc);
+        if (off) ni = _mm256_sub_epi32(ni, _mm256_set1_epi32(off * (int32_t)z[g]));
+        const __m256 n = _mm256_cvtepi32_ps(ni), dg = _mm256_set1_ps(d[g]);
         a = _mm256_fmadd_ps(n, _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)st[g % 8])), dg), a);
         if (zp)
             a = _mm256_fmadd_ps(_mm256_set1_ps(z[g]),

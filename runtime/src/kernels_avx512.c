@@ -426,11 +426,12 @@ static const uint8_t vq_q6_pick[64] __attribute__((aligned(64))) = {
     0, 1, 0, 1, 1, 2, 2, 2, 3, 4, 3, 4, 4, 5, 5, 5, 6, 7, 6, 7, 7, 8, 8, 8, 9, 10, 9, 10, 10, 11, 11, 11,
     12, 13, 12, 13, 13, 14, 14, 14, 15, 16, 15, 16, 16, 17, 17, 17, 18, 19, 18, 19, 19, 20, 20, 20, 21, 22, 21, 22, 22, 23, 23, 23};
 
-/* 32 codes from column c of a row whose codes start at q, as §2.4's integers in column order; with
- * CW < 32 (groups of 8 or 16) only columns c .. c + CW - 1, the rest zero, and no byte read past
- * them */
+/* 32 codes from column c of a row whose codes start at q, in column order, as stored: q8 the int8,
+ * q6 the 6-bit code and q4 the nibble without their offsets (vqd_block takes those off once per
+ * group); with CW < 32 (groups of 8 or 16) only columns c .. c + CW - 1, the rest zero, and no
+ * byte read past them */
 AVX512N static inline __attribute__((always_inline)) __m512i vq_codes(const uint8_t *q, int64_t c, const int codec,
-                                                                       const int zp, const int CW) {
+                                                                       const int CW) {
     __m512i v;
     if (codec == MP_CODEC_Q8) {
         return _mm512_cvtepi8_epi16(CW < 32 ? _mm256_maskz_loadu_epi8((1u << CW) - 1, q + c)
@@ -439,14 +440,11 @@ AVX512N static inline __attribute__((always_inline)) __m512i vq_codes(const uint
         const __m512i b = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8((1u << (CW / 4 * 3)) - 1, q + c / 4 * 3));
         const __m512i pick = _mm512_loadu_si512(vq_q6_pick);
         const __m512i sh = _mm512_set4_epi32(0x00020004, 0x00060000, 0x00020004, 0x00060000);
-        v = _mm512_sub_epi16(_mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi8(pick, b), sh),
-                                              _mm512_set1_epi16(63)),
-                             _mm512_set1_epi16(32));
+        v = _mm512_and_si512(_mm512_srlv_epi16(_mm512_permutexvar_epi8(pick, b), sh), _mm512_set1_epi16(63));
     } else { /* q4: byte j -> the dword (low nibble, high nibble) of columns c + 2j, c + 2j + 1 */
         const __m512i d = _mm512_cvtepu8_epi32(CW < 32 ? _mm_maskz_loadu_epi8((1u << (CW / 2)) - 1, q + c / 2)
                                                        : _mm_loadu_si128((const __m128i *)(q + c / 2)));
         v = _mm512_ternarylogic_epi32(d, _mm512_slli_epi32(d, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
-        if (!zp) v = _mm512_sub_epi16(v, _mm512_set1_epi16(8));
     }
     return CW < 32 ? _mm512_maskz_mov_epi16((1u << CW) - 1, v) : v;
 }
@@ -535,15 +533,19 @@ AVX512N static inline __attribute__((always_inline)) void vqd_block(const mpk_ma
         __m512i acc[16];
         const __m512i x0 = _mm512_loadu_si512(q + g * G); /* past CW columns it meets zero codes */
 #pragma GCC unroll 16
-        for (int i = 0; i < 16; i++) acc[i] = _mm512_madd_epi16(vq_codes(kg + i * rs, 0, codec, zp, CW), x0);
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_madd_epi16(vq_codes(kg + i * rs, 0, codec, CW), x0);
 #pragma GCC unroll 8
         for (int h = 1; h < NCH; h++) {
             const __m512i xv = _mm512_loadu_si512(q + g * G + h * 32);
             const uint8_t *kc = kg + (codec == MP_CODEC_Q8 ? h * 32 : codec == MP_CODEC_Q6 ? h * 24 : h * 16);
 #pragma GCC unroll 16
-            for (int i = 0; i < 16; i++) acc[i] = _mm512_dpwssd_epi32(acc[i], vq_codes(kc + i * rs, 0, codec, zp, CW), xv);
+            for (int i = 0; i < 16; i++) acc[i] = _mm512_dpwssd_epi32(acc[i], vq_codes(kc + i * rs, 0, codec, CW), xv);
         }
-        const __m512 n = _mm512_cvtepi32_ps(v_sum16x16(acc)), dg = _mm512_set1_ps(d[g]);
+        /* the codes' offset (q6 32, symmetric q4 8) once per group: n = sum (k + off) q - off sum q */
+        const int off = codec == MP_CODEC_Q6 ? 32 : codec == MP_CODEC_Q4 && !zp ? 8 : 0;
+        __m512i ni = v_sum16x16(acc);
+        if (off) ni = _mm512_sub_epi32(ni, _mm512_set1_epi32(off * (int32_t)z[g]));
+        const __m512 n = _mm512_cvtepi32_ps(ni), dg = _mm512_set1_ps(d[g]);
         const __m512 sv = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)st[g % 16]));
         a = _mm512_fmadd_ps(n, _mm512_mul_ps(sv, dg), a);
         if (zp) {

@@ -172,9 +172,10 @@ void mpk_wsum_cols(float *out, int64_t os, int nh, const float *w, int64_t ws, c
 #define MPK_GEMM_INPUTS 256
 void mpk_avx2_rvq_gemm(const mpk_rvq *w, const mpk_rvq_icb *cb, const uint8_t *xq, size_t xqs, int64_t n,
                        int64_t r0, float *acc);
-/* An input of the trunk's integer prefill product (§2.4 step 1), as mpk_gemm quantises it: int16
- * q[cols_p] (zero past cols), from the next 64-byte boundary f32 d[ng] (the group steps), then
- * for q4 with a zero point f32 z[ng] (each group's sum of q, an exact integer). */
+/* An input of the trunk's integer product (§2.4 step 1), as mpk_gemm and mpk_matvec round it: int16
+ * q[cols_p] (zero past cols), from the next 64-byte boundary f32 d[ng] (the group steps), then f32
+ * z[ng] (each group's sum of q, an exact integer: q4's zero-point term, and the one-input kernels
+ * take the q6 and symmetric q4 code offsets off with it once per group). */
 static inline size_t mpk_tq_qbytes(int64_t cols_p) { return (2 * (size_t)cols_p + 63) / 64 * 64; }
 static inline const float *mpk_tq_steps(const uint8_t *xq, int64_t cols_p) {
     return (const float *)(xq + mpk_tq_qbytes(cols_p));
