@@ -347,9 +347,19 @@ def main() -> None:
         # 4. warm compute (pass 2 of each run: everything resident)
         every = sum(b.count * b.stride for b in _banks(mp))
 
+        bw_samples: list[float] = []
+
         def moepack_warm() -> dict:
+            # the bound's bandwidth, sampled next to every warm decode it is compared with: on a
+            # shared VM it moved between 30 and 56 GB/s within minutes (docs/LEARNED.md)
+            bw_samples.append(memory_read_gb_s(a.threads))
             return engine_run("moepack", mp, None, tokens=tokens, threads=a.threads, passes=2,
                               budget=p["floor_bytes"] + every + (256 << 20))
+
+        def record_bandwidth() -> None:
+            """the most the samples read: the bound then errs on the side of a lower ratio"""
+            res["memory_read_samples_gb_s"] = list(bw_samples)
+            res["memory_read_gb_s"] = max(bw_samples)
 
         def llama_warm() -> dict:
             read_through(gg)
@@ -359,7 +369,7 @@ def main() -> None:
         if use_llama:
             warm_runs["llama"] = llama_warm
         res["warm"] = alternate(rounds, warm_runs)
-        res["memory_read_gb_s"] = memory_read_gb_s(a.threads)
+        record_bandwidth()
         _save(res, quick)
 
         # 4b. a long prompt (issue 15): warm (pass 2) and from a dropped cache under caps
@@ -395,6 +405,7 @@ def main() -> None:
         if use_llama and not a.no_q3k:
             warm_q3k(res, a.dir, shape, tokens, a.threads, rounds, moepack_warm,
                      (lambda m: long_prompt(m, None)) if a.prompt_tokens else None)
+            record_bandwidth()
         _save(res, quick)
 
         # 5. cold expert reads vs the disk
@@ -649,10 +660,13 @@ def section(res: dict) -> str:
                            f"{_spread(w['moepack_vs_q3k'])} | – |")
         bound = _bandwidth_bound(res)
         if bound:
+            bws = res.get("memory_read_samples_gb_s") or []
+            seen = (f", the most of {len(bws)} samples taken next to the warm decode runs: "
+                    f"{_f(min(bws))}-{_f(max(bws))}" if len(bws) > 1 else "")
             out.append(f"\nMemory-bandwidth bound: {_size(bound[1])} touched per token (trunk + "
                        f"one token's experts) at {_f(res['memory_read_gb_s'])} GB/s "
-                       f"({res['threads']} threads reading RAM) = {_f(bound[0])} tok/s; moepack's "
-                       f"best warm decode is {_f(bound[2])} of it.")
+                       f"({res['threads']} threads reading RAM{seen}) = {_f(bound[0])} tok/s; "
+                       f"moepack's best warm decode is {_f(bound[2])} of it.")
             if (bound[2] or 0) > BOUND_TRUSTED:
                 out.append("Above 1: decode read RAM faster than this run's probe did, so the "
                            "probe ran in a slow phase of the machine; the bound is not a "

@@ -131,13 +131,17 @@ def test_markdown_renders_partial_results(tmp_path, monkeypatch) -> None:
                      "llama": {"tok_s": [1.0, 0.5], "read_bytes": 10**10,
                                "result": {"load_s": 4.0, "passes": [
                                    {"prompt_s": 1.0, "decode_s": 4.0}]}}}],
-           "warm": {"moepack": {"tok_s": [1, 2.0]}, "llama": {"rc": 1, "error": ["boom"]}}}
+           "warm": {"moepack": {"tok_s": [1, 2.0]}, "llama": {"rc": 1, "error": ["boom"]}},
+           "memory_read_gb_s": 40.0, "memory_read_samples_gb_s": [31.0, 40.0]}
     monkeypatch.setattr(run_all, "RESULTS", tmp_path)
     (tmp_path / "run_all-quick.json").write_text(json.dumps(res))
     run_all.write_markdown(tmp_path / "B.md")
     md = (tmp_path / "B.md").read_text()
     assert "**3.00** / **6.00** | 3.00 (3.00x) |" in md  # ratios; load + pass 1: 3 s vs 9 s
     assert "| – | 9.00 |" in md  # llama.cpp's own row: its seconds, no ratio
+    # the bound's bandwidth: the most of the samples taken beside the warm runs, their range shown
+    assert "at 40.00 GB/s (2 threads reading RAM, the most of 2 samples taken next to the warm " \
+           "decode runs: 31.00-40.00) =" in md
     assert "| 25% cap: >= 3x llama.cpp decode | 3.00x (pass 1), 6.00x (pass 2) | yes |" in md
     assert "warm: >= 1.0x llama.cpp | not measured" in md
     # sizes through moepack.sizes.format_size, the unit in the cell
