@@ -1172,30 +1172,40 @@ typedef struct {
     int64_t rows;
 } qmv_job;
 
+/* rows [r0, r1) of a grouped matrix times the rounded input xq: y[r - r0], NaNs canonical */
+static void qdot_canon(const mpk_impl *k, const mpk_mat *w, int64_t r0, int64_t r1, const uint8_t *xq, float *y) {
+    (k->qdot_rows ? k->qdot_rows : s_qdot_rows)(w, r0, r1, xq, y);
+    for (int64_t i = 0; i < r1 - r0; i++) y[i] = mpk_canon(y[i]);
+}
+
 static void qmv_task(void *ctx, size_t t) {
     const qmv_job *j = ctx;
     const int64_t r0 = (int64_t)t * j->rows, r1 = r0 + j->rows < j->w->rows ? r0 + j->rows : j->w->rows;
-    (j->k->qdot_rows ? j->k->qdot_rows : s_qdot_rows)(j->w, r0, r1, j->xq, j->y + r0);
-    for (int64_t r = r0; r < r1; r++) j->y[r] = mpk_canon(j->y[r]);
+    qdot_canon(j->k, j->w, r0, r1, j->xq, j->y + r0);
 }
 
-/* rows [r0, r1) of a grouped matrix times x on the calling thread (pool NULL) or the pool */
+/* Rounded inputs up to this size stay on the stack: MLA's value rows take a call per head and
+ * token, each with its own small input. */
+#define QMV_STACK_BYTES 4096
+
+/* rows [r0, r1) of a grouped matrix times x: all rows on the pool, a range on the calling thread */
 static void qmatvec(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, int64_t r0, int64_t r1, const float *x,
                     float *y) {
-    uint8_t *xq = aligned_alloc(64, tq_bytes(w));
+    uint8_t small[QMV_STACK_BYTES] __attribute__((aligned(64)));
+    const size_t nb = tq_bytes(w);
+    uint8_t *xq = nb <= sizeof small ? small : aligned_alloc(64, nb);
     if (!xq) { /* no memory: NaN rows, never numbers that were not computed */
         for (int64_t r = r0; r < r1; r++) y[r - r0] = mpk_bits_f32(0x7fc00000u);
         return;
     }
     tq_input(w, x, xq);
-    qmv_job j = {k, w, xq, y - r0, pool ? stream_rows(w, mpk_pool_threads(pool)) : r1 - r0};
-    if (r0 == 0 && r1 == w->rows) {
+    if (pool && r0 == 0 && r1 == w->rows) {
+        qmv_job j = {k, w, xq, y, stream_rows(w, mpk_pool_threads(pool))};
         mpk_pool_run(w->rows * w->cols < 32768 ? NULL : pool, (size_t)((w->rows + j.rows - 1) / j.rows), qmv_task, &j);
     } else {
-        (k->qdot_rows ? k->qdot_rows : s_qdot_rows)(w, r0, r1, xq, y);
-        for (int64_t r = r0; r < r1; r++) y[r - r0] = mpk_canon(y[r - r0]);
+        qdot_canon(k, w, r0, r1, xq, y);
     }
-    free(xq);
+    if (xq != small) free(xq);
 }
 
 void mpk_matvec_rows(const mpk_impl *k, const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y) {

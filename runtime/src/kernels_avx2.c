@@ -889,7 +889,7 @@ AVX2 static inline __attribute__((always_inline)) void aqd_block(const mpk_mat *
     const int64_t ng = w->ngroups, G = 16 * NCH;
     const int64_t bpg = codec == MP_CODEC_Q8 ? G : codec == MP_CODEC_Q6 ? G / 4 * 3 : G / 2; /* code bytes a group */
     const size_t rs = (size_t)(ng * bpg), ss = (size_t)ng * 2; /* row strides of the codes and the scales */
-    const uint8_t *k0 = codec == MP_CODEC_Q8 ? mpk_q8_row(w, r) : codec == MP_CODEC_Q6 ? mpk_q6_row(w, r) : mpk_q4_row(w, r);
+    const uint8_t *k0 = mpk_grouped_row(w, r);
     const uint8_t *s0 = w->data + (size_t)(r * ng) * 2, *m0 = s0 + (size_t)(w->rows * ng) * 2;
     uint16_t st[8][8] __attribute__((aligned(16))), mt[8][8] __attribute__((aligned(16)));
     const int16_t *q = (const int16_t *)xq;
@@ -911,7 +911,7 @@ AVX2 static inline __attribute__((always_inline)) void aqd_block(const mpk_mat *
 #pragma GCC unroll 16
         for (int h = 1; h < NCH; h++) {
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(q + g * G + h * 16));
-            const uint8_t *kc = kg + (codec == MP_CODEC_Q8 ? h * 16 : codec == MP_CODEC_Q6 ? h * 12 : h * 8);
+            const uint8_t *kc = kg + h * (bpg / NCH);
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++) acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(aq_codes(kc + i * rs, 0, codec), xv));
         }

@@ -515,7 +515,7 @@ AVX512N static inline __attribute__((always_inline)) void vqd_block(const mpk_ma
     const int64_t ng = w->ngroups, G = (int64_t)CW * NCH;
     const int64_t bpg = codec == MP_CODEC_Q8 ? G : codec == MP_CODEC_Q6 ? G / 4 * 3 : G / 2; /* code bytes a group */
     const size_t rs = (size_t)(ng * bpg), ss = (size_t)ng * 2; /* row strides of the codes and the scales */
-    const uint8_t *k0 = codec == MP_CODEC_Q8 ? mpk_q8_row(w, r) : codec == MP_CODEC_Q6 ? mpk_q6_row(w, r) : mpk_q4_row(w, r);
+    const uint8_t *k0 = mpk_grouped_row(w, r);
     const uint8_t *s0 = w->data + (size_t)(r * ng) * 2, *m0 = s0 + (size_t)(w->rows * ng) * 2;
     uint16_t st[16][16] __attribute__((aligned(32))), mt[16][16] __attribute__((aligned(32)));
     const int16_t *q = (const int16_t *)xq;
@@ -537,7 +537,7 @@ AVX512N static inline __attribute__((always_inline)) void vqd_block(const mpk_ma
 #pragma GCC unroll 8
         for (int h = 1; h < NCH; h++) {
             const __m512i xv = _mm512_loadu_si512(q + g * G + h * 32);
-            const uint8_t *kc = kg + (codec == MP_CODEC_Q8 ? h * 32 : codec == MP_CODEC_Q6 ? h * 24 : h * 16);
+            const uint8_t *kc = kg + h * (bpg / NCH);
 #pragma GCC unroll 16
             for (int i = 0; i < 16; i++) acc[i] = _mm512_dpwssd_epi32(acc[i], vq_codes(kc + i * rs, 0, codec, CW), xv);
         }
