@@ -752,15 +752,22 @@ void mpk_axpy(float *y, float a, const float *x, int64_t n) {
 }
 
 void mpk_softmax(float *x, int64_t n) {
-    float m = x[0];
-    for (int64_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
-    double s = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        x[i] = expf(x[i] - m);
-        s += x[i];
+#if defined(__x86_64__) || defined(__i386__)
+    if (vec_helpers()) {
+        mpk_avx2_softmax(x, n);
+        return;
     }
-    float inv = (float)(1.0 / s);
-    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+#endif
+    float m = x[0]; /* with a NaN the row ends NaN whatever m is */
+    for (int64_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    double l[8] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = mpk_exp(x[i] - m);
+        l[i & 7] += x[i];
+    }
+    const double s = mpk_softmax_total(l);
+    const float inv = (float)(1.0 / s);
+    for (int64_t i = 0; i < n; i++) x[i] = s == s ? x[i] * inv : mpk_bits_f32(0x7fc00000u);
 }
 
 float mpk_silu(float x) { return x / (1.0f + expf(-x)); }

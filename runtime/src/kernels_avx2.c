@@ -497,6 +497,68 @@ AVX2 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+/* mpk_exp in eight lanes: the same operations, the special cases blended in at the end */
+AVX2 static inline __m256 exp8(__m256 x) {
+    const __m256 magic = _mm256_set1_ps(0x1.8p23f);
+    const __m256 n = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(MPK_EXP_LOG2E)), magic), magic);
+    const __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(MPK_EXP_C1))),
+                                   _mm256_mul_ps(n, _mm256_set1_ps(MPK_EXP_C2)));
+    __m256 y = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(MPK_EXP_P0), r), _mm256_set1_ps(MPK_EXP_P1));
+    y = _mm256_add_ps(_mm256_mul_ps(y, r), _mm256_set1_ps(MPK_EXP_P2));
+    y = _mm256_add_ps(_mm256_mul_ps(y, r), _mm256_set1_ps(MPK_EXP_P3));
+    y = _mm256_add_ps(_mm256_mul_ps(y, r), _mm256_set1_ps(MPK_EXP_P4));
+    y = _mm256_add_ps(_mm256_mul_ps(y, r), _mm256_set1_ps(MPK_EXP_P5));
+    y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
+    /* n as an integer (exact; clamped first so that out-of-range lanes, blended away below, stay
+     * harmless) and its two power-of-two factors */
+    const __m256i ni = _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(n, _mm256_set1_ps(200.0f)), _mm256_set1_ps(-200.0f)));
+    const __m256i na = _mm256_max_epi32(_mm256_min_epi32(ni, _mm256_set1_epi32(127)), _mm256_set1_epi32(-126));
+    const __m256i e1 = _mm256_add_epi32(_mm256_sub_epi32(ni, na), _mm256_set1_epi32(127));
+    const __m256i e2 = _mm256_add_epi32(na, _mm256_set1_epi32(127));
+    const __m256i lo = _mm256_max_epi32(e1, _mm256_setzero_si256()); /* out-of-range lanes only */
+    y = _mm256_mul_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(lo, 23))),
+                      _mm256_castsi256_ps(_mm256_slli_epi32(e2, 23)));
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(MPK_EXP_LO), _CMP_LT_OQ));
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, _mm256_set1_ps(MPK_EXP_HI), _CMP_GT_OQ));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+/* mpk_softmax (kernels.h): the max eight-wide (exact in any order), the exponentials and their
+ * eight binary64 lane sums as the scalar loop takes them */
+AVX2 void mpk_avx2_softmax(float *x, int64_t n) {
+    int64_t i = 0;
+    __m256 mv = _mm256_set1_ps(x[0]);
+    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    float ml[8], m;
+    _mm256_storeu_ps(ml, mv);
+    m = ml[0];
+    for (int k = 1; k < 8; k++) m = ml[k] > m ? ml[k] : m;
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    const __m256 mb = _mm256_set1_ps(m);
+    __m256d a = _mm256_setzero_pd(), b = _mm256_setzero_pd();
+    for (i = 0; i + 8 <= n; i += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mb));
+        _mm256_storeu_ps(x + i, e);
+        a = _mm256_add_pd(a, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        b = _mm256_add_pd(b, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double l[8];
+    _mm256_storeu_pd(l, a);
+    _mm256_storeu_pd(l + 4, b);
+    for (; i < n; i++) {
+        x[i] = mpk_exp(x[i] - m);
+        l[i & 7] += x[i];
+    }
+    const double s = mpk_softmax_total(l);
+    if (s != s) {
+        for (i = 0; i < n; i++) x[i] = mpk_bits_f32(0x7fc00000u);
+        return;
+    }
+    const __m256 inv = _mm256_set1_ps((float)(1.0 / s));
+    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    for (; i < n; i++) x[i] *= (float)(1.0 / s);
+}
+
 /* mpk_wsum: eight columns of heads h0 .. h0 + HN in registers over all rows (the output is
  * written once instead of loaded and stored per row); the same operations per element.  HN and
  * F16 fixed, so that the loop carries no per-head test. */

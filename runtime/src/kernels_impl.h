@@ -160,6 +160,48 @@ void mpk_avx2_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, c
                    int64_t nt, int64_t n);
 void mpk_avx512_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs,
                      int f16, int64_t nt, int64_t n);
+/* mpk_softmax's e^x (kernels.h), one lane of it: x = n ln2 + r with n = rint(x log2 e) and r
+ * from Cody-Waite's two-part ln2, e^r by Cephes' degree-6 polynomial, then p 2^n as two exact
+ * power-of-two products and one rounding (n below -126: into the subnormals).  Binary32 multiply
+ * and add only, no FMA, so mpk_avx2_softmax's eight lanes give these bits. */
+#define MPK_EXP_LO -104.0f     /* e^x below 2^-150: rounds to +0 */
+#define MPK_EXP_HI 88.7228394f /* e^x above FLT_MAX: +inf */
+#define MPK_EXP_LOG2E 1.44269504088896341f
+#define MPK_EXP_C1 0.693359375f /* ln2's high part: n C1 exact for |n| <= 2^14 */
+#define MPK_EXP_C2 -2.12194440e-4f
+#define MPK_EXP_P0 1.9875691500e-4f
+#define MPK_EXP_P1 1.3981999507e-3f
+#define MPK_EXP_P2 8.3334519073e-3f
+#define MPK_EXP_P3 4.1665795894e-2f
+#define MPK_EXP_P4 1.6666665459e-1f
+#define MPK_EXP_P5 5.0000001201e-1f
+static inline float mpk_pow2i(int e) { /* 2^e, -126 <= e <= 127 */
+    uint32_t b = (uint32_t)(e + 127) << 23;
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+static inline float mpk_exp(float x) {
+    if (x != x) return x;
+    if (x < MPK_EXP_LO) return 0.0f;
+    if (x > MPK_EXP_HI) return __builtin_inff();
+    const float n = (x * MPK_EXP_LOG2E + 0x1.8p23f) - 0x1.8p23f; /* to nearest even */
+    const float r = (x - n * MPK_EXP_C1) - n * MPK_EXP_C2;
+    float y = MPK_EXP_P0 * r + MPK_EXP_P1;
+    y = y * r + MPK_EXP_P2;
+    y = y * r + MPK_EXP_P3;
+    y = y * r + MPK_EXP_P4;
+    y = y * r + MPK_EXP_P5;
+    y = (y * (r * r) + r) + 1.0f;
+    const int ni = (int)n, na = ni < -126 ? -126 : ni > 127 ? 127 : ni; /* ni - na in -24 .. 1 */
+    return (y * mpk_pow2i(ni - na)) * mpk_pow2i(na);
+}
+/* mpk_softmax's lane sums: lane i & 7 of the exponentials in binary64, added in index order,
+ * then these pairs */
+static inline double mpk_softmax_total(const double l[8]) {
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+void mpk_avx2_softmax(float *x, int64_t n);
 /* mpk_wsum's scalar definition for columns [c0, n): the scalar path and the SIMD tails */
 void mpk_wsum_cols(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs,
                    int f16, int64_t nt, int64_t c0, int64_t n);

@@ -2,7 +2,9 @@
  * path (scalar, AVX2, AVX-512 VBMI where the CPU has them) and thread count against a literal
  * implementation of §3.5 written here from the spec, bit for bit, on awkward shapes and
  * activations (zero, tiny, one huge element, overflow, NaN, NaN/inf row scales); mpk_wsum
- * against mpk_axpy and mpk_dots against mpk_dot. */
+ * against mpk_axpy, mpk_dots against mpk_dot, and mpk_softmax against a literal implementation of
+ * its definition (kernels.h) written here, whose e^x is also checked against e^x in binary64. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -204,7 +206,101 @@ static void test_dots(void) {
         }
 }
 
+/* mpk_softmax's e^x as kernels.h and kernels_impl.h define it, written out again */
+static float p2(int e) { return ldexpf(1.0f, e); }
+static float ref_exp(float x) {
+    if (isnan(x)) return x;
+    if (x < -104.0f) return 0.0f;
+    if (x > 88.7228394f) return INFINITY;
+    volatile float t = x * 1.44269504088896341f; /* volatile: each step rounded to binary32 */
+    volatile float n = (t + 0x1.8p23f) - 0x1.8p23f;
+    volatile float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    volatile float y = 1.9875691500e-4f * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    volatile float rr = r * r;
+    y = (y * rr + r) + 1.0f;
+    int ni = (int)n, na = ni < -126 ? -126 : ni > 127 ? 127 : ni;
+    volatile float a = y * p2(ni - na);
+    return a * p2(na);
+}
+
+static void ref_softmax(float *x, int64_t n) {
+    float m = x[0];
+    for (int64_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    double l[8] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = ref_exp(x[i] - m);
+        l[i % 8] += (double)x[i];
+    }
+    double s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    float inv = (float)(1.0 / s);
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(s)) {
+            uint32_t q = 0x7fc00000u;
+            memcpy(&x[i], &q, 4);
+        } else {
+            x[i] = x[i] * inv;
+        }
+    }
+}
+
+/* ulps between a binary32 result and the binary64 value it approximates */
+static double ulps(float got, double want) {
+    double u = want >= (double)FLT_MIN ? ldexp(1.0, ilogb(want) - 23) : ldexp(1.0, -149);
+    return fabs((double)got - want) / u;
+}
+
+static void test_softmax(void) {
+    /* e^x: within 2 ulp over the normal range, within one subnormal step below it, 0 and inf at
+     * the ends, NaN kept */
+    double worst = 0, worst_sub = 0;
+    for (int64_t k = 0; k <= 4000000; k++) {
+        float x = -104.0f + (float)k * (192.7228394f / 4000000.0f);
+        double want = exp((double)x);
+        float got = ref_exp(x);
+        if (want >= (double)FLT_MIN && want <= (double)FLT_MAX) worst = fmax(worst, ulps(got, want));
+        else if (want < (double)FLT_MIN) worst_sub = fmax(worst_sub, fabs((double)got - want) / ldexp(1.0, -149));
+    }
+    CHECK(worst <= 2.0, "e^x within 2 ulp of e^x (binary64): %.3f", worst);
+    CHECK(worst_sub <= 1.0, "e^x within a subnormal step below FLT_MIN: %.3f", worst_sub);
+    printf("softmax e^x: at most %.3f ulp (normal results), %.3f subnormal steps\n", worst, worst_sub);
+    CHECK(ref_exp(0.0f) == 1.0f && ref_exp(-0.0f) == 1.0f, "e^0 = 1");
+    CHECK(ref_exp(-105.0f) == 0.0f && ref_exp(-INFINITY) == 0.0f && isinf(ref_exp(89.0f)) && isnan(ref_exp(NAN)),
+          "e^x at the ends");
+    /* mpk_softmax against the definition: row lengths around the 8-wide steps and long rows,
+     * spreads that underflow into subnormals and to zero, -inf, ties, signed zeros, a NaN */
+    enum { NMAX = 4099 };
+    static float a[NMAX], b[NMAX];
+    const int64_t lens[] = {1, 2, 7, 8, 9, 15, 16, 17, 31, 64, 100, 1000, 4099};
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+        for (int kind = 0; kind < 6; kind++) {
+            int64_t n = lens[li];
+            for (int64_t i = 0; i < n; i++) {
+                float v = urand();
+                a[i] = kind == 0 ? v * 30.0f : kind == 1 ? v * 120.0f : kind == 2 ? (i % 3 ? -90.0f + v : 0.0f)
+                     : kind == 3 ? (i % 5 == 1 ? -INFINITY : v) : kind == 4 ? (i % 2 ? 0.0f : -0.0f) : v;
+            }
+            if (kind == 5) a[n / 2] = NAN;
+            memcpy(b, a, (size_t)n * sizeof(float));
+            mpk_softmax(a, n);
+            ref_softmax(b, n);
+            int bad = 0;
+            double sum = 0;
+            for (int64_t i = 0; i < n; i++) {
+                bad += bits(a[i]) != bits(b[i]);
+                sum += a[i];
+            }
+            CHECK(bad == 0, "softmax length %lld kind %d: %d elements differ from the definition", (long long)n, kind, bad);
+            if (kind < 5) CHECK(fabs(sum - 1.0) < 1e-5, "softmax length %lld kind %d sums to %.9f", (long long)n, kind, sum);
+            else CHECK(bits(a[0]) == 0x7fc00000u, "softmax with a NaN: the quiet NaN");
+        }
+}
+
 int main(void) {
+    test_softmax();
     test_wsum();
     test_dots();
     npaths = kernel_paths(paths);
