@@ -710,6 +710,21 @@ void mpk_dots_f16(const void *x, const float *rows, int64_t stride, int nr, int6
     }
 }
 
+void mpk_dots_keys(const void *x, size_t xs, int nk, int f16, const float *rows, int64_t stride, int nr, int64_t n,
+                   float *out, int64_t os) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (vec_helpers()) {
+        mpk_avx2_dots_keys(x, xs, nk, f16, rows, stride, nr, n, out, os, vec_helpers() > 1);
+        return;
+    }
+#endif
+    for (int k = 0; k < nk; k++) {
+        const void *xk = (const uint8_t *)x + (size_t)k * xs;
+        if (f16) mpk_dots_f16(xk, rows, stride, nr, n, out + k * os);
+        else mpk_dots(xk, rows, stride, nr, n, out + k * os);
+    }
+}
+
 void mpk_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     double ss = 0.0; /* double: the sum of squares is the one long reduction here */
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];

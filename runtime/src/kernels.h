@@ -176,6 +176,11 @@ float mpk_dot(const float *a, const float *b, int64_t n);
 void mpk_dots(const float *x, const float *rows, int64_t stride, int nr, int64_t n, float *out);
 /* mpk_dots with x given as n little-endian f16 values (converted exactly as it is read) */
 void mpk_dots_f16(const void *x, const float *rows, int64_t stride, int nr, int64_t n, float *out);
+/* out[k * os + i] for nk keys at x + k * xs bytes (n floats, or n IEEE halves with f16): row i's
+ * dot with key k, the bits of mpk_dots / mpk_dots_f16 (attention's scores, a block of positions a
+ * call) */
+void mpk_dots_keys(const void *x, size_t xs, int nk, int f16, const float *rows, int64_t stride, int nr, int64_t n,
+                   float *out, int64_t os);
 void mpk_axpy(float *y, float a, const float *x, int64_t n); /* y += a x */
 /* Rows prefetched ahead where attention walks a strided slice of the KV cache's rows (the score
  * tasks' keys, mpk_wsum's values): a decode step reads them from RAM, and the hardware

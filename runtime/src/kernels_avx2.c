@@ -481,6 +481,75 @@ AVX2 static inline __attribute__((always_inline)) void dots_any(const void *x, c
     }
 }
 
+/* mpk_dots_keys: for each set of eight rows, the keys one after another through dots_body (the
+ * row count's dispatch once per set, not per key) */
+AVX2 static inline __attribute__((always_inline)) void dots_keys_set(const uint8_t *x, size_t xs, int nk,
+                                                                    const float *rows, int64_t stride, int64_t n,
+                                                                    float *out, int64_t os, const int NR, const int XH) {
+    for (int k = 0; k < nk; k++) {
+        if (n & 7) dots_body(x + (size_t)k * xs, rows, stride, n, out + k * os, NR, XH, 1);
+        else dots_body(x + (size_t)k * xs, rows, stride, n, out + k * os, NR, XH, 0);
+    }
+}
+
+/* Two keys a step where AVX-512VL gives 32 vector registers (their 2 x NR chains, the two keys
+ * and a row): each row's load serves both keys.  n a multiple of 8; dots_body's operations per
+ * dot, so its bits. */
+#define AVX2VL __attribute__((target("avx2,fma,f16c,bmi2,avx512f,avx512vl")))
+AVX2VL static inline __attribute__((always_inline)) void dots_keys_pairs(const uint8_t *x, size_t xs, int nk,
+                                                                        const float *rows, int64_t stride, int64_t n,
+                                                                        float *out, int64_t os, const int NR,
+                                                                        const int XH) {
+    int k = 0;
+    for (; k + 2 <= nk; k += 2) {
+        const uint8_t *x0 = x + (size_t)k * xs, *x1 = x0 + xs;
+        __m256 A[8], B[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) A[i] = B[i] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < n; c += 8) {
+            const __m256 xa = XH ? f16x8(x0 + 2 * c) : _mm256_loadu_ps((const float *)(const void *)x0 + c);
+            const __m256 xb = XH ? f16x8(x1 + 2 * c) : _mm256_loadu_ps((const float *)(const void *)x1 + c);
+#pragma GCC unroll 8
+            for (int i = 0; i < NR; i++) {
+                const __m256 r = _mm256_loadu_ps(rows + i * stride + c);
+                A[i] = _mm256_add_ps(A[i], _mm256_mul_ps(r, xa));
+                B[i] = _mm256_add_ps(B[i], _mm256_mul_ps(r, xb));
+            }
+        }
+        float o[2][8];
+        _mm256_storeu_ps(o[0], red8x8(A));
+        _mm256_storeu_ps(o[1], red8x8(B));
+        for (int i = 0; i < NR; i++) out[k * os + i] = o[0][i], out[(k + 1) * os + i] = o[1][i];
+    }
+    if (k < nk) dots_body(x + (size_t)k * xs, rows, stride, n, out + k * os, NR, XH, 0);
+}
+
+AVX2VL static void dots_keys_wide(const void *x, size_t xs, int nk, int f16, const float *rows, int64_t stride,
+                                  int nr, int64_t n, float *out, int64_t os) {
+    for (int i = 0; i < nr; i += 8, rows += 8 * stride, out += 8) {
+#define PAIRS_NR(NR)                                                                    \
+    if (f16) dots_keys_pairs(x, xs, nk, rows, stride, n, out, os, NR, 1);               \
+    else dots_keys_pairs(x, xs, nk, rows, stride, n, out, os, NR, 0);
+        MPK_SWITCH8(nr - i < 8 ? nr - i : 8, PAIRS_NR)
+#undef PAIRS_NR
+    }
+}
+
+AVX2 void mpk_avx2_dots_keys(const void *x, size_t xs, int nk, int f16, const float *rows, int64_t stride, int nr,
+                             int64_t n, float *out, int64_t os, int wide) {
+    if (wide && !(n & 7)) {
+        dots_keys_wide(x, xs, nk, f16, rows, stride, nr, n, out, os);
+        return;
+    }
+    for (int i = 0; i < nr; i += 8, rows += 8 * stride, out += 8) {
+#define KEYS_NR(NR)                                                                     \
+    if (f16) dots_keys_set(x, xs, nk, rows, stride, n, out, os, NR, 1);                 \
+    else dots_keys_set(x, xs, nk, rows, stride, n, out, os, NR, 0);
+        MPK_SWITCH8(nr - i < 8 ? nr - i : 8, KEYS_NR)
+#undef KEYS_NR
+    }
+}
+
 AVX2 void mpk_avx2_dots(const float *x, const float *rows, int64_t stride, int nr, int64_t n, float *out) {
     dots_any(x, rows, stride, nr, n, out, 0);
 }

@@ -155,6 +155,9 @@ float mpk_avx2_dot(const float *a, const float *b, int64_t n);
     }
 void mpk_avx2_dots(const float *x, const float *rows, int64_t stride, int nr, int64_t n, float *out);
 void mpk_avx2_dots_f16(const void *x, const float *rows, int64_t stride, int nr, int64_t n, float *out);
+/* wide: the CPU has AVX-512VL (its 32 registers: two keys a step) */
+void mpk_avx2_dots_keys(const void *x, size_t xs, int nk, int f16, const float *rows, int64_t stride, int nr,
+                        int64_t n, float *out, int64_t os, int wide);
 void mpk_avx2_axpy(float *y, float a, const float *x, int64_t n);
 void mpk_avx2_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs, int f16,
                    int64_t nt, int64_t n);

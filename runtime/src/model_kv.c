@@ -86,13 +86,10 @@ static void group_heads(const attend_job *j, int64_t g, int64_t *h0, int64_t *h1
     *h1 = *h0 + j->hg < j->a->heads ? *h0 + j->hg : j->a->heads;
 }
 
-/* one cached key against nr query rows: an f16 key is converted as the products read it */
-static void dots(const mpm_config *c, const void *k, const float *rows, int64_t stride, int nr, int64_t n,
-                 float *out) {
-    if (c->kv_f16) mpk_dots_f16(k, rows, stride, nr, n, out);
-    else mpk_dots(k, rows, stride, nr, n, out);
-}
+#define ATT_KEYS 16 /* keys per mpk_dots_keys call (their scores stored a row at a time) */
 
+/* Scores of one head group against one block of positions, ATT_KEYS keys a kernel call: each
+ * score is mpk_dots' (f16 keys: mpk_dots_f16's) bits, times the scale */
 static void scores_task(void *ctx, size_t task) {
     const attend_job *j = ctx;
     const mpm_attn_span *a = j->a;
@@ -102,19 +99,23 @@ static void scores_task(void *ctx, size_t task) {
     int64_t t1 = (b + 1) * j->blk < a->n ? (b + 1) * j->blk : a->n;
     const size_t es = elt(c);
     const char *K = (const char *)a->K + (size_t)(g * a->goff) * es;
-    float s[64], s2[64]; /* a block of heads' scores for one key */
+    float s[ATT_KEYS][64], s2[ATT_KEYS][64]; /* a block of heads' scores for a block of keys */
     const size_t kb = (size_t)(a->kd + a->kd2) * es; /* this group's bytes of a key row */
-    for (int64_t t = b * j->blk; t < t1; t++) {
+    for (int64_t t = b * j->blk; t < t1; t += ATT_KEYS) {
+        const int nk = (int)(t1 - t < ATT_KEYS ? t1 - t : ATT_KEYS);
         const char *k = K + (size_t)t * j->row;
-        if (t + MPK_ROWS_AHEAD < t1)
-            for (size_t o = 0; o < kb; o += 64) __builtin_prefetch(k + MPK_ROWS_AHEAD * j->row + o);
-        for (int64_t hb = h0; hb < h1; hb += 64) { /* the group's heads against this key at once */
+        for (int i = 0; i < nk; i++)
+            if (t + i + MPK_ROWS_AHEAD < t1)
+                for (size_t o = 0; o < kb; o += 64) __builtin_prefetch(k + (size_t)(i + MPK_ROWS_AHEAD) * j->row + o);
+        for (int64_t hb = h0; hb < h1; hb += 64) { /* the group's heads against these keys at once */
             const int nh = (int)(h1 - hb < 64 ? h1 - hb : 64);
             const float *q = a->q + hb * a->qs;
-            dots(c, k, q, a->qs, nh, a->kd, s);
-            if (a->kd2) dots(c, k + (size_t)a->kd * es, q + a->kd, a->qs, nh, a->kd2, s2);
-            for (int i = 0; i < nh; i++)
-                j->m->scores[(size_t)(hb + i) * (size_t)j->m->ctx + (size_t)t] = (a->kd2 ? s[i] + s2[i] : s[i]) * a->scale;
+            mpk_dots_keys(k, j->row, nk, c->kv_f16, q, a->qs, nh, a->kd, s[0], 64);
+            if (a->kd2) mpk_dots_keys(k + (size_t)a->kd * es, j->row, nk, c->kv_f16, q + a->kd, a->qs, nh, a->kd2, s2[0], 64);
+            for (int i = 0; i < nh; i++) {
+                float *row = j->m->scores + (size_t)(hb + i) * (size_t)j->m->ctx + (size_t)t;
+                for (int p = 0; p < nk; p++) row[p] = (a->kd2 ? s[p][i] + s2[p][i] : s[p][i]) * a->scale;
+            }
         }
     }
 }

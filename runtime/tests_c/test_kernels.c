@@ -204,6 +204,33 @@ static void test_dots(void) {
             for (int r = 0; r < nr; r++) bad += bits(out[r]) != bits(ref[r]);
             CHECK(bad == 0, "dots f16 rows %d length %lld: %d rows differ", nr, (long long)n, bad);
         }
+    /* mpk_dots_keys: several keys a call (f32 and f16, odd key counts for the two-key steps,
+     * lengths with and without a tail), each key's row the bits of mpk_dots / mpk_dots_f16 */
+    enum { NK = 7, OS = 23 };
+    uint8_t kh[NK][2 * NC];
+    float kf[NK][NC], kout[NK * OS], kref[NR];
+    for (int k = 0; k < NK; k++)
+        for (int i = 0; i < NC; i++) {
+            uint16_t h = mpk_f32_to_f16(urand() * 2.0f);
+            kh[k][2 * i] = (uint8_t)h, kh[k][2 * i + 1] = (uint8_t)(h >> 8);
+            kf[k][i] = urand();
+        }
+    for (int f16 = 0; f16 < 2; f16++)
+        for (int nk = 1; nk <= NK; nk += 2)
+            for (int nr = 1; nr <= NR; nr += 4)
+                for (int64_t n = 8; n <= NC; n += n % 8 ? 13 : 5) {
+                    memset(kout, 0x55, sizeof kout);
+                    mpk_dots_keys(f16 ? (const void *)kh : (const void *)kf, f16 ? sizeof kh[0] : sizeof kf[0], nk, f16,
+                                  rows, STRIDE, nr, n, kout, OS);
+                    int bad = 0;
+                    for (int k = 0; k < nk; k++) {
+                        if (f16) mpk_dots_f16(kh[k], rows, STRIDE, nr, n, kref);
+                        else mpk_dots(kf[k], rows, STRIDE, nr, n, kref);
+                        for (int r = 0; r < nr; r++) bad += bits(kout[k * OS + r]) != bits(kref[r]);
+                    }
+                    CHECK(bad == 0, "dots_keys f16 %d keys %d rows %d length %lld: %d differ", f16, nk, nr,
+                          (long long)n, bad);
+                }
 }
 
 /* mpk_softmax's e^x as kernels.h and kernels_impl.h define it, written out again */
