@@ -106,7 +106,7 @@ static void scores_task(void *ctx, size_t task) {
         const char *k = K + (size_t)t * j->row;
         for (int i = 0; i < nk; i++)
             if (t + i + MPK_ROWS_AHEAD < t1)
-                for (size_t o = 0; o < kb; o += 64) __builtin_prefetch(k + (size_t)(i + MPK_ROWS_AHEAD) * j->row + o);
+                for (size_t o = 0; o < kb; o += 64) __builtin_prefetch(k + (size_t)(i + MPK_ROWS_AHEAD) * j->row + o, 0, 2);
         for (int64_t hb = h0; hb < h1; hb += 64) { /* the group's heads against these keys at once */
             const int nh = (int)(h1 - hb < 64 ? h1 - hb : 64);
             const float *q = a->q + hb * a->qs;
