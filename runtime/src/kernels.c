@@ -785,7 +785,15 @@ void mpk_softmax(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = s == s ? x[i] * inv : mpk_bits_f32(0x7fc00000u);
 }
 
-float mpk_silu(float x) { return x / (1.0f + expf(-x)); }
+float mpk_silu(float x) { return x / (1.0f + mpk_exp(-x)); }
+
+void mpk_swiglu(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    if (vec_helpers()) i = mpk_avx2_swiglu(g, u, n);
+#endif
+    for (; i < n; i++) g[i] = mpk_silu(g[i]) * u[i];
+}
 
 void mpk_rvq_icb_init(mpk_rvq_icb *c, const float *cb, int stages) {
     memset(c, 0, sizeof *c);

@@ -196,6 +196,9 @@ void mpk_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const 
  * lanes (lane i mod 8, index order) then pairwise (mpk_softmax_total); x_i = e_i x f32(1 / s).
  * A NaN anywhere makes every x_i the quiet NaN 0x7fc00000.  n >= 1. */
 void mpk_softmax(float *x, int64_t n);
+/* x / (1 + e^-x), e^x as mpk_softmax's */
 float mpk_silu(float x);
+/* g[i] = mpk_silu(g[i]) x u[i] for i < n (SwiGLU), eight-wide on AVX2 CPUs with the same bits */
+void mpk_swiglu(float *g, const float *u, int64_t n);
 
 #endif

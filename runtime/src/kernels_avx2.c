@@ -592,6 +592,17 @@ AVX2 static inline __m256 exp8(__m256 x) {
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
+AVX2 int64_t mpk_avx2_swiglu(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 e = exp8(_mm256_xor_ps(x, _mm256_set1_ps(-0.0f))); /* -x, the sign flipped as C's negation */
+        const __m256 s = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    return i;
+}
+
 /* mpk_softmax (kernels.h): the max eight-wide (exact in any order), the exponentials and their
  * eight binary64 lane sums as the scalar loop takes them */
 AVX2 void mpk_avx2_softmax(float *x, int64_t n) {

@@ -205,6 +205,8 @@ static inline double mpk_softmax_total(const double l[8]) {
     return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 void mpk_avx2_softmax(float *x, int64_t n);
+/* mpk_swiglu's elements below the returned count (a multiple of 8) */
+int64_t mpk_avx2_swiglu(float *g, const float *u, int64_t n);
 /* mpk_wsum's scalar definition for columns [c0, n): the scalar path and the SIMD tails */
 void mpk_wsum_cols(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs,
                    int f16, int64_t nt, int64_t c0, int64_t n);

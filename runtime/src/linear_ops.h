@@ -9,7 +9,6 @@
 
 #include "kernels.h"
 
-static inline float mpl_silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float mpl_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 /* torch.nn.functional.softplus (beta 1, threshold 20) */
 static inline float mpl_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -38,7 +37,7 @@ static inline void mpl_conv_step(float *x, int64_t channels, const float *w, con
             for (int64_t i = 0; i < K - 2; i++) d[i] = s[i + 1];
             d[K - 2] = xin;
         }
-        x[ch] = mpl_silu(y);
+        x[ch] = mpk_silu(y);
     }
 }
 
@@ -68,7 +67,7 @@ static inline void mpl_gated_rmsnorm(float *o, const float *w, const float *z, i
     for (int64_t i = 0; i < n; i++) ss += o[i] * o[i];
     const float inv = 1.0f / sqrtf(ss / (float)n + eps);
     for (int64_t i = 0; i < n; i++)
-        o[i] = w[i] * (o[i] * inv) * (sigmoid_gate ? mpl_sigmoid(z[i]) : mpl_silu(z[i]));
+        o[i] = w[i] * (o[i] * inv) * (sigmoid_gate ? mpl_sigmoid(z[i]) : mpk_silu(z[i]));
 }
 
 #endif

@@ -218,6 +218,14 @@ static inline float mpm_act(const mpm_config *c, float g, float u) { /* SiTU-GLU
     if (c->situ_lb > 0) u = c->situ_lb * tanhf(u / c->situ_lb);
     return c->situ_beta * tanhf(g / c->situ_beta) / (1.0f + expf(-g)) * u;
 }
+/* g[i] = mpm_act(c, g[i], u[i]) for i < n; plain SwiGLU eight-wide (mpk_swiglu, the same bits) */
+static inline void mpm_act_rows(const mpm_config *c, float *g, const float *u, int64_t n) {
+    if (!(c->swiglu_limit > 0) && !(c->situ_beta > 0)) {
+        mpk_swiglu(g, u, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) g[i] = mpm_act(c, g[i], u[i]);
+}
 int mpm_k3_load_layer(mpm_model *m, void *loader, int layer);
 /* model_hyper.c: GLM-5.3-Flash's hyper-connections, each a no-op when hc_mult is 0 */
 int mpm_hc_load_layer(mpm_model *m, void *loader, int layer);

@@ -99,7 +99,7 @@ void mpm_select(const mpm_model *m, int layer, float *logits, int32_t *sel, floa
 void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, int T, const float *xn, float *out) {
     mpm_matmat(m, &f->gate, xn, T, m->g);
     mpm_matmat(m, &f->up, xn, T, m->u);
-    for (int64_t i = 0; i < T * f->inter; i++) m->g[i] = mpm_act(&m->c, m->g[i], m->u[i]);
+    mpm_act_rows(&m->c, m->g, m->u, T * f->inter);
     mpm_matmat(m, &f->down, m->g, T, out);
 }
 
@@ -243,7 +243,7 @@ static void prep_task(void *ctx, size_t task) {
         } else {
             float *g = m->g + t * I;
             const float *u = m->u + t * I;
-            for (int64_t i = 0; i < I; i++) g[i] = mpm_act(c, g[i], u[i]);
+            mpm_act_rows(c, g, u, I);
             put_row(j->ly, 2, g, I, m->cxd + t * ds, scratch);
         }
     }
@@ -278,7 +278,7 @@ static void experts_decode(mpm_model *m, const mpm_layer *ly, const uint8_t *con
     mpk_rvq_matvec_batch(m->kern, m->pool, 2 * n, w, t, y);
     for (int e = 0; e < n; e++) {
         float *ge = g + e * I, *ue = u + e * I;
-        for (int64_t j = 0; j < I; j++) ge[j] = mpm_act(c, ge[j], ue[j]);
+        mpm_act_rows(c, ge, ue, I);
         dx[e] = ge;
         if (ly->rot_block[2]) { /* rotated into the expert's up output, no longer needed */
             mpk_hadamard_rotate(ge, ly->signs[2], I, ly->rot_block[2], ue);

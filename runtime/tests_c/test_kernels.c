@@ -326,8 +326,31 @@ static void test_softmax(void) {
         }
 }
 
+/* mpk_swiglu: mpk_silu(g) x u element by element, lengths around the 8-wide steps, large,
+ * tiny, signed-zero and NaN gates; mpk_silu itself as its definition with the e^x above */
+static void test_swiglu(void) {
+    enum { N = 77 };
+    float g[N], u[N], out[N];
+    for (int n = 1; n <= N; n += 9) {
+        for (int i = 0; i < n; i++) {
+            g[i] = i % 7 == 3 ? (i % 2 ? 100.0f : -100.0f) : i % 11 == 5 ? -0.0f : urand() * 8.0f;
+            u[i] = urand();
+        }
+        if (n > 40) g[40] = NAN;
+        memcpy(out, g, sizeof g);
+        mpk_swiglu(out, u, n);
+        int bad = 0;
+        for (int i = 0; i < n; i++) {
+            volatile float e = ref_exp(-g[i]), d = 1.0f + e, s = g[i] / d;
+            bad += bits(out[i]) != bits(s * u[i]) || bits(mpk_silu(g[i])) != bits(s);
+        }
+        CHECK(bad == 0, "swiglu length %d: %d elements differ from the definition", n, bad);
+    }
+}
+
 int main(void) {
     test_softmax();
+    test_swiglu();
     test_wsum();
     test_dots();
     npaths = kernel_paths(paths);
