@@ -834,6 +834,12 @@ size_t mpk_rvq_xq_bytes(int64_t cols) {
 /* x[c0 .. c1) rounded to integers in -qmax .. qmax (qmax <= 2^22) with one step for the range:
  * q[c] and *d as mpk_rvq_scale defines them (§3.6 step 2, §2.4 step 1) */
 static void xq_group(const float *x, int64_t c0, int64_t c1, float qmax, int16_t *q, float *d) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (vec_helpers()) { /* the same steps eight-wide */
+        mpk_avx2_xq_group(x + c0, c1 - c0, qmax, q + c0, d);
+        return;
+    }
+#endif
     uint32_t mb = 0;
     for (int64_t c = c0; c < c1; c++) {
         const uint32_t b = mpk_absbits(x[c]);

@@ -592,6 +592,34 @@ AVX2 static inline __m256 exp8(__m256 x) {
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
+AVX2 void mpk_avx2_xq_group(const float *x, int64_t n, float qmax, int16_t *q, float *d) {
+    const __m256i am = _mm256_set1_epi32(0x7fffffff);
+    __m256i mv = _mm256_setzero_si256();
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) mv = _mm256_max_epu32(mv, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(x + c)), am));
+    uint32_t l[8], mb = 0;
+    _mm256_storeu_si256((__m256i *)l, mv);
+    for (int k = 0; k < 8; k++) mb = l[k] > mb ? l[k] : mb;
+    for (; c < n; c++) mb = mpk_absbits(x[c]) > mb ? mpk_absbits(x[c]) : mb;
+    float inv = 0;
+    if (!mpk_rvq_scale(mb, qmax, &inv, d)) {
+        memset(q, 0, (size_t)n * sizeof(int16_t));
+        return;
+    }
+    const float magic = 0x1.8p23f; /* as xq_group: the product rounded, then to the even integer */
+    const __m256 vi = _mm256_set1_ps(inv), mg = _mm256_set1_ps(magic);
+    for (c = 0; c + 16 <= n; c += 16) {
+        const __m256 a = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + c), vi), mg), mg);
+        const __m256 b = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + c + 8), vi), mg), mg);
+        const __m256i p = _mm256_packs_epi32(_mm256_cvttps_epi32(a), _mm256_cvttps_epi32(b)); /* |q| <= qmax: exact */
+        _mm256_storeu_si256((__m256i *)(q + c), _mm256_permute4x64_epi64(p, 0xd8));
+    }
+    for (; c < n; c++) {
+        const float v = x[c] * inv;
+        q[c] = (int16_t)((v + magic) - magic);
+    }
+}
+
 AVX2 int64_t mpk_avx2_swiglu(float *g, const float *u, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {

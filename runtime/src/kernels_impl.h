@@ -205,6 +205,8 @@ static inline double mpk_softmax_total(const double l[8]) {
     return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 void mpk_avx2_softmax(float *x, int64_t n);
+/* kernels.c's xq_group over x[0 .. n) into q[0 .. n) and *d, eight-wide (the same bits) */
+void mpk_avx2_xq_group(const float *x, int64_t n, float qmax, int16_t *q, float *d);
 /* mpk_swiglu's elements below the returned count (a multiple of 8) */
 int64_t mpk_avx2_swiglu(float *g, const float *u, int64_t n);
 /* mpk_wsum's scalar definition for columns [c0, n): the scalar path and the SIMD tails */
