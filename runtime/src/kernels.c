@@ -766,23 +766,38 @@ void mpk_axpy(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+/* mpk_softmax's lane sums: lane i & 7 of the exponentials in binary64, added in index order,
+ * then these pairs */
+static double softmax_total(const double l[8]) {
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
 void mpk_softmax(float *x, int64_t n) {
+    float m = x[0]; /* with a NaN the row ends NaN whatever m is */
+    int64_t i = 1, e = 0, k = 0;
 #if defined(__x86_64__) || defined(__i386__)
-    if (vec_helpers()) {
-        mpk_avx2_softmax(x, n);
+    const int vec = vec_helpers();
+    if (vec && n >= 8) i = mpk_avx2_max(x, n, &m);
+#endif
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    double l[8] = {0};
+#if defined(__x86_64__) || defined(__i386__)
+    if (vec) e = mpk_avx2_softmax_exp(x, n, m, l);
+#endif
+    for (; e < n; e++) {
+        x[e] = mpk_exp(x[e] - m);
+        l[e & 7] += x[e];
+    }
+    const double s = softmax_total(l);
+    if (s != s) {
+        for (i = 0; i < n; i++) x[i] = mpk_bits_f32(0x7fc00000u);
         return;
     }
-#endif
-    float m = x[0]; /* with a NaN the row ends NaN whatever m is */
-    for (int64_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
-    double l[8] = {0};
-    for (int64_t i = 0; i < n; i++) {
-        x[i] = mpk_exp(x[i] - m);
-        l[i & 7] += x[i];
-    }
-    const double s = mpk_softmax_total(l);
     const float inv = (float)(1.0 / s);
-    for (int64_t i = 0; i < n; i++) x[i] = s == s ? x[i] * inv : mpk_bits_f32(0x7fc00000u);
+#if defined(__x86_64__) || defined(__i386__)
+    if (vec) k = mpk_avx2_scale(x, n, inv);
+#endif
+    for (; k < n; k++) x[k] *= inv;
 }
 
 float mpk_silu(float x) { return x / (1.0f + mpk_exp(-x)); }
@@ -834,14 +849,13 @@ size_t mpk_rvq_xq_bytes(int64_t cols) {
 /* x[c0 .. c1) rounded to integers in -qmax .. qmax (qmax <= 2^22) with one step for the range:
  * q[c] and *d as mpk_rvq_scale defines them (§3.6 step 2, §2.4 step 1) */
 static void xq_group(const float *x, int64_t c0, int64_t c1, float qmax, int16_t *q, float *d) {
-#if defined(__x86_64__) || defined(__i386__)
-    if (vec_helpers()) { /* the same steps eight-wide */
-        mpk_avx2_xq_group(x + c0, c1 - c0, qmax, q + c0, d);
-        return;
-    }
-#endif
     uint32_t mb = 0;
-    for (int64_t c = c0; c < c1; c++) {
+    int64_t c = c0;
+#if defined(__x86_64__) || defined(__i386__)
+    const int vec = vec_helpers();
+    if (vec) c += mpk_avx2_absmax_bits(x + c0, c1 - c0, &mb);
+#endif
+    for (; c < c1; c++) {
         const uint32_t b = mpk_absbits(x[c]);
         mb = b > mb ? b : mb;
     }
@@ -850,7 +864,11 @@ static void xq_group(const float *x, int64_t c0, int64_t c1, float qmax, int16_t
     /* the product rounded to f32, then to the even integer: adding and subtracting 1.5 x 2^23
      * does that exactly for |v| <= 2^22 (default rounding mode), without a libm call */
     const float magic = 0x1.8p23f;
-    for (int64_t c = c0; c < c1; c++) {
+    c = c0;
+#if defined(__x86_64__) || defined(__i386__)
+    if (vec && live) c += mpk_avx2_round_i16(x + c0, c1 - c0, inv, q + c0);
+#endif
+    for (; c < c1; c++) {
         const float v = x[c] * inv;
         q[c] = live ? (int16_t)((v + magic) - magic) : 0;
     }

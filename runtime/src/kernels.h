@@ -192,9 +192,10 @@ void mpk_axpy(float *y, float a, const float *x, int64_t n); /* y += a x */
 void mpk_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs, int f16,
               int64_t nt, int64_t n);
 /* x[0 .. n) := softmax(x) in place: m = max x; e_i = e^(x_i - m) by kernels_impl.h's mpk_exp
- * (within 2 ulp of e^x, 0.97 measured by test_kernels; the same bits on every path); s = the e_i summed in binary64 in eight
- * lanes (lane i mod 8, index order) then pairwise (mpk_softmax_total); x_i = e_i x f32(1 / s).
- * A NaN anywhere makes every x_i the quiet NaN 0x7fc00000.  n >= 1. */
+ * (within 2 ulp of e^x, 0.97 measured by test_kernels; the same bits on every path); s = the e_i
+ * summed in binary64 in eight lanes l0..l7 (lane i mod 8, index order), then
+ * ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)); x_i = e_i x f32(1 / s).  A NaN anywhere
+ * makes every x_i the quiet NaN 0x7fc00000.  n >= 1. */
 void mpk_softmax(float *x, int64_t n);
 /* x / (1 + e^-x), e^x as mpk_softmax's */
 float mpk_silu(float x);

@@ -524,28 +524,28 @@ AVX2VL static inline __attribute__((always_inline)) void dots_keys_pairs(const u
     if (k < nk) dots_body(x + (size_t)k * xs, rows, stride, n, out + k * os, NR, XH, 0);
 }
 
+/* one set of nr <= 8 rows (a call across the target attributes: it cannot be inlined) */
 AVX2VL static void dots_keys_wide(const void *x, size_t xs, int nk, int f16, const float *rows, int64_t stride,
                                   int nr, int64_t n, float *out, int64_t os) {
-    for (int i = 0; i < nr; i += 8, rows += 8 * stride, out += 8) {
 #define PAIRS_NR(NR)                                                                    \
     if (f16) dots_keys_pairs(x, xs, nk, rows, stride, n, out, os, NR, 1);               \
     else dots_keys_pairs(x, xs, nk, rows, stride, n, out, os, NR, 0);
-        MPK_SWITCH8(nr - i < 8 ? nr - i : 8, PAIRS_NR)
+    MPK_SWITCH8(nr, PAIRS_NR)
 #undef PAIRS_NR
-    }
 }
 
 AVX2 void mpk_avx2_dots_keys(const void *x, size_t xs, int nk, int f16, const float *rows, int64_t stride, int nr,
                              int64_t n, float *out, int64_t os, int wide) {
-    if (wide && !(n & 7)) {
-        dots_keys_wide(x, xs, nk, f16, rows, stride, nr, n, out, os);
-        return;
-    }
     for (int i = 0; i < nr; i += 8, rows += 8 * stride, out += 8) {
+        const int set = nr - i < 8 ? nr - i : 8;
+        if (wide && !(n & 7)) {
+            dots_keys_wide(x, xs, nk, f16, rows, stride, set, n, out, os);
+            continue;
+        }
 #define KEYS_NR(NR)                                                                     \
     if (f16) dots_keys_set(x, xs, nk, rows, stride, n, out, os, NR, 1);                 \
     else dots_keys_set(x, xs, nk, rows, stride, n, out, os, NR, 0);
-        MPK_SWITCH8(nr - i < 8 ? nr - i : 8, KEYS_NR)
+        MPK_SWITCH8(set, KEYS_NR)
 #undef KEYS_NR
     }
 }
@@ -592,32 +592,33 @@ AVX2 static inline __m256 exp8(__m256 x) {
     return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-AVX2 void mpk_avx2_xq_group(const float *x, int64_t n, float qmax, int16_t *q, float *d) {
+/* The eight-wide parts of kernels.c's xq_group, mpk_softmax and mpk_swiglu: each takes the
+ * leading whole vectors of its array with the scalar definition's operations and returns how many
+ * elements it took; kernels.c finishes the rest. */
+
+/* the largest |x| as bits (the exact maximum, in any order) */
+AVX2 int64_t mpk_avx2_absmax_bits(const float *x, int64_t n, uint32_t *mb) {
     const __m256i am = _mm256_set1_epi32(0x7fffffff);
     __m256i mv = _mm256_setzero_si256();
     int64_t c = 0;
     for (; c + 8 <= n; c += 8) mv = _mm256_max_epu32(mv, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(x + c)), am));
-    uint32_t l[8], mb = 0;
+    uint32_t l[8];
     _mm256_storeu_si256((__m256i *)l, mv);
-    for (int k = 0; k < 8; k++) mb = l[k] > mb ? l[k] : mb;
-    for (; c < n; c++) mb = mpk_absbits(x[c]) > mb ? mpk_absbits(x[c]) : mb;
-    float inv = 0;
-    if (!mpk_rvq_scale(mb, qmax, &inv, d)) {
-        memset(q, 0, (size_t)n * sizeof(int16_t));
-        return;
-    }
-    const float magic = 0x1.8p23f; /* as xq_group: the product rounded, then to the even integer */
-    const __m256 vi = _mm256_set1_ps(inv), mg = _mm256_set1_ps(magic);
-    for (c = 0; c + 16 <= n; c += 16) {
+    for (int k = 0; k < 8; k++) *mb = l[k] > *mb ? l[k] : *mb;
+    return c;
+}
+
+/* q = the even integer nearest f32(x inv) (|q| <= 2^15 - 1: the conversions are exact) */
+AVX2 int64_t mpk_avx2_round_i16(const float *x, int64_t n, float inv, int16_t *q) {
+    const __m256 vi = _mm256_set1_ps(inv), mg = _mm256_set1_ps(0x1.8p23f);
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16) {
         const __m256 a = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + c), vi), mg), mg);
         const __m256 b = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + c + 8), vi), mg), mg);
-        const __m256i p = _mm256_packs_epi32(_mm256_cvttps_epi32(a), _mm256_cvttps_epi32(b)); /* |q| <= qmax: exact */
+        const __m256i p = _mm256_packs_epi32(_mm256_cvttps_epi32(a), _mm256_cvttps_epi32(b));
         _mm256_storeu_si256((__m256i *)(q + c), _mm256_permute4x64_epi64(p, 0xd8));
     }
-    for (; c < n; c++) {
-        const float v = x[c] * inv;
-        q[c] = (int16_t)((v + magic) - magic);
-    }
+    return c;
 }
 
 AVX2 int64_t mpk_avx2_swiglu(float *g, const float *u, int64_t n) {
@@ -631,40 +632,40 @@ AVX2 int64_t mpk_avx2_swiglu(float *g, const float *u, int64_t n) {
     return i;
 }
 
-/* mpk_softmax (kernels.h): the max eight-wide (exact in any order), the exponentials and their
- * eight binary64 lane sums as the scalar loop takes them */
-AVX2 void mpk_avx2_softmax(float *x, int64_t n) {
-    int64_t i = 0;
-    __m256 mv = _mm256_set1_ps(x[0]);
+/* mpk_softmax's maximum (exact in any order), n >= 8 */
+AVX2 int64_t mpk_avx2_max(const float *x, int64_t n, float *m) {
+    __m256 mv = _mm256_loadu_ps(x);
+    int64_t i = 8;
     for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
-    float ml[8], m;
-    _mm256_storeu_ps(ml, mv);
-    m = ml[0];
-    for (int k = 1; k < 8; k++) m = ml[k] > m ? ml[k] : m;
-    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    float l[8];
+    _mm256_storeu_ps(l, mv);
+    *m = l[0];
+    for (int k = 1; k < 8; k++) *m = l[k] > *m ? l[k] : *m;
+    return i;
+}
+
+/* mpk_softmax's exponentials in place, added into its eight binary64 lane sums l */
+AVX2 int64_t mpk_avx2_softmax_exp(float *x, int64_t n, float m, double l[8]) {
     const __m256 mb = _mm256_set1_ps(m);
-    __m256d a = _mm256_setzero_pd(), b = _mm256_setzero_pd();
-    for (i = 0; i + 8 <= n; i += 8) {
+    __m256d a = _mm256_loadu_pd(l), b = _mm256_loadu_pd(l + 4);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
         const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mb));
         _mm256_storeu_ps(x + i, e);
         a = _mm256_add_pd(a, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
         b = _mm256_add_pd(b, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
     }
-    double l[8];
     _mm256_storeu_pd(l, a);
     _mm256_storeu_pd(l + 4, b);
-    for (; i < n; i++) {
-        x[i] = mpk_exp(x[i] - m);
-        l[i & 7] += x[i];
-    }
-    const double s = mpk_softmax_total(l);
-    if (s != s) {
-        for (i = 0; i < n; i++) x[i] = mpk_bits_f32(0x7fc00000u);
-        return;
-    }
-    const __m256 inv = _mm256_set1_ps((float)(1.0 / s));
-    for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
-    for (; i < n; i++) x[i] *= (float)(1.0 / s);
+    return i;
+}
+
+/* x *= a */
+AVX2 int64_t mpk_avx2_scale(float *x, int64_t n, float a) {
+    const __m256 av = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), av));
+    return i;
 }
 
 /* mpk_wsum: eight columns of heads h0 .. h0 + HN in registers over all rows (the output is

@@ -199,15 +199,13 @@ static inline float mpk_exp(float x) {
     const int ni = (int)n, na = ni < -126 ? -126 : ni > 127 ? 127 : ni; /* ni - na in -24 .. 1 */
     return (y * mpk_pow2i(ni - na)) * mpk_pow2i(na);
 }
-/* mpk_softmax's lane sums: lane i & 7 of the exponentials in binary64, added in index order,
- * then these pairs */
-static inline double mpk_softmax_total(const double l[8]) {
-    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
-}
-void mpk_avx2_softmax(float *x, int64_t n);
-/* kernels.c's xq_group over x[0 .. n) into q[0 .. n) and *d, eight-wide (the same bits) */
-void mpk_avx2_xq_group(const float *x, int64_t n, float qmax, int16_t *q, float *d);
-/* mpk_swiglu's elements below the returned count (a multiple of 8) */
+/* The eight-wide parts of xq_group, mpk_softmax and mpk_swiglu (kernels.c): each handles the
+ * leading whole vectors of its array and returns how many elements it took. */
+int64_t mpk_avx2_absmax_bits(const float *x, int64_t n, uint32_t *mb); /* *mb = max(*mb, those) */
+int64_t mpk_avx2_round_i16(const float *x, int64_t n, float inv, int16_t *q);
+int64_t mpk_avx2_max(const float *x, int64_t n, float *m); /* n >= 8 */
+int64_t mpk_avx2_softmax_exp(float *x, int64_t n, float m, double l[8]);
+int64_t mpk_avx2_scale(float *x, int64_t n, float a);
 int64_t mpk_avx2_swiglu(float *g, const float *u, int64_t n);
 /* mpk_wsum's scalar definition for columns [c0, n): the scalar path and the SIMD tails */
 void mpk_wsum_cols(float *out, int64_t os, int nh, const float *w, int64_t ws, const void *rows, size_t rs,
