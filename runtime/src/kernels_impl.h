@@ -166,7 +166,7 @@ void mpk_avx512_wsum(float *out, int64_t os, int nh, const float *w, int64_t ws,
 /* mpk_softmax's e^x (kernels.h), one lane of it: x = n ln2 + r with n = rint(x log2 e) and r
  * from Cody-Waite's two-part ln2, e^r by Cephes' degree-6 polynomial, then p 2^n as two exact
  * power-of-two products and one rounding (n below -126: into the subnormals).  Binary32 multiply
- * and add only, no FMA, so mpk_avx2_softmax's eight lanes give these bits. */
+ * and add only, no FMA, so the eight-wide parts (kernels_avx2.c's exp8) give these bits. */
 #define MPK_EXP_LO -104.0f     /* e^x below 2^-150: rounds to +0 */
 #define MPK_EXP_HI 88.7228394f /* e^x above FLT_MAX: +inf */
 #define MPK_EXP_LOG2E 1.44269504088896341f
