@@ -310,6 +310,7 @@ def main() -> None:
     size = mp.stat().st_size
     p = mp_plan(str(mp), 256)
     res["plan"] = p
+    res["model"]["moepack"]["embed_bytes"] = embed_table_bytes(mp)
     rec = p["expert_record_bytes"]
     log(f"  moepack {size / 1e9:.2f} GB, record {rec / 1e6:.2f} MB"
         + (f"; gguf {gg.stat().st_size / 1e9:.2f} GB" if use_llama else ""))
@@ -541,13 +542,36 @@ def _prompt_row(cap: str, label: str, run: dict | None, ref: dict | None) -> str
 BOUND_TRUSTED = 1.0
 
 
-def _bandwidth_bound(res: dict) -> tuple[float, int, float | None] | None:
-    """(tok/s, bytes per token) if decode only had to read its resident bytes once per token,
-    and moepack's best warm decode as a share of that tok/s."""
-    bw, p = res.get("memory_read_gb_s"), res.get("plan") or {}
-    if not bw or not p.get("trunk_bytes"):
+def embed_table_bytes(container: Path) -> int:
+    """Bytes of the input embedding table when it is not also the output matrix: a decode step
+    reads one row of it, not all of it."""
+    from format.reader import Container
+
+    c = Container.open(container)
+    try:
+        names = set(c.tensor_names())
+        return c.tensor_info("embed")["length"] if {"embed", "lm_head"} <= names else 0
+    finally:
+        c.close()
+
+
+def step_bytes(res: dict) -> int | None:
+    """Resident bytes one decode step reads: the trunk, of its separate input embedding table
+    one row, and one token's experts (None where the results did not record the table)."""
+    p, m = res.get("plan") or {}, res.get("model") or {}
+    embed = (m.get("moepack") or {}).get("embed_bytes")
+    vocab = (m.get("shape") or {}).get("vocab")
+    if not p.get("trunk_bytes") or embed is None or not vocab:
         return None
-    touched = p["trunk_bytes"] + p["step_expert_bytes"]
+    return p["trunk_bytes"] - embed + embed // vocab + p["step_expert_bytes"]
+
+
+def _bandwidth_bound(res: dict) -> tuple[float, int, float | None] | None:
+    """(tok/s, bytes per token) if decode only had to read what a step touches once per token,
+    and moepack's best warm decode as a share of that tok/s."""
+    bw, touched = res.get("memory_read_gb_s"), step_bytes(res)
+    if not bw or not touched:
+        return None
     w = res.get("warm") or {}
     best = max(_tok(w.get("moepack"), -1) or 0, _tok(w.get("moepack_vs_q3k"), -1) or 0)
     return bw * 1e9 / touched, touched, _ratio(best, bw * 1e9 / touched)
@@ -663,8 +687,9 @@ def section(res: dict) -> str:
             bws = res.get("memory_read_samples_gb_s") or []
             seen = (f", the most of {len(bws)} samples taken next to the warm decode runs: "
                     f"{_f(min(bws))}-{_f(max(bws))}" if len(bws) > 1 else "")
-            out.append(f"\nMemory-bandwidth bound: {_size(bound[1])} touched per token (trunk + "
-                       f"one token's experts) at {_f(res['memory_read_gb_s'])} GB/s "
+            out.append(f"\nMemory-bandwidth bound: {_size(bound[1])} touched per token (the "
+                       f"trunk with one row of its input embedding table, and one token's "
+                       f"experts) at {_f(res['memory_read_gb_s'])} GB/s "
                        f"({res['threads']} threads reading RAM{seen}) = {_f(bound[0])} tok/s; "
                        f"moepack's best warm decode is {_f(bound[2])} of it.")
             if (bound[2] or 0) > BOUND_TRUSTED:

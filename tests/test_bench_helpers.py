@@ -118,7 +118,7 @@ def test_markdown_renders_partial_results(tmp_path, monkeypatch) -> None:
            "hardware": {"Model name": "cpu", "CPU(s)": "2", "MemTotal GB": 24, "kernel": "k"},
            "threads": 2, "load_avg_start": [1.0, 1, 1], "prompt": [1, 2], "decode_tokens": 4,
            "llama_cpp": "available", "cgroup_version": 1,
-           "model": {"shape": Shape().__dict__, "moepack": {"bytes": 10**9},
+           "model": {"shape": Shape().__dict__, "moepack": {"bytes": 10**9, "embed_bytes": 0},
                      "gguf": {"bytes": 10**9}},
            "plan": {"expert_record_bytes": 7 << 20, "trunk_bytes": 1, "step_expert_bytes": 1,
                     "floor_bytes": 2},
@@ -154,12 +154,39 @@ def test_bandwidth_bound_above_one_is_not_a_verdict() -> None:
     from bench import run_all
 
     res = {"threads": 2, "memory_read_gb_s": 1.0,
+           "model": {"shape": {"vocab": 1000}, "moepack": {"embed_bytes": 0}},
            "plan": {"trunk_bytes": 10**8, "step_expert_bytes": 10**8},
            "warm": {"moepack": {"tok_s": [4.0, 8.0]}}}  # bound 5 tok/s, decode 8: 1.6 of it
     goals = run_all.goals_kernels_prompt(res)
     assert "| 1.60 of 5.00 tok/s | – (the RAM probe read slower than decode) |" in goals
     res["memory_read_gb_s"] = 4.0  # bound 20 tok/s: 0.4 of it, a real "no"
     assert "| 0.40 of 20.00 tok/s | no |" in run_all.goals_kernels_prompt(res)
+
+
+def test_bandwidth_bound_reads_one_row_of_the_input_embedding() -> None:
+    """A decode step reads one row of a separate embedding table, so the bound leaves the rest
+    of it out; results that did not record the table give no bound rather than a wrong one."""
+    from bench import run_all
+
+    res = {"threads": 2, "memory_read_gb_s": 1.0,
+           "model": {"shape": {"vocab": 1000}, "moepack": {"embed_bytes": 4 * 10**7}},
+           "plan": {"trunk_bytes": 10**8, "step_expert_bytes": 10**8},
+           "warm": {"moepack": {"tok_s": [2.0, 4.0]}}}
+    assert run_all.step_bytes(res) == 10**8 - 4 * 10**7 + 4 * 10**4 + 10**8
+    assert "| 0.64 of 6.25 tok/s |" in run_all.goals_kernels_prompt(res)  # 1e9 / 160.04e6
+    del res["model"]["moepack"]["embed_bytes"]
+    assert run_all.step_bytes(res) is None
+    assert "of the memory-bandwidth bound" not in run_all.goals_kernels_prompt(res)
+
+
+def test_embed_table_bytes_reads_the_container(tmp_path) -> None:
+    """The table's bytes come from the container's index (f16, 128 x 64)."""
+    from bench import run_all
+    from format.synthetic import mixtral_spec, write_synthetic
+
+    path = tmp_path / "m.moepack"
+    write_synthetic(path, mixtral_spec(vocab=128, hidden=64))
+    assert run_all.embed_table_bytes(path) == 128 * 64 * 2
 
 
 def test_cap_goal_reports_the_start_to_pass_1_time_beside_the_tok_s_verdict() -> None:
