@@ -243,6 +243,8 @@ def main() -> None:
                     help="runs per engine and row, alternating engines (default 3, quick 2)")
     ap.add_argument("--prompt-tokens", type=int, default=512,
                     help="the long prompt's length (0: skip the prompt rows)")
+    ap.add_argument("--short-prompt-tokens", type=int, default=32,
+                    help="a chat turn's length, warm only (0: skip that row)")
     ap.add_argument("--only-q3k", action="store_true",
                     help="only add the warm Q3_K run to an existing results file")
     a = ap.parse_args()
@@ -375,11 +377,11 @@ def main() -> None:
 
         # 4b. a long prompt (issue 15): warm (pass 2) and from a dropped cache under caps
         ptoks = forced_tokens(a.prompt_tokens, vocab, seed=777)
-        pctx = a.prompt_tokens + 16
-        pfloor = mp_plan(str(mp), pctx)["floor_bytes"]
 
-        def long_prompt(model: Path, cap: int | None):
+        def prompt_run(model: Path, cap: int | None, toks: list[int] = ptoks):
             kind = "moepack" if model.suffix == ".moepack" else "llama"
+            ctx = len(toks) + 16
+            floor = mp_plan(str(mp), ctx)["floor_bytes"]
 
             def go() -> dict:
                 if cap is not None:
@@ -387,8 +389,8 @@ def main() -> None:
                 elif kind == "llama":
                     read_through(model)
                 return engine_run(kind, model, cap, tokens=1, threads=a.threads,
-                                  passes=1 if cap is not None else 2, prompt=ptoks, ctx=pctx,
-                                  budget=pfloor + every + (512 << 20)
+                                  passes=1 if cap is not None else 2, prompt=toks, ctx=ctx,
+                                  budget=floor + every + (512 << 20)
                                   if kind == "moepack" and cap is None else None)
             return go
 
@@ -396,16 +398,24 @@ def main() -> None:
             res["prompt_long"] = {"tokens": a.prompt_tokens, "rows": []}
             for frac in (None, *PROMPT_CAPS):
                 cap = None if frac is None else int(frac * size)
-                runs = {"moepack": long_prompt(mp, cap)}
+                runs = {"moepack": prompt_run(mp, cap)}
                 if use_llama:
-                    runs["llama"] = long_prompt(gg, cap)
+                    runs["llama"] = prompt_run(gg, cap)
                 res["prompt_long"]["rows"].append(
                     {"frac": frac, "cap_bytes": cap,
                      **alternate(rounds, runs, metric="prompt_tok_s")})
                 _save(res, quick)
+        if a.short_prompt_tokens:  # a chat turn: most experts see one or two of its tokens
+            stoks = forced_tokens(a.short_prompt_tokens, vocab, seed=778)
+            runs = {"moepack": prompt_run(mp, None, stoks)}
+            if use_llama:
+                runs["llama"] = prompt_run(gg, None, stoks)
+            res["prompt_short"] = {"tokens": a.short_prompt_tokens,
+                                   **alternate(rounds, runs, metric="prompt_tok_s")}
+            _save(res, quick)
         if use_llama and not a.no_q3k:
             warm_q3k(res, a.dir, shape, tokens, a.threads, rounds, moepack_warm,
-                     (lambda m: long_prompt(m, None)) if a.prompt_tokens else None)
+                     (lambda m: prompt_run(m, None)) if a.prompt_tokens else None)
             record_bandwidth()
         _save(res, quick)
 
@@ -697,15 +707,17 @@ def section(res: dict) -> str:
                            "probe ran in a slow phase of the machine; the bound is not a "
                            "measurement here.")
         out.append("")
-    pl = res.get("prompt_long")
-    if pl and pl.get("rows"):
-        out.append(f"### Long prompt ({pl['tokens']} tokens, issue 15)\n")
+    pl, ps = res.get("prompt_long") or {}, res.get("prompt_short")
+    if pl.get("rows") or ps:
+        what = ([f"{pl['tokens']} tokens"] if pl.get("rows") else []) + \
+            ([f"and a {ps['tokens']}-token chat turn, warm"] if ps else [])
+        out.append(f"### Long prompt ({' '.join(what)}; issue 15)\n")
         out.append("Prompt tok/s: warm = pass 2 of a process that holds everything (the GGUF read "
                    "into the page cache first); under a cap = one pass from a dropped page cache. "
                    "*read* = block-device reads of the whole run (load included).\n")
         out.append("| cap | engine | prompt tok/s | read | moepack / llama.cpp |")
         out.append("|---|---|---|---|---|")
-        rows = list(pl["rows"])
+        rows = list(pl.get("rows", []))
         q3 = pl.get("warm_q3k")
         for row in rows:
             cap = "warm" if row["frac"] is None else f"{100 * row['frac']:.0f}%"
@@ -717,6 +729,12 @@ def section(res: dict) -> str:
             out.append(_prompt_row("warm", "moepack (alternated with Q3_K)", q3.get("moepack"),
                                    q3.get("llama_q3k")))
             out.append(_prompt_row("warm", "llama.cpp (Q3_K twin)", q3.get("llama_q3k"), None))
+        ps = res.get("prompt_short")
+        if ps:
+            cap = f"warm, {ps['tokens']}-token prompt"
+            out.append(_prompt_row(cap, "moepack", ps.get("moepack"), ps.get("llama")))
+            if ps.get("llama"):
+                out.append(_prompt_row(cap, "llama.cpp (IQ3_XXS twin)", ps["llama"], None))
         out.append("")
     c = res.get("cold")
     if c:

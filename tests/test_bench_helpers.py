@@ -149,6 +149,35 @@ def test_markdown_renders_partial_results(tmp_path, monkeypatch) -> None:
     assert "records of 7.340 MB" in md
 
 
+def test_short_prompt_row_beside_the_long_prompts(tmp_path, monkeypatch) -> None:
+    """The chat-turn prompt renders in the prompt table with its ratio, with or without the
+    long prompts' rows."""
+    from bench import run_all
+
+    def run(tok):
+        return {"prompt_tok_s": [tok / 4, tok], "rounds_prompt_tok_s": [[1, tok - 1], [1, tok]],
+                "read_bytes": 10**6}
+
+    res = {"kind": "quick", "date_utc": "d", "commit": "c", "threads": 2, "rounds": 2,
+           "hardware": {"Model name": "cpu", "CPU(s)": "2", "MemTotal GB": 24, "kernel": "k"},
+           "load_avg_start": [1.0, 1, 1], "prompt": [1, 2], "decode_tokens": 4,
+           "llama_cpp": "available", "cgroup_version": 1,
+           "model": {"shape": Shape().__dict__, "moepack": {"bytes": 10**9},
+                     "gguf": {"bytes": 10**9}},
+           "plan": {"expert_record_bytes": 1, "trunk_bytes": 1, "step_expert_bytes": 1,
+                    "floor_bytes": 2}, "disk": {},
+           "prompt_short": {"tokens": 32, "moepack": run(30.0), "llama": run(20.0)}}
+    md = run_all.section(res)
+    assert "### Long prompt (and a 32-token chat turn, warm; issue 15)" in md
+    assert "| warm, 32-token prompt | moepack | 30.00" in md and "| **1.50** |" in md
+    assert "| warm, 32-token prompt | llama.cpp (IQ3_XXS twin) | 20.00" in md
+    res["prompt_long"] = {"tokens": 512, "rows": [{"frac": None, "moepack": run(90.0),
+                                                   "llama": run(60.0)}]}
+    md = run_all.section(res)
+    assert "### Long prompt (512 tokens and a 32-token chat turn, warm; issue 15)" in md
+    assert md.index("| warm | moepack | 90.00") < md.index("| warm, 32-token prompt | moepack")
+
+
 def test_bandwidth_bound_above_one_is_not_a_verdict() -> None:
     """A decode faster than the run's own RAM probe allows means the probe ran slow: no "yes"."""
     from bench import run_all
