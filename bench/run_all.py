@@ -1024,6 +1024,9 @@ NOTES = """## How to read this and known limits
   memory that its reader threads fault in on the same two vCPUs as the compute (a cold
   512-token prompt on the quick model: 2.2-4.8 s of system time for 2.7 GB; docs/LEARNED.md),
   while llama.cpp's page cache is filled by the host's I/O thread.
+- The chat-turn row (a short prompt, warm; not a goal row) is the prefill product's costly case:
+  with 128 experts and top-8, most experts see one or two of its tokens, and the product decodes
+  an expert's codes once per call (docs/RUNTIME.md, the crossover against the table product).
 - *read* counts block-device reads (O_DIRECT and page-fault read-ahead alike), not cache hits.
 """
 
