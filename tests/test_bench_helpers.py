@@ -265,3 +265,13 @@ def test_forced_token_stream_is_fixed_varied_and_in_range() -> None:
     assert all(3 <= t < 8192 for t in a)  # never the special ids 0..2
     assert len(set(a)) > 40
     assert forced_tokens(16, 8192) == a[:16]  # shorter runs are a prefix: same ids everywhere
+
+
+def test_kernel_bench_ram_mode_spans_twice_the_l3() -> None:
+    """The "RAM" mode must not fit in the last-level cache (a Xeon VM reports 480 MiB)."""
+    from bench.kernels import ram_mode_mib
+
+    assert ram_mode_mib("480 MiB (1 instance)") == 960
+    assert ram_mode_mib("32 MiB (1 instance)") == 256
+    assert ram_mode_mib("1.5 GiB (2 instances)") == 3072
+    assert ram_mode_mib("") == 256 and ram_mode_mib("512 KiB") == 256
