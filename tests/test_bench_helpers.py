@@ -275,3 +275,11 @@ def test_kernel_bench_ram_mode_spans_twice_the_l3() -> None:
     assert ram_mode_mib("32 MiB (1 instance)") == 256
     assert ram_mode_mib("1.5 GiB (2 instances)") == 3072
     assert ram_mode_mib("") == 256 and ram_mode_mib("512 KiB") == 256
+
+
+def test_kernel_bench_says_when_the_engines_spans_differed() -> None:
+    """Results from before both harnesses shared the span name moepack's own (128 MiB)."""
+    from bench.kernels import moepack_span
+
+    assert moepack_span({"ram_mib": 256}) == " (128 MiB for moepack's harness)"
+    assert moepack_span({"ram_mib": 960, "moepack_ram_mib": 960}) == ""
