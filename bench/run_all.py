@@ -729,7 +729,6 @@ def section(res: dict) -> str:
             out.append(_prompt_row("warm", "moepack (alternated with Q3_K)", q3.get("moepack"),
                                    q3.get("llama_q3k")))
             out.append(_prompt_row("warm", "llama.cpp (Q3_K twin)", q3.get("llama_q3k"), None))
-        ps = res.get("prompt_short")
         if ps:
             cap = f"warm, {ps['tokens']}-token prompt"
             out.append(_prompt_row(cap, "moepack", ps.get("moepack"), ps.get("llama")))
