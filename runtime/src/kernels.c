@@ -103,7 +103,8 @@ void mpk_f16_to_f32_n(const void *src, int64_t n, float *d) {
     const uint8_t *s = src;
     int64_t i = 0;
 #if defined(__x86_64__) || defined(__i386__)
-    if (vec_helpers()) i = f16_to_f32_f16c(s, n, d); /* F16C: exact like mpk_f16_to_f32, only faster */
+    /* F16C: exact like mpk_f16_to_f32, only faster, but a signalling NaN comes back quiet */
+    if (vec_helpers()) i = f16_to_f32_f16c(s, n, d);
 #endif
     for (; i < n; i++) d[i] = mpk_f16_to_f32(ld16(s + 2 * i));
 }
@@ -668,12 +669,20 @@ void mpk_hadamard_rotate(const float *x, const float *signs, int64_t n, int64_t 
 /* The helpers below run per head and position in attention: on AVX2 CPUs 8-wide with the same
  * operations (lanes = index mod 8, multiply then add, red8), so the same bits (mpk_wsum, whose
  * lanes are columns, 16-wide on AVX-512 CPUs: vec_helpers 2).  Which one runs
- * depends on the CPU alone, never on an engine's kernel choice. */
+ * depends on the CPU alone (and mpk_vec_helpers_cap, which only tests call), never on an
+ * engine's kernel choice. */
+static _Atomic int vec_cap = 2;
 static int vec_helpers(void) {
     static _Atomic int have = -1; /* -1: not asked yet */
     int h = have;
     if (h < 0) have = h = cpu_avx512vbmi() ? 2 : cpu_avx2();
-    return h;
+    const int c = vec_cap;
+    return h < c ? h : c;
+}
+
+int mpk_vec_helpers_cap(int level) {
+    vec_cap = level < 0 ? 0 : level;
+    return vec_helpers();
 }
 
 float mpk_dot(const float *a, const float *b, int64_t n) {

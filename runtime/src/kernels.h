@@ -127,7 +127,8 @@ const mpk_impl *mpk_select(int which);
 const char *mpk_impl_name(const mpk_impl *k);
 
 float mpk_f16_to_f32(uint16_t h);
-/* n f16 values stored little-endian at src, as f32 (exact; F16C where the CPU has it) */
+/* n f16 values stored little-endian at src, as f32 (exact; F16C where the CPU has it, which
+ * returns a signalling NaN quiet where mpk_f16_to_f32 keeps it signalling) */
 void mpk_f16_to_f32_n(const void *src, int64_t n, float *d);
 float mpk_bf16_to_f32(uint16_t h);
 uint16_t mpk_f32_to_f16(float f); /* round to nearest even */
@@ -201,5 +202,10 @@ void mpk_softmax(float *x, int64_t n);
 float mpk_silu(float x);
 /* g[i] = mpk_silu(g[i]) x u[i] for i < n (SwiGLU), eight-wide on AVX2 CPUs with the same bits */
 void mpk_swiglu(float *g, const float *u, int64_t n);
+/* For tests only: the small vector helpers above, mpk_swiglu, mpk_f16_to_f32_n and mpk_rvq_xq
+ * run at most at `level` (0 scalar, 1 AVX2, 2 AVX-512; never beyond what the CPU has; 2 is the
+ * default, i.e. no cap) from now on, process-wide, so that a test can compare every level's bits
+ * with the scalar code's on one machine.  Returns the level now in effect. */
+int mpk_vec_helpers_cap(int level);
 
 #endif

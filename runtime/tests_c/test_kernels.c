@@ -3,7 +3,9 @@
  * implementation of §3.5 written here from the spec, bit for bit, on awkward shapes and
  * activations (zero, tiny, one huge element, overflow, NaN, NaN/inf row scales); mpk_wsum
  * against mpk_axpy, mpk_dots against mpk_dot, and mpk_softmax against a literal implementation of
- * its definition (kernels.h) written here, whose e^x is also checked against e^x in binary64. */
+ * its definition (kernels.h) written here, whose e^x is also checked against e^x in binary64.
+ * The small vector helpers pick their SIMD level from the CPU, so their tests run once at every
+ * level this CPU has (mpk_vec_helpers_cap) and each level's outputs must be level 0's bits. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -94,6 +96,39 @@ static uint8_t *make_part(int64_t rows, int64_t cols, int S, const uint8_t *code
     return p;
 }
 
+/* The vector helper tests' outputs in order: recorded at level 0 (scalar), compared at the others */
+static uint32_t *tape;
+static size_t tape_n, tape_pos, tape_bad;
+static int tape_level;
+
+static void tape_put(const float *v, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        if (tape_level == 0) {
+            if ((tape_n & (tape_n - 1)) == 0) tape = realloc(tape, (tape_n ? 2 * tape_n : 1024) * sizeof *tape);
+            tape[tape_n++] = bits(v[i]);
+        } else {
+            tape_bad += tape_pos >= tape_n || tape[tape_pos] != bits(v[i]);
+            tape_pos++;
+        }
+    }
+}
+
+/* fn at level 0, then at each higher level the CPU has, from the same random stream */
+static void at_every_level(const char *name, void (*fn)(void)) {
+    const uint64_t seed = rng;
+    tape_n = 0;
+    for (int level = 0; level <= 2 && mpk_vec_helpers_cap(level) == level; level++) {
+        rng = seed;
+        tape_level = level, tape_pos = 0, tape_bad = 0;
+        fn();
+        if (level == 0) CHECK(tape_n > 0, "%s recorded no outputs", name);
+        else CHECK(tape_bad == 0 && tape_pos == tape_n, "%s at level %d: %zu of %zu values differ from level 0 (%zu compared)",
+                   name, level, tape_bad, tape_n, tape_pos);
+        printf("%s: level %d, %zu values%s\n", name, level, tape_n, level ? " as level 0" : "");
+    }
+    mpk_vec_helpers_cap(2);
+}
+
 static const mpk_impl *paths[4];
 static int npaths;
 static mpk_pool *pools[3];
@@ -169,6 +204,7 @@ static void test_wsum(void) {
                 for (int h = 0; h < nh; h++)
                     for (int64_t c = 0; c < n; c++) bad += bits(out[h * NC + c]) != bits(ref[h * NC + c]);
                 CHECK(bad == 0, "wsum f16 %d heads %d columns %lld: %d elements differ", f16, nh, (long long)n, bad);
+                for (int h = 0; h < nh; h++) tape_put(out + h * NC, n);
             }
 }
 
@@ -186,6 +222,7 @@ static void test_dots(void) {
             int bad = 0;
             for (int r = 0; r < nr; r++) bad += bits(out[r]) != bits(mpk_dot(rows + r * STRIDE, x, n));
             CHECK(bad == 0, "dots rows %d length %lld: %d rows differ", nr, (long long)n, bad);
+            tape_put(out, nr);
         }
     /* an f16 x (the KV cache's keys): mpk_dots' bits on x converted first */
     uint8_t xh[2 * NC];
@@ -203,6 +240,7 @@ static void test_dots(void) {
             int bad = 0;
             for (int r = 0; r < nr; r++) bad += bits(out[r]) != bits(ref[r]);
             CHECK(bad == 0, "dots f16 rows %d length %lld: %d rows differ", nr, (long long)n, bad);
+            tape_put(out, nr);
         }
     /* mpk_dots_keys: several keys a call (f32 and f16, odd key counts for the two-key steps,
      * lengths with and without a tail), each key's row the bits of mpk_dots / mpk_dots_f16 */
@@ -230,6 +268,7 @@ static void test_dots(void) {
                     }
                     CHECK(bad == 0, "dots_keys f16 %d keys %d rows %d length %lld: %d differ", f16, nk, nr,
                           (long long)n, bad);
+                    for (int k = 0; k < nk; k++) tape_put(kout + k * OS, nr);
                 }
 }
 
@@ -280,7 +319,7 @@ static double ulps(float got, double want) {
     return fabs((double)got - want) / u;
 }
 
-static void test_softmax(void) {
+static void test_exp(void) {
     /* e^x: within 2 ulp over the normal range, within one subnormal step below it, 0 and inf at
      * the ends, NaN kept */
     double worst = 0, worst_sub = 0;
@@ -297,6 +336,9 @@ static void test_softmax(void) {
     CHECK(ref_exp(0.0f) == 1.0f && ref_exp(-0.0f) == 1.0f, "e^0 = 1");
     CHECK(ref_exp(-105.0f) == 0.0f && ref_exp(-INFINITY) == 0.0f && isinf(ref_exp(89.0f)) && isnan(ref_exp(NAN)),
           "e^x at the ends");
+}
+
+static void test_softmax(void) {
     /* mpk_softmax against the definition: row lengths around the 8-wide steps and long rows,
      * spreads that underflow into subnormals and to zero, -inf, ties, signed zeros, a NaN */
     enum { NMAX = 4099 };
@@ -323,6 +365,7 @@ static void test_softmax(void) {
             CHECK(bad == 0, "softmax length %lld kind %d: %d elements differ from the definition", (long long)n, kind, bad);
             if (kind < 5) CHECK(fabs(sum - 1.0) < 1e-5, "softmax length %lld kind %d sums to %.9f", (long long)n, kind, sum);
             else CHECK(bits(a[0]) == 0x7fc00000u, "softmax with a NaN: the quiet NaN");
+            tape_put(a, n);
         }
 }
 
@@ -345,14 +388,45 @@ static void test_swiglu(void) {
             bad += bits(out[i]) != bits(s * u[i]) || bits(mpk_silu(g[i])) != bits(s);
         }
         CHECK(bad == 0, "swiglu length %d: %d elements differ from the definition", n, bad);
+        tape_put(out, n);
+    }
+}
+
+/* a NaN's bits with the quiet bit set: F16C returns a signalling f16 NaN quiet, mpk_f16_to_f32
+ * keeps it signalling (the engine's f16 rows come from mpk_f32_to_f16, which writes no sNaN) */
+static uint32_t quieted(float f) { return f != f ? bits(f) | 0x00400000u : bits(f); }
+
+/* mpk_f16_to_f32_n: every f16 bit pattern, at offsets and lengths around the 8-wide blocks, as
+ * mpk_f16_to_f32 converts each (signalling NaNs up to the quiet bit) */
+static void test_f16_to_f32_n(void) {
+    enum { N = 65536 + 16 };
+    static uint8_t h[2 * N];
+    static float out[N];
+    for (uint32_t i = 0; i < N; i++) h[2 * i] = (uint8_t)i, h[2 * i + 1] = (uint8_t)(i >> 8);
+    const int64_t spans[][2] = {{0, 65536}, {3, 1}, {5, 7}, {1, 8}, {7, 9}, {2, 17}, {11, 65536 + 5}};
+    for (size_t k = 0; k < sizeof spans / sizeof spans[0]; k++) {
+        const int64_t o = spans[k][0], n = spans[k][1];
+        memset(out, 0x55, (size_t)n * 4);
+        mpk_f16_to_f32_n(h + 2 * o, n, out);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            bad += quieted(out[i]) != quieted(mpk_f16_to_f32((uint16_t)(o + i)));
+            const uint32_t q = quieted(out[i]);
+            memcpy(&out[i], &q, 4);
+        }
+        CHECK(bad == 0, "f16_to_f32_n offset %lld length %lld: %lld values differ", (long long)o, (long long)n,
+              (long long)bad);
+        tape_put(out, n);
     }
 }
 
 int main(void) {
-    test_softmax();
-    test_swiglu();
-    test_wsum();
-    test_dots();
+    test_exp();
+    at_every_level("softmax", test_softmax);
+    at_every_level("swiglu", test_swiglu);
+    at_every_level("wsum", test_wsum);
+    at_every_level("dots", test_dots);
+    at_every_level("f16_to_f32_n", test_f16_to_f32_n);
     npaths = kernel_paths(paths);
     printf("paths:");
     for (int k = 0; k < npaths; k++) printf(" %s", mpk_impl_name(paths[k]));
@@ -424,5 +498,6 @@ int main(void) {
     free(x);
     mpk_pool_destroy(pools[1]);
     mpk_pool_destroy(pools[2]);
+    free(tape);
     T_DONE("kernels");
 }

@@ -4,7 +4,8 @@
  * others (so chunking a prompt never changes it); it lies within the
  * bound §3.6's two roundings allow (activations to 12 bits per 512 columns, codebook entries to
  * multiples of 2^-p) of a double-precision product of the decoded weights; a NaN input gives the
- * canonical NaN in its own outputs only.  Shapes with partial tiles, row blocks, groups, vectors. */
+ * canonical NaN in its own outputs only.  Shapes with partial tiles, row blocks, groups, vectors.
+ * The activations' quantiser (mpk_rvq_xq) gives the same bytes at every vector level the CPU has. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -84,8 +85,22 @@ static void check_shape(const mpk_impl *const *paths, int npaths, mpk_pool *cons
         for (int64_t c = 0; c < cols; c++) x[i * xs + c] = i == 5 ? 0.0f : urand() * (float)(1 + i % 9);
     x[11 * xs + cols / 2] = NAN; /* input 11's products are NaN, its neighbours' are not */
     const size_t qs = mpk_rvq_xq_bytes(cols);
-    uint8_t *xq = aligned_alloc(32, NMAX * qs);
+    uint8_t *xq = aligned_alloc(32, NMAX * qs), *xq_at = aligned_alloc(32, NMAX * qs);
+    mpk_vec_helpers_cap(0); /* the scalar quantiser here; every vector level must give its bytes */
     for (int i = 0; i < NMAX; i++) mpk_rvq_xq(x + i * xs, cols, xq + i * qs);
+    const size_t written = (size_t)(cols + 15) / 16 * 16 * 2 + (size_t)(cols + 511) / 512 * 4;
+    for (int level = 1; level <= 2 && mpk_vec_helpers_cap(level) == level; level++) {
+        memset(xq_at, 0x55, NMAX * qs);
+        int bad = 0;
+        for (int i = 0; i < NMAX; i++) {
+            mpk_rvq_xq(x + i * xs, cols, xq_at + i * qs);
+            bad += memcmp(xq + i * qs, xq_at + i * qs, written) != 0;
+        }
+        CHECK(bad == 0, "rvq_xq cols %lld at vector level %d: %d of %d inputs differ from level 0", (long long)cols,
+              level, bad, NMAX);
+    }
+    mpk_vec_helpers_cap(2);
+    free(xq_at);
     mpk_rvq_icb *icb = malloc(sizeof *icb);
     mpk_rvq_icb_init(icb, cb, S);
     mpk_rvq_gemm(NULL, NULL, &w, icb, xq, qs, NMAX, NULL, want);
