@@ -1,4 +1,6 @@
-/* json.c: accessors, exact integers, limits, stable codes and messages. */
+/* json.c: accessors, exact integers, limits, stable codes and messages (json.h's own; a syntax
+ * error's text is Python json's, so only its code and position are checked here). */
+#include <stdio.h>
 #include <string.h>
 
 #include "json.h"
@@ -13,6 +15,19 @@ static void refused(const char *s, const char *code, const char *want) {
     mp_json_doc *d = mp_json_parse_coded(s, strlen(s), 1 << 20, &got, err, sizeof err);
     CHECK(d == NULL && strstr(err, want), "%s -> %s (want %s)", s, d ? "accepted" : err, want);
     CHECK(got && !strcmp(got, code), "%s -> code %s (want %s)", s, got ? got : "none", code);
+    mp_json_free(d);
+}
+
+/* refused as a JSON syntax error at line, column and char (json.h: "...: line L column C (char N)") */
+static void refused_at(const char *s, size_t line, size_t col, size_t ch) {
+    char err[512];
+    const char *got = NULL, *at = NULL;
+    mp_json_doc *d = mp_json_parse_coded(s, strlen(s), 1 << 20, &got, err, sizeof err);
+    CHECK(d == NULL && got && !strcmp(got, "json_syntax"), "%s -> %s (want json_syntax)", s, got ? got : "accepted");
+    for (const char *p = err; d == NULL && (p = strstr(p, ": line ")) != NULL; p++) at = p; /* the last one */
+    size_t l = 0, c = 0, n = 0;
+    CHECK(at && sscanf(at, ": line %zu column %zu (char %zu)", &l, &c, &n) == 3 && l == line && c == col && n == ch,
+          "%s -> %s (want line %zu column %zu char %zu)", s, err, line, col, ch);
     mp_json_free(d);
 }
 
@@ -50,12 +65,14 @@ int main(void) {
 
     refused("{\"a\":1,\"a\":2}", "duplicate_key", "duplicate key 'a'");
     refused("[NaN]", "forbidden_constant", "forbidden constant NaN");
-    refused("[1,]", "json_syntax", "Expecting value: line 1 column 4 (char 3)");
-    refused("\xEF\xBB\xBF{}", "json_syntax", "Unexpected UTF-8 BOM");
+    refused_at("[1,]", 1, 4, 3);
+    refused_at("[1,\n\n  ]", 3, 3, 7);
+    refused_at("\xEF\xBB\xBF{}", 1, 1, 0);
     refused("\"\xC0\x80\"", "invalid_utf8", "invalid UTF-8 at byte 1");
     refused("\"\xED\xA0\x80\"", "invalid_utf8", "invalid UTF-8 at byte 1"); /* surrogate */
-    refused("{} x", "json_syntax", "Extra data: line 1 column 4 (char 3)");
-    refused("\"abc", "json_syntax", "Unterminated string starting at");
+    refused_at("{} x", 1, 4, 3);
+    refused_at("{}\n x", 2, 2, 4);
+    refused_at("[1, \"abc", 1, 5, 4);
     char deep[200];
     memset(deep, '[', 65); memset(deep + 65, ']', 65); deep[130] = 0;
     refused(deep, "json_depth", "JSON nesting depth 65 exceeds 64");
