@@ -170,6 +170,14 @@ def memory_read_gb_s(threads: int, mib: int = 1024) -> float:
     return best
 
 
+def bandwidth_record(samples: list[float]) -> dict[str, float | list[float]]:
+    """The result fields of the bound's bandwidth: the samples as taken, and the most of them,
+    so that the bound errs on the side of a lower ratio."""
+    if not samples:
+        raise ValueError("no memory bandwidth samples")
+    return {"memory_read_samples_gb_s": list(samples), "memory_read_gb_s": max(samples)}
+
+
 def warm_q3k(res: dict, dir_: Path, shape, tokens: int, threads: int, rounds: int = 1,
              moepack_warm: Callable[[], dict] | None = None,
              prompt_runs: Callable[[Path], Callable[[], dict]] | None = None) -> None:
@@ -359,11 +367,6 @@ def main() -> None:
             return engine_run("moepack", mp, None, tokens=tokens, threads=a.threads, passes=2,
                               budget=p["floor_bytes"] + every + (256 << 20))
 
-        def record_bandwidth() -> None:
-            """the most the samples read: the bound then errs on the side of a lower ratio"""
-            res["memory_read_samples_gb_s"] = list(bw_samples)
-            res["memory_read_gb_s"] = max(bw_samples)
-
         def llama_warm() -> dict:
             read_through(gg)
             return engine_run("llama", gg, None, tokens=tokens, threads=a.threads, passes=2)
@@ -372,7 +375,7 @@ def main() -> None:
         if use_llama:
             warm_runs["llama"] = llama_warm
         res["warm"] = alternate(rounds, warm_runs)
-        record_bandwidth()
+        res.update(bandwidth_record(bw_samples))
         _save(res, quick)
 
         # 4b. a long prompt (issue 15): warm (pass 2) and from a dropped cache under caps
@@ -416,7 +419,7 @@ def main() -> None:
         if use_llama and not a.no_q3k:
             warm_q3k(res, a.dir, shape, tokens, a.threads, rounds, moepack_warm,
                      (lambda m: prompt_run(m, None)) if a.prompt_tokens else None)
-            record_bandwidth()
+            res.update(bandwidth_record(bw_samples))
         _save(res, quick)
 
         # 5. cold expert reads vs the disk
