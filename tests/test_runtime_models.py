@@ -9,8 +9,9 @@ each routed expert's gate, up and down projection with the numpy references of t
 (moepack.format.rvq_matvec, tests/spec_experts.py) on the container's codes; transformers still
 does attention, norms, routing, the activation and shared experts. Tolerance:
 max |Δlogit| <= 1e-4 x max |logit| over 80 positions fed in chunks of 16 (CHUNK: the chunk the
-engine plans for these tiny models is the whole prompt); greedy generation identical for 32
-tokens; threads and chunk sizes give the same bits; a turn snapshot's continuation is one pass.
+engine plans for these tiny models is the whole prompt); each of 32 greedy tokens is transformers'
+argmax after the same prefix or within 1e-4 x max |logit| of it (a near tie); threads and chunk
+sizes give the same bits; a turn snapshot's continuation is one pass.
 """
 
 from __future__ import annotations
