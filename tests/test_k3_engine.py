@@ -60,9 +60,10 @@ def k3_dense(tmp_path_factory):
 
 
 # The full model amplifies any rounding-level change through its expert tables (f16 instead of
-# f32 KV entries: median 1.6e-3, up to 0.62 of max |logit|; bench/linear_bound.py): a sequence
-# split off the KDA sub-chunks is held to the median only (measured up to 3.8e-4).
-K3_CLOSE = within(median=1e-3, largest=1.0)
+# f32 KV entries: median 1.6e-3, up to 0.62 of max |logit|; bench/linear_bound.py). A sequence
+# split off the KDA sub-chunks, in the three tests below that use this, measured medians up to
+# 2.7e-4 and a largest position of 5.0e-3 (token by token, threads 2); the bound is 4x that.
+K3_CLOSE = within(median=1e-3, largest=2e-2)
 # Without routed experts the pieces differ from one pass by the KDA chunk form's rounding, which
 # this random model amplifies through the trunk's 16-bit activations (CODECS.md §2.4; the chaos
 # floor below): median 3.2e-5, largest 2.7e-4 at 40 positions (2026-12-07), where the linear
@@ -138,14 +139,16 @@ def test_plan_counts_the_kda_state_and_the_mla_cache(k3):
     path, _ = k3
     la = TEXT["linear_attn_config"]
     qd = la["num_heads"] * la["head_dim"]
-    with Engine(path, threads=1) as e:
-        p = e.plan()
     conv = 3 * qd * (la["short_conv_kernel_size"] - 1)
     rec = la["num_heads"] * la["head_dim"] ** 2
-    assert p["state_bytes"] == len(la["kda_layers"]) * 4 * (conv + rec)
     latent = TEXT["kv_lora_rank"] + TEXT["qk_rope_head_dim"]
-    per_token = (p["kv_bytes"] - p["state_bytes"]) / p["ctx"]
-    assert per_token in (2 * latent * 4, 2 * latent * 2), per_token  # two MLA layers
+    for kv, entry in (("f32", 4), ("f16", 2)):
+        with Engine(path, threads=1, kv=kv) as e:
+            p = e.plan()
+        assert p["kv"] == kv
+        assert p["state_bytes"] == len(la["kda_layers"]) * 4 * (conv + rec)
+        per_token = (p["kv_bytes"] - p["state_bytes"]) / p["ctx"]
+        assert per_token == 2 * latent * entry, (kv, per_token)  # two MLA layers
 
 
 # K3 description fields: (change under manifest.model, field both validators name)
