@@ -13,6 +13,7 @@ from tiny_models import make_checkpoint
 from typer.testing import CliRunner
 
 from moepack.cli import app
+from moepack.sizes import format_size
 
 runner = CliRunner()
 STATS = re.compile(r"prompt \d+ tok @ [\d.]+ tok/s \| decode \d+ tok @ [\d.]+ tok/s \| "
@@ -81,6 +82,7 @@ def test_run_refuses_budget_below_floor(mixtral):
     r = _run("run", mixtral, "w5", "--budget", "1K")
     assert r.exit_code == 1
     assert "below the floor" in r.output and "needs at least" in r.output
+    assert f"budget {format_size(1000)} is below" in r.output  # plan's unit, not 0.000 GB
 
 
 def test_run_names_damaged_expert_with_verify_reads(mixtral, tmp_path):

@@ -301,8 +301,25 @@ static int load_trunk(mp_engine *e, char *err, size_t errlen) {
 }
 
 
+/* A size in the unit moepack.sizes.format_size picks (decimal, 3 decimals: 6.469 MB), with up
+ * to 6 decimals where 3 would hide a remainder: a floor of 6000483 bytes must not read as the
+ * 6.000 MB budget it exceeds. */
 static const char *fmt_gb(uint64_t b, char *buf, size_t n) {
-    snprintf(buf, n, "%.3f GB", (double)b / 1e9);
+    static const char *const units[] = {"kB", "MB", "GB", "TB"};
+    if (b < 1000) {
+        snprintf(buf, n, "%llu B", (unsigned long long)b);
+        return buf;
+    }
+    double scale = 1;
+    int u = 0;
+    for (; u < 4; u++) {
+        scale *= 1000;
+        snprintf(buf, n, "%.3f", (double)b / scale);
+        if (u == 3 || strchr(buf, '.') - buf < 4) break; /* 999.9996 kB prints as 1.000 MB */
+    }
+    int dec = 3;
+    for (uint64_t step = (uint64_t)scale / 1000; dec < 6 && b % step; step /= 10) dec++;
+    snprintf(buf, n, "%.*f %s", dec, (double)b / scale, units[u]);
     return buf;
 }
 
