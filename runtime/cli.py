@@ -326,10 +326,13 @@ def run_cmd(
     # so that --json never loses tokens to a context that fills midway)
     need = len(ids) + max(n - 1, 0)
     if need > eng.ctx:
+        # a longer --ctx helps only below the model's longest context
+        limit = (", this model's longest context (max_position_embeddings)"
+                 if eng.ctx >= eng.plan()["max_pos"] else " (--ctx)")
         eng.close()
         _engine_fail(EngineError(
             f"context full: the prompt's {len(ids)} tokens and -n {n} need {need} positions, "
-            f"ctx is {eng.ctx} (--ctx)", MP_ECTX), as_json)
+            f"ctx is {eng.ctx}{limit}", MP_ECTX), as_json)
     stop = [tok.eos_id] if tok and tok.eos_id is not None else []
     out: list[int] = []
     dec = StreamDecoder(tok) if tok else None

@@ -32,6 +32,8 @@ MP_EUNSUPPORTED, MP_ECORRUPT, MP_ECTX, MP_ENONFINITE = -6, -7, -8, -9
 POLICIES = {"lru": 0, "lfu": 1}
 # mp_config.kernels (moepack.h MP_KERNELS_*); a path this CPU lacks fails at open
 KERNELS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512vbmi": 3, "avx512amx": 4}
+# stable codes of refusals that are not the container's fault, for programs (`run --json`)
+REFUSALS = {MP_EBUDGET: "budget_too_small", MP_ECTX: "context_too_long"}
 # mp_config.kv (moepack.h MP_KV_*): KV cache entry type; None = the engine's default
 KV_TYPES = {"f32": 1, "f16": 2}
 MAX_SNAPSHOTS = 64  # moepack.h MP_MAX_SNAPSHOTS
@@ -51,13 +53,19 @@ def with_rates(d: dict) -> dict:
 class EngineError(RuntimeError):
     """The engine refused or failed; `code` is the MP_E* value. When the container broke a
     format rule (MP_EFORMAT), `format_code` is its stable code (spec/FORMAT.md §11.1,
-    moepack.format.errors.CODES) and `field` / `offset` say where (None where unknown)."""
+    moepack.format.errors.CODES) and `field` / `offset` say where (None where unknown).
+    `refusal` is the stable code of a budget or context refusal (REFUSALS: "budget_too_small",
+    "context_too_long"), and `max_ctx` the longest context that fits where the refusal knows it
+    (None otherwise)."""
 
     def __init__(self, message: str, code: int = MP_EINVAL, format_code: str | None = None,
-                 field: str | None = None, offset: int | None = None) -> None:
+                 field: str | None = None, offset: int | None = None, *,
+                 refusal: str | None = None, max_ctx: int | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.format_code, self.field, self.offset = format_code, field, offset
+        self.refusal = refusal or REFUSALS.get(code)
+        self.max_ctx = max_ctx
 
     @classmethod
     def from_format(cls, e: FormatError) -> EngineError:
@@ -70,9 +78,11 @@ class EngineError(RuntimeError):
         return f"{self} [{self.format_code}]" if self.format_code else str(self)
 
     def as_dict(self) -> dict:
-        """The error for machine-readable output (`run --json`, serve)."""
-        return {"message": str(self), "engine_code": self.code, "code": self.format_code,
-                "field": self.field, "offset": self.offset}
+        """The error for machine-readable output (`run --json`, serve): `code` is the format
+        code, else the refusal's code, else None."""
+        return {"message": str(self), "engine_code": self.code,
+                "code": self.format_code or self.refusal, "field": self.field,
+                "offset": self.offset, "max_ctx": self.max_ctx}
 
 
 class BudgetError(EngineError):
@@ -184,10 +194,11 @@ class Snapshot:
     state: bytes
 
 
-def _raise(code: int, msg: str, path: str | os.PathLike | None = None) -> None:
+def _raise(code: int, msg: str, path: str | os.PathLike | None = None, *,
+           refusal: str | None = None, max_ctx: int | None = None) -> None:
     """Raise the EngineError for `code`; a format refusal of the container at `path`, or a
     read that finds it damaged or shortened since open, also gets its stable code, field and
-    offset."""
+    offset; `refusal` and `max_ctx` as EngineError's."""
     cls = {MP_EBUDGET: BudgetError, MP_ECORRUPT: CorruptError,
            MP_ENONFINITE: NonFiniteError}.get(code, EngineError)
     where = None
@@ -195,9 +206,31 @@ def _raise(code: int, msg: str, path: str | os.PathLike | None = None) -> None:
         where = _lib.format_refusal(path, msg)
     elif path is not None and code in (MP_ECORRUPT, MP_EIO):  # a file damaged after open
         where = _lib.damage_refusal(path, code == MP_ECORRUPT, msg)
+    extra = {"refusal": refusal, "max_ctx": max_ctx}
     if where is None:
-        raise cls(msg or f"engine error {code}", code)
-    raise cls(msg or f"engine error {code}", code, where.code, where.field, where.offset)
+        raise cls(msg or f"engine error {code}", code, **extra)
+    raise cls(msg or f"engine error {code}", code, where.code, where.field, where.offset,
+              **extra)
+
+
+def _open_refusal(lib: C.CDLL, path: str | os.PathLike, cfg: _Config, rc: int) -> dict:
+    """What mp_open's refusal `rc` adds for programs, from the plan it refused by: below the
+    floor, the longest context that fits; a ctx beyond the model's longest, context_too_long
+    and the longest that fits ({} otherwise, and where no plan comes out)."""
+    if rc not in (MP_EBUDGET, MP_EINVAL) or (rc == MP_EINVAL and cfg.ctx <= 0):
+        return {}
+    probe = _Config.from_buffer_copy(cfg)
+    if rc == MP_EINVAL:
+        probe.ctx = 0  # the default context always plans: it says the model's longest
+    p, err = _Plan(), C.create_string_buffer(_ERRLEN)
+    if lib.mp_plan_config(os.fsencode(path), C.byref(probe), C.byref(p), err, _ERRLEN):
+        return {}
+    if rc == MP_EBUDGET:  # mp_open: the budget given, else the default one, below the floor
+        return {"max_ctx": p.max_ctx} if (cfg.budget_bytes or p.default_bytes) < p.floor_bytes \
+            else {}
+    if cfg.ctx > p.max_pos:
+        return {"refusal": "context_too_long", "max_ctx": min(p.max_ctx, p.max_pos)}
+    return {}
 
 
 def parse_bytes(v: int | str | None) -> int:
@@ -323,7 +356,8 @@ class Engine:
         rc = self._lib.mp_open(os.fsencode(path), C.byref(cfg), C.byref(self._h), err, _ERRLEN)
         if rc:
             self._h = None
-            _raise(rc, err.value.decode(errors="replace"), path)
+            _raise(rc, err.value.decode(errors="replace"), path,
+                   **_open_refusal(self._lib, path, cfg, rc))
         self.path = str(path)
         self.vocab_size = self._lib.mp_vocab_size(self._h)
         self.ctx = self._lib.mp_context_size(self._h)

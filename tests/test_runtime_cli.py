@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from moepack.runtime.engine import Engine
+from moepack.runtime.engine import Engine, plan
 from moepack.runtime.tokenizer import StreamDecoder, Tokenizer
 from tiny_models import make_checkpoint
 from typer.testing import CliRunner
@@ -85,6 +85,29 @@ def test_run_refuses_budget_below_floor(mixtral):
     assert f"budget {format_size(1000)} is below" in r.output  # plan's unit, not 0.000 GB
 
 
+def test_budget_one_byte_below_the_floor_reads_below_it(mixtral):
+    """The two amounts of the refusal differ where the bytes do, and --json gives the refusal's
+    stable code and the longest context that fits that budget (as `plan --budget` plans it)."""
+    floor = json.loads(_run("plan", mixtral, "--ctx", 64, "--json").output)["floor_bytes"]
+    budget = floor - 1
+    r = _run("run", mixtral, "w5", "--ctx", 64, "--budget", budget)
+    assert r.exit_code == 1, r.output
+    m = re.search(r"budget ([\d.]+ \w+) is below the floor: this model needs at least "
+                  r"([\d.]+ \w+)", r.output)
+    assert m and m[1] != m[2], r.output
+    r = _run("run", mixtral, "w5", "--ctx", 64, "--budget", budget, "--json")
+    err = json.loads(r.output)["error"]
+    fits = plan(str(mixtral), 64, budget=budget)["max_ctx"]
+    assert (r.exit_code, err["code"], err["max_ctx"]) == (1, "budget_too_small", fits), err
+    assert 0 < err["max_ctx"] < 64
+
+
+def test_ctx_beyond_the_models_longest_is_a_context_refusal(mixtral):
+    r = _run("run", mixtral, "w5", "--ctx", 129, "--json")  # max_position_embeddings 128
+    err = json.loads(r.output)["error"]
+    assert (r.exit_code, err["code"], err["max_ctx"]) == (1, "context_too_long", 128), err
+
+
 def test_run_names_damaged_expert_with_verify_reads(mixtral, tmp_path):
     from moepack.format.reader import Container
 
@@ -159,6 +182,15 @@ def test_run_refuses_a_prompt_and_n_longer_than_ctx_before_generating(mixtral):
     assert r.exit_code == 1
     err = json.loads(r.output)["error"]
     assert "9 positions" in err["message"] and err["engine_code"] == -8, err
+    assert err["code"] == "context_too_long" and "--ctx" in err["message"], err
+
+
+def test_context_full_at_the_models_longest_does_not_suggest_ctx(mixtral):
+    """At max_position_embeddings (128) a longer --ctx is refused too: the line says so."""
+    r = _run("run", mixtral, "--tokens", ",".join(["5"] * 120), "-n", 10)
+    assert r.exit_code == 1
+    assert "129 positions, ctx is 128, this model's longest context" in r.output, r.output
+    assert "--ctx" not in r.output, r.output
 
 
 def test_budget_above_usable_ram_warns(mixtral):
