@@ -52,6 +52,12 @@ _kv_type = choice("f32", "f16")
 KvOpt = Annotated[str | None, typer.Option(
     "--kv", callback=lambda v: v if v is None else _kv_type(v),
     help="KV cache entries: f16 (default: half the bytes) or f32.")]
+# engine.KERNELS' names (not imported here: `moepack --help` stays fast)
+KERNEL_PATHS = ("auto", "scalar", "avx2", "avx512vbmi", "avx512amx")
+KernelsOpt = Annotated[str, typer.Option(
+    "--kernels", callback=choice(*KERNEL_PATHS),
+    help="Compute path: auto (the best this CPU runs), scalar, avx2, avx512vbmi or avx512amx; "
+         "every path gives the same bits. A path this CPU lacks is refused.")]
 TempOpt = Annotated[float, typer.Option(
     "--temp", min=0.0, max=100.0, callback=finite, help="Temperature (0 = greedy).")]
 TopPOpt = Annotated[float, typer.Option(
@@ -84,14 +90,16 @@ def _check_budget(file: Path, budget: str | None, ctx: int | None, kv: str | Non
 
 
 def _open(file: Path, *, budget, threads, ctx, kv=None, prefetch=True, o_direct=None,
-          cache_policy="lfu", verify_reads=False, as_json=False, snapshots=0, warm=True):
+          cache_policy="lfu", verify_reads=False, as_json=False, snapshots=0, warm=True,
+          kernels="auto"):
     from moepack.runtime.engine import Engine, EngineError
 
     try:
         _check_budget(file, budget, ctx, kv)
         return Engine(str(file), budget=budget, threads=threads, ctx=ctx, kv=kv,
                       prefetch=prefetch, o_direct=o_direct, cache_policy=cache_policy,
-                      verify_reads=verify_reads, snapshots=snapshots, warm=warm)
+                      verify_reads=verify_reads, snapshots=snapshots, warm=warm,
+                      kernels=kernels)
     except EngineError as e:
         _engine_fail(e, as_json, f"{file}: ")
     except (ValueError, OSError) as e:
@@ -309,6 +317,7 @@ def run_cmd(
         callback=choice("lfu", "lru"), help="lfu or lru.")] = "lfu",
     verify_reads: Annotated[bool, typer.Option(
         "--verify-reads", help="Check every expert record's BLAKE3 when read.")] = False,
+    kernels: KernelsOpt = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object at the end.")] = False,
 ) -> None:
     """Generate text: streams tokens, then prints a stats line."""
@@ -321,7 +330,7 @@ def run_cmd(
         fail("empty prompt")
     eng = _open(file, budget=budget, threads=threads, ctx=ctx, kv=kv, prefetch=prefetch,
                 o_direct=o_direct, cache_policy=cache_policy, verify_reads=verify_reads,
-                as_json=as_json, warm=warm)
+                as_json=as_json, warm=warm, kernels=kernels)
     # the last sampled token is never fed: prompt + n - 1 positions (refused before any work,
     # so that --json never loses tokens to a context that fills midway)
     need = len(ids) + max(n - 1, 0)
@@ -419,6 +428,7 @@ def eval_cmd(
     budget: BudgetOpt = None,
     ctx: CtxOpt = None,
     kv: KvOpt = None,
+    kernels: KernelsOpt = "auto",
 ) -> None:
     """Teacher-forced logits for every position, saved as a float32 .npy."""
     from moepack.runtime.engine import EngineError
@@ -430,7 +440,8 @@ def eval_cmd(
     if problem:
         raise typer.BadParameter(problem, param_hint="'--logits'")
     _require_file(file)
-    eng = _open(file, budget=budget, threads=threads, ctx=max(ctx or 0, len(ids)), kv=kv)
+    eng = _open(file, budget=budget, threads=threads, ctx=max(ctx or 0, len(ids)), kv=kv,
+                kernels=kernels)
     try:
         with eng:
             out = eng.logits(ids)
@@ -454,6 +465,7 @@ def chat_cmd(
     threads: ThreadsOpt = None,
     ctx: CtxOpt = None,
     kv: KvOpt = None,
+    kernels: KernelsOpt = "auto",
 ) -> None:
     """Interactive chat with the container's chat template (KV cache kept across turns).
 
@@ -467,7 +479,8 @@ def chat_cmd(
     tok = _tokenizer(file, False)
     if not tok.chat_template:
         fail("the container has no chat template")
-    eng = _open(file, budget=budget, threads=threads, ctx=ctx, kv=kv, snapshots=1)
+    eng = _open(file, budget=budget, threads=threads, ctx=ctx, kv=kv, snapshots=1,
+                kernels=kernels)
     messages = [{"role": "system", "content": system}] if system else []
     reuse = PrefixReuse(eng)  # KV truncation, or the linear-attention state of the last turn
     stop = [tok.eos_id] if tok.eos_id is not None else []

@@ -159,6 +159,8 @@ def _library() -> C.CDLL:
         getattr(lib, f).argtypes = [_P]
     lib.mp_kernels.argtypes = [_P]
     lib.mp_kernels.restype = C.c_char_p
+    lib.mp_kernels_available.argtypes = [C.c_int]
+    lib.mp_kernels_available.restype = C.c_int
     lib.mp_threads.argtypes = [_P]
     lib.mp_threads.restype = C.c_int
     lib.mp_kv_type.argtypes = [_P]
@@ -231,6 +233,12 @@ def _open_refusal(lib: C.CDLL, path: str | os.PathLike, cfg: _Config, rc: int) -
     if cfg.ctx > p.max_pos:
         return {"refusal": "context_too_long", "max_ctx": min(p.max_ctx, p.max_pos)}
     return {}
+
+
+def available_kernels() -> list[str]:
+    """The kernel paths this CPU (and OS) can run, "auto" first (KERNELS' names)."""
+    lib = _library()
+    return [k for k, v in KERNELS.items() if lib.mp_kernels_available(v)]
 
 
 def parse_bytes(v: int | str | None) -> int:
@@ -342,6 +350,10 @@ class Engine:
         if kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {list(KERNELS)}")
         cfg.kernels = KERNELS["scalar" if scalar_kernels else kernels]
+        if not self._lib.mp_kernels_available(cfg.kernels):
+            runs = ", ".join(k for k in available_kernels() if k != "auto")
+            raise EngineError(f"kernels {kernels}: this CPU cannot run that path (it runs "
+                              f"{runs})", MP_EUNSUPPORTED)
         cfg.chunk = _c_int("chunk", chunk, 1, 512)  # moepack.h: 1..512
         cfg.kv = _kv_code(kv)
         # state snapshots the caller keeps (PrefixReuse keeps this many): in the floor

@@ -44,6 +44,7 @@ class ServeConfig:
     ctx: int | None = None
     kv: str | None = None  # KV cache entries: "f32", "f16" or None (the engine's default)
     threads: int | None = None
+    kernels: str = "auto"  # the compute path (engine.KERNELS)
     max_queue: int = 16
     max_body: int = 4 << 20
 
@@ -81,7 +82,7 @@ class Server:
         self.tok = Tokenizer.from_container(cfg.path)
         # PrefixReuse keeps one linear-attention state snapshot: counted in the floor
         self.engine = Engine(cfg.path, budget=cfg.budget, threads=cfg.threads, ctx=cfg.ctx,
-                             kv=cfg.kv, snapshots=1)
+                             kv=cfg.kv, snapshots=1, kernels=cfg.kernels)
         self.vocab = Vocab(self.tok, self.engine.vocab_size)
         self.prep = Preparer(self.tok, self.vocab, self.engine.ctx)
         self.metrics = Metrics()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from moepack.runtime.cli import BudgetOpt, CtxOpt, FileArg, KvOpt, ThreadsOpt
+from moepack.runtime.cli import BudgetOpt, CtxOpt, FileArg, KernelsOpt, KvOpt, ThreadsOpt
 
 from moepack.cliargs import fail, file_problem, utf8_text
 
@@ -22,6 +22,7 @@ def serve_cmd(
     ctx: CtxOpt = None,
     kv: KvOpt = None,
     threads: ThreadsOpt = None,
+    kernels: KernelsOpt = "auto",
     max_queue: Annotated[int, typer.Option(
         "--max-queue", min=0, help="Requests waiting behind the running one; more get 429.")] = 16,
     max_body: Annotated[int, typer.Option(
@@ -42,8 +43,8 @@ def serve_cmd(
     if problem:
         fail(problem)
     cfg = ServeConfig(path=str(file), model_id=model_name or file.stem, api_key=api_key,
-                      budget=budget, ctx=ctx, kv=kv, threads=threads, max_queue=max_queue,
-                      max_body=max_body)
+                      budget=budget, ctx=ctx, kv=kv, threads=threads, kernels=kernels,
+                      max_queue=max_queue, max_body=max_body)
     try:
         app = create_app(cfg)
     except FormatError as e:  # the tokenizer's reader refused the container

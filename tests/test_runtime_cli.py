@@ -193,6 +193,37 @@ def test_context_full_at_the_models_longest_does_not_suggest_ctx(mixtral):
     assert "--ctx" not in r.output, r.output
 
 
+def test_kernels_option_gives_the_same_logits_on_every_path(mixtral, tmp_path):
+    """--kernels picks the compute path (run --json names it); every path gives the same bits."""
+    from moepack.runtime.cli import KERNEL_PATHS
+    from moepack.runtime.engine import KERNELS, available_kernels
+
+    assert KERNEL_PATHS == tuple(KERNELS)
+    toks = ",".join(str(3 + i % 64) for i in range(40))
+    logits = {}
+    for k in available_kernels():
+        r = _run("eval", mixtral, "--tokens", toks, "--logits", tmp_path / f"{k}.npy",
+                 "--kernels", k)
+        assert r.exit_code == 0, r.output
+        logits[k] = np.load(tmp_path / f"{k}.npy")
+        r = _run("run", mixtral, "--tokens", "5", "-n", 1, "--kernels", k, "--json")
+        assert k == "auto" or json.loads(r.output)["stats"]["kernels"] == k, r.output
+    assert "scalar" in logits and all(np.array_equal(v, logits["auto"]) for v in logits.values())
+
+
+def test_kernels_this_cpu_lacks_are_refused_in_one_line(mixtral, monkeypatch):
+    from moepack.runtime.engine import KERNELS, _library
+
+    lib = _library()
+    real = lib.mp_kernels_available
+    monkeypatch.setattr(lib, "mp_kernels_available",
+                        lambda k: 0 if k == KERNELS["avx512amx"] else real(k))
+    r = _run("run", mixtral, "w5", "--kernels", "avx512amx")
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 1 and len(lines) == 1, r.output
+    assert "kernels avx512amx" in lines[0] and "scalar" in lines[0], r.output
+
+
 def test_budget_above_usable_ram_warns(mixtral):
     r = _run("plan", mixtral, "--budget", "1000T")
     assert r.exit_code == 0 and "above usable RAM" in r.output

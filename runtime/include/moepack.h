@@ -174,6 +174,9 @@ MP_API int mp_context_size(const mp_engine *e);
 MP_API int mp_position(const mp_engine *e); /* tokens currently in the KV cache */
 /* Kernels this engine computes with: "avx2" or "scalar" (chosen per engine at mp_open). */
 MP_API const char *mp_kernels(const mp_engine *e);
+/* 1 when this CPU (and OS) can run mp_config.kernels = kernels (MP_KERNELS_AUTO: always), else
+ * 0: mp_open would refuse it with MP_EUNSUPPORTED. */
+MP_API int mp_kernels_available(int kernels);
 /* Compute threads this engine runs (mp_config.threads, or the usable cores when 0). */
 MP_API int mp_threads(const mp_engine *e);
 /* KV cache entry type this engine stores: "f16" or "f32" (mp_config.kv or the default). */

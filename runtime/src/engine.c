@@ -448,6 +448,7 @@ int mp_vocab_size(const mp_engine *e) { return (int)e->cfg.vocab; }
 int mp_context_size(const mp_engine *e) { return e->plan.ctx; }
 int mp_position(const mp_engine *e) { return e->pos; }
 const char *mp_kernels(const mp_engine *e) { return mpk_impl_name(e->kern); }
+int mp_kernels_available(int kernels) { return mpk_select(kernels) != NULL; }
 int mp_threads(const mp_engine *e) { return mpk_pool_threads(e->pool); }
 const char *mp_kv_type(const mp_engine *e) { return e->plan.kv == MP_KV_F16 ? "f16" : "f32"; }
 void mp_reset(mp_engine *e) { e->pos = 0; }
