@@ -78,7 +78,7 @@ def _open(path: str | Path) -> Container:
     try:
         return Container.open(path)
     except FormatError as e:  # the reader's message names the field, not the file
-        raise ConvertError(f"{path}: {e}") from None
+        raise ConvertError(f"{path}: {e.with_code()}") from None
 
 
 def _check_trunk(c: Container, name: str, shape: tuple[int, ...]) -> None:

@@ -17,7 +17,7 @@ def read_container_id(path: Path) -> tuple[str, int]:
         with Container.open(path) as c:
             return c.id, c.alignment
     except FormatError as e:
-        raise FetchError(f"{path}: not a moepack container: {e}") from e
+        raise FetchError(f"{path}: {e.with_code()}") from e
 
 
 def peek_container_id(path: Path) -> str | None:

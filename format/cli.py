@@ -58,8 +58,10 @@ def info(
     try:
         with Container.open(file) as c:
             data = container_info(c)
-    except (FormatError, OSError) as e:
-        fail(f"{file}: {e}")  # one line, no terminal escapes from the file
+    except FormatError as e:
+        fail(f"{file}: {e.with_code()}")  # one line, no terminal escapes from the file
+    except OSError as e:
+        fail(f"{file}: {e}")
     if as_json:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:

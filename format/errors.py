@@ -97,6 +97,11 @@ class FormatError(ValueError):
         super().__init__(message)
         self.code, self.field, self.offset = code, field, offset
 
+    def with_code(self) -> str:
+        """The message, then the code in brackets: the error line of every command (the
+        engine's refusals print the same, EngineError.with_code)."""
+        return f"{self} [{self.code}]"
+
 
 def reject(code: str, field: str | None, why: str, offset: int | None = None) -> FormatError:
     """The FormatError `FIELD[ at offset N]: WHY` (just WHY without a field)."""

@@ -96,7 +96,8 @@ def _check_layout_flag(w: str, codec: dict, h: Header) -> None:
     """rvq codes are tiled since 1.1 (CODECS.md §3); a 1.0 file's rows would be misread."""
     if codec["name"] == "rvq" and not h.flags & FLAG_RVQ_TILED:
         raise reject("needs_reconversion", f"{w}.codec", "rvq codes without header flag bit 0 "
-                     "(64-row tiles): the file was made by format 1.0 and must be reconverted")
+                     "(64-row tiles): the file was made by format 1.0 and must be reconverted: "
+                     "run `moepack convert` on its source checkpoint again")
 
 
 def _check_tensor(w: str, s: dict[str, Any], h: Header) -> None:

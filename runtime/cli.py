@@ -196,7 +196,9 @@ def plan_cmd(
         _require_file(file)
         try:
             p = plan(str(file), ctx, kv, b, ram, threads=threads)
-        except (EngineError, ValueError, OSError) as e:
+        except EngineError as e:  # with its format code, as run prints it
+            fail(f"{file}: {e.with_code()}")
+        except (ValueError, OSError) as e:
             fail(f"{file}: {e}")
     verdict = None
     if b is not None:

@@ -254,3 +254,25 @@ def test_rvq_files_carry_the_tile_flag_and_1_0_rvq_is_refused(tmp_path: Path) ->
     _set_flags(rvq, 3)
     with pytest.raises(FormatError, match="unknown required flag bits 0x0002"):
         Container.open(rvq)
+
+
+def test_every_command_tells_to_reconvert_a_1_0_file(tmp_path: Path) -> None:
+    """One message for a 1.0 file from every command that opens it: the rule, what to do
+    (`moepack convert` again) and, on error lines, its stable code."""
+    from hostile_snapshot import cli
+    from spec_vectors import VECTORS
+
+    old = VECTORS / "invalid" / "rvq_format_1_0.moepack"
+    for args in (["info", old], ["info", "--json", old], ["plan", old], ["run", old, "w"],
+                 ["run", old, "--tokens", "1", "--json"], ["chat", old],
+                 ["eval", old, "--tokens", "1", "--logits", tmp_path / "l.npy"],
+                 ["export", old, tmp_path / "out"],
+                 ["torrent", "create", old, "-o", tmp_path / "t.torrent"], ["verify", old]):
+        rc, output = cli(*args)
+        lines = [ln for ln in output.splitlines() if "format 1.0" in ln]
+        assert rc == (2 if args[0] == "verify" else 1) and len(lines) == 1, (args, output)
+        assert "Traceback" not in output and "run `moepack convert`" in lines[0], (args, output)
+        if args[0] == "run" and "--json" in args:
+            assert json.loads(output)["error"]["code"] == "needs_reconversion", output
+        elif args[0] != "verify":  # verify's own line, `not verifiable: ...`, has no code
+            assert lines[0].endswith("[needs_reconversion]"), (args, output)

@@ -79,7 +79,7 @@ def test_auto_piece_size_rule(size: int, alignment: int, piece: int) -> None:
 def test_bad_inputs_are_refused(container: tuple[Path, str], tmp_path: Path) -> None:
     junk = tmp_path / "junk.moepack"
     junk.write_bytes(b"\x01" * 5000)
-    with pytest.raises(FetchError, match="junk.moepack: not a moepack container"):
+    with pytest.raises(FetchError, match=r"junk.moepack: .*\[bad_magic\]"):
         create_torrent(junk)
     with pytest.raises(FetchError, match="power of two"):
         create_torrent(container[0], piece_size=3 * 16 * KiB)

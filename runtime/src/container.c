@@ -314,7 +314,7 @@ static int check_common(E *e, mp_container *c, size_t i, const mp_json *s, sec *
 /* rvq codes are tiled since 1.1; a 1.0 file (no flag bit 0) would be misread, so it is refused */
 static int check_layout_flag(E *e, uint32_t flags, const mp_codec_info *ci, const char *where) {
     if (ci->kind == MP_CODEC_RVQ && !(flags & FLAG_RVQ_TILED))
-        return FAIL("needs_reconversion", "%s.codec: rvq codes without header flag bit 0 (64-row tiles): the file was made by format 1.0 and must be reconverted", where);
+        return FAIL("needs_reconversion", "%s.codec: rvq codes without header flag bit 0 (64-row tiles): the file was made by format 1.0 and must be reconverted: run `moepack convert` on its source checkpoint again", where);
     return 0;
 }
 
