@@ -222,8 +222,10 @@ def plan_cmd(
                  f"({p['moe_layers']} MoE layers x top-{p['top_k']})"),
                 ("all experts (on disk)", f"{format_size(p['experts_bytes'])} "
                  f"({p['expert_count']} records of {format_size(p['expert_record_bytes'])})"),
-                ("prompt chunk", f"16 tokens in the floor, up to {p['max_chunk']} "
-                 f"(+{format_size(p['chunk_token_bytes'])} per token, from the budget)"),
+                ("prompt chunk", f"16 tokens in the floor, up to {p['held_chunk']} held "
+                 f"(+{format_size(p['chunk_token_bytes'])} per token, from the budget); a "
+                 f"longer prompt's passes, up to {p['max_chunk']} tokens, borrow the expert "
+                 "cache when that reads fewer experts"),
                 ("pinned experts", f"{format_size(p['pinned_expert_bytes'])} "
                  f"({_pinned_groups(p)} x top-{p['top_k']} records, in the floor)"),
                 ("floor", format_size(p["floor_bytes"])),
@@ -239,7 +241,10 @@ def plan_cmd(
                  f"the floor and {p['default_chunk']}-token chunks)" + (
                      "; holds every expert: all are read in the background from open (--no-warm "
                      "turns that off)" if p["default_cache_bytes"] >= p["experts_bytes"] else "")
-                 if p["default_bytes"] else "none: no default budget")]
+                 if p["default_bytes"] else "none: no default budget"),
+                *([("with --budget", f"{format_size(b)}: expert cache "
+                    f"{format_size(p['budget_cache_bytes'])}, {p['budget_chunk']}-token chunks")]
+                  if b is not None and b >= p["floor_bytes"] else [])]
         if "container_bytes" in p:
             rows.insert(0, ("container (planned)", f"{format_size(p['container_bytes'])} "
                             f"({p['container_bytes']} bytes, as convert would write it)"))
@@ -248,8 +253,9 @@ def plan_cmd(
     if verdict == "below_floor":
         fits = (f"the longest context that fits is {p['max_ctx']} tokens (--ctx)"
                 if p["max_ctx"] else "not even one token of context fits")
-        fail(f"budget {format_size(b)} is below the floor: this model needs at least "
-              f"{format_size(p['floor_bytes'])} for ctx {p['ctx']}; {fits}")
+        fail(f"budget {format_size(b)} ({b} bytes) is below the floor: this model needs at "
+             f"least {format_size(p['floor_bytes'])} ({p['floor_bytes']} bytes) for ctx "
+             f"{p['ctx']}; {fits}")
     if verdict == "above_usable_ram":
         _err.print(f"[yellow]warning:[/yellow] budget {format_size(b)} is above usable RAM "
                    f"{format_size(p['usable_ram_bytes'])}")

@@ -116,7 +116,8 @@ class _Plan(C.Structure):
         ("chunk_token_bytes", C.c_uint64), ("max_chunk", C.c_int), ("state_bytes", C.c_uint64),
         ("kv", C.c_int), ("kv_token_bytes", C.c_uint64), ("max_pos", C.c_int), ("max_ctx", C.c_int),
         ("pinned_expert_bytes", C.c_uint64), ("default_cache_bytes", C.c_uint64),
-        ("default_chunk", C.c_int), ("snapshot_bytes", C.c_uint64)]
+        ("default_chunk", C.c_int), ("snapshot_bytes", C.c_uint64), ("held_chunk", C.c_int),
+        ("budget_chunk", C.c_int), ("budget_cache_bytes", C.c_uint64)]
 
 
 class _Stats(C.Structure):
@@ -130,7 +131,7 @@ class _Stats(C.Structure):
                 ("cache_capacity_bytes", C.c_uint64), ("cache_capacity_experts", C.c_int),
                 ("chunk", C.c_int), ("cache_peak_bytes", C.c_uint64),
                 ("expert_peak_bytes", C.c_uint64), ("warm_reads", C.c_uint64),
-                ("warming", C.c_int)]
+                ("warming", C.c_int), ("longest_pass", C.c_int)]
 
 
 class _Sampler(C.Structure):
@@ -354,7 +355,7 @@ class Engine:
             runs = ", ".join(k for k in available_kernels() if k != "auto")
             raise EngineError(f"kernels {kernels}: this CPU cannot run that path (it runs "
                               f"{runs})", MP_EUNSUPPORTED)
-        cfg.chunk = _c_int("chunk", chunk, 1, 512)  # moepack.h: 1..512
+        cfg.chunk = _c_int("chunk", chunk, 1)  # moepack.h: 1..ctx (the engine checks the upper end)
         cfg.kv = _kv_code(kv)
         # state snapshots the caller keeps (PrefixReuse keeps this many): in the floor
         cfg.snapshots = _c_int("snapshots", snapshots, 0, MAX_SNAPSHOTS)

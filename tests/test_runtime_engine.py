@@ -238,7 +238,7 @@ def test_chunk_is_planned_and_checked(mixtral):
     with pytest.raises(BudgetError, match="too small for chunks of 200 tokens"):
         Engine(mixtral, budget=p["floor_bytes"], ctx=256, chunk=200)
     with pytest.raises(ValueError):
-        Engine(mixtral, chunk=513)
+        Engine(mixtral, chunk=0.5)
 
 
 def test_each_compute_thread_has_its_task_buffer_in_the_scratch(mixtral):
@@ -411,6 +411,32 @@ def test_resident_memory_stays_within_the_budget(tmp_path):
     budget = p["floor_bytes"] + 4 * p["expert_record_bytes"]
     m = peak_growth(path, [1, 2, 3, 4], 24, budget=budget, ctx=64, threads=2)
     assert m["stats"]["cache_misses"] > 0
+    assert m["peak"] <= budget, (m["peak"], budget)
+
+
+def test_long_prompt_borrows_the_expert_cache_for_longer_passes(tmp_path):
+    """A prompt several held chunks long, with a cache of a quarter of the experts: its passes
+    take buffers from the cache (fewer passes, each reading what the cache lacks), the logits
+    are the bits of the held chunk's passes, the cache gets its budget back, and the process
+    stays within the budget."""
+    from moepack.format.synthetic import mixtral_spec, write_synthetic
+
+    path = tmp_path / "syn.moepack"
+    write_synthetic(path, mixtral_spec(layers=2, experts=32, hidden=512, inter=1024, vocab=256))
+    p = plan(path, 512, threads=2)
+    budget = p["floor_bytes"] + 16 * p["expert_record_bytes"]
+    toks = _tokens(500, seed=3)
+    with Engine(path, ctx=512, budget=budget, threads=2) as e:
+        grown, s = e.logits(toks), e.stats()
+        e.logits(toks[:50])  # fits the held chunk: nothing borrowed
+        assert e.stats()["cache_capacity_bytes"] == s["cache_capacity_bytes"]
+    with Engine(path, ctx=512, budget=budget, threads=2, chunk=s["chunk"]) as e:
+        held, h = e.logits(toks), e.stats()
+    assert s["chunk"] < s["longest_pass"] < len(toks) and h["longest_pass"] == s["chunk"]
+    assert s["bytes_read"] < h["bytes_read"], (s["bytes_read"], h["bytes_read"])
+    assert np.array_equal(grown, held)
+    m = peak_growth(path, toks, 4, budget=budget, ctx=512, threads=2)
+    assert m["stats"]["longest_pass"] > m["stats"]["chunk"]
     assert m["peak"] <= budget, (m["peak"], budget)
 
 

@@ -52,9 +52,10 @@ typedef struct mp_config {
     int cache_experts;     /* -1 = size the cache from the budget; >= 0 = at most this many */
     int kernels;           /* MP_KERNELS_*: compute path for this engine only (results are
                               bit-identical on every path); 0 = the best the CPU runs */
-    int chunk;             /* prompt tokens per forward pass (1..512); 0 = from the memory plan:
+    int chunk;             /* prompt tokens per forward pass (1..ctx); 0 = from the memory plan:
                               16 plus what the budget above the floor pays for after all experts,
-                              or at least half of it (up to min(512, ctx)) */
+                              or at least half of it (up to min(512, ctx)) held between calls,
+                              and a longer prompt's passes borrow the expert cache (mp_eval) */
     int kv;                /* MP_KV_*: KV cache entry type; 0 = the default (MP_KV_DEFAULT) */
     uint64_t ram_bytes;    /* plan against this much usable RAM (another machine's); 0 = this
                               machine's (physical, cgroup limits, available) */
@@ -105,7 +106,8 @@ typedef struct mp_plan_info {
     uint64_t experts_bytes;    /* all routed-expert records (what streams from disk) */
     uint64_t expert_count;     /* routed experts over all MoE layers */
     uint64_t chunk_token_bytes;/* scratch per prompt-chunk token beyond the floor's 16 */
-    int max_chunk;             /* the largest prompt chunk (min(512, ctx)) */
+    int max_chunk;             /* the longest pass of a prompt (ctx; above the held chunk its
+                                  buffers are borrowed from the expert cache) */
     uint64_t state_bytes;      /* linear-attention conv + recurrent state (part of kv_bytes) */
     int kv;                    /* MP_KV_F32 or MP_KV_F16: the entry type planned */
     uint64_t kv_token_bytes;   /* KV cache bytes per token of context (all layers) */
@@ -120,6 +122,9 @@ typedef struct mp_plan_info {
     int default_chunk;         /* the prompt chunk the default budget gets */
     uint64_t snapshot_bytes;   /* mp_config.snapshots x state_bytes: state snapshots the caller
                                   keeps, part of floor_bytes (0 without linear attention) */
+    int held_chunk;            /* the longest chunk a budget keeps between calls (min(512, ctx)) */
+    int budget_chunk;          /* with mp_config.budget_bytes: the chunk that budget gets, and */
+    uint64_t budget_cache_bytes; /* its expert cache (0 below the floor or without a budget) */
 } mp_plan_info;
 
 typedef struct mp_stats {
@@ -139,6 +144,8 @@ typedef struct mp_stats {
                                     cache + pinned beyond it + recycled (<= capacity + pinned) */
     uint64_t warm_reads;         /* warm-up reads issued (mp_config.warm; included in bytes_read) */
     int warming;                 /* 1 while the warm-up has records left to read or in flight */
+    int longest_pass;            /* most prompt tokens in one forward pass since open: above
+                                    `chunk` when a long prompt borrowed the expert cache */
 } mp_stats;
 
 typedef struct mp_sampler {

@@ -413,6 +413,21 @@ void mpe_prefetch(mp_experts *e, int layer, const int *experts, int n) {
     pthread_mutex_unlock(&e->mu);
 }
 
+void mpe_set_budget(mp_experts *e, uint64_t budget_bytes) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->opt.budget_bytes = budget_bytes;
+    /* records still loading cannot be evicted: wait for them, then evict by policy */
+    while (e->used > budget_bytes) {
+        if (make_room(e, 0) == 0) break;
+        int loading = 0;
+        for (size_t i = 0; i < e->ncached && !loading; i++) loading = e->cached[i]->state == ST_LOADING;
+        if (!loading) break; /* only pinned records are left: the caller holds none between passes */
+        pthread_cond_wait(&e->cv, &e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
 void mpe_stats(mp_experts *e, mp_expert_stats *out) {
     if (!e || !out) return;
     pthread_mutex_lock(&e->mu);

@@ -82,6 +82,9 @@ int mpe_acquire(mp_experts *e, int layer, const int *experts, int n, const uint8
 void mpe_release(mp_experts *e, int layer, const int *experts, int n);
 void mpe_prefetch(mp_experts *e, int layer, const int *experts, int n);
 
+/* A new budget for the cached records: a smaller one evicts by policy at once (waiting for
+ * records still being read), a larger one fills as records are used.  Pinned records stay. */
+void mpe_set_budget(mp_experts *e, uint64_t budget_bytes);
 void mpe_stats(mp_experts *e, mp_expert_stats *out);
 void mpe_reset_stats(mp_experts *e); /* zero the counters (hits .. evictions) */
 

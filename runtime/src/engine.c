@@ -30,7 +30,13 @@ struct mp_engine {
     mp_plan_info plan;
     uint64_t budget, cache_bytes;
     int cache_experts;
-    int chunk; /* prompt tokens per forward pass */
+    int chunk;       /* prompt tokens per forward pass between calls */
+    int fixed_chunk; /* the caller asked for `chunk`: no pass is longer */
+    uint64_t room;   /* the cache's bytes plus what cache_experts left unused: what a longer
+                      * prompt's passes may borrow (mp_eval) */
+    uint64_t experts_bytes, keep_bytes; /* every record; the cache a borrowing pass keeps */
+    int longest_pass;
+    mpm_expert_io io;
     double prompt_s, decode_s, io_wait0;
     uint64_t prompt_tok, decode_tok;
     char err[512];
@@ -91,6 +97,9 @@ static uint64_t chunk_extra(const mp_plan_info *p, int chunk) {
     return chunk > MPM_CHUNK ? (uint64_t)(chunk - MPM_CHUNK) * p->chunk_token_bytes : 0;
 }
 
+/* the longest chunk the plan holds between calls */
+static int held_chunk(const mp_plan_info *p) { return p->ctx < MPM_HELD_CHUNK ? p->ctx : MPM_HELD_CHUNK; }
+
 /* The prompt chunk a total budget pays for when none is asked: 16 plus what the room above the
  * floor buys, taking what all experts leave of it, at least half (the rest is cache), and up to
  * three quarters when that buys the longest chunk: a prompt that takes two passes reads each
@@ -101,11 +110,12 @@ static int planned_chunk(const mpm_config *cfg, const mp_plan_info *p, uint64_t 
     uint64_t room = total > p->floor_bytes ? total - p->floor_bytes : 0;
     uint64_t left = room > p->experts_bytes ? room - p->experts_bytes : 0;
     uint64_t part = left > room / 2 ? left : room / 2;
-    const uint64_t longest = chunk_extra(p, p->max_chunk);
+    const uint64_t longest = chunk_extra(p, held_chunk(p));
     if (part < longest && longest <= room / 4 * 3) part = longest;
     uint64_t more = p->chunk_token_bytes ? part / p->chunk_token_bytes : 0;
-    int chunk = MPM_CHUNK + (more < MPM_MAX_CHUNK ? (int)more : MPM_MAX_CHUNK);
-    if (chunk > p->max_chunk) chunk = p->max_chunk > MPM_CHUNK ? p->max_chunk : MPM_CHUNK;
+    const int held = held_chunk(p);
+    int chunk = MPM_CHUNK + (more < (uint64_t)held ? (int)more : held);
+    if (chunk > held) chunk = held > MPM_CHUNK ? held : MPM_CHUNK;
     if (cfg->n_linear && cfg->la_chunk > 1 && chunk >= cfg->la_chunk) chunk -= chunk % cfg->la_chunk;
     return chunk;
 }
@@ -182,7 +192,7 @@ static int plan_for(const mp_container *c, const mpm_config *model, const mp_con
     /* the floor holds 16-token prompt chunks; a bigger chunk costs chunk_token_bytes a token */
     p->scratch_bytes = chunk_bytes(cfg, MPM_CHUNK, stages) + (uint64_t)cfg->n_heads * (uint64_t)ctx * 4u;
     p->chunk_token_bytes = chunk_bytes(cfg, MPM_CHUNK + 1, stages) - chunk_bytes(cfg, MPM_CHUNK, stages);
-    p->max_chunk = ctx < MPM_MAX_CHUNK ? ctx : MPM_MAX_CHUNK;
+    p->max_chunk = ctx; /* a prompt's pass, borrowing from the expert cache (mp_eval) */
     p->scratch_bytes += mpm_linear_scratch_bytes(cfg); /* per token, whatever the chunk */
     p->scratch_bytes += (uint64_t)plan_threads(want) * task_bytes(c); /* each thread's task buffer */
     p->scratch_bytes += mpc_held_bytes(c); /* the container's index, read and parsed */
@@ -194,7 +204,7 @@ static int plan_for(const mp_container *c, const mpm_config *model, const mp_con
     p->usable_ram_bytes = ram ? ram : mp_usable_ram(&ri);
     /* the default budget also pays for the largest chunk when RAM allows (the cache still gets
      * every expert it can) */
-    uint64_t max_extra = chunk_extra(p, p->max_chunk);
+    uint64_t max_extra = chunk_extra(p, held_chunk(p));
     mp_budget_in in = {p->usable_ram_bytes, p->floor_bytes + max_extra, p->experts_bytes,
                        mp_default_headroom(p->usable_ram_bytes)};
     mp_budget_out out;
@@ -208,6 +218,12 @@ static int plan_for(const mp_container *c, const mpm_config *model, const mp_con
         p->default_chunk = planned_chunk(cfg, p, p->default_bytes);
         uint64_t used = p->floor_bytes + chunk_extra(p, p->default_chunk);
         p->default_cache_bytes = p->default_bytes > used ? p->default_bytes - used : 0;
+    }
+    p->held_chunk = held_chunk(p);
+    if (budget >= p->floor_bytes) { /* what mp_open gives that budget */
+        p->budget_chunk = planned_chunk(cfg, p, budget);
+        uint64_t used = p->floor_bytes + chunk_extra(p, p->budget_chunk);
+        p->budget_cache_bytes = budget > used ? budget - used : 0;
     }
     p->max_ctx = fitting_ctx(cfg, p, budget ? budget : p->usable_ram_bytes);
     return 0;
@@ -368,10 +384,11 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     /* prompt chunk: asked for, or 16 plus what the budget above the floor pays for (a bigger
      * chunk reads each layer's experts once for more tokens; the rest is cache) */
     int chunk = cfg.chunk;
-    if (chunk < 0 || chunk > MPM_MAX_CHUNK) {
-        rc = mp_seterr(err, errlen, MP_EINVAL, "chunk %d: must be 1..%d (0 = from the memory plan)", chunk, MPM_MAX_CHUNK);
+    if (chunk < 0) {
+        rc = mp_seterr(err, errlen, MP_EINVAL, "chunk %d: must be 1 or more (0 = from the memory plan)", chunk);
         goto fail;
     }
+    e->fixed_chunk = chunk > 0;
     if (!chunk) chunk = planned_chunk(&e->cfg, p, total);
     if (chunk > p->max_chunk) chunk = p->max_chunk; /* no pass is longer than the context */
     uint64_t extra = chunk_extra(p, chunk);
@@ -389,7 +406,11 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     uint64_t cache = total > fixed ? total - fixed : 0;
     if (cfg.cache_experts >= 0 && (uint64_t)cfg.cache_experts * p->expert_record_bytes < cache)
         cache = (uint64_t)cfg.cache_experts * p->expert_record_bytes;
+    e->room = total > fixed ? total - fixed : 0;
     e->cache_bytes = cache;
+    e->experts_bytes = p->experts_bytes;
+    /* two acquire groups: the next group's prefetch then finds room while one is pinned */
+    e->keep_bytes = 2u * (uint64_t)p->top_k * p->expert_record_bytes;
     uint64_t records = p->expert_record_bytes ? cache / p->expert_record_bytes : 0;
     e->cache_experts = records < INT32_MAX ? (int)records : INT32_MAX;
 
@@ -421,8 +442,8 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     }
     mpm_set_pool(e->model, e->pool);
     mpm_set_kernels(e->model, e->kern);
-    mpm_expert_io io = {e, io_acquire, io_release, cfg.prefetch ? io_prefetch : NULL, e->cache_experts};
-    mpm_set_io(e->model, &io);
+    e->io = (mpm_expert_io){e, io_acquire, io_release, cfg.prefetch ? io_prefetch : NULL, e->cache_experts};
+    mpm_set_io(e->model, &e->io);
     mpm_set_lookahead(e->model, cfg.prefetch);
     *out = e;
     return MP_OK;
@@ -495,18 +516,57 @@ static size_t first_nonfinite(const float *l, size_t n) {
     return n;
 }
 
-int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int all_positions) {
-    if (!e) return MP_EINVAL;
-    if (!tokens && n) return mp_seterr(e->err, sizeof e->err, MP_EINVAL, "mp_eval: %zu tokens but no token array", n);
-    if (n > (size_t)(e->plan.ctx - e->pos)) {
-        snprintf(e->err, sizeof e->err, "context full: %d + %zu tokens > ctx %d", e->pos, n, e->plan.ctx);
-        return MP_ECTX;
+/* Bytes a pass over a long prompt reads with `cache` bytes of cache, an estimate: such a pass
+ * touches every expert, and the cache keeps the same ones across passes */
+static uint64_t pass_reads(const mp_engine *e, uint64_t cache) {
+    return e->experts_bytes > cache ? e->experts_bytes - cache : 0;
+}
+
+/* Tokens a pass of an n-token prompt takes: the held chunk, or a longer one whose buffers take
+ * the room of the expert cache (all but two acquire groups, or with every expert cached only
+ * what they leave) when that reads fewer expert bytes in all: p passes each read what the cache
+ * lacks, plus what it gave up, read again later.  Equal passes, a multiple of the linear
+ * attention's sub-chunk. */
+static int pass_tokens(const mp_engine *e, size_t n) {
+    const int held = e->chunk;
+    const uint64_t ctb = e->plan.chunk_token_bytes;
+    if (e->fixed_chunk || !e->ex || n <= (size_t)held || !ctb) return held;
+    const int la = e->cfg.n_linear && e->cfg.la_chunk > 1 ? e->cfg.la_chunk : 1;
+    const uint64_t cache = e->cache_bytes, unused = e->room > cache ? e->room - cache : 0;
+    const uint64_t takeable = (cache > e->keep_bytes ? cache - e->keep_bytes : 0) + unused;
+    const uint64_t kept = cache < e->experts_bytes ? cache : e->experts_bytes;
+    const size_t p0 = (n + (size_t)held - 1) / (size_t)held;
+    uint64_t best = (uint64_t)p0 * pass_reads(e, cache);
+    int chunk = held;
+    for (size_t p = 1; p < p0; p++) {
+        size_t c = (n + p - 1) / p;
+        c = (c + (size_t)la - 1) / (size_t)la * (size_t)la;
+        if (c > (size_t)e->plan.ctx || c <= (size_t)held) continue;
+        const uint64_t extra = (uint64_t)(c - (size_t)held) * ctb;
+        if (extra > takeable) continue;
+        const uint64_t left = cache - (extra > unused ? extra - unused : 0);
+        const uint64_t reads = (uint64_t)p * pass_reads(e, left) + (kept - (left < kept ? left : kept));
+        if (reads <= best) {
+            best = reads;
+            chunk = (int)c;
+            break; /* the fewest passes that read no more */
+        }
     }
-    int prompt = n > 1 || e->pos == 0;
-    const int pos0 = e->pos; /* a failed call leaves the sequence as it was */
-    double t0 = mpm_now();
+    return chunk;
+}
+
+/* The cache's budget and what the forward pass plans its acquire groups with */
+static void set_cache(mp_engine *e, uint64_t bytes) {
+    mpe_set_budget(e->ex, bytes);
+    uint64_t records = e->plan.expert_record_bytes ? bytes / e->plan.expert_record_bytes : 0;
+    e->io.cached = records < INT32_MAX ? (int)records : INT32_MAX;
+    mpm_set_io(e->model, &e->io);
+}
+
+/* n tokens in passes of up to C; on failure the sequence is as it was before */
+static int eval_passes(mp_engine *e, const int32_t *tokens, size_t n, size_t C, float *logits, int all_positions) {
+    const int pos0 = e->pos;
     const size_t V = (size_t)e->cfg.vocab;
-    const size_t C = (size_t)e->chunk;
     mpm_state_begin(e->model); /* linear-attention state: committed only if every chunk runs */
     for (size_t i = 0; i < n; i += C) {
         int k = n - i < C ? (int)(n - i) : (int)C;
@@ -534,8 +594,41 @@ int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int al
             return rc;
         }
         e->pos += k;
+        if (k > e->longest_pass) e->longest_pass = k;
     }
     mpm_state_commit(e->model);
+    return MP_OK;
+}
+
+int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int all_positions) {
+    if (!e) return MP_EINVAL;
+    if (!tokens && n) return mp_seterr(e->err, sizeof e->err, MP_EINVAL, "mp_eval: %zu tokens but no token array", n);
+    if (n > (size_t)(e->plan.ctx - e->pos)) {
+        snprintf(e->err, sizeof e->err, "context full: %d + %zu tokens > ctx %d", e->pos, n, e->plan.ctx);
+        return MP_ECTX;
+    }
+    int prompt = n > 1 || e->pos == 0;
+    double t0 = mpm_now();
+    size_t C = (size_t)e->chunk;
+    const int pass = pass_tokens(e, n);
+    if (pass > e->chunk) { /* a long prompt borrows the cache for its chunk's buffers */
+        const uint64_t extra = (uint64_t)(pass - e->chunk) * e->plan.chunk_token_bytes;
+        const uint64_t unused = e->room - e->cache_bytes;
+        set_cache(e, e->cache_bytes - (extra > unused ? extra - unused : 0));
+        if (mpm_set_chunk(e->model, pass) == MP_OK) {
+            C = (size_t)pass;
+        } else { /* no memory for it: the held chunk's passes */
+            set_cache(e, e->cache_bytes);
+            if (mpm_chunk(e->model) != e->chunk) return mp_seterr(e->err, sizeof e->err, MP_ENOMEM, "%s", mpm_error(e->model));
+        }
+    }
+    int rc = eval_passes(e, tokens, n, C, logits, all_positions);
+    if (C > (size_t)e->chunk) {
+        int rc2 = mpm_set_chunk(e->model, e->chunk);
+        set_cache(e, e->cache_bytes);
+        if (rc2 && !rc) rc = mp_seterr(e->err, sizeof e->err, rc2, "%s", mpm_error(e->model));
+    }
+    if (rc) return rc;
     double dt = mpm_now() - t0;
     if (prompt) {
         e->prompt_s += dt;
@@ -546,6 +639,7 @@ int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int al
     }
     return MP_OK;
 }
+
 
 static int is_eos(const mp_engine *e, int32_t t) {
     for (int i = 0; i < e->cfg.n_eos; i++)
@@ -584,6 +678,7 @@ void mp_get_stats(const mp_engine *e, mp_stats *o) {
     o->cache_capacity_bytes = e->cache_bytes;
     o->cache_capacity_experts = e->cache_experts;
     o->chunk = e->chunk;
+    o->longest_pass = e->longest_pass;
     o->prefetches = mpm_prefetches(e->model);
     o->io_wait_seconds = mpm_io_wait_seconds(e->model) - e->io_wait0;
     if (e->ex) {

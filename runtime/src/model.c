@@ -155,35 +155,36 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
            4u * (T * per_tok + fixed + per_layer * (uint64_t)c->n_layers);
 }
 
-static int alloc_scratch(mpm_model *m) {
+/* The buffers whose size is the chunk's: T tokens' activations, routing and the modules' own */
+static void free_chunk_bufs(mpm_model *m) {
+    void *bufs[] = {m->q, m->kbuf, m->vbuf, m->att, m->lat, m->router_logits, m->g, m->u, m->bx,
+                    m->bxn, m->bout, m->bsum, m->bsel, m->bselw, m->uniq};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    m->q = m->kbuf = m->vbuf = m->att = m->lat = m->router_logits = m->g = m->u = NULL;
+    m->bx = m->bxn = m->bout = m->bsum = m->bselw = NULL;
+    m->bsel = NULL;
+    m->uniq = NULL;
+    mpm_moe_chunk_free(m);
+    mpm_k3_chunk_free(m);
+    mpm_hc_chunk_free(m);
+    mpm_dsa_chunk_free(m);
+    mpm_linear_chunk_free(m);
+}
+
+static int alloc_chunk_bufs(mpm_model *m) {
     const mpm_config *c = &m->c;
     int64_t H = c->hidden, I = max64(c->moe_inter, max64(c->dense_inter, c->shared_inter));
     int64_t qdim, kvdim, odim;
     attn_widths(c, &qdim, &kvdim, &odim);
-    int64_t big = max64(H, max64(I, odim));
-    m->xn = xcalloc((uint64_t)H, 4);
     const uint64_t T = (uint64_t)m->chunk;
     m->q = xcalloc(T * (uint64_t)qdim, 4);
     m->kbuf = xcalloc(T * (uint64_t)kvdim, 4);
     m->vbuf = xcalloc(T * (uint64_t)kvdim, 4);
     m->att = xcalloc(T * (uint64_t)odim, 4);
-    m->scores = xcalloc((uint64_t)c->n_heads * (uint64_t)m->ctx, 4);
-    m->cosb = xcalloc((uint64_t)m->rope_dim, 4);
-    m->sinb = xcalloc((uint64_t)m->rope_dim, 4);
-    if (c->mla) {
-        m->qlat = xcalloc((uint64_t)(c->n_heads * (c->kv_lora_rank + c->qk_rope_dim)), 4);
-        m->olat = xcalloc((uint64_t)(c->n_heads * c->kv_lora_rank), 4);
-        m->lat = xcalloc(T * (uint64_t)max64(c->q_lora_rank, kvdim), 4);
-    }
+    if (c->mla) m->lat = xcalloc(T * (uint64_t)max64(c->q_lora_rank, kvdim), 4);
     m->router_logits = xcalloc(T * (uint64_t)c->n_experts, 4);
-    m->eo = xcalloc((uint64_t)big, 4);
     m->g = xcalloc(T * (uint64_t)I, 4);
     m->u = xcalloc(T * (uint64_t)I, 4);
-    m->xr = xcalloc((uint64_t)big, 4);
-    m->ar = xcalloc((uint64_t)big, 4);
-    m->sel = xcalloc((uint64_t)c->top_k, 4);
-    m->selw = xcalloc((uint64_t)c->top_k, 4);
-    m->ahead = xcalloc((uint64_t)c->top_k, 4);
     m->bx = xcalloc(T * (uint64_t)H, 4);
     m->bxn = xcalloc(T * (uint64_t)H, 4);
     m->bout = xcalloc(T * (uint64_t)H, 4);
@@ -191,18 +192,68 @@ static int alloc_scratch(mpm_model *m) {
     m->bsel = xcalloc(T * (uint64_t)c->top_k, 4);
     m->bselw = xcalloc(T * (uint64_t)c->top_k, 4);
     m->uniq = xcalloc(T * (uint64_t)c->top_k, 4);
+    if (!m->q || !m->kbuf || !m->vbuf || !m->att || !m->router_logits || !m->g || !m->u || !m->bx ||
+        !m->bxn || !m->bout || !m->bsum || !m->bsel || !m->bselw || !m->uniq || (c->mla && !m->lat))
+        return -1;
+    if (mpm_config_moe_layers(c) && mpm_moe_chunk_alloc(m)) return -1;
+    if (mpm_k3_chunk_alloc(m) || mpm_hc_chunk_alloc(m) || mpm_linear_chunk_alloc(m)) return -1;
+    if (c->dsa.on && mpm_dsa_chunk_alloc(m)) return -1;
+    return 0;
+}
+
+int mpm_set_chunk(mpm_model *m, int chunk) {
+    if (chunk < 1 || chunk > m->ctx) {
+        snprintf(m->err, sizeof m->err, "chunk of %d tokens (1..%d)", chunk, m->ctx);
+        return MP_EINVAL;
+    }
+    if (chunk == m->chunk && m->q) return MP_OK;
+    /* freed first, so that the old and the new buffers are never held at once (the plan counts
+     * one of them); when the new size fails, the old one is allocated again */
+    const int old = m->chunk;
+    free_chunk_bufs(m);
+    m->chunk = chunk;
+    if (!alloc_chunk_bufs(m)) return MP_OK;
+    free_chunk_bufs(m);
+    m->chunk = old;
+    if (!alloc_chunk_bufs(m)) {
+        snprintf(m->err, sizeof m->err, "out of memory for prompt chunks of %d tokens", chunk);
+        return MP_ENOMEM;
+    }
+    free_chunk_bufs(m);
+    m->chunk = 0; /* no buffers: every pass is refused */
+    snprintf(m->err, sizeof m->err, "out of memory for prompt chunks of %d tokens, and again for %d", chunk, old);
+    return MP_ENOMEM;
+}
+
+static int alloc_scratch(mpm_model *m) {
+    const mpm_config *c = &m->c;
+    int64_t H = c->hidden, I = max64(c->moe_inter, max64(c->dense_inter, c->shared_inter));
+    int64_t qdim, kvdim, odim;
+    attn_widths(c, &qdim, &kvdim, &odim);
+    int64_t big = max64(H, max64(I, odim));
+    m->xn = xcalloc((uint64_t)H, 4);
+    m->scores = xcalloc((uint64_t)c->n_heads * (uint64_t)m->ctx, 4);
+    m->cosb = xcalloc((uint64_t)m->rope_dim, 4);
+    m->sinb = xcalloc((uint64_t)m->rope_dim, 4);
+    if (c->mla) {
+        m->qlat = xcalloc((uint64_t)(c->n_heads * (c->kv_lora_rank + c->qk_rope_dim)), 4);
+        m->olat = xcalloc((uint64_t)(c->n_heads * c->kv_lora_rank), 4);
+    }
+    m->eo = xcalloc((uint64_t)big, 4);
+    m->xr = xcalloc((uint64_t)big, 4);
+    m->ar = xcalloc((uint64_t)big, 4);
+    m->sel = xcalloc((uint64_t)c->top_k, 4);
+    m->selw = xcalloc((uint64_t)c->top_k, 4);
+    m->ahead = xcalloc((uint64_t)c->top_k, 4);
     m->recs = xcalloc((uint64_t)c->top_k, sizeof *m->recs);
     m->aheadw = xcalloc((uint64_t)c->top_k, 4);
     m->choice = xcalloc((uint64_t)c->n_experts, 4);
     m->allowed = xcalloc((uint64_t)c->n_experts, 1);
     if (mpm_config_moe_layers(c) && mpm_moe_alloc(m)) return -1;
     if (mpm_k3_alloc(m) || mpm_hc_alloc(m)) return -1;
-    if (!m->xn || !m->q || !m->kbuf || !m->vbuf || !m->att || !m->scores ||
-        !m->cosb || !m->sinb || !m->router_logits || !m->eo || !m->g || !m->u ||
-        !m->xr || !m->ar || !m->sel || !m->selw || !m->ahead || !m->recs || !m->aheadw || !m->choice ||
-        !m->allowed || !m->bx || !m->bxn || !m->bout || !m->bsum || !m->bsel || !m->bselw ||
-        !m->uniq ||
-        (c->mla && (!m->qlat || !m->olat || !m->lat)))
+    if (!m->xn || !m->scores || !m->cosb || !m->sinb || !m->eo || !m->xr || !m->ar || !m->sel ||
+        !m->selw || !m->ahead || !m->recs || !m->aheadw || !m->choice || !m->allowed ||
+        (c->mla && (!m->qlat || !m->olat)))
         return -1;
     return 0;
 }
@@ -311,7 +362,7 @@ int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void
              int chunk, mpm_model **out, char *err, size_t errlen) {
     *out = NULL;
     if (ctx < 1) return mp_seterr(err, errlen, MP_EINVAL, "context size must be >= 1");
-    if (chunk < 1 || chunk > MPM_MAX_CHUNK) return mp_seterr(err, errlen, MP_EINVAL, "chunk must be 1..%d", MPM_MAX_CHUNK);
+    if (chunk < 1 || chunk > ctx) return mp_seterr(err, errlen, MP_EINVAL, "chunk %d: must be 1..%d (the context)", chunk, ctx);
     mpm_model *m = calloc(1, sizeof *m);
     if (!m) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory");
     m->c = *cfg;
@@ -346,7 +397,7 @@ int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void
         mp_seterr(err, errlen, rc, "out of memory allocating the linear-attention state");
         goto fail;
     }
-    if (mpm_kv_alloc(m) || alloc_scratch(m) || (c->dsa.on && mpm_dsa_alloc(m))) {
+    if (mpm_kv_alloc(m) || alloc_scratch(m) || (c->dsa.on && mpm_dsa_alloc(m)) || alloc_chunk_bufs(m)) {
         rc = mp_seterr(err, errlen, MP_ENOMEM, "out of memory allocating the KV cache / scratch");
         goto fail;
     }
@@ -377,6 +428,7 @@ void mpm_free(mpm_model *m) {
             free(ly->signs[p]);
         }
     }
+    free_chunk_bufs(m);
     mpm_moe_free(m);
     mpm_k3_free(m);
     mpm_hc_free(m);
@@ -386,11 +438,9 @@ void mpm_free(mpm_model *m) {
     free(m->final_norm);
     free(m->inv_freq);
     mpm_kv_free(m);
-    void *bufs[] = {m->xn, m->q, m->kbuf, m->vbuf, m->att, m->scores, m->cosb, m->sinb, m->qlat,
-                    m->olat, m->lat, m->router_logits, m->eo, m->g, m->u, m->xr, m->ar,
-                    m->selw, m->sel, m->bx, m->bxn, m->bout,
-                    m->bsum, m->bsel, m->bselw, m->uniq, m->ahead, (void *)m->recs, m->aheadw,
-                    m->choice, m->allowed, m->c.layer_is_moe};
+    void *bufs[] = {m->xn, m->scores, m->cosb, m->sinb, m->qlat, m->olat, m->eo, m->xr, m->ar,
+                    m->selw, m->sel, m->ahead, (void *)m->recs, m->aheadw, m->choice, m->allowed,
+                    m->c.layer_is_moe};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(m);
 }

@@ -16,7 +16,8 @@
 #define MPM_MAX_EOS 8
 #define MPM_MAX_GROUPS 1024
 #define MPM_CHUNK 16      /* the smallest prefill chunk (tokens per forward pass; in the floor) */
-#define MPM_MAX_CHUNK 512 /* the largest: the memory plan picks one in between (mpm_load) */
+#define MPM_HELD_CHUNK 512 /* the longest chunk the plan keeps between calls; a longer prompt
+                             * borrows the expert cache for its passes (engine.c) */
 #define MPM_LA_CHUNK 16   /* linear attention: the chunk form's default sub-chunk (mp_config.linear_chunk) */
 
 enum { MPM_MIXTRAL = 0, MPM_QWEN3_MOE, MPM_DEEPSEEK_V3, MPM_GLM4_MOE, MPM_MINIMAX_M2, MPM_KIMI_K25,
@@ -142,7 +143,7 @@ uint64_t mpm_moe_chunk_bytes(const mpm_config *c, int chunk, int stages);
 
 /* Loads the trunk (decoding norms/codebooks to f32, keeping matrices encoded) and allocates the
  * KV cache for ctx tokens and the buffers for prefill chunks of up to `chunk` tokens
- * (MPM_CHUNK..MPM_MAX_CHUNK). */
+ * (1..ctx; mpm_set_chunk changes it). */
 int mpm_load(const mpm_config *c, mpm_tensor_fn tensor, mpm_bank_fn bank, void *user, int ctx,
              int chunk, mpm_model **out, char *err, size_t errlen);
 void mpm_free(mpm_model *m);
@@ -183,7 +184,10 @@ int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logi
 const char *mpm_error(const mpm_model *m);
 double mpm_now(void); /* monotonic seconds */
 int mpm_ctx(const mpm_model *m);
-int mpm_chunk(const mpm_model *m); /* tokens per forward pass (mpm_load's chunk) */
+int mpm_chunk(const mpm_model *m); /* tokens per forward pass (mpm_load's chunk, or mpm_set_chunk's) */
+/* Reallocates the chunk's buffers for passes of up to `chunk` (1..ctx) tokens, the old ones freed
+ * first; on failure the old size is kept (MP_ENOMEM; if even that fails, every pass is refused). */
+int mpm_set_chunk(mpm_model *m, int chunk);
 double mpm_io_wait_seconds(const mpm_model *m);
 uint64_t mpm_prefetches(const mpm_model *m);
 

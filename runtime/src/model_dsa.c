@@ -95,23 +95,38 @@ uint64_t mpm_dsa_scratch_bytes(const mpm_config *c, int chunk) {
 
 int mpm_dsa_alloc(mpm_model *m) {
     const mpm_dsa_config *d = &m->c.dsa;
-    const size_t T = (size_t)m->chunk;
     if (d->dim > DSA_MAX_DIM) return MP_EINVAL;
     m->dsa_kc = calloc((size_t)d->n_full * (size_t)m->ctx * (size_t)d->dim + 1, key_elt(&m->c));
+    m->dsa_rows = calloc((size_t)kept(d, m->ctx), (size_t)(m->c.kv_lora_rank + m->c.qk_rope_dim) * 4u);
+    if (d->kpool) {
+        m->dsa_gc = calloc((size_t)d->n_full * (size_t)m->ctx * (size_t)d->dim + 1, key_elt(&m->c));
+        m->dsa_pk = calloc((size_t)d->dim, sizeof(float));
+        if (!m->dsa_gc || !m->dsa_pk) return MP_ENOMEM;
+    }
+    return m->dsa_kc && m->dsa_rows ? 0 : MP_ENOMEM;
+}
+
+int mpm_dsa_chunk_alloc(mpm_model *m) {
+    const mpm_dsa_config *d = &m->c.dsa;
+    const size_t T = (size_t)m->chunk;
     m->dsa_q = calloc(T * (size_t)(d->heads * d->dim), sizeof(float));
     m->dsa_k = calloc(T * (size_t)d->dim, sizeof(float));
     m->dsa_w = calloc(T * (size_t)d->heads, sizeof(float));
     m->dsa_sel = calloc(T * (size_t)kept(d, m->ctx), sizeof(int32_t));
     m->dsa_n = calloc(T, sizeof(int32_t));
-    m->dsa_rows = calloc((size_t)kept(d, m->ctx), (size_t)(m->c.kv_lora_rank + m->c.qk_rope_dim) * 4u);
-    if (d->kpool) {
-        m->dsa_gc = calloc((size_t)d->n_full * (size_t)m->ctx * (size_t)d->dim + 1, key_elt(&m->c));
-        m->dsa_g = calloc(T * (size_t)d->dim, sizeof(float));
-        m->dsa_pk = calloc((size_t)d->dim, sizeof(float));
-        if (!m->dsa_gc || !m->dsa_g || !m->dsa_pk) return MP_ENOMEM;
-    }
-    return m->dsa_kc && m->dsa_q && m->dsa_k && m->dsa_w && m->dsa_sel && m->dsa_n && m->dsa_rows
-               ? 0 : MP_ENOMEM;
+    if (d->kpool && !(m->dsa_g = calloc(T * (size_t)d->dim, sizeof(float)))) return MP_ENOMEM;
+    return m->dsa_q && m->dsa_k && m->dsa_w && m->dsa_sel && m->dsa_n ? 0 : MP_ENOMEM;
+}
+
+void mpm_dsa_chunk_free(mpm_model *m) {
+    free(m->dsa_q);
+    free(m->dsa_k);
+    free(m->dsa_g);
+    free(m->dsa_w);
+    free(m->dsa_sel);
+    free(m->dsa_n);
+    m->dsa_q = m->dsa_k = m->dsa_g = m->dsa_w = NULL;
+    m->dsa_sel = m->dsa_n = NULL;
 }
 
 void mpm_dsa_free(mpm_model *m) {
@@ -120,8 +135,7 @@ void mpm_dsa_free(mpm_model *m) {
         free(m->layers[l].idx_kn_b);
         free(m->layers[l].idx_ape);
     }
-    void *bufs[] = {m->dsa_kc, m->dsa_gc, m->dsa_q, m->dsa_k, m->dsa_g, m->dsa_w, m->dsa_pk,
-                    m->dsa_sel, m->dsa_n, m->dsa_rows};
+    void *bufs[] = {m->dsa_kc, m->dsa_gc, m->dsa_pk, m->dsa_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
 }
 

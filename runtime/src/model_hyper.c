@@ -48,11 +48,24 @@ uint64_t mpm_hc_scratch_bytes(const mpm_config *c, int chunk) {
 int mpm_hc_alloc(mpm_model *m) {
     const mpm_config *c = &m->c;
     if (!c->hc_mult) return 0;
+    const size_t N = (size_t)c->hc_mult, H = (size_t)c->hidden;
+    m->hx = calloc(N * H + (size_t)mixes(c), sizeof(float));
+    return m->hx ? 0 : -1;
+}
+
+int mpm_hc_chunk_alloc(mpm_model *m) {
+    const mpm_config *c = &m->c;
+    if (!c->hc_mult) return 0;
     const size_t T = (size_t)m->chunk, N = (size_t)c->hc_mult, H = (size_t)c->hidden;
     m->hs = calloc(T * N * H, sizeof(float));
     m->hw = calloc(T * (N + N * N), sizeof(float));
-    m->hx = calloc(N * H + (size_t)mixes(c), sizeof(float));
-    return m->hs && m->hw && m->hx ? 0 : -1;
+    return m->hs && m->hw ? 0 : -1;
+}
+
+void mpm_hc_chunk_free(mpm_model *m) {
+    free(m->hs);
+    free(m->hw);
+    m->hs = m->hw = NULL;
 }
 
 void mpm_hc_free(mpm_model *m) {
@@ -62,8 +75,6 @@ void mpm_hc_free(mpm_model *m) {
             free(m->layers[l].hc_base[b]);
             free(m->layers[l].hc_scale[b]);
         }
-    free(m->hs);
-    free(m->hw);
     free(m->hx);
 }
 

@@ -166,6 +166,8 @@ int mpm_dsa_load(mpm_model *m, void *loader, int layer);
 uint64_t mpm_dsa_cache_bytes(const mpm_config *c, int ctx);
 uint64_t mpm_dsa_scratch_bytes(const mpm_config *c, int chunk);
 int mpm_dsa_alloc(mpm_model *m);
+int mpm_dsa_chunk_alloc(mpm_model *m); /* the buffers of m->chunk tokens (mpm_set_chunk) */
+void mpm_dsa_chunk_free(mpm_model *m);
 void mpm_dsa_free(mpm_model *m);
 /* Steps for T chunk tokens at pos..: keys (LayerNorm, RoPE) into the cache (k-pool: and the
  * gate scores, and the key of each pool a token completes); queries (RoPE) and head weights
@@ -187,6 +189,8 @@ const void *mpm_dsa_rows(mpm_model *m, int kv_slot, int t, int64_t *n);
 int mpm_linear_load(mpm_model *m, void *loader, int layer);
 int mpm_linear_init(mpm_model *m); /* after the layers are loaded */
 void mpm_linear_free(mpm_model *m);
+int mpm_linear_chunk_alloc(mpm_model *m);
+void mpm_linear_chunk_free(mpm_model *m);
 void mpm_linear_attention(mpm_model *m, int layer, int pos, int T, const float *xn, float *out);
 void mpm_gated_query(mpm_model *m, const mpm_layer *ly, const float *x, float *q, float *gate);
 void mpm_apply_gate(float *out, const float *gate, int64_t n);
@@ -231,6 +235,8 @@ int mpm_k3_load_layer(mpm_model *m, void *loader, int layer);
 int mpm_hc_load_layer(mpm_model *m, void *loader, int layer);
 uint64_t mpm_hc_scratch_bytes(const mpm_config *c, int chunk);
 int mpm_hc_alloc(mpm_model *m);
+int mpm_hc_chunk_alloc(mpm_model *m);
+void mpm_hc_chunk_free(mpm_model *m);
 void mpm_hc_free(mpm_model *m);
 void mpm_hc_embed(mpm_model *m, int T, const float *x);                /* x -> N streams */
 void mpm_hc_pre(mpm_model *m, int layer, int block, int T, float *out); /* block 0 attn, 1 FFN */
@@ -239,6 +245,8 @@ void mpm_hc_final(mpm_model *m, int T, float *out); /* the streams' mean */
 int mpm_k3_load_final(mpm_model *m, void *loader);
 uint64_t mpm_k3_scratch_bytes(const mpm_config *c, int chunk);
 int mpm_k3_alloc(mpm_model *m);
+int mpm_k3_chunk_alloc(mpm_model *m);
+void mpm_k3_chunk_free(mpm_model *m);
 void mpm_k3_free(mpm_model *m);
 /* AttnRes: the layer input `out` (T x hidden) mixed from each token's bank and current stream
  * x, then bank x when layer starts a block; returns whether it did (the stream restarts) */
@@ -251,7 +259,9 @@ void mpm_mla_gate(mpm_model *m, const mpm_layer *ly, int T, const float *xn, flo
 
 /* model_moe.c */
 int mpm_moe(mpm_model *m, int layer, int T, const float *xn, float *out);
-int mpm_moe_alloc(mpm_model *m); /* chunk scratch, after the layers are loaded */
+int mpm_moe_alloc(mpm_model *m); /* decode tables, after the layers are loaded */
+int mpm_moe_chunk_alloc(mpm_model *m); /* the prefill buffers of m->chunk tokens */
+void mpm_moe_chunk_free(mpm_model *m);
 void mpm_moe_free(mpm_model *m);
 /* dense / shared FFN for T inputs (T x hidden -> T x hidden) */
 void mpm_ffn_dense(mpm_model *m, const mpm_ffn *f, int T, const float *xn, float *out);

@@ -79,12 +79,24 @@ uint64_t mpm_k3_scratch_bytes(const mpm_config *c, int chunk) {
 }
 
 int mpm_k3_alloc(mpm_model *m) {
+    (void)m; /* K3's buffers are all the chunk's */
+    return 0;
+}
+
+int mpm_k3_chunk_alloc(mpm_model *m) {
     const mpm_config *c = &m->c;
     const size_t T = (size_t)m->chunk;
     if (c->res_block && !(m->rbank = calloc(T * (size_t)banks(c) * (size_t)c->hidden, sizeof(float)))) return -1;
     if (c->latent && !(m->klat = calloc(T * (size_t)c->latent, sizeof(float)))) return -1;
     if (c->mla_gate && !(m->kgate = calloc(T * (size_t)(c->n_heads * c->v_head_dim), sizeof(float)))) return -1;
     return 0;
+}
+
+void mpm_k3_chunk_free(mpm_model *m) {
+    free(m->rbank);
+    free(m->klat);
+    free(m->kgate);
+    m->rbank = m->klat = m->kgate = NULL;
 }
 
 void mpm_k3_free(mpm_model *m) {
@@ -94,9 +106,6 @@ void mpm_k3_free(mpm_model *m) {
         free(m->layers[l].lat_norm);
     }
     free(m->res_final);
-    free(m->rbank);
-    free(m->klat);
-    free(m->kgate);
 }
 
 static float res_score(const float *v, const float *w, int64_t H, float eps) {

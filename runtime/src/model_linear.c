@@ -34,11 +34,8 @@ static int64_t state_floats(const mpm_config *c) {
     return conv_dim(c) * (c->la_conv - 1) + c->la_nv * c->la_dk * c->la_dv;
 }
 
-static int n_linear(const mpm_config *c) {
-    int n = 0;
-    for (int64_t l = 0; c->layer_is_linear && l < c->n_layers; l++) n += c->layer_is_linear[l];
-    return n;
-}
+/* the config's count (model_config.c), which stays when mpm_linear_init drops the per-layer flags */
+static int n_linear(const mpm_config *c) { return (int)c->n_linear; }
 
 uint64_t mpm_state_bytes(const mpm_config *c) {
     return 4u * (uint64_t)state_floats(c) * (uint64_t)n_linear(c);
@@ -146,12 +143,6 @@ int mpm_linear_init(mpm_model *m) {
         }
         for (int64_t i = 0; i < c->hidden; i++) m->final_norm[i] += one;
     }
-    /* the chunk buffers first, the gated query's two rows last */
-    if (n_linear(c) || c->attn_gate) {
-        uint64_t scratch = buf_floats(c) + mpm_linear_chunk_bytes(c, m->chunk) / 4u;
-        if (!(m->lbuf = calloc((size_t)scratch, 4))) return MP_ENOMEM;
-        m->lqg = m->lbuf + scratch - buf_floats(c);
-    }
     int nl = n_linear(c), slot = 0;
     const uint64_t wsf = ws_floats(c);
     for (int64_t l = 0; l < c->n_layers; l++) /* the KV cache holds full-attention layers only */
@@ -224,7 +215,21 @@ void mpm_linear_free(mpm_model *m) {
     free(m->lwork);
     free(m->lws);
     free(m->lperm);
+}
+
+/* the chunk buffers first, the gated query's two rows last */
+int mpm_linear_chunk_alloc(mpm_model *m) {
+    const mpm_config *c = &m->c;
+    if (!n_linear(c) && !c->attn_gate) return 0;
+    uint64_t scratch = buf_floats(c) + mpm_linear_chunk_bytes(c, m->chunk) / 4u;
+    if (!(m->lbuf = calloc((size_t)scratch, 4))) return MP_ENOMEM;
+    m->lqg = m->lbuf + scratch - buf_floats(c);
+    return 0;
+}
+
+void mpm_linear_chunk_free(mpm_model *m) {
     free(m->lbuf);
+    m->lbuf = m->lqg = NULL;
 }
 
 typedef struct {

@@ -162,11 +162,17 @@ int mpm_moe_alloc(mpm_model *m) {
     int S = 1;
     for (int64_t l = 0; l < c->n_layers; l++)
         for (int p = 0; p < 3; p++) S = m->layers[l].stages[p] > S ? m->layers[l].stages[p] : S;
-    const size_t T = (size_t)m->chunk;
     const size_t B = (size_t)decode_batch(c), D = (size_t)(c->latent ? c->latent : c->hidden);
     m->ctabmem = calloc(2 * tab_stride(c->hidden, S) + B * tab_stride(c->moe_inter, S) + 64, 1);
     m->cdec = calloc(B * (2 * (size_t)c->moe_inter + D), sizeof(float));
     m->cicb = calloc(3, sizeof *m->cicb);
+    m->ctab_stages = S;
+    return m->ctabmem && m->cdec && m->cicb ? 0 : -1;
+}
+
+int mpm_moe_chunk_alloc(mpm_model *m) {
+    const mpm_config *c = &m->c;
+    const size_t T = (size_t)m->chunk;
     /* 64-byte aligned: the prefill kernels' 32-byte loads then never straddle a cache line */
     m->cxg = mp_aligned_alloc(64, T * mpk_rvq_xq_bytes(c->hidden));
     m->cxu = mp_aligned_alloc(64, T * mpk_rvq_xq_bytes(c->hidden));
@@ -178,18 +184,13 @@ int mpm_moe_alloc(mpm_model *m) {
     m->corder = calloc(T * (size_t)c->top_k, sizeof(int32_t));
     m->cstart = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
     m->cfill = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
-    m->ctab_stages = S;
-    return m->ctabmem && m->cdec && m->cicb && m->cxg && m->cxu && m->cxd && (m->cws || !ws) && m->ceo && m->cpairs &&
-                   m->corder && m->cstart &&
+    return m->cxg && m->cxu && m->cxd && (m->cws || !ws) && m->ceo && m->cpairs && m->corder && m->cstart &&
                    m->cfill
                ? 0
                : -1;
 }
 
-void mpm_moe_free(mpm_model *m) {
-    free(m->ctabmem);
-    free(m->cdec);
-    free(m->cicb);
+void mpm_moe_chunk_free(mpm_model *m) {
     mp_aligned_free(m->cxg);
     mp_aligned_free(m->cxu);
     mp_aligned_free(m->cxd);
@@ -199,6 +200,15 @@ void mpm_moe_free(mpm_model *m) {
     free(m->corder);
     free(m->cstart);
     free(m->cfill);
+    m->cxg = m->cxu = m->cxd = m->cws = NULL;
+    m->ceo = NULL;
+    m->cpairs = m->corder = m->cstart = m->cfill = NULL;
+}
+
+void mpm_moe_free(mpm_model *m) {
+    free(m->ctabmem);
+    free(m->cdec);
+    free(m->cicb);
 }
 
 /* dst = src[0 .. n) rotated for part p (in scratch[n]) and quantised for the prefill product */
