@@ -38,9 +38,10 @@ def engine_fingerprint() -> dict:
 
 def child(model: str, prompt: list[int], tokens: int, threads: int, passes: int,
           budget: int | None, cache_experts: int | None, ctx: int = 256,
-          forced: list[int] | None = None) -> dict:
+          forced: list[int] | None = None, chunk: int | None = None) -> dict:
     """One engine run. `forced`: feed these ids one at a time after the prompt (decode steps on
-    a fixed token stream, the same for every engine) instead of greedy generation."""
+    a fixed token stream, the same for every engine) instead of greedy generation. `chunk`:
+    passes of exactly that many prompt tokens (None: the memory plan's)."""
     from moepack.runtime.engine import Engine
 
     if budget == -1:  # "floor": this engine build's own floor (builds change while benches run)
@@ -48,7 +49,7 @@ def child(model: str, prompt: list[int], tokens: int, threads: int, passes: int,
         budget = mp_plan(model, ctx)["floor_bytes"]
     t0 = time.perf_counter()
     e = Engine(model, budget=budget or None, threads=threads, ctx=ctx,
-               cache_experts=cache_experts)
+               cache_experts=cache_experts, chunk=chunk)
     load_s = time.perf_counter() - t0
     runs = []
     for i in range(passes):
@@ -194,12 +195,14 @@ def main() -> None:
     ap.add_argument("--cap-frac", type=float, default=0.5)
     ap.add_argument("--forced", default="", help="comma-separated decode token ids (no greedy)")
     ap.add_argument("--ctx", type=int, default=256)
+    ap.add_argument("--chunk", type=int, default=None, help="prompt tokens a pass (default: plan)")
     a = ap.parse_args()
     prompt = [int(t) for t in a.prompt.split(",")]
     forced = [int(t) for t in a.forced.split(",")] if a.forced else None
     if a.child:
         print(json.dumps(child(a.model, prompt, a.tokens, a.threads, a.passes, a.budget,
-                               a.cache_experts, ctx=a.ctx, forced=forced)), flush=True)
+                               a.cache_experts, ctx=a.ctx, forced=forced, chunk=a.chunk)),
+              flush=True)
         return
     cap = int(a.cap_frac * Path(a.model).stat().st_size)
     res = run_sweep(Path(a.model), cap=cap, prompt=prompt, tokens=a.tokens, threads=a.threads)
