@@ -196,6 +196,17 @@ def test_short_prompt_row_beside_the_long_prompts(tmp_path, monkeypatch) -> None
     md = run_all.section(res)
     assert "### Long prompt (512 tokens and a 32-token chat turn, warm; issue 15)" in md
     assert md.index("| warm | moepack | 90.00") < md.index("| warm, 32-token prompt | moepack")
+    longer = run(370.0)
+    longer["result"] = {"passes": [{"chunk": 512, "longest_pass": 2048}]}
+    res["prompt_longer"] = {"tokens": 2048, "frac": 0.5, "moepack": longer,
+                            "llama": run(185.0)}
+    md = run_all.section(res)
+    assert ("### Long prompt (512 tokens and a 32-token chat turn, warm, 2048 tokens under a "
+            "50% cap; issue 15)") in md
+    assert ("| 50%, 2048-token prompt | moepack (1 pass of up to 2048 tokens, borrowing the cache "
+            "beyond its held 512) | 370.00") in md and "| **2.00** |" in md
+    longer["result"]["passes"][0]["longest_pass"] = 512  # the held chunk's passes
+    assert "moepack (4 passes of up to 512 tokens) |" in run_all.section(res)
 
 
 def test_bandwidth_bound_above_one_is_not_a_verdict() -> None:
