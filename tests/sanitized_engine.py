@@ -45,6 +45,39 @@ int main(int argc, char **argv) {
             free(lg);
             mp_close(e);
         }
+        /* a long prompt with a quarter of a cache: its passes may borrow the cache's room (the
+         * chunk's buffers regrown for the call and back, the cache shrunk and restored) */
+        mp_config cfg; mp_config_default(&cfg); cfg.threads = 2; cfg.ctx = 512;
+        mp_plan_info p; char err[512];
+        if (mp_plan_config(argv[a], &cfg, &p, err, sizeof err)) {
+            cfg.ctx = 0; /* the model's own, when shorter */
+            if (mp_plan_config(argv[a], &cfg, &p, err, sizeof err)) {
+                printf("plan: %s\n", err);
+                bad = 1;
+                continue;
+            }
+        }
+        cfg.ctx = p.ctx;
+        cfg.budget_bytes = p.floor_bytes + p.experts_bytes / 4;
+        mp_engine *e;
+        if (mp_open(argv[a], &cfg, &e, err, sizeof err)) {
+            printf("open %s: %s\n", argv[a], err);
+            bad = 1;
+            continue;
+        }
+        int n = p.ctx - 8 < 500 ? p.ctx - 8 : 500, V = mp_vocab_size(e);
+        int32_t *toks = malloc(sizeof(int32_t) * (size_t)n);
+        float *lg = malloc(sizeof(float) * (size_t)V);
+        for (int i = 0; i < n; i++) toks[i] = (i * 7 + 3) % V;
+        if (mp_eval(e, toks, (size_t)n, lg, 0) || mp_eval(e, toks, 1, lg, 0)) {
+            printf("eval: %s\n", mp_error(e));
+            bad = 1;
+        }
+        mp_stats st; mp_get_stats(e, &st);
+        if (st.longest_pass > st.chunk)
+            printf("borrowed %s: %d -> %d\n", argv[a], st.chunk, st.longest_pass);
+        free(toks); free(lg);
+        mp_close(e);
     }
     mp_plan_info p; char err[256];
     if (mp_plan("/nonexistent", 0, &p, err, sizeof err) == 0) bad = 1;
@@ -59,9 +92,9 @@ int main(int argc, char **argv) {
 """
 
 
-def run_engine_under_sanitizers(tmp_path: Path, files: list[Path], timeout: int = 300) -> None:
-    """Compile runtime/src with the sanitizers and the driver, run it on `files`, and assert a
-    clean run (skipped without a C compiler)."""
+def run_engine_under_sanitizers(tmp_path: Path, files: list[Path], timeout: int = 300) -> str:
+    """Compile runtime/src with the sanitizers and the driver, run it on `files`, assert a clean
+    run (skipped without a C compiler) and return what the driver printed."""
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler")
@@ -75,3 +108,4 @@ def run_engine_under_sanitizers(tmp_path: Path, files: list[Path], timeout: int 
                        timeout=timeout)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "done 0" in r.stdout and "ERROR" not in r.stderr and "runtime error" not in r.stderr
+    return r.stdout

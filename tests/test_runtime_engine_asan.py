@@ -23,4 +23,9 @@ def test_engine_under_asan_and_ubsan(tmp_path):
         hidden=260, inter=96, vocab=80, heads=2, kv_heads=1,
         attn={"name": "q6", "group_size": 32}, embed={"name": "q6", "group_size": 16}))
     files.append(tmp_path / "q6.moepack")
-    run_engine_under_sanitizers(tmp_path, files, timeout=600)
+    # experts many and wide enough against a chunk token that a long prompt borrows the cache
+    write_synthetic(tmp_path / "borrow.moepack",
+                    mixtral_spec(layers=2, experts=32, hidden=512, inter=1024, vocab=256))
+    files.append(tmp_path / "borrow.moepack")
+    out = run_engine_under_sanitizers(tmp_path, files, timeout=600)
+    assert "borrowed " + str(tmp_path / "borrow.moepack") in out
