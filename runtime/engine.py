@@ -355,7 +355,7 @@ class Engine:
             runs = ", ".join(k for k in available_kernels() if k != "auto")
             raise EngineError(f"kernels {kernels}: this CPU cannot run that path (it runs "
                               f"{runs})", MP_EUNSUPPORTED)
-        cfg.chunk = _c_int("chunk", chunk, 1)  # moepack.h: 1..ctx (the engine checks the upper end)
+        cfg.chunk = _c_int("chunk", chunk, 1)  # moepack.h: a chunk longer than ctx runs ctx
         cfg.kv = _kv_code(kv)
         # state snapshots the caller keeps (PrefixReuse keeps this many): in the floor
         cfg.snapshots = _c_int("snapshots", snapshots, 0, MAX_SNAPSHOTS)
