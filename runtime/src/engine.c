@@ -320,7 +320,7 @@ static int load_trunk(mp_engine *e, char *err, size_t errlen) {
 /* A size in the unit moepack.sizes.format_size picks (decimal, 3 decimals: 6.469 MB), with up
  * to 6 decimals where 3 would hide a remainder: a floor of 6000483 bytes must not read as the
  * 6.000 MB budget it exceeds. */
-static const char *fmt_gb(uint64_t b, char *buf, size_t n) {
+static const char *fmt_size(uint64_t b, char *buf, size_t n) {
     static const char *const units[] = {"kB", "MB", "GB", "TB"};
     if (b < 1000) {
         snprintf(buf, n, "%llu B", (unsigned long long)b);
@@ -372,12 +372,12 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     uint64_t total = cfg.budget_bytes ? cfg.budget_bytes : p->default_bytes;
     if (!total) {
         rc = mp_seterr(err, errlen, MP_EBUDGET, "this model needs at least %s of memory (floor for ctx %d) but only %s is usable%s",
-                  fmt_gb(p->floor_bytes, a, sizeof a), p->ctx, fmt_gb(p->usable_ram_bytes, b, sizeof b), fits);
+                  fmt_size(p->floor_bytes, a, sizeof a), p->ctx, fmt_size(p->usable_ram_bytes, b, sizeof b), fits);
         goto fail;
     }
     if (total < p->floor_bytes) {
         rc = mp_seterr(err, errlen, MP_EBUDGET, "budget %s is below the floor: this model needs at least %s (%llu bytes) for ctx %d%s",
-                  fmt_gb(total, a, sizeof a), fmt_gb(p->floor_bytes, b, sizeof b), (unsigned long long)p->floor_bytes, p->ctx, fits);
+                  fmt_size(total, a, sizeof a), fmt_size(p->floor_bytes, b, sizeof b), (unsigned long long)p->floor_bytes, p->ctx, fits);
         goto fail;
     }
     e->budget = total;
@@ -394,7 +394,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     uint64_t extra = chunk_extra(p, chunk);
     if (total - p->floor_bytes < extra) {
         rc = mp_seterr(err, errlen, MP_EBUDGET, "budget %s is too small for chunks of %d tokens: that needs %s",
-                       fmt_gb(total, a, sizeof a), chunk, fmt_gb(p->floor_bytes + extra, b, sizeof b));
+                       fmt_size(total, a, sizeof a), chunk, fmt_size(p->floor_bytes + extra, b, sizeof b));
         goto fail;
     }
     e->chunk = chunk;
