@@ -59,6 +59,22 @@ def test_plan_json_and_refusal(mixtral):
     assert holds == {None: True, p["floor_bytes"] + p["experts_bytes"] // 2: False}
 
 
+def test_plan_budget_shows_what_that_budget_gets(mixtral):
+    """plan --budget B: the chunk and cache an engine opened with B gets (not the default's)."""
+    from moepack.runtime.engine import Engine
+
+    p = json.loads(_run("plan", mixtral, "--ctx", 128, "--json").output)
+    budget = p["floor_bytes"] + 40 * p["chunk_token_bytes"] + 2 * p["expert_record_bytes"]
+    q = json.loads(_run("plan", mixtral, "--ctx", 128, "--budget", budget, "--json").output)
+    with Engine(mixtral, ctx=128, budget=budget) as e:
+        s = e.stats()
+    assert (q["budget_chunk"], q["budget_cache_bytes"]) == (s["chunk"], s["cache_capacity_bytes"])
+    assert q["budget_chunk"] != q["default_chunk"]
+    text = _run("plan", mixtral, "--ctx", 128, "--budget", budget).output
+    assert f"{s['chunk']}-token chunks" in text.split("with --budget")[1]
+    assert "with --budget" not in _run("plan", mixtral, "--ctx", 128).output
+
+
 def test_run_streams_text_then_stats(mixtral):
     r = _run("run", mixtral, "w5 w9 w12", "-n", 8, "--threads", 1)
     assert r.exit_code == 0, r.output
