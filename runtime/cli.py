@@ -240,7 +240,8 @@ def plan_cmd(
                 ("expert cache", f"{format_size(p['default_cache_bytes'])} (default budget less "
                  f"the floor and {p['default_chunk']}-token chunks)" + (
                      "; holds every expert: all are read in the background from open (--no-warm "
-                     "turns that off)" if p["default_cache_bytes"] >= p["experts_bytes"] else "")
+                     "turns that off)" + _spare(p) if p["default_cache_bytes"] >= p["experts_bytes"]
+                     else "")
                  if p["default_bytes"] else "none: no default budget"),
                 *([("with --budget", f"{format_size(b)}: expert cache "
                     f"{format_size(p['budget_cache_bytes'])}, {p['budget_chunk']}-token chunks")]
@@ -259,6 +260,13 @@ def plan_cmd(
     if verdict == "above_usable_ram":
         _err.print(f"[yellow]warning:[/yellow] budget {format_size(b)} is above usable RAM "
                    f"{format_size(p['usable_ram_bytes'])}")
+
+
+def _spare(p: dict) -> str:
+    """What the default cache holds beyond every expert: room a longer prompt's passes borrow."""
+    spare = p["default_cache_bytes"] - p["experts_bytes"]
+    return (f", and {format_size(spare)} to spare that a prompt longer than "
+            f"{p['default_chunk']} tokens borrows for longer passes" if spare > 0 else "")
 
 
 def _pinned_groups(p: dict) -> int:

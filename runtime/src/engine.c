@@ -202,9 +202,11 @@ static int plan_for(const mp_container *c, const mpm_config *model, const mp_con
     p->recommended_bytes = p->floor_bytes + 4 * p->step_expert_bytes; /* cache: 4 tokens' experts */
     mp_ram_info ri;
     p->usable_ram_bytes = ram ? ram : mp_usable_ram(&ri);
-    /* the default budget also pays for the largest chunk when RAM allows (the cache still gets
-     * every expert it can) */
-    uint64_t max_extra = chunk_extra(p, held_chunk(p));
+    /* the default budget also pays for the longest pass when RAM allows (the cache still gets
+     * every expert it can): between calls the held chunk's buffers and a cache with room to
+     * spare, which a longer prompt's passes borrow (fewer, longer passes compute faster even
+     * with every expert cached: the prefill product decodes an expert's codes once a pass) */
+    uint64_t max_extra = chunk_extra(p, p->max_chunk);
     mp_budget_in in = {p->usable_ram_bytes, p->floor_bytes + max_extra, p->experts_bytes,
                        mp_default_headroom(p->usable_ram_bytes)};
     mp_budget_out out;
