@@ -34,7 +34,6 @@ struct mp_engine {
     int fixed_chunk; /* the caller asked for `chunk`: no pass is longer */
     uint64_t room;   /* the cache's bytes plus what cache_experts left unused: what a longer
                       * prompt's passes may borrow (mp_eval) */
-    uint64_t experts_bytes, keep_bytes; /* every record; the cache a borrowing pass keeps */
     int longest_pass;
     mpm_expert_io io;
     double prompt_s, decode_s, io_wait0;
@@ -410,9 +409,6 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
         cache = (uint64_t)cfg.cache_experts * p->expert_record_bytes;
     e->room = total > fixed ? total - fixed : 0;
     e->cache_bytes = cache;
-    e->experts_bytes = p->experts_bytes;
-    /* two acquire groups: the next group's prefetch then finds room while one is pinned */
-    e->keep_bytes = 2u * (uint64_t)p->top_k * p->expert_record_bytes;
     uint64_t records = p->expert_record_bytes ? cache / p->expert_record_bytes : 0;
     e->cache_experts = records < INT32_MAX ? (int)records : INT32_MAX;
 
@@ -521,25 +517,27 @@ static size_t first_nonfinite(const float *l, size_t n) {
 /* Bytes a pass over a long prompt reads with `cache` bytes of cache, an estimate: such a pass
  * touches every expert, and the cache keeps the same ones across passes */
 static uint64_t pass_reads(const mp_engine *e, uint64_t cache) {
-    return e->experts_bytes > cache ? e->experts_bytes - cache : 0;
+    return e->plan.experts_bytes > cache ? e->plan.experts_bytes - cache : 0;
 }
 
-/* Tokens a pass of an n-token prompt takes: the held chunk, or a longer one whose buffers take
- * the room of the expert cache (all but two acquire groups, or with every expert cached only
- * what they leave) when that reads fewer expert bytes in all: p passes each read what the cache
- * lacks, plus what it gave up, read again later.  Equal passes, a multiple of the linear
- * attention's sub-chunk. */
-static int pass_tokens(const mp_engine *e, size_t n) {
+/* Tokens a pass of an n-token prompt takes, and in *cache_for the cache's budget meanwhile: the
+ * held chunk, or a longer one whose buffers take the room of the expert cache (all but two
+ * acquire groups, so that the next group's prefetch finds room while one is pinned, or with
+ * every expert cached only what they leave) when that reads fewer expert bytes in all: p passes
+ * each read what the cache lacks, plus what it gave up, read again later.  Equal passes, a
+ * multiple of the linear attention's sub-chunk. */
+static int pass_tokens(const mp_engine *e, size_t n, uint64_t *cache_for) {
     const int held = e->chunk;
-    const uint64_t ctb = e->plan.chunk_token_bytes;
+    const uint64_t ctb = e->plan.chunk_token_bytes, cache = e->cache_bytes;
+    *cache_for = cache;
     if (e->fixed_chunk || !e->ex || n <= (size_t)held || !ctb) return held;
     const int la = e->cfg.n_linear && e->cfg.la_chunk > 1 ? e->cfg.la_chunk : 1;
-    const uint64_t cache = e->cache_bytes, unused = e->room > cache ? e->room - cache : 0;
-    const uint64_t takeable = (cache > e->keep_bytes ? cache - e->keep_bytes : 0) + unused;
-    const uint64_t kept = cache < e->experts_bytes ? cache : e->experts_bytes;
+    const uint64_t keep = 2u * (uint64_t)e->plan.top_k * e->plan.expert_record_bytes;
+    const uint64_t unused = e->room > cache ? e->room - cache : 0;
+    const uint64_t takeable = (cache > keep ? cache - keep : 0) + unused;
+    const uint64_t kept = cache < e->plan.experts_bytes ? cache : e->plan.experts_bytes;
     const size_t p0 = (n + (size_t)held - 1) / (size_t)held;
-    uint64_t best = (uint64_t)p0 * pass_reads(e, cache);
-    int chunk = held;
+    const uint64_t best = (uint64_t)p0 * pass_reads(e, cache);
     for (size_t p = 1; p < p0; p++) {
         size_t c = (n + p - 1) / p;
         c = (c + (size_t)la - 1) / (size_t)la * (size_t)la;
@@ -548,13 +546,12 @@ static int pass_tokens(const mp_engine *e, size_t n) {
         if (extra > takeable) continue;
         const uint64_t left = cache - (extra > unused ? extra - unused : 0);
         const uint64_t reads = (uint64_t)p * pass_reads(e, left) + (kept - (left < kept ? left : kept));
-        if (reads <= best) {
-            best = reads;
-            chunk = (int)c;
-            break; /* the fewest passes that read no more */
+        if (reads <= best) { /* the fewest passes that read no more */
+            *cache_for = left;
+            return (int)c;
         }
     }
-    return chunk;
+    return held;
 }
 
 /* The cache's budget and what the forward pass plans its acquire groups with */
@@ -612,11 +609,10 @@ int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int al
     int prompt = n > 1 || e->pos == 0;
     double t0 = mpm_now();
     size_t C = (size_t)e->chunk;
-    const int pass = pass_tokens(e, n);
+    uint64_t cache_for;
+    const int pass = pass_tokens(e, n, &cache_for);
     if (pass > e->chunk) { /* a long prompt borrows the cache for its chunk's buffers */
-        const uint64_t extra = (uint64_t)(pass - e->chunk) * e->plan.chunk_token_bytes;
-        const uint64_t unused = e->room - e->cache_bytes;
-        set_cache(e, e->cache_bytes - (extra > unused ? extra - unused : 0));
+        set_cache(e, cache_for);
         if (mpm_set_chunk(e->model, pass) == MP_OK) {
             C = (size_t)pass;
         } else { /* no memory for it: the held chunk's passes */

@@ -250,7 +250,7 @@ static int alloc_scratch(mpm_model *m) {
     m->choice = xcalloc((uint64_t)c->n_experts, 4);
     m->allowed = xcalloc((uint64_t)c->n_experts, 1);
     if (mpm_config_moe_layers(c) && mpm_moe_alloc(m)) return -1;
-    if (mpm_k3_alloc(m) || mpm_hc_alloc(m)) return -1;
+    if (mpm_hc_alloc(m)) return -1;
     if (!m->xn || !m->scores || !m->cosb || !m->sinb || !m->eo || !m->xr || !m->ar || !m->sel ||
         !m->selw || !m->ahead || !m->recs || !m->aheadw || !m->choice || !m->allowed ||
         (c->mla && (!m->qlat || !m->olat)))

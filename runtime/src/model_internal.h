@@ -244,7 +244,6 @@ void mpm_hc_post(mpm_model *m, int T, const float *o);
 void mpm_hc_final(mpm_model *m, int T, float *out); /* the streams' mean */
 int mpm_k3_load_final(mpm_model *m, void *loader);
 uint64_t mpm_k3_scratch_bytes(const mpm_config *c, int chunk);
-int mpm_k3_alloc(mpm_model *m);
 int mpm_k3_chunk_alloc(mpm_model *m);
 void mpm_k3_chunk_free(mpm_model *m);
 void mpm_k3_free(mpm_model *m);

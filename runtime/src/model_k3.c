@@ -78,11 +78,6 @@ uint64_t mpm_k3_scratch_bytes(const mpm_config *c, int chunk) {
     return 4u * f;
 }
 
-int mpm_k3_alloc(mpm_model *m) {
-    (void)m; /* K3's buffers are all the chunk's */
-    return 0;
-}
-
 int mpm_k3_chunk_alloc(mpm_model *m) {
     const mpm_config *c = &m->c;
     const size_t T = (size_t)m->chunk;
