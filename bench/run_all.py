@@ -400,34 +400,30 @@ def main() -> None:
                                   if kind == "moepack" and cap is None else None)
             return go
 
+        def prompt_engines(cap: int | None, toks: list[int] = ptoks) -> dict:
+            """both engines on one prompt, alternated"""
+            runs = {"moepack": prompt_run(mp, cap, toks)}
+            if use_llama:
+                runs["llama"] = prompt_run(gg, cap, toks)
+            return alternate(rounds, runs, metric="prompt_tok_s")
+
         if a.prompt_tokens:
             res["prompt_long"] = {"tokens": a.prompt_tokens, "rows": []}
             for frac in (None, *PROMPT_CAPS):
                 cap = None if frac is None else int(frac * size)
-                runs = {"moepack": prompt_run(mp, cap)}
-                if use_llama:
-                    runs["llama"] = prompt_run(gg, cap)
                 res["prompt_long"]["rows"].append(
-                    {"frac": frac, "cap_bytes": cap,
-                     **alternate(rounds, runs, metric="prompt_tok_s")})
+                    {"frac": frac, "cap_bytes": cap, **prompt_engines(cap)})
                 _save(res, quick)
         if a.short_prompt_tokens:  # a chat turn: most experts see one or two of its tokens
             stoks = forced_tokens(a.short_prompt_tokens, vocab, seed=778)
-            runs = {"moepack": prompt_run(mp, None, stoks)}
-            if use_llama:
-                runs["llama"] = prompt_run(gg, None, stoks)
             res["prompt_short"] = {"tokens": a.short_prompt_tokens,
-                                   **alternate(rounds, runs, metric="prompt_tok_s")}
+                                   **prompt_engines(None, stoks)}
             _save(res, quick)
         if a.longer_prompt_tokens:  # several held chunks: moepack's passes borrow the cache
             ltoks = forced_tokens(a.longer_prompt_tokens, vocab, seed=779)
             cap = int(LONGER_PROMPT_CAP * size)
-            runs = {"moepack": prompt_run(mp, cap, ltoks)}
-            if use_llama:
-                runs["llama"] = prompt_run(gg, cap, ltoks)
             res["prompt_longer"] = {"tokens": a.longer_prompt_tokens, "frac": LONGER_PROMPT_CAP,
-                                    "cap_bytes": cap, **alternate(rounds, runs,
-                                                                  metric="prompt_tok_s")}
+                                    "cap_bytes": cap, **prompt_engines(cap, ltoks)}
             _save(res, quick)
         if use_llama and not a.no_q3k:
             warm_q3k(res, a.dir, shape, tokens, a.threads, rounds, moepack_warm,
