@@ -32,7 +32,7 @@ def peek_container_id(path: Path) -> str | None:
 class Checked:
     ok: bool
     container_id: str | None
-    problem: str | None   # first damage or "not verifiable" reason, for messages
+    problem: str | None   # first damage or "not verifiable" reason (with its code), for messages
 
 
 def check_container(path: Path, *, quick: bool = False) -> Checked:
@@ -43,7 +43,8 @@ def check_container(path: Path, *, quick: bool = False) -> Checked:
     if report.ok:
         return Checked(True, report.container_id, None)
     if report.error:
-        return Checked(False, report.container_id, report.error)
+        code = f" [{report.error_code}]" if report.error_code else ""
+        return Checked(False, report.container_id, report.error + code)
     d = report.damaged[0] if report.damaged else None
     if d is None:
         return Checked(False, report.container_id, "damaged")

@@ -191,7 +191,7 @@ class _Download:
     def _require_valid(self, checked: Checked) -> None:
         where = f"{self.meta.source} (kept at {self.stage.file})"
         if checked.container_id is None:
-            raise FetchError(f"content of torrent {where} is not a moepack container: "
+            raise FetchError(f"content of torrent {where} is not a container this moepack reads: "
                              f"{checked.problem}")
         if not checked.ok:
             raise FetchError(f"content of torrent {where} does not verify: {checked.problem}")

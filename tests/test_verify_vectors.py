@@ -32,14 +32,15 @@ def test_valid_vectors_are_intact(path: Path) -> None:
 @pytest.mark.skipif(not INVALID, reason="spec/vectors/invalid not generated")
 @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
 def test_invalid_vectors_never_pass(path: Path) -> None:
-    expected = json.loads(path.with_suffix(".expected.json").read_text())["error"]
+    expected = json.loads(path.with_suffix(".expected.json").read_text())
     r = verify(path)
     if path.stem in AS_DAMAGE:
         assert r.exit_code == 1
         assert [d.name for d in r.damaged] == [AS_DAMAGE[path.stem]]
     else:
         assert r.exit_code == 2
-        assert expected in (r.error or ""), r.error
+        assert expected["error"] in (r.error or ""), r.error
+        assert r.error_code == expected["code"], (r.error, r.error_code)
 
 
 FUTURE_MINOR = VECTORS / "valid" / "future_minor.moepack"

@@ -33,7 +33,7 @@ def verify(path: str | Path, *, quick: bool = False, threads: int | None = None,
     try:
         opened = open_for_verify(path)
     except Unverifiable as e:
-        return Report.unverifiable(path, str(e), quick=quick)
+        return Report.unverifiable(path, str(e), code=e.code, quick=quick)
     h = opened.header
     report = Report(str(path), quick, container_id=opened.container_id,
                     damaged=list(opened.damage), notes=list(opened.notes))

@@ -32,7 +32,12 @@ _HASHED = 96  # the header hash covers bytes 0..95 (FORMAT.md section 2)
 
 
 class Unverifiable(Exception):
-    """The file cannot be interpreted as a container; the message says why."""
+    """The file cannot be interpreted as a container; the message says why, `code` is the
+    stable code of the rule it breaks (moepack.format.errors.CODES) where one applies."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass
@@ -62,7 +67,7 @@ def _header(head: bytes, size: int) -> tuple[Header, list[Damage]]:
         if e.code != "header_hash_mismatch":
             if e.code == "file_size_mismatch" and size < _declared_size(head):
                 first = f"truncated: {first}"
-            raise Unverifiable(first) from None
+            raise Unverifiable(first, e.code) from None
     # Re-seal the header so the reader's own field checks run on the damaged bytes.
     resealed = head[:_HASHED] + blake3.blake3(head[:_HASHED]).digest()
     try:
@@ -88,7 +93,7 @@ def open_for_verify(path: str | Path) -> Opened:
     except OSError as e:
         raise Unverifiable(f"cannot open: {e.strerror or e}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise Unverifiable("not a regular file")
+        raise Unverifiable("not a regular file", "not_regular_file")
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as e:
@@ -125,7 +130,7 @@ def _open_index(h: Header, index: bytes, damage: list[Damage]) -> Opened:
         opened.sections = parse_index(index, h)[1].all
     except FormatError as e:
         if root_ok and not damage:
-            raise Unverifiable(str(e)) from None
+            raise Unverifiable(str(e), e.code) from None
         opened.notes.append(f"items not checked: the index cannot be used ({e})")
         return opened
     if not root_ok:

@@ -58,7 +58,8 @@ def _range(offset: int, length: int) -> str:
 
 def print_report(r: Report, out: Console) -> None:
     if r.error is not None:
-        out.print(f"[red]not verifiable:[/red] {escape(r.path)}: {escape(r.error)}")
+        code = f" {escape(f'[{r.error_code}]')}" if r.error_code else ""
+        out.print(f"[red]not verifiable:[/red] {escape(r.path)}: {escape(r.error)}{code}")
         return
     out.print(f"container {r.container_id or '(unknown: header damaged)'}")
     mode = "quick (header, index, root hash)" if r.quick else \

@@ -48,6 +48,7 @@ class Report:
     seconds: float = 0.0
     damaged: list[Damage] = field(default_factory=list)
     error: str | None = None
+    error_code: str | None = None  # the error's stable code, where the file breaks a format rule
     notes: list[str] = field(default_factory=list)
     direct_io: bool = False
 
@@ -70,5 +71,6 @@ class Report:
         return out
 
     @classmethod
-    def unverifiable(cls, path: str | Path, message: str, *, quick: bool = False) -> Report:
-        return cls(path=str(path), quick=quick, error=message)
+    def unverifiable(cls, path: str | Path, message: str, *, code: str | None = None,
+                     quick: bool = False) -> Report:
+        return cls(path=str(path), quick=quick, error=message, error_code=code)
