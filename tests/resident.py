@@ -33,3 +33,28 @@ def peak_growth(path: Path, prompt: list[int], decode: int, **engine: object) ->
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
+
+
+def resident_after(path: Path, prompts: list[list[int]], **engine: object) -> dict:
+    """{"now": anonymous memory's growth once the prompts are done, "peak": its peak growth,
+    "stats"} for Engine(path, **engine) fed each prompt in one call from an empty sequence."""
+    code = textwrap.dedent(f"""
+        import json, re
+        from moepack.runtime.engine import Engine, _library
+        def anon():
+            text = open("/proc/self/status").read()
+            kb = lambda key: 1024 * int(re.search(key + r":\\s+(\\d+)", text).group(1))
+            return kb("VmHWM") - kb("RssFile"), kb("VmRSS") - kb("RssFile")
+        _library()
+        base = anon()[1]
+        with Engine({str(path)!r}, **{engine!r}) as e:
+            for p in {prompts!r}:
+                e.reset()
+                e.feed(p)
+            s = e.stats()
+            peak, now = anon()
+        print(json.dumps({{"now": now - base, "peak": peak - base, "stats": s}}))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)

@@ -59,6 +59,15 @@ void *mp_aligned_alloc(size_t alignment, size_t size) {
     return (void *)at;
 }
 
+void *mp_aligned_calloc(uint64_t n, uint64_t size) {
+    if (size && n > UINT64_MAX / size) return NULL;
+    const uint64_t len = n * size ? n * size : 1;
+    if (len > SIZE_MAX) return NULL;
+    void *p = mp_aligned_alloc(64, (size_t)len);
+    if (p && len < MAPPED_MIN) memset(p, 0, (size_t)len); /* mapped pages come zeroed */
+    return p;
+}
+
 void mp_aligned_free(void *p) {
     if (!p) return;
     alloc_hdr *h = (alloc_hdr *)p - 1;

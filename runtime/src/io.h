@@ -32,6 +32,10 @@ int mp_io_read(mp_io *io, void *dst, uint64_t off, uint64_t len, char *err, size
 
 /* Aligned allocation helpers (free with mp_aligned_free). */
 void *mp_aligned_alloc(size_t alignment, size_t size);
+/* n x size zeroed bytes, 64-byte aligned (NULL when that overflows): the prompt chunk's buffers,
+ * which a long prompt frees and makes again (mpm_set_chunk), so that big ones go back to the
+ * system when freed instead of staying in malloc's heap while the cache grows back */
+void *mp_aligned_calloc(uint64_t n, uint64_t size);
 void mp_aligned_free(void *p);
 /* Expert record buffers: mapped exactly (the size rounded up to pages, no header page beside it)
  * when `alignment` is at most the page size, which mmap's placement gives; else

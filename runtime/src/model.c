@@ -1,5 +1,6 @@
 /* Model loading (trunk into RAM, KV cache allocation) and the per-token layer loop. */
 #define _POSIX_C_SOURCE 200809L
+#include "io.h"
 #include "model_internal.h"
 #include "moepack.h"
 #include "seterr.h"
@@ -159,7 +160,7 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
 static void free_chunk_bufs(mpm_model *m) {
     void *bufs[] = {m->q, m->kbuf, m->vbuf, m->att, m->lat, m->router_logits, m->g, m->u, m->bx,
                     m->bxn, m->bout, m->bsum, m->bsel, m->bselw, m->uniq};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mp_aligned_free(bufs[i]);
     m->q = m->kbuf = m->vbuf = m->att = m->lat = m->router_logits = m->g = m->u = NULL;
     m->bx = m->bxn = m->bout = m->bsum = m->bselw = NULL;
     m->bsel = NULL;
@@ -177,21 +178,21 @@ static int alloc_chunk_bufs(mpm_model *m) {
     int64_t qdim, kvdim, odim;
     attn_widths(c, &qdim, &kvdim, &odim);
     const uint64_t T = (uint64_t)m->chunk;
-    m->q = xcalloc(T * (uint64_t)qdim, 4);
-    m->kbuf = xcalloc(T * (uint64_t)kvdim, 4);
-    m->vbuf = xcalloc(T * (uint64_t)kvdim, 4);
-    m->att = xcalloc(T * (uint64_t)odim, 4);
-    if (c->mla) m->lat = xcalloc(T * (uint64_t)max64(c->q_lora_rank, kvdim), 4);
-    m->router_logits = xcalloc(T * (uint64_t)c->n_experts, 4);
-    m->g = xcalloc(T * (uint64_t)I, 4);
-    m->u = xcalloc(T * (uint64_t)I, 4);
-    m->bx = xcalloc(T * (uint64_t)H, 4);
-    m->bxn = xcalloc(T * (uint64_t)H, 4);
-    m->bout = xcalloc(T * (uint64_t)H, 4);
-    m->bsum = xcalloc(T * (uint64_t)H, 4);
-    m->bsel = xcalloc(T * (uint64_t)c->top_k, 4);
-    m->bselw = xcalloc(T * (uint64_t)c->top_k, 4);
-    m->uniq = xcalloc(T * (uint64_t)c->top_k, 4);
+    m->q = mp_aligned_calloc(T * (uint64_t)qdim, 4);
+    m->kbuf = mp_aligned_calloc(T * (uint64_t)kvdim, 4);
+    m->vbuf = mp_aligned_calloc(T * (uint64_t)kvdim, 4);
+    m->att = mp_aligned_calloc(T * (uint64_t)odim, 4);
+    if (c->mla) m->lat = mp_aligned_calloc(T * (uint64_t)max64(c->q_lora_rank, kvdim), 4);
+    m->router_logits = mp_aligned_calloc(T * (uint64_t)c->n_experts, 4);
+    m->g = mp_aligned_calloc(T * (uint64_t)I, 4);
+    m->u = mp_aligned_calloc(T * (uint64_t)I, 4);
+    m->bx = mp_aligned_calloc(T * (uint64_t)H, 4);
+    m->bxn = mp_aligned_calloc(T * (uint64_t)H, 4);
+    m->bout = mp_aligned_calloc(T * (uint64_t)H, 4);
+    m->bsum = mp_aligned_calloc(T * (uint64_t)H, 4);
+    m->bsel = mp_aligned_calloc(T * (uint64_t)c->top_k, 4);
+    m->bselw = mp_aligned_calloc(T * (uint64_t)c->top_k, 4);
+    m->uniq = mp_aligned_calloc(T * (uint64_t)c->top_k, 4);
     if (!m->q || !m->kbuf || !m->vbuf || !m->att || !m->router_logits || !m->g || !m->u || !m->bx ||
         !m->bxn || !m->bout || !m->bsum || !m->bsel || !m->bselw || !m->uniq || (c->mla && !m->lat))
         return -1;

@@ -19,6 +19,7 @@
  * scores the complete pools ending at or before it, keeps the index_topk / kpool best (ties:
  * lower pool) and attends to their positions plus the incomplete tail; while no more pools
  * than that are complete, every position is selected (dense, bit for bit). */
+#include "io.h"
 #include "model_internal.h"
 #include "moepack.h"
 #include "seterr.h"
@@ -109,22 +110,22 @@ int mpm_dsa_alloc(mpm_model *m) {
 int mpm_dsa_chunk_alloc(mpm_model *m) {
     const mpm_dsa_config *d = &m->c.dsa;
     const size_t T = (size_t)m->chunk;
-    m->dsa_q = calloc(T * (size_t)(d->heads * d->dim), sizeof(float));
-    m->dsa_k = calloc(T * (size_t)d->dim, sizeof(float));
-    m->dsa_w = calloc(T * (size_t)d->heads, sizeof(float));
-    m->dsa_sel = calloc(T * (size_t)kept(d, m->ctx), sizeof(int32_t));
-    m->dsa_n = calloc(T, sizeof(int32_t));
-    if (d->kpool && !(m->dsa_g = calloc(T * (size_t)d->dim, sizeof(float)))) return MP_ENOMEM;
+    m->dsa_q = mp_aligned_calloc(T * (size_t)(d->heads * d->dim), sizeof(float));
+    m->dsa_k = mp_aligned_calloc(T * (size_t)d->dim, sizeof(float));
+    m->dsa_w = mp_aligned_calloc(T * (size_t)d->heads, sizeof(float));
+    m->dsa_sel = mp_aligned_calloc(T * (size_t)kept(d, m->ctx), sizeof(int32_t));
+    m->dsa_n = mp_aligned_calloc(T, sizeof(int32_t));
+    if (d->kpool && !(m->dsa_g = mp_aligned_calloc(T * (size_t)d->dim, sizeof(float)))) return MP_ENOMEM;
     return m->dsa_q && m->dsa_k && m->dsa_w && m->dsa_sel && m->dsa_n ? 0 : MP_ENOMEM;
 }
 
 void mpm_dsa_chunk_free(mpm_model *m) {
-    free(m->dsa_q);
-    free(m->dsa_k);
-    free(m->dsa_g);
-    free(m->dsa_w);
-    free(m->dsa_sel);
-    free(m->dsa_n);
+    mp_aligned_free(m->dsa_q);
+    mp_aligned_free(m->dsa_k);
+    mp_aligned_free(m->dsa_g);
+    mp_aligned_free(m->dsa_w);
+    mp_aligned_free(m->dsa_sel);
+    mp_aligned_free(m->dsa_n);
     m->dsa_q = m->dsa_k = m->dsa_g = m->dsa_w = NULL;
     m->dsa_sel = m->dsa_n = NULL;
 }

@@ -6,6 +6,7 @@
  * X'_j = post_j o + sum_i comb[i][j] X_i.  The final norm reads the streams' mean.  Per token, in
  * a fixed order and single-threaded: the same bits whatever the chunk size or thread count.
  * Inactive (hc_mult 0) for every other architecture. */
+#include "io.h"
 #include "model_internal.h"
 #include "moepack.h"
 
@@ -57,14 +58,14 @@ int mpm_hc_chunk_alloc(mpm_model *m) {
     const mpm_config *c = &m->c;
     if (!c->hc_mult) return 0;
     const size_t T = (size_t)m->chunk, N = (size_t)c->hc_mult, H = (size_t)c->hidden;
-    m->hs = calloc(T * N * H, sizeof(float));
-    m->hw = calloc(T * (N + N * N), sizeof(float));
+    m->hs = mp_aligned_calloc(T * N * H, sizeof(float));
+    m->hw = mp_aligned_calloc(T * (N + N * N), sizeof(float));
     return m->hs && m->hw ? 0 : -1;
 }
 
 void mpm_hc_chunk_free(mpm_model *m) {
-    free(m->hs);
-    free(m->hw);
+    mp_aligned_free(m->hs);
+    mp_aligned_free(m->hw);
     m->hs = m->hw = NULL;
 }
 

@@ -8,6 +8,7 @@
  * the input is the softmax mix of bank + [current stream] with scores
  * dot(v, w) / sqrt(mean(v^2) + eps), w = res_norm x res_proj.  Per token and in a fixed order:
  * the same bits whatever the chunk size or thread count. */
+#include "io.h"
 #include "model_internal.h"
 #include "moepack.h"
 
@@ -81,16 +82,16 @@ uint64_t mpm_k3_scratch_bytes(const mpm_config *c, int chunk) {
 int mpm_k3_chunk_alloc(mpm_model *m) {
     const mpm_config *c = &m->c;
     const size_t T = (size_t)m->chunk;
-    if (c->res_block && !(m->rbank = calloc(T * (size_t)banks(c) * (size_t)c->hidden, sizeof(float)))) return -1;
-    if (c->latent && !(m->klat = calloc(T * (size_t)c->latent, sizeof(float)))) return -1;
-    if (c->mla_gate && !(m->kgate = calloc(T * (size_t)(c->n_heads * c->v_head_dim), sizeof(float)))) return -1;
+    if (c->res_block && !(m->rbank = mp_aligned_calloc(T * (size_t)banks(c) * (size_t)c->hidden, sizeof(float)))) return -1;
+    if (c->latent && !(m->klat = mp_aligned_calloc(T * (size_t)c->latent, sizeof(float)))) return -1;
+    if (c->mla_gate && !(m->kgate = mp_aligned_calloc(T * (size_t)(c->n_heads * c->v_head_dim), sizeof(float)))) return -1;
     return 0;
 }
 
 void mpm_k3_chunk_free(mpm_model *m) {
-    free(m->rbank);
-    free(m->klat);
-    free(m->kgate);
+    mp_aligned_free(m->rbank);
+    mp_aligned_free(m->klat);
+    mp_aligned_free(m->kgate);
     m->rbank = m->klat = m->kgate = NULL;
 }
 

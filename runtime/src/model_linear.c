@@ -17,6 +17,7 @@
  * a call never changes it in place: the first token of a call reads the committed state (lstate)
  * and writes the working copy (lwork), which mpm_state_commit makes the committed one once the
  * whole call succeeded, so a failed call leaves it as it was; snapshots copy lstate. */
+#include "io.h"
 #include "linear_ops.h"
 #include "model_internal.h"
 #include "moepack.h"
@@ -222,13 +223,13 @@ int mpm_linear_chunk_alloc(mpm_model *m) {
     const mpm_config *c = &m->c;
     if (!n_linear(c) && !c->attn_gate) return 0;
     uint64_t scratch = buf_floats(c) + mpm_linear_chunk_bytes(c, m->chunk) / 4u;
-    if (!(m->lbuf = calloc((size_t)scratch, 4))) return MP_ENOMEM;
+    if (!(m->lbuf = mp_aligned_calloc(scratch, 4))) return MP_ENOMEM;
     m->lqg = m->lbuf + scratch - buf_floats(c);
     return 0;
 }
 
 void mpm_linear_chunk_free(mpm_model *m) {
-    free(m->lbuf);
+    mp_aligned_free(m->lbuf);
     m->lbuf = m->lqg = NULL;
 }
 

@@ -179,11 +179,11 @@ int mpm_moe_chunk_alloc(mpm_model *m) {
     m->cxd = mp_aligned_alloc(64, T * mpk_rvq_xq_bytes(c->moe_inter));
     const uint64_t ws = mpk_rvq_gemm_ws_bytes(m->kern, prefill_ws_cols(c), 1) ? prefill_ws_bytes(c, m->chunk) : 0;
     m->cws = ws ? mp_aligned_alloc(64, ws) : NULL;
-    m->ceo = calloc(T * (size_t)c->hidden, sizeof(float));
-    m->cpairs = calloc(T * (size_t)c->top_k, sizeof(int32_t));
-    m->corder = calloc(T * (size_t)c->top_k, sizeof(int32_t));
-    m->cstart = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
-    m->cfill = calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
+    m->ceo = mp_aligned_calloc(T * (size_t)c->hidden, sizeof(float));
+    m->cpairs = mp_aligned_calloc(T * (size_t)c->top_k, sizeof(int32_t));
+    m->corder = mp_aligned_calloc(T * (size_t)c->top_k, sizeof(int32_t));
+    m->cstart = mp_aligned_calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
+    m->cfill = mp_aligned_calloc(T * (size_t)c->top_k + 1, sizeof(int32_t));
     return m->cxg && m->cxu && m->cxd && (m->cws || !ws) && m->ceo && m->cpairs && m->corder && m->cstart &&
                    m->cfill
                ? 0
@@ -195,11 +195,11 @@ void mpm_moe_chunk_free(mpm_model *m) {
     mp_aligned_free(m->cxu);
     mp_aligned_free(m->cxd);
     mp_aligned_free(m->cws);
-    free(m->ceo);
-    free(m->cpairs);
-    free(m->corder);
-    free(m->cstart);
-    free(m->cfill);
+    mp_aligned_free(m->ceo);
+    mp_aligned_free(m->cpairs);
+    mp_aligned_free(m->corder);
+    mp_aligned_free(m->cstart);
+    mp_aligned_free(m->cfill);
     m->cxg = m->cxu = m->cxd = m->cws = NULL;
     m->ceo = NULL;
     m->cpairs = m->corder = m->cstart = m->cfill = NULL;
