@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from moepack.cliargs import fail, one_line
+from moepack.cliargs import fail, json_error, one_line
 from moepack.sizes import format_size
 
 
@@ -59,8 +59,12 @@ def info(
         with Container.open(file) as c:
             data = container_info(c)
     except FormatError as e:
+        if as_json:  # the object `run --json` prints for the same file (docs/RUNTIME.md)
+            json_error(f"{file}: {e}", code=e.code, field=e.field, offset=e.offset)
         fail(f"{file}: {e.with_code()}")  # one line, no terminal escapes from the file
     except OSError as e:
+        if as_json:
+            json_error(f"{file}: {e}")
         fail(f"{file}: {e}")
     if as_json:
         print(json.dumps(data, indent=2, sort_keys=True))

@@ -8,6 +8,7 @@ each command reports them with its own exit code (docs/RUNTIME.md, "Exit codes")
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -27,6 +28,8 @@ UINT64_MAX = 2**64 - 1       # the C engine's uint64_t (seed, budget bytes)
 MAX_THREADS = 256            # the engine's compute pool caps threads here (kernels_pool.c)
 
 _TOKEN_ID = re.compile(r"\s*[0-9]{1,10}\s*")   # more digits cannot be an int32 token id
+# click's UsageError (typer vendors click or uses it), found from a public subclass
+_USAGE_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 
 def size_option(value: str | None) -> str | None:
@@ -60,9 +63,15 @@ def nucleus(value: float) -> float:
 
 def token_ids(value: str | None) -> str | None:
     """Typer callback for `--tokens 1,2,3`: int32 ids, checked without building big integers
-    (the command then splits the checked string)."""
-    for part in (value or "").split(","):
-        if part.strip() and (not _TOKEN_ID.fullmatch(part) or int(part) > INT32_MAX):
+    (the command then splits the checked string). An empty value is an empty list; an empty
+    item (`0,,1`, `1,`) is refused, not skipped: it is a typo, not an id."""
+    if value is None or not value.strip():
+        return value
+    for part in value.split(","):
+        if not part.strip():
+            raise typer.BadParameter(f"{printable(value, 40)} has an empty item: give "
+                                     f"comma-separated integers from 0 to {INT32_MAX}")
+        if not _TOKEN_ID.fullmatch(part) or int(part) > INT32_MAX:
             raise typer.BadParameter(f"{printable(part.strip(), 40)} is not a token id: give "
                                      f"comma-separated integers from 0 to {INT32_MAX}")
     return value
@@ -138,6 +147,21 @@ def fail(message: str, code: int = 1) -> NoReturn:
     """`error: message` (error_line), then exit `code` (1: the command ran and failed)."""
     error_line(message)
     raise typer.Exit(code)
+
+
+def usage(message: str, ctx: typer.Context | None = None) -> NoReturn:
+    """A usage error found in a command's body (options that conflict, one missing): exit 2 with
+    `usage: message (see 'moepack CMD --help')`, as click's own usage errors."""
+    raise _USAGE_ERROR(message, ctx)
+
+
+def json_error(message: str, **fields: object) -> NoReturn:
+    """Exit 1 with `{"error": {...}}` on stdout: the object `run --json` prints for a failure
+    (docs/RUNTIME.md), its keys always present, None where the failure has no such value."""
+    error = {"message": message, "engine_code": None, "code": None, "field": None,
+             "offset": None, "max_ctx": None, **fields}
+    print(json.dumps({"error": error}, indent=2))
+    raise typer.Exit(1)
 
 
 def terminal_text(text: str) -> str:

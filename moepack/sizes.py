@@ -7,7 +7,7 @@ bytes; `k`/`kB`, `M`/`MB`, `G`/`GB`, `T`/`TB`: powers of 1000; `Ki`/`KiB`, `Mi`/
 (1.5KiB = 1536). No exponents, signs, NaN or infinity.
 
 Printing is decimal (kB, MB, GB, TB, like the C engine's messages and the disk sizes vendors
-state), three decimals: `7.163 MB`.
+state), three decimals: `7.163 MB`; up to six where a refusal compares two amounts.
 """
 
 from __future__ import annotations
@@ -39,13 +39,21 @@ def parse_size(text: str) -> int:
     return int(whole or "0") * scale + int(frac or "0") * scale // 10 ** len(frac)
 
 
-def format_size(n: float) -> str:
-    """Decimal units, three decimals: `512 B`, `2.459 MB`, `321.285 GB` (negative: `-1.000 kB`)."""
+def format_size(n: float, exact: bool = False) -> str:
+    """Decimal units, three decimals: `512 B`, `2.459 MB`, `321.285 GB` (negative: `-1.000 kB`).
+
+    `exact` (whole bytes): up to six decimals where three would hide a remainder, `6.469338 MB`,
+    so that two amounts a refusal compares never read the same; the engine's messages
+    (engine.c fmt_size) follow the same rule."""
     value = float(n)
     if abs(value) < 1000:
         return f"{value:.0f} B"
+    scale = 1
     for unit in ("kB", "MB", "GB", "TB"):
-        value /= 1000
-        if abs(round(value, 3)) < 1000 or unit == "TB":  # 999.9996 kB prints as 1.000 MB
-            return f"{value:.3f} {unit}"
-    raise AssertionError("unreachable")
+        scale *= 1000
+        if abs(round(value / scale, 3)) < 1000 or unit == "TB":  # 999.9996 kB prints as 1.000 MB
+            break
+    decimals, step = 3, scale // 1000
+    while exact and decimals < 6 and int(n) % step:
+        decimals, step = decimals + 1, step // 10
+    return f"{value / scale:.{decimals}f} {unit}"

@@ -217,9 +217,10 @@ def _raise(code: int, msg: str, path: str | os.PathLike | None = None, *,
 
 
 def _open_refusal(lib: C.CDLL, path: str | os.PathLike, cfg: _Config, rc: int) -> dict:
-    """What mp_open's refusal `rc` adds for programs, from the plan it refused by: below the
-    floor, the longest context that fits; a ctx beyond the model's longest, context_too_long
-    and the longest that fits ({} otherwise, and where no plan comes out)."""
+    """What mp_open's or mp_plan_config's refusal `rc` adds for programs, from the plan it
+    refused by: below the floor, the longest context that fits; a ctx beyond the model's
+    longest, context_too_long and the longest that fits ({} otherwise, and where no plan comes
+    out)."""
     if rc not in (MP_EBUDGET, MP_EINVAL) or (rc == MP_EINVAL and cfg.ctx <= 0):
         return {}
     probe = _Config.from_buffer_copy(cfg)
@@ -299,8 +300,9 @@ def plan(path: str, ctx: int | None = None, kv: str | None = None,
     cfg.snapshots = _c_int("snapshots", snapshots, 0, MAX_SNAPSHOTS)
     cfg.threads = _c_int("threads", threads, 0)
     rc = lib.mp_plan_config(os.fsencode(path), C.byref(cfg), C.byref(p), err, _ERRLEN)
-    if rc:
-        _raise(rc, err.value.decode(errors="replace"), path)
+    if rc:  # a ctx beyond the model's longest: context_too_long and max_ctx, as Engine's
+        _raise(rc, err.value.decode(errors="replace"), path,
+               **_open_refusal(lib, path, cfg, rc))
     d = {name: getattr(p, name) for name, _ in _Plan._fields_}
     d["kv"] = next(k for k, v in KV_TYPES.items() if v == d["kv"])
     return d

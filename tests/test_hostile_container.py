@@ -4,6 +4,7 @@ nothing anywhere; both readers agree, and the planner refuses to write such a na
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -83,8 +84,9 @@ def test_planner_refuses_a_path_as_blob_name(name: str) -> None:
 
 @pytest.mark.parametrize("kind", ["parent", "absolute", "dot"])
 def test_cli_refuses_and_writes_nothing(tmp_path: Path, kind: str) -> None:
-    """verify (exit 2), info (1) and export (1): one line naming the rule; nothing created,
-    changed or removed anywhere under the parent folder, the victim file included."""
+    """verify (exit 2), info (1; with --json the error object) and export (1): one line naming
+    the rule; nothing created, changed or removed anywhere under the parent folder, the victim
+    file included."""
     work = tmp_path / "work"
     work.mkdir()
     victim = tmp_path / "victim"
@@ -98,7 +100,10 @@ def test_cli_refuses_and_writes_nothing(tmp_path: Path, kind: str) -> None:
                        (["export", path, work / "out"], 1),
                        (["export", "--force", path, work / "out"], 1)):
         rc, output = run(*args)
-        assert_one_line_error(rc, output, code, RULE)
+        if "--json" in args:  # the error object `run --json` prints, the rule in its message
+            assert rc == code and RULE in json.loads(output)["error"]["message"], output
+        else:
+            assert_one_line_error(rc, output, code, RULE)
     assert changes(before, snapshot(tmp_path)) == set()
     assert victim.read_bytes() == b"keep me"
 

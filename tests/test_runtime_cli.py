@@ -256,3 +256,222 @@ def test_tokenizer_and_chat_template(mixtral):
     assert tok.render_chat(msgs) == "w5 w6 "
     d = StreamDecoder(tok)
     assert "".join(d.push(t) for t in ids) == "w5 w9 w12"
+
+
+# --- chat: the context fills, Ctrl-C ---------------------------------------------------------
+
+def _counting_generate(monkeypatch, interrupt_after: int | None = None) -> list[int]:
+    """Engine.generate records each call's n; with `interrupt_after`, the first call sends this
+    process a real SIGINT once that many tokens are out (as Ctrl-C in a terminal would)."""
+    import signal
+
+    calls: list[int] = []
+    real = Engine.generate
+
+    def generate(self, prompt, n=32, **kw):
+        calls.append(n)
+        for i, t in enumerate(real(self, prompt, n, **kw)):
+            if interrupt_after is not None and len(calls) == 1 and i + 1 == interrupt_after:
+                signal.raise_signal(signal.SIGINT)
+            yield t
+
+    monkeypatch.setattr(Engine, "generate", generate)
+    return calls
+
+
+@pytest.mark.parametrize("history, fresh, ctx, n, want", [
+    (10, 10, 100, 20, (False, 20)),   # fits with the conversation
+    (90, 10, 100, 20, (True, 20)),    # only a fresh start gives -n: starting over
+    (10, 10, 100, 256, (False, 91)),  # -n fits nowhere: the room left, conversation kept
+    (95, 10, 100, 256, (False, 6)),
+    (120, 10, 100, 256, (True, 91)),  # the conversation no longer fits: a fresh start
+    (100, 100, 100, 5, (False, 1)),   # a prompt that fills the context still gets one token
+    (150, 101, 100, 5, None),         # this turn alone is longer than the context
+])
+def test_chat_turn_fit(history, fresh, ctx, n, want):
+    from moepack.runtime.cli import turn_fit
+
+    assert turn_fit(history, fresh, ctx, n) == want
+
+
+def test_chat_caps_replies_to_the_room_left_instead_of_ending(mixtral, monkeypatch):
+    calls = _counting_generate(monkeypatch)
+    r = _run("chat", mixtral, "--ctx", 24, input="w5 w6\nw7 w8\nw9\n\n")  # default -n 256
+    assert r.exit_code == 0, r.output
+    assert len(calls) == 3 and all(1 <= n <= 24 for n in calls), calls
+    assert r.output.count("replies stop where the context") == 1, r.output  # said once
+    assert "error" not in r.output, r.output
+    r = _run("chat", mixtral, "-n", 2000, input="w5 w6\n\n")  # -n beyond the model's 128
+    assert r.exit_code == 0 and len(calls) == 4 and calls[-1] <= 128, r.output
+
+
+def test_chat_refuses_a_turn_that_can_never_fit_and_goes_on(mixtral, monkeypatch):
+    rendered: list[list[dict]] = []
+    real = Tokenizer.encode_chat
+
+    def encode_chat(self, messages):
+        rendered.append([dict(m) for m in messages])
+        return real(self, messages)
+
+    monkeypatch.setattr(Tokenizer, "encode_chat", encode_chat)
+    calls = _counting_generate(monkeypatch)
+    long_line = " ".join(f"w{3 + i % 60}" for i in range(200))  # longer than ctx 128
+    r = _run("chat", mixtral, "-n", 4, input=f"w5 w6\n{long_line}\nw7\n\n")
+    assert r.exit_code == 0, r.output
+    assert "not sent" in r.output and "starting over" not in r.output, r.output
+    assert len(calls) == 2, calls  # the turns before and after it were answered
+    w7 = next(m for m in rendered if m[-1]["content"] == "w7")
+    assert w7[0]["content"] == "w5 w6", w7  # rendered with the conversation, which was kept
+
+
+def test_chat_ctrl_c_stops_the_reply_and_the_chat_goes_on(mixtral, monkeypatch):
+    calls = _counting_generate(monkeypatch, interrupt_after=2)
+    r = _run("chat", mixtral, "-n", 8, input="w5 w6\nw7 w8\n\n")
+    assert r.exit_code == 0, r.output
+    assert len(calls) == 2 and "interrupted" in r.stderr, r.output
+
+
+def test_chat_ctrl_c_at_the_prompt_ends_it_with_130(mixtral, monkeypatch):
+    def interrupted(prompt=""):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("builtins.input", interrupted)
+    r = _run("chat", mixtral)
+    assert r.exit_code == 130 and "Traceback" not in r.output, r.output
+
+
+# --- run: Ctrl-C, conflicting prompts, counts -----------------------------------------------
+
+def test_run_ctrl_c_finishes_the_line_and_says_so(mixtral, monkeypatch):
+    _counting_generate(monkeypatch, interrupt_after=3)
+    r = _run("run", mixtral, "--tokens", "5,9", "-n", 20)
+    assert r.exit_code == 130, r.output
+    assert r.stdout.endswith("\n") and len(r.stdout.split()) == 3, r.stdout
+    assert r.stderr.strip().splitlines() == ["interrupted after 3 tokens"], r.stderr
+    _counting_generate(monkeypatch, interrupt_after=3)
+    r = _run("run", mixtral, "--tokens", "5,9", "-n", 20, "--json")
+    out = json.loads(r.stdout)
+    assert r.exit_code == 130 and out["interrupted"] is True and len(out["tokens"]) == 3, out
+    assert out["prompt_tokens"] == [5, 9] and "decode_tok_s" in out["stats"], out
+
+
+def test_run_refuses_prompt_text_and_tokens_together(mixtral):
+    r = _run("run", mixtral, "w5", "--tokens", "1,2", "-n", 2)
+    assert r.exit_code == 2, r.output
+    assert "prompt text" in r.output and "--tokens" in r.output, r.output
+
+
+@pytest.mark.parametrize("tokens", ["0,,1", "1,", ",1", "1, ,2"])
+def test_tokens_with_an_empty_item_are_refused(mixtral, tokens, tmp_path):
+    for args in (("run", mixtral, "--tokens", tokens),
+                 ("eval", mixtral, "--tokens", tokens, "--logits", tmp_path / "l.npy")):
+        r = _run(*args)
+        assert r.exit_code == 2 and "empty item" in r.output, r.output
+    assert not (tmp_path / "l.npy").exists()
+
+
+def test_counts_of_one_read_in_the_singular(mixtral):
+    r = _run("run", mixtral, "--tokens", "5", "-n", 200)
+    assert r.exit_code == 1 and "the prompt's 1 token and" in r.output, r.output
+    r = _run("plan", mixtral, "--budget", "1")
+    assert r.exit_code == 1 and "budget 1 B is below" in r.output, r.output
+
+
+# --- eval: --ctx is never raised behind the user's back --------------------------------------
+
+def test_eval_refuses_a_ctx_shorter_than_the_tokens(mixtral, tmp_path):
+    out = tmp_path / "l.npy"
+    toks = ",".join(["5"] * 40)
+    r = _run("eval", mixtral, "--tokens", toks, "--logits", out, "--ctx", 20)
+    assert r.exit_code == 1 and "40 tokens" in r.output and "ctx is 20" in r.output, r.output
+    assert not out.exists()
+    r = _run("eval", mixtral, "--tokens", ",".join(["5"] * 129), "--logits", out)
+    assert r.exit_code == 1 and "the 129 tokens" in r.output, r.output  # max 128
+    assert "ctx 129" not in r.output and not out.exists(), r.output
+    r = _run("eval", mixtral, "--tokens", toks, "--logits", out, "--ctx", 40)
+    assert r.exit_code == 0 and np.load(out).shape == (40, 67), r.output
+
+
+# --- plan and info: usage errors, JSON errors, one size rule ---------------------------------
+
+def test_plan_usage_errors_exit_2(mixtral, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    for args in (("plan", "--json"), ("plan", mixtral, "--config", config),
+                 ("plan", mixtral, "--expert-codec", "rvq3-l")):
+        r = _run(*args)
+        assert r.exit_code == 2 and r.output.startswith("usage: "), (args, r.output)
+
+
+def test_plan_and_info_json_errors_are_the_error_object(mixtral, tmp_path):
+    keys = {"message", "engine_code", "code", "field", "offset", "max_ctx"}
+    short = tmp_path / "short.moepack"
+    short.write_bytes(mixtral.read_bytes()[:128])
+    r = _run("plan", mixtral, "--ctx", 129, "--json")  # max_position_embeddings 128
+    err = json.loads(r.stdout)["error"]
+    assert r.exit_code == 1 and set(err) == keys, r.output
+    assert (err["code"], err["max_ctx"]) == ("context_too_long", 128), err
+    for cmd in ("plan", "info", "run"):
+        args = ("--tokens", "1") if cmd == "run" else ()
+        r = _run(cmd, tmp_path / "missing.moepack", *args, "--json")
+        err = json.loads(r.stdout)["error"]
+        assert r.exit_code == 1 and set(err) == keys and "missing" in err["message"], r.output
+        r = _run(cmd, short, *args, "--json")
+        err = json.loads(r.stdout)["error"]
+        assert r.exit_code == 1 and err["code"] is not None, (cmd, r.output)
+
+
+def test_plan_and_run_print_the_below_floor_sizes_alike(mixtral):
+    """A budget a few hundred bytes below the floor: plan's refusal is run's (the engine's),
+    six decimals where three would make the two amounts read the same."""
+    floor = plan(str(mixtral), 64)["floor_bytes"]
+    budget = floor // 1000 * 1000
+    assert budget < floor
+    p = _run("plan", mixtral, "--ctx", 64, "--budget", budget)
+    r = _run("run", mixtral, "w5", "--ctx", 64, "--budget", budget)
+    assert p.exit_code == r.exit_code == 1, (p.output, r.output)
+    line = p.stderr.strip().removeprefix("error: ")
+    assert r.stderr.strip().endswith(line), (line, r.stderr)
+    assert format_size(floor, exact=True) in line and format_size(budget) in line, line
+
+
+def test_cache_reports_never_exceed_the_experts(mixtral):
+    """A budget far beyond every expert: the cache holds all of them and the rest is room to
+    spare (longer prompts borrow it), not a cache bigger than the model's experts."""
+    p = plan(str(mixtral), 64)
+    budget = p["floor_bytes"] + 1000 * p["experts_bytes"]
+    q = json.loads(_run("plan", mixtral, "--ctx", 64, "--budget", budget, "--json").stdout)
+    assert q["budget_cache_bytes"] > q["experts_bytes"], q
+    assert q["budget_cache_experts"] == q["default_cache_experts"] == q["expert_count"], q
+    row = _run("plan", mixtral, "--ctx", 64, "--budget", budget).output.split("with --budget")[1]
+    assert f"expert cache {format_size(p['experts_bytes'])}" in row, row
+    assert "holds every expert" in row and "to spare" in row, row
+    r = _run("run", mixtral, "--tokens", "5", "-n", 2, "--ctx", 64, "--budget", budget, "--json")
+    s = json.loads(r.stdout)["stats"]
+    assert s["cache_capacity_experts"] == p["expert_count"], s
+
+
+# --- cosmetics ------------------------------------------------------------------------------
+
+def test_eval_help_shows_the_logits_shape():
+    r = _run("eval", "--help")
+    assert "[n, vocab]" in " ".join(r.output.replace("│", " ").split()), r.output
+
+
+def test_threads_beyond_the_usable_cores_warn(mixtral, monkeypatch):
+    monkeypatch.setattr("moepack.sysinfo.usable_cores", lambda: 1)
+    r = _run("run", mixtral, "--tokens", "5", "-n", 1, "--threads", 2)
+    assert r.exit_code == 0 and "--threads 2 is more than the 1 usable core:" in r.stderr, r.output
+    r = _run("run", mixtral, "--tokens", "5", "-n", 1, "--threads", 1)
+    assert r.exit_code == 0 and "warning" not in r.stderr, r.output
+
+
+def test_a_container_without_tokenizer_names_tokens(tmp_path):
+    from moepack.format.synthetic import mixtral_spec, write_synthetic
+
+    path = tmp_path / "synthetic.moepack"
+    write_synthetic(path, mixtral_spec())
+    r = _run("run", path, "w5")
+    assert r.exit_code == 1 and "--tokens" in r.output, r.output
+    r = _run("chat", path)
+    assert r.exit_code == 1 and "chat needs one" in r.output, r.output

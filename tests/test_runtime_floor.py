@@ -166,7 +166,7 @@ def test_plan_cli_config_and_its_refusals(model, tmp_path):
         assert len(r.output.strip().splitlines()) == 1, r.output
     for args in ([], [str(model), "--config", str(config)]):
         r = runner.invoke(app, ["plan", *args])
-        assert r.exit_code == 1 and "one of them" in r.output
+        assert r.exit_code == 2 and "one of them" in r.output
 
 
 def test_state_snapshot_is_counted_in_the_floor(k3, model):
