@@ -5,7 +5,8 @@ chat templates: sandboxed, trim_blocks + lstrip_blocks)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from functools import cached_property
 
 from moepack.format.reader import Container
 
@@ -72,6 +73,13 @@ class Tokenizer:
     def eos_id(self) -> int | None:
         return self.token_id(self.eos_token)
 
+    @cached_property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the added tokens marked special (BOS, EOS, turn and control markers), the
+        ones transformers' `skip_special_tokens` leaves out of decoded text."""
+        return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items()
+                         if t.special)
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         problem = utf8_problem(text)  # lone surrogates: `tokenizers` raises a bare TypeError
         if problem:
@@ -128,12 +136,17 @@ class Tokenizer:
 
 class StreamDecoder:
     """Turns a token stream into text pieces (re-decodes the tail so multi-byte characters and
-    merged spaces come out right)."""
+    merged spaces come out right). Tokens in `skip` (default: the special ones) give no text,
+    as transformers' `skip_special_tokens` and llama.cpp's output leave them out: a BOS or a
+    control token sampled mid-reply is no part of the reply's text."""
 
-    def __init__(self, tok: Tokenizer) -> None:
+    def __init__(self, tok: Tokenizer, skip: Collection[int] | None = None) -> None:
         self.tok, self.ids, self.text = tok, [], ""
+        self.skip = tok.special_ids if skip is None else skip
 
     def push(self, tid: int) -> str:
+        if tid in self.skip:
+            return ""
         self.ids.append(tid)
         full = self.tok.decode(self.ids)
         if full.endswith("\ufffd"):  # incomplete UTF-8 sequence: wait for more tokens

@@ -16,12 +16,12 @@ from moepack.runtime.engine import MP_ECTX, Engine, EngineError
 from moepack.runtime.tokenizer import Tokenizer
 from moepack.serve import sse
 from moepack.serve.errors import ApiError, from_validation
-from moepack.serve.job import Done, Job, Piece
+from moepack.serve.job import Done, Job, Piece, ServerStopping
 from moepack.serve.metrics import Metrics
 from moepack.serve.prepare import Preparer
 from moepack.serve.responses import ChatOutput, ChatResponder, CompletionResponder
 from moepack.serve.schemas import ChatRequest, CompletionRequest
-from moepack.serve.vocab import Vocab
+from moepack.serve.vocab import Vocab, generation_eos_ids
 from moepack.serve.worker import Worker
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
@@ -83,12 +83,20 @@ class Server:
         # PrefixReuse keeps one linear-attention state snapshot: counted in the floor
         self.engine = Engine(cfg.path, budget=cfg.budget, threads=cfg.threads, ctx=cfg.ctx,
                              kv=cfg.kv, snapshots=1, kernels=cfg.kernels)
-        self.vocab = Vocab(self.tok, self.engine.vocab_size)
+        self.vocab = Vocab(self.tok, self.engine.vocab_size, generation_eos_ids(cfg.path))
         self.prep = Preparer(self.tok, self.vocab, self.engine.ctx)
         self.metrics = Metrics()
         self.worker = Worker(self.engine, self.vocab, cfg.max_queue, self.metrics)
         self.started = int(time.time())
         self.page = PAGE.read_bytes()
+        self.loop: asyncio.AbstractEventLoop | None = None  # set when the app starts
+
+    def stop_requests(self) -> None:
+        """Answer every request that runs or waits with ServerStopping (a stream ends with an
+        error event and `data: [DONE]`, a whole reply is a 503) so that the server can stop
+        at once. Safe from a signal handler: the work runs in the event loop."""
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.worker.stop)
 
     def close(self) -> None:
         if self.worker.close():  # a worker stuck inside the engine keeps it (process exits)
@@ -98,8 +106,11 @@ class Server:
         if self.cfg.api_key is None:
             return
         got = request.headers.get("authorization", "")
-        want = f"Bearer {self.cfg.api_key}"
-        if not hmac.compare_digest(got.encode(), want.encode()):
+        scheme, _, key = got.partition(" ")
+        # the scheme is case-insensitive (RFC 9110 11.1): "bearer KEY" is the same credential
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(
+            key.lstrip(" ").encode(), self.cfg.api_key.encode())
+        if not ok:
             raise ApiError(401, "Incorrect API key provided" if got else
                            "You didn't provide an API key (Authorization: Bearer KEY)",
                            code="invalid_api_key")
@@ -128,10 +139,14 @@ class Server:
 
     def submit(self, job: Job) -> None:
         job.events.loop = asyncio.get_running_loop()
+        if self.worker.stopped is not None:
+            raise _engine_error(self.worker.stopped)
         if not self.worker.submit(job):
             self.metrics.rejected += 1
-            raise ApiError(429, f"the queue is full ({self.cfg.max_queue} waiting); retry "
-                           "later", code="rate_limit_exceeded",
+            why = (f"the queue is full ({self.cfg.max_queue} waiting)" if self.cfg.max_queue
+                   else "another request is running and this server keeps no queue "
+                   "(--max-queue 0)")
+            raise ApiError(429, f"{why}; retry later", code="rate_limit_exceeded",
                            headers={"Retry-After": str(self.worker.retry_after())})
 
     async def collect(self, job: Job, request: Request) -> tuple[list[Piece], Done]:
@@ -191,17 +206,20 @@ async def _disconnect(request: Request) -> None:
 
 
 def _engine_error(e: BaseException) -> ApiError:
+    if isinstance(e, ServerStopping):
+        return ApiError(503, str(e), code="server_shutting_down")
     if isinstance(e, EngineError) and e.code == MP_ECTX:
         return ApiError(400, str(e), code="context_length_exceeded")
     code = e.format_code if isinstance(e, EngineError) else None  # a container rule it broke
     return ApiError(500, f"generation failed: {e}", code=code or "engine_error")
 
 
-def create_app(cfg: ServeConfig) -> ASGIApp:
+def create_app(cfg: ServeConfig) -> tuple[ASGIApp, Server]:
     srv = Server(cfg)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        srv.loop = asyncio.get_running_loop()
         yield
         srv.close()
 
@@ -285,4 +303,4 @@ def create_app(cfg: ServeConfig) -> ASGIApp:
             return Response(status_code=499)
         return JSONResponse(responder.whole(pieces, done))
 
-    return _CountRequests(app, srv.metrics)
+    return _CountRequests(app, srv.metrics), srv

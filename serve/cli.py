@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -24,7 +27,8 @@ def serve_cmd(
     threads: ThreadsOpt = None,
     kernels: KernelsOpt = "auto",
     max_queue: Annotated[int, typer.Option(
-        "--max-queue", min=0, help="Requests waiting behind the running one; more get 429.")] = 16,
+        "--max-queue", min=0,
+        help="Requests waiting behind the running one (0: none); more get 429.")] = 16,
     max_body: Annotated[int, typer.Option(
         "--max-body", min=1024, help="Largest request body in bytes; larger get 413.")] = 4 << 20,
     model_name: Annotated[str | None, typer.Option(
@@ -32,11 +36,12 @@ def serve_cmd(
         help="Model id in /v1/models (default: the file's stem).")] = None,
 ) -> None:
     """OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models) and a chat
-    page at /. One sequence at a time; requests queue."""
-    import uvicorn
+    page at /. One sequence at a time; requests queue. Ctrl-C (exit 130) and SIGTERM (exit 0)
+    stop it within seconds, and the requests in flight are told so."""
     from moepack.format.errors import FormatError
     from moepack.runtime.engine import EngineError
     from moepack.runtime.tokenizer import TokenizerError
+    from moepack.serve import server
     from moepack.serve.app import ServeConfig, create_app
 
     problem = file_problem(file)   # before opening: a FIFO would block the engine forever
@@ -45,17 +50,46 @@ def serve_cmd(
     cfg = ServeConfig(path=str(file), model_id=model_name or file.stem, api_key=api_key,
                       budget=budget, ctx=ctx, kv=kv, threads=threads, kernels=kernels,
                       max_queue=max_queue, max_body=max_body)
+    main = threading.current_thread() is threading.main_thread()  # signals are the main's
+    old_term = signal.signal(signal.SIGTERM, _stop_loading) if main else None
     try:
-        app = create_app(cfg)
+        app, srv = create_app(cfg)
     except FormatError as e:  # the tokenizer's reader refused the container
         fail(f"{file}: {EngineError.from_format(e).with_code()}")
     except EngineError as e:
         fail(f"{file}: {e.with_code()}")
     except (TokenizerError, ValueError, OSError) as e:
         fail(f"{file}: {e}")
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, old_term)
+    # bound here, not by uvicorn (whose bind failure exits 3, moepack's code for a bug): the
+    # banner follows a bind that worked, and a port in use or an address this machine lacks
+    # is one error line, exit 1. After the model loads, so that its errors come first.
+    where = server.address(host, port)
+    try:
+        socks = server.listen(host, port)
+    except (OSError, ValueError) as e:  # ValueError: a name IDNA cannot encode
+        srv.close()
+        fail(f"cannot listen on {where}: {getattr(e, 'strerror', None) or e}")
+    print(f"moepack serve: {cfg.model_id} on http://{where}/", flush=True)
     # the worker thread owns the engine; uvicorn's loop only routes requests
-    print(f"moepack serve: {cfg.model_id} on http://{host}:{port}/", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+    run = server.Uvicorn(app, srv.stop_requests)
+    run.run(sockets=socks)
+    if run.stop_signal == signal.SIGINT:
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+
+EXIT_INTERRUPTED = 130  # docs/RUNTIME.md, "Exit codes"
+
+
+def _stop_loading(sig: int, frame: FrameType | None) -> None:
+    """SIGTERM while the model loads: nothing is in flight, so it ends as a graceful stop.
+    SystemExit, not typer.Exit: the loaders' `except Exception` must not take it for their
+    own error."""
+    raise SystemExit(0)
 
 
 def register(app: typer.Typer) -> None:

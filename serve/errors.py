@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from moepack.serve.schemas import FIELD_RULES, UNSUPPORTED_PART
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
@@ -28,7 +29,13 @@ class ApiError(Exception):
 
 def from_validation(e: ValidationError) -> ApiError:
     """The first problem pydantic found, said the way the API says it."""
-    err = e.errors(include_url=False)[0]
+    errors = e.errors(include_url=False)
+    # A list where a union takes a string or a list (`content`, `prompt`) fails both members;
+    # the string member's "should be a valid string" comes first and would hide what is wrong
+    # inside the list.
+    err = next((x for x in errors if x["type"] == UNSUPPORTED_PART), None) or next(
+        (x for x in errors if not (x["type"] == "string_type" and isinstance(
+            x.get("input"), list))), errors[0])
     if err["type"] == "json_invalid":
         return ApiError(400, f"We could not parse the JSON body of your request: {err['msg']}",
                         code="invalid_json")
@@ -38,6 +45,9 @@ def from_validation(e: ValidationError) -> ApiError:
         or p[:1].isupper()))]
     param = ".".join(loc) or None
     msg = err["msg"]
+    rule = FIELD_RULES.get(loc[0]) if loc else None
+    if rule and err["type"] != "missing":
+        return ApiError(400, f"{loc[0]} must be {rule}", param=loc[0], code="invalid_value")
     if err["type"] == "model_type" and not loc:
         msg = "The request body must be a JSON object"
     return ApiError(400, f"{param}: {msg}" if param else msg, param=param,

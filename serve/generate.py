@@ -80,7 +80,9 @@ class Generator:
         # the engine's own sampler and RNG, so a seed gives what `moepack run --seed` gives
         rng = C.c_uint64(eng._lib.mp_rng_seed(int(job.seed) & (2**64 - 1)))
         limit = min(job.max_tokens, eng.ctx - len(job.prompt))
-        dec, stop = StreamDecoder(vocab.tok), StopMatcher(job.stops)
+        # special tokens (a BOS sampled mid-reply) give no text; a stop token ends the reply
+        dec = StreamDecoder(vocab.tok, vocab.special_ids - job.show_special)
+        stop = StopMatcher(job.stops)
         out, n, finish, first = [], 0, "length", None
         con = job.constraint
         while n < limit:

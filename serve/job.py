@@ -9,6 +9,14 @@ from moepack.serve.channel import Channel
 from moepack.serve.constraint import Constraint
 
 
+class ServerStopping(Exception):
+    """Sent to the requests that run or wait when the server stops (SIGINT, SIGTERM)."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down; this request was stopped before it "
+                         "finished")
+
+
 @dataclass
 class TokenLogprob:
     token: str
@@ -48,6 +56,7 @@ class Job:
     stops: list[str] = field(default_factory=list)
     top_logprobs: int | None = None  # None: no logprobs; 0: the chosen token's only
     constraint: Constraint | None = None
+    show_special: frozenset[int] = frozenset()  # special tokens kept in the text (tool syntax)
     cancel: threading.Event = field(default_factory=threading.Event)
     events: Channel = field(default_factory=Channel)
 

@@ -33,13 +33,14 @@ class Preparer:
     def masker(self) -> JsonMasker:
         return JsonMasker(self.vocab.trie)
 
-    def _job(self, req: _Sampling, prompt: list[int], max_tokens: int | None) -> Job:
+    def _job(self, req: _Sampling, prompt: list[int], max_tokens: int | None,
+             param: str) -> Job:
         if req.n not in (None, 1):
             raise ApiError(400, "n > 1 is not supported: this server runs one sequence at a "
                            "time", param="n", code="unsupported_value")
         if len(prompt) >= self.ctx:
             raise ApiError(400, f"This model's maximum context length is {self.ctx} tokens; "
-                           f"your prompt has {len(prompt)} tokens", param="messages",
+                           f"your prompt has {len(prompt)} tokens", param=param,
                            code="context_length_exceeded")
         room = self.ctx - len(prompt)
         return Job(prompt=prompt, max_tokens=min(max_tokens or room, room),
@@ -55,16 +56,22 @@ class Preparer:
             raise ApiError(400, "suffix is not supported", param="suffix",
                            code="unsupported_value")
         p = req.prompt
-        if isinstance(p, list) and p and isinstance(p[0], int):
+        if isinstance(p, list) and not isinstance(p[0], int):  # a list of prompts
+            if len(p) > 1:
+                raise ApiError(400, f"prompt is a list of {len(p)} prompts: batched prompts "
+                               "are not supported (one sequence at a time); send one prompt "
+                               "per request", param="prompt", code="unsupported_value")
+            p = p[0]
+        if isinstance(p, list):
             if any(t < 0 or t >= self.vocab.size for t in p):
                 raise ApiError(400, f"prompt token ids must be in 0..{self.vocab.size - 1}",
                                param="prompt", code="invalid_value")
             ids = list(p)
         else:
-            ids = self.tok.encode_prompt(p[0] if isinstance(p, list) else p)
+            ids = self.tok.encode_prompt(p)
         if not ids:
             raise ApiError(400, "prompt is empty", param="prompt", code="invalid_value")
-        job = self._job(req, ids, req.max_tokens)
+        job = self._job(req, ids, req.max_tokens, "prompt")
         job.top_logprobs = req.logprobs
         return job
 
@@ -87,7 +94,7 @@ class Preparer:
             raise ApiError(400, f"the chat template refused these messages: {e}",
                            param="messages", code="invalid_value") from None
         ids = self.tok.encode(text, add_special_tokens=False)  # the template writes BOS
-        job = self._job(req, ids, req.max_completion_tokens or req.max_tokens)
+        job = self._job(req, ids, req.max_completion_tokens or req.max_tokens, "messages")
         job.prompt_text = text
         if req.logprobs:
             job.top_logprobs = req.top_logprobs or 0
@@ -95,6 +102,9 @@ class Preparer:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs",
                            code="invalid_value")
         job.constraint = self._constraint(req, mode)
+        if mode.family:
+            job.show_special = frozenset(
+                i for i in map(self.tok.token_id, tools.syntax(mode.family)) if i is not None)
         return job, mode
 
     def _tools(self, req: ChatRequest) -> tuple[ToolMode, list[dict] | None]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 
 class _Strict(BaseModel):
@@ -13,8 +14,17 @@ class _Strict(BaseModel):
 
 
 class TextPart(_Strict):
-    type: Literal["text"]
+    type: str
     text: str
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, v: str) -> str:
+        if v != "text":  # image_url, input_audio, file: this server reads text only
+            raise PydanticCustomError(
+                UNSUPPORTED_PART, "only text content parts are supported, not {kind}",
+                {"kind": v})
+        return v
 
 
 class FunctionCall(_Strict):
@@ -70,9 +80,22 @@ class StreamOptions(_Strict):
 
 
 Stop = str | Annotated[list[str], Field(max_length=4)] | None
-Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
-TopP = Annotated[float, Field(gt=0.0, le=1.0)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Temperature = Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
+
+# What these fields take, said whole: pydantic names one failed bound or union member at a
+# time (a NaN temperature "should be less than or equal to 2", five stop strings "should be a
+# valid string").
+FIELD_RULES = {
+    "temperature": "a finite number from 0 to 2",
+    "top_p": "a finite number above 0 and at most 1",
+    "presence_penalty": "a finite number from -2 to 2",
+    "frequency_penalty": "a finite number from -2 to 2",
+    "stop": "a string or a list of at most 4 strings",
+    "prompt": "a string or a non-empty list of token ids (integers)",
+}
+UNSUPPORTED_PART = "unsupported_content_part"  # an error type of our own, reported as it is
 
 
 class _Sampling(_Strict):
@@ -107,8 +130,9 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | \
-        Annotated[list[int], Field(min_length=1)]
+    # a list of prompts validates, so that the refusal can say batches are not supported
+    prompt: str | Annotated[list[int], Field(min_length=1)] | \
+        Annotated[list[str | Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool | None = False
     suffix: str | None = None

@@ -68,6 +68,17 @@ def family(template: str | None) -> str | None:
     return None
 
 
+def syntax(fam: str) -> tuple[str, ...]:
+    """The marker tokens a family's calls are written with: special tokens in some
+    vocabularies (Mistral's [TOOL_CALLS]), kept in the reply's text when tools are on so that
+    `parse` finds the calls."""
+    return {HERMES: ("<tool_call>", "</tool_call>"),
+            DEEPSEEK: (_DS_CALLS_BEGIN, _DS_CALLS_END, _DS_BEGIN, _DS_SEP, _DS_END),
+            KIMI: (_KIMI_SECTION, _KIMI_SECTION_END, "<|tool_call_begin|>",
+                   "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
+            MISTRAL: ("[TOOL_CALLS]",)}[fam]
+
+
 def start_marker(fam: str) -> str:
     """Text that opens the tool-call part of a reply (content before it is plain text)."""
     return {HERMES: "<tool_call>", DEEPSEEK: _DS_CALLS_BEGIN, KIMI: _KIMI_SECTION,

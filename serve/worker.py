@@ -8,7 +8,7 @@ import time
 
 from moepack.runtime.engine import Engine, EngineError
 from moepack.serve.generate import Generator
-from moepack.serve.job import Done, Job
+from moepack.serve.job import Done, Job, ServerStopping
 from moepack.serve.metrics import Metrics
 from moepack.serve.vocab import Vocab
 
@@ -22,6 +22,7 @@ class Worker:
         self._lock = threading.Lock()
         self.pending = 0  # submitted and not finished, the running one included
         self.current: Job | None = None
+        self.stopped: ServerStopping | None = None  # set once: no job runs after it
         self.engine_stats = engine.stats()  # read only by this thread; others get the copy
         self._thread = threading.Thread(target=self._loop, name="moepack-engine", daemon=True)
         self._thread.start()
@@ -43,24 +44,36 @@ class Worker:
         """Seconds a refused client should wait: the queue ahead times a typical request."""
         return max(1, round(self.waiting * self.metrics.mean_request_seconds()))
 
-    def close(self) -> bool:
-        """Cancel what runs and waits, stop the thread; True when it has stopped (only then
-        may the engine be closed: the thread may be inside it)."""
+    def stop(self) -> None:
+        """Stop taking jobs: the running one and every waiting one get ServerStopping (their
+        requests answer with it at once) and are cancelled (the engine stops before its next
+        token). From any thread."""
         with self._lock:
-            if self.current is not None:
-                self.current.cancel.set()
+            if self.stopped is not None:
+                return
+            self.stopped = ServerStopping()
+            current = self.current
+        if current is not None:
+            current.emit(self.stopped)  # before the cancel: the request sees it, not the
+            current.cancel.set()        # "cancelled" end the engine then reports
         while True:
             try:
                 job = self._q.get_nowait()
             except queue.Empty:
                 break
             if job is not None:
+                job.emit(self.stopped)
                 job.cancel.set()
-                job.emit(RuntimeError("the server is shutting down"))
                 with self._lock:
                     self.pending -= 1
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stop, then end the thread; True when it has ended within `timeout` seconds (only
+        then may the engine be closed: the thread may be inside it, in a long prompt that no
+        cancel interrupts)."""
+        self.stop()
         self._q.put(None)
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=timeout)
         return not self._thread.is_alive()
 
     def _loop(self) -> None:
@@ -73,7 +86,11 @@ class Worker:
                     self.metrics.cancelled += 1
                     continue
                 with self._lock:
-                    self.current = job
+                    stopped = self.stopped
+                    self.current = job if stopped is None else None
+                if stopped is not None:  # taken off the queue just as stop() drained it
+                    job.emit(stopped)
+                    continue
                 self._run(job)
             finally:
                 with self._lock:

@@ -45,7 +45,7 @@ def test_completion_matches_moepack_run(client):
     ids = tok.encode_prompt(PROMPT)
     with Engine(str(demo_container()), threads=1) as e:
         want = list(e.generate(ids, 12, stop=[tok.eos_id]))
-    assert r.choices[0].text == tok.decode([t for t in want if t != tok.eos_id])
+    assert r.choices[0].text == tok.decode(want, skip_special_tokens=True)
     assert r.usage.prompt_tokens == len(ids)
     assert r.usage.completion_tokens == len(want)
     assert r.usage.total_tokens == len(ids) + len(want)
@@ -56,7 +56,34 @@ def test_completion_matches_moepack_run(client):
     with Engine(str(demo_container()), threads=1) as e:
         want = list(e.generate(ids, 12, temperature=0.9, top_p=0.95, seed=5,
                                stop=[tok.eos_id]))
-    assert s.choices[0].text == tok.decode([t for t in want if t != tok.eos_id])
+    assert s.choices[0].text == tok.decode(want, skip_special_tokens=True)
+
+
+def test_special_tokens_never_in_reply_text(client):
+    """The demo samples its BOS (<s>, a document boundary in its training text) as the third
+    token of this reply: the token counts, its text is left out (as transformers'
+    skip_special_tokens and llama.cpp leave it out); the stop token </s> ends a reply."""
+    kw = dict(model="demo", messages=[{"role": "user", "content": "def read_config(path):"}],
+              max_tokens=10, temperature=1.0, seed=7)
+    r = client.chat.completions.create(**kw, logprobs=True)
+    tokens = [e.token for e in r.choices[0].logprobs.content]
+    assert "<s>" in tokens  # sampled: else this test checks nothing
+    text = r.choices[0].message.content
+    assert "<s>" not in text and text
+    chunks = client.chat.completions.create(**kw, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+
+
+def test_stop_tokens_include_generation_config_eos():
+    """generation_config.json's eos_token_id (GLM-4.5 lists three) ends a reply too."""
+    from moepack.runtime.tokenizer import Tokenizer
+    from moepack.serve.vocab import Vocab, generation_eos_ids
+    from serve_fixtures import demo_container
+
+    path = str(demo_container())
+    assert generation_eos_ids(path) == [1]  # the demo's </s>
+    tok = Tokenizer.from_container(path)
+    assert Vocab(tok, 8192, [1, 7, 9999]).stop_ids == {1, 4, 7}  # </s>, <|im_end|>, 7
 
 
 def test_chat_nonstream_and_stream_agree(client):

@@ -1,6 +1,8 @@
 """Bad input gets OpenAI-style errors with the right status and never takes `moepack serve`
 down: malformed bodies (a bounded fuzz), wrong types, n > 1, over-long prompts, missing or
-wrong API key, oversized bodies, a full queue (429), a client that leaves mid-stream."""
+wrong API key, oversized bodies, a full queue (429), a client that leaves mid-stream. Then
+how it starts and stops: an address it cannot listen on, SIGINT and SIGTERM with requests in
+flight."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import http.client
 import json
 import random
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -100,11 +105,57 @@ def test_prompt_longer_than_context_is_400(srv, client=None):
     status, obj, _ = post(srv, "/v1/completions", body)
     assert_error(status, obj, 400)
     assert obj["error"]["code"] == "context_length_exceeded"
+    assert obj["error"]["param"] == "prompt"  # the field the request has
     c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model="demo", max_tokens=2, messages=[
             {"role": "user", "content": "word " * (ctx + 50)}])
-    assert e.value.code == "context_length_exceeded"
+    assert e.value.code == "context_length_exceeded" and e.value.param == "messages"
+
+
+def _chat(field: str) -> str:
+    return '{"messages": [{"role": "user", "content": "x"}], ' + field + "}"
+
+
+@pytest.mark.parametrize("path,body,param,says", [
+    # the rule whole, not the one bound or union member pydantic names first
+    (CHAT, _chat('"stop": ["a", "b", "c", "d", "e"]'), "stop", "at most 4 strings"),
+    (CHAT, _chat('"temperature": NaN'), "temperature", "finite number from 0 to 2"),
+    (CHAT, _chat('"temperature": -Infinity'), "temperature", "finite number from 0 to 2"),
+    (CHAT, _chat('"top_p": NaN'), "top_p", "finite number above 0"),
+    ("/v1/completions", '{"prompt": ["def f():", "def g():"]}', "prompt",
+     "batched prompts are not supported"),
+    ("/v1/completions", '{"prompt": [[1, 2], [3, 4]]}', "prompt",
+     "batched prompts are not supported"),
+    ("/v1/completions", '{"prompt": []}', "prompt", "a string or a non-empty list of token ids"),
+    (CHAT, '{"messages": [{"role": "user", "content": [{"type": "text"}]}]}',
+     "messages.0.content.0.text", "Field required"),
+])
+def test_refusals_say_the_rule(srv, path, body, param, says):
+    status, obj, _ = post(srv, path, body)
+    assert_error(status, obj, 400)
+    assert obj["error"]["param"] == param and says in obj["error"]["message"], obj
+
+
+def test_one_prompt_in_a_list_and_text_parts_are_accepted(srv):
+    for path, body in (("/v1/completions", {"prompt": ["def f():"], "max_tokens": 2}),
+                       ("/v1/completions", {"prompt": [[5, 6, 7]], "max_tokens": 2}),
+                       (CHAT, {"messages": [{"role": "user", "content": [
+                           {"type": "text", "text": "def "}, {"type": "text", "text": "f"}]}],
+                               "max_tokens": 2})):
+        status, obj, _ = post(srv, path, json.dumps(body))
+        assert status == 200, obj
+
+
+def test_image_content_is_refused_as_such(srv):
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="demo", max_tokens=2, messages=[
+            {"role": "user", "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}}]}])
+    assert e.value.param == "messages.0.content.1.type"
+    assert "only text content parts are supported" in e.value.message
 
 
 def test_unknown_route_and_method_are_error_objects(srv):
@@ -178,6 +229,11 @@ def test_api_key_required(strict):
         c.models.list()
     c = openai.OpenAI(base_url=strict.url + "/v1", api_key=KEY, max_retries=0)
     assert [m.id for m in c.models.list()] == ["demo"]
+    # the scheme is case-insensitive (RFC 9110 11.1); the key is not
+    for auth, want in ((f"bearer {KEY}", 200), (f"BEARER {KEY}", 200), (f"Basic {KEY}", 401),
+                       (f"Bearer {KEY.upper()}", 401), (f"Bearer{KEY}", 401)):
+        status, obj, _ = post(strict, CHAT, json.dumps(OK_CHAT), {"Authorization": auth})
+        assert status == want, (auth, obj)
     assert strict.metrics({"Authorization": f"Bearer {KEY}"})["moepack_queue_depth"] == 0
 
 
@@ -271,24 +327,96 @@ def test_disconnect_while_waiting_for_a_whole_reply_cancels(srv):
     assert srv.get_json("/health")["status"] == "ok"
 
 
-def test_sigterm_mid_stream_exits_cleanly():
+def test_max_queue_0_refuses_while_one_runs():
+    s = ServerProcess(demo_container(), "--max-queue", "0")
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        conn.request("POST", "/v1/completions", body=json.dumps(
+            {"prompt": "def f(x):", "max_tokens": 1000, "temperature": 0, "stream": True}),
+                     headers={"Content-Type": "application/json"})
+        running = conn.getresponse()
+        assert running.readline().startswith(b"data: ")  # generation under way
+        status, obj, _ = post(s, "/v1/completions", json.dumps({"prompt": "x", "max_tokens": 2}))
+        assert_error(status, obj, 429)
+        assert "keeps no queue" in obj["error"]["message"]
+        conn.close()
+    finally:
+        s.stop()
+
+
+def serve_until_exit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "moepack", "serve", str(demo_container()),
+                           "--threads", "1", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_address_it_cannot_listen_on_is_one_error_line_exit_1():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = serve_until_exit("--port", str(port))
+    assert r.returncode == 1, r
+    assert r.stdout == ""  # no banner before the bind
+    assert r.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}: ")
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # 192.0.2.1 (TEST-NET-1, RFC 5737) is no address of this machine
+    r = serve_until_exit("--host", "192.0.2.1", "--port", "8000")
+    assert r.returncode == 1 and r.stdout == "", r
+    assert r.stderr.startswith("error: cannot listen on 192.0.2.1:8000: ")
+
+
+LONG = {"model": "demo", "prompt": "def f(x):", "max_tokens": 1000, "temperature": 0}
+
+
+def test_sigint_ends_streams_with_an_error_answers_the_rest_503_then_exit_130():
     s = ServerProcess(demo_container())
     try:
-        body = json.dumps({"prompt": "def f(x):", "max_tokens": 1000, "temperature": 0,
-                           "stream": True})
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=30)
+        stream = c.completions.create(**LONG, stream=True)
+        next(iter(stream))  # generation under way
+        waiting: list = []
+        t = threading.Thread(target=lambda: waiting.append(post(
+            s, "/v1/completions", json.dumps(LONG))))
+        t.start()
+        deadline = time.monotonic() + 10
+        while s.get_json("/health")["queue_depth"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGINT)
+        # the client sees an error event, not a stream that just ends
+        with pytest.raises(openai.APIError) as e:
+            for _ in stream:
+                pass
+        assert e.value.code == "server_shutting_down"
+        t.join(30)
+        status, obj, _ = waiting[0]
+        assert_error(status, obj, 503)
+        assert obj["error"]["code"] == "server_shutting_down"
+        assert s.proc.wait(timeout=30) == 130, s.log.read_text()
+        assert time.monotonic() - t0 < 15
+        assert "Traceback" not in s.log.read_text()
+    finally:
+        s.stop()
+
+
+def test_sigterm_mid_stream_ends_it_with_an_error_then_done_exit_0():
+    s = ServerProcess(demo_container())
+    try:
         conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
-        conn.request("POST", "/v1/completions", body=body,
+        conn.request("POST", "/v1/completions", body=json.dumps({**LONG, "stream": True}),
                      headers={"Content-Type": "application/json"})
         r = conn.getresponse()
         assert r.readline().startswith(b"data: ")
         t0 = time.monotonic()
         s.proc.terminate()
-        rc = s.proc.wait(timeout=30)
-        # uvicorn re-raises the SIGTERM it caught once shut down: -15, not a crash inside the
-        # engine (-11, -6) or a hang
-        assert rc in (0, -signal.SIGTERM), s.log.read_text()
-        assert "Traceback" not in s.log.read_text()
+        events = [e for e in r.read().decode().split("\n\n") if e.strip()]
+        # a graceful stop: exit 0, not death by the signal (-15), a crash or a hang
+        assert s.proc.wait(timeout=30) == 0, s.log.read_text()
         assert time.monotonic() - t0 < 15
+        assert events[-1] == "data: [DONE]", events[-3:]
+        err = json.loads(events[-2][len("data: "):])["error"]
+        assert err["code"] == "server_shutting_down" and err["type"] == "server_error"
+        assert "Traceback" not in s.log.read_text()
         conn.close()
     finally:
         s.stop()
