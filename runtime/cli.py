@@ -443,7 +443,7 @@ def run_cmd(
 ) -> None:
     """Generate text: streams tokens, then prints a stats line."""
     from moepack.runtime.engine import MP_ECTX, EngineError
-    from moepack.runtime.tokenizer import StreamDecoder
+    from moepack.runtime.tokenizer import StreamDecoder, generation_eos_ids, stop_ids
 
     if prompt and tokens is not None:
         usage("the prompt text and --tokens are two prompts: give one of them", cli)
@@ -468,7 +468,7 @@ def run_cmd(
             _engine_fail(EngineError(
                 f"context full: the prompt's {_count(len(ids), 'token')} and -n {n} need "
                 f"{need} positions, ctx is {eng.ctx}{limit}", MP_ECTX), as_json)
-        stop = [tok.eos_id] if tok and tok.eos_id is not None else []
+        stop = sorted(stop_ids(tok, eng.vocab_size, generation_eos_ids(str(file)))) if tok else []
         out: list[int] = []
         dec = StreamDecoder(tok) if tok else None
         try:
@@ -487,7 +487,8 @@ def run_cmd(
             if not as_json:
                 print()
             _engine_fail(e, as_json)
-    result = {"prompt_tokens": ids, "tokens": out, "text": tok.decode(out) if tok else None,
+    text = tok.decode(out, skip_special_tokens=True) if tok else None  # as streamed
+    result = {"prompt_tokens": ids, "tokens": out, "text": text,
               "stats": s}
     if stop_now.hit:
         _interrupted(as_json, result)
@@ -628,7 +629,7 @@ def chat_cmd(
     chat; a line that is not UTF-8 ends it with an error."""
     from moepack.runtime.engine import EngineError
     from moepack.runtime.prefix import PrefixReuse
-    from moepack.runtime.tokenizer import StreamDecoder
+    from moepack.runtime.tokenizer import StreamDecoder, generation_eos_ids, stop_ids
 
     _require_file(file)
     tok = _tokenizer(file, False, "chat needs one (run and eval take token ids with --tokens)")
@@ -639,7 +640,7 @@ def chat_cmd(
     first = [{"role": "system", "content": system}] if system else []  # kept on starting over
     messages = list(first)
     reuse = PrefixReuse(eng)  # KV truncation, or the linear-attention state of the last turn
-    stop = [tok.eos_id] if tok.eos_id is not None else []
+    stop = sorted(stop_ids(tok, eng.vocab_size, generation_eos_ids(str(file))))
     capped_said = False
     with eng:
         while True:
@@ -688,8 +689,8 @@ def chat_cmd(
             if stop_now.hit:  # the reply so far stays in the conversation, as shown
                 _err.print("[yellow]interrupted[/yellow]")
             # the last sampled token was not fed; the next turn re-renders and feeds the rest
-            messages.append({"role": "assistant",
-                             "content": tok.decode([t for t in reply if t not in stop])})
+            messages.append({"role": "assistant", "content": tok.decode(
+                [t for t in reply if t not in stop], skip_special_tokens=True)})
 
 
 def turn_fit(history: int, fresh: int, ctx: int, max_tokens: int) -> tuple[bool, int] | None:

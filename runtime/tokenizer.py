@@ -16,6 +16,11 @@ from moepack.untrusted_json import loads
 MAX_CONFIG_BYTES = 64 << 20   # chat templates included, real configs are well under 1 MB
 
 
+# end-of-turn tokens of the chat template families moepack's models use
+_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|end_of_text|>",
+                "<｜end▁of▁sentence｜>", "</s>")
+
+
 class TokenizerError(RuntimeError):
     """The container's tokenizer or chat template cannot be read or used."""
 
@@ -132,6 +137,32 @@ class Tokenizer:
         # the template writes special tokens (bos) itself
         text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         return self.encode(text, add_special_tokens=False)
+
+
+def generation_eos_ids(path: str) -> list[int]:
+    """generation_config.json's eos_token_id, one id or a list (GLM-4.5 ends a turn with
+    <|user|> or <|observation|> as well as <|endoftext|>): transformers' generate stops at
+    each. [] when the container has none, or one that is not JSON (it is optional)."""
+    with Container.open(path) as c:
+        if not any(s["type"] == "blob" and s["name"] == "generation_config.json"
+                   for s in c.sections):
+            return []
+        raw = bytes(c.blob("generation_config.json"))
+    try:
+        cfg = loads(raw, "generation_config.json", max_bytes=1 << 20)
+    except ValueError:
+        return []
+    v = cfg.get("eos_token_id") if isinstance(cfg, dict) else None
+    return [i for i in (v if isinstance(v, list) else [v])
+            if isinstance(i, int) and not isinstance(i, bool)]
+
+
+def stop_ids(tok: Tokenizer, vocab_size: int, eos_ids: Collection[int] = ()) -> set[int]:
+    """The ids that end a reply: the tokenizer's EOS, generation_config.json's `eos_ids` and
+    the end-of-turn markers of the known chat template families (as llama.cpp stops at every
+    end-of-generation token), those inside the vocabulary."""
+    stops = {tok.eos_id, *eos_ids, *(tok.token_id(t) for t in _END_OF_TURN)}
+    return {i for i in stops if i is not None and 0 <= i < vocab_size}
 
 
 class StreamDecoder:

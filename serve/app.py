@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from moepack.runtime.engine import MP_ECTX, Engine, EngineError
-from moepack.runtime.tokenizer import Tokenizer
+from moepack.runtime.tokenizer import Tokenizer, generation_eos_ids
 from moepack.serve import sse
 from moepack.serve.errors import ApiError, from_validation
 from moepack.serve.job import Done, Job, Piece, ServerStopping
@@ -21,7 +21,7 @@ from moepack.serve.metrics import Metrics
 from moepack.serve.prepare import Preparer
 from moepack.serve.responses import ChatOutput, ChatResponder, CompletionResponder
 from moepack.serve.schemas import ChatRequest, CompletionRequest
-from moepack.serve.vocab import Vocab, generation_eos_ids
+from moepack.serve.vocab import Vocab
 from moepack.serve.worker import Worker
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException

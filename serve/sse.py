@@ -3,18 +3,14 @@ ending with `data: [DONE]` (sse-starlette does the framing, keep-alive and disco
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import AsyncIterator
 
 from sse_starlette import EventSourceResponse
 
 # When the server stops, sse-starlette cancels every stream; the grace lets ours end itself
-# first with an error event and `data: [DONE]` (app.Server.stop_requests). Versions before
-# the parameter cut the stream short.
-_GRACE = ({"shutdown_grace_period": 3.0}
-          if "shutdown_grace_period" in inspect.signature(EventSourceResponse).parameters
-          else {})
+# first with an error event and `data: [DONE]` (app.Server.stop_requests).
+_GRACE_S = 3.0
 
 
 def data(obj: dict | str | bytes) -> bytes:
@@ -29,5 +25,5 @@ def data(obj: dict | str | bytes) -> bytes:
 
 def response(events: AsyncIterator[bytes]) -> EventSourceResponse:
     # sep "\n": the API's own framing ("data: ...\n\n"), not sse-starlette's default "\r\n"
-    return EventSourceResponse(events, sep="\n", ping=15, **_GRACE,
+    return EventSourceResponse(events, sep="\n", ping=15, shutdown_grace_period=_GRACE_S,
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

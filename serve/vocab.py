@@ -6,33 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from functools import cached_property
 
-from moepack.format.reader import Container
-from moepack.runtime.tokenizer import Tokenizer
+from moepack.runtime.tokenizer import Tokenizer, stop_ids
 from moepack.serve.grammar import TokenTrie
-
-from moepack.untrusted_json import loads
-
-# end-of-turn tokens of the chat template families moepack's models use
-_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|end_of_text|>",
-                "<｜end▁of▁sentence｜>", "</s>")
-
-
-def generation_eos_ids(path: str) -> list[int]:
-    """generation_config.json's eos_token_id, one id or a list (GLM-4.5 ends a turn with
-    <|user|> or <|observation|> as well as <|endoftext|>): transformers' generate stops at
-    each. [] when the container has none, or one that is not JSON (it is optional)."""
-    with Container.open(path) as c:
-        if not any(s["type"] == "blob" and s["name"] == "generation_config.json"
-                   for s in c.sections):
-            return []
-        raw = bytes(c.blob("generation_config.json"))
-    try:
-        cfg = loads(raw, "generation_config.json", max_bytes=1 << 20)
-    except ValueError:
-        return []
-    v = cfg.get("eos_token_id") if isinstance(cfg, dict) else None
-    return [i for i in (v if isinstance(v, list) else [v])
-            if isinstance(i, int) and not isinstance(i, bool)]
 
 
 class Vocab:
@@ -40,8 +15,7 @@ class Vocab:
         self.tok = tok
         self.size = vocab_size
         self.special_ids = tok.special_ids
-        stops = {tok.eos_id, *eos_ids, *(tok.token_id(t) for t in _END_OF_TURN)}
-        self.stop_ids = {i for i in stops if i is not None and 0 <= i < vocab_size}
+        self.stop_ids = stop_ids(tok, vocab_size, eos_ids)
 
     @cached_property
     def texts(self) -> list[str | None]:

@@ -475,3 +475,19 @@ def test_a_container_without_tokenizer_names_tokens(tmp_path):
     assert r.exit_code == 1 and "--tokens" in r.output, r.output
     r = _run("chat", path)
     assert r.exit_code == 1 and "chat needs one" in r.output, r.output
+
+
+def test_run_text_leaves_special_tokens_out_as_streamed():
+    """The demo samples its BOS (<s>) as the third token of this reply: run's --json text, like
+    its streamed text and serve's replies, leaves it out (the token stays in `tokens`)."""
+    from serve_fixtures import demo_container
+
+    path = demo_container()
+    tok = Tokenizer.from_container(str(path))
+    prompt = tok.render_chat([{"role": "user", "content": "def read_config(path):"}])
+    args = ("run", path, prompt, "-n", 10, "--temp", "1.0", "--seed", 7)
+    out = json.loads(_run(*args, "--json").output)
+    assert tok.bos_id in out["tokens"], out  # sampled: else this test checks nothing
+    assert "<s>" not in out["text"] and out["text"]
+    streamed = _run(*args).output
+    assert streamed.startswith(out["text"]), (streamed, out["text"])

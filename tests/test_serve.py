@@ -76,8 +76,8 @@ def test_special_tokens_never_in_reply_text(client):
 
 def test_stop_tokens_include_generation_config_eos():
     """generation_config.json's eos_token_id (GLM-4.5 lists three) ends a reply too."""
-    from moepack.runtime.tokenizer import Tokenizer
-    from moepack.serve.vocab import Vocab, generation_eos_ids
+    from moepack.runtime.tokenizer import Tokenizer, generation_eos_ids
+    from moepack.serve.vocab import Vocab
     from serve_fixtures import demo_container
 
     path = str(demo_container())
