@@ -1,5 +1,6 @@
 """Runs the whole engine (open, eval, generate with the cache large / off / one record, scalar
-kernels) on containers, compiled from runtime/src under AddressSanitizer and UBSan."""
+kernels, a long prompt whose passes borrow the cache) on containers, compiled from runtime/src
+under AddressSanitizer and UBSan."""
 
 from __future__ import annotations
 
@@ -45,8 +46,10 @@ int main(int argc, char **argv) {
             free(lg);
             mp_close(e);
         }
-        /* a long prompt with a quarter of a cache: its passes may borrow the cache's room (the
-         * chunk's buffers regrown for the call and back, the cache shrunk and restored) */
+        /* a long prompt whose passes borrow the cache's room (the chunk's buffers regrown for
+         * the call and back, the cache shrunk and restored), so that every module's chunk
+         * buffers run longer passes: with a quarter of the experts cached, else with the cache
+         * capped at one record under budgets of 4, 8, .. 40 records, the rest left to borrow */
         mp_config cfg; mp_config_default(&cfg); cfg.threads = 2; cfg.ctx = 512;
         mp_plan_info p; char err[512];
         if (mp_plan_config(argv[a], &cfg, &p, err, sizeof err)) {
@@ -58,26 +61,30 @@ int main(int argc, char **argv) {
             }
         }
         cfg.ctx = p.ctx;
-        cfg.budget_bytes = p.floor_bytes + p.experts_bytes / 4;
-        mp_engine *e;
-        if (mp_open(argv[a], &cfg, &e, err, sizeof err)) {
-            printf("open %s: %s\n", argv[a], err);
-            bad = 1;
-            continue;
+        for (int k = 0, borrowed = 0; k <= 40 && !borrowed; k += 4) {
+            cfg.budget_bytes = k ? p.floor_bytes + (uint64_t)k * p.expert_record_bytes
+                                 : p.floor_bytes + p.experts_bytes / 4;
+            cfg.cache_experts = k ? 1 : -1;
+            mp_engine *e;
+            if (mp_open(argv[a], &cfg, &e, err, sizeof err)) {
+                printf("open %s: %s\n", argv[a], err);
+                bad = 1;
+                break;
+            }
+            int n = p.ctx - 8 < 500 ? p.ctx - 8 : 500, V = mp_vocab_size(e);
+            int32_t *toks = malloc(sizeof(int32_t) * (size_t)n);
+            float *lg = malloc(sizeof(float) * (size_t)V);
+            for (int i = 0; i < n; i++) toks[i] = (i * 7 + 3) % V;
+            if (mp_eval(e, toks, (size_t)n, lg, 0) || mp_eval(e, toks, 1, lg, 0)) {
+                printf("eval: %s\n", mp_error(e));
+                bad = 1;
+            }
+            mp_stats st; mp_get_stats(e, &st);
+            if ((borrowed = st.longest_pass > st.chunk))
+                printf("borrowed %s: %d -> %d\n", argv[a], st.chunk, st.longest_pass);
+            free(toks); free(lg);
+            mp_close(e);
         }
-        int n = p.ctx - 8 < 500 ? p.ctx - 8 : 500, V = mp_vocab_size(e);
-        int32_t *toks = malloc(sizeof(int32_t) * (size_t)n);
-        float *lg = malloc(sizeof(float) * (size_t)V);
-        for (int i = 0; i < n; i++) toks[i] = (i * 7 + 3) % V;
-        if (mp_eval(e, toks, (size_t)n, lg, 0) || mp_eval(e, toks, 1, lg, 0)) {
-            printf("eval: %s\n", mp_error(e));
-            bad = 1;
-        }
-        mp_stats st; mp_get_stats(e, &st);
-        if (st.longest_pass > st.chunk)
-            printf("borrowed %s: %d -> %d\n", argv[a], st.chunk, st.longest_pass);
-        free(toks); free(lg);
-        mp_close(e);
     }
     mp_plan_info p; char err[256];
     if (mp_plan("/nonexistent", 0, &p, err, sizeof err) == 0) bad = 1;

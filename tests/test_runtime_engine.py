@@ -428,8 +428,10 @@ def test_long_prompt_borrows_the_expert_cache_for_longer_passes(tmp_path):
     toks = _tokens(500, seed=3)
     with Engine(path, ctx=512, budget=budget, threads=2) as e:
         grown, s = e.logits(toks), e.stats()
-        e.logits(toks[:50])  # fits the held chunk: nothing borrowed
-        assert e.stats()["cache_capacity_bytes"] == s["cache_capacity_bytes"]
+        full = s["cache_capacity_experts"] * p["expert_record_bytes"]
+        assert s["cache_peak_bytes"] < full, s  # the passes took part of the cache
+        e.logits(toks[:50])  # fits the held chunk: nothing borrowed, the cache fills again
+        assert e.stats()["cache_peak_bytes"] == full, e.stats()
     with Engine(path, ctx=512, budget=budget, threads=2, chunk=s["chunk"]) as e:
         held, h = e.logits(toks), e.stats()
     assert s["chunk"] < s["longest_pass"] < len(toks) and h["longest_pass"] == s["chunk"]

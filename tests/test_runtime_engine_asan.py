@@ -2,7 +2,8 @@
 UBSan, on a converted tiny model of every architecture the engine runs (tests/tiny_containers.py:
 every model*.c file: DSA in its sparse regime, K3's AttnRes and latent MoE, glm5_next's
 hyper-connections and k-pools) plus two wide synthetic ones, with cache large / off / one record
-and scalar kernels. Marked slow (it compiles runtime/src with sanitizers); `make test-asan` (CI)
+and scalar kernels, and a long prompt whose passes borrow the cache on each tiny model and a
+synthetic one. Marked slow (it compiles runtime/src with sanitizers); `make test-asan` (CI)
 runs it."""
 
 from __future__ import annotations
@@ -28,4 +29,5 @@ def test_engine_under_asan_and_ubsan(tmp_path):
                     mixtral_spec(layers=2, experts=32, hidden=512, inter=1024, vocab=256))
     files.append(tmp_path / "borrow.moepack")
     out = run_engine_under_sanitizers(tmp_path, files, timeout=600)
-    assert "borrowed " + str(tmp_path / "borrow.moepack") in out
+    for f in files[:len(ENGINE_ARCHS)] + [tmp_path / "borrow.moepack"]:
+        assert f"borrowed {f}:" in out, (f, out)
