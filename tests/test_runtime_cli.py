@@ -289,7 +289,7 @@ def _counting_generate(monkeypatch, interrupt_after: int | None = None) -> list[
     (150, 101, 100, 5, None),         # this turn alone is longer than the context
 ])
 def test_chat_turn_fit(history, fresh, ctx, n, want):
-    from moepack.runtime.cli import turn_fit
+    from moepack.runtime.cli_chat import turn_fit
 
     assert turn_fit(history, fresh, ctx, n) == want
 

@@ -269,7 +269,7 @@ def test_chat_second_turn_equals_one_pass(kimi, monkeypatch, keeps_reply):
     """`moepack chat` on a linear-attention model: turn 2 feeds only what turn 1 did not (when
     the template drops the reply, as reasoning templates do, from turn 1's snapshot) and its
     reply is what greedy generation over the whole rendered conversation gives."""
-    from moepack.runtime import cli
+    from moepack.runtime import cli_chat
     from moepack.runtime.tokenizer import Tokenizer
     from typer.testing import CliRunner
 
@@ -281,8 +281,8 @@ def test_chat_second_turn_equals_one_pass(kimi, monkeypatch, keeps_reply):
     def render(msgs):
         return [m for m in msgs if keeps_reply or m["role"] != "assistant"]
 
-    real_encode, fed = cli._encode_chat, []
-    monkeypatch.setattr(cli, "_encode_chat", lambda t, msgs: real_encode(t, render(msgs)))
+    real_encode, fed = cli_chat._encode_chat, []
+    monkeypatch.setattr(cli_chat, "_encode_chat", lambda t, msgs: real_encode(t, render(msgs)))
     real_feed = Engine.feed
     monkeypatch.setattr(Engine, "feed", lambda self, t: fed.append(len(t)) or real_feed(self, t))
     r = CliRunner().invoke(app, ["chat", str(path), "-n", "6", "--kv", "f32"],
