@@ -55,8 +55,8 @@ def parse_header(head: bytes, real_size: int) -> Header:
     `head` is the first min(real_size, 128) bytes of the file.
     """
     if real_size < HEADER_SIZE or len(head) < HEADER_SIZE:
-        raise reject("truncated", None, f"truncated: file is {real_size} bytes, shorter than "
-                     f"the {HEADER_SIZE}-byte header")
+        raise reject("truncated", None, f"truncated: file size {real_size} is below the "
+                     f"{HEADER_SIZE}-byte header")
     head = bytes(head[:HEADER_SIZE])
     if head.count(0) == HEADER_SIZE:
         raise reject("unfinished", None,

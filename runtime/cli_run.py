@@ -43,14 +43,6 @@ def _interrupted(as_json: bool, result: dict) -> NoReturn:
     raise typer.Exit(130)
 
 
-def _json_stats(eng, s: dict) -> dict:
-    """Stats for `run --json`: the engine's, with cache_capacity_experts at most the experts
-    there are (the engine counts the records its byte budget could hold, and a budget beyond
-    every expert is room longer prompts borrow, not more experts)."""
-    return {**s, "cache_capacity_experts": min(s["cache_capacity_experts"],
-                                               eng.plan()["expert_count"])}
-
-
 def run_cmd(
     cli: typer.Context,
     file: FileArg,
@@ -122,7 +114,7 @@ def run_cmd(
                         sys.stdout.flush()
                     if stop_now.hit:
                         break
-                s = _json_stats(eng, eng.stats()) if as_json else eng.stats()
+                s = eng.stats()
         except EngineError as e:
             if not as_json:
                 print()

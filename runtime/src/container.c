@@ -623,7 +623,7 @@ static uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | ((uint64_t)r
 
 static int parse_header(E *e, mp_container *c, const uint8_t *h, uint64_t real) {
     if (real < HEADER_SIZE)
-        return fail_at(e, "truncated", 0, -1, "truncated: file is %llu bytes, shorter than the %d-byte header", U(real), HEADER_SIZE);
+        return fail_at(e, "truncated", 0, -1, "truncated: file size %llu is below the %d-byte header", U(real), HEADER_SIZE);
     int zero = 1;
     for (int i = 0; i < HEADER_SIZE && zero; i++) zero = h[i] == 0;
     if (zero) return fail_at(e, "unfinished", 0, 0, "unfinished conversion: header is all zero (offset 0, 128 bytes)");

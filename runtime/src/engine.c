@@ -340,6 +340,14 @@ static const char *fmt_size(uint64_t b, char *buf, size_t n) {
     return buf;
 }
 
+/* The records a cache of `bytes` holds: at most every expert there is (a budget beyond them is
+ * room that longer passes borrow, not more records) */
+static int cache_records(const mp_plan_info *p, uint64_t bytes) {
+    uint64_t records = p->expert_record_bytes ? bytes / p->expert_record_bytes : 0;
+    if (records > p->expert_count) records = p->expert_count;
+    return records < INT32_MAX ? (int)records : INT32_MAX;
+}
+
 int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *err,
             size_t errlen) {
     if (!out || !path) return mp_seterr(err, errlen, MP_EINVAL, "mp_open: NULL argument");
@@ -368,7 +376,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     e->cfg.kv_f16 = p->kv == MP_KV_F16;
     e->cfg.la_chunk = linear_chunk(&cfg);
     char a[32], b[32], fits[96];
-    if (p->max_ctx > 0) snprintf(fits, sizeof fits, "; the longest context that fits is %d tokens (--ctx)", p->max_ctx);
+    if (p->max_ctx > 0) snprintf(fits, sizeof fits, "; the longest context that fits is %d token%s (--ctx)", p->max_ctx, p->max_ctx == 1 ? "" : "s");
     else snprintf(fits, sizeof fits, "; not even one token of context fits");
     uint64_t total = cfg.budget_bytes ? cfg.budget_bytes : p->default_bytes;
     if (!total) {
@@ -409,8 +417,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
         cache = (uint64_t)cfg.cache_experts * p->expert_record_bytes;
     e->room = total > fixed ? total - fixed : 0;
     e->cache_bytes = cache;
-    uint64_t records = p->expert_record_bytes ? cache / p->expert_record_bytes : 0;
-    e->cache_experts = records < INT32_MAX ? (int)records : INT32_MAX;
+    e->cache_experts = cache_records(p, cache);
 
     if ((rc = load_trunk(e, err, errlen))) goto fail;
     mp_expert_options eo;
@@ -557,8 +564,7 @@ static int pass_tokens(const mp_engine *e, size_t n, uint64_t *cache_for) {
 /* The cache's budget and what the forward pass plans its acquire groups with */
 static void set_cache(mp_engine *e, uint64_t bytes) {
     mpe_set_budget(e->ex, bytes);
-    uint64_t records = e->plan.expert_record_bytes ? bytes / e->plan.expert_record_bytes : 0;
-    e->io.cached = records < INT32_MAX ? (int)records : INT32_MAX;
+    e->io.cached = cache_records(&e->plan, bytes);
     mpm_set_io(e->model, &e->io);
 }
 
