@@ -617,6 +617,10 @@ int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int al
     size_t C = (size_t)e->chunk;
     uint64_t cache_for;
     const int pass = pass_tokens(e, n, &cache_for);
+    if (pass <= e->chunk && mpm_chunk(e->model) != e->chunk) { /* an earlier call kept its pass's */
+        if (mpm_set_chunk(e->model, e->chunk)) return mp_seterr(e->err, sizeof e->err, MP_ENOMEM, "%s", mpm_error(e->model));
+        set_cache(e, e->cache_bytes);
+    }
     if (pass > e->chunk) { /* a long prompt borrows the cache for its chunk's buffers */
         set_cache(e, cache_for);
         if (mpm_set_chunk(e->model, pass) == MP_OK) {
@@ -627,11 +631,10 @@ int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int al
         }
     }
     int rc = eval_passes(e, tokens, n, C, logits, all_positions);
-    if (C > (size_t)e->chunk) {
-        int rc2 = mpm_set_chunk(e->model, e->chunk);
-        set_cache(e, e->cache_bytes);
-        if (rc2 && !rc) rc = mp_seterr(e->err, sizeof e->err, rc2, "%s", mpm_error(e->model));
-    }
+    /* back to the held chunk and the whole cache; without memory for the held buffers, the
+     * pass's (or none) and the lent cache stay, within the budget, until a later call gets them
+     * back: this call's tokens are in either way */
+    if (C > (size_t)e->chunk && mpm_set_chunk(e->model, e->chunk) == MP_OK) set_cache(e, e->cache_bytes);
     if (rc) return rc;
     double dt = mpm_now() - t0;
     if (prompt) {
