@@ -10,19 +10,23 @@ import sys
 import textwrap
 from pathlib import Path
 
+# the child's start: anonymous memory as (peak, now) from /proc, the engine library loaded, the
+# baseline taken
+_PRELUDE = """import json, re
+from moepack.runtime.engine import Engine, _library
+def anon():
+    text = open("/proc/self/status").read()
+    kb = lambda key: 1024 * int(re.search(key + r":\\s+(\\d+)", text).group(1))
+    return kb("VmHWM") - kb("RssFile"), kb("VmRSS") - kb("RssFile")
+_library()
+base = anon()[1]
+"""
+
 
 def peak_growth(path: Path, prompt: list[int], decode: int, **engine: object) -> dict:
     """{"peak": bytes of growth, "stats": the engine's stats at the end} for Engine(path,
     **engine) fed `prompt` in one call, then `decode` single tokens."""
-    code = textwrap.dedent(f"""
-        import json, re
-        from moepack.runtime.engine import Engine, _library
-        def anon():
-            text = open("/proc/self/status").read()
-            kb = lambda key: 1024 * int(re.search(key + r":\\s+(\\d+)", text).group(1))
-            return kb("VmHWM") - kb("RssFile"), kb("VmRSS") - kb("RssFile")
-        _library()
-        base = anon()[1]
+    code = _PRELUDE + textwrap.dedent(f"""
         with Engine({str(path)!r}, **{engine!r}) as e:
             e.feed({prompt!r})
             for t in range({decode}):
@@ -38,15 +42,7 @@ def peak_growth(path: Path, prompt: list[int], decode: int, **engine: object) ->
 def resident_after(path: Path, prompts: list[list[int]], **engine: object) -> dict:
     """{"now": anonymous memory's growth once the prompts are done, "peak": its peak growth,
     "stats"} for Engine(path, **engine) fed each prompt in one call from an empty sequence."""
-    code = textwrap.dedent(f"""
-        import json, re
-        from moepack.runtime.engine import Engine, _library
-        def anon():
-            text = open("/proc/self/status").read()
-            kb = lambda key: 1024 * int(re.search(key + r":\\s+(\\d+)", text).group(1))
-            return kb("VmHWM") - kb("RssFile"), kb("VmRSS") - kb("RssFile")
-        _library()
-        base = anon()[1]
+    code = _PRELUDE + textwrap.dedent(f"""
         with Engine({str(path)!r}, **{engine!r}) as e:
             for p in {prompts!r}:
                 e.reset()

@@ -173,7 +173,8 @@ def test_chat_keeps_the_kv_cache_across_turns(mixtral, monkeypatch):
     assert len(prompts) == 2 and prompts[1] <= 3
 
 
-def test_chat_starting_over_keeps_the_system_message(mixtral, monkeypatch):
+def _recording_encode_chat(monkeypatch) -> list[list[dict]]:
+    """Every message list chat renders, in order."""
     rendered: list[list[dict]] = []
     real = Tokenizer.encode_chat
 
@@ -182,6 +183,11 @@ def test_chat_starting_over_keeps_the_system_message(mixtral, monkeypatch):
         return real(self, messages)
 
     monkeypatch.setattr(Tokenizer, "encode_chat", encode_chat)
+    return rendered
+
+
+def test_chat_starting_over_keeps_the_system_message(mixtral, monkeypatch):
+    rendered = _recording_encode_chat(monkeypatch)
     turns = "".join(f"w{i} w{i + 1} w{i + 2}\n" for i in range(5, 35, 3)) + "\n"
     r = _run("chat", mixtral, "-n", 4, "--ctx", 24, "--system", "w1 w2", input=turns)
     assert r.exit_code == 0, r.output
@@ -306,14 +312,7 @@ def test_chat_caps_replies_to_the_room_left_instead_of_ending(mixtral, monkeypat
 
 
 def test_chat_refuses_a_turn_that_can_never_fit_and_goes_on(mixtral, monkeypatch):
-    rendered: list[list[dict]] = []
-    real = Tokenizer.encode_chat
-
-    def encode_chat(self, messages):
-        rendered.append([dict(m) for m in messages])
-        return real(self, messages)
-
-    monkeypatch.setattr(Tokenizer, "encode_chat", encode_chat)
+    rendered = _recording_encode_chat(monkeypatch)
     calls = _counting_generate(monkeypatch)
     long_line = " ".join(f"w{3 + i % 60}" for i in range(200))  # longer than ctx 128
     r = _run("chat", mixtral, "-n", 4, input=f"w5 w6\n{long_line}\nw7\n\n")
