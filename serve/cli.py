@@ -50,10 +50,20 @@ def serve_cmd(
     cfg = ServeConfig(path=str(file), model_id=model_name or file.stem, api_key=api_key,
                       budget=budget, ctx=ctx, kv=kv, threads=threads, kernels=kernels,
                       max_queue=max_queue, max_body=max_body)
+    # bound here, not by uvicorn (whose bind failure exits 3, moepack's code for a bug), and
+    # before the model loads (minutes for a big one): a port in use or an address this machine
+    # lacks is one error line, exit 1, at once; connections wait in the backlog meanwhile
+    where = server.address(host, port)
+    try:
+        socks = server.listen(host, port)
+    except (OSError, ValueError) as e:  # ValueError: a name IDNA cannot encode
+        fail(f"cannot listen on {where}: {getattr(e, 'strerror', None) or e}")
     main = threading.current_thread() is threading.main_thread()  # signals are the main's
     old_term = signal.signal(signal.SIGTERM, _stop_loading) if main else None
+    loaded = False
     try:
         app, srv = create_app(cfg)
+        loaded = True
     except FormatError as e:  # the tokenizer's reader refused the container
         fail(f"{file}: {EngineError.from_format(e).with_code()}")
     except EngineError as e:
@@ -65,15 +75,9 @@ def serve_cmd(
     finally:
         if main:
             signal.signal(signal.SIGTERM, old_term)
-    # bound here, not by uvicorn (whose bind failure exits 3, moepack's code for a bug): the
-    # banner follows a bind that worked, and a port in use or an address this machine lacks
-    # is one error line, exit 1. After the model loads, so that its errors come first.
-    where = server.address(host, port)
-    try:
-        socks = server.listen(host, port)
-    except (OSError, ValueError) as e:  # ValueError: a name IDNA cannot encode
-        srv.close()
-        fail(f"cannot listen on {where}: {getattr(e, 'strerror', None) or e}")
+        if not loaded:
+            for sock in socks:
+                sock.close()
     print(f"moepack serve: {cfg.model_id} on http://{where}/", flush=True)
     # the worker thread owns the engine; uvicorn's loop only routes requests
     run = server.Uvicorn(app, srv.stop_requests)

@@ -100,7 +100,9 @@ def test_serve_error_object_names_the_code() -> None:
     from moepack.cli import app
 
     bad = VECTORS / "invalid" / "bad_magic.moepack"
-    r = CliRunner().invoke(app, ["serve", str(bad)])
+    from serve_fixtures import free_port
+
+    r = CliRunner().invoke(app, ["serve", str(bad), "--port", str(free_port())])
     assert r.exit_code == 1 and "[bad_magic]" in r.output
     body = _engine_error(EngineError("x", MP_EFORMAT, "blob_frame")).body()["error"]
     assert body["code"] == "blob_frame"

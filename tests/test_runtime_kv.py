@@ -182,7 +182,10 @@ def test_serve_passes_kv_to_the_engine(gqa):
     (with the f16 default it would start serving)."""
     budget = plan(gqa, ctx=64, kv="f16")["floor_bytes"]
     assert budget < plan(gqa, ctx=64, kv="f32")["floor_bytes"]
-    r = _cli("serve", gqa, "--ctx", 64, "--budget", budget, "--kv", "f32", "--port", 1)
+    from serve_fixtures import free_port
+
+    r = _cli("serve", gqa, "--ctx", 64, "--budget", budget, "--kv", "f32",
+             "--port", free_port())
     assert r.returncode == 1 and "below the floor" in r.stderr, r.stderr
     r = _cli("serve", gqa, "--kv", "f8")
     assert r.returncode == 2 and "--kv" in r.stderr

@@ -363,6 +363,9 @@ def test_address_it_cannot_listen_on_is_one_error_line_exit_1():
     r = serve_until_exit("--host", "192.0.2.1", "--port", "8000")
     assert r.returncode == 1 and r.stdout == "", r
     assert r.stderr.startswith("error: cannot listen on 192.0.2.1:8000: ")
+    # before the model loads (minutes for a big one): a budget below the floor is not reached
+    r = serve_until_exit("--host", "192.0.2.1", "--port", "8000", "--budget", "1M")
+    assert r.returncode == 1 and "cannot listen" in r.stderr and "floor" not in r.stderr, r
 
 
 LONG = {"model": "demo", "prompt": "def f(x):", "max_tokens": 1000, "temperature": 0}
