@@ -284,14 +284,14 @@ def _kv_code(kv: str | None) -> int:
 
 def plan(path: str, ctx: int | None = None, kv: str | None = None,
          budget: int | str | None = None, ram: int | str | None = None,
-         snapshots: int = 0, threads: int | None = None) -> dict:
+         snapshots: int = 0, threads: int | None = None, linear_chunk: int = 0) -> dict:
     """Memory plan of a container (bytes): floor, recommended and default budgets; `kv` the KV
     entry type ("f32"/"f16", None = default, the plan says which as "kv"); max_ctx the longest
     context whose floor fits `budget` (None: usable RAM); `ram`: plan for a machine with this
     much usable RAM (None: this one); `snapshots`: recurrent-state snapshots kept beside the
     engine (Engine.snapshot; chat and serve keep one), counted in the floor as snapshot_bytes;
     `threads`: the compute threads (None: the usable cores), each with its task buffer in the
-    scratch."""
+    scratch; `linear_chunk`: linear attention's sub-chunk (0: the default), as Engine's."""
     lib, p, err = _library(), _Plan(), C.create_string_buffer(_ERRLEN)
     cfg = _Config()
     lib.mp_config_default(C.byref(cfg))
@@ -299,6 +299,7 @@ def plan(path: str, ctx: int | None = None, kv: str | None = None,
     cfg.ram_bytes = parse_bytes(ram)
     cfg.snapshots = _c_int("snapshots", snapshots, 0, MAX_SNAPSHOTS)
     cfg.threads = _c_int("threads", threads, 0)
+    cfg.linear_chunk = _c_int("linear_chunk", linear_chunk, 0)
     rc = lib.mp_plan_config(os.fsencode(path), C.byref(cfg), C.byref(p), err, _ERRLEN)
     if rc:  # a ctx beyond the model's longest: context_too_long and max_ctx, as Engine's
         _raise(rc, err.value.decode(errors="replace"), path,
@@ -363,6 +364,7 @@ class Engine:
         cfg.snapshots = _c_int("snapshots", snapshots, 0, MAX_SNAPSHOTS)
         # linear attention's sub-chunk (0: the engine's default; 1: token by token)
         cfg.linear_chunk = _c_int("linear_chunk", linear_chunk, 0)
+        self.linear_chunk = int(linear_chunk)
         # with the cache holding every expert: read them all in the background from open
         cfg.warm = 1 if warm else 0
         self._h = _P()
@@ -467,7 +469,7 @@ class Engine:
 
     def plan(self, ctx: int | None = None) -> dict:
         return plan(self.path, ctx or self.ctx, self.kv, snapshots=self.snapshots,
-                    threads=self.threads)
+                    threads=self.threads, linear_chunk=self.linear_chunk)
 
     def _eval(self, tokens: Sequence[int], out: np.ndarray | None, all_pos: bool) -> None:
         bad = EngineError(f"token ids must be in 0..{self.vocab_size - 1}", MP_EINVAL)

@@ -139,6 +139,17 @@ def test_planned_chunk_is_a_multiple_of_the_sub_chunk(kimi):
         assert e.stats()["chunk"] == 100
 
 
+def test_engine_plan_is_its_own_with_any_sub_chunk(kimi):
+    """Engine.plan() plans with the engine's linear_chunk (its scratch depends on it)."""
+    path, _ = kimi
+    floors = set()
+    for sub in (1, 64):
+        with Engine(path, ctx=100, linear_chunk=sub) as e:
+            assert e.plan()["floor_bytes"] == e.stats()["floor_bytes"], sub
+            floors.add(e.stats()["floor_bytes"])
+    assert len(floors) == 2  # else the check above could not tell the plans apart
+
+
 def test_plan_counts_state_and_one_latent_cache(kimi):
     path, ref = kimi
     with Engine(path, threads=1) as e:
