@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -9,12 +10,72 @@ import typer
 from moepack.fetch.errors import FetchError
 
 from moepack.cliargs import fail, one_line
-from moepack.sizes import SIZE_HELP
+from moepack.sizes import SIZE_HELP, parse_size
+
+EXIT_INTERRUPTED = 130   # README, "Exit codes"
+
+
+def _endpoint(value: str | None) -> str | None:
+    """Typer callback: HOST:PORT (port 0-65535) or a usage error."""
+    from moepack.fetch.lt_session import parse_endpoint
+
+    if value is not None:
+        try:
+            parse_endpoint(value, "")
+        except FetchError:
+            raise typer.BadParameter(f"{one_line(value)!r}: expected HOST:PORT with a port from "
+                                     "0 to 65535") from None
+    return value
+
+
+def _endpoints(values: list[str] | None) -> list[str] | None:
+    for v in values or []:
+        _endpoint(v)
+    return values
+
+
+def _positive_seconds(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"{value} is not a positive number of seconds")
+    return value
+
+
+def _duration(value: float) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(f"{value} is not a number of seconds ≥ 0 (0 = until stopped)")
+    return value
+
+
+def _piece_size(value: str | None) -> str | None:
+    from moepack.fetch.torrent_create import MAX_USER_PIECE, MIN_PIECE
+
+    if value is None:
+        return None
+    valid = f"a power of two from {MIN_PIECE >> 10} KiB to {MAX_USER_PIECE >> 20} MiB"
+    try:
+        n = parse_size(value)
+    except ValueError as e:
+        raise typer.BadParameter(f"{e}; give {valid}") from None
+    if not MIN_PIECE <= n <= MAX_USER_PIECE or n & (n - 1):
+        raise typer.BadParameter(f"{one_line(value)} is {n} bytes; give {valid}")
+    return value
+
+
+def _source(value: str) -> str:
+    """hf: sources are checked here, so a malformed one is a usage error."""
+    from moepack.fetch.hub_listing import parse_hf_source
+
+    if value.startswith("hf:"):
+        try:
+            parse_hf_source(value)
+        except FetchError as e:
+            raise typer.BadParameter(str(e)) from None
+    return value
 
 torrent_app = typer.Typer(help="Make torrents of containers.", no_args_is_help=True)
 
 Source = Annotated[str, typer.Argument(
-    help="hf:ORG/REPO\\[@REV], magnet:?…, FILE.torrent or https://…/FILE.torrent")]
+    callback=_source, help="hf:ORG/REPO\\[@REV], magnet:?…, FILE.torrent or https://…/FILE.torrent")]
 Dest = Annotated[Path, typer.Option("--dest", help="Destination directory.")]
 Include = Annotated[list[str] | None, typer.Option(
     "--include", help="hf: only files matching this glob (repeatable).")]
@@ -23,24 +84,29 @@ DryRun = Annotated[bool, typer.Option("--dry-run", help="Sizes and free space on
 Out = Annotated[Path | None, typer.Option(
     "--out", help="hf: the FILE.moepack convert will write (its filesystem is checked too).")]
 Peers = Annotated[list[str] | None, typer.Option(
-    "--peer", help="torrent: HOST:PORT to connect to (repeatable).")]
-FetchListen = Annotated[str | None, typer.Option("--listen", help="torrent: HOST:PORT.")]
+    "--peer", callback=_endpoints, help="torrent: HOST:PORT to connect to (repeatable).")]
+FetchListen = Annotated[str | None, typer.Option(
+    "--listen", callback=_endpoint, help="torrent: HOST:PORT.")]
 Stall = Annotated[float | None, typer.Option(
-    "--stall-timeout", help="Seconds without data before giving up (rerun resumes). "
+    "--stall-timeout", callback=_positive_seconds,
+    help="Seconds without data before giving up (rerun resumes). "
     "hf: per read, 5 retries, default 120; torrent: in all, default 600.")]
 Output = Annotated[Path | None, typer.Option(
     "-o", "--output", help="Default: FILE.torrent next to FILE.")]
 PieceSize = Annotated[str | None, typer.Option(
-    "--piece-size", help="Power of two ≥ 16KiB, e.g. 16MiB. Default: automatic (docs/FETCH.md). "
+    "--piece-size", callback=_piece_size,
+    help="Power of two from 16KiB to 128MiB, e.g. 16MiB. Default: automatic (docs/FETCH.md). "
     f"{SIZE_HELP}")]
 Trackers = Annotated[list[str] | None, typer.Option("--tracker", help="Tracker URL (repeatable).")]
 WebSeeds = Annotated[list[str] | None, typer.Option(
     "--web-seed", help="HTTP(S) URL of the same file (repeatable).")]
-SeedListen = Annotated[str, typer.Option("--listen", help="HOST:PORT to listen on.")]
+SeedListen = Annotated[str, typer.Option(
+    "--listen", callback=_endpoint, help="HOST:PORT to listen on.")]
 FullVerify = Annotated[bool, typer.Option(
     "--full-verify", help="Hash every byte before seeding (default: quick verify + lazy checks).")]
 Duration = Annotated[float, typer.Option(
-    "--duration", help="Stop after this many seconds (0 = until Ctrl-C or SIGTERM).")]
+    "--duration", callback=_duration,
+    help="Stop after this many seconds (0 = until Ctrl-C or SIGTERM).")]
 
 
 def _utf8(what: str, *values: str | Path | None) -> None:
@@ -53,7 +119,7 @@ def _utf8(what: str, *values: str | Path | None) -> None:
             str(v).encode("utf-8")
         except UnicodeEncodeError:
             raise FetchError(f"{what} {one_line(str(v))}: not valid UTF-8; use a path whose "
-                             "name is") from None
+                             "name is valid UTF-8") from None
 
 
 def fetch(source: Source, dest: Dest, include: Include = None, jobs: Jobs = 4,
@@ -75,6 +141,8 @@ def fetch(source: Source, dest: Dest, include: Include = None, jobs: Jobs = 4,
                                      stall_timeout or 600.0)
     except FetchError as e:
         fail(str(e))
+    except KeyboardInterrupt:
+        fail("interrupted; what was downloaded is kept and a rerun resumes", EXIT_INTERRUPTED)
     raise typer.Exit(code)
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from moepack.fetch.space import SpaceNeed, SpaceVerdict, verdicts
 from moepack.safefs import UnsafePathError
 
 COMPLETE, UNVERIFIED, PARTIAL, MISSING = "complete", "unverified", "partial", "missing"
+BLOCKED = "blocked"   # a folder stands at the file's name
 
 
 class _Cancelled(Exception):
@@ -65,7 +67,12 @@ class HubPlan:
 
     @property
     def ok(self) -> bool:
-        return all(v.ok for v in self.verdicts)
+        return all(v.ok for v in self.verdicts) and not self.blocked
+
+    @property
+    def blocked(self) -> list[Path]:
+        """Where a folder stands at a file's name (the download could never be put there)."""
+        return [self.dest / s.file.name for s in self.files if s.status == BLOCKED]
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,8 @@ class HubResult:
 
 def _state(f: RemoteFile, dest: Path, record: VerifiedRecord) -> FileState:
     path = dest / f.name
+    if os.path.isdir(path):   # the final rename could not replace it: found before downloading
+        return FileState(f, BLOCKED, 0)
     if path.is_file():
         size = path.stat().st_size
         if size == f.size:
@@ -103,36 +112,65 @@ def plan_hub(source: str, dest: Path, includes: list[str], out: Path | None = No
     return HubPlan(listing, dest, states, conv, note, tuple(verdicts(needs)))
 
 
+STOP_GRACE_S = 1.0   # on Ctrl-C, how long workers get to reach their next chunk
+
+
 def fetch_hub(plan: HubPlan, *, jobs: int = 4, policy: DownloadPolicy | None = None,
-              on_bytes: Callable[[int], None] | None = None) -> HubResult:
-    """Download what the plan says is missing, check every file, then write the manifest."""
+              on_bytes: Callable[[int], None] | None = None,
+              on_hashing: Callable[[int], None] | None = None) -> HubResult:
+    """Download what the plan says is missing, check every file, then write the manifest.
+
+    `on_bytes(n)` is told of bytes fetched or found already on disk (negative when a file that
+    was hashed turns out wrong and is fetched after all); `on_hashing(n)` of how many existing
+    files are being hashed now."""
+    if plan.blocked:
+        raise FetchError(f"{plan.blocked[0]} is a folder where the hub has a file; move it away "
+                         "(nothing downloaded)")
     policy = policy or DownloadPolicy()
     dest, listing = plan.dest, plan.listing
     record = VerifiedRecord(dest)
     stop = threading.Event()
+    hashing = [0]
+    hashing_lock = threading.Lock()
 
     def count(n: int) -> None:
-        # Runs in the download loops: after the first failure (or Ctrl-C) the other files stop
-        # at their next chunk, keeping their .incomplete for the rerun, instead of running on.
+        # Runs in the download and hashing loops: after the first failure (or Ctrl-C) the
+        # other files stop at their next chunk, keeping their .incomplete for the rerun.
         if stop.is_set():
             raise _Cancelled
         if on_bytes:
             on_bytes(n)
+
+    def hashing_by(d: int) -> None:
+        with hashing_lock:
+            hashing[0] += d
+            if on_hashing:
+                on_hashing(hashing[0])
+
+    def existing_sha(f: RemoteFile, path: Path) -> str | None:
+        hashing_by(1)
+        try:
+            sha = sha256_of(path, count).hexdigest()
+        finally:
+            hashing_by(-1)
+        if content_problem(f, path, sha) is None:
+            record.add(f.name, sha)
+            return sha
+        count(-f.size)   # counted while hashing; it is downloaded after all
+        return None
 
     def one(state: FileState) -> tuple[str, int, str]:
         count(0)
         f = state.file
         path = dest / f.name
         sha = record.sha256(f.name) if state.status == COMPLETE else None
-        if sha is None and state.status in (COMPLETE, UNVERIFIED):
-            sha = sha256_of(path).hexdigest()
-            if content_problem(f, path, sha) is None:
-                record.add(f.name, sha)
-            else:
-                sha = None
         if sha is not None:
             count(f.size)
             return f.name, f.size, sha
+        if state.status in (COMPLETE, UNVERIFIED):
+            sha = existing_sha(f, path)
+            if sha is not None:
+                return f.name, f.size, sha
         url = resolve_url(listing.repo, listing.revision, f.name)
         try:
             sha = download(f, url, dest, policy, count)
@@ -141,28 +179,60 @@ def fetch_hub(plan: HubPlan, *, jobs: int = 4, policy: DownloadPolicy | None = N
             raise FetchError(f"{f.name}: {e}") from e
         return f.name, f.size, sha
 
-    with dest_lock(dest), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(one, s) for s in plan.files]
-        try:
-            finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        except BaseException:   # Ctrl-C: stop the workers too
-            stop.set()
-            raise
-        if any(fu.exception() is not None for fu in finished):
-            stop.set()
-            for fu in futures:
-                fu.cancel()
-    errors = [e for fu in futures if not fu.cancelled() and (e := fu.exception()) is not None
-              and not isinstance(e, _Cancelled)]
+    with dest_lock(dest):
+        outcomes = _run_workers(list(plan.files), one, jobs, stop)
+    errors = [e for e in outcomes if isinstance(e, BaseException) and not isinstance(e, _Cancelled)]
     if errors:
         first = errors[0]
         if isinstance(first, FetchError):
             more = f" (and {len(errors) - 1} more failed files)" if len(errors) > 1 else ""
             raise FetchError(f"{first}{more}") from first
         raise first
-    done = [fu.result() for fu in futures]
+    done = [o for o in outcomes if not isinstance(o, BaseException)]
     try:
         manifest = write_manifest(dest, listing.repo, listing.revision, done)
     except (OSError, UnsafePathError) as e:
         raise FetchError(f"cannot write the manifest in {dest}: {e}") from e
     return HubResult(manifest, plan.to_fetch, len(done))
+
+
+def _run_workers(states: list[FileState], one: Callable[[FileState], tuple[str, int, str]],
+                 jobs: int, stop: threading.Event) -> list[tuple[str, int, str] | BaseException]:
+    """`one` over `states` on `jobs` daemon threads; each outcome is a result or the exception.
+
+    The first failure sets `stop`, and the others stop at their next chunk. On Ctrl-C the main
+    thread waits STOP_GRACE_S for that, then leaves: a worker blocked in a read of a stalled
+    server would hold it for up to --stall-timeout, and being a daemon it dies with the process
+    (bytes it wrote stay in NAME.incomplete; a rerun rehashes them)."""
+    outcomes: list[tuple[str, int, str] | BaseException] = [_Cancelled() for _ in states]
+    todo = iter(range(len(states)))
+    todo_lock = threading.Lock()
+
+    def worker() -> None:
+        while not stop.is_set():
+            with todo_lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            try:
+                outcomes[i] = one(states[i])
+            except BaseException as e:  # noqa: BLE001 — handed to the main thread
+                outcomes[i] = e
+                if not isinstance(e, _Cancelled):
+                    stop.set()
+
+    threads = [threading.Thread(target=worker, daemon=True, name=f"fetch-{n}")
+               for n in range(max(1, min(jobs, len(states))))]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)   # short joins: Ctrl-C reaches this thread at once
+    except KeyboardInterrupt:
+        stop.set()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        raise
+    return outcomes

@@ -25,6 +25,7 @@ def files_table(plan: HubPlan) -> Table:
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     for s in plan.files:
         on_disk = {"complete": "[green]complete[/]", "unverified": "present, hashed at fetch",
+                   "blocked": "[red]a folder[/]",
                    "partial": f"partial ({format_size(s.present)})", "missing": "—"}[s.status]
         fetch = format_size(s.to_fetch) if s.to_fetch else "0"
         t.add_row(escape(printable(s.file.name)), format_size(s.file.size), on_disk, fetch)
@@ -49,6 +50,10 @@ def run_hub(source: str, dest: Path, includes: list[str], jobs: int, dry_run: bo
             out: Path | None, stall_timeout: float) -> int:
     plan = plan_hub(source, dest, includes, out)
     print_plan(plan)
+    if plan.blocked:
+        more = f" (and {len(plan.blocked) - 1} more)" if len(plan.blocked) > 1 else ""
+        raise FetchError(f"{plan.blocked[0]} is a folder where the hub has a file{more}; move "
+                         "it away (nothing downloaded)")
     if dry_run:
         return 0 if plan.ok else 1
     if not plan.ok:
@@ -59,8 +64,12 @@ def run_hub(source: str, dest: Path, includes: list[str], jobs: int, dry_run: bo
             with lock:
                 bar.advance(task, n)
 
+        def on_hashing(n: int) -> None:
+            with lock:
+                bar.update(task, info=f"hashing {n} file(s) already on disk" if n else "")
+
         result = fetch_hub(plan, jobs=jobs, policy=DownloadPolicy(read_timeout=stall_timeout),
-                           on_bytes=on_bytes)
+                           on_bytes=on_bytes, on_hashing=on_hashing)
     console.print(f"{result.files} files verified by size and hash; wrote {result.manifest}",
                   highlight=False, markup=False)
     return 0

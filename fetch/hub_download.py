@@ -2,7 +2,8 @@
 
 Bytes go to NAME.incomplete (hashed as they arrive, so a 1 TB repository is read once) and
 are renamed to NAME only after size and hash match. A dropped connection resumes with a Range
-request; a stalled one times out after `read_timeout`; a hash mismatch restarts the file, and
+request; a stalled one times out after `read_timeout`; 429 and 5xx answers are retried like
+drops (waiting out Retry-After up to a minute); a hash mismatch restarts the file, and
 after `attempts` mismatches the download fails naming the file, both hashes and the URL.
 """
 
@@ -23,6 +24,32 @@ from moepack.safefs import UnsafePathError, ensure_dir, open_existing, open_new
 
 CHUNK = 1 << 20
 NET_RETRIES = 5        # consecutive network failures without a byte of progress
+RETRY_STATUS = (429, 500, 502, 503, 504)   # overload or a passing fault: tried again
+MAX_RETRY_AFTER_S = 60.0                   # a longer Retry-After is not waited out in full
+
+
+class _Busy(Exception):
+    """A retryable HTTP status; `url` is the one that answered (after redirects)."""
+
+    def __init__(self, status: int, url: str, retry_after: float | None) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status, self.url, self.retry_after = status, url, retry_after
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), None if unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    from email.utils import parsedate_to_datetime
+
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 @dataclass(frozen=True)
@@ -38,16 +65,20 @@ def resolve_url(repo: str, revision: str, name: str) -> str:
     return hf_hub_url(repo, name, revision=revision, endpoint=endpoint())
 
 
-def _feed(h: hashlib._Hash, path: Path) -> hashlib._Hash:
+def _feed(h: hashlib._Hash, path: Path,
+          on_chunk: Callable[[int], None] | None = None) -> hashlib._Hash:
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
+            if on_chunk:
+                on_chunk(len(chunk))   # progress, and a cancellation point (it may raise)
     return h
 
 
-def sha256_of(path: Path) -> hashlib._Hash:
-    """The running SHA-256 of a file (a hash object: a resumed download keeps feeding it)."""
-    return _feed(hashlib.sha256(), path)
+def sha256_of(path: Path, on_chunk: Callable[[int], None] | None = None) -> hashlib._Hash:
+    """The running SHA-256 of a file (a hash object: a resumed download keeps feeding it).
+    `on_chunk(n)` is told of each chunk hashed and may raise to stop."""
+    return _feed(hashlib.sha256(), path, on_chunk)
 
 
 def git_blob_sha1(path: Path) -> str:
@@ -104,13 +135,14 @@ def download(f: RemoteFile, url: str, dest: Path, policy: DownloadPolicy,
 class _Partial:
     """NAME.incomplete and the running SHA-256 of the bytes it holds."""
 
-    def __init__(self, path: Path, size: int) -> None:
+    def __init__(self, path: Path, size: int,
+                 on_bytes: Callable[[int], None] | None = None) -> None:
         self.path = path
         self.have = _partial_size(path)
         if self.have > size:        # not ours or from another revision: start over
             path.unlink()
             self.have = 0
-        self.h = sha256_of(path) if self.have else hashlib.sha256()
+        self.h = sha256_of(path, on_bytes) if self.have else hashlib.sha256()
 
     def restart(self) -> None:
         self.have, self.h = 0, hashlib.sha256()
@@ -140,9 +172,7 @@ def _fill(f: RemoteFile, url: str, part_path: Path, policy: DownloadPolicy,
     """Bring NAME.incomplete to f.size bytes, resuming; returns the SHA-256 of its content."""
     import httpx2
 
-    part = _Partial(part_path, f.size)
-    if on_bytes and part.have:
-        on_bytes(part.have)
+    part = _Partial(part_path, f.size, on_bytes)   # counts the resumed bytes as it hashes them
     failures = 0
     while part.have < f.size:
         if on_bytes:
@@ -151,19 +181,36 @@ def _fill(f: RemoteFile, url: str, part_path: Path, policy: DownloadPolicy,
         problem: Exception | None = None
         try:
             _stream(f, url, part, policy, on_bytes)
-        except (httpx2.TransportError, httpx2.TimeoutException) as e:
+        except (httpx2.TransportError, httpx2.TimeoutException, _Busy) as e:
             problem = e
+        except httpx2.TooManyRedirects as e:
+            raise FetchError(f"{f.name}: too many redirects from {url} (a redirect loop?)") from e
         if part.have > before:
             failures = 0
             continue
-        failures += 1   # no progress: a stall, a refused connection, or a short body
+        failures += 1   # no progress: a stall, a refused connection, a short body, a 5xx
         if failures > NET_RETRIES:
-            why = type(problem).__name__ if problem else "no data"
-            raise FetchError(f"{f.name}: {why} from {url} after {failures} tries "
+            if isinstance(problem, _Busy):
+                why = f"{problem} from {problem.url}"
+            else:
+                why = f"{type(problem).__name__ if problem else 'no data'} from {url}"
+            raise FetchError(f"{f.name}: {why} after {failures} tries "
                              f"({part.have} of {f.size} bytes kept in {part_path}; "
                              "rerun resumes)") from problem
-        time.sleep(min(policy.backoff * 2 ** (failures - 1), 8.0))
+        wait = min(policy.backoff * 2 ** (failures - 1), 8.0)
+        if isinstance(problem, _Busy) and problem.retry_after is not None:
+            wait = max(wait, min(problem.retry_after, MAX_RETRY_AFTER_S))
+        _sleep(wait, on_bytes)
     return part.h.hexdigest()
+
+
+def _sleep(seconds: float, on_bytes: Callable[[int], None] | None) -> None:
+    """Back off, checking for cancellation (on_bytes(0) may raise) every 0.2 s."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.2))
+        if on_bytes:
+            on_bytes(0)
 
 
 def _stream(f: RemoteFile, url: str, part: _Partial, policy: DownloadPolicy,
@@ -178,10 +225,13 @@ def _stream(f: RemoteFile, url: str, part: _Partial, policy: DownloadPolicy,
         headers["Range"] = f"bytes={part.have}-"
     timeout = httpx2.Timeout(30.0, read=policy.read_timeout)
     with get_session().stream("GET", url, headers=headers, timeout=timeout) as r:
+        answered = str(r.url)   # the CDN's after a redirect
         if r.status_code == 404:
-            raise FetchError(f"{f.name}: not found at {url} (404)")
+            raise FetchError(f"{f.name}: not found at {answered} (404)")
+        if r.status_code in RETRY_STATUS:
+            raise _Busy(r.status_code, answered, _retry_after(r.headers.get("Retry-After")))
         if r.status_code not in (200, 206):
-            raise FetchError(f"{f.name}: HTTP {r.status_code} from {url}")
+            raise FetchError(f"{f.name}: HTTP {r.status_code} from {answered}")
         if part.have and r.status_code == 200:   # Range ignored: the body starts at byte 0
             part.restart()
         elif part.have and not r.headers.get("Content-Range", "").startswith(
@@ -196,6 +246,7 @@ def _stream(f: RemoteFile, url: str, part: _Partial, policy: DownloadPolicy,
                     raise FetchError(f"{f.name}: {url} sent more than the listed {f.size} "
                                      "bytes")
                 out.write(chunk)
+                out.flush()   # on disk as counted: a worker left blocked at exit loses nothing
                 part.h.update(chunk)
                 part.have += len(chunk)
                 if on_bytes:

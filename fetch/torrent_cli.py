@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import signal
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import libtorrent as lt
+import rich.progress
 from moepack.fetch.display import console, transfer_bar, verdict_table
 from moepack.fetch.errors import FetchError
 from moepack.fetch.lt_session import parse_endpoint
@@ -29,16 +31,17 @@ def run_create(file: Path, output: Path | None, piece_size: str | None, trackers
     except ValueError as e:
         raise FetchError(f"--piece-size: {e}") from e
     out = output or file.with_name(file.name + ".torrent")
-    check_output(out)
+    src = source_file(file)
+    check_output(out, src)
     t0 = time.perf_counter()
-    size = source_file(file).stat().st_size   # checked before the bar: the error is one line
+    size = src.stat().st_size   # checked before the bar: the error is one line
     with transfer_bar("hashing", size) as (bar, task):   # SHA-1 + SHA-256 of every byte
         def show(done: int, num: int) -> None:
             bar.update(task, completed=size * done // max(num, 1))
 
         data = create_torrent(file, piece_size=piece, trackers=trackers, web_seeds=web_seeds,
                               progress=show)
-    write_torrent(data, out)
+    write_torrent(data, out, src)
     ti = lt.torrent_info(data)
     ih = ti.info_hashes()
     console.print(f"wrote {out} in {time.perf_counter() - t0:.1f} s: {ti.num_pieces()} pieces of "
@@ -56,8 +59,14 @@ def run_torrent_fetch(source: str, dest: Path, dry_run: bool, peers: list[str],
                                opts=FetchOptions(endpoints, listen, stall_timeout=stall_timeout))
         assert isinstance(result, TorrentPlan)
         return _print_plan(result)
-    with transfer_bar("fetch", 1) as (bar, task):
+    with ExitStack() as stack:
+        shown: list[tuple[rich.progress.Progress, int]] = []
+
         def show(p: Progress) -> None:
+            # The bar appears with the first progress, so a refusal before it stays one line.
+            if not shown:
+                shown.append(stack.enter_context(transfer_bar("fetch", p.total)))
+            bar, task = shown[0]
             bar.update(task, total=p.total, completed=p.done, info=f"{p.peers} peers, {p.state}")
 
         opts = FetchOptions(endpoints, listen, stall_timeout=stall_timeout, progress=show)

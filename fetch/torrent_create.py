@@ -17,6 +17,7 @@ TARGET_PIECES = 1 << 11     # ~2,000 pieces: little metadata, fine-grained enoug
 USUAL_MAX_PIECE = 16 << 20  # what clients handle well; reached at 32 GiB
 MAX_PIECES = 1 << 16        # above 1 TiB pieces grow instead of the count ...
 MAX_PIECE = 64 << 20        # ... up to 64 MiB (4 TiB); beyond that the count grows
+MAX_USER_PIECE = 128 << 20  # libtorrent refuses larger pieces ("invalid piece size")
 CREATOR = "moepack"          # fixed: no version or date, so bytes do not vary between runs
 COMMENT_PREFIX = "moepack:"
 ID_KEY = b"moepack id"      # inside the info dict: covered by the info-hash, survives magnets
@@ -34,14 +35,16 @@ def auto_piece_size(file_size: int, alignment: int = 4096) -> int:
 
 
 def check_piece_size(piece: int) -> None:
-    if piece < MIN_PIECE or piece & (piece - 1):
-        raise FetchError(f"--piece-size {piece}: must be a power of two ≥ 16 KiB")
+    if not MIN_PIECE <= piece <= MAX_USER_PIECE or piece & (piece - 1):
+        raise FetchError(f"--piece-size {piece}: must be a power of two from 16 KiB to 128 MiB")
 
 
 def source_file(path: str | Path) -> Path:
     """The container a torrent is made of, as an absolute path; FetchError unless it is a
     regular file (a FIFO or device is refused, never read)."""
     path = Path(path).absolute()
+    if not os.path.exists(path):
+        raise FetchError(f"{path}: no such file")
     if not path.is_file():
         raise FetchError(f"{path}: not a regular file")
     return path
@@ -87,20 +90,33 @@ def create_torrent(
     return lt.bencode(entry)
 
 
-def check_output(out: Path) -> None:
-    """FetchError unless `out` can be written: its folder exists and it is not a folder.
-    Checked before hashing, which takes minutes on a large container."""
+def check_output(out: Path, source: Path | None = None) -> None:
+    """FetchError unless `out` can be written: its folder exists, it is not a folder, and it is
+    not the container itself (by resolved path, or same inode: a hard link). Checked before
+    hashing, which takes minutes on a large container."""
     parent = out.absolute().parent
     if not parent.is_dir():
         raise FetchError(f"{out}: folder {parent} does not exist")
     if out.is_dir():
         raise FetchError(f"{out} is a folder; name the .torrent file to write")
+    if source is not None and _same_file(out, source):
+        raise FetchError(f"{out} is the container {source} itself; writing the torrent there "
+                         "would replace it (name another -o FILE.torrent)")
 
 
-def write_torrent(data: bytes, out: Path) -> None:
+def _same_file(a: Path, b: Path) -> bool:
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:   # `a` does not exist yet
+        return False
+
+
+def write_torrent(data: bytes, out: Path, source: Path | None = None) -> None:
     """Atomic: a half-written .torrent never replaces a good one. The .tmp is a new inode (a
     planted link there is removed, not followed); the rename replaces the entry at `out`."""
-    check_output(out)
+    check_output(out, source)
     tmp = out.with_name(out.name + ".tmp")
     try:
         write_file(tmp, data)

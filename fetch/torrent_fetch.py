@@ -23,9 +23,9 @@ from moepack.fetch.lt_session import (
 from moepack.fetch.magnet import metadata_from_peers
 from moepack.fetch.space import SAFETY_MARGIN, SpaceNeed, SpaceVerdict, verdicts
 from moepack.fetch.staging import Staging
+from moepack.fetch.torrent_source import CONTAINER_MAGIC as MAGIC
 from moepack.fetch.torrent_source import TorrentMeta, describe, load_params
 
-MAGIC = b"MOEPACK\x00"   # FORMAT.md §2
 RESUME_EVERY_S = 30.0
 _CHECKING = (lt.torrent_status.checking_files, lt.torrent_status.checking_resume_data,
              lt.torrent_status.queued_for_checking, lt.torrent_status.allocating)

@@ -22,6 +22,8 @@ from moepack.safefs import name_problem, printable
 MAX_TORRENT_BYTES = 64 << 20   # a 4 TiB container with 64 MiB pieces needs ~3.5 MB
 URL_TIMEOUT_S = 60.0
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_HUB_REPO = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@\S+)?")
+CONTAINER_MAGIC = b"MOEPACK\x00"   # FORMAT.md §2
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,14 @@ def load_params(source: str) -> lt.add_torrent_params:
         except (RuntimeError, ValueError) as e:
             raise FetchError(f"malformed magnet link {printable(source, 80)}: {e}") from e
     data = _download(source) if is_url(source) else _read(Path(source))
+    if data.startswith(CONTAINER_MAGIC):
+        _not_a_torrent(source)
     return parse_torrent(data, source)
+
+
+def _not_a_torrent(source: str | Path) -> None:
+    raise FetchError(f"{source} is a moepack container, not a torrent; to share it, make one "
+                     f"with `moepack torrent create {source}` and seed that")
 
 
 def parse_torrent(data: bytes, source: str) -> lt.add_torrent_params:
@@ -122,9 +131,15 @@ def _read(path: Path) -> bytes:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise FetchError(f"{path}: not a regular file")
+            if os.pread(fd, len(CONTAINER_MAGIC), 0) == CONTAINER_MAGIC:   # before the size
+                _not_a_torrent(path)
             if st.st_size > MAX_TORRENT_BYTES:
                 raise FetchError(f"{path}: {st.st_size} bytes is too large for a .torrent")
             data = f.read(MAX_TORRENT_BYTES + 1)
+    except FileNotFoundError as e:
+        hint = (f"; for a hub repository write hf:{path}" if _HUB_REPO.fullmatch(str(path))
+                else "")
+        raise FetchError(f"cannot read torrent {path}: {e.strerror or e}{hint}") from e
     except OSError as e:
         raise FetchError(f"cannot read torrent {path}: {e.strerror or e}") from e
     if len(data) > MAX_TORRENT_BYTES:  # grew since the fstat

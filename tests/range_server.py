@@ -32,7 +32,8 @@ class Fault:
     """What goes wrong for one path, for the next `times` GETs (-1: every time).
 
     kind: "drop" (close after `at` bytes of the body), "corrupt" (flip a byte at `at`),
-    "stall" (send `at` bytes, then nothing until the server stops), "404".
+    "stall" (send `at` bytes, then nothing until the server stops), "404", "answer" (send
+    `answer` instead: a 503 with Retry-After, a redirect to itself).
     `delay`: seconds to wait before answering at all.
     """
 
@@ -40,6 +41,7 @@ class Fault:
     times: int = 1
     at: int = 0
     delay: float = 0.0
+    answer: Body | None = None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -66,6 +68,8 @@ class _Handler(BaseHTTPRequestHandler):
             owner.stopping.wait(fault.delay)
         if fault is not None and fault.kind == "404":
             body = Body(b"not found", 404, {"X-Error-Code": "EntryNotFound"}, "text/plain")
+        elif fault is not None and fault.answer is not None:
+            body, fault = fault.answer, None
         else:
             body = owner.route(self.command, path, query, self)
         self._send(body, rng, head, fault)

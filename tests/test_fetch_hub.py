@@ -14,6 +14,7 @@ from moepack.fetch import space
 from moepack.fetch.errors import FetchError
 from moepack.fetch.hub import COMPLETE, MISSING, PARTIAL, fetch_hub, plan_hub
 from moepack.fetch.hub_download import DownloadPolicy
+from range_server import Body
 from typer.testing import CliRunner
 
 from moepack.cli import app
@@ -266,3 +267,53 @@ def test_dry_run_sees_whether_declared_mtp_layers_are_there(
     held = plan_for_config(config, Settings(), weights, blobs, names).file_size
     assumed = plan_for_config(config, Settings(), weights, blobs).file_size
     assert plan.conversion == held < assumed
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504, 429])
+def test_busy_answers_are_retried(hub: HubServer, tmp_path: Path, status: int) -> None:
+    name = "model-00001-of-00002.safetensors"
+    busy = Body(b"busy", status, {"Retry-After": "0"}, "text/plain")
+    hub.inject(REPO, name, Fault("answer", times=2, answer=busy))
+    fetch_hub(plan_hub(f"hf:{REPO}", tmp_path, [name]), policy=FAST)
+    assert (tmp_path / name).read_bytes() == _files()[name]
+    gets = [p for (m, p, _) in hub.requests if p == hub.fault_path(REPO, name) and m == "GET"]
+    assert len(gets) == 3
+
+
+def test_retry_after_is_waited_out(hub: HubServer, tmp_path: Path) -> None:
+    name = "model-00001-of-00002.safetensors"
+    busy = Body(b"slow down", 429, {"Retry-After": "1"}, "text/plain")
+    hub.inject(REPO, name, Fault("answer", times=1, answer=busy))
+    t0 = time.monotonic()
+    fetch_hub(plan_hub(f"hf:{REPO}", tmp_path, [name]), policy=FAST)
+    assert time.monotonic() - t0 >= 1.0
+
+
+def test_persistent_5xx_names_the_url_that_answered(hub: HubServer, tmp_path: Path) -> None:
+    name = "model-00001-of-00002.safetensors"
+    cdn = hub.fault_path(REPO, name)   # the hub redirects there; the CDN is what fails
+    hub.inject(REPO, name, Fault("answer", times=-1, answer=Body(b"", 503, {}, "text/plain")))
+    with pytest.raises(FetchError, match=rf"{name}: HTTP 503 from {hub.base}{cdn} after 6 tries"):
+        fetch_hub(plan_hub(f"hf:{REPO}", tmp_path, [name]), policy=FAST)
+
+
+def test_redirect_loop_is_one_line(hub: HubServer, tmp_path: Path) -> None:
+    name = "model-00001-of-00002.safetensors"
+    cdn = hub.fault_path(REPO, name)
+    loop = Body(b"", 302, {"Location": f"{hub.base}{cdn}"}, "text/plain")
+    hub.inject(REPO, name, Fault("answer", times=-1, answer=loop))
+    r = CliRunner().invoke(app, ["fetch", f"hf:{REPO}", "--dest", str(tmp_path),
+                                 "--include", name])
+    assert r.exit_code == 1 and "too many redirects" in r.output, r.output
+
+
+def test_a_folder_at_a_file_name_is_refused_before_downloading(hub: HubServer,
+                                                               tmp_path: Path) -> None:
+    name = "model-00001-of-00002.safetensors"
+    (tmp_path / name).mkdir()
+    runner = CliRunner()
+    dry = runner.invoke(app, ["fetch", f"hf:{REPO}", "--dest", str(tmp_path), "--dry-run"])
+    assert dry.exit_code == 1 and "is a folder" in dry.output, dry.output
+    r = runner.invoke(app, ["fetch", f"hf:{REPO}", "--dest", str(tmp_path)])
+    assert r.exit_code == 1 and "is a folder" in r.output, r.output
+    assert not [p for (m, p, _) in hub.requests if m == "GET" and "/cdn/" in p]

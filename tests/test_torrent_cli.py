@@ -75,6 +75,6 @@ def test_fetch_rejects_bad_peer_and_source(made, tmp_path: Path) -> None:
     _, torrent, _ = made
     runner = CliRunner()
     r = runner.invoke(app, ["fetch", str(torrent), "--dest", str(tmp_path), "--peer", "nope"])
-    assert r.exit_code == 1 and "expected HOST:PORT" in r.output
+    assert r.exit_code == 2 and "expected HOST:PORT" in r.output
     r = runner.invoke(app, ["fetch", "magnet:?xt=bogus", "--dest", str(tmp_path)])
     assert r.exit_code == 1 and "malformed magnet" in r.output

@@ -85,6 +85,8 @@ def test_bad_inputs_are_refused(container: tuple[Path, str], tmp_path: Path) -> 
         create_torrent(container[0], piece_size=3 * 16 * KiB)
     with pytest.raises(FetchError, match="not a regular file"):
         create_torrent(tmp_path)
+    with pytest.raises(FetchError, match="128 MiB"):
+        create_torrent(container[0], piece_size=256 * MiB)
 
 
 def test_cli_create(container: tuple[Path, str], tmp_path: Path) -> None:
@@ -96,4 +98,4 @@ def test_cli_create(container: tuple[Path, str], tmp_path: Path) -> None:
     assert cid in r.output and "magnet:?xt=urn:btih:" in r.output
     assert lt.torrent_info(out.read_bytes()).piece_length() == 32 * KiB
     bad = CliRunner().invoke(app, ["torrent", "create", str(path), "--piece-size", "lots"])
-    assert bad.exit_code == 1 and "--piece-size" in bad.output and "lots" in bad.output
+    assert bad.exit_code == 2 and "--piece-size" in bad.output and "lots" in bad.output
