@@ -206,6 +206,17 @@ def test_quick_checks_header_and_index_only(copy: Path) -> None:
     assert [d.name for d in verify(copy, quick=True).damaged] == ["index"]
 
 
+def test_quick_applies_the_readers_header_padding_rule(copy: Path) -> None:
+    flip(copy, 200, 0x01)   # inside [128, alignment): the reader refuses the file at open
+    with pytest.raises(Exception, match="header padding"):
+        Container.open(copy).close()
+    for quick in (True, False):
+        r = verify(copy, quick=quick)
+        assert not r.ok
+        assert [(d.kind, d.offset, d.length, d.code) for d in r.damaged] == [
+            ("padding", 200, 1, "header_padding")]
+
+
 @pytest.mark.parametrize("io", ["direct", "buffered"])
 def test_io_modes_agree(copy: Path, io: str) -> None:
     flip(copy, offsets(copy)["codebook"])

@@ -6,11 +6,11 @@ import time
 from pathlib import Path
 
 from moepack.format.limits import HEADER_SIZE
-from moepack.verify.judge import judge
+from moepack.verify.judge import HEADER_PADDING, judge
 from moepack.verify.opening import Unverifiable, open_for_verify
 from moepack.verify.plan import build_items, tables_by_layer
 from moepack.verify.reads import IoMode
-from moepack.verify.report import Report
+from moepack.verify.report import Damage, Report
 from moepack.verify.scan import Progress, scan
 
 from moepack.sysinfo import usable_cores
@@ -19,6 +19,24 @@ from moepack.sysinfo import usable_cores
 def default_threads() -> int:
     """Usable cores (affinity and cgroup CPU quota: `moepack.sysinfo`)."""
     return usable_cores()
+
+
+def _header_padding(path: str | Path, alignment: int, end: int) -> list[Damage]:
+    """Damage for non-zero bytes in [HEADER_SIZE, alignment) (FORMAT.md caps alignment at
+    16 MiB, so this read is small)."""
+    stop = min(alignment, end)
+    if stop <= HEADER_SIZE:
+        return []
+    with open(path, "rb") as f:
+        f.seek(HEADER_SIZE)
+        data = f.read(stop - HEADER_SIZE)
+    stripped = data.lstrip(b"\0")
+    if not stripped:
+        return []
+    lo = HEADER_SIZE + len(data) - len(stripped)
+    hi = HEADER_SIZE + len(data.rstrip(b"\0"))
+    return [Damage("padding", "padding", lo, hi - lo,
+                   f"non-zero bytes in the gap {HEADER_SIZE}..{alignment}", HEADER_PADDING)]
 
 
 def verify(path: str | Path, *, quick: bool = False, threads: int | None = None,
@@ -42,6 +60,13 @@ def verify(path: str | Path, *, quick: bool = False, threads: int | None = None,
     if h is not None:
         report.items_checked += 1
         report.bytes_checked += h.index_length
+    if quick and h is not None:
+        # The reader refuses non-zero bytes here at open time, so quick checks them too.
+        try:
+            report.damaged += _header_padding(path, h.alignment, h.index_offset)
+        except OSError as e:
+            return Report.unverifiable(path, f"cannot read: {e.strerror or e}")
+        report.bytes_checked += max(0, min(h.alignment, h.index_offset) - HEADER_SIZE)
     if not quick and h is not None and opened.sections is not None:
         items = build_items(opened.sections, HEADER_SIZE, h.index_offset)
         try:
