@@ -82,26 +82,54 @@ class Staging:
     def drop_resume(self) -> None:
         _remove_file(self.resume_file)
 
-    def adopt_final(self) -> bool:
-        """Move an existing damaged DEST/<name> into staging so only bad pieces are fetched.
+    @property
+    def tail_file(self) -> Path:
+        return self.dir / "appended.bin"
+
+    def adopt_final(self, size: int) -> int | None:
+        """Move an existing damaged DEST/<name> into staging so only bad pieces are fetched,
+        and bring it to the torrent's `size` there: a truncated copy is extended (sparse; the
+        missing pieces are fetched), bytes appended to a copy are set aside in `tail_file`.
+        Returns the file's size before (for give_back), None when nothing was adopted.
         The caller has refused a link at DEST/<name>; a link is never moved into staging,
         where libtorrent would write through it."""
         if os.path.lexists(self.file) or not os.path.lexists(self.final):
-            return False
+            return None
         try:
             refuse_link(self.final)
         except UnsafePathError as e:
             raise FetchError(str(e)) from e
         os.replace(self.final, self.file)
         self.drop_resume()   # the file changed under any saved state: recheck it
-        return True
+        had = os.stat(self.file).st_size
+        try:
+            if had > size:
+                with open(self.file, "rb") as f:
+                    f.seek(size)
+                    write_file(self.tail_file, f.read())   # bounded by the caller
+            if had != size:
+                os.truncate(self.file, size)
+        except (OSError, UnsafePathError) as e:
+            self.give_back(had)
+            raise FetchError(f"cannot bring {self.final} to the torrent's {size} bytes in "
+                             f"{self.dir}: {getattr(e, 'strerror', None) or e}") from e
+        return had
 
-    def give_back(self) -> None:
-        """Undo adopt_final after a failure (the file only gained hash-checked pieces); any
-        entry that appeared at the final name meanwhile is left alone."""
-        if os.path.isfile(self.file) and not os.path.lexists(self.final):
-            os.replace(self.file, self.final)
-            self.drop_resume()
+    def give_back(self, had: int) -> None:
+        """Undo adopt_final after a failure: the file gets its old size back (appended bytes
+        restored), so it has only gained hash-checked pieces; any entry that appeared at the
+        final name meanwhile is left alone."""
+        if not os.path.isfile(self.file) or os.path.lexists(self.final):
+            return
+        size = os.stat(self.file).st_size
+        if had < size:
+            os.truncate(self.file, had)
+        elif had > size and os.path.isfile(self.tail_file):
+            with open(self.file, "ab") as out, open(self.tail_file, "rb") as tail:
+                shutil.copyfileobj(tail, out)
+        _remove_file(self.tail_file)
+        os.replace(self.file, self.final)
+        self.drop_resume()
 
     def publish(self) -> Path:
         """Rename the verified file to its final name: the rename replaces the entry there

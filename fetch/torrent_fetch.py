@@ -9,7 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import libtorrent as lt
-from moepack.fetch.container import Checked, check_container, peek_container_id
+from moepack.fetch.container import (
+    Checked,
+    check_container,
+    header_claim,
+    peek_container_id,
+)
 from moepack.fetch.errors import FetchError
 from moepack.fetch.lock import dest_lock
 from moepack.fetch.lt_session import (
@@ -27,6 +32,7 @@ from moepack.fetch.torrent_source import CONTAINER_MAGIC as MAGIC
 from moepack.fetch.torrent_source import TorrentMeta, describe, load_params
 
 RESUME_EVERY_S = 30.0
+MAX_APPENDED = 64 << 20   # bytes after the end of a copy that a repair sets aside
 _CHECKING = (lt.torrent_status.checking_files, lt.torrent_status.checking_resume_data,
              lt.torrent_status.queued_for_checking, lt.torrent_status.allocating)
 _DONE = (lt.torrent_status.seeding, lt.torrent_status.finished)
@@ -138,7 +144,7 @@ class _Download:
                              f"{verdict.need_with_margin} (with a {SAFETY_MARGIN:.0%} margin); "
                              "nothing written")
         self.stage.prepare()
-        adopted = self.stage.adopt_final()
+        adopted = self.stage.adopt_final(self.meta.size)
         try:
             at_start = self._transfer(recheck=False)
             checked = check_container(self.stage.file)
@@ -148,8 +154,8 @@ class _Download:
                 checked = check_container(self.stage.file)
             self._require_valid(checked)
         except BaseException:
-            if adopted:
-                self.stage.give_back()
+            if adopted is not None:
+                self.stage.give_back(adopted)
             raise
         path = self.stage.publish()
         return TorrentFetchResult(path, checked.container_id or "", self.meta.size, self.downloaded,
@@ -163,7 +169,7 @@ class _Download:
             raise FetchError(f"{final} is a symbolic link; not touching it (move it away first)")
         if not final.is_file():
             raise FetchError(f"{final} exists and is not a regular file")
-        claimed = peek_container_id(final)
+        claimed = peek_container_id(final) or header_claim(final)
         if expected is None:
             raise FetchError(f"{final} exists and the torrent names no container ID to compare "
                              "it with; move it away first")
@@ -173,6 +179,11 @@ class _Download:
         if claimed is None and not self._damaged_copy(final):
             raise FetchError(f"{final} exists and is not a copy of this container (unreadable "
                              "header, other size); move it away first")
+        extra = final.stat().st_size - self.meta.size
+        if extra > MAX_APPENDED:   # set aside during the repair: that copy must stay small
+            raise FetchError(f"{final} names this container but is {extra} bytes longer than "
+                             f"the torrent's {self.meta.size}; truncate it to {self.meta.size} "
+                             "bytes or move it away first")
         checked = check_container(final)
         if checked.ok and checked.container_id == expected:
             return TorrentFetchResult(final, expected, self.meta.size, 0, self.meta.num_pieces,

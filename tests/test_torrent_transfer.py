@@ -217,6 +217,29 @@ def test_damaged_header_is_repaired(small, tmp_path: Path) -> None:
     assert r.pieces_at_start == r.pieces - 1 and r.container_id == cid
 
 
+@pytest.mark.parametrize("change", ["truncated", "appended"])
+def test_truncated_or_appended_copy_is_repaired(small, tmp_path: Path, change: str) -> None:
+    path, torrent, cid = small
+    data = path.read_bytes()
+    piece = lt.torrent_info(str(torrent)).piece_length()
+    copy = tmp_path / path.name
+    if change == "truncated":
+        damaged = data[:-5000]
+    else:   # one flipped byte too, so that the repair has a piece to fetch
+        mid = len(data) // 2
+        damaged = data[:mid] + bytes([data[mid] ^ 0x5A]) + data[mid + 1:] + b"\x07" * 3000
+    copy.write_bytes(damaged)
+    # No peer: the repair fails, and the copy is given back exactly as it was.
+    with pytest.raises(FetchError, match="no data"):
+        fetch_torrent(str(torrent), tmp_path, opts=_opts(stall=1.0))
+    assert copy.read_bytes() == damaged
+    with seed_in_background(torrent, path) as seeder:
+        r = _fetched(fetch_torrent(str(torrent), tmp_path, opts=_opts(seeder.port)))
+    assert r.container_id == cid and r.path.read_bytes() == data
+    assert 0 < r.downloaded_bytes <= 2 * piece
+    assert not (tmp_path / STAGING_DIR).exists()
+
+
 def test_short_of_space_writes_nothing(small, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from moepack.fetch import space
