@@ -31,20 +31,9 @@ def peek_container_id(path: Path) -> str | None:
 def header_claim(path: Path) -> str | None:
     """The ID an intact header names (its own hash checks), whatever the file's size: a
     truncated or appended copy still says which container it was. None otherwise."""
-    from moepack.format import FormatError
-    from moepack.format.header import parse_header
-    from moepack.format.limits import HEADER_SIZE
+    from moepack.verify.opening import header_claim as claim
 
-    try:
-        with open(path, "rb") as f:
-            head = f.read(HEADER_SIZE)
-    except OSError:
-        return None
-    declared = int.from_bytes(head[24:32], "little")   # file_size (FORMAT.md section 2)
-    try:
-        return parse_header(head, declared).root_hash.hex()
-    except FormatError:
-        return None
+    return claim(path)
 
 
 @dataclass(frozen=True)

@@ -248,6 +248,20 @@ def test_truncated(copy: Path) -> None:
     _expect_error(copy, "truncated")
 
 
+def test_truncated_or_appended_copy_reports_the_claimed_id(copy: Path, pristine: Path) -> None:
+    cid = verify(pristine).container_id
+    with open(copy, "ab") as f:
+        f.write(b"\x01" * 100)
+    r = verify(copy)
+    assert r.exit_code == 2 and r.container_id is None
+    assert r.to_dict()["claimed_container_id"] == cid
+    with open(copy, "r+b") as f:
+        f.truncate(1000)
+    assert verify(copy).claimed_container_id == cid
+    flip(copy, 40)   # inside the hashed header: it no longer vouches for anything
+    assert verify(copy).claimed_container_id is None
+
+
 def test_shorter_than_header(copy: Path) -> None:
     with open(copy, "r+b") as f:
         f.truncate(100)

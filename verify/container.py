@@ -7,7 +7,7 @@ from pathlib import Path
 
 from moepack.format.limits import HEADER_SIZE
 from moepack.verify.judge import HEADER_PADDING, judge
-from moepack.verify.opening import Unverifiable, open_for_verify
+from moepack.verify.opening import Unverifiable, header_claim, open_for_verify
 from moepack.verify.plan import build_items, tables_by_layer
 from moepack.verify.reads import IoMode
 from moepack.verify.report import Damage, Report
@@ -51,7 +51,9 @@ def verify(path: str | Path, *, quick: bool = False, threads: int | None = None,
     try:
         opened = open_for_verify(path)
     except Unverifiable as e:
-        return Report.unverifiable(path, str(e), code=e.code, quick=quick)
+        r = Report.unverifiable(path, str(e), code=e.code, quick=quick)
+        r.claimed_container_id = header_claim(path)
+        return r
     h = opened.header
     report = Report(str(path), quick, container_id=opened.container_id,
                     damaged=list(opened.damage), notes=list(opened.notes))

@@ -77,6 +77,17 @@ def _header(head: bytes, size: int) -> tuple[Header, list[Damage]]:
     return h, [Damage("header", "header", 0, HEADER_SIZE, first, "header_hash_mismatch")]
 
 
+def header_claim(path: str | Path) -> str | None:
+    """The root hash (container ID) an intact header names, checked against the size the
+    header declares rather than the file's: None unless the header's own hash matches."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_SIZE)
+        return parse_header(head, _declared_size(head)).root_hash.hex()
+    except (OSError, FormatError):
+        return None
+
+
 def _declared_size(head: bytes) -> int:
     # file_size is the u64 at offset 24 (FORMAT.md section 2); only used to word the message.
     return int.from_bytes(head[24:32], "little")

@@ -60,6 +60,9 @@ def print_report(r: Report, out: Console) -> None:
     if r.error is not None:
         code = f" {escape(f'[{r.error_code}]')}" if r.error_code else ""
         out.print(f"[red]not verifiable:[/red] {escape(r.path)}: {escape(r.error)}{code}")
+        if r.claimed_container_id:
+            out.print(f"its intact header names container {r.claimed_container_id} "
+                      "(unverified)")
         return
     out.print(f"container {r.container_id or '(unknown: header damaged)'}")
     mode = "quick (header, index, root hash)" if r.quick else \

@@ -51,6 +51,9 @@ class Report:
     error_code: str | None = None  # the error's stable code, where the file breaks a format rule
     notes: list[str] = field(default_factory=list)
     direct_io: bool = False
+    # The ID an intact header names when `container_id` cannot vouch for it (a truncated or
+    # appended copy): unverified, but it says which container the file was meant to be.
+    claimed_container_id: str | None = None
 
     @property
     def ok(self) -> bool:
