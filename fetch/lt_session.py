@@ -43,8 +43,11 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def make_session(listen: str, *, discovery: bool | None = None) -> lt.session:
-    """A session listening on `listen` (HOST:PORT). Discovery defaults to off on loopback."""
+def make_session(listen: str, *, discovery: bool | None = None,
+                 exact_port: bool = False) -> lt.session:
+    """A session listening on `listen` (HOST:PORT). Discovery defaults to off on loopback.
+    `exact_port`: a busy port is an error (listen_port raises) instead of libtorrent moving
+    on to the next free one, which a seeder behind a forwarded port would never be reached on."""
     host, port = parse_endpoint(listen, "listen address")
     loopback = is_loopback(host)
     if discovery is None:
@@ -63,6 +66,8 @@ def make_session(listen: str, *, discovery: bool | None = None) -> lt.session:
         "user_agent": "moepack",
         "peer_fingerprint": "-MP0100-",
     }
+    if exact_port and port:
+        settings.update(max_retry_port_bind=0, listen_system_port_fallback=False)
     return lt.session(settings)
 
 

@@ -55,7 +55,7 @@ class Seeder:
         meta = describe(params.ti, str(torrent_path))
         check_seedable(meta, data_path, full=full_verify)
         self.meta = meta
-        self.session = make_session(listen, discovery=discovery)
+        self.session = make_session(listen, discovery=discovery, exact_port=True)
         if data_path.name != meta.name:
             params.renamed_files = {0: data_path.name}
         params.save_path = str(data_path.parent)

@@ -78,3 +78,14 @@ def test_fetch_rejects_bad_peer_and_source(made, tmp_path: Path) -> None:
     assert r.exit_code == 2 and "expected HOST:PORT" in r.output
     r = runner.invoke(app, ["fetch", "magnet:?xt=bogus", "--dest", str(tmp_path)])
     assert r.exit_code == 1 and "malformed magnet" in r.output
+
+
+def test_seed_refuses_a_busy_port(made) -> None:
+    path, torrent, _ = made
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = CliRunner().invoke(app, ["seed", str(torrent), "--path", str(path), "--listen",
+                                     f"127.0.0.1:{port}", "--duration", "1"])
+    assert r.exit_code == 1 and "in use" in r.output and "seeding" not in r.output, r.output
