@@ -4,7 +4,8 @@ Line 1 is the header: the fingerprint of what is being made (source files, setti
 planned layout). Every later line records one finished unit and its BLAKE3 digest:
 `{"u": "tensor:layers.0.attn.q", "h": "<hex>"}`. A unit is journaled only after its bytes are
 durable in the `.partial` file, so after a SIGKILL or power loss every journaled unit is on disk;
-a torn last line (killed mid-append) is dropped.
+a torn last line (killed mid-append) is dropped. A record with `"h": null` takes a unit back (its
+bytes, or what they were derived from, are to be redone); a later record of it wins again.
 """
 
 from __future__ import annotations
@@ -100,25 +101,24 @@ class Journal:
         cls._lock(fd, path)
         with os.fdopen(os.dup(fd), "rb") as f:
             raw = f.read()
-        lines = raw.split(b"\n")
-        good_end, header, done = 0, None, {}
-        pos = 0
-        for line in lines[:-1]:  # the part after the last newline is torn or empty
-            pos += len(line) + 1
-            try:  # bounded; a torn or foreign record ends the good part
-                rec = loads(line, str(path), max_bytes=MAX_RECORD_BYTES)
-                if header is None:
-                    header = rec
-                else:
-                    done[rec["u"]] = rec["h"]
-            except (ValueError, KeyError, TypeError):
-                break
-            good_end = pos
+        good_end, header, done = _parse(raw, path)
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             os.close(fd)
             raise ConvertError(f"{path}: not a moepack conversion journal")
         os.ftruncate(fd, good_end)  # drop a torn tail before appending
         return cls(path, fd, header, done)
+
+    @staticmethod
+    def read_done(path: Path) -> dict[str, str]:
+        """The units a journal records as done, read without locking or changing it (what a
+        resume would start from, before checking the partial's bytes); {} when unreadable."""
+        try:
+            with os.fdopen(open_existing(path, os.O_RDONLY), "rb") as f:
+                _, header, done = _parse(f.read(), path)
+        except (OSError, UnsafePathError):
+            return {}
+        ok = isinstance(header, dict) and header.get("format") == FORMAT
+        return done if ok else {}
 
     @staticmethod
     def _lock(fd: int, path: Path) -> None:
@@ -144,9 +144,13 @@ class Journal:
         self.done.update(units)
 
     def forget(self, units: Iterable[str]) -> None:
-        """Treat units as not done (their bytes are damaged); recording them again wins."""
+        """Treat units as not done (their bytes are damaged, or derived from damaged ones);
+        journaled, so a rerun after an interruption redoes them too. Recording them again wins."""
+        units = [u for u in units if u in self.done]
+        if units:
+            self._append({"u": u, "h": None} for u in units)
         for u in units:
-            self.done.pop(u, None)
+            del self.done[u]
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -156,3 +160,23 @@ class Journal:
     def remove(self) -> None:
         self.close()
         self.path.unlink(missing_ok=True)
+
+
+def _parse(raw: bytes, path: Path) -> tuple[int, dict | None, dict[str, str]]:
+    """(end of the good part, header, unit -> digest) of a journal's bytes."""
+    good_end, header, done = 0, None, {}
+    pos = 0
+    for line in raw.split(b"\n")[:-1]:  # the part after the last newline is torn or empty
+        pos += len(line) + 1
+        try:  # bounded; a torn or foreign record ends the good part
+            rec = loads(line, str(path), max_bytes=MAX_RECORD_BYTES)
+            if header is None:
+                header = rec
+            elif rec["h"] is None:
+                done.pop(rec["u"], None)
+            else:
+                done[rec["u"]] = rec["h"]
+        except (ValueError, KeyError, TypeError):
+            break
+        good_end = pos
+    return good_end, header if isinstance(header, dict) else None, done

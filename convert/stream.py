@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from moepack.convert.errors import ConvertError, SourceError
-from moepack.convert.pipeline import SPACE_MARGIN, Summary, convert
+from moepack.convert.pipeline import SPACE_MARGIN, Summary, convert, refuse_directory
 from moepack.convert.progress import Reporter
 from moepack.convert.settings import Settings
 from moepack.convert.source import BLOB_FILES, INDEX_NAME, SINGLE_NAME, Checkpoint, index_shards
@@ -163,6 +163,7 @@ def convert_from_hub(source: str, out: str | Path, settings: Settings, *, stagin
     files = {f.name: f for f in listing.files}
     if "config.json" not in files:
         raise ConvertError(f"{source}: no config.json in the repository")
+    refuse_directory(out)
     if os.path.lexists(out) and not force and not dry_run:
         raise ConvertError(f"{out} already exists; pass --force to replace it")
     if not out.parent.is_dir():
@@ -224,7 +225,7 @@ def _plan(hub: _Hub, source: str, out: Path, settings: Settings, staging: int,
         if not hub.verified(name) and not _valid_standin(stage / name, sizes[name]):
             write_standin(stage, name, hub.header(name), sizes[name])
     # Planning (headers only) through the pipeline's dry run: the exact container size.
-    plan = convert(stage, out, settings, jobs=jobs, force=True, dry_run=True).plan
+    plan = convert(stage, out, settings, jobs=jobs, force=True, dry_run=True, plan_only=True).plan
     real = sum(sizes[n] for n in weights if hub.verified(n))
     facts["container_bytes"] = plan["file_size"]
     facts["peak_disk"] = plan["file_size"] + staging + small
