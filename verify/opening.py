@@ -81,11 +81,18 @@ def header_claim(path: str | Path) -> str | None:
     """The root hash (container ID) an intact header names, checked against the size the
     header declares rather than the file's: None unless the header's own hash matches."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(HEADER_SIZE)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)   # a FIFO must not block the open
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        head = _read_exact(fd, HEADER_SIZE, 0)
         return parse_header(head, _declared_size(head)).root_hash.hex()
     except (OSError, FormatError):
         return None
+    finally:
+        os.close(fd)
 
 
 def _declared_size(head: bytes) -> int:
