@@ -11,7 +11,14 @@ from multiprocessing.connection import wait
 
 from moepack.convert.errors import ConvertError
 from moepack.convert.tasks import Task
-from moepack.convert.worker import Worker, WorkerConfig, describe, peak_rss, process_main
+from moepack.convert.worker import (
+    Worker,
+    WorkerConfig,
+    describe,
+    interrupted,
+    peak_rss,
+    process_main,
+)
 
 from moepack.sysinfo import usable_cores
 
@@ -61,6 +68,8 @@ def _run_inline(cfg: WorkerConfig, tasks: list[Task], done: dict[str, str],
             except (ConvertError, OSError, KeyboardInterrupt):
                 raise
             except Exception as e:  # same report as from a worker process
+                if interrupted(e):
+                    raise KeyboardInterrupt from None
                 raise ConvertError(f"{task.key}: {describe(e)}") from e
             on_message(("task_done", task.key, peak_rss()))
     finally:

@@ -3,8 +3,11 @@ pwrite everything at planned offsets, and report finished units only once they a
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 import resource
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -159,6 +162,13 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def interrupted(exc: BaseException) -> bool:
+    """Ctrl-C that arrives while ctypes converts a native call's arguments surfaces as a
+    ctypes.ArgumentError naming KeyboardInterrupt, not as KeyboardInterrupt itself."""
+    return isinstance(exc, ctypes.ArgumentError) and \
+        re.match(r"argument \d+: KeyboardInterrupt\b", str(exc)) is not None
+
+
 def describe(exc: BaseException) -> str:
     if isinstance(exc, (ConvertError, OSError)):
         return str(exc)
@@ -170,6 +180,9 @@ def process_main(cfg: WorkerConfig, done: dict[str, str], conn) -> None:
     """Entry point of a worker process (spawned): run the tasks the coordinator sends over
     `conn` until a None arrives, sending every report back over it."""
     _die_with_parent()
+    # Ctrl-C reaches the whole process group: the coordinator alone handles it (and stops us),
+    # so the run says "interrupted" rather than relaying a worker's traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker = None
     key = "startup"
     try:
@@ -196,9 +209,6 @@ def _next_task(conn) -> Task | None:
 def _die_with_parent() -> None:
     """Linux: get SIGKILLed when the coordinator dies, so no orphan keeps writing."""
     try:
-        import ctypes
-        import signal
-
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass

@@ -118,6 +118,26 @@ def test_units_never_written_is_a_bug_not_a_convert_error(src, tmp_path):
     assert _unexpected(e.value) == EXIT_BUG
 
 
+def test_ctrl_c_inside_a_native_call_is_an_interruption(src, tmp_path, monkeypatch):
+    """Ctrl-C while ctypes converts arguments arrives as ctypes.ArgumentError: still "interrupted;
+    rerun", never a traceback, and the rerun finishes."""
+    import ctypes
+
+    from moepack.convert.worker import Worker
+
+    def run(self, task, done):
+        raise ctypes.ArgumentError("argument 3: KeyboardInterrupt: ")
+
+    out = tmp_path / "i.moepack"
+    with monkeypatch.context() as m:
+        m.setattr(Worker, "run", run)
+        with pytest.raises(KeyboardInterrupt):
+            convert(src, out, FAST)
+    assert _partial(out).exists() and _journal(out).exists()
+    convert(src, out, FAST)
+    assert out.exists()
+
+
 # -- 2. OUT is a file the conversion reads
 def _victim(tmp_path: Path, src: Path) -> Path:
     victim = tmp_path / "victim"
