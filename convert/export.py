@@ -141,6 +141,7 @@ def export(path: str | Path, outdir: str | Path, *, dtype: str = "f32", force: b
     if not out.name:
         raise ConvertError(f"{outdir}: cannot export to the root folder")
     tmp, old = _sibling(out, ".partial"), _sibling(out, ".old")
+    _check_parents(out)
     _check_outdir(out, force)
     for leftover in (tmp, old):
         _check_leftover(leftover, force)
@@ -215,6 +216,22 @@ def _lstat(path: Path) -> os.stat_result | None:
 def _is_empty(folder: Path) -> bool:
     with os.scandir(folder) as it:
         return next(it, None) is None
+
+
+def _check_parents(out: Path) -> None:
+    """The folders above OUTDIR are made as needed; one that exists as something else (a file)
+    is said as such, not as an OS error about OUTDIR."""
+    for parent in out.parents:
+        try:
+            st = os.stat(parent)
+        except FileNotFoundError:
+            continue
+        except NotADirectoryError:  # a file further up: found on a later step
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise ConvertError(f"{parent} is not a directory, so OUTDIR {out} cannot be made in "
+                               "it")
+        return
 
 
 def _check_outdir(out: Path, force: bool) -> None:

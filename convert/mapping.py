@@ -44,6 +44,14 @@ def bind(ck: Checkpoint, adapter: Adapter) -> SourceMap:
     return SourceMap(tuple(trunk), experts)
 
 
+def unused(ck: Checkpoint, smap: SourceMap) -> list[str]:
+    """The checkpoint's tensors that no bound reference reads, in header order."""
+    refs = [r for _, r in smap.trunk] + [r for parts in smap.experts.values()
+                                         for r in parts.values()]
+    read = {n for name in {r.name for r in refs} for n in ck.stored(name)}
+    return [n for n in ck.stored_names() if n not in read]
+
+
 def _check_fused_count(ck: Checkpoint, refs: dict[str, SourceRef], count: int) -> None:
     """A fused `[E, ...]` expert tensor must hold exactly the config's number of experts."""
     for ref in refs.values():

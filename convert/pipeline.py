@@ -161,8 +161,9 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int |
     refuse_directory(out)
     if os.path.lexists(out) and not force and not dry_run:  # a dangling link is taken too
         raise ConvertError(f"{out} already exists; pass --force to replace it")
-    if not out.parent.is_dir():
-        raise ConvertError(f"{out.parent}: no such directory")
+    if not out.parent.is_dir():  # a file there is not "missing": say what it is
+        raise ConvertError(f"{out.parent}: " + ("not a directory" if os.path.lexists(out.parent)
+                                               else "no such directory"))
     ck = Checkpoint(src, weightless=dry_run)
     _refuse_source_files(ck, (out, partial, jpath))
     if not ck.files:  # a dry run of config.json alone: its shapes, declared MTP layers assumed

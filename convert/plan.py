@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import warnings
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from math import prod
@@ -16,7 +18,7 @@ from pathlib import Path
 import blake3
 from moepack.convert.adapters import EXPERT_PARTS, Adapter, adapter_for
 from moepack.convert.errors import SourceError
-from moepack.convert.mapping import SourceMap, bind
+from moepack.convert.mapping import SourceMap, bind, unused
 from moepack.convert.quant import codec_for
 from moepack.convert.settings import Settings
 from moepack.convert.source import Checkpoint
@@ -28,9 +30,17 @@ from moepack.format.model_desc import ModelDescError, validate_model
 from moepack.format.mtp import MTP_BANK, MTP_TENSOR
 
 import moepack
+from moepack.safefs import printable
 
 PLACEHOLDER_SHA = "0" * 64  # same width as a real hash: the layout does not change when known
 CONVERTER = "moepack-convert"
+_LAYER = re.compile(r"(.*\blayers\.)(\d+)\.")  # a decoder layer's tensor: (prefix, number)
+_SHOWN_KINDS = 8  # name patterns a note about unused tensors lists
+
+
+class UnusedTensorsWarning(UserWarning):
+    """The checkpoint holds tensors that the model description does not use: not converted,
+    listed in the manifest's source.skipped (`moepack convert` prints it as `warning: ...`)."""
 
 
 @dataclass(frozen=True)
@@ -201,11 +211,67 @@ def checkpoint_plan(ck: Checkpoint, settings: Settings,
     adapter = described(ck.config)
     choose_mtp(adapter, settings, ck.tensors.keys())
     smap = bind(ck, adapter)
+    account_unused(ck, adapter, smap)
     if files is None:
         files = [{"name": f, "size": (ck.dir / f).stat().st_size, "sha256": PLACEHOLDER_SHA}
                  for f in ck.files]
     spec = build_spec(adapter, settings, files, ck.blob_sizes())
     return Plan(spec, plan_layout(spec), adapter), smap
+
+
+def account_unused(ck: Checkpoint, adapter: Adapter, smap: SourceMap) -> None:
+    """Say what of the checkpoint the container leaves out. Tensors of decoder layers beyond
+    the config's `num_hidden_layers` (and its declared MTP layers) are refused: the config does
+    not describe these weights, and a model cut short would convert, verify and then answer
+    badly. Any other unused tensor (an MTP module the architecture's adapter does not read,
+    a stray buffer) is summarised in `adapter.unused_note`, which goes into the manifest's
+    source.skipped (shown by `info`), and warned about. The parts an adapter skips by design
+    (vision towers) are already listed there."""
+    names = [n for n in unused(ck, smap) if not n.startswith(adapter.skipped_prefixes)]
+    if not names:
+        return
+    first = int(adapter.model["num_layers"])
+    declared = adapter.mtp_declared()  # converted or not, adapter.skipped() accounts for them
+    decoder = {m.group(1) for _, r in smap.trunk if (m := _LAYER.match(r.name))}
+    beyond: list[tuple[int, str]] = []
+    rest = []
+    for n in names:
+        m = _LAYER.match(n)
+        layer = int(m.group(2)) if m and m.group(1) in decoder else -1
+        if layer >= first + declared:
+            beyond.append((layer, n))
+        elif layer < first:
+            rest.append(n)
+    if beyond:
+        layers = sorted({layer for layer, _ in beyond})
+        shown = ", ".join(map(str, layers[:8])) + (", ..." if len(layers) > 8 else "")
+        key = adapter.origin.get("num_layers", "num_hidden_layers")
+        mtp = f" (and {declared} multi-token-prediction layer(s))" if declared else ""
+        n = beyond[0][1]
+        raise SourceError(f"config.json: {key!r} is {first}{mtp}, but the checkpoint also "
+                          f"holds layer{'s' if len(layers) > 1 else ''} {shown} ("
+                          f"{len(beyond):,} tensors, e.g. {printable(n, 120)} in "
+                          f"{ck.tensors[n].file}); converting would leave them out: fix "
+                          "config.json or the checkpoint")
+    if rest:
+        adapter.unused_note = unused_note(rest)
+        warnings.warn(f"{adapter.unused_note}; they are not converted (listed in the "
+                      "manifest's source.skipped)", UnusedTensorsWarning, stacklevel=2)
+
+
+def unused_note(names: list[str]) -> str:
+    """One line about tensors left out: their names with layer and expert numbers as `*`,
+    each pattern with its count, the first few patterns only."""
+    kinds: dict[str, int] = {}
+    for n in names:
+        kind = re.sub(r"(?<=\.)\d+(?=\.|$)", "*", n)
+        kinds[kind] = kinds.get(kind, 0) + 1
+    shown = [printable(k, 120) + (f" (x{c:,})" if c > 1 else "")
+             for k, c in list(kinds.items())[:_SHOWN_KINDS]]
+    more = len(kinds) - _SHOWN_KINDS
+    return (f"{len(names):,} checkpoint tensor{'s' if len(names) > 1 else ''} that config.json "
+            f"does not describe: {', '.join(shown)}" + (f" and {more:,} more kinds" if more > 0
+                                                        else ""))
 
 
 def plan_for_checkpoint(src: str | Path, settings: Settings) -> tuple[ContainerSpec, Layout]:

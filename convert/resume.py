@@ -15,7 +15,7 @@ from moepack.convert.tasks import blob_unit, expert_unit, tensor_unit
 from moepack.format.mtp import MTP_TENSOR
 
 import moepack
-from moepack.safefs import open_existing
+from moepack.safefs import open_existing, printable
 
 COMPARED = ("source", "settings", "converter", "layout")  # header keys that must not change
 
@@ -55,14 +55,52 @@ def known_hashes(jpath: Path) -> dict[str, tuple[int, int, str]]:
 
 
 def check_same(old: dict, new: dict, partial: Path) -> None:
+    """Refuse to resume `partial` unless source files, settings, converter and layout are the
+    journal's; the message names changed files by name and says how to go on."""
+    changed = source_changes(old.get("source"), new.get("source"))
     diffs = []
-    for key in COMPARED:
+    for key in COMPARED[1:]:
+        if key == "layout" and (changed or diffs):
+            continue  # follows from the source or the settings: no news
         diffs += differences(old.get(key), new.get(key), key)
+    if changed:
+        shown = "; ".join(changed[:5]) + (f" (and {len(changed) - 5} more)"
+                                          if len(changed) > 5 else "")
+        also = f"; also {'; '.join(diffs[:3])}" if diffs else ""
+        raise ConvertError(
+            f"{partial} was started from other source files: {shown}{also}. Pass --restart "
+            "to discard it and convert the source as it is now, or restore the original files "
+            "to continue it")
     if diffs:
         shown = "; ".join(diffs[:5]) + (f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else "")
         raise ConvertError(
-            f"{partial} was started with a different source or settings: {shown}. Rerun with "
-            "the original settings to continue it, or pass --restart to discard it")
+            f"{partial} was started with different settings: {shown}. Rerun with the original "
+            "settings to continue it, or pass --restart to discard it")
+
+
+def source_changes(old: object, new: object) -> list[str]:
+    """What differs between two journaled source file lists ([{name, size, sha256}]), one item
+    per file, by name."""
+    def by_name(files: object) -> dict[str, dict]:
+        if not isinstance(files, list):
+            return {}
+        return {f["name"]: f for f in files if isinstance(f, dict) and isinstance(f.get("name"),
+                                                                                  str)}
+    before, after = by_name(old), by_name(new)
+    out = []
+    for name in sorted(before.keys() | after.keys()):
+        a, b = before.get(name), after.get(name)
+        if a is None:
+            out.append(f"{printable(name)} is new")
+        elif b is None:
+            out.append(f"{printable(name)} is no longer there")
+        elif a.get("size") != b.get("size"):
+            out.append(f"{printable(name)} was {a.get('size')} bytes, now {b.get('size')}")
+        elif a != b:
+            out.append(f"{printable(name)} has other contents (SHA-256)")
+    if not out and old != new:  # not file lists: report the raw difference
+        out = differences(old, new, "source")
+    return out
 
 
 def damaged_units(partial: Path, plan: Plan, done: dict[str, str], rep: Reporter) -> list[str]:

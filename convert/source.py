@@ -31,7 +31,8 @@ from moepack.convert.packed_int import (
 from moepack.convert.st_header import DTYPE_SIZES, TensorInfo, parse_json, read_header
 from moepack.format.model_desc import MAX_JSON_BYTES, MAX_TENSORS
 
-from moepack.safefs import name_problem, printable
+from moepack.safefs import name_problem, one_line, printable
+from moepack.untrusted_json import loads
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -52,34 +53,48 @@ class SourceRef:
     rows: tuple[int, int] | None = None
 
 
-def load_json(path: Path) -> dict:
-    """An untrusted JSON object file (config.json, index.json): size and nesting bounded."""
-    data = _read_small(path, MAX_JSON_BYTES)
-    obj = parse_json(data, f"{path.name}: not readable JSON")
+def load_json(path: Path, label: str | None = None) -> dict:
+    """An untrusted JSON object file (config.json, index.json): size and nesting bounded.
+    Messages start with `label` (default: the file's name)."""
+    label = label or path.name
+    data = read_small(path, MAX_JSON_BYTES, label)
+    obj = parse_json(data, f"{label}: not readable JSON")
     if not isinstance(obj, dict):
-        raise SourceError(f"{path.name}: expected a JSON object")
+        raise SourceError(f"{label}: expected a JSON object")
     return obj
 
 
-def _read_small(path: Path, limit: int) -> bytes:
-    """A regular file of at most `limit` bytes (a FIFO or device is refused, never waited on)."""
+def read_small(path: Path, limit: int, label: str | None = None) -> bytes:
+    """A regular file of at most `limit` bytes (a FIFO or device is refused, never waited on);
+    messages start with `label` (default: the file's name)."""
+    label = label or path.name
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError as e:
-        raise SourceError(f"{path.name}: missing from {path.parent}") from e
+        raise SourceError(f"{label}: missing from {path.parent}") from e
     except OSError as e:
-        raise SourceError(f"{path.name}: cannot read: {e.strerror or e}") from e
+        raise SourceError(f"{label}: cannot read: {e.strerror or e}") from e
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise SourceError(f"{path.name}: not a regular file")
+            raise SourceError(f"{label}: not a regular file ({file_kind(st.st_mode)})")
         if st.st_size > limit:
-            raise SourceError(f"{path.name}: {st.st_size:,} bytes, larger than the "
+            raise SourceError(f"{label}: {st.st_size:,} bytes, larger than the "
                               f"{limit:,} accepted")
         try:
             return f.read(limit + 1)[:limit]
         except OSError as e:
-            raise SourceError(f"{path.name}: cannot read: {e.strerror or e}") from e
+            raise SourceError(f"{label}: cannot read: {e.strerror or e}") from e
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular directory entry is, in words."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a file"
 
 
 def index_shards(index: Path) -> tuple[dict[str, str], list[str]]:
@@ -111,6 +126,7 @@ class Checkpoint:
         tokenizer files) is accepted, with no files and no tensors (`convert --dry-run` plans
         it from the config); a folder whose index names missing shards is refused either way."""
         self.dir = Path(directory)
+        self._blob_sizes: dict[str, int] | None = None
         if not self.dir.is_dir():
             raise SourceError(f"{self.dir}: not a directory")
         self.config = load_json(self.dir / "config.json")
@@ -205,15 +221,36 @@ class Checkpoint:
         if index.exists():
             self._weight_map, files = index_shards(index)
             for f in files:
-                if not (self.dir / f).is_file():
-                    raise SourceError(f"{f}: listed in {INDEX_NAME} but missing from {self.dir}")
+                if problem := self._not_a_file(f):
+                    raise SourceError(f"{f}: listed in {INDEX_NAME} but {problem}")
             return files
-        if (self.dir / SINGLE_NAME).is_file():
+        if os.path.lexists(self.dir / SINGLE_NAME):
+            if problem := self._not_a_file(SINGLE_NAME):
+                raise SourceError(f"{SINGLE_NAME}: {problem}")
             return [SINGLE_NAME]
         if weightless:
             return []
         raise SourceError(f"{self.dir}: no {SINGLE_NAME} and no {INDEX_NAME}, so no weights to "
                           "convert (--dry-run plans the container from config.json alone)")
+
+    def _not_a_file(self, name: str) -> str | None:
+        """Why weight file `name` cannot be read as one, or None. Links are followed (the hub
+        cache's snapshots are links to blobs); a FIFO would block the reader, a device never
+        end."""
+        path = self.dir / name
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            if os.path.islink(path):
+                return f"is a symbolic link to a missing file ({printable(os.readlink(path))})"
+            return f"missing from {self.dir}"
+        except OSError as e:
+            return f"cannot be read: {e.strerror or e}"
+        if stat.S_ISREG(mode):
+            return None
+        link = (f" (a symbolic link to {printable(os.readlink(path))})"
+                if os.path.islink(path) else "")
+        return f"is {file_kind(mode)}{link}, not a regular file"
 
     def _check_index(self) -> None:
         if self._weight_map is None:
@@ -224,10 +261,33 @@ class Checkpoint:
                 raise SourceError(f"{fname}: has no tensor {tname!r} although {INDEX_NAME} says so")
 
     def blob_files(self) -> list[str]:
-        return [n for n in BLOB_FILES if (self.dir / n).is_file()]
+        """The BLOB_FILES present (anything by that name: what is not a readable file is
+        refused by `blob_sizes`, not silently left out)."""
+        return [n for n in BLOB_FILES if os.path.lexists(self.dir / n)]
 
     def blob_sizes(self) -> dict[str, int]:
-        return {n: (self.dir / n).stat().st_size for n in self.blob_files()}
+        """name -> size of the files carried as blobs, each checked as the runtime will read it
+        (`check_blob`) before anything is written; checked once per Checkpoint."""
+        if self._blob_sizes is None:
+            self._blob_sizes = {n: len(check_blob(self.dir / n)) for n in self.blob_files()}
+        return dict(self._blob_sizes)
+
+    def stored(self, name: str) -> tuple[str, ...]:
+        """The checkpoint tensors that `read(SourceRef(name))` reads: a pack-quantized or MXFP4
+        weight is several, an fp8 weight has its scales."""
+        dtype = self.info(name).dtype
+        if dtype == PACKED:
+            return name + "_packed", name + "_scale", name + "_shape"
+        if dtype == MXFP4:
+            assert self.mxfp4 is not None
+            return part_names(name, self.mxfp4)
+        if dtype == FP8:
+            return name, name.removesuffix("weight") + "weight_scale_inv"
+        return (name,)
+
+    def stored_names(self) -> list[str]:
+        """Every tensor the safetensors headers list (not the dequantised views added)."""
+        return [n for n, i in self.tensors.items() if i.dtype not in (PACKED, MXFP4)]
 
     # -- shapes ----------------------------------------------------------------------------
     def info(self, name: str) -> TensorInfo:
@@ -384,6 +444,41 @@ class Checkpoint:
         sshape = (srows[1] - srows[0], need[1])
         scale = to_f32(self._raw(sinfo, SourceRef(sname, rows=srows), sshape), sinfo.dtype, sshape)
         return dequant_blocks(w, scale, self.fp8_block)
+
+
+def check_blob(path: Path) -> bytes:
+    """The bytes of tokenizer file `path`, refused (SourceError naming it) unless the runtime
+    can read it: `run`, `chat` and `serve` load tokenizer.json with the `tokenizers` library
+    and the JSON files with the bounded loader, under the same limits (runtime/tokenizer.py);
+    special_tokens_map.json and chat_template.jinja are what transformers reads after
+    `export`. A broken one would otherwise convert and verify, then fail at the first prompt."""
+    from moepack.format.limits import MAX_BLOB_RAW
+    from moepack.runtime.tokenizer import (
+        MAX_CONFIG_BYTES,
+        MAX_GENERATION_CONFIG_BYTES,
+        Tokenizer,
+        TokenizerError,
+    )
+
+    name = path.name
+    limits = {"tokenizer.json": MAX_BLOB_RAW, "generation_config.json": MAX_GENERATION_CONFIG_BYTES}
+    data = read_small(path, limits.get(name, MAX_CONFIG_BYTES))
+    if name == "tokenizer.json":
+        try:
+            Tokenizer(data)
+        except TokenizerError as e:
+            raise SourceError(f"{one_line(str(e))[:300]} (the tokenizers library cannot load "
+                              "it, so run, chat and serve could not)") from None
+    elif name.endswith(".json"):
+        obj = loads(data, name, max_bytes=len(data), error=SourceError)
+        if not isinstance(obj, dict):
+            raise SourceError(f"{name}: expected a JSON object")
+    else:  # a chat template: text
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SourceError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return data
 
 
 def check_finite(w: np.ndarray, file: str, name: str) -> None:

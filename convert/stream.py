@@ -166,8 +166,9 @@ def convert_from_hub(source: str, out: str | Path, settings: Settings, *, stagin
     refuse_directory(out)
     if os.path.lexists(out) and not force and not dry_run:
         raise ConvertError(f"{out} already exists; pass --force to replace it")
-    if not out.parent.is_dir():
-        raise ConvertError(f"{out.parent}: no such directory")
+    if not out.parent.is_dir():  # a file there is not "missing": say what it is
+        raise ConvertError(f"{out.parent}: " + ("not a directory" if os.path.lexists(out.parent)
+                                               else "no such directory"))
     from moepack.safefs import ensure_dir
 
     created = not os.path.lexists(stage)

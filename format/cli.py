@@ -10,6 +10,7 @@ import typer
 from moepack.format.errors import FormatError
 from moepack.format.info import container_info
 from moepack.format.reader import Container
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -24,9 +25,14 @@ def _mtp_line(m: dict) -> str:
     return f"{layers}, {m['bytes']:,} bytes (not used by the engine)"
 
 
+def _file_bpw(info: dict) -> float | None:
+    """Bits per weight of the whole file (index, tokenizer blobs and padding too): the figure
+    `convert` prints; `overall` counts the weights' and codebooks' bytes only."""
+    total = info["parameters"]["total"]
+    return round(8 * info["file_size"] / total, 4) if total else None
+
+
 def _show(path: Path, info: dict) -> None:
-    console = Console()
-    t = Table(show_header=False, box=None)
     bpw, par = info["bits_per_weight"], info["parameters"]
     rows = [
         ("container", str(path)),
@@ -39,14 +45,27 @@ def _show(path: Path, info: dict) -> None:
         *[(f"  {k}", f"{v:,} B ({format_size(v)})") for k, v in info["bytes"].items()],
         ("bits/weight",
          f"experts {bpw['experts']}, trunk {bpw['trunk']}, overall {bpw['overall']}"),
+        ("  whole file", f"{_file_bpw(info)} (index and blobs too, as convert counts)"),
         ("tensors", str(info["counts"]["tensors"])),
         ("experts", f"{info['counts']['experts']} in {info['counts']['expert_banks']} banks"),
         ("alignment", str(info["alignment"])),
         *[("MTP", _mtp_line(info["mtp"])) for _ in ("mtp",) if "mtp" in info],
         *[("not converted", note) for note in info.get("skipped", [])],
     ]
-    for k, v in rows:
-        t.add_row(f"[bold]{k}[/bold]", escape(one_line(v)))  # names come from the file
+    values = [one_line(v) for _, v in rows]  # names come from the file
+    # The ID (a hash users copy) and the path never wrap or get cut: the value column is at
+    # least as wide as they are, the console widened for them when it is narrower (a pipe:
+    # 80 columns); longer text wraps at spaces, a long word folds.
+    whole = max(cell_len(values[0]), cell_len(values[2]))
+    keys = max(cell_len(k) for k, _ in rows)
+    console = Console()
+    if console.width < keys + whole + 4:  # the table's padding: 1 + 2 between + 1
+        console = Console(width=keys + whole + 4)
+    t = Table(show_header=False, box=None)
+    t.add_column(no_wrap=True)
+    t.add_column(min_width=whole, overflow="fold")
+    for (k, _), v in zip(rows, values, strict=True):
+        t.add_row(f"[bold]{k}[/bold]", escape(v))
     console.print(t)
 
 

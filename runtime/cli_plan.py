@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from moepack.convert.cli import codec_option, expert_codec_option, trunk_codec_option
 from moepack.runtime.cli import (
     BudgetOpt,
     CtxOpt,
@@ -31,40 +32,42 @@ RamOpt = Annotated[str | None, typer.Option(
     "--ram", callback=size_option,
     help=f"Plan for a machine with this much usable RAM (default: this one). {SIZE_HELP}")]
 ExpertCodecOpt = Annotated[str | None, typer.Option(
-    "--expert-codec", help="With --config: expert codec preset (as convert; default rvq3-l).")]
+    "--expert-codec", callback=expert_codec_option,
+    help="With --config: expert codec preset (as convert; default rvq3-l).")]
 TrunkCodecOpt = Annotated[str | None, typer.Option(
-    "--trunk-codec", help="With --config: codec of all quantised trunk classes (as convert).")]
+    "--trunk-codec", callback=trunk_codec_option,
+    help="With --config: codec of all quantised trunk classes (as convert).")]
 CodecOpt = Annotated[list[str] | None, typer.Option(
-    "--codec", help="With --config: trunk codec of one class, CLASS=CODEC (repeatable).")]
-_MAX_CONFIG = 16 << 20  # a config.json is a few KB; refuse anything that could exhaust memory
+    "--codec", callback=codec_option,
+    help="With --config: trunk codec of one class, CLASS=CODEC (repeatable).")]
 
 
 def _config_plan(config: Path, codecs: tuple[str | None, str | None, list[str]],
                  ctx: int | None, kv: str | None, b: int | None, ram: str | None,
                  threads: int | None, as_json: bool) -> dict:
-    """plan_for_config on a config.json file; one error line for anything wrong with it."""
+    """plan_for_config on a config.json file; one error line for anything wrong with it, which
+    names the file once (the converter's messages say `config.json: ...`)."""
     from moepack.convert.cli import _settings
     from moepack.convert.errors import ConvertError
+    from moepack.convert.source import load_json
     from moepack.format.errors import FormatError
     from moepack.runtime.engine import EngineError, plan_for_config
 
     problem = file_problem(config, "config")
     if problem:
         fail_as(problem, as_json)
+    try:  # the converter's own bounded loader: what convert reads, plan reads
+        doc = load_json(config, str(config))
+    except ConvertError as e:
+        fail_as(one_line(str(e)), as_json)
     try:
-        if config.stat().st_size > _MAX_CONFIG:
-            fail_as(f"{config}: {config.stat().st_size} bytes is not a config.json", as_json)
-        doc = json.loads(config.read_bytes())
-        if not isinstance(doc, dict):
-            fail_as(f"{config}: a config.json holds a JSON object, not {type(doc).__name__}",
-                  as_json)
         expert, trunk, per_class = codecs
         settings = _settings(expert, trunk, per_class, 0, 4096, None, None)
         return plan_for_config(doc, settings, ctx, kv, b, ram, threads)
     except EngineError as e:  # a --ctx beyond the model's longest: its code and max_ctx
         engine_fail(e, as_json, f"{config}: ")
     except (ConvertError, FormatError, ValueError, OSError) as e:
-        fail_as(f"{config}: {one_line(str(e))}", as_json)
+        fail_as(f"{config}: {one_line(str(e).removeprefix('config.json: '))}", as_json)
 
 
 def plan_cmd(

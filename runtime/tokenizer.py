@@ -14,6 +14,7 @@ from moepack.cliargs import utf8_problem
 from moepack.untrusted_json import loads
 
 MAX_CONFIG_BYTES = 64 << 20   # chat templates included, real configs are well under 1 MB
+MAX_GENERATION_CONFIG_BYTES = 1 << 20  # a few ids and sampling defaults
 
 
 # end-of-turn tokens of the chat template families moepack's models use
@@ -149,7 +150,7 @@ def generation_eos_ids(path: str) -> list[int]:
             return []
         raw = bytes(c.blob("generation_config.json"))
     try:
-        cfg = loads(raw, "generation_config.json", max_bytes=1 << 20)
+        cfg = loads(raw, "generation_config.json", max_bytes=MAX_GENERATION_CONFIG_BYTES)
     except ValueError:
         return []
     v = cfg.get("eos_token_id") if isinstance(cfg, dict) else None

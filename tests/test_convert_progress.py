@@ -119,5 +119,5 @@ def test_a_real_conversion_reports_every_layer_to_the_end(tmp_path):
 def test_unknown_progress_mode_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "moepack", "convert", str(tmp_path), "o.moepack",
                         "--progress", "fancy"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1 and "--progress must be one of bars, lines, json" in r.stderr
+    assert r.returncode == 2 and "'fancy' is not one of bars, lines, json" in r.stderr
     assert "Traceback" not in r.stderr

@@ -326,4 +326,4 @@ def test_jobs_and_ray_exclude_each_other(source, tmp_path):
     r = subprocess.run([sys.executable, "-m", "moepack", "convert", str(source),
                         str(tmp_path / "o.moepack"), "--ray", "auto", "--jobs", "2"],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1 and "exclude each other" in r.stderr
+    assert r.returncode == 2 and "exclude each other" in r.stderr

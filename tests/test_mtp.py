@@ -281,6 +281,6 @@ def test_minimax_m2_declared_mtp_modules_are_noted_not_converted():
 def test_convert_refuses_an_unknown_mtp_mode(tmp_path):
     result = CliRunner().invoke(app, ["convert", str(tmp_path), str(tmp_path / "o.moepack"),
                                       "--mtp", "sometimes"])
-    assert result.exit_code == 1
-    assert "--mtp must be one of keep, drop, got 'sometimes'" in result.output
+    assert result.exit_code == 2
+    assert "Invalid value for '--mtp': 'sometimes' is not one of keep, drop" in result.output
     assert not (tmp_path / "o.moepack").exists()

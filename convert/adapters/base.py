@@ -40,6 +40,10 @@ class Adapter:
     hf_aliases: ClassVar[tuple[str, ...]] = ()  # other `architectures` names of the same model
     # Parts of such checkpoints that are not converted, one line each (manifest source.skipped)
     skipped_parts: ClassVar[tuple[str, ...]] = ()
+    # Name prefixes of the checkpoint tensors those parts are (not reported again as unused)
+    skipped_prefixes: ClassVar[tuple[str, ...]] = ()
+    # Checkpoint tensors the description does not use, summarised (set by the planner)
+    unused_note: str | None = None
     # Native per-expert projection names: part -> suffix under `<prefix>.experts.N.`.
     expert_names: ClassVar[dict[str, str]] = {"gate": "gate_proj", "up": "up_proj",
                                               "down": "down_proj"}
@@ -210,6 +214,8 @@ class Adapter:
             n = int(self.model["num_layers"])
             out.append(f"multi-token-prediction layers {n + self.mtp_layers}..{n + mtp - 1}: "
                        f"not converted ({self.mtp_note})")
+        if self.unused_note:
+            out.append(self.unused_note)
         return out
 
     # -- multi-token prediction (FORMAT.md §4.6) -------------------------------------------

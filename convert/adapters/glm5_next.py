@@ -42,6 +42,7 @@ class Glm5NextAdapter(KimiLinearAdapter, GlmMoeDsaAdapter):
     expert_names: ClassVar[dict[str, str]] = Adapter.expert_names
     skipped_parts = ("vision tower (model.visual.*): text-only conversion, images and video "
                      "are not supported",)
+    skipped_prefixes = ("model.visual.",)
 
     mtp_note = "GLM-5.3-Flash's MTP layer is not supported"
     mtp_tensors = Adapter.mtp_tensors

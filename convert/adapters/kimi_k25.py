@@ -33,6 +33,8 @@ class KimiK25Adapter(DeepseekV3Adapter):
     text_key = "text_config"
     skipped_parts = ("vision tower and multimodal projector (vision_tower.*, mm_projector.*): "
                "text-only conversion, images and video are not supported",)
+    skipped_prefixes = ("vision_tower.", "mm_projector.", "model.vision_tower.",
+                        "model.mm_projector.")
 
     def trunk(self) -> list[TrunkTensor]:
         return [replace(t, sources=tuple(dict.fromkeys(n for s in t.sources

@@ -12,7 +12,7 @@ from dataclasses import replace
 from functools import cached_property
 
 from moepack.convert.adapters.base import TrunkTensor
-from moepack.convert.adapters.kimi_k25 import _renamed
+from moepack.convert.adapters.kimi_k25 import KimiK25Adapter, _renamed
 from moepack.convert.adapters.kimi_linear import KimiLinearAdapter
 from moepack.convert.errors import SourceError
 
@@ -27,6 +27,7 @@ class KimiK3Adapter(KimiLinearAdapter):
     dense_ffn_module = "mlp"  # the published checkpoint's name, as llama.cpp's converter reads
     skipped_parts = ("vision tower and multimodal projector (vision_tower.*, mm_projector.*): "
                      "text-only conversion, images and video are not supported",)
+    skipped_prefixes = KimiK25Adapter.skipped_prefixes
 
     @cached_property
     def model(self) -> dict:

@@ -26,6 +26,7 @@ class Qwen3_5MoeAdapter(Qwen3NextAdapter):
     projection = "split"
     skipped_parts = ("vision tower (model.visual.*): text-only conversion, images and video are "
                      "not supported",)
+    skipped_prefixes = ("model.visual.",)
 
     def trunk(self) -> list[TrunkTensor]:
         return [replace(t, sources=tuple(dict.fromkeys(_renamed(s) for s in t.sources)))
