@@ -301,6 +301,10 @@ def convert_cmd(
         typer.echo(f"bits per weight: {summary.bits_per_weight} whole file, "
                    f"{summary.expert_bits_per_weight} experts")
         typer.echo("codecs: " + ", ".join(f"{k}={v['name']}" for k, v in p["codecs"].items()))
+        if p.get("resumes"):
+            typer.echo(f"note: converting resumes {p['resumes']}: {p['units_done']} of "
+                       f"{p['units_total']} units journaled (checked first; --restart "
+                       "discards it)")
         if p["output_exists"]:
             typer.echo(f"note: {out} exists; converting needs --force")
     elif not quiet:

@@ -263,6 +263,9 @@ def test_dry_run_reports_the_partial_it_would_resume(src, tmp_path):
     assert r.exit_code == 0, r.output
     plan = json.loads(r.stdout)["plan"]
     assert plan["units_done"] == len(done) and plan["resumes"] == str(_partial(out))
+    r = _cli("convert", str(src), str(out), "--dry-run", "--expert-codec", "rvq3-baseline",
+             "--iters", "3")
+    assert r.exit_code == 0 and f"resumes {_partial(out)}: {len(done)} of " in r.stdout, r.output
     r = _cli("convert", str(src), str(out), "--dry-run", "--json", "--expert-codec",
              "rvq3-baseline", "--iters", "3", "--seed", "3")
     assert r.exit_code == 1 and "settings.seed: was 0, now 3" in r.output
