@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from moepack.cliargs import INT32_MAX, choice, error_line, finite, printable, usage
+from moepack.cliargs import INT32_MAX, choice, error_line, finite, printable, size_option, usage
 from moepack.sizes import SIZE_HELP, format_size, parse_size
 
 QUANTISED_CLASSES = ("attn", "shared_expert", "dense_ffn", "embed", "lm_head")
@@ -89,20 +89,6 @@ def _alignment_option(value: int) -> int:
     return value
 
 
-def _staging_option(value: str | None) -> str | None:
-    """Typer callback of --staging: a size of at least one byte."""
-    if value is None:
-        return None
-    try:
-        n = parse_size(value)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
-    if n < 1:
-        raise typer.BadParameter(f"{printable(value, 40)} is 0 bytes; give the most shard "
-                                 "bytes to keep on disk, e.g. 40G")
-    return value
-
-
 def _named(example: str):
     """Typer callback of OUT or OUTDIR: a path that names something (`""` arrives as `.`)."""
     def check(value: Path) -> Path:
@@ -149,7 +135,7 @@ _RAY = typer.Option(None, "--ray", show_default=False, metavar="ADDRESS",
                     "node, or hf:ORG/REPO (read from the hub by every node). Needs pip install "
                     "'moepack\\[cluster]'.")
 _STAGING = typer.Option(None, "--staging", show_default=False, metavar="SIZE",
-                        callback=_staging_option,
+                        callback=size_option,
                         help="hf: sources: most bytes of source shards on disk at once "
                         "(e.g. 40G); shards are downloaded as needed and deleted when done. "
                         f"{SIZE_HELP} "
