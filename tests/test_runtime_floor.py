@@ -183,7 +183,8 @@ def test_state_snapshot_is_counted_in_the_floor(k3, model):
                 snapshots=1) as e:
         s = e.stats()
         assert s["floor_bytes"] == p1["floor_bytes"] and s["cache_capacity_experts"] == 1
-        assert e.plan() == {**p1, "usable_ram_bytes": e.plan()["usable_ram_bytes"]}
+        q = e.plan()  # once: usable RAM moves between two calls on a busy machine
+        assert q == {**p1, "usable_ram_bytes": q["usable_ram_bytes"]}
         e.feed(_tokens(5))
         assert len(e.snapshot().state) == p1["snapshot_bytes"]
     with Engine(k3, ctx=128, budget=p0["floor_bytes"] + p1["expert_record_bytes"]) as e:

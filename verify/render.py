@@ -58,11 +58,12 @@ def _range(offset: int, length: int) -> str:
 
 def print_report(r: Report, out: Console) -> None:
     if r.error is not None:
-        code = f" {escape(f'[{r.error_code}]')}" if r.error_code else ""
-        # one line, as every refusal: the ID an intact header claims goes at its end
+        # one line, as every refusal, the rule's code at its end: the ID an intact header
+        # claims goes before the code
         claim = (f"; its intact header names container {r.claimed_container_id} (unverified)"
                  if r.claimed_container_id else "")
-        out.print(f"[red]not verifiable:[/red] {escape(r.path)}: {escape(r.error)}{code}{claim}")
+        code = f" {escape(f'[{r.error_code}]')}" if r.error_code else ""
+        out.print(f"[red]not verifiable:[/red] {escape(r.path)}: {escape(r.error)}{claim}{code}")
         return
     out.print(f"container {r.container_id or '(unknown: header damaged)'}")
     mode = "quick (header, index, root hash)" if r.quick else \
