@@ -81,10 +81,11 @@ def info(
         if as_json:  # the object `run --json` prints for the same file (docs/RUNTIME.md)
             json_error(f"{file}: {e}", code=e.code, field=e.field, offset=e.offset)
         fail(f"{file}: {e.with_code()}")  # one line, no terminal escapes from the file
-    except OSError as e:
+    except OSError as e:  # the reason alone: Python's text repeats the path and errno
+        why = f"{file}: {e.strerror or e}"
         if as_json:
-            json_error(f"{file}: {e}")
-        fail(f"{file}: {e}")
+            json_error(why)
+        fail(why)
     if as_json:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:

@@ -208,3 +208,11 @@ def test_error_messages_cannot_drive_the_terminal(tmp_path):
     assert r.exit_code == 1
     line = only_line(r.output)
     assert "\x1b" not in line and "evil\\x1b[2J\\nname" in line
+
+
+def test_info_on_a_missing_file_says_so_once(tmp_path):
+    """The reason alone after the path (Python's OSError text repeats both and the errno)."""
+    r = _moepack(["info", "gone.moepack"], tmp_path)
+    line = only_line(r.stdout.decode())
+    assert r.returncode == 1 and line.startswith("error: gone.moepack: "), line
+    assert line.count("gone.moepack") == 1 and "Errno" not in line, line
