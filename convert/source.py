@@ -31,7 +31,7 @@ from moepack.convert.packed_int import (
 from moepack.convert.st_header import DTYPE_SIZES, TensorInfo, parse_json, read_header
 from moepack.format.model_desc import MAX_JSON_BYTES, MAX_TENSORS
 
-from moepack.safefs import name_problem, one_line, printable
+from moepack.safefs import file_kind, name_problem, one_line, printable
 from moepack.untrusted_json import loads
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -85,16 +85,6 @@ def read_small(path: Path, limit: int, label: str | None = None) -> bytes:
             return f.read(limit + 1)[:limit]
         except OSError as e:
             raise SourceError(f"{label}: cannot read: {e.strerror or e}") from e
-
-
-def file_kind(mode: int) -> str:
-    """What a non-regular directory entry is, in words."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
-        if test(mode):
-            return name
-    return "not a file"
 
 
 def index_shards(index: Path) -> tuple[dict[str, str], list[str]]:

@@ -20,7 +20,7 @@ from typing import NoReturn
 
 import typer
 
-from moepack.safefs import UnsafePathError, one_line, printable, regular_file
+from moepack.safefs import UnsafePathError, file_kind, one_line, printable, regular_file
 from moepack.sizes import parse_size
 
 INT32_MAX = 2**31 - 1        # the C engine's int (ctx, top_k, token ids, n)
@@ -126,11 +126,9 @@ def _kind(path: Path, message: str) -> str:
         mode = os.stat(path).st_mode
     except OSError:
         return message
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return f"{message} ({name})"
-    return message
+    if stat.S_ISDIR(mode) or stat.S_ISREG(mode):  # safefs's message says those already
+        return message
+    return f"{message} ({file_kind(mode)})"
 
 
 def error_line(message: str, label: str = "error") -> None:

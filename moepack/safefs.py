@@ -178,3 +178,13 @@ def remove_created(folder: str | os.PathLike, names: list[str]) -> bool:
     except OSError:
         return False
     return True
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular directory entry is, in words."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a file"
