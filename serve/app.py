@@ -25,6 +25,7 @@ from moepack.serve.vocab import Vocab
 from moepack.serve.worker import Worker
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp
 
@@ -160,7 +161,7 @@ class Server:
                 if not taker.done():
                     taker.cancel()
                     job.cancel.set()  # the engine stops before its next token
-                    raise _ClientGone
+                    raise ClientDisconnect
                 for ev in taker.result():
                     if isinstance(ev, BaseException):
                         raise _engine_error(ev)
@@ -192,10 +193,6 @@ class Server:
             yield sse.data("[DONE]")
         finally:
             job.cancel.set()  # the client left (or we are done): stop within one token
-
-
-class _ClientGone(Exception):
-    pass
 
 
 async def _disconnect(request: Request) -> None:
@@ -234,6 +231,12 @@ def create_app(cfg: ServeConfig) -> tuple[ASGIApp, Server]:
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
         return ApiError(e.status_code, str(e.detail)).response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, e: ClientDisconnect) -> Response:
+        # it left mid-body or mid-generation: nobody reads this (499, as nginx logs it); a
+        # handled exception, so no traceback in the log
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def _any_error(request: Request, e: Exception) -> JSONResponse:
@@ -282,10 +285,7 @@ def create_app(cfg: ServeConfig) -> tuple[ASGIApp, Server]:
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             return sse.response(srv.stream(job, responder, responder.first_chunk(), usage))
-        try:
-            pieces, done = await srv.collect(job, request)
-        except _ClientGone:
-            return Response(status_code=499)
+        pieces, done = await srv.collect(job, request)
         return JSONResponse(responder.whole(pieces, done))
 
     @app.post("/v1/completions")
@@ -297,10 +297,7 @@ def create_app(cfg: ServeConfig) -> tuple[ASGIApp, Server]:
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             return sse.response(srv.stream(job, responder, None, usage))
-        try:
-            pieces, done = await srv.collect(job, request)
-        except _ClientGone:
-            return Response(status_code=499)
+        pieces, done = await srv.collect(job, request)
         return JSONResponse(responder.whole(pieces, done))
 
     return _CountRequests(app, srv.metrics), srv

@@ -327,6 +327,23 @@ def test_disconnect_while_waiting_for_a_whole_reply_cancels(srv):
     assert srv.get_json("/health")["status"] == "ok"
 
 
+def test_disconnect_mid_body_is_no_server_error(srv):
+    """A client that closes the socket before its body is in is no 500 and no traceback."""
+    key = 'moepack_requests_total{endpoint="/v1/chat/completions",status="%d"}'
+    before = srv.metrics()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: 100\r\n\r\n{\"messages\"")
+        time.sleep(0.2)  # the request is in the app, reading the body
+    deadline = time.monotonic() + 10
+    while srv.metrics().get(key % 499, 0) == before.get(key % 499, 0):
+        assert time.monotonic() < deadline, "the server did not see the disconnect"
+        time.sleep(0.05)
+    assert srv.metrics().get(key % 500, 0) == before.get(key % 500, 0)
+    assert "ClientDisconnect" not in srv.log.read_text()
+    assert post(srv, CHAT, json.dumps(OK_CHAT))[0] == 200
+
+
 def test_max_queue_0_refuses_while_one_runs():
     s = ServerProcess(demo_container(), "--max-queue", "0")
     try:
