@@ -13,6 +13,7 @@ from moepack.fetch.errors import FetchError
 from moepack.fetch.hub_conversion import conversion_size
 from moepack.fetch.hub_download import (
     DownloadPolicy,
+    Say,
     content_problem,
     download,
     incomplete_path,
@@ -117,12 +118,14 @@ STOP_GRACE_S = 1.0   # on Ctrl-C, how long workers get to reach their next chunk
 
 def fetch_hub(plan: HubPlan, *, jobs: int = 4, policy: DownloadPolicy | None = None,
               on_bytes: Callable[[int], None] | None = None,
-              on_hashing: Callable[[int], None] | None = None) -> HubResult:
+              on_hashing: Callable[[int], None] | None = None,
+              say: Say | None = None) -> HubResult:
     """Download what the plan says is missing, check every file, then write the manifest.
 
-    `on_bytes(n)` is told of bytes fetched or found already on disk (negative when a file that
-    was hashed turns out wrong and is fetched after all); `on_hashing(n)` of how many existing
-    files are being hashed now."""
+    `on_bytes(n)` is told of bytes fetched or found already on disk (negative when bytes are
+    thrown away and fetched again: a file on disk or a download that fails its hash, a server
+    that ignores Range), so the sum never passes the listing's total; `on_hashing(n)` of how
+    many existing files are being hashed now; `say(line)` of each retry and re-download."""
     if plan.blocked:
         raise FetchError(f"{plan.blocked[0]} is a folder where the hub has a file; move it away "
                          "(nothing downloaded)")
@@ -153,9 +156,13 @@ def fetch_hub(plan: HubPlan, *, jobs: int = 4, policy: DownloadPolicy | None = N
             sha = sha256_of(path, count).hexdigest()
         finally:
             hashing_by(-1)
-        if content_problem(f, path, sha) is None:
+        problem = content_problem(f, path, sha)
+        if problem is None:
             record.add(f.name, sha)
             return sha
+        if say:
+            say(f"{f.name}: the copy on disk differs ({problem}); downloading it (the copy "
+                "stays until the download verifies)")
         count(-f.size)   # counted while hashing; it is downloaded after all
         return None
 
@@ -173,7 +180,7 @@ def fetch_hub(plan: HubPlan, *, jobs: int = 4, policy: DownloadPolicy | None = N
                 return f.name, f.size, sha
         url = resolve_url(listing.repo, listing.revision, f.name)
         try:
-            sha = download(f, url, dest, policy, count)
+            sha = download(f, url, dest, policy, count, say)
             record.add(f.name, sha)
         except (OSError, UnsafePathError) as e:   # disk full, a planted link: one clear line
             raise FetchError(f"{f.name}: {e}") from e

@@ -68,8 +68,12 @@ def run_hub(source: str, dest: Path, includes: list[str], jobs: int, dry_run: bo
             with lock:
                 bar.update(task, info=f"hashing {n} file(s) already on disk" if n else "")
 
+        def say(line: str) -> None:   # above the bar, one line each (names are printable)
+            with lock:
+                bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
         result = fetch_hub(plan, jobs=jobs, policy=DownloadPolicy(read_timeout=stall_timeout),
-                           on_bytes=on_bytes, on_hashing=on_hashing)
+                           on_bytes=on_bytes, on_hashing=on_hashing, say=say)
     console.print(f"{result.files} files verified by size and hash; wrote {result.manifest}",
                   highlight=False, markup=False)
     return 0

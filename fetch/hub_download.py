@@ -5,6 +5,8 @@ are renamed to NAME only after size and hash match. A dropped connection resumes
 request; a stalled one times out after `read_timeout`; 429 and 5xx answers are retried like
 drops (waiting out Retry-After up to a minute); a hash mismatch restarts the file, and
 after `attempts` mismatches the download fails naming the file, both hashes and the URL.
+Each retry is said in one line (`say`), and bytes fetched again are first taken back from
+the progress count (`on_bytes` with a negative number), so a bar never passes its total.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ CHUNK = 1 << 20
 NET_RETRIES = 5        # consecutive network failures without a byte of progress
 RETRY_STATUS = (429, 500, 502, 503, 504)   # overload or a passing fault: tried again
 MAX_RETRY_AFTER_S = 60.0                   # a longer Retry-After is not waited out in full
+
+OnBytes = Callable[[int], None]
+Say = Callable[[str], None]   # one line about a retry (what file, why, which try)
 
 
 class _Busy(Exception):
@@ -112,15 +117,16 @@ def make_folders(dest: Path, name: str) -> Path:
 
 
 def download(f: RemoteFile, url: str, dest: Path, policy: DownloadPolicy,
-             on_bytes: Callable[[int], None] | None = None) -> str:
+             on_bytes: OnBytes | None = None, say: Say | None = None) -> str:
     """Download `f` to dest/f.name; returns its SHA-256 hex (checked against the hub's if LFS).
 
-    `on_bytes(n)` is told of every chunk (and of 0 before each request); raising from it aborts
-    the download and keeps NAME.incomplete for a later resume."""
+    `on_bytes(n)` is told of every chunk (and of 0 before each request; of minus the bytes
+    thrown away when the file starts over); raising from it aborts the download and keeps
+    NAME.incomplete for a later resume. `say(line)` is told of each retry."""
     target = make_folders(dest, f.name)
     part = incomplete_path(target)
     for attempt in range(1, policy.attempts + 1):
-        digest = _fill(f, url, part, policy, on_bytes)
+        digest = _fill(f, url, part, policy, on_bytes, say)
         problem = content_problem(f, part, digest)
         if problem is None:
             os.replace(part, target)
@@ -129,14 +135,24 @@ def download(f: RemoteFile, url: str, dest: Path, policy: DownloadPolicy,
         if attempt == policy.attempts:
             raise FetchError(f"{f.name}: {problem} after {attempt} downloads from "
                              f"{url}")
+        _tell(on_bytes, say, f.size, f"{f.name}: {problem}; downloading it again "
+              f"(download {attempt + 1} of {policy.attempts})")
     raise AssertionError("unreachable")
+
+
+def _tell(on_bytes: OnBytes | None, say: Say | None, thrown: int, line: str) -> None:
+    """Say that the file starts over, and take the bytes thrown away back from the progress
+    count: they are fetched again, not progress past the total."""
+    if say:
+        say(line)
+    if on_bytes and thrown:
+        on_bytes(-thrown)
 
 
 class _Partial:
     """NAME.incomplete and the running SHA-256 of the bytes it holds."""
 
-    def __init__(self, path: Path, size: int,
-                 on_bytes: Callable[[int], None] | None = None) -> None:
+    def __init__(self, path: Path, size: int, on_bytes: OnBytes | None = None) -> None:
         self.path = path
         self.have = _partial_size(path)
         if self.have > size:        # not ours or from another revision: start over
@@ -144,8 +160,10 @@ class _Partial:
             self.have = 0
         self.h = sha256_of(path, on_bytes) if self.have else hashlib.sha256()
 
-    def restart(self) -> None:
-        self.have, self.h = 0, hashlib.sha256()
+    def restart(self) -> int:
+        """Start over at byte 0; returns the bytes thrown away."""
+        thrown, self.have, self.h = self.have, 0, hashlib.sha256()
+        return thrown
 
     def open(self) -> int:
         """A descriptor to append at `have`: a new inode when starting over (a link or stale
@@ -167,8 +185,15 @@ def _partial_size(path: Path) -> int:
     return st.st_size
 
 
+def _why(problem: Exception | None, url: str) -> str:
+    """What went wrong with one request, naming the URL that answered."""
+    if isinstance(problem, _Busy):
+        return f"{problem} from {problem.url}"
+    return f"{type(problem).__name__ if problem else 'no data'} from {url}"
+
+
 def _fill(f: RemoteFile, url: str, part_path: Path, policy: DownloadPolicy,
-          on_bytes: Callable[[int], None] | None) -> str:
+          on_bytes: OnBytes | None, say: Say | None = None) -> str:
     """Bring NAME.incomplete to f.size bytes, resuming; returns the SHA-256 of its content."""
     import httpx2
 
@@ -180,31 +205,35 @@ def _fill(f: RemoteFile, url: str, part_path: Path, policy: DownloadPolicy,
         before = part.have
         problem: Exception | None = None
         try:
-            _stream(f, url, part, policy, on_bytes)
+            _stream(f, url, part, policy, on_bytes, say)
         except (httpx2.TransportError, httpx2.TimeoutException, _Busy) as e:
             problem = e
         except httpx2.TooManyRedirects as e:
             raise FetchError(f"{f.name}: too many redirects from {url} (a redirect loop?)") from e
+        if part.have >= f.size:
+            break
         if part.have > before:
             failures = 0
+            if say:   # a truncated body: resumed at once, with a Range request
+                cut = _why(problem, url) if problem else f"the answer from {url} ended early"
+                say(f"{f.name}: {cut} after {part.have} of {f.size} bytes; resuming from there")
             continue
         failures += 1   # no progress: a stall, a refused connection, a short body, a 5xx
         if failures > NET_RETRIES:
-            if isinstance(problem, _Busy):
-                why = f"{problem} from {problem.url}"
-            else:
-                why = f"{type(problem).__name__ if problem else 'no data'} from {url}"
-            raise FetchError(f"{f.name}: {why} after {failures} tries "
+            raise FetchError(f"{f.name}: {_why(problem, url)} after {failures} tries "
                              f"({part.have} of {f.size} bytes kept in {part_path}; "
                              "rerun resumes)") from problem
         wait = min(policy.backoff * 2 ** (failures - 1), 8.0)
         if isinstance(problem, _Busy) and problem.retry_after is not None:
             wait = max(wait, min(problem.retry_after, MAX_RETRY_AFTER_S))
+        if say:
+            say(f"{f.name}: {_why(problem, url)}; try {failures + 1} of {NET_RETRIES + 1} "
+                f"in {wait:.3g} s")
         _sleep(wait, on_bytes)
     return part.h.hexdigest()
 
 
-def _sleep(seconds: float, on_bytes: Callable[[int], None] | None) -> None:
+def _sleep(seconds: float, on_bytes: OnBytes | None) -> None:
     """Back off, checking for cancellation (on_bytes(0) may raise) every 0.2 s."""
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
@@ -214,7 +243,7 @@ def _sleep(seconds: float, on_bytes: Callable[[int], None] | None) -> None:
 
 
 def _stream(f: RemoteFile, url: str, part: _Partial, policy: DownloadPolicy,
-            on_bytes: Callable[[int], None] | None) -> None:
+            on_bytes: OnBytes | None, say: Say | None) -> None:
     """One GET from part.have on, appending to the file. Network errors propagate."""
     import httpx2
     from huggingface_hub.utils import build_hf_headers, get_session
@@ -233,7 +262,8 @@ def _stream(f: RemoteFile, url: str, part: _Partial, policy: DownloadPolicy,
         if r.status_code not in (200, 206):
             raise FetchError(f"{f.name}: HTTP {r.status_code} from {answered}")
         if part.have and r.status_code == 200:   # Range ignored: the body starts at byte 0
-            part.restart()
+            _tell(on_bytes, say, part.restart(), f"{f.name}: {answered} ignored the Range "
+                  "request; downloading the file from its first byte")
         elif part.have and not r.headers.get("Content-Range", "").startswith(
                 f"bytes {part.have}-"):
             raise FetchError(f"{f.name}: asked {url} for bytes {part.have}-, got "

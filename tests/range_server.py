@@ -33,7 +33,8 @@ class Fault:
 
     kind: "drop" (close after `at` bytes of the body), "corrupt" (flip a byte at `at`),
     "stall" (send `at` bytes, then nothing until the server stops), "404", "answer" (send
-    `answer` instead: a 503 with Retry-After, a redirect to itself).
+    `answer` instead: a 503 with Retry-After, a redirect to itself), "ignore-range" (the
+    whole body with 200, whatever Range asked for).
     `delay`: seconds to wait before answering at all.
     """
 
@@ -77,7 +78,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, body: Body, rng: str | None, head: bool, fault: Fault | None) -> None:
         data, status, start = body.data, body.status, 0
         headers = dict(body.headers)
-        if status == 200 and rng:
+        if status == 200 and rng and not (fault and fault.kind == "ignore-range"):
             m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng.strip())
             if not m or int(m.group(1)) >= len(data) > 0:
                 self.send_response(416)
@@ -104,7 +105,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _body(self, data: bytes, start: int, fault: Fault | None) -> None:
         owner = self.server.owner
-        if fault is None or fault.kind == "404":
+        if fault is None or fault.kind in ("404", "ignore-range"):
             self.wfile.write(data)
             owner.sent += len(data)
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -317,3 +318,73 @@ def test_a_folder_at_a_file_name_is_refused_before_downloading(hub: HubServer,
     r = runner.invoke(app, ["fetch", f"hf:{REPO}", "--dest", str(tmp_path)])
     assert r.exit_code == 1 and "is a folder" in r.output, r.output
     assert not [p for (m, p, _) in hub.requests if m == "GET" and "/cdn/" in p]
+
+
+class _Bar:
+    """What a progress bar is told: the running byte count, its highest point, the lines said."""
+
+    def __init__(self) -> None:
+        self.done = self.peak = 0
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+
+    def on_bytes(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+            self.peak = max(self.peak, self.done)
+
+    def say(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def _fetch_watched(hub: HubServer, dest: Path, name: str) -> _Bar:
+    bar = _Bar()
+    plan = plan_hub(f"hf:{REPO}", dest, [name])
+    fetch_hub(plan, policy=FAST, on_bytes=bar.on_bytes, say=bar.say)
+    assert (dest / name).read_bytes() == _files()[name]
+    assert bar.peak == bar.done == plan.listing.total, "the bar ends at its total, never past"
+    return bar
+
+
+def test_a_file_fetched_again_after_a_bad_hash_keeps_the_bar_truthful(hub: HubServer,
+                                                                      tmp_path: Path) -> None:
+    name = "model-00001-of-00002.safetensors"
+    hub.inject(REPO, name, Fault("corrupt", times=1, at=5000))
+    bar = _fetch_watched(hub, tmp_path, name)
+    (line,) = bar.lines
+    assert name in line and "SHA-256" in line and "2 of 2" in line, line
+
+
+def test_a_server_ignoring_range_keeps_the_bar_truthful(hub: HubServer, tmp_path: Path) -> None:
+    name = "model-00001-of-00002.safetensors"
+    (tmp_path / f"{name}.incomplete").write_bytes(_files()[name][:100_000])
+    hub.inject(REPO, name, Fault("ignore-range", times=1))
+    bar = _fetch_watched(hub, tmp_path, name)
+    (line,) = bar.lines
+    assert name in line and "Range" in line and hub.fault_path(REPO, name) in line, line
+
+
+def test_busy_answers_and_truncated_bodies_are_said_once_each(hub: HubServer,
+                                                             tmp_path: Path) -> None:
+    name = "model-00001-of-00002.safetensors"
+    cdn = hub.base + hub.fault_path(REPO, name)
+    busy = Body(b"busy", 503, {"Retry-After": "0"}, "text/plain")
+    hub.inject(REPO, name, Fault("answer", times=2, answer=busy))
+    bar = _fetch_watched(hub, tmp_path / "busy", name)
+    assert len(bar.lines) == 2, bar.lines
+    for n, line in enumerate(bar.lines, start=2):
+        assert line.startswith(f"{name}: HTTP 503 from {cdn}; try {n} of 6"), line
+    hub.inject(REPO, name, Fault("drop", times=1, at=100_000))
+    bar = _fetch_watched(hub, tmp_path / "drop", name)
+    (line,) = bar.lines
+    assert line.startswith(f"{name}: ") and "100000 of 262144 bytes" in line, line
+
+
+def test_cli_says_a_re_download_in_one_line(hub: HubServer, tmp_path: Path) -> None:
+    name = "model-00002-of-00002.safetensors"
+    hub.inject(REPO, name, Fault("corrupt", times=1, at=5000))
+    r = CliRunner().invoke(app, ["fetch", f"hf:{REPO}", "--dest", str(tmp_path),
+                                 "--include", name])
+    assert r.exit_code == 0, r.output
+    said = [ln for ln in r.output.splitlines() if "downloading it again" in ln]
+    assert len(said) == 1 and said[0].startswith(f"{name}: SHA-256"), r.output
