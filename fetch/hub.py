@@ -50,6 +50,7 @@ class FileState:
 
     @property
     def to_fetch(self) -> int:
+        """Bytes surely downloaded; an unverified file is only if its hash turns out wrong."""
         return 0 if self.status in (COMPLETE, UNVERIFIED) else self.file.size - self.present
 
 
@@ -61,10 +62,15 @@ class HubPlan:
     conversion: int | None
     conversion_note: str
     verdicts: tuple[SpaceVerdict, ...]
+    redownload: int = 0   # space counted for unverified files that may differ (see _redownload)
 
     @property
     def to_fetch(self) -> int:
         return sum(s.to_fetch for s in self.files)
+
+    @property
+    def unverified(self) -> list[FileState]:
+        return [s for s in self.files if s.status == UNVERIFIED]
 
     @property
     def ok(self) -> bool:
@@ -90,27 +96,34 @@ def _state(f: RemoteFile, dest: Path, record: VerifiedRecord) -> FileState:
     if path.is_file():
         size = path.stat().st_size
         if size == f.size:
-            sha = record.sha256(f.name)
-            ok = sha is not None and (f.sha256 is None or sha == f.sha256)
-            return FileState(f, COMPLETE if ok else UNVERIFIED, size)
+            verified = record.verified(f) is not None
+            return FileState(f, COMPLETE if verified else UNVERIFIED, size)
     part = incomplete_path(path)
     if part.is_file() and part.stat().st_size <= f.size:
         return FileState(f, PARTIAL, part.stat().st_size)
     return FileState(f, MISSING, 0)
 
 
+def _redownload(states: tuple[FileState, ...], jobs: int) -> int:
+    """Room for unverified files whose hash may turn out wrong: each is downloaded next to its
+    old copy, which goes only when the new one verifies, and at most `jobs` run at once."""
+    sizes = sorted((s.file.size for s in states if s.status == UNVERIFIED), reverse=True)
+    return sum(sizes[:jobs])
+
+
 def plan_hub(source: str, dest: Path, includes: list[str], out: Path | None = None, *,
-             list_timeout: float = LIST_TIMEOUT_S) -> HubPlan:
+             jobs: int = 4, list_timeout: float = LIST_TIMEOUT_S) -> HubPlan:
     repo, revision = parse_hf_source(source)
     dest = Path(dest).absolute()
     listing = list_repo(repo, revision, includes, list_timeout)
     record = VerifiedRecord(dest)
     states = tuple(_state(f, dest, record) for f in listing.files)
     conv, note = conversion_size(listing, dest)
-    needs = [SpaceNeed("download", dest, sum(s.to_fetch for s in states))]
+    redownload = _redownload(states, jobs)
+    needs = [SpaceNeed("download", dest, sum(s.to_fetch for s in states) + redownload)]
     if conv is not None:
         needs.append(SpaceNeed("conversion output", Path(out).absolute() if out else dest, conv))
-    return HubPlan(listing, dest, states, conv, note, tuple(verdicts(needs)))
+    return HubPlan(listing, dest, states, conv, note, tuple(verdicts(needs)), redownload)
 
 
 STOP_GRACE_S = 1.0   # on Ctrl-C, how long workers get to reach their next chunk
@@ -158,7 +171,7 @@ def fetch_hub(plan: HubPlan, *, jobs: int = 4, policy: DownloadPolicy | None = N
             hashing_by(-1)
         problem = content_problem(f, path, sha)
         if problem is None:
-            record.add(f.name, sha)
+            record.checked(f, sha)
             return sha
         if say:
             say(f"{f.name}: the copy on disk differs ({problem}); downloading it (the copy "
@@ -170,7 +183,7 @@ def fetch_hub(plan: HubPlan, *, jobs: int = 4, policy: DownloadPolicy | None = N
         count(0)
         f = state.file
         path = dest / f.name
-        sha = record.sha256(f.name) if state.status == COMPLETE else None
+        sha = record.verified(f) if state.status == COMPLETE else None
         if sha is not None:
             count(f.size)
             return f.name, f.size, sha
@@ -181,7 +194,7 @@ def fetch_hub(plan: HubPlan, *, jobs: int = 4, policy: DownloadPolicy | None = N
         url = resolve_url(listing.repo, listing.revision, f.name)
         try:
             sha = download(f, url, dest, policy, count, say)
-            record.add(f.name, sha)
+            record.checked(f, sha)
         except (OSError, UnsafePathError) as e:   # disk full, a planted link: one clear line
             raise FetchError(f"{f.name}: {e}") from e
         return f.name, f.size, sha

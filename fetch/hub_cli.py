@@ -28,6 +28,8 @@ def files_table(plan: HubPlan) -> Table:
                    "blocked": "[red]a folder[/]",
                    "partial": f"partial ({format_size(s.present)})", "missing": "—"}[s.status]
         fetch = format_size(s.to_fetch) if s.to_fetch else "0"
+        if s.status == "unverified":   # its hash decides: 0, or the whole file again
+            fetch = f"≤ {format_size(s.file.size)}"
         t.add_row(escape(printable(s.file.name)), format_size(s.file.size), on_disk, fetch)
     t.add_section()
     t.add_row(f"{len(plan.files)} files", format_size(lst.total), "", format_size(plan.to_fetch))
@@ -36,6 +38,11 @@ def files_table(plan: HubPlan) -> Table:
 
 def print_plan(plan: HubPlan) -> None:
     console.print(files_table(plan))
+    if plan.unverified:
+        console.print(f"≤: {len(plan.unverified)} file(s) present but not verified yet, "
+                      "hashed at fetch and downloaded again if they differ; the space check "
+                      f"counts {format_size(plan.redownload)} for that (--jobs at once)",
+                      highlight=False, markup=False)
     if plan.conversion is not None:
         console.print(f"conversion output: {format_size(plan.conversion)} "
                       f"({plan.conversion} bytes; "
@@ -48,7 +55,7 @@ def print_plan(plan: HubPlan) -> None:
 
 def run_hub(source: str, dest: Path, includes: list[str], jobs: int, dry_run: bool,
             out: Path | None, stall_timeout: float) -> int:
-    plan = plan_hub(source, dest, includes, out)
+    plan = plan_hub(source, dest, includes, out, jobs=jobs)
     print_plan(plan)
     if plan.blocked:
         more = f" (and {len(plan.blocked) - 1} more)" if len(plan.blocked) > 1 else ""

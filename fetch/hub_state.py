@@ -1,9 +1,11 @@
 """Which files of a hub download are already verified, so reruns do not rehash them.
 
-DEST/.moepack-partial/hub-verified.json maps name -> [size, mtime_ns, sha256]; an entry counts
-only while the file's size and mtime are unchanged. Written after each file (atomically, through
-a new inode: a link planted at the file or its .tmp is replaced, never written through), so an
-interrupted 1 TB fetch keeps what it has checked.
+DEST/.moepack-partial/hub-verified.json maps name -> [size, mtime_ns, sha256, git blob SHA-1];
+an entry counts only while the file's size and mtime are unchanged, and only for the listing's
+content: the LFS SHA-256, or for a plain file (which the hub gives no SHA-256) the blob hash.
+Written after each file (atomically, through a new inode: a link planted at the file or its
+.tmp is replaced, never written through), so an interrupted 1 TB fetch keeps what it has
+checked.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 import threading
 from pathlib import Path
 
-from moepack.fetch.hub_listing import JSON_DEPTH
+from moepack.fetch.hub_listing import JSON_DEPTH, RemoteFile
 from moepack.fetch.staging import STAGING_DIR
 
 from moepack.safefs import UnsafePathError, ensure_dir, open_existing, write_file
@@ -43,22 +45,43 @@ class VerifiedRecord:
         self._lock = threading.Lock()
         self._entries = _read_entries(self.path)
 
-    def sha256(self, name: str) -> str | None:
-        """The recorded SHA-256 if the file is unchanged since it was verified."""
+    def _unchanged(self, name: str) -> list | None:
+        """The entry if the file's size and mtime are still those recorded."""
         entry = self._entries.get(name)
         try:
             st = (self.dest / name).stat()
         except OSError:
             return None
-        if (entry and len(entry) == 3 and entry[0] == st.st_size and entry[1] == st.st_mtime_ns
-                and isinstance(entry[2], str)):
-            return entry[2]
+        if (entry and len(entry) in (3, 4) and entry[0] == st.st_size
+                and entry[1] == st.st_mtime_ns and isinstance(entry[2], str)):
+            return entry
         return None
 
-    def add(self, name: str, sha256: str) -> None:
+    def sha256(self, name: str) -> str | None:
+        """The recorded SHA-256 if the file is unchanged since it was verified."""
+        entry = self._unchanged(name)
+        return entry[2] if entry else None
+
+    def verified(self, f: RemoteFile) -> str | None:
+        """The recorded SHA-256 if the file is unchanged and was verified as the listed content
+        (a plain file of the same size at another revision is not)."""
+        entry = self._unchanged(f.name)
+        if entry is None:
+            return None
+        if f.sha256 is not None:
+            return entry[2] if entry[2] == f.sha256 else None
+        return entry[2] if entry[3:] == [f.blob_id] else None
+
+    def checked(self, f: RemoteFile, sha256: str) -> None:
+        """Record `f` as content_problem found it: the hash that was compared with the hub's."""
+        self.add(f.name, sha256, f.blob_id if f.sha256 is None else None)
+
+    def add(self, name: str, sha256: str, blob_id: str | None = None) -> None:
+        """Record `name` as verified; `blob_id` once its git blob hash was checked too."""
         st = (self.dest / name).stat()
         with self._lock:
-            self._entries[name] = [st.st_size, st.st_mtime_ns, sha256]
+            entry = [st.st_size, st.st_mtime_ns, sha256]
+            self._entries[name] = [*entry, blob_id] if blob_id else entry
             ensure_dir(self.path.parent)
             tmp = self.path.with_suffix(".tmp")
             write_file(tmp, json.dumps(self._entries, sort_keys=True).encode("utf-8"))

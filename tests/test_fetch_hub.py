@@ -13,7 +13,7 @@ import pytest
 from hub_server import Fault, HubRepo, HubServer
 from moepack.fetch import space
 from moepack.fetch.errors import FetchError
-from moepack.fetch.hub import COMPLETE, MISSING, PARTIAL, fetch_hub, plan_hub
+from moepack.fetch.hub import COMPLETE, MISSING, PARTIAL, UNVERIFIED, fetch_hub, plan_hub
 from moepack.fetch.hub_download import DownloadPolicy
 from range_server import Body
 from typer.testing import CliRunner
@@ -388,3 +388,49 @@ def test_cli_says_a_re_download_in_one_line(hub: HubServer, tmp_path: Path) -> N
     assert r.exit_code == 0, r.output
     said = [ln for ln in r.output.splitlines() if "downloading it again" in ln]
     assert len(said) == 1 and said[0].startswith(f"{name}: SHA-256"), r.output
+
+
+def test_a_same_size_file_on_disk_counts_the_space_a_new_download_needs(
+        hub: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Right size, other content: hashed at fetch, then downloaded next to the old copy."""
+    name = "model-00001-of-00002.safetensors"
+    size = len(_files()[name])
+    (tmp_path / name).write_bytes(bytes(size))
+    plan = plan_hub(f"hf:{REPO}", tmp_path, [name])
+    assert [s.status for s in plan.files] == [UNVERIFIED]
+    assert plan.verdicts[0].need == size
+    dry = CliRunner().invoke(app, ["fetch", f"hf:{REPO}", "--dest", str(tmp_path), "--include",
+                                   name, "--dry-run"])
+    (row,) = [ln for ln in dry.output.splitlines() if "model-00001" in ln]
+    assert dry.exit_code == 0 and "≤" in row, dry.output
+    monkeypatch.setattr(space, "free_bytes", lambda path: size)   # short of the 5 % margin
+    r = CliRunner().invoke(app, ["fetch", f"hf:{REPO}", "--dest", str(tmp_path), "--include",
+                                 name])
+    assert r.exit_code == 1 and "not enough free space" in r.output, r.output
+    assert (tmp_path / name).read_bytes() == bytes(size), "nothing touched"
+
+
+def test_room_for_re_downloads_counts_as_many_files_as_run_at_once(hub: HubServer,
+                                                                  tmp_path: Path) -> None:
+    sizes = {n: len(b) for n, b in _files().items() if n.endswith(".safetensors")}
+    for name, size in sizes.items():
+        (tmp_path / name).write_bytes(bytes(size))
+    one = plan_hub(f"hf:{REPO}", tmp_path, ["*.safetensors"], jobs=1)
+    both = plan_hub(f"hf:{REPO}", tmp_path, ["*.safetensors"], jobs=2)
+    assert one.verdicts[0].need == max(sizes.values())
+    assert both.verdicts[0].need == sum(sizes.values())
+
+
+def test_a_plain_file_verified_at_another_revision_is_not_complete(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub gives plain files no SHA-256: the record must hold the blob hash it checked."""
+    files = _files()
+    newer = dict(files, **{"config.json": json.dumps({"model_type": "mixtrax"}).encode()})
+    assert len(newer["config.json"]) == len(files["config.json"])
+    for content, commit in ((files, "1" * 40), (newer, "2" * 40)):
+        with HubServer({REPO: HubRepo(content, commit=commit)}) as server:
+            monkeypatch.setenv("HF_ENDPOINT", server.base)
+            plan = plan_hub(f"hf:{REPO}", tmp_path, ["config.json"])
+            fetch_hub(plan, policy=FAST)
+    assert [s.status for s in plan.files] == [UNVERIFIED]
+    assert (tmp_path / "config.json").read_bytes() == newer["config.json"]
