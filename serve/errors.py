@@ -8,7 +8,8 @@ from starlette.responses import JSONResponse
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
           404: "invalid_request_error", 405: "invalid_request_error",
-          413: "invalid_request_error", 429: "requests", 500: "server_error",
+          408: "invalid_request_error", 413: "invalid_request_error",
+          431: "invalid_request_error", 429: "requests", 500: "server_error",
           503: "server_error"}
 
 

@@ -218,6 +218,20 @@ def test_fuzz_malformed_bodies_then_healthy(srv):
     assert status == 200 and obj["choices"][0]["message"]["role"] == "assistant"
 
 
+def test_huge_header_is_431_not_buffered(srv):
+    """uvicorn alone buffers a header of any size (200 MB took 200 MB); the protocol stops at
+    MAX_HEAD_BYTES. Sent whole, so that the answer is not lost to a reset."""
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (256 << 10))
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 "), raw[:200]
+    assert json.loads(body)["error"]["code"] == "request_header_fields_too_large"
+    assert srv.get_json("/health")["status"] == "ok"
+
+
 def test_api_key_required(strict):
     status, obj, _ = post(strict, CHAT, json.dumps(OK_CHAT))
     assert_error(status, obj, 401)
