@@ -57,7 +57,7 @@ class Seeder:
         self.meta = meta
         self.session = make_session(listen, discovery=discovery, exact_port=True)
         if data_path.name != meta.name:
-            params.renamed_files = {0: data_path.name}
+            params.renamed_files = {meta.file_index: data_path.name}
         params.save_path = str(data_path.parent)
         params.flags |= lt.torrent_flags.seed_mode
         params.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused)

@@ -36,6 +36,7 @@ class TorrentMeta:
     container_id: str | None      # None: the torrent does not say (made by another tool)
     info_hash: str                # 40 hex: libtorrent's "best" (v2 truncated when present, else v1)
     source: str
+    file_index: int = 0           # the container's index among the files (pad files around it)
 
     @property
     def piece_length(self) -> int:
@@ -87,20 +88,31 @@ def parse_torrent(data: bytes, source: str) -> lt.add_torrent_params:
     return params
 
 
+def _payload_file(ti: lt.torrent_info, source: str) -> int:
+    """The index of the one file that is not padding. libtorrent flags pad files (a v2 torrent
+    pads its single file to a whole piece); they are never requested nor written."""
+    layout = ti.layout()
+    real = [i for i in range(layout.num_files())
+            if not layout.file_flags(i) & layout.flag_pad_file]
+    if len(real) != 1:
+        raise FetchError(f"torrent {source}: holds {len(real)} files; "
+                         "a moepack torrent holds one")
+    return real[0]
+
+
 def describe(ti: lt.torrent_info, source: str) -> TorrentMeta:
     """Check the shape moepack needs (one plain file) and read the container ID it claims."""
-    if ti.num_files() != 1:
-        raise FetchError(f"torrent {source}: holds {ti.num_files()} files; "
-                         "a moepack torrent holds one")
+    index = _payload_file(ti, source)
     try:
-        name = ti.layout().file_path(0)
+        name = ti.layout().file_path(index)
     except (RuntimeError, ValueError) as e:   # a name that is not UTF-8
         raise FetchError(f"torrent {source}: unreadable file name ({e})") from e
     problem = name_problem(name) or ("starts with '.'" if name.startswith(".") else None)
     if problem:
         raise FetchError(f"torrent {source}: unusable file name {printable(name)}: {problem}")
     best = str(ti.info_hashes().get_best())
-    return TorrentMeta(ti, name, ti.total_size(), _claimed_id(ti, source), best, source)
+    return TorrentMeta(ti, name, ti.layout().file_size(index), _claimed_id(ti, source), best,
+                       source, index)
 
 
 def _claimed_id(ti: lt.torrent_info, source: str) -> str | None:

@@ -1,0 +1,71 @@
+"""Torrent fetches on 127.0.0.1 that other clients' torrents and bad sources bring about:
+v2-only torrents (a pad file next to the container), a source that only sends errors or
+damaged data, staging left by another torrent of the same container."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libtorrent as lt
+import pytest
+from moepack.fetch.torrent import (
+    FetchOptions,
+    TorrentFetchResult,
+    TorrentPlan,
+    create_torrent,
+    fetch_torrent,
+    seed_in_background,
+    write_torrent,
+)
+from moepack.fetch.torrent_create import ID_KEY
+from moepack.format.synthetic import mixtral_spec, write_synthetic
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(90)]
+
+LOCAL = "127.0.0.1:0"
+
+
+def _opts(*ports: int, stall: float = 20.0) -> FetchOptions:
+    return FetchOptions(peers=[("127.0.0.1", p) for p in ports], listen=LOCAL,
+                        stall_timeout=stall, metadata_timeout=20.0)
+
+
+def _fetched(result: TorrentFetchResult | TorrentPlan) -> TorrentFetchResult:
+    assert isinstance(result, TorrentFetchResult)
+    return result
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """A ~0.5 MB container and its torrent (16 KiB pieces)."""
+    d = tmp_path_factory.mktemp("small")
+    path = d / "tiny.moepack"
+    cid = write_synthetic(path, mixtral_spec(layers=2, experts=8, hidden=128, inter=64))
+    write_torrent(create_torrent(path), d / "tiny.torrent")
+    return path, d / "tiny.torrent", cid
+
+
+def _v2_only(path: Path, cid: str, out: Path) -> Path:
+    """What a v2-only client makes of one file: libtorrent pads it to a whole piece."""
+    ct = lt.create_torrent(lt.list_files(str(path)), 16384, lt.create_torrent.v2_only)
+    lt.set_piece_hashes(ct, str(path.parent))
+    entry = ct.generate()
+    entry[b"info"][ID_KEY] = cid.encode()
+    out.write_bytes(lt.bencode(entry))
+    assert lt.torrent_info(str(out)).num_files() == 2, "the pad file this test is about"
+    return out
+
+
+def test_a_v2_only_torrent_with_its_pad_file_is_fetched(small, tmp_path: Path) -> None:
+    path, _, cid = small
+    torrent = _v2_only(path, cid, tmp_path / "v2.torrent")
+    plan = fetch_torrent(str(torrent), tmp_path / "dl", dry_run=True, opts=_opts())
+    assert isinstance(plan, TorrentPlan) and plan.meta.size == path.stat().st_size
+    seen: list[tuple[int, int]] = []
+    with seed_in_background(torrent, path) as seeder:
+        opts = FetchOptions(_opts(seeder.port).peers, LOCAL, stall_timeout=20,
+                            progress=lambda p: seen.append((p.done, p.total)))
+        r = _fetched(fetch_torrent(str(torrent), tmp_path / "dl", opts=opts))
+    assert r.container_id == cid and r.path.read_bytes() == path.read_bytes()
+    assert seen[-1] == (path.stat().st_size,) * 2, "the bar ends at the container's size"
+    assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == [path.name], "no pad on disk"
