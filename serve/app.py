@@ -48,6 +48,7 @@ class ServeConfig:
     kernels: str = "auto"  # the compute path (engine.KERNELS)
     max_queue: int = 16
     max_body: int = 4 << 20
+    body_timeout: float = 60.0  # seconds for a whole body: 4 MiB at 70 KB/s
 
 
 class _CountRequests:
@@ -125,18 +126,15 @@ class Server:
             raise from_validation(e) from None
 
     async def body(self, request: Request) -> bytes:
-        limit = self.cfg.max_body
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, f"request body over {limit} bytes", code="request_too_large")
-        chunks, size = [], 0
-        async for c in request.stream():
-            size += len(c)
-            if size > limit:
-                raise ApiError(413, f"request body over {limit} bytes",
-                               code="request_too_large")
-            chunks.append(c)
-        return b"".join(chunks)
+        """The body, at most max_body bytes, all in within body_timeout seconds (a client
+        that drips it would hold its connection for ever)."""
+        try:
+            async with asyncio.timeout(self.cfg.body_timeout):
+                return await _read_body(request, self.cfg.max_body)
+        except TimeoutError:
+            raise ApiError(408, f"the request body did not come within "
+                           f"{self.cfg.body_timeout:g} s", code="request_timeout",
+                           headers={"Connection": "close"}) from None
 
     def submit(self, job: Job) -> None:
         job.events.loop = asyncio.get_running_loop()
@@ -193,6 +191,19 @@ class Server:
             yield sse.data("[DONE]")
         finally:
             job.cancel.set()  # the client left (or we are done): stop within one token
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body over {limit} bytes", code="request_too_large")
+    chunks, size = [], 0
+    async for c in request.stream():
+        size += len(c)
+        if size > limit:
+            raise ApiError(413, f"request body over {limit} bytes", code="request_too_large")
+        chunks.append(c)
+    return b"".join(chunks)
 
 
 async def _disconnect(request: Request) -> None:

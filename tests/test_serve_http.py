@@ -1,7 +1,7 @@
-"""The HTTP layer of `moepack serve` (serve/server.py's Protocol) against clients that never
-finish a request: a connection that sends nothing, a header dripped a byte at a time, a header
-of megabytes. A real uvicorn on 127.0.0.1 in this process, with a short head timeout and a
-tiny app, so that these take a second, not the production 10 s."""
+"""The HTTP layer of `moepack serve` (serve/server.py's Protocol, app.Server.body) against
+clients that never finish a request: a connection that sends nothing, a header dripped a byte
+at a time, a header of megabytes, a body that never ends. A real uvicorn on 127.0.0.1 in this
+process, with short timeouts, so that these take a second, not the production 10 s and 60 s."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 from moepack.serve import server
+from moepack.serve.app import ServeConfig, create_app
+from serve_fixtures import demo_container
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(60)]
 TIMEOUT = 0.5
@@ -35,10 +37,9 @@ async def _app(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-@pytest.fixture(scope="module")
-def port() -> Iterator[int]:
+def _serve(app) -> Iterator[int]:
     sock = server.listen("127.0.0.1", 0)[0]
-    srv = uvicorn.Server(uvicorn.Config(_app, http=_Fast, log_level="warning"))
+    srv = uvicorn.Server(uvicorn.Config(app, http=_Fast, log_level="warning"))
     t = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     t.start()
     while not srv.started:
@@ -46,6 +47,19 @@ def port() -> Iterator[int]:
     yield sock.getsockname()[1]
     srv.should_exit = True
     t.join(10)
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    yield from _serve(_app)
+
+
+@pytest.fixture(scope="module")
+def api_port() -> Iterator[int]:
+    """moepack's app on the demo model."""
+    app, _ = create_app(ServeConfig(path=str(demo_container()), model_id="demo", threads=1,
+                                    body_timeout=TIMEOUT))
+    yield from _serve(app)
 
 
 def _read_all(s: socket.socket, limit: float = 10) -> tuple[bytes, float]:
@@ -109,3 +123,19 @@ def test_keep_alive_pipelining_and_long_replies_are_not_cut(port):
                   b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         raw, _ = _read_all(s)
     assert raw.count(b"HTTP/1.1 200 OK") == 4, raw
+
+
+def test_a_body_that_never_ends_gets_408_and_the_server_goes_on(api_port):
+    with socket.create_connection(("127.0.0.1", api_port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
+        raw, took = _read_all(s)
+    assert _error(raw, 408)["code"] == "request_timeout"
+    assert took < TIMEOUT + 3
+    with socket.create_connection(("127.0.0.1", api_port)) as s:
+        body = b'{"prompt": "def", "max_tokens": 2}'
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  b"application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+                  % (len(body), body))
+        raw, _ = _read_all(s)
+    assert raw.startswith(b"HTTP/1.1 200 ") and b'"text_completion"' in raw, raw[:300]
