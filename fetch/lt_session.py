@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import libtorrent as lt
 from moepack.fetch.errors import FetchError
 
+from moepack.safefs import one_line, printable
+
 POLL_S = 0.2              # status / alert polling interval of the transfer loops
 RECONNECT_EVERY_S = 3.0   # re-dial --peer addresses while none is connected (seeder starting)
 
@@ -24,7 +26,10 @@ _ALERTS = (
     | lt.alert.category_t.status_notification
     | lt.alert.category_t.storage_notification
     | lt.alert.category_t.piece_progress_notification
+    | lt.alert.category_t.peer_notification   # peer_ban_alert: who sent data that failed
 )
+MAX_TROUBLE_CHARS = 160   # a web seed's reason phrase is the server's text: bounded
+MAX_NAMED = 3             # web seeds and banned peers named in one line; the rest are counted
 
 
 def parse_endpoint(text: str, what: str) -> tuple[str, int]:
@@ -96,6 +101,8 @@ class Alerts:
     metadata: bool = False
     checked: bool = False
     removed: bool = False
+    web_seed_errors: list[tuple[str, str]] = field(default_factory=list)   # (URL, why)
+    banned: list[str] = field(default_factory=list)     # HOST:PORT of peers banned for bad data
 
 
 def drain(ses: lt.session) -> Alerts:
@@ -109,6 +116,11 @@ def drain(ses: lt.session) -> Alerts:
             out.pieces_finished += 1
         elif isinstance(a, lt.hash_failed_alert):
             out.hash_failures += 1
+        elif isinstance(a, lt.url_seed_alert):   # the HTTP status is in error_message
+            out.web_seed_errors.append((a.server_url(), a.error_message() or a.error.message()))
+        elif isinstance(a, lt.peer_ban_alert):
+            host, port = a.ip
+            out.banned.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
         elif isinstance(a, lt.metadata_received_alert):
             out.metadata = True
         elif isinstance(a, lt.torrent_checked_alert):
@@ -119,6 +131,36 @@ def drain(ses: lt.session) -> Alerts:
                             lt.listen_failed_alert)):
             out.errors.append(a.message())
     return out
+
+
+@dataclass
+class Trouble:
+    """What the sources did wrong during a transfer, to say why no data came."""
+
+    web_seeds: dict[str, str] = field(default_factory=dict)   # URL -> its last failure
+    banned: set[str] = field(default_factory=set)
+    hash_failures: int = 0
+
+    def add(self, a: Alerts) -> None:
+        self.web_seeds.update(a.web_seed_errors)
+        self.banned.update(a.banned)
+        self.hash_failures += a.hash_failures
+
+    def __str__(self) -> str:
+        said = [f"web seed {printable(url, MAX_TROUBLE_CHARS)} failed: "
+                f"{one_line(why[:MAX_TROUBLE_CHARS])}"
+                for url, why in list(self.web_seeds.items())[:MAX_NAMED]]
+        if len(self.web_seeds) > MAX_NAMED:
+            said.append(f"{len(self.web_seeds) - MAX_NAMED} more web seeds failed")
+        if self.hash_failures:
+            who = f" (sent by {_some(sorted(self.banned))}, now banned)" if self.banned else ""
+            said.append(f"{self.hash_failures} piece(s) received failed their hash check{who}")
+        return "; ".join(said)
+
+
+def _some(names: list[str]) -> str:
+    more = f" and {len(names) - MAX_NAMED} more" if len(names) > MAX_NAMED else ""
+    return ", ".join(names[:MAX_NAMED]) + more
 
 
 def connect_peers(handle: lt.torrent_handle, peers: list[tuple[str, int]]) -> None:

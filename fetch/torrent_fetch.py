@@ -20,6 +20,7 @@ from moepack.fetch.lock import dest_lock
 from moepack.fetch.lt_session import (
     POLL_S,
     RECONNECT_EVERY_S,
+    Trouble,
     connect_peers,
     drain,
     is_loopback,
@@ -129,6 +130,7 @@ class _Download:
         self.ses, self.params, self.meta, self.stage, self.opts = ses, params, meta, stage, opts
         self.t0 = time.monotonic()
         self.downloaded = 0
+        self.trouble = Trouble()
 
     def run(self) -> TorrentFetchResult:
         with dest_lock(self.stage.dest):
@@ -247,6 +249,7 @@ class _Download:
             a = drain(self.ses)
             if a.errors:
                 raise FetchError(f"torrent {self.meta.source}: {a.errors[0]}")
+            self.trouble.add(a)
             self._keep_resume(a.resume_data)
             st = h.status()
             now = time.monotonic()
@@ -259,9 +262,10 @@ class _Download:
             if st.total_done != last_done or st.state in _CHECKING:
                 last_done, last_change = st.total_done, now
             elif now - last_change > self.opts.stall_timeout:
+                why = f"; {self.trouble}" if str(self.trouble) else ""
                 raise FetchError(f"torrent {self.meta.source}: no data for "
-                                 f"{self.opts.stall_timeout:.0f} s (peers: {st.num_peers}); "
-                                 "run again to resume")
+                                 f"{self.opts.stall_timeout:.0f} s (peers: {st.num_peers})"
+                                 f"{why}; run again to resume")
             if st.num_peers == 0 and now - last_connect > RECONNECT_EVERY_S:
                 connect_peers(h, list(self.opts.peers))
                 last_connect = now

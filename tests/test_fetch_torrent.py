@@ -8,6 +8,8 @@ from pathlib import Path
 
 import libtorrent as lt
 import pytest
+from moepack.fetch.errors import FetchError
+from moepack.fetch.lt_session import listen_port, make_session
 from moepack.fetch.torrent import (
     FetchOptions,
     TorrentFetchResult,
@@ -19,6 +21,7 @@ from moepack.fetch.torrent import (
 )
 from moepack.fetch.torrent_create import ID_KEY
 from moepack.format.synthetic import mixtral_spec, write_synthetic
+from range_server import Body, Fault, RangeServer
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(90)]
 
@@ -69,3 +72,41 @@ def test_a_v2_only_torrent_with_its_pad_file_is_fetched(small, tmp_path: Path) -
     assert r.container_id == cid and r.path.read_bytes() == path.read_bytes()
     assert seen[-1] == (path.stat().st_size,) * 2, "the bar ends at the container's size"
     assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == [path.name], "no pad on disk"
+
+
+@pytest.mark.parametrize("status", [404, 500])
+def test_a_failing_web_seed_is_named_with_its_status(small, tmp_path: Path, status: int) -> None:
+    path, _, _ = small
+    with RangeServer({}) as web:   # nothing there: 404
+        if status != 404:
+            web.faults["/" + path.name] = Fault("answer", times=-1, answer=Body(
+                b"broken", status, {}, "text/plain"))
+        torrent = tmp_path / "web.torrent"
+        torrent.write_bytes(create_torrent(path, web_seeds=[web.url(path.name)]))
+        with pytest.raises(FetchError, match="no data for 3 s") as err:
+            fetch_torrent(str(torrent), tmp_path / "dl", opts=_opts(stall=3.0))
+    assert f"web seed '{web.url(path.name)}' failed: {status}" in str(err.value), err.value
+    assert not (tmp_path / "dl" / path.name).exists()
+
+
+def test_a_seeder_with_damaged_data_is_named(small, tmp_path: Path) -> None:
+    """A client that claims every piece (resume data) of a damaged copy, which libtorrent's own
+    seed_mode would catch: the fetch's error says pieces failed their hash check, and from whom."""
+    path, torrent, _ = small
+    bad = tmp_path / "bad" / path.name
+    bad.parent.mkdir()
+    data = bytearray(path.read_bytes())
+    for off in range(100, len(data), 16384):   # every piece
+        data[off] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    liar = make_session(LOCAL)
+    params = lt.load_torrent_buffer(torrent.read_bytes())
+    params.save_path = str(bad.parent)
+    params.have_pieces = [True] * lt.torrent_info(str(torrent)).num_pieces()
+    params.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused)
+    liar.add_torrent(params)
+    port = listen_port(liar)
+    with pytest.raises(FetchError, match="no data for 3 s") as err:
+        fetch_torrent(str(torrent), tmp_path / "dl", opts=_opts(port, stall=3.0))
+    assert "failed their hash check" in str(err.value) and "127.0.0.1:" in str(err.value)
+    assert not (tmp_path / "dl" / path.name).exists()
