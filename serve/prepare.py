@@ -4,6 +4,7 @@ Everything here raises ApiError (400) for what the client got wrong."""
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -28,6 +29,20 @@ class Preparer:
     def __init__(self, tok: Tokenizer, vocab: Vocab, ctx: int) -> None:
         self.tok, self.vocab, self.ctx = tok, vocab, ctx
         self.tool_family = tools.family(tok.chat_template)
+        # a text longer than this cannot fit in ctx tokens; 4x for normalizers that compose
+        # several characters into one (NFC, Hangul jamo: 3 into 1)
+        self.max_chars = 4 * ctx * vocab.longest_token
+
+    def _encode_fitting(self, text: str, param: str,
+                        encode: Callable[[str], list[int]]) -> list[int]:
+        """encode(text), refused first when the text cannot fit: tokenizing 4 MB takes
+        seconds with the event loop (every other client) waiting, and ~200x its size in
+        memory."""
+        if len(text) > self.max_chars:
+            raise ApiError(400, f"This model's maximum context length is {self.ctx} tokens; "
+                           f"your prompt has {len(text)} characters, more than that many "
+                           "tokens can hold", param=param, code="context_length_exceeded")
+        return encode(text)
 
     @cached_property
     def masker(self) -> JsonMasker:
@@ -68,7 +83,7 @@ class Preparer:
                                param="prompt", code="invalid_value")
             ids = list(p)
         else:
-            ids = self.tok.encode_prompt(p)
+            ids = self._encode_fitting(p, "prompt", self.tok.encode_prompt)
         if not ids:
             raise ApiError(400, "prompt is empty", param="prompt", code="invalid_value")
         job = self._job(req, ids, req.max_tokens, "prompt")
@@ -93,7 +108,7 @@ class Preparer:
         except Exception as e:  # noqa: BLE001 (jinja raises many kinds; all are the input's)
             raise ApiError(400, f"the chat template refused these messages: {e}",
                            param="messages", code="invalid_value") from None
-        ids = self.tok.encode(text, add_special_tokens=False)  # the template writes BOS
+        ids = self._encode_fitting(text, "messages", self._encode)  # the template writes BOS
         job = self._job(req, ids, req.max_completion_tokens or req.max_tokens, "messages")
         job.prompt_text = text
         if req.logprobs:

@@ -34,6 +34,13 @@ class Vocab:
         return out
 
     @cached_property
+    def longest_token(self) -> int:
+        """Characters in the longest token as the vocabulary writes it: no token covers more
+        of a text (a byte-level token's characters are its bytes, a byte-fallback token is
+        written <0xAB>)."""
+        return max(map(len, self.tok._tok.get_vocab(with_added_tokens=True)), default=1)
+
+    @cached_property
     def trie(self) -> TokenTrie:
         return TokenTrie(self.texts)
 

@@ -113,6 +113,27 @@ def test_prompt_longer_than_context_is_400(srv, client=None):
     assert e.value.code == "context_length_exceeded" and e.value.param == "messages"
 
 
+def _peak_rss_mb(srv) -> int:
+    status = open(f"/proc/{srv.proc.pid}/status").read()
+    return int(status.split("VmHWM:")[1].split()[0]) // 1024
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"prompt": "ab " * 1_300_000, "max_tokens": 1}, "prompt"),
+    (CHAT, {"messages": [{"role": "user", "content": "word " * 780_000}]}, "messages")])
+def test_a_prompt_far_over_the_context_is_refused_untokenized(srv, path, body, param):
+    """4 MB of text was tokenized whole before the refusal: seconds with every other client
+    waiting, and ~800 MB of memory at the peak."""
+    before = _peak_rss_mb(srv)
+    status, obj, _ = post(srv, path, json.dumps(body))
+    assert_error(status, obj, 400)
+    assert obj["error"]["code"] == "context_length_exceeded"
+    assert obj["error"]["param"] == param and "characters" in obj["error"]["message"]
+    assert _peak_rss_mb(srv) - before < 200
+    status, obj, _ = post(srv, CHAT, json.dumps(OK_CHAT))
+    assert status == 200
+
+
 def _chat(field: str) -> str:
     return '{"messages": [{"role": "user", "content": "x"}], ' + field + "}"
 
