@@ -60,7 +60,7 @@ class Protocol(HttpToolsProtocol):
     whole within head_timeout seconds (a connection that sends nothing, or a header a byte at a
     time, would hold its socket for ever: enough of them and nobody else gets in) and within
     max_head bytes (it buffers a header of any size). Over either, an error object (408,
-    431) and the connection closed."""
+    431) and the connection closed; so too for what is not HTTP (400)."""
 
     head_timeout = HEAD_TIMEOUT_S
     max_head = MAX_HEAD_BYTES
@@ -97,6 +97,10 @@ class Protocol(HttpToolsProtocol):
             if self._head_bytes > self.max_head:
                 self._refuse(431, f"request headers over {self.max_head} bytes",
                              "request_header_fields_too_large")
+
+    def send_400_response(self, msg: str) -> None:
+        # what the parser cannot read, answered like the app's errors (not a plain-text 400)
+        self._refuse(400, msg, "invalid_http")
 
     def _start_head(self) -> None:
         self._head_bytes = 0

@@ -113,6 +113,14 @@ def test_a_huge_header_gets_431_and_is_closed(port):
     assert _error(raw, 431)["code"] == "request_header_fields_too_large"
 
 
+def test_what_is_not_http_gets_a_400_error_object(port):
+    for junk in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(junk)
+            raw, _ = _read_all(s)
+        assert _error(raw, 400)["code"] == "invalid_http", junk
+
+
 def test_keep_alive_pipelining_and_long_replies_are_not_cut(port):
     req = b"GET /?%s HTTP/1.1\r\nHost: x\r\n\r\n"
     with socket.create_connection(("127.0.0.1", port)) as s:
