@@ -200,8 +200,8 @@ def kernels(tmp_path_factory) -> ctypes.CDLL:
     d = tmp_path_factory.mktemp("kernels")
     (d / "wrap.c").write_text(KERNEL_WRAPPER)
     src = ROOT / "runtime/src"
-    # every kernel table (kernels*.c), and codecs.c for the size rule
-    srcs = [*sorted(src.glob("kernels*.c")), src / "codecs.c", src / "json.c"]
+    # every kernel table (kernels*.c), alloc.c for the pool's buffers, codecs.c for the size rule
+    srcs = [*sorted(src.glob("kernels*.c")), src / "alloc.c", src / "codecs.c", src / "json.c"]
     out = d / "kernels.so"
     subprocess.run([cc, "-std=c11", "-O2", "-ffp-contract=off", "-fno-fast-math", "-pthread",
                     "-fPIC", "-shared", "-fvisibility=hidden", "-I", str(ROOT / "runtime/include"),

@@ -447,7 +447,8 @@ def test_long_prompt_borrows_the_expert_cache_for_longer_passes(tmp_path):
 def test_borrowed_chunk_buffers_go_back_to_the_system(tmp_path):
     """What a long prompt's passes borrowed leaves the process when its call ends: the cache
     grows back into it, so freed buffers the allocator kept (glibc keeps them in its heap once a
-    big free has raised its mmap threshold) would put the process over the budget. After long
+    big free has raised its mmap threshold) would put the process over the budget: the chunk's
+    buffers and the compute pool's buffer for the products' input copies. After long
     prompts of several lengths, each followed by a shorter one that refills the cache, the
     process holds what the held chunk's passes leave, and its peak stays within the budget."""
     from moepack.format.synthetic import mixtral_spec, write_synthetic

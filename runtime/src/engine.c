@@ -435,7 +435,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
             goto fail;
         }
     }
-    if ((rc = mpm_load(&e->cfg, tensor_cb, bank_cb, e, p->ctx, e->chunk, &e->model, err, errlen))) goto fail;
+    if ((rc = mpm_load(&e->cfg, e->kern, tensor_cb, bank_cb, e, p->ctx, e->chunk, &e->model, err, errlen))) goto fail;
     e->pool = mpk_pool_create(plan_threads(&cfg));
     if (!e->pool) {
         rc = mp_seterr(err, errlen, MP_ENOMEM, "cannot start compute threads");
@@ -446,7 +446,6 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
         goto fail;
     }
     mpm_set_pool(e->model, e->pool);
-    mpm_set_kernels(e->model, e->kern);
     e->io = (mpm_expert_io){e, io_acquire, io_release, cfg.prefetch ? io_prefetch : NULL, e->cache_experts};
     mpm_set_io(e->model, &e->io);
     mpm_set_lookahead(e->model, cfg.prefetch);
@@ -634,7 +633,10 @@ int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int al
     /* back to the held chunk and the whole cache; without memory for the held buffers, the
      * pass's (or none) and the lent cache stay, within the budget, until a later call gets them
      * back: this call's tokens are in either way */
-    if (C > (size_t)e->chunk && mpm_set_chunk(e->model, e->chunk) == MP_OK) set_cache(e, e->cache_bytes);
+    if (C > (size_t)e->chunk && mpm_set_chunk(e->model, e->chunk) == MP_OK) {
+        mpk_pool_inputs_release(e->pool); /* sized for the pass: the next call maps the held chunk's */
+        set_cache(e, e->cache_bytes);
+    }
     if (rc) return rc;
     double dt = mpm_now() - t0;
     if (prompt) {

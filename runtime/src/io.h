@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "alloc.h"
+
 /* o_direct modes (same values as mp_config.o_direct) */
 enum { MP_ODIRECT_AUTO = -1, MP_ODIRECT_OFF = 0, MP_ODIRECT_ON = 1 };
 
@@ -30,18 +32,6 @@ size_t mp_io_buffer_alignment(const mp_io *io);
  * else the buffered descriptor. MP_OK, or MP_EIO with a message (short file = error). */
 int mp_io_read(mp_io *io, void *dst, uint64_t off, uint64_t len, char *err, size_t errlen);
 
-/* Aligned allocation helpers (free with mp_aligned_free). */
-void *mp_aligned_alloc(size_t alignment, size_t size);
-/* n x size zeroed bytes, 64-byte aligned (NULL when that overflows): the prompt chunk's buffers,
- * which a long prompt frees and makes again (mpm_set_chunk), so that big ones go back to the
- * system when freed instead of staying in malloc's heap while the cache grows back */
-void *mp_aligned_calloc(uint64_t n, uint64_t size);
-void mp_aligned_free(void *p);
-/* Expert record buffers: mapped exactly (the size rounded up to pages, no header page beside it)
- * when `alignment` is at most the page size, which mmap's placement gives; else
- * mp_aligned_alloc. Freed with the same alignment and size. */
-void *mp_buffer_alloc(size_t alignment, size_t size);
-void mp_buffer_free(void *p, size_t alignment, size_t size);
 uint64_t mp_now_ns(void); /* CLOCK_MONOTONIC */
 
 /* ---- reader pool ---- */

@@ -484,10 +484,11 @@ static void mv_task(void *ctx, size_t t) {
 
 /* Inputs transposed for mm_rows: xt[b][c][i] = x[b * TB + i][c] (0 past n).  NULL when out of
  * memory (the caller then runs row by row). */
-static float *mm_inputs(const mpk_mat *w, const float *x, int64_t n, int64_t nb) {
+static float *mm_inputs(mpk_pool *pool, const mpk_mat *w, const float *x, int64_t n, int64_t nb) {
     const int64_t C = w->cols, TB = MPK_MM_TB;
-    float *xt = calloc((size_t)(nb * C * TB), sizeof(float));
+    float *xt = mpk_pool_inputs(pool, (size_t)(nb * C * TB) * sizeof(float));
     if (!xt) return NULL;
+    memset(xt, 0, (size_t)(nb * C * TB) * sizeof(float));
     for (int64_t t = 0; t < n; t++)
         for (int64_t c = 0; c < C; c++) xt[((t / TB) * C + c) * TB + t % TB] = x[t * C + c];
     return xt;
@@ -506,13 +507,13 @@ void mpk_matmat(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float
     /* from where it beats row by row (bench_trunk_matmat) */
     if (n >= MPK_MM_TB && j.k->mm_rows) {
         j.nb = (n + MPK_MM_TB - 1) / MPK_MM_TB;
-        j.xt = xt = mm_inputs(w, x, n, j.nb);
+        j.xt = xt = mm_inputs(pool, w, x, n, j.nb);
     }
     if (!j.xt) j.rows = stream_rows(w, mpk_pool_threads(pool));
     size_t ntasks = (size_t)((w->rows + j.rows - 1) / j.rows);
     /* tiny matrices: thread wake-up costs more than the work */
     mpk_pool_run(w->rows * w->cols * n < 32768 ? NULL : pool, ntasks, mv_task, &j);
-    free(xt);
+    mpk_pool_inputs_done(pool, xt);
 }
 
 void mpk_matvec(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *x, float *y) {
@@ -1256,7 +1257,7 @@ static void qmatvec(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, int64_t
                     float *y) {
     uint8_t small[QMV_STACK_BYTES] __attribute__((aligned(64)));
     const size_t nb = tq_bytes(w);
-    uint8_t *xq = nb <= sizeof small ? small : aligned_alloc(64, nb);
+    uint8_t *xq = nb <= sizeof small ? small : mpk_pool_inputs(pool, nb);
     if (!xq) { /* no memory: NaN rows, never numbers that were not computed */
         for (int64_t r = r0; r < r1; r++) y[r - r0] = mpk_bits_f32(0x7fc00000u);
         return;
@@ -1268,7 +1269,7 @@ static void qmatvec(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, int64_t
     } else {
         qdot_canon(k, w, r0, r1, xq, y);
     }
-    if (xq != small) free(xq);
+    if (xq != small) mpk_pool_inputs_done(pool, xq);
 }
 
 void mpk_matvec_rows(const mpk_impl *k, const mpk_mat *w, int64_t r0, int64_t r1, const float *x, float *y) {
@@ -1291,9 +1292,9 @@ void mpk_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *
     tgemm_job j = {impl_or_scalar(k), w, x, w->cols, n, (nblocks + tasks - 1) / tasks, y, pool, NULL, 0};
     if (grouped(w)) {
         j.xqs = tq_bytes(w);
-        uint8_t *xq = aligned_alloc(64, j.xqs * (size_t)n);
+        uint8_t *xq = mpk_pool_inputs(pool, j.xqs * (size_t)n);
         const int64_t m = xq ? n : 1; /* no memory for all inputs: one at a time, the same bits */
-        if (!xq) xq = aligned_alloc(64, j.xqs);
+        if (!xq) xq = mpk_pool_inputs(pool, j.xqs);
         for (int64_t t = 0; t < n; t += m) {
             tgemm_job jt = j;
             jt.x = x + t * w->cols, jt.n = n - t < m ? n - t : m, jt.y = y + t * w->rows, jt.xq = xq;
@@ -1306,16 +1307,19 @@ void mpk_gemm(const mpk_impl *k, mpk_pool *pool, const mpk_mat *w, const float *
             mpk_pool_run(w->rows * w->cols * jt.n < 32768 ? NULL : pool, (size_t)((nblocks + j.per - 1) / j.per),
                          qgemm_task, &jt);
         }
-        free(xq);
+        mpk_pool_inputs_done(pool, xq);
         return;
     }
     float *xp = NULL;
     const int64_t xs = (w->cols + 7) / 8 * 8;
-    if (xs != w->cols && (xp = calloc((size_t)(n * xs), sizeof(float))) != NULL) { /* whole vectors */
-        for (int64_t t = 0; t < n; t++) memcpy(xp + t * xs, x + t * w->cols, (size_t)w->cols * sizeof(float));
+    if (xs != w->cols && (xp = mpk_pool_inputs(pool, (size_t)(n * xs) * sizeof(float))) != NULL) { /* whole vectors */
+        for (int64_t t = 0; t < n; t++) {
+            memcpy(xp + t * xs, x + t * w->cols, (size_t)w->cols * sizeof(float));
+            memset(xp + t * xs + w->cols, 0, (size_t)(xs - w->cols) * sizeof(float));
+        }
         j.x = xp;
         j.xs = xs;
     } /* else (no memory): xs == cols % 8 != 0, the tasks go row by row */
     mpk_pool_run(w->rows * w->cols * n < 32768 ? NULL : pool, (size_t)((nblocks + j.per - 1) / j.per), tgemm_task, &j);
-    free(xp);
+    mpk_pool_inputs_done(pool, xp);
 }

@@ -6,6 +6,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "kernels_pool.h"
 
+#include "alloc.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -20,6 +22,8 @@ struct mpk_pool {
     int nthreads; /* including the caller */
     pthread_t *tids;
     scratch *scratch; /* [nthreads]: [0] the caller's, [i] worker i's */
+    scratch inputs;   /* mpk_pool_inputs' buffer (mp_aligned_alloc) */
+    atomic_int inputs_busy;
     pthread_mutex_t mu;
     pthread_cond_t wake, done;
     atomic_ulong generation; /* bumped per job (under mu) */
@@ -101,6 +105,7 @@ mpk_pool *mpk_pool_create(int threads) {
     atomic_init(&p->generation, 0);
     atomic_init(&p->stopping, 0);
     atomic_init(&p->active, 0);
+    atomic_init(&p->inputs_busy, 0);
     p->scratch = calloc((size_t)threads, sizeof *p->scratch);
     if (!p->scratch) {
         mpk_pool_destroy(p);
@@ -136,6 +141,7 @@ void mpk_pool_destroy(mpk_pool *p) {
     free(p->tids);
     for (int i = 0; p->scratch && i < p->nthreads; i++) free(p->scratch[i].buf);
     free(p->scratch);
+    mp_aligned_free(p->inputs.buf);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->done);
@@ -164,6 +170,29 @@ int mpk_pool_reserve(mpk_pool *p, size_t bytes) {
     for (int i = 0; i < p->nthreads; i++)
         if (grow(&p->scratch[i], bytes)) return -1;
     return 0;
+}
+
+void *mpk_pool_inputs(mpk_pool *p, size_t bytes) {
+    if (!p || atomic_exchange(&p->inputs_busy, 1)) return mp_aligned_alloc(64, bytes);
+    if (p->inputs.bytes < bytes) {
+        mp_aligned_free(p->inputs.buf); /* first: the old and the new are never held at once */
+        p->inputs.buf = mp_aligned_alloc(64, bytes);
+        p->inputs.bytes = p->inputs.buf ? bytes : 0;
+    }
+    if (!p->inputs.buf) atomic_store(&p->inputs_busy, 0);
+    return p->inputs.buf;
+}
+
+void mpk_pool_inputs_done(mpk_pool *p, void *buf) {
+    if (p && buf && buf == p->inputs.buf) atomic_store(&p->inputs_busy, 0);
+    else mp_aligned_free(buf);
+}
+
+void mpk_pool_inputs_release(mpk_pool *p) {
+    if (!p || atomic_exchange(&p->inputs_busy, 1)) return;
+    mp_aligned_free(p->inputs.buf);
+    p->inputs = (scratch){NULL, 0};
+    atomic_store(&p->inputs_busy, 0);
 }
 
 void mpk_pool_run(mpk_pool *p, size_t ntasks, mpk_task_fn fn, void *ctx) {

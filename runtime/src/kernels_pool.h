@@ -28,5 +28,14 @@ void *mpk_pool_scratch(mpk_pool *p, size_t bytes);
 /* Every thread's scratch buffer allocated now, at least `bytes` (what the memory plan counts):
  * 0, or -1 without memory. */
 int mpk_pool_reserve(mpk_pool *p, size_t bytes);
+/* A product's copy of its inputs (rounded, transposed or padded; 64-byte aligned, at least
+ * `bytes`, contents undefined): the one buffer p keeps for them, replaced when a larger request
+ * comes and mapped on its own, so that what it held goes back to the system at once (freed C
+ * library blocks stay in its heap); while that buffer is in use, or with p NULL, an allocation
+ * of its own.  NULL without memory.  Give it back with mpk_pool_inputs_done. */
+void *mpk_pool_inputs(mpk_pool *p, size_t bytes);
+void mpk_pool_inputs_done(mpk_pool *p, void *buf);
+/* The kept inputs buffer returned to the system (a long prompt's passes are over). */
+void mpk_pool_inputs_release(mpk_pool *p);
 
 #endif

@@ -131,14 +131,14 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
     /* per chunk token, as alloc_scratch allocates them: residual, normalised input, block output,
      * routed-expert sum; q, k, v, attention output, MLA's latents; FFN gate and up; routing
      * (router logits, choices, weights).
-     * Then the kernels' transient copies of an input (transposed for mpk_matmat with block
-     * padding and q4 group sums, or for mpk_gemm padded to whole vectors, up to 1.1 x the widest,
-     * or rounded to 16-bit integers, 2 bytes a column padded to the group and 4-8 a group, each
-     * part 64-byte aligned: at most 2.5 x the widest + 768 bytes), counted twice for what the C
-     * library keeps of freed ones. */
+     * Then the compute pool's buffer for the products' copies of their inputs (mpk_pool_inputs;
+     * one at a time, kept for the largest): f32 padded to whole vectors of 8, transposed for
+     * mpk_matmat in blocks of 8 tokens (up to 7 tokens more, in `fixed`), or rounded to 16-bit
+     * integers, 2 bytes a column padded to the group and 8 a group of at least 16, each part
+     * 64-byte aligned: at most the widest + 192 floats a token. */
     uint64_t per_tok = 4u * (uint64_t)H + (uint64_t)(qdim + 2 * kvdim + odim) +
                        (c->mla ? (uint64_t)max64(c->q_lora_rank, kvdim) : 0u) + 2u * (uint64_t)I +
-                       3u * (uint64_t)c->top_k + (uint64_t)c->n_experts + 2u * (uint64_t)wide + 384u;
+                       3u * (uint64_t)c->top_k + (uint64_t)c->n_experts + (uint64_t)wide + 192u;
     /* f32 copies made at load: codebooks as stored and transposed (<= 8 stages), rotation signs, norms, bias,
      * q/k/v biases and full-width q/k norms (GQA variants) */
     uint64_t per_layer = 2u * 3u * 8u * 256u * 8u + (uint64_t)(4 * H + c->moe_inter + 2 * c->head_dim +
@@ -146,8 +146,9 @@ uint64_t mpm_scratch_bytes(const mpm_config *c, int chunk_tokens) {
                          (c->mla ? 0u : (uint64_t)((2 * c->n_heads + 3 * c->n_kv_heads) * c->head_dim));
     /* one token's vectors (the widest three, MLA's per-head latent query and output) and the
      * logits; the layer table; mp_sample's candidates (id, probability) and the C library sort's
-     * merge buffer, when a token is sampled with a temperature */
-    uint64_t fixed = 16u * (uint64_t)max64(H, I) + 3u * (uint64_t)odim +
+     * merge buffer, when a token is sampled with a temperature; the inputs buffer's last block
+     * of 8 tokens, its header and page */
+    uint64_t fixed = 16u * (uint64_t)max64(H, I) + 3u * (uint64_t)odim + 8u * (uint64_t)wide + 1024u +
                      (c->mla ? (uint64_t)(c->n_heads * (2 * c->kv_lora_rank + c->qk_rope_dim)) : 0u) +
                      (uint64_t)c->vocab + (uint64_t)c->n_experts + (uint64_t)H;
     uint64_t tables = (uint64_t)c->n_layers * sizeof(mpm_layer) + 16u * (uint64_t)c->vocab;
@@ -359,15 +360,16 @@ static int load_layer(mpm_model *m, loader *L, mpm_bank_fn bank, void *user, int
 #undef NAME
 }
 
-int mpm_load(const mpm_config *cfg, mpm_tensor_fn tensor, mpm_bank_fn bank, void *user, int ctx,
-             int chunk, mpm_model **out, char *err, size_t errlen) {
+int mpm_load(const mpm_config *cfg, const mpk_impl *k, mpm_tensor_fn tensor, mpm_bank_fn bank, void *user,
+             int ctx, int chunk, mpm_model **out, char *err, size_t errlen) {
     *out = NULL;
     if (ctx < 1) return mp_seterr(err, errlen, MP_EINVAL, "context size must be >= 1");
     if (chunk < 1 || chunk > ctx) return mp_seterr(err, errlen, MP_EINVAL, "chunk %d: must be 1..%d (the context)", chunk, ctx);
     mpm_model *m = calloc(1, sizeof *m);
     if (!m) return mp_seterr(err, errlen, MP_ENOMEM, "out of memory");
     m->c = *cfg;
-    mpm_set_kernels(m, mpk_select(MPK_AUTO));
+    m->kern = k ? k : mpk_select(MPK_AUTO);
+    m->la_simd = m->kern != mpk_select(MPK_SCALAR);
     m->c.layer_is_moe = malloc((size_t)cfg->n_layers);
     m->ctx = ctx;
     m->chunk = chunk;
@@ -448,10 +450,6 @@ void mpm_free(mpm_model *m) {
 
 void mpm_set_io(mpm_model *m, const mpm_expert_io *io) { m->io = *io; }
 void mpm_set_pool(mpm_model *m, mpk_pool *pool) { m->pool = pool; }
-void mpm_set_kernels(mpm_model *m, const mpk_impl *k) {
-    m->kern = k;
-    m->la_simd = k && k != mpk_select(MPK_SCALAR);
-}
 void mpm_set_lookahead(mpm_model *m, int on) { m->lookahead = on; }
 const char *mpm_error(const mpm_model *m) { return m->err; }
 int mpm_ctx(const mpm_model *m) { return m->ctx; }

@@ -143,14 +143,14 @@ uint64_t mpm_moe_chunk_bytes(const mpm_config *c, int chunk, int stages);
 
 /* Loads the trunk (decoding norms/codebooks to f32, keeping matrices encoded) and allocates the
  * KV cache for ctx tokens and the buffers for prefill chunks of up to `chunk` tokens
- * (1..ctx; mpm_set_chunk changes it). */
-int mpm_load(const mpm_config *c, mpm_tensor_fn tensor, mpm_bank_fn bank, void *user, int ctx,
-             int chunk, mpm_model **out, char *err, size_t errlen);
+ * (1..ctx; mpm_set_chunk changes it), computing with the kernels `k` and holding the workspaces
+ * they need (NULL: the automatic choice). */
+int mpm_load(const mpm_config *c, const mpk_impl *k, mpm_tensor_fn tensor, mpm_bank_fn bank, void *user,
+             int ctx, int chunk, mpm_model **out, char *err, size_t errlen);
 void mpm_free(mpm_model *m);
 void mpm_set_io(mpm_model *m, const mpm_expert_io *io);
 void mpm_set_pool(mpm_model *m, mpk_pool *pool);
 /* Kernel table for this model's matrix products (mpk_select; default: the best the CPU has). */
-void mpm_set_kernels(mpm_model *m, const mpk_impl *k);
 void mpm_set_lookahead(mpm_model *m, int on);
 
 /* Bytes of KV/latent cache for ctx tokens (f32 or f16 entries: c->kv_f16; memory planning). */
