@@ -7,12 +7,20 @@ the rename is atomic); a failed or malformed fetch never truncates or replaces a
 libtorrent opens the staged file itself (following links), so `prepare` checks with lstat that
 neither staging folder nor the staged file is a symbolic link before the path is handed over;
 resume data goes through a new inode (safefs), never through a planted link.
+
+Another torrent of the same container (other piece size, v1 or v2 only) stages under another
+info-hash: `others` finds those copies, `reuse` moves one here (libtorrent rechecks it and keeps
+every piece that passes), and `remove_other` deletes a superseded folder. Only real folders
+named by an info-hash directly in DEST/.moepack-partial are touched, never through a link.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +31,8 @@ from moepack.safefs import UnsafePathError, ensure_dir, open_existing, refuse_li
 
 STAGING_DIR = ".moepack-partial"
 MAX_RESUME_BYTES = 64 << 20   # resume data of a 4 TiB torrent is a few MB
+_KEY = re.compile(r"[0-9a-f]{40}")                       # an info-hash folder
+_OWN_FILES = ("resume.dat", "resume.tmp", "appended.bin")   # bookkeeping, not a staged copy
 
 
 @dataclass(frozen=True)
@@ -131,6 +141,27 @@ class Staging:
         os.replace(self.file, self.final)
         self.drop_resume()
 
+    def others(self) -> list[Path]:
+        """Files other torrents staged in this destination, most bytes on disk first."""
+        found = [(st.st_blocks, f) for folder, _ in _entries(self.dest / STAGING_DIR, stat.S_ISDIR)
+                 if folder.name != self.key and _KEY.fullmatch(folder.name)
+                 for f, st in _entries(folder, stat.S_ISREG) if f.name not in _OWN_FILES]
+        return [f for _, f in sorted(found, key=lambda x: -x[0])]
+
+    def reuse(self, other: Path) -> None:
+        """Move another torrent's staged copy here (no resume data: libtorrent rechecks it) and
+        remove the rest of that torrent's staging."""
+        os.replace(other, self.file)
+        self.drop_resume()
+        self.remove_other(other)
+
+    def remove_other(self, other: Path) -> None:
+        """Remove the staging folder of `other` (a path from `others`); best effort. rmtree
+        unlinks links inside instead of following them, and refuses a folder that is one."""
+        folder = other.parent
+        if folder.parent == self.dest / STAGING_DIR and _KEY.fullmatch(folder.name):
+            shutil.rmtree(folder, ignore_errors=True)
+
     def publish(self) -> Path:
         """Rename the verified file to its final name: the rename replaces the entry there
         (even a link planted meanwhile) and never writes through it."""
@@ -143,6 +174,24 @@ class Staging:
         except OSError:
             pass
         return self.final
+
+
+def _entries(folder: Path, kind: Callable[[int], bool]) -> list[tuple[Path, os.stat_result]]:
+    """The entries of `folder` whose lstat mode passes `kind` (S_ISDIR, S_ISREG: a link never
+    does), with that lstat; none when `folder` is missing or is not a real folder."""
+    out = []
+    try:
+        names = sorted(os.listdir(folder)) if stat.S_ISDIR(os.lstat(folder).st_mode) else []
+    except OSError:
+        return []
+    for name in names:
+        try:
+            st = os.lstat(folder / name)
+        except OSError:   # gone meanwhile
+            continue
+        if kind(st.st_mode):
+            out.append((folder / name, st))
+    return out
 
 
 def _remove_file(path: Path) -> None:

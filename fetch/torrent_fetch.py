@@ -103,9 +103,33 @@ def _session(opts: FetchOptions) -> lt.session:
 
 
 def plan(meta: TorrentMeta, stage: Staging) -> TorrentPlan:
-    present = max(_allocated(stage.file), _allocated(stage.final))
+    reused = reusable(meta, stage)
+    present = max(_allocated(stage.file), _allocated(stage.final),
+                  _allocated(reused) if reused else 0)
     need = SpaceNeed("download", stage.dest, max(0, meta.size - present))
     return TorrentPlan(meta, stage.final, present, verdicts([need])[0])
+
+
+def same_container(meta: TorrentMeta, path: Path) -> bool:
+    """Whether the header of `path` (its own hash checks) names the torrent's container."""
+    return meta.container_id is not None and header_claim(path) == meta.container_id
+
+
+def reusable(meta: TorrentMeta, stage: Staging) -> Path | None:
+    """A copy of this container that another torrent of it (other piece size, v1 or v2 only)
+    left in staging: reused, since libtorrent keeps each piece of it that passes. A copy whose
+    header is not there yet cannot say what it is and is not taken."""
+    for other in stage.others():
+        if same_container(meta, other) and _size(other) <= meta.size:
+            return other
+    return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:   # gone meanwhile: too big to take
+        return 1 << 63
 
 
 def _allocated(path: Path) -> int:
@@ -147,6 +171,7 @@ class _Download:
                              "nothing written")
         self.stage.prepare()
         adopted = self.stage.adopt_final(self.meta.size)
+        self._reuse_other_staging()
         try:
             at_start = self._transfer(recheck=False)
             checked = check_container(self.stage.file)
@@ -160,8 +185,25 @@ class _Download:
                 self.stage.give_back(adopted)
             raise
         path = self.stage.publish()
+        self._drop_superseded()
         return TorrentFetchResult(path, checked.container_id or "", self.meta.size, self.downloaded,
                                   self.meta.num_pieces, at_start, time.monotonic() - self.t0)
+
+    def _reuse_other_staging(self) -> None:
+        other = reusable(self.meta, self.stage)
+        if other is not None and not os.path.lexists(self.stage.file):
+            try:
+                self.stage.reuse(other)
+            except OSError as e:
+                raise FetchError(f"cannot move {other} to {self.stage.file}: "
+                                 f"{e.strerror or e}") from e
+
+    def _drop_superseded(self) -> None:
+        """Other torrents' staging of this container, or of this file name (whose final name
+        now holds a verified container, so it could never be published): removed."""
+        for other in self.stage.others():
+            if other.name == self.meta.name or same_container(self.meta, other):
+                self.stage.remove_other(other)
 
     def _already_there(self) -> TorrentFetchResult | None:
         final, expected = self.stage.final, self.meta.container_id
@@ -228,7 +270,12 @@ class _Download:
         params.save_path = str(self.stage.dir)
         params.flags &= ~(lt.torrent_flags.auto_managed | lt.torrent_flags.paused
                           | lt.torrent_flags.seed_mode | lt.torrent_flags.upload_mode)
-        return self.ses.add_torrent(params)
+        h = self.ses.add_torrent(params)
+        # The header first (a deadline: the picker's priorities lose to allowed-fast pieces): a
+        # copy left by an interrupted fetch then says which container it is, so that another
+        # torrent of the same container can reuse it.
+        h.set_piece_deadline(0, 0)
+        return h
 
     def _transfer(self, recheck: bool) -> int:
         """Run libtorrent until every piece is there; returns pieces valid before downloading."""

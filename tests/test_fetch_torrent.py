@@ -10,6 +10,7 @@ import libtorrent as lt
 import pytest
 from moepack.fetch.errors import FetchError
 from moepack.fetch.lt_session import listen_port, make_session
+from moepack.fetch.staging import STAGING_DIR
 from moepack.fetch.torrent import (
     FetchOptions,
     TorrentFetchResult,
@@ -110,3 +111,85 @@ def test_a_seeder_with_damaged_data_is_named(small, tmp_path: Path) -> None:
         fetch_torrent(str(torrent), tmp_path / "dl", opts=_opts(port, stall=3.0))
     assert "failed their hash check" in str(err.value) and "127.0.0.1:" in str(err.value)
     assert not (tmp_path / "dl" / path.name).exists()
+
+
+def _key(torrent: Path) -> str:
+    return str(lt.torrent_info(str(torrent)).info_hashes().get_best())
+
+
+def test_staging_left_by_another_torrent_of_the_container_is_reused(small, tmp_path: Path) -> None:
+    """An interrupted fetch of torrent A (16 KiB pieces), then torrent B of the same container
+    (32 KiB pieces): B starts from A's staged bytes and removes A's staging when done."""
+    path, torrent_a, _ = small
+    torrent_b = tmp_path / "b.torrent"
+    write_torrent(create_torrent(path, piece_size=32 << 10), torrent_b)
+    assert _key(torrent_b) != _key(torrent_a)
+    data = path.read_bytes()
+    half = len(data) // 2
+    dest = tmp_path / "dest"
+    left = dest / STAGING_DIR / _key(torrent_a) / path.name
+    left.parent.mkdir(parents=True)
+    left.write_bytes(data[:half])   # the header first, as fetch asks for it
+    (left.parent / "resume.dat").write_bytes(b"de")
+    plan = fetch_torrent(str(torrent_b), dest, dry_run=True, opts=_opts())
+    assert isinstance(plan, TorrentPlan) and plan.present >= half
+    with seed_in_background(torrent_b, path) as seeder:
+        r = _fetched(fetch_torrent(str(torrent_b), dest, opts=_opts(seeder.port)))
+    assert r.path.read_bytes() == data
+    assert r.pieces_at_start >= half // (32 << 10)
+    assert r.downloaded_bytes <= len(data) - half + (32 << 10)
+    assert not (dest / STAGING_DIR).exists(), "A's staging went with B's"
+
+
+def test_superseded_staging_is_removed_and_nothing_else(small, tmp_path: Path) -> None:
+    """After publishing, staging of another container under the same file name goes (that name
+    now holds a verified container); other staging stays, and a link is never followed."""
+    path, torrent, _ = small
+    other = tmp_path / "other" / path.name
+    other.parent.mkdir()
+    write_synthetic(other, mixtral_spec(layers=1, experts=2))
+    root = tmp_path / "dest" / STAGING_DIR
+    same_name = root / ("1" * 40) / path.name
+    unrelated = root / ("2" * 40) / "other.moepack"
+    for f in (same_name, unrelated):
+        f.parent.mkdir(parents=True)
+        f.write_bytes(other.read_bytes())
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / path.name).write_bytes(b"precious")
+    (root / ("3" * 40)).symlink_to(victim)
+    with seed_in_background(torrent, path) as seeder:
+        r = _fetched(fetch_torrent(str(torrent), tmp_path / "dest", opts=_opts(seeder.port)))
+    assert r.pieces_at_start == 0, "another container's bytes are not taken"
+    assert not same_name.parent.exists()
+    assert unrelated.read_bytes() == other.read_bytes()
+    assert (root / ("3" * 40)).is_symlink() and (victim / path.name).read_bytes() == b"precious"
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_an_interrupted_fetch_has_the_header_first(tmp_path: Path) -> None:
+    """So that its staged copy says which container it is (what reuse by another torrent of
+    the container goes by): a few hundred pieces, stopped after 16 of them."""
+    from moepack.fetch.container import header_claim
+
+    path = tmp_path / "src" / "mid.moepack"
+    path.parent.mkdir()
+    cid = write_synthetic(path, mixtral_spec(layers=2, experts=16, hidden=256, inter=96))
+    torrent = path.with_suffix(".torrent")
+    write_torrent(create_torrent(path, piece_size=16 << 10), torrent)
+    piece = 16 << 10
+    assert path.stat().st_size > 100 * piece
+
+    def stop(p) -> None:  # noqa: ANN001
+        if p.done >= 16 * piece:
+            raise _Stop
+
+    with seed_in_background(torrent, path, upload_limit=16 * piece) as seeder:
+        opts = FetchOptions(_opts(seeder.port).peers, LOCAL, stall_timeout=20, progress=stop)
+        with pytest.raises(_Stop):
+            fetch_torrent(str(torrent), tmp_path / "dl", opts=opts)
+    (staged,) = (tmp_path / "dl" / STAGING_DIR).glob(f"*/{path.name}")
+    assert header_claim(staged) == cid
