@@ -66,10 +66,13 @@ class _Hub:
 
         return resolve_url(self.repo, self.revision, name)
 
+    def verified_sha(self, name: str) -> str | None:
+        """The SHA-256 recorded when `name` was checked as the listed content, if unchanged since
+        (a plain file checked at another revision is not)."""
+        return self.record.verified(self.files[name])  # type: ignore[attr-defined]
+
     def verified(self, name: str) -> bool:
-        f = self.files[name]
-        sha = self.record.sha256(name)  # type: ignore[attr-defined]
-        return sha is not None and (f.sha256 is None or sha == f.sha256)  # type: ignore[attr-defined]
+        return self.verified_sha(name) is not None
 
     def download(self, name: str) -> int:
         """Download `name` into the staging folder (resuming NAME.incomplete); bytes fetched."""
@@ -82,7 +85,7 @@ class _Hub:
         except (FetchError, OSError) as e:
             raise ConvertError(f"{name}: download failed: {e}; rerun the same command to "
                                "continue") from None
-        self.record.add(name, sha)  # type: ignore[attr-defined]
+        self.record.checked(f, sha)  # type: ignore[attr-defined]
         return int(f.size)  # type: ignore[attr-defined]
 
     def header(self, name: str) -> bytes:
@@ -241,7 +244,7 @@ def _plan(hub: _Hub, source: str, out: Path, settings: Settings, staging: int,
     known = {}
     for name in weights:  # the hub's SHA-256 (every download is checked against it)
         st = (stage / name).stat()
-        sha = files[name].sha256 or hub.record.sha256(name)  # type: ignore[attr-defined]
+        sha = files[name].sha256 or hub.verified_sha(name)  # type: ignore[attr-defined]
         if sha is None:
             raise ConvertError(f"{name}: the hub gives no SHA-256 for it (not an LFS file)")
         known[name] = (st.st_size, st.st_mtime_ns, sha)

@@ -57,11 +57,6 @@ class VerifiedRecord:
             return entry
         return None
 
-    def sha256(self, name: str) -> str | None:
-        """The recorded SHA-256 if the file is unchanged since it was verified."""
-        entry = self._unchanged(name)
-        return entry[2] if entry else None
-
     def verified(self, f: RemoteFile) -> str | None:
         """The recorded SHA-256 if the file is unchanged and was verified as the listed content
         (a plain file of the same size at another revision is not)."""

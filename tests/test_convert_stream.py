@@ -146,3 +146,21 @@ def test_waves_fill_half_the_bound_so_the_next_can_download_meanwhile():
     waves = plan_waves(work, sizes, 10)
     assert [[t.key for t, _ in w] for w, _ in waves] == [["t0", "t1"], ["t2"], ["t3"], ["t4"]]
     assert [sorted(n) for _, n in waves] == [["a"], ["b"], ["b", "c"], ["d"]]
+
+
+def test_a_staged_plain_file_changed_upstream_is_fetched_again(checkpoint, tmp_path):
+    """generation_config.json (a plain file: the hub lists no SHA-256 for it, its git blob hash
+    tells) staged by a run at one commit, then changed at the same size in the next commit:
+    the next run downloads it again instead of converting the old end-of-text id."""
+    files = {p.name: p.read_bytes() for p in checkpoint.iterdir() if p.is_file()}
+    out, b = tmp_path / "m.moepack", bound(checkpoint)
+    with HubServer({REPO: HubRepo(files)}) as first:
+        stage = Path(finish(cli(first, str(out), "--staging", str(b), "--json",
+                                "--dry-run"))["stream"]["staging_dir"])
+    staged = stage / "generation_config.json"
+    old = staged.read_bytes()
+    assert old == files["generation_config.json"] and b'"eos_token_id": 2' in old
+    files["generation_config.json"] = old.replace(b'"eos_token_id": 2', b'"eos_token_id": 3')
+    with HubServer({REPO: HubRepo(files, commit="89abcdef" * 5)}) as second:
+        finish(cli(second, str(out), "--staging", str(b), "--json", "--dry-run"))
+    assert staged.read_bytes() == files["generation_config.json"]
