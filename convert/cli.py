@@ -12,7 +12,15 @@ from typing import Optional
 
 import typer
 
-from moepack.cliargs import INT32_MAX, choice, error_line, finite, printable, size_option, usage
+from moepack.cliargs import (
+    INT32_MAX,
+    choice,
+    error_line,
+    finite_range,
+    printable,
+    size_option,
+    usage,
+)
 from moepack.sizes import SIZE_HELP, format_size, parse_size
 
 QUANTISED_CLASSES = ("attn", "shared_expert", "dense_ffn", "embed", "lm_head")
@@ -170,9 +178,9 @@ _PROGRESS = typer.Option(None, "--progress", show_default=False, metavar="bars|l
                          help="Progress on stderr: bars, or one line per --progress-every "
                          "seconds as text (lines) or JSON (json); default: bars on a terminal, "
                          "lines otherwise, none with --json.")
-_EVERY = typer.Option(60.0, "--progress-every", min=0.0, callback=finite,
+_EVERY = typer.Option(60.0, "--progress-every", callback=finite_range(0.0),
                       help="Seconds between progress lines.")
-_PAUSE = typer.Option(0.0, "--pause-per-unit", hidden=True, min=0.0, callback=finite,
+_PAUSE = typer.Option(0.0, "--pause-per-unit", hidden=True, callback=finite_range(0.0),
                       help="Journal every unit and pause this many seconds (tests).")
 _FILE = typer.Argument(..., help="A .moepack container.", show_default=False)
 _OUTDIR = typer.Argument(..., help="Directory for the Hugging Face checkpoint.",

@@ -53,6 +53,20 @@ def finite(value: float | None) -> float | None:
     return value
 
 
+def finite_range(low: float | None = None,
+                 high: float | None = None) -> Callable[[float | None], float | None]:
+    """Typer callback for a float option in [low, high], in place of the option's min/max:
+    click checks those first and names a bound for NaN, which breaks none."""
+    def check(value: float | None) -> float | None:
+        finite(value)
+        if value is not None and low is not None and value < low:
+            raise typer.BadParameter(f"{value} is below {low}")
+        if value is not None and high is not None and value > high:
+            raise typer.BadParameter(f"{value} is above {high}")
+        return value
+    return check
+
+
 def nucleus(value: float) -> float:
     """Typer callback for top-p: 0 < p <= 1 (the sampler would read 0 as "off")."""
     finite(value)

@@ -149,6 +149,9 @@ def test_a_checkpoint_that_uses_every_tensor_has_no_note(src: Path, tmp_path: Pa
     (("--seed", "99999999999999999999999"), "--seed", "0 to 9223372036854775807"),
     (("--seed", "-1"), "--seed", "0 to 9223372036854775807"),
     (("--staging", "0"), "--staging", "0 bytes"),
+    (("--progress-every", "nan"), "--progress-every", "not a finite number"),
+    (("--progress-every", "-inf"), "--progress-every", "not a finite number"),
+    (("--progress-every", "-1"), "--progress-every", "below 0"),
 ])
 def test_bad_option_values_are_usage_errors(src: Path, tmp_path: Path, args: tuple,
                                             option: str, needle: str) -> None:
