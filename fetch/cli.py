@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,7 @@ import typer
 from moepack.fetch.errors import FetchError
 
 from moepack.cliargs import fail, one_line
+from moepack.safefs import file_kind
 from moepack.sizes import SIZE_HELP, parse_size
 
 EXIT_INTERRUPTED = 130   # README, "Exit codes"
@@ -122,6 +124,18 @@ def _utf8(what: str, *values: str | Path | None) -> None:
                              "name is valid UTF-8") from None
 
 
+def _dest_problem(dest: Path) -> None:
+    """FetchError when --dest cannot be a folder (a file there or above it): the dry run
+    says so as the real run would, not "fits"."""
+    p = dest
+    while not os.path.lexists(p) and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        what = "a file" if p.is_file() else file_kind(os.lstat(p).st_mode)
+        raise FetchError(f"cannot use {one_line(str(dest))} as destination: "
+                         f"{one_line(str(p))} is {what}, not a folder")
+
+
 def fetch(source: Source, dest: Dest, include: Include = None, jobs: Jobs = 4,
           dry_run: DryRun = False, out: Out = None, peer: Peers = None,
           listen: FetchListen = None, stall_timeout: Stall = None) -> None:
@@ -130,6 +144,7 @@ def fetch(source: Source, dest: Dest, include: Include = None, jobs: Jobs = 4,
         _utf8("source", source)
         _utf8("--dest", dest)
         _utf8("--out", out)
+        _dest_problem(dest)
         if source.startswith("hf:"):
             from moepack.fetch.hub_cli import run_hub
 

@@ -103,3 +103,19 @@ def test_fetch_of_a_container_says_what_it_is(container: Path, tmp_path: Path) -
 def test_fetch_without_hf_prefix_suggests_it(tmp_path: Path) -> None:
     r = _run("fetch", "org/model", "--dest", str(tmp_path))
     assert r.exit_code == 1 and "hf:org/model" in r.output, r.output
+
+
+@pytest.mark.parametrize("source", ["hf:org/repo", "x.torrent"])
+@pytest.mark.parametrize("under", [False, True])
+def test_a_dest_that_cannot_be_a_folder_is_refused_by_the_dry_run_too(
+        tmp_path: Path, source: str, under: bool) -> None:
+    """--dest naming a file, or a path under one: the dry run refuses it as the real run does
+    (it said "fits" and exited 0), before reaching the hub or the torrent."""
+    file = tmp_path / "f"
+    file.write_bytes(b"kept")
+    dest = file / "sub" if under else file
+    for extra in (["--dry-run"], []):
+        r = _run("fetch", source, "--dest", str(dest), *extra)
+        assert r.exit_code == 1 and _one_error_line(r.output), r.output
+        assert "not a folder" in r.output, r.output
+    assert file.read_bytes() == b"kept"
