@@ -1,0 +1,153 @@
+"""The chat page at / used as a user and as an attacker would, in real headless Chromium: most
+tests talk to a scripted stand-in for the server (exact bytes, chunk boundaries and errors on
+cue), the rest to a real `moepack serve`."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from browser import Browser, find_or_install
+from moepack.serve.page_headers import page_headers
+
+PAGE = Path(__file__).resolve().parents[1] / "serve" / "static" / "index.html"
+pytestmark = [pytest.mark.network, pytest.mark.timeout(900)]
+
+
+def sse(obj) -> bytes:
+    return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+
+
+def delta(text: str) -> bytes:
+    return sse({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+
+
+class Scripted:
+    """127.0.0.1 server: the real page (with page_headers) at /, a model list, and chat replies
+    taken from `replies`: (status, [byte chunks]) each, the chunks written `gap` s apart."""
+
+    def __init__(self, model: str = "scripted") -> None:
+        self.model, self.replies, self.bodies, self.gap = model, [], [], 0.02
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                if self.path == "/":
+                    page = PAGE.read_bytes()
+                    self.reply(200, [page], "text/html", page_headers(page))
+                elif self.path == "/frame":  # another page (no policy of its own) framing it
+                    self.reply(200, [b'<iframe id=f src="/" onload="window.__loaded=1">'],
+                               "text/html")
+                elif self.path == "/v1/models":
+                    self.reply(200, [json.dumps({"data": [{"id": outer.model}]}).encode()])
+                else:
+                    self.reply(404, [b"{}"])
+
+            def do_POST(self) -> None:
+                n = int(self.headers.get("Content-Length", 0))
+                outer.bodies.append(json.loads(self.rfile.read(n)))
+                status, chunks = outer.replies.pop(0)
+                self.reply(status, chunks, "text/event-stream" if status == 200 else
+                           "application/json")
+
+            def reply(self, status, chunks, ctype="application/json", headers=None) -> None:
+                self.send_response(status)  # HTTP/1.0: the body ends when the socket closes
+                self.send_header("Content-Type", ctype)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                for i, c in enumerate(chunks):
+                    if i:
+                        time.sleep(outer.gap)  # separate reads in the page
+                    self.wfile.write(c)
+                    self.wfile.flush()
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    path, why = find_or_install()
+    if path is None:
+        pytest.skip(f"no browser: {why}")
+    b = Browser(path)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def scripted():
+    s = Scripted()
+    yield s
+    s.close()
+
+
+def open_page(b: Browser, url: str, model: str) -> None:
+    b.call("Page.enable")
+    b.call("Page.navigate", url=url + "/")
+    b.wait_for("document.readyState === 'complete' && document.getElementById('model') && "
+               f"document.getElementById('model').textContent === {json.dumps(model)}")
+    # a policy violation anywhere in the page (the page's own code included) is recorded
+    b.eval("window.__violations = []; document.addEventListener('securitypolicyviolation', "
+           "(e) => window.__violations.push(e.violatedDirective)); true")
+
+
+def send(b: Browser, text: str) -> None:
+    b.eval("document.getElementById('input').focus(); true")
+    b.call("Input.insertText", text=text)
+    b.press_enter()
+
+
+def idle(b: Browser, timeout: float = 30) -> None:
+    b.wait_for("document.getElementById('stop').disabled", timeout)
+
+
+def test_page_headers_hash_every_inline_block():
+    page = PAGE.read_bytes()
+    h = page_headers(page)
+    csp = dict(d.strip().split(" ", 1) for d in h["Content-Security-Policy"].split(";"))
+    assert csp["default-src"] == "'none'" and csp["frame-ancestors"] == "'none'"
+    assert "unsafe-inline" not in h["Content-Security-Policy"]
+    assert csp["script-src"].count("sha256-") == page.count(b"<script")
+    assert csp["style-src"].count("sha256-") == page.count(b"<style")
+    assert h["X-Content-Type-Options"] == "nosniff"
+    assert page_headers(page.replace(b"<script>", b"<script>1;"))[
+        "Content-Security-Policy"] != h["Content-Security-Policy"]
+
+
+def test_page_works_under_its_policy_and_markup_in_output_stays_text(browser, scripted):
+    # markup wherever server text lands: model name, reply, error message
+    evil = '<img src=x onerror="window.__pwned=1"><a href="javascript:window.__pwned=2">x</a>'
+    scripted.model = evil
+    scripted.replies = [(200, [delta("**bold** " + evil), delta("\n```\n" + evil + "\n```"),
+                               sse({"error": {"message": evil, "code": "engine_error"}}),
+                               sse(b"[DONE]")])]
+    open_page(browser, scripted.url, evil)
+    send(browser, evil)
+    idle(browser)
+    assert browser.eval("window.__pwned === undefined")
+    assert browser.eval("document.querySelectorAll('#log img, #log a, header img').length") == 0
+    assert evil in browser.eval("document.querySelector('.msg.assistant').textContent")
+    assert browser.eval("window.__violations") == []  # the page itself needs nothing blocked
+    # markup injected by other means still cannot run script
+    browser.eval("document.body.insertAdjacentHTML('beforeend', "
+                 "'<img src=x onerror=\"window.__pwned=3\">'); true")
+    browser.wait_for("window.__violations.includes('script-src-attr')", 10)
+    assert browser.eval("window.__pwned === undefined")
+    # and no other page can frame it (an error page, not the chat, loads in the frame)
+    browser.call("Page.navigate", url=scripted.url + "/frame")
+    browser.wait_for("window.__loaded === 1", 10)
+    assert browser.eval("document.getElementById('f').contentDocument === null")
