@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from browser import Browser, find_or_install
 from moepack.serve.page_headers import page_headers
+from serve_fixtures import demo_server
 
 PAGE = Path(__file__).resolve().parents[1] / "serve" / "static" / "index.html"
 pytestmark = [pytest.mark.network, pytest.mark.timeout(900)]
@@ -100,9 +101,12 @@ def open_page(b: Browser, url: str, model: str) -> None:
     b.call("Page.navigate", url=url + "/")
     b.wait_for("document.readyState === 'complete' && document.getElementById('model') && "
                f"document.getElementById('model').textContent === {json.dumps(model)}")
-    # a policy violation anywhere in the page (the page's own code included) is recorded
+    # a policy violation anywhere in the page (the page's own code included) is recorded, and
+    # so is every request body the page sends
     b.eval("window.__violations = []; document.addEventListener('securitypolicyviolation', "
-           "(e) => window.__violations.push(e.violatedDirective)); true")
+           "(e) => window.__violations.push(e.violatedDirective)); window.__bodies = []; "
+           "const fetch0 = window.fetch; window.fetch = (url, o) => { if (o && o.body) "
+           "window.__bodies.push(JSON.parse(o.body)); return fetch0(url, o); }; true")
 
 
 def send(b: Browser, text: str) -> None:
@@ -151,3 +155,19 @@ def test_page_works_under_its_policy_and_markup_in_output_stays_text(browser, sc
     browser.call("Page.navigate", url=scripted.url + "/frame")
     browser.wait_for("window.__loaded === 1", 10)
     assert browser.eval("document.getElementById('f').contentDocument === null")
+
+
+def test_a_refused_message_leaves_the_conversation(browser):
+    srv = demo_server()
+    open_page(browser, srv.url, "demo")
+    long = "x " * 20000  # over the demo's 1024-token context: 400 context_length_exceeded
+    send(browser, long)
+    idle(browser)
+    assert browser.eval("document.querySelector('.msg.assistant').classList.contains('error')")
+    assert browser.eval("document.getElementById('input').value") == long.strip()  # to edit
+    browser.eval("document.getElementById('input').value = ''; true")
+    send(browser, "hi")
+    idle(browser)
+    assert browser.eval("window.__bodies[1].messages") == [{"role": "user", "content": "hi"}]
+    assert not browser.eval("document.querySelectorAll('.msg.assistant')[1].classList"
+                            ".contains('error')")
