@@ -33,6 +33,7 @@ class Scripted:
 
     def __init__(self, model: str = "scripted") -> None:
         self.model, self.replies, self.bodies, self.gap = model, [], [], 0.02
+        self.hung_up = 0  # replies the page stopped reading before their end
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -64,11 +65,14 @@ class Scripted:
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
                 self.end_headers()
-                for i, c in enumerate(chunks):
-                    if i:
-                        time.sleep(outer.gap)  # separate reads in the page
-                    self.wfile.write(c)
-                    self.wfile.flush()
+                try:
+                    for i, c in enumerate(chunks):
+                        if i:
+                            time.sleep(outer.gap)  # separate reads in the page
+                        self.wfile.write(c)
+                        self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    outer.hung_up += 1
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -171,3 +175,21 @@ def test_a_refused_message_leaves_the_conversation(browser):
     assert browser.eval("window.__bodies[1].messages") == [{"role": "user", "content": "hi"}]
     assert not browser.eval("document.querySelectorAll('.msg.assistant')[1].classList"
                             ".contains('error')")
+
+
+def test_new_chat_mid_reply_stops_it_and_starts_empty(browser, scripted):
+    scripted.replies = [(200, [delta("w ")] * 500 + [sse(b"[DONE]")]),
+                        (200, [delta("ok"), sse(b"[DONE]")])]
+    open_page(browser, scripted.url, "scripted")
+    send(browser, "first")
+    browser.wait_for("(document.querySelector('.msg.assistant') || {}).textContent")
+    browser.eval("document.getElementById('clear').click(); true")
+    idle(browser)
+    send(browser, "second")
+    idle(browser)
+    assert browser.eval("window.__bodies[1].messages") == [{"role": "user", "content": "second"}]
+    assert browser.eval("document.querySelectorAll('.msg').length") == 2  # only the new chat
+    deadline = time.monotonic() + 10  # the old reply's request was dropped, not read to its end
+    while scripted.hung_up < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scripted.hung_up == 1
