@@ -119,6 +119,15 @@ def send(b: Browser, text: str) -> None:
     b.press_enter()
 
 
+def click(b: Browser, element_id: str) -> None:
+    """A real mouse click (it moves the focus, unlike element.click())."""
+    r = b.eval(f"JSON.stringify(document.getElementById('{element_id}').getBoundingClientRect())")
+    r = json.loads(r)
+    for kind in ("mousePressed", "mouseReleased"):
+        b.call("Input.dispatchMouseEvent", type=kind, x=r["x"] + r["width"] / 2,
+               y=r["y"] + r["height"] / 2, button="left", clickCount=1)
+
+
 def idle(b: Browser, timeout: float = 30) -> None:
     b.wait_for("document.getElementById('stop').disabled", timeout)
 
@@ -193,3 +202,19 @@ def test_new_chat_mid_reply_stops_it_and_starts_empty(browser, scripted):
     while scripted.hung_up < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert scripted.hung_up == 1
+
+
+def test_focus_stays_in_the_input_after_clicking_send_and_stop(browser, scripted):
+    scripted.replies = [(200, [delta("a"), sse(b"[DONE]")]),
+                        (200, [delta("w ")] * 500 + [sse(b"[DONE]")])]
+    open_page(browser, scripted.url, "scripted")
+    focused = "document.activeElement.id"
+    for _ in range(2):
+        browser.eval("document.getElementById('input').value = 'q'; true")
+        click(browser, "send")
+        browser.wait_for("(document.querySelectorAll('.msg.assistant')[window.__bodies.length"
+                         " - 1] || {}).textContent")
+        assert browser.eval(focused) == "input"
+    click(browser, "stop")
+    idle(browser)
+    assert browser.eval(focused) == "input"
