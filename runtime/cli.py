@@ -61,6 +61,13 @@ TopPOpt = Annotated[float, typer.Option(
 TopKOpt = Annotated[int, typer.Option(
     "--top-k", min=0, max=INT32_MAX, help="Keep the k most likely (0 = off).")]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=UINT64_MAX, help="Sampling seed.")]
+# OpenAI's penalties (engine.LogitAdjust), over the tokens generated so far, not the prompt
+PresenceOpt = Annotated[float, typer.Option(
+    "--presence-penalty", min=-2.0, max=2.0, callback=finite,
+    help="Subtracted from the logit of each token the reply already holds.")]
+FrequencyOpt = Annotated[float, typer.Option(
+    "--frequency-penalty", min=-2.0, max=2.0, callback=finite,
+    help="Times each token's count in the reply so far, subtracted from its logit.")]
 
 
 def counted(n: int, word: str) -> str:

@@ -10,9 +10,11 @@ from moepack.runtime.cli import (
     BudgetOpt,
     CtxOpt,
     FileArg,
+    FrequencyOpt,
     Interrupt,
     KernelsOpt,
     KvOpt,
+    PresenceOpt,
     SeedOpt,
     TempOpt,
     ThreadsOpt,
@@ -40,6 +42,8 @@ def chat_cmd(
     top_p: TopPOpt = 1.0,
     top_k: TopKOpt = 0,
     seed: SeedOpt = 0,
+    presence_penalty: PresenceOpt = 0.0,
+    frequency_penalty: FrequencyOpt = 0.0,
     system: Annotated[str | None, typer.Option(
         "--system", callback=utf8_text, help="System message (UTF-8).")] = None,
     budget: BudgetOpt = None,
@@ -102,7 +106,9 @@ def chat_cmd(
             try:
                 with Interrupt() as stop_now:
                     for t in eng.generate(new, n, temperature=temp, top_k=top_k, top_p=top_p,
-                                          seed=seed, reset=False, stop=stop):
+                                          seed=seed, reset=False, stop=stop,
+                                          presence_penalty=presence_penalty,
+                                          frequency_penalty=frequency_penalty):
                         if not reply:  # the prompt is in, the reply not yet: a turn boundary
                             reuse.mark()
                         reply.append(t)

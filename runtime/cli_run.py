@@ -11,9 +11,11 @@ from moepack.runtime.cli import (
     BudgetOpt,
     CtxOpt,
     FileArg,
+    FrequencyOpt,
     Interrupt,
     KernelsOpt,
     KvOpt,
+    PresenceOpt,
     SeedOpt,
     TempOpt,
     ThreadsOpt,
@@ -53,6 +55,8 @@ def run_cmd(
     top_p: TopPOpt = 1.0,
     top_k: TopKOpt = 0,
     seed: SeedOpt = 0,
+    presence_penalty: PresenceOpt = 0.0,
+    frequency_penalty: FrequencyOpt = 0.0,
     budget: BudgetOpt = None,
     threads: ThreadsOpt = None,
     ctx: CtxOpt = None,
@@ -106,7 +110,8 @@ def run_cmd(
         try:
             with eng:
                 tokens_made = () if stop_now.hit else eng.generate(
-                    ids, n, temperature=temp, top_k=top_k, top_p=top_p, seed=seed, stop=stop)
+                    ids, n, temperature=temp, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
+                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
                 for t in tokens_made:
                     out.append(t)
                     if not as_json:

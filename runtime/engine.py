@@ -266,6 +266,56 @@ def _sampler(temperature: float, top_k: int, top_p: float, seed: int = 0) -> _Sa
     return _Sampler(float(temperature), int(top_k), float(top_p), seed)
 
 
+BIAS_LIMIT = 100.0   # |logit_bias| at most, OpenAI's range
+PENALTY_LIMIT = 2.0  # |presence_penalty|, |frequency_penalty| at most
+
+
+def _bounded(name: str, v: float, limit: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)) or not (
+            math.isfinite(v) and -limit <= v <= limit):
+        raise ValueError(f"{name} must be a finite number from {-limit:g} to {limit:g}, "
+                         f"not {v!r}")
+    return float(v)
+
+
+class LogitAdjust:
+    """OpenAI's logit_bias, presence_penalty and frequency_penalty, for one completion: each
+    step's logits get the bias added, and lose presence * (count > 0) + frequency * count for
+    every token this completion has generated so far (`record`), the prompt's not counted.
+    Plain float32 arithmetic on the logits the sampler then reads: the same request and seed
+    give the same tokens."""
+
+    def __init__(self, vocab: int, bias: dict[int, float] | None = None,
+                 presence: float = 0.0, frequency: float = 0.0) -> None:
+        bias = bias or {}
+        for i, v in bias.items():
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab:
+                raise ValueError(f"logit_bias: token id {i!r} is not in 0..{vocab - 1}")
+            _bounded(f"logit_bias of token {i}", v, BIAS_LIMIT)
+        self.bias_ids = np.fromiter(bias.keys(), np.int64, len(bias))
+        self.bias = np.fromiter(bias.values(), np.float32, len(bias))
+        self.presence = _bounded("presence_penalty", presence, PENALTY_LIMIT)
+        self.frequency = _bounded("frequency_penalty", frequency, PENALTY_LIMIT)
+        self.counts: dict[int, int] = {}
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """The adjusted logits: a copy, or `logits` itself when nothing applies."""
+        penalize = bool(self.counts) and (self.presence != 0 or self.frequency != 0)
+        if not self.bias_ids.size and not penalize:
+            return logits
+        out = np.array(logits, dtype=np.float32)
+        out[self.bias_ids] += self.bias  # ids are unique (dict keys): no np.add.at needed
+        if penalize:
+            ids = np.fromiter(self.counts.keys(), np.int64, len(self.counts))
+            n = np.fromiter(self.counts.values(), np.float32, len(self.counts))
+            out[ids] -= np.float32(self.presence) + np.float32(self.frequency) * n
+        return out
+
+    def record(self, token: int) -> None:
+        """A token this completion generated (sampled or forced): penalized from now on."""
+        self.counts[token] = self.counts.get(token, 0) + 1
+
+
 def _c_int(name: str, v: int | None, lo: int, hi: int = INT32_MAX, default: int = 0) -> int:
     """`v` (None: `default`) as the engine's C int: ValueError for a non-integer or what lies
     outside lo..hi (ctypes would silently wrap 2**32 + 64 to 64, or truncate 1.7)."""
@@ -522,16 +572,21 @@ class Engine:
 
     def generate(self, prompt: Sequence[int], n: int = 32, *, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0, reset: bool = True,
-                 stop: Sequence[int] | None = None) -> Iterator[int]:
-        """Stream up to n new tokens after prompt (stops after a token in `stop`)."""
+                 stop: Sequence[int] | None = None, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0,
+                 logit_bias: dict[int, float] | None = None) -> Iterator[int]:
+        """Stream up to n new tokens after prompt (stops after a token in `stop`); the
+        penalties and bias as OpenAI applies them (LogitAdjust)."""
         _sampler(temperature, top_k, top_p)  # refuse bad settings before the prompt's work
+        adjust = LogitAdjust(self.vocab_size, logit_bias, presence_penalty, frequency_penalty)
         if reset:
             self.reset()
         rng = C.c_uint64(self._lib.mp_rng_seed(int(seed) & (2**64 - 1)))
         logits = self.feed(prompt)
         stop_set = set(stop or ())
         for i in range(n):
-            tok = self.sample(logits, temperature, top_k, top_p, rng)
+            tok = self.sample(adjust.apply(logits), temperature, top_k, top_p, rng)
+            adjust.record(tok)
             yield tok
             if tok in stop_set or i + 1 == n:
                 return

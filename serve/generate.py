@@ -7,7 +7,7 @@ import ctypes as C
 import time
 
 import numpy as np
-from moepack.runtime.engine import MP_ECTX, Engine, EngineError, with_rates
+from moepack.runtime.engine import MP_ECTX, Engine, EngineError, LogitAdjust, with_rates
 from moepack.runtime.prefix import PrefixReuse
 from moepack.runtime.tokenizer import StreamDecoder
 from moepack.serve.job import Done, Job, Piece, TokenLogprob
@@ -24,6 +24,12 @@ def stats_delta(before: dict, after: dict) -> dict:
     d = {k: after[k] - before[k] for k in _DELTA_KEYS}
     d["o_direct"] = after["o_direct"]
     return with_rates(d)
+
+
+def _masked(row: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    out = np.full_like(row, _MASKED)
+    out[allowed] = row[allowed]
+    return out
 
 
 def _logprob(vocab: Vocab, logits: np.ndarray, tid: int, top: int) -> TokenLogprob:
@@ -85,21 +91,23 @@ class Generator:
         stop = StopMatcher(job.stops)
         out, n, finish, first = [], 0, "length", None
         con = job.constraint
+        adjust = job.adjust or LogitAdjust(vocab.size)
         while n < limit:
             if job.cancel.is_set():
                 finish = "cancelled"
                 break
             tid = con.forced() if con is not None else None
             if tid is None:
-                row = logits
+                # bias and penalties first, the constraint's mask last: it wins over a bias
+                row = adjust.apply(logits)
                 allowed = con.allowed() if con is not None else None
                 if allowed is not None:
                     if allowed.size == 0:
                         finish = "stop"
                         break
-                    row = np.full_like(logits, _MASKED)
-                    row[allowed] = logits[allowed]
+                    row = _masked(row, allowed)
                 tid = eng.sample(row, job.temperature, 0, job.top_p, rng)
+            adjust.record(tid)
             n += 1
             if first is None:
                 first = time.monotonic() - t0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from moepack.runtime.engine import LogitAdjust
 from moepack.serve.channel import Channel
 from moepack.serve.constraint import Constraint
 
@@ -56,6 +57,7 @@ class Job:
     stops: list[str] = field(default_factory=list)
     top_logprobs: int | None = None  # None: no logprobs; 0: the chosen token's only
     constraint: Constraint | None = None
+    adjust: LogitAdjust | None = None  # logit_bias and penalties (None: none asked for)
     show_special: frozenset[int] = frozenset()  # special tokens kept in the text (tool syntax)
     cancel: threading.Event = field(default_factory=threading.Event)
     events: Channel = field(default_factory=Channel)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
+from moepack.runtime.engine import LogitAdjust
 from moepack.runtime.tokenizer import Tokenizer
 from moepack.serve import tools
 from moepack.serve.constraint import Chain, Choice, Constraint, Forced, JsonObject
@@ -36,8 +37,7 @@ class Preparer:
     def _encode_fitting(self, text: str, param: str,
                         encode: Callable[[str], list[int]]) -> list[int]:
         """encode(text), refused first when the text cannot fit: tokenizing 4 MB takes
-        seconds with the event loop (every other client) waiting, and ~200x its size in
-        memory."""
+        seconds of a thread (serve/offload.py) and ~200x its size in memory."""
         if len(text) > self.max_chars:
             raise ApiError(400, f"This model's maximum context length is {self.ctx} tokens; "
                            f"your prompt has {len(text)} characters, more than that many "
@@ -62,7 +62,17 @@ class Preparer:
                    temperature=1.0 if req.temperature is None else req.temperature,
                    top_p=1.0 if req.top_p is None else req.top_p,
                    seed=secrets.randbits(63) if req.seed is None else req.seed,
-                   stops=req.stops())
+                   stops=req.stops(), adjust=self._adjust(req))
+
+    def _adjust(self, req: _Sampling) -> LogitAdjust | None:
+        if not (req.logit_bias or req.presence_penalty or req.frequency_penalty):
+            return None
+        bias = {int(k): v for k, v in (req.logit_bias or {}).items()}  # keys checked: digits
+        try:  # the schema checked the rest; what is left is an id outside the vocabulary
+            return LogitAdjust(self.vocab.size, bias, req.presence_penalty or 0.0,
+                               req.frequency_penalty or 0.0)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="logit_bias", code="invalid_value") from None
 
     def completion(self, req: CompletionRequest) -> Job:
         if req.echo:

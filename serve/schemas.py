@@ -3,6 +3,8 @@ belongs is a 400, as the API does), unknown fields ignored (clients send many)."
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -83,6 +85,10 @@ Stop = str | Annotated[list[str], Field(max_length=4)] | None
 Temperature = Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI allows
+# no leading zeros, so no two keys name one token; 10 digits at most (int() of a huge one
+# is slow)
+_TOKEN_KEY = re.compile(r"0|[1-9][0-9]{0,9}")
 
 # What these fields take, said whole: pydantic names one failed bound or union member at a
 # time (a NaN temperature "should be less than or equal to 2", five stop strings "should be a
@@ -93,6 +99,8 @@ FIELD_RULES = {
     "presence_penalty": "a finite number from -2 to 2",
     "frequency_penalty": "a finite number from -2 to 2",
     "stop": "a string or a list of at most 4 strings",
+    "logit_bias": f"an object of at most {MAX_LOGIT_BIAS} token ids (decimal strings) mapped to "
+                  "finite numbers from -100 to 100",
     "prompt": "a string or a non-empty list of token ids (integers)",
 }
 UNSUPPORTED_PART = "unsupported_content_part"  # an error type of our own, reported as it is
@@ -108,10 +116,21 @@ class _Sampling(_Strict):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = 1
-    # accepted and not applied (documented): the engine's sampler has no penalties
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
+    # token ids as JSON keys: checked against the vocabulary by the Preparer
+    logit_bias: dict[str, float] | None = None
     user: str | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_entries(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        # the ids against the vocabulary come later (Preparer); errors say FIELD_RULES' rule
+        if v is not None and (len(v) > MAX_LOGIT_BIAS or not all(
+                _TOKEN_KEY.fullmatch(k) and math.isfinite(b) and -100 <= b <= 100
+                for k, b in v.items())):
+            raise ValueError("bad logit_bias")
+        return v
 
     def stops(self) -> list[str]:
         s = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
