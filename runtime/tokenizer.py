@@ -90,7 +90,9 @@ class Tokenizer:
         problem = utf8_problem(text)  # lone surrogates: `tokenizers` raises a bare TypeError
         if problem:
             raise TokenizerError(f"the text {problem}; text is read as UTF-8 only")
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch lets go of the GIL while it works, encode holds it: a 4 MB text held
+        # every other thread (the server's event loop) for seconds
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     @property
     def bos_id(self) -> int | None:
@@ -107,7 +109,8 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        # decode_batch lets go of the GIL, decode holds it (as encode_batch and encode)
+        return self._tok.decode_batch([list(ids)], skip_special_tokens=skip_special_tokens)[0]
 
     def render_chat(self, messages: list[dict], *, add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> str:

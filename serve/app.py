@@ -18,6 +18,7 @@ from moepack.serve import sse
 from moepack.serve.errors import ApiError, from_validation
 from moepack.serve.job import Done, Job, Piece, ServerStopping
 from moepack.serve.metrics import Metrics
+from moepack.serve.offload import Offload
 from moepack.serve.prepare import Preparer
 from moepack.serve.responses import ChatOutput, ChatResponder, CompletionResponder
 from moepack.serve.schemas import ChatRequest, CompletionRequest
@@ -87,6 +88,9 @@ class Server:
                              kv=cfg.kv, snapshots=1, kernels=cfg.kernels)
         self.vocab = Vocab(self.tok, self.engine.vocab_size, generation_eos_ids(cfg.path))
         self.prep = Preparer(self.tok, self.vocab, self.engine.ctx)
+        # one thread: the engine runs one request at a time anyway, and a second big prompt
+        # would double the tokenizer's peak memory
+        self.offload = Offload(1, cfg.max_queue)
         self.metrics = Metrics()
         self.worker = Worker(self.engine, self.vocab, cfg.max_queue, self.metrics)
         self.started = int(time.time())
@@ -101,6 +105,7 @@ class Server:
             self.loop.call_soon_threadsafe(self.worker.stop)
 
     def close(self) -> None:
+        self.offload.close()
         if self.worker.close():  # a worker stuck inside the engine keeps it (process exits)
             self.engine.close()
 
@@ -289,7 +294,7 @@ def create_app(cfg: ServeConfig) -> tuple[ASGIApp, Server]:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         req = await srv.parse(request, ChatRequest)
-        job, mode = srv.prep.chat(req)
+        job, mode = await srv.offload.run(srv.prep.chat, req)
         responder = ChatResponder(cfg.model_id, ChatOutput(mode.family, list(mode.names),
                                                            mode.forced), bool(req.logprobs))
         srv.submit(job)
@@ -302,7 +307,7 @@ def create_app(cfg: ServeConfig) -> tuple[ASGIApp, Server]:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         req = await srv.parse(request, CompletionRequest)
-        job = srv.prep.completion(req)
+        job = await srv.offload.run(srv.prep.completion, req)
         responder = CompletionResponder(cfg.model_id, req.logprobs is not None)
         srv.submit(job)
         if req.stream:
