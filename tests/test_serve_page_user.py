@@ -218,3 +218,16 @@ def test_focus_stays_in_the_input_after_clicking_send_and_stop(browser, scripted
     click(browser, "stop")
     idle(browser)
     assert browser.eval(focused) == "input"
+
+
+def test_right_to_left_text_is_shown_right_to_left(browser, scripted):
+    scripted.replies = [(200, [delta("שלום, עולם!"), sse(b"[DONE]")]),
+                        (200, [delta("hello, world!"), sse(b"[DONE]")])]
+    open_page(browser, scripted.url, "scripted")
+    send(browser, "مرحبا بالعالم")
+    idle(browser)
+    send(browser, "hi")
+    idle(browser)
+    dirs = browser.eval("[...document.querySelectorAll('.msg')]"
+                        ".map((m) => getComputedStyle(m).direction)")
+    assert dirs == ["rtl", "rtl", "ltr", "ltr"]
