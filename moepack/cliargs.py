@@ -69,7 +69,7 @@ def finite_range(low: float | None = None,
 
 def nucleus(value: float) -> float:
     """Typer callback for top-p: 0 < p <= 1 (the sampler would read 0 as "off")."""
-    finite(value)
+    finite_range(high=1.0)(value)
     if value <= 0:
         raise typer.BadParameter(f"{value} is not above 0 (1 turns nucleus sampling off)")
     return value

@@ -22,7 +22,7 @@ from moepack.cliargs import (
     choice,
     fail,
     file_problem,
-    finite,
+    finite_range,
     json_error,
     nucleus,
     size_option,
@@ -55,18 +55,18 @@ KernelsOpt = Annotated[str, typer.Option(
     help="Compute path: auto (the best this CPU runs), scalar, avx2, avx512vbmi or avx512amx; "
          "every path gives the same bits. A path this CPU lacks is refused.")]
 TempOpt = Annotated[float, typer.Option(
-    "--temp", min=0.0, max=100.0, callback=finite, help="Temperature (0 = greedy).")]
+    "--temp", callback=finite_range(0.0, 100.0), help="Temperature (0 = greedy).")]
 TopPOpt = Annotated[float, typer.Option(
-    "--top-p", min=0.0, max=1.0, callback=nucleus, help="Nucleus mass, above 0 (1 = off).")]
+    "--top-p", callback=nucleus, help="Nucleus mass, above 0 (1 = off).")]
 TopKOpt = Annotated[int, typer.Option(
     "--top-k", min=0, max=INT32_MAX, help="Keep the k most likely (0 = off).")]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=UINT64_MAX, help="Sampling seed.")]
 # OpenAI's penalties (engine.LogitAdjust), over the tokens generated so far, not the prompt
 PresenceOpt = Annotated[float, typer.Option(
-    "--presence-penalty", min=-2.0, max=2.0, callback=finite,
+    "--presence-penalty", callback=finite_range(-2.0, 2.0),
     help="Subtracted from the logit of each token the reply already holds.")]
 FrequencyOpt = Annotated[float, typer.Option(
-    "--frequency-penalty", min=-2.0, max=2.0, callback=finite,
+    "--frequency-penalty", callback=finite_range(-2.0, 2.0),
     help="Times each token's count in the reply so far, subtracted from its logit.")]
 
 

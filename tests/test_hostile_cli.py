@@ -45,6 +45,8 @@ BAD_OPTIONS = [
     (["run", "X", "w", "--top-p", "nan"], "--top-p"),
     (["run", "X", "w", "--top-p", "0"], "--top-p"),
     (["run", "X", "w", "--top-k", "-5"], "--top-k"),
+    (["run", "X", "w", "--presence-penalty", "2.5"], "--presence-penalty"),
+    (["chat", "X", "--frequency-penalty", "-3"], "--frequency-penalty"),
     (["run", "X", "w", "--seed", "-1"], "--seed"),
     (["run", "X", "w", "--seed", str(2**64)], "--seed"),
     (["run", "X", "w", "--ctx", "0"], "--ctx"),
@@ -86,6 +88,16 @@ def test_option_out_of_range_is_a_usage_error(args, option, tmp_path, monkeypatc
     assert line.startswith("usage: Invalid value for ") and f"'{option}'" in line, line
     assert f"(see 'moepack {args[0]} --help')" in line
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "X", "w", "--temp", "nan"], ["run", "X", "w", "--top-p", "nan"],
+    ["run", "X", "w", "--presence-penalty", "nan"], ["chat", "X", "--frequency-penalty", "-inf"],
+], ids=" ".join)
+def test_a_float_option_that_is_not_finite_says_so(args):
+    """Not a bound it would break: every comparison with NaN is false."""
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and "not a finite number" in only_line(r.output), r.output
 
 
 def test_nan_temperature_is_refused_by_a_real_process(tmp_path):
