@@ -231,3 +231,14 @@ def test_right_to_left_text_is_shown_right_to_left(browser, scripted):
     dirs = browser.eval("[...document.querySelectorAll('.msg')]"
                         ".map((m) => getComputedStyle(m).direction)")
     assert dirs == ["rtl", "rtl", "ltr", "ltr"]
+
+
+def test_a_long_fast_reply_keeps_up(browser, scripted):
+    # 20000 tokens as they come from a fast model: many per read
+    burst = b"".join(delta(f"{i} ") for i in range(1000))
+    scripted.replies = [(200, [burst] * 20 + [sse(b"[DONE]")])]
+    open_page(browser, scripted.url, "scripted")
+    send(browser, "go")
+    idle(browser, 20)  # redrawing the whole reply per token took minutes
+    text = browser.eval("document.querySelector('.msg.assistant').textContent")
+    assert text == "".join(f"{i} " for i in range(1000)) * 20
