@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,8 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.types import ASGIApp
 
 BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
+ReqT = TypeVar("ReqT")
+T = TypeVar("T")
 
 PAGE = Path(__file__).parent / "static" / "index.html"
 _ENDPOINTS = {"/", "/health", "/metrics", "/v1/models", "/v1/chat/completions",
@@ -140,6 +142,16 @@ class Server:
             raise ApiError(408, f"the request body did not come within "
                            f"{self.cfg.body_timeout:g} s", code="request_timeout",
                            headers={"Connection": "close"}) from None
+
+    async def prepare(self, fn: Callable[[ReqT], T], req: ReqT) -> T:
+        """fn(req) (template, tokenizing) off the event loop; a full preparation queue's 429
+        counts as a refusal like the engine queue's."""
+        try:
+            return await self.offload.run(fn, req)
+        except ApiError as e:
+            if e.status == 429:
+                self.metrics.rejected += 1
+            raise
 
     def submit(self, job: Job) -> None:
         job.events.loop = asyncio.get_running_loop()
@@ -294,7 +306,7 @@ def create_app(cfg: ServeConfig) -> tuple[ASGIApp, Server]:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         req = await srv.parse(request, ChatRequest)
-        job, mode = await srv.offload.run(srv.prep.chat, req)
+        job, mode = await srv.prepare(srv.prep.chat, req)
         responder = ChatResponder(cfg.model_id, ChatOutput(mode.family, list(mode.names),
                                                            mode.forced), bool(req.logprobs))
         srv.submit(job)
@@ -307,7 +319,7 @@ def create_app(cfg: ServeConfig) -> tuple[ASGIApp, Server]:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         req = await srv.parse(request, CompletionRequest)
-        job = await srv.offload.run(srv.prep.completion, req)
+        job = await srv.prepare(srv.prep.completion, req)
         responder = CompletionResponder(cfg.model_id, req.logprobs is not None)
         srv.submit(job)
         if req.stream:

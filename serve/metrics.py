@@ -10,7 +10,7 @@ from moepack.serve.job import Done
 class Metrics:
     def __init__(self) -> None:
         self.requests: Counter[tuple[str, int]] = Counter()  # (endpoint, status) -> count
-        self.rejected = 0  # 429: queue full
+        self.rejected = 0  # 429: a queue full
         self.cancelled = 0
         self.errors = 0
         self.prompt_tokens = 0
@@ -42,7 +42,8 @@ class Metrics:
         metric("requests_total", "counter", "HTTP requests answered, by endpoint and status.",
                [(f'{{endpoint="{e}",status="{s}"}}', n)
                 for (e, s), n in sorted(self.requests.items())])
-        metric("requests_rejected_total", "counter", "Requests refused with 429 (queue full).",
+        metric("requests_rejected_total", "counter",
+               "Requests refused with 429 (the engine's or the tokenizer's queue full).",
                [("", self.rejected)])
         metric("requests_cancelled_total", "counter", "Generations stopped by a disconnect.",
                [("", self.cancelled)])

@@ -108,6 +108,8 @@ def test_a_flood_of_big_prompts_is_bounded_by_429s():
             t.join(60)
         assert set(answers) == {(400, "context_length_exceeded", False),
                                 (429, "rate_limit_exceeded", True)}, answers
+        refused = sum(status == 429 for status, _, _ in answers)
+        assert s.metrics()["moepack_requests_rejected_total"] == refused
         assert s.get_json("/health")["status"] == "ok"
     finally:
         s.stop()
