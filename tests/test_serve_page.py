@@ -31,7 +31,7 @@ def test_page_streams_answer_with_stats(browser):
                      "document.getElementById('model').textContent === 'demo'")
     # greedy and long enough that the answer arrives over many chunks
     browser.eval("document.getElementById('temperature').value = '0';"
-                 "document.getElementById('max_tokens').value = '200'; true")
+                 "document.getElementById('max_tokens').value = '400'; true")
     browser.eval("""window.__lens = [];
         new MutationObserver(() => {
           const a = document.querySelectorAll('.msg.assistant');
@@ -47,9 +47,9 @@ def test_page_streams_answer_with_stats(browser):
     text = browser.eval("document.querySelector('.msg.assistant').textContent")
     lens = browser.eval("window.__lens")
     growing = sorted(set(lens))
-    assert len(growing) >= 5, lens  # the text grew piece by piece, not all at once
+    assert len(growing) >= 5, lens  # the text grew piece by piece (a frame's tokens at a time)
     c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-    want = c.chat.completions.create(model="demo", max_tokens=200, temperature=0, messages=[
+    want = c.chat.completions.create(model="demo", max_tokens=400, temperature=0, messages=[
         {"role": "user", "content": "def parse(line):"}]).choices[0].message.content
     assert text == want and growing[-1] == len(want)
 
