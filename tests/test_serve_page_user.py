@@ -242,3 +242,16 @@ def test_a_long_fast_reply_keeps_up(browser, scripted):
     idle(browser, 20)  # redrawing the whole reply per token took minutes
     text = browser.eval("document.querySelector('.msg.assistant').textContent")
     assert text == "".join(f"{i} " for i in range(1000)) * 20
+
+
+def test_scrolling_up_during_a_reply_is_not_undone(browser, scripted):
+    scripted.replies = [(200, [delta("line\n" * 10)] * 100 + [sse(b"[DONE]")])]
+    open_page(browser, scripted.url, "scripted")
+    send(browser, "go")
+    log = "document.getElementById('log')"
+    # it follows the reply while the view is at the bottom
+    browser.wait_for(f"{log}.scrollTop > 0 && {log}.scrollHeight > 3 * {log}.clientHeight")
+    browser.eval(f"{log}.scrollTop = 0; window.__at = {log}.scrollHeight; true")
+    browser.wait_for(f"{log}.scrollHeight > window.__at + 500")  # more came
+    idle(browser)
+    assert browser.eval(f"{log}.scrollTop") == 0
