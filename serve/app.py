@@ -19,6 +19,7 @@ from moepack.serve.errors import ApiError, from_validation
 from moepack.serve.job import Done, Job, Piece, ServerStopping
 from moepack.serve.metrics import Metrics
 from moepack.serve.offload import Offload
+from moepack.serve.page_headers import page_headers
 from moepack.serve.prepare import Preparer
 from moepack.serve.responses import ChatOutput, ChatResponder, CompletionResponder
 from moepack.serve.schemas import ChatRequest, CompletionRequest
@@ -272,7 +273,7 @@ def create_app(cfg: ServeConfig) -> tuple[ASGIApp, Server]:
 
     @app.get("/")
     async def page() -> Response:
-        return HTMLResponse(srv.page)
+        return HTMLResponse(srv.page, headers=page_headers(srv.page))
 
     @app.get("/health")
     async def health() -> dict:

@@ -62,3 +62,18 @@ def test_page_streams_answer_with_stats(browser):
     second = browser.eval("document.querySelectorAll('.stats')[1].textContent")
     cached = int(second.split("cached ")[1].split(")")[0])
     assert cached >= first_prompt, second  # the whole first turn came from the KV cache
+
+
+def test_the_served_page_carries_its_policy():
+    """The real server sends / with page_headers' policy (the browser tests above run the page
+    under it): only its own inline blocks run, and no other site frames it."""
+    import urllib.request
+
+    from moepack.serve.page_headers import page_headers
+
+    srv = demo_server()
+    with urllib.request.urlopen(srv.url + "/", timeout=30) as r:
+        page, headers = r.read(), r.headers
+    for name, value in page_headers(page).items():
+        assert headers[name] == value, name
+    assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
