@@ -1,4 +1,5 @@
-"""Command-line options for tests that need something outside the repository."""
+"""Command-line options for tests that need something outside the repository, and the demo
+server fixtures the serve tests share."""
 
 from __future__ import annotations
 
@@ -20,3 +21,19 @@ def llama_cpp_dir(request: pytest.FixtureRequest) -> Path:
     if path is None:
         pytest.skip("needs --llama-cpp DIR (llama.cpp sources)")
     return path.resolve()
+
+
+@pytest.fixture(scope="module")
+def srv():
+    """The shared demo server (tests/serve_fixtures.py) for the serve tests that ask for it."""
+    from serve_fixtures import demo_server
+
+    return demo_server()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    """An openai client of the demo server: the official client, no retries."""
+    import openai
+
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)

@@ -13,7 +13,6 @@ from moepack.fetch.lt_session import listen_port, make_session
 from moepack.fetch.staging import STAGING_DIR
 from moepack.fetch.torrent import (
     FetchOptions,
-    TorrentFetchResult,
     TorrentPlan,
     create_torrent,
     fetch_torrent,
@@ -23,20 +22,12 @@ from moepack.fetch.torrent import (
 from moepack.fetch.torrent_create import ID_KEY
 from moepack.format.synthetic import mixtral_spec, write_synthetic
 from range_server import Body, Fault, RangeServer
+from torrent_loopback import LOCAL, fetched, loopback_opts
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(90)]
 
-LOCAL = "127.0.0.1:0"
 
 
-def _opts(*ports: int, stall: float = 20.0) -> FetchOptions:
-    return FetchOptions(peers=[("127.0.0.1", p) for p in ports], listen=LOCAL,
-                        stall_timeout=stall, metadata_timeout=20.0)
-
-
-def _fetched(result: TorrentFetchResult | TorrentPlan) -> TorrentFetchResult:
-    assert isinstance(result, TorrentFetchResult)
-    return result
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +54,13 @@ def _v2_only(path: Path, cid: str, out: Path) -> Path:
 def test_a_v2_only_torrent_with_its_pad_file_is_fetched(small, tmp_path: Path) -> None:
     path, _, cid = small
     torrent = _v2_only(path, cid, tmp_path / "v2.torrent")
-    plan = fetch_torrent(str(torrent), tmp_path / "dl", dry_run=True, opts=_opts())
+    plan = fetch_torrent(str(torrent), tmp_path / "dl", dry_run=True, opts=loopback_opts())
     assert isinstance(plan, TorrentPlan) and plan.meta.size == path.stat().st_size
     seen: list[tuple[int, int]] = []
     with seed_in_background(torrent, path) as seeder:
-        opts = FetchOptions(_opts(seeder.port).peers, LOCAL, stall_timeout=20,
+        opts = FetchOptions(loopback_opts(seeder.port).peers, LOCAL, stall_timeout=20,
                             progress=lambda p: seen.append((p.done, p.total)))
-        r = _fetched(fetch_torrent(str(torrent), tmp_path / "dl", opts=opts))
+        r = fetched(fetch_torrent(str(torrent), tmp_path / "dl", opts=opts))
     assert r.container_id == cid and r.path.read_bytes() == path.read_bytes()
     assert seen[-1] == (path.stat().st_size,) * 2, "the bar ends at the container's size"
     assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == [path.name], "no pad on disk"
@@ -85,7 +76,7 @@ def test_a_failing_web_seed_is_named_with_its_status(small, tmp_path: Path, stat
         torrent = tmp_path / "web.torrent"
         torrent.write_bytes(create_torrent(path, web_seeds=[web.url(path.name)]))
         with pytest.raises(FetchError, match="no data for 3 s") as err:
-            fetch_torrent(str(torrent), tmp_path / "dl", opts=_opts(stall=3.0))
+            fetch_torrent(str(torrent), tmp_path / "dl", opts=loopback_opts(stall=3.0))
     assert f"web seed '{web.url(path.name)}' failed: {status}" in str(err.value), err.value
     assert not (tmp_path / "dl" / path.name).exists()
 
@@ -108,7 +99,7 @@ def test_a_seeder_with_damaged_data_is_named(small, tmp_path: Path) -> None:
     liar.add_torrent(params)
     port = listen_port(liar)
     with pytest.raises(FetchError, match="no data for 3 s") as err:
-        fetch_torrent(str(torrent), tmp_path / "dl", opts=_opts(port, stall=3.0))
+        fetch_torrent(str(torrent), tmp_path / "dl", opts=loopback_opts(port, stall=3.0))
     assert "failed their hash check" in str(err.value) and "127.0.0.1:" in str(err.value)
     assert not (tmp_path / "dl" / path.name).exists()
 
@@ -131,10 +122,10 @@ def test_staging_left_by_another_torrent_of_the_container_is_reused(small, tmp_p
     left.parent.mkdir(parents=True)
     left.write_bytes(data[:half])   # the header first, as fetch asks for it
     (left.parent / "resume.dat").write_bytes(b"de")
-    plan = fetch_torrent(str(torrent_b), dest, dry_run=True, opts=_opts())
+    plan = fetch_torrent(str(torrent_b), dest, dry_run=True, opts=loopback_opts())
     assert isinstance(plan, TorrentPlan) and plan.present >= half
     with seed_in_background(torrent_b, path) as seeder:
-        r = _fetched(fetch_torrent(str(torrent_b), dest, opts=_opts(seeder.port)))
+        r = fetched(fetch_torrent(str(torrent_b), dest, opts=loopback_opts(seeder.port)))
     assert r.path.read_bytes() == data
     assert r.pieces_at_start >= half // (32 << 10)
     assert r.downloaded_bytes <= len(data) - half + (32 << 10)
@@ -159,7 +150,7 @@ def test_superseded_staging_is_removed_and_nothing_else(small, tmp_path: Path) -
     (victim / path.name).write_bytes(b"precious")
     (root / ("3" * 40)).symlink_to(victim)
     with seed_in_background(torrent, path) as seeder:
-        r = _fetched(fetch_torrent(str(torrent), tmp_path / "dest", opts=_opts(seeder.port)))
+        r = fetched(fetch_torrent(str(torrent), tmp_path / "dest", opts=loopback_opts(seeder.port)))
     assert r.pieces_at_start == 0, "another container's bytes are not taken"
     assert not same_name.parent.exists()
     assert unrelated.read_bytes() == other.read_bytes()
@@ -188,7 +179,8 @@ def test_an_interrupted_fetch_has_the_header_first(tmp_path: Path) -> None:
             raise _Stop
 
     with seed_in_background(torrent, path, upload_limit=16 * piece) as seeder:
-        opts = FetchOptions(_opts(seeder.port).peers, LOCAL, stall_timeout=20, progress=stop)
+        opts = FetchOptions(loopback_opts(seeder.port).peers, LOCAL, stall_timeout=20,
+                            progress=stop)
         with pytest.raises(_Stop):
             fetch_torrent(str(torrent), tmp_path / "dl", opts=opts)
     (staged,) = (tmp_path / "dl" / STAGING_DIR).glob(f"*/{path.name}")

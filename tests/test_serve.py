@@ -10,20 +10,9 @@ import urllib.request
 
 import openai
 import pytest
-from serve_fixtures import demo_server
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
 PROMPT = "def read_config(path):"
-
-
-@pytest.fixture(scope="module")
-def srv():
-    return demo_server()
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def test_models_and_health(srv, client):

@@ -10,24 +10,13 @@ import sys
 from collections import Counter
 
 import numpy as np
-import openai
 import pytest
-from serve_fixtures import demo_container, demo_server
+from serve_fixtures import demo_container
 from test_serve_errors import assert_error, post
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
 PROMPT = "def read_config(path):"  # greedy, the demo repeats itself: "get_path.get_path..."
 N = 24
-
-
-@pytest.fixture(scope="module")
-def srv():
-    return demo_server()
-
-
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")

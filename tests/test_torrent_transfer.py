@@ -16,7 +16,6 @@ from moepack.fetch.errors import FetchError
 from moepack.fetch.staging import STAGING_DIR
 from moepack.fetch.torrent import (
     FetchOptions,
-    TorrentFetchResult,
     TorrentPlan,
     create_torrent,
     fetch_torrent,
@@ -26,15 +25,11 @@ from moepack.fetch.torrent import (
 from moepack.format.synthetic import mixtral_spec, write_synthetic
 from moepack.verify import verify
 from range_server import RangeServer, wait_for
+from torrent_loopback import LOCAL, fetched, loopback_opts
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(90)]
 
-LOCAL = "127.0.0.1:0"
 
-
-def _opts(*ports: int, stall: float = 20.0) -> FetchOptions:
-    return FetchOptions(peers=[("127.0.0.1", p) for p in ports], listen=LOCAL,
-                        stall_timeout=stall, metadata_timeout=20.0)
 
 
 @pytest.fixture(scope="module")
@@ -47,22 +42,18 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     return path, d / "tiny.torrent", cid
 
 
-def _fetched(result: TorrentFetchResult | TorrentPlan) -> TorrentFetchResult:
-    assert isinstance(result, TorrentFetchResult)
-    return result
-
 
 def test_seed_then_fetch_verifies_with_same_id(small, tmp_path: Path) -> None:
     path, torrent, cid = small
     with seed_in_background(torrent, path) as seeder:
-        r = _fetched(fetch_torrent(str(torrent), tmp_path, opts=_opts(seeder.port)))
+        r = fetched(fetch_torrent(str(torrent), tmp_path, opts=loopback_opts(seeder.port)))
     assert r.path == tmp_path / path.name and r.container_id == cid
     assert r.path.read_bytes() == path.read_bytes()
     assert r.downloaded_bytes == path.stat().st_size and r.pieces_at_start == 0
     rep = verify(r.path)
     assert rep.ok and rep.container_id == cid
     assert not (tmp_path / STAGING_DIR).exists(), "staging cleaned up"
-    again = _fetched(fetch_torrent(str(torrent), tmp_path, opts=_opts()))
+    again = fetched(fetch_torrent(str(torrent), tmp_path, opts=loopback_opts()))
     assert again.already_complete and again.downloaded_bytes == 0
 
 
@@ -70,12 +61,12 @@ def test_magnet_gets_metadata_from_peer(small, tmp_path: Path) -> None:
     path, torrent, cid = small
     magnet = lt.make_magnet_uri(lt.torrent_info(str(torrent)))
     with seed_in_background(torrent, path) as seeder:
-        plan = fetch_torrent(magnet, tmp_path, dry_run=True, opts=_opts(seeder.port))
+        plan = fetch_torrent(magnet, tmp_path, dry_run=True, opts=loopback_opts(seeder.port))
         assert isinstance(plan, TorrentPlan)
         assert plan.meta.size == path.stat().st_size and plan.meta.container_id == cid
         assert plan.verdict.ok and plan.verdict.need == path.stat().st_size
         assert not any(tmp_path.iterdir()), "a dry run writes nothing"
-        r = _fetched(fetch_torrent(magnet, tmp_path, opts=_opts(seeder.port)))
+        r = fetched(fetch_torrent(magnet, tmp_path, opts=loopback_opts(seeder.port)))
     assert r.container_id == cid and verify(r.path).ok
 
 
@@ -84,7 +75,7 @@ def test_web_seed_alone_completes_from_a_torrent_url(small, tmp_path: Path) -> N
     files = {path.name: path.read_bytes()}
     with RangeServer(files) as web:
         files["web.torrent"] = create_torrent(path, web_seeds=[web.url(path.name)])
-        r = _fetched(fetch_torrent(web.url("web.torrent"), tmp_path / "dl", opts=_opts()))
+        r = fetched(fetch_torrent(web.url("web.torrent"), tmp_path / "dl", opts=loopback_opts()))
         assert any(rng for (_, p, rng) in web.requests if p == "/" + path.name), "ranged reads"
     assert r.container_id == cid and r.path.read_bytes() == path.read_bytes()
 
@@ -95,20 +86,20 @@ def test_seeding_a_file_under_another_name(small, tmp_path: Path) -> None:
     renamed.parent.mkdir()
     renamed.write_bytes(path.read_bytes())
     with seed_in_background(torrent, renamed) as seeder:
-        r = _fetched(fetch_torrent(str(torrent), tmp_path / "dl", opts=_opts(seeder.port)))
+        r = fetched(fetch_torrent(str(torrent), tmp_path / "dl", opts=loopback_opts(seeder.port)))
     assert r.path.name == path.name and r.container_id == cid
 
 
 def test_repair_downloads_only_damaged_pieces(small, tmp_path: Path) -> None:
     path, torrent, cid = small
     with seed_in_background(torrent, path) as seeder:
-        first = _fetched(fetch_torrent(str(torrent), tmp_path, opts=_opts(seeder.port)))
+        first = fetched(fetch_torrent(str(torrent), tmp_path, opts=loopback_opts(seeder.port)))
         piece = lt.torrent_info(str(torrent)).piece_length()
         size = first.path.stat().st_size
         for off in (size // 3, 2 * size // 3):   # two bytes in two different pieces
             flip(first.path, off, 0x5A)
         assert not verify(first.path).ok
-        r = _fetched(fetch_torrent(str(torrent), tmp_path, opts=_opts(seeder.port)))
+        r = fetched(fetch_torrent(str(torrent), tmp_path, opts=loopback_opts(seeder.port)))
     assert r.pieces_at_start == r.pieces - 2
     assert r.downloaded_bytes == 2 * piece
     assert r.container_id == cid and verify(r.path).ok
@@ -140,7 +131,7 @@ def test_killed_fetch_resumes(tmp_path: Path) -> None:
             child.wait(timeout=10)
         assert not (dest / path.name).exists()
         seeder.set_upload_limit(0)
-        r = _fetched(fetch_torrent(str(torrent), dest, opts=_opts(seeder.port)))
+        r = fetched(fetch_torrent(str(torrent), dest, opts=loopback_opts(seeder.port)))
     assert r.pieces_at_start > 0
     assert r.downloaded_bytes < size
     assert r.container_id == cid and verify(r.path).ok
@@ -160,7 +151,7 @@ def test_malformed_inputs_leave_destination_intact(small, tmp_path: Path) -> Non
              ("http://127.0.0.1:9/x.torrent", "cannot download torrent")]
     for source, message in cases:
         with pytest.raises(FetchError, match=message):
-            fetch_torrent(source, dest, opts=_opts())
+            fetch_torrent(source, dest, opts=loopback_opts())
     assert os.listdir(dest) == ["tiny.moepack"]
     assert keep.read_bytes() == b"user data that must survive"
 
@@ -184,12 +175,12 @@ def test_foreign_content_is_refused_and_nothing_replaced(tmp_path: Path) -> None
     seeding.add_torrent(p)
     assert wait_for(lambda: seeding.listen_port() > 0, timeout=10)
     with pytest.raises(FetchError, match="is not a container this moepack reads: .*bad_magic"):
-        fetch_torrent(str(torrent), dest, opts=_opts(seeding.listen_port()))
+        fetch_torrent(str(torrent), dest, opts=loopback_opts(seeding.listen_port()))
     assert not (dest / "tiny.moepack").exists(), "unverified content never gets the final name"
     # The same torrent against a destination that holds a file of that name: untouched.
     (dest / "tiny.moepack").write_bytes(b"precious")
     with pytest.raises(FetchError, match="names no container ID"):
-        fetch_torrent(str(torrent), dest, opts=_opts(seeding.listen_port()))
+        fetch_torrent(str(torrent), dest, opts=loopback_opts(seeding.listen_port()))
     assert (dest / "tiny.moepack").read_bytes() == b"precious"
 
 
@@ -198,11 +189,11 @@ def test_other_files_at_destination_are_not_touched(small, tmp_path: Path) -> No
     other = tmp_path / path.name
     other_id = write_synthetic(other, mixtral_spec(layers=1, experts=2))
     with pytest.raises(FetchError, match=f"another container \\({other_id}\\)"):
-        fetch_torrent(str(torrent), tmp_path, opts=_opts())
+        fetch_torrent(str(torrent), tmp_path, opts=loopback_opts())
     assert verify(other).container_id == other_id
     other.write_bytes(b"not a container at all")
     with pytest.raises(FetchError, match="is not a copy of this container"):
-        fetch_torrent(str(torrent), tmp_path, opts=_opts())
+        fetch_torrent(str(torrent), tmp_path, opts=loopback_opts())
     assert other.read_bytes() == b"not a container at all"
 
 
@@ -213,7 +204,7 @@ def test_damaged_header_is_repaired(small, tmp_path: Path) -> None:
     data[20] ^= 0xFF                      # header_size: the header hash no longer matches
     copy.write_bytes(bytes(data))
     with seed_in_background(torrent, path) as seeder:
-        r = _fetched(fetch_torrent(str(torrent), tmp_path, opts=_opts(seeder.port)))
+        r = fetched(fetch_torrent(str(torrent), tmp_path, opts=loopback_opts(seeder.port)))
     assert r.pieces_at_start == r.pieces - 1 and r.container_id == cid
 
 
@@ -231,10 +222,10 @@ def test_truncated_or_appended_copy_is_repaired(small, tmp_path: Path, change: s
     copy.write_bytes(damaged)
     # No peer: the repair fails, and the copy is given back exactly as it was.
     with pytest.raises(FetchError, match="no data"):
-        fetch_torrent(str(torrent), tmp_path, opts=_opts(stall=1.0))
+        fetch_torrent(str(torrent), tmp_path, opts=loopback_opts(stall=1.0))
     assert copy.read_bytes() == damaged
     with seed_in_background(torrent, path) as seeder:
-        r = _fetched(fetch_torrent(str(torrent), tmp_path, opts=_opts(seeder.port)))
+        r = fetched(fetch_torrent(str(torrent), tmp_path, opts=loopback_opts(seeder.port)))
     assert r.container_id == cid and r.path.read_bytes() == data
     assert 0 < r.downloaded_bytes <= 2 * piece
     assert not (tmp_path / STAGING_DIR).exists()
@@ -246,10 +237,10 @@ def test_short_of_space_writes_nothing(small, tmp_path: Path,
 
     _, torrent, _ = small
     monkeypatch.setattr(space, "free_bytes", lambda p: 1000)
-    plan = fetch_torrent(str(torrent), tmp_path / "d", dry_run=True, opts=_opts())
+    plan = fetch_torrent(str(torrent), tmp_path / "d", dry_run=True, opts=loopback_opts())
     assert isinstance(plan, TorrentPlan) and not plan.verdict.ok
     with pytest.raises(FetchError, match="bytes free, the download needs"):
-        fetch_torrent(str(torrent), tmp_path / "d", opts=_opts())
+        fetch_torrent(str(torrent), tmp_path / "d", opts=loopback_opts())
     assert not any((tmp_path / "d").rglob("*.moepack"))
 
 
@@ -266,7 +257,7 @@ def test_interrupted_fetch_resumes_from_saved_resume_data(tmp_path: Path) -> Non
             raise _Stop
 
     with seed_in_background(torrent, path, upload_limit=size // 4) as seeder:
-        opts = _opts(seeder.port)
+        opts = loopback_opts(seeder.port)
         interrupted = FetchOptions(opts.peers, opts.listen, stall_timeout=20,
                                    progress=stop_at_a_third)
         with pytest.raises(_Stop):
@@ -274,7 +265,7 @@ def test_interrupted_fetch_resumes_from_saved_resume_data(tmp_path: Path) -> Non
         resume = list((dest / STAGING_DIR).glob("*/resume.dat"))
         assert len(resume) == 1 and resume[0].stat().st_size > 0
         seeder.set_upload_limit(0)
-        r = _fetched(fetch_torrent(str(torrent), dest, opts=opts))
+        r = fetched(fetch_torrent(str(torrent), dest, opts=opts))
     assert r.pieces_at_start > 0 and r.downloaded_bytes < size
     assert r.container_id == cid and verify(r.path).ok
 
@@ -289,7 +280,7 @@ def test_seed_mode_never_serves_a_damaged_piece(small, tmp_path: Path) -> None:
     damaged.write_bytes(bytes(data))
     with seed_in_background(torrent, damaged) as seeder:
         with pytest.raises(FetchError, match="no data for 3 s"):
-            fetch_torrent(str(torrent), tmp_path / "dl", opts=_opts(seeder.port, stall=3.0))
+            fetch_torrent(str(torrent), tmp_path / "dl", opts=loopback_opts(seeder.port, stall=3.0))
         st = seeder.status()
     assert st.pieces == st.num_pieces - 1, "the damaged piece left the seed's set"
     assert not (tmp_path / "dl" / path.name).exists()
