@@ -255,3 +255,22 @@ def test_scrolling_up_during_a_reply_is_not_undone(browser, scripted):
     browser.wait_for(f"{log}.scrollHeight > window.__at + 500")  # more came
     idle(browser)
     assert browser.eval(f"{log}.scrollTop") == 0
+
+
+def test_enter_while_composing_with_an_ime_does_not_send(browser, scripted):
+    scripted.replies = [(200, [delta("ok"), sse(b"[DONE]")])]
+    open_page(browser, scripted.url, "scripted")
+    browser.eval("document.getElementById('input').focus(); true")
+    # an IME's Enter picks a candidate: Chromium marks its keydown as composing (keyCode 229)
+    browser.call("Input.imeSetComposition", text="nihao", selectionStart=5, selectionEnd=5)
+    browser.press_enter()
+    # Safari sends the Enter that ends a composition after compositionend, with only keyCode 229
+    browser.eval("document.getElementById('input').dispatchEvent(new KeyboardEvent('keydown', "
+                 "{key: 'Enter', keyCode: 229, bubbles: true, cancelable: true})); true")
+    time.sleep(0.3)
+    assert browser.eval("window.__bodies") == []
+    assert browser.eval("document.querySelectorAll('.msg').length") == 0
+    browser.call("Input.insertText", text="你好")  # commits the composition
+    browser.press_enter()
+    idle(browser)
+    assert browser.eval("window.__bodies[0].messages") == [{"role": "user", "content": "你好"}]
