@@ -29,7 +29,8 @@ def delta(text: str) -> bytes:
 
 class Scripted:
     """127.0.0.1 server: the real page (with page_headers) at /, a model list, and chat replies
-    taken from `replies`: (status, [byte chunks]) each, the chunks written `gap` s apart."""
+    taken from `replies`: (status, [byte chunks]) each, the chunks written `gap` s apart, or
+    (status, [byte chunks], content type) for a body that is not the API's."""
 
     def __init__(self, model: str = "scripted") -> None:
         self.model, self.replies, self.bodies, self.gap = model, [], [], 0.02
@@ -55,9 +56,9 @@ class Scripted:
             def do_POST(self) -> None:
                 n = int(self.headers.get("Content-Length", 0))
                 outer.bodies.append(json.loads(self.rfile.read(n)))
-                status, chunks = outer.replies.pop(0)
-                self.reply(status, chunks, "text/event-stream" if status == 200 else
-                           "application/json")
+                status, chunks, *ctype = outer.replies.pop(0)
+                self.reply(status, chunks, ctype[0] if ctype else "text/event-stream"
+                           if status == 200 else "application/json")
 
             def reply(self, status, chunks, ctype="application/json", headers=None) -> None:
                 self.send_response(status)  # HTTP/1.0: the body ends when the socket closes
@@ -274,3 +275,29 @@ def test_enter_while_composing_with_an_ime_does_not_send(browser, scripted):
     browser.press_enter()
     idle(browser)
     assert browser.eval("window.__bodies[0].messages") == [{"role": "user", "content": "你好"}]
+
+
+def test_an_error_that_is_not_json_shows_its_status_and_the_page_goes_on(browser, scripted):
+    scripted.replies = [
+        (502, [b"<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"],
+         "text/html"),
+        (500, []),
+        (503, [b"upstream overloaded\nretry in 30 s\n"], "text/plain"),
+        (200, [delta("ok"), sse(b"[DONE]")])]
+    open_page(browser, scripted.url, "scripted")
+    send(browser, "q")
+    shown = []
+    for _ in range(4):
+        idle(browser)
+        shown.append(browser.eval("document.querySelectorAll('.msg.assistant')"
+                                  "[window.__bodies.length - 1].textContent"))
+        if len(shown) < 4:  # the failed message is back in the input: Enter sends it again
+            assert browser.eval("document.getElementById('input').value") == "q"
+            browser.press_enter()
+    html, empty, plain, ok = shown
+    assert "502" in html and "Bad Gateway" in html and "<" not in html and "JSON" not in html
+    assert "500" in empty and "JSON" not in empty
+    assert "503" in plain and "upstream overloaded" in plain and "retry" not in plain
+    assert ok == "ok"
+    assert [b["messages"] for b in browser.eval("window.__bodies")] == [
+        [{"role": "user", "content": "q"}]] * 4
