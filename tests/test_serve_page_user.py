@@ -301,3 +301,21 @@ def test_an_error_that_is_not_json_shows_its_status_and_the_page_goes_on(browser
     assert ok == "ok"
     assert [b["messages"] for b in browser.eval("window.__bodies")] == [
         [{"role": "user", "content": "q"}]] * 4
+
+
+def test_controls_have_names_and_the_conversation_is_a_live_log(browser, scripted):
+    open_page(browser, scripted.url, "scripted")
+    nodes = [n for n in browser.call("Accessibility.getFullAXTree")["nodes"]
+             if not n.get("ignored")]
+    controls = [n for n in nodes if n["role"]["value"] in ("button", "textbox", "spinbutton")]
+    assert len(controls) == 7  # 3 buttons, message, max tokens, temperature, API key
+    for n in controls:
+        # a placeholder is no label: it is gone once typing starts
+        used = [s for s in n["name"].get("sources", []) if "value" in s and
+                not s.get("superseded")]
+        assert n["name"]["value"].strip() and used[0]["type"] != "placeholder", n
+    log = [n for n in nodes if n["role"]["value"] == "log"]
+    assert len(log) == 1
+    assert {"name": "live", "value": {"type": "token", "value": "polite"}} in log[0]["properties"]
+    node = browser.call("DOM.describeNode", backendNodeId=log[0]["backendDOMNodeId"])["node"]
+    assert node["attributes"][node["attributes"].index("id") + 1] == "log"
