@@ -178,7 +178,7 @@ def test_a_refused_message_leaves_the_conversation(browser):
     send(browser, long)
     idle(browser)
     assert browser.eval("document.querySelector('.msg.assistant').classList.contains('error')")
-    assert browser.eval("document.getElementById('input').value") == long.strip()  # to edit
+    assert browser.eval("document.getElementById('input').value") == long  # to edit
     browser.eval("document.getElementById('input').value = ''; true")
     send(browser, "hi")
     idle(browser)
@@ -319,3 +319,18 @@ def test_controls_have_names_and_the_conversation_is_a_live_log(browser, scripte
     assert {"name": "live", "value": {"type": "token", "value": "polite"}} in log[0]["properties"]
     node = browser.call("DOM.describeNode", backendNodeId=log[0]["backendDOMNodeId"])["node"]
     assert node["attributes"][node["attributes"].index("id") + 1] == "log"
+
+
+def test_a_message_is_sent_as_typed_and_blank_ones_are_not_sent(browser, scripted):
+    scripted.replies = [(200, [delta("ok"), sse(b"[DONE]")])]
+    open_page(browser, scripted.url, "scripted")
+    send(browser, " \n\t ")
+    time.sleep(0.3)
+    assert browser.eval("window.__bodies") == []
+    assert browser.eval("document.querySelectorAll('.msg').length") == 0
+    code = "    for x in xs:\n        print(x)\n"  # pasted from inside a function
+    browser.eval(f"document.getElementById('input').value = {json.dumps(code)}; true")
+    browser.press_enter()
+    idle(browser)
+    assert browser.eval("window.__bodies[0].messages") == [{"role": "user", "content": code}]
+    assert browser.eval("document.querySelector('.msg.user').textContent") == code
