@@ -94,11 +94,12 @@ class Browser:
     def type_text(self, text: str) -> None:
         self.call("Input.insertText", text=text)
 
-    def press_enter(self) -> None:
+    def press_enter(self, types: bool = True) -> None:
+        """types=False: an Enter that an IME takes to pick a candidate, which types nothing."""
         for kind in ("keyDown", "keyUp"):
             self.call("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter",
                       windowsVirtualKeyCode=13, nativeVirtualKeyCode=13,
-                      **({"text": "\r"} if kind == "keyDown" else {}))
+                      **({"text": "\r"} if kind == "keyDown" and types else {}))
 
     def close(self) -> None:
         try:

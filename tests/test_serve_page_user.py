@@ -264,7 +264,7 @@ def test_enter_while_composing_with_an_ime_does_not_send(browser, scripted):
     browser.eval("document.getElementById('input').focus(); true")
     # an IME's Enter picks a candidate: Chromium marks its keydown as composing (keyCode 229)
     browser.call("Input.imeSetComposition", text="nihao", selectionStart=5, selectionEnd=5)
-    browser.press_enter()
+    browser.press_enter(types=False)
     # Safari sends the Enter that ends a composition after compositionend, with only keyCode 229
     browser.eval("document.getElementById('input').dispatchEvent(new KeyboardEvent('keydown', "
                  "{key: 'Enter', keyCode: 229, bubbles: true, cancelable: true})); true")
