@@ -35,6 +35,7 @@ class Scripted:
     def __init__(self, model: str = "scripted") -> None:
         self.model, self.replies, self.bodies, self.gap = model, [], [], 0.02
         self.hung_up = 0  # replies the page stopped reading before their end
+        self.models_down = 0  # the next this many model lists fail (a proxy's 502 page)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -48,6 +49,9 @@ class Scripted:
                 elif self.path == "/frame":  # another page (no policy of its own) framing it
                     self.reply(200, [b'<iframe id=f src="/" onload="window.__loaded=1">'],
                                "text/html")
+                elif self.path == "/v1/models" and outer.models_down:
+                    outer.models_down -= 1
+                    self.reply(502, [b"<html>Bad Gateway</html>"], "text/html")
                 elif self.path == "/v1/models":
                     self.reply(200, [json.dumps({"data": [{"id": outer.model}]}).encode()])
                 else:
@@ -101,11 +105,13 @@ def scripted():
     s.close()
 
 
-def open_page(b: Browser, url: str, model: str) -> None:
+def open_page(b: Browser, url: str, model: str | None) -> None:
+    """model: the name the page is to show, or None for a model list that failed to load."""
     b.call("Page.enable")
     b.call("Page.navigate", url=url + "/")
-    b.wait_for("document.readyState === 'complete' && document.getElementById('model') && "
-               f"document.getElementById('model').textContent === {json.dumps(model)}")
+    label = "document.getElementById('model').textContent"
+    b.wait_for("document.readyState === 'complete' && document.getElementById('model') && " +
+               (f"{label} !== '…'" if model is None else f"{label} === {json.dumps(model)}"))
     # a policy violation anywhere in the page (the page's own code included) is recorded, and
     # so is every request body the page sends
     b.eval("window.__violations = []; document.addEventListener('securitypolicyviolation', "
@@ -334,3 +340,25 @@ def test_a_message_is_sent_as_typed_and_blank_ones_are_not_sent(browser, scripte
     idle(browser)
     assert browser.eval("window.__bodies[0].messages") == [{"role": "user", "content": code}]
     assert browser.eval("document.querySelector('.msg.user').textContent") == code
+
+
+def test_a_model_list_that_failed_is_not_sent_as_the_model_and_is_loaded_again(browser,
+                                                                              scripted):
+    scripted.replies = [(200, [delta("ok"), sse(b"[DONE]")])] * 3
+    scripted.models_down = 2  # the first load and the first retry fail
+    open_page(browser, scripted.url, None)
+    send(browser, "q")
+    idle(browser)
+    assert "model" not in browser.eval("window.__bodies[0]")  # not the failure's text
+    browser.wait_for("document.getElementById('model').textContent === 'scripted'", 10)
+    send(browser, "r")
+    idle(browser)
+    assert browser.eval("window.__bodies[1].model") == "scripted"
+    # a list that fails later (a new API key reloads it) leaves the last id known in use
+    scripted.models_down = 100
+    browser.eval("const k = document.getElementById('key'); k.value = 'k2';"
+                 "k.dispatchEvent(new Event('change')); true")
+    browser.wait_for("document.getElementById('model').textContent !== 'scripted'", 10)
+    send(browser, "s")
+    idle(browser)
+    assert browser.eval("window.__bodies[2].model") == "scripted"
