@@ -275,6 +275,11 @@ def create_app(cfg: ServeConfig) -> tuple[ASGIApp, Server]:
     async def page() -> Response:
         return HTMLResponse(srv.page, headers=page_headers(srv.page))
 
+    @app.get("/favicon.ico")
+    async def favicon() -> Response:
+        # browsers ask for it beside the page: "no icon" rather than a 404 in every log
+        return Response(status_code=204)
+
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "model": cfg.model_id, "queue_depth": srv.worker.waiting,

@@ -64,6 +64,14 @@ def test_page_streams_answer_with_stats(browser):
     assert cached >= first_prompt, second  # the whole first turn came from the KV cache
 
 
+def test_the_icon_a_browser_asks_for_is_no_404(browser):
+    srv = demo_server()
+    browser.call("Page.navigate", url=srv.url + "/")
+    browser.wait_for("document.readyState === 'complete'")
+    # headless Chromium asks for no icon; a browser with a window asks for /favicon.ico
+    assert browser.eval("fetch('/favicon.ico').then((r) => r.status)") in (200, 204)
+
+
 def test_the_served_page_carries_its_policy():
     """The real server sends / with page_headers' policy (the browser tests above run the page
     under it): only its own inline blocks run, and no other site frames it."""
