@@ -5,7 +5,8 @@ this tree installs into a fresh virtual environment without torch and runs the d
 sdist and a wheel (`python -m build`, the C engine compiled by setup.py), installs the wheel with
 its base dependencies from the package index into a new venv and runs `moepack --version`,
 `convert`, `verify` and `run` there (slow: ~40 s with a warm pip cache; more when pip must
-download the dependencies).
+download the dependencies). A second venv gets the same wheel with the base dependencies at
+their declared minimum versions and runs the CLI there (~15 s more).
 """
 
 from __future__ import annotations
@@ -140,9 +141,11 @@ def _sh(*args, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     return r
 
 
-@pytest.mark.slow
-def test_wheel_installs_without_torch_and_runs_the_demo(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built once for the tests below."""
     env = _clean_env()
+    tmp_path = tmp_path_factory.mktemp("build")
     # Build from a copy of what the wheel is made of, so that the build leaves nothing in the
     # tree; sdist first, then the wheel from the sdist (proves the sdist is complete).
     src = tmp_path / "src"
@@ -155,7 +158,13 @@ def test_wheel_installs_without_torch_and_runs_the_demo(tmp_path):
     dist = tmp_path / "dist"
     _sh(sys.executable, "-m", "build", "--no-isolation", "--outdir", dist, src,
         cwd=tmp_path, env=env)
-    (wheel,) = dist.glob("moepack-*.whl")
+    (built,) = dist.glob("moepack-*.whl")
+    return built
+
+
+@pytest.mark.slow
+def test_wheel_installs_without_torch_and_runs_the_demo(tmp_path: Path, wheel: Path) -> None:
+    env = _clean_env()
     assert wheel.name.startswith(f"moepack-{moepack.__version__}-")
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
@@ -209,3 +218,47 @@ def test_wheel_installs_without_torch_and_runs_the_demo(tmp_path):
                          cwd=tmp_path, env=env).stdout)
     assert len(gen["tokens"]) == 4 and gen["stats"]["decode_tokens"] == 3, gen
     assert gen["text"], gen
+
+
+# Base dependencies whose declared minimum is not pinned below: another dependency's own
+# requirements lift them (huggingface_hub>=2.0 -> a newer tokenizers; sse-starlette ->
+# starlette, fastapi, pydantic), so the resolver never installs their minimum with ours.
+LIFTED = {"tokenizers", "fastapi", "starlette", "pydantic", "pydantic-core"}
+
+
+@pytest.mark.slow
+def test_declared_minimum_versions_run_the_cli(tmp_path: Path, wheel: Path) -> None:
+    """A user's environment may hold the oldest versions the metadata allows: the wheel with
+    every other base dependency pinned to its declared minimum converts, plans, runs and makes
+    and checks a torrent (typer>=0.12 and libtorrent>=2.0.9 were declared and did not)."""
+    env = _clean_env()
+    pins = []
+    for req in PYPROJECT["project"]["dependencies"]:
+        m = re.fullmatch(r"([A-Za-z0-9._-]+)>=([0-9.]+)(;.*)?", req)
+        assert m, f"{req!r}: a base dependency is declared as NAME>=VERSION"
+        if _dist_name(m.group(1)) not in LIFTED:
+            pins.append(f"{m.group(1)}=={m.group(2)}{m.group(3) or ''}\n")
+    constraints = tmp_path / "lowest.txt"
+    constraints.write_text("".join(pins))
+    venv = tmp_path / "venv"
+    _sh(sys.executable, "-m", "venv", venv, cwd=tmp_path, env=env)
+    py, exe = venv / "bin" / "python", venv / "bin" / "moepack"
+    _sh(py, "-m", "pip", "install", "--quiet", "-c", constraints, wheel, cwd=tmp_path, env=env)
+    _sh(py, "-m", "pip", "check", cwd=tmp_path, env=env)
+
+    out = tmp_path / "demo.moepack"
+    _sh(exe, "convert", ROOT / "demo" / "model", out, "--jobs", 1, "--iters", 1,
+        "--sample", 1024, "--quiet", cwd=tmp_path, env=env)
+    _sh(exe, "info", out, cwd=tmp_path, env=env)
+    _sh(exe, "plan", out, "--ram", "8GB", cwd=tmp_path, env=env)
+    gen = json.loads(_sh(exe, "run", out, "Once upon a time", "-n", 2, "--json",
+                         cwd=tmp_path, env=env).stdout)
+    assert len(gen["tokens"]) == 2, gen
+    _sh(exe, "torrent", "create", out, cwd=tmp_path, env=env)
+    # a fetch whose file is already complete: opens the torrent, checks the file, no peers
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    shutil.copy2(out, dest / out.name)
+    r = _sh(exe, "fetch", tmp_path / "demo.moepack.torrent", "--dest", dest, "--listen",
+            "127.0.0.1:0", cwd=tmp_path, env=env)
+    assert "already complete" in r.stdout + r.stderr, r.stdout + r.stderr
