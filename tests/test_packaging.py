@@ -150,7 +150,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # tree; sdist first, then the wheel from the sdist (proves the sdist is complete).
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "setup.py", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE", "MANIFEST.in"):
         shutil.copy2(ROOT / name, src / name)
     junk = shutil.ignore_patterns("__pycache__", "build", "*.so", "*.o", "*.egg-info")
     for folder in sorted(set(PACKAGE_DIRS.values())):
@@ -171,6 +171,7 @@ def test_wheel_installs_without_torch_and_runs_the_demo(tmp_path: Path, wheel: P
     assert [n for n in names if re.fullmatch(r"moepack/runtime/_engine[^/]*\.so", n)], names
     assert [n for n in names if re.fullmatch(r"moepack/convert/_encoder[^/]*\.so", n)], names
     assert "moepack/serve/static/index.html" in names
+    assert f"moepack-{moepack.__version__}.dist-info/licenses/LICENSE" in names  # Apache-2.0 s. 4
     assert not [n for n in names if n.endswith((".c", ".h"))], "C sources in the wheel"
     for f in _package_sources():
         package = next(p for p, d in PACKAGE_DIRS.items() if d == f.parent.relative_to(
