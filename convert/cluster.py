@@ -114,7 +114,12 @@ def _init(ray: ModuleType, address: str) -> bool:
             ray.init(include_dashboard=False, **opts)
             return True
     except Exception as e:  # ConnectionError, ValueError, RuntimeError, TimeoutError
-        raise ConvertError(f"--ray {address}: cannot connect: {e}") from None
+        raise ConvertError(f"--ray {address}: cannot connect: {one_line(e)}") from None
+
+
+def one_line(e: BaseException) -> str:
+    """Ray's messages span lines (version mismatch, out of memory): the error is one line."""
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 # -- what runs on the cluster ---------------------------------------------------------------
@@ -353,14 +358,8 @@ class Driver:
     def _collect(self, ref: Any, p: _Pending) -> None:
         try:
             kind, key, data, extra, digest, (node, rss, fetched) = self.ray.get(ref)
-        except self.ray.exceptions.RayTaskError as e:
-            cause = getattr(e, "cause", None)
-            if isinstance(cause, ConvertError):
-                raise type(cause)(str(cause)) from None
-            raise ConvertError(f"{p.task.key}: {cause or e}") from None
-        except self.ray.exceptions.RayError as e:  # retries used up, node lost, ...
-            raise ConvertError(f"{p.task.key}: {type(e).__name__}: {e}; rerun the same "
-                               "command to continue") from None
+        except self.ray.exceptions.RayError as e:
+            raise task_failure(self.ray, p.task.key, e) from None
         del ref  # the object store may drop the result once it is written
         units: list[tuple[str, str]] = []
         nbytes = experts = 0
@@ -398,6 +397,19 @@ class Driver:
         if got != digest:
             raise ConvertError(f"{name}: {_MISMATCH}")
         return tensor_unit(name), got
+
+
+def task_failure(ray: ModuleType, key: str, e: Exception) -> ConvertError:
+    """The one-line error for a Ray task that failed: its own error, or Ray's (retries used
+    up, node lost, out of memory, ...), whose messages span lines."""
+    if isinstance(e, ray.exceptions.RayTaskError):
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, ConvertError):
+            return type(cause)(one_line(cause))
+        if cause is not None:
+            return ConvertError(f"{key}: {one_line(cause)}")
+    return ConvertError(f"{key}: {type(e).__name__}: {one_line(e)}; rerun the same command to "
+                        "continue")
 
 
 def run_on_ray(cfg: WorkerConfig, tasks: list[Task], done: Mapping[str, str], cluster: Cluster,

@@ -4,7 +4,8 @@ one CPU each, tests/ray_cluster.py), real conversions across both, outputs byte-
 mid-run (its tasks rerun on the survivors, also with an hf: source); the driver SIGKILLed and the
 same command rerun (resumed from the journal); an hf: source read by ranges from the fake hub,
 also a private one (the driver's token reaches the tasks); no header folder left on the nodes
-after a run, finished or failed; Ray missing."""
+after a run, finished or failed; Ray missing; Ray's own errors
+(version mismatch, out of memory) in one line."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from hub_server import HubRepo, HubServer
+from moepack.convert.cluster import task_failure
 from moepack.convert.hub_ranges import block_size
 from moepack.convert.pipeline import convert
 from moepack.convert.settings import Settings
@@ -327,3 +329,31 @@ def test_jobs_and_ray_exclude_each_other(source, tmp_path):
                         str(tmp_path / "o.moepack"), "--ray", "auto", "--jobs", "2"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "exclude each other" in r.stderr
+
+
+def test_ray_failures_are_one_line():
+    ray = pytest.importorskip("ray")
+    oom = ray.exceptions.OutOfMemoryError("Task was killed due to the node running low on "
+                                          "memory.\nMemory on the node (IP: 10.0.0.2) was "
+                                          "15.1GB / 15.5GB (0.97).\n\nRefer to the docs.")
+    assert str(task_failure(ray, "layer 3", oom)) == (
+        "layer 3: OutOfMemoryError: Task was killed due to the node running low on memory. "
+        "Memory on the node (IP: 10.0.0.2) was 15.1GB / 15.5GB (0.97). Refer to the docs.; "
+        "rerun the same command to continue")
+    crashed = ray.exceptions.RayTaskError("experts_task", "Traceback ...", MemoryError())
+    assert str(task_failure(ray, "layer 3", crashed.as_instanceof_cause())) == \
+        "layer 3: MemoryError"
+
+
+def test_ray_version_mismatch_is_one_line(cluster, source, tmp_path):
+    ray = pytest.importorskip("ray")
+    code = ("import sys, ray; ray.__version__ = '0.0.1'; sys.argv[0] = 'moepack'; "
+            "from moepack.cli import app; app()")
+    r = subprocess.run([sys.executable, "-c", code, "convert", str(source),
+                        str(tmp_path / "o.moepack"), "--ray", cluster.address],
+                       capture_output=True, text=True, timeout=120)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert f"Version mismatch: The cluster was started with: Ray: {ray.__version__} " in last
+    assert "\\n" not in last
+    assert not list(tmp_path.iterdir())
