@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import time
 from collections import deque
@@ -48,6 +49,7 @@ CHUNK_BYTES = 256 << 20         # expert records returned by one task, at most (
 CHUNK_EXPERTS = 16
 IN_FLIGHT_PER_CPU = 3           # tasks submitted ahead of results, per cluster CPU
 STOP_SECONDS = 10.0             # after a failure, wait at most this for cancelled tasks
+CONNECT_SECONDS = 10.0          # a TCP connect to the head, before ray.init retries for minutes
 
 
 def experts_per_task(stride: int) -> int:
@@ -103,6 +105,7 @@ def connect(address: str) -> Iterator[Cluster]:
 def _init(ray: ModuleType, address: str) -> bool:
     """ray.init; True if `auto` found no cluster and started a local one."""
     opts: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+    _refuse_silent_head(address)
     try:
         if address != "auto":
             ray.init(address=address, **opts)
@@ -120,6 +123,41 @@ def _init(ray: ModuleType, address: str) -> bool:
 def one_line(e: BaseException) -> str:
     """Ray's messages span lines (version mismatch, out of memory): the error is one line."""
     return " ".join(str(e).split()) or type(e).__name__
+
+
+def host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of `[ray://]host:port`; None for anything else (Ray judges it)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def silence(host: str, port: int, seconds: float) -> str | None:
+    """None if something accepts a TCP connection at host:port within `seconds`, else why not."""
+    try:
+        socket.create_connection((host, port), timeout=seconds).close()
+    except socket.gaierror as e:
+        return f"cannot resolve {host}: {e.strerror}"
+    except TimeoutError:
+        return f"no answer within {seconds:g} s"
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return None
+
+
+def _refuse_silent_head(address: str) -> None:
+    """ray.init retries an address where nothing listens for about 13 minutes (20 tries of
+    40 s): a plain TCP connect says so in seconds."""
+    given = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
+    target = host_port(given)
+    if target is None:
+        return
+    why = silence(*target, CONNECT_SECONDS)
+    if why is not None:
+        raise ConvertError(f"--ray {address}: cannot connect: nothing answers at {given} ({why}); "
+                           "is the cluster's head running there (ray start --head) and is this "
+                           "its address (host:port, port 6379 unless --port said otherwise)?")
 
 
 # -- what runs on the cluster ---------------------------------------------------------------

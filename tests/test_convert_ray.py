@@ -4,7 +4,8 @@ one CPU each, tests/ray_cluster.py), real conversions across both, outputs byte-
 mid-run (its tasks rerun on the survivors, also with an hf: source); the driver SIGKILLed and the
 same command rerun (resumed from the journal); an hf: source read by ranges from the fake hub,
 also a private one (the driver's token reaches the tasks); no header folder left on the nodes
-after a run, finished or failed; Ray missing; Ray's own errors
+after a run, finished or failed; Ray missing; an address where nothing answers (refused in
+seconds, not after Ray's minutes of retries); Ray's own errors
 (version mismatch, out of memory) in one line."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from moepack.convert.cluster import task_failure
 from moepack.convert.hub_ranges import block_size
 from moepack.convert.pipeline import convert
 from moepack.convert.settings import Settings
-from ray_cluster import local_cluster
+from ray_cluster import free_port, local_cluster
 from tiny_models import make_checkpoint
 
 from moepack.safefs import remove_created
@@ -329,6 +330,22 @@ def test_jobs_and_ray_exclude_each_other(source, tmp_path):
                         str(tmp_path / "o.moepack"), "--ray", "auto", "--jobs", "2"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "exclude each other" in r.stderr
+
+
+def test_address_where_nothing_answers_is_refused_in_seconds(source, tmp_path):
+    """ray.init alone retries such an address for about 13 minutes."""
+    address = f"127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "moepack", "convert", str(source),
+                        str(tmp_path / "o.moepack"), "--ray", address],
+                       capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"error: --ray {address}: cannot connect: nothing answers at {address} (Connection "
+        "refused); is the cluster's head running there (ray start --head) and is this its "
+        "address (host:port, port 6379 unless --port said otherwise)?"]
+    assert not list(tmp_path.iterdir())
 
 
 def test_ray_failures_are_one_line():
