@@ -171,15 +171,28 @@ class Source:
     def open(self) -> Checkpoint:
         ck = _CHECKPOINTS.get(self)
         if ck is None:
-            ck = Checkpoint(self.path)
+            ck, sizes = self._read()
             for name, size in self.sizes:
-                have = (ck.dir / name).stat().st_size
+                have = sizes[name]
                 if have != size:
                     raise SourceError(f"{self.path}/{name} on node {_node()}: {have:,} bytes, "
                                       f"the driver's has {size:,}; SRC must be the same on "
                                       "every node")
             _CHECKPOINTS[self] = ck
         return ck
+
+
+    def _read(self) -> tuple[Checkpoint, dict[str, int]]:
+        """The checkpoint on this node and its files' sizes: a node that cannot see SRC says
+        so, not just what is missing."""
+        try:
+            ck = Checkpoint(self.path)
+            return ck, {name: (ck.dir / name).stat().st_size for name, _ in self.sizes}
+        except (ConvertError, OSError) as e:
+            raise SourceError(f"{self.path} on node {_node()}: cannot read it there ({one_line(e)})"
+                              "; SRC must be the same path on every node of the cluster (a "
+                              "shared filesystem), or pass hf:ORG/REPO so nodes read the hub"
+                              ) from None
 
 
 _CHECKPOINTS: dict[Source, Checkpoint] = {}

@@ -5,7 +5,7 @@ mid-run (its tasks rerun on the survivors, also with an hf: source); the driver 
 same command rerun (resumed from the journal); an hf: source read by ranges from the fake hub,
 also a private one (the driver's token reaches the tasks); no header folder left on the nodes
 after a run, finished or failed; Ray missing; an address where nothing answers (refused in
-seconds, not after Ray's minutes of retries); Ray's own errors
+seconds, not after Ray's minutes of retries); a node that cannot see SRC; Ray's own errors
 (version mismatch, out of memory) in one line."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 from hub_server import HubRepo, HubServer
-from moepack.convert.cluster import task_failure
+from moepack.convert.cluster import Source, task_failure
+from moepack.convert.errors import SourceError
 from moepack.convert.hub_ranges import block_size
 from moepack.convert.pipeline import convert
 from moepack.convert.settings import Settings
@@ -346,6 +347,18 @@ def test_address_where_nothing_answers_is_refused_in_seconds(source, tmp_path):
         "refused); is the cluster's head running there (ray start --head) and is this its "
         "address (host:port, port 6379 unless --port said otherwise)?"]
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("missing", ["folder", "shard"])
+def test_a_node_that_cannot_see_src_says_so(source, tmp_path, missing):
+    """What a task on a node without the driver's SRC (no shared filesystem) raises."""
+    path = tmp_path / "elsewhere" if missing == "folder" else source
+    src = Source(str(path), (("absent.safetensors", 1),))
+    with pytest.raises(SourceError) as e:
+        src.open()
+    msg = str(e.value)
+    assert msg.startswith(f"{path} on node {os.uname().nodename}: cannot read it there (")
+    assert "SRC must be the same path on every node of the cluster" in msg and "\n" not in msg
 
 
 def test_ray_failures_are_one_line():
