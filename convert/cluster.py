@@ -50,6 +50,9 @@ CHUNK_EXPERTS = 16
 IN_FLIGHT_PER_CPU = 3           # tasks submitted ahead of results, per cluster CPU
 STOP_SECONDS = 10.0             # after a failure, wait at most this for cancelled tasks
 CONNECT_SECONDS = 10.0          # a TCP connect to the head, before ray.init retries for minutes
+HEAD_CHECK_SECONDS = 2.0        # while running: how often the driver checks the head answers
+RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
+RECONNECT_DEFAULT = 60.0        # Ray's: a driver whose head is gone this long exits, no word
 
 
 def experts_per_task(stride: int) -> int:
@@ -77,10 +80,16 @@ class Cluster:
     nodes: int
     cpus: int
     started_here: bool      # `auto` found no cluster and started a local one
+    gcs: str = ""           # the head's GCS host:port, as Ray resolved it
 
     def describe(self) -> str:
         how = "local cluster started for this run" if self.started_here else self.address
         return f"ray: {self.nodes} node(s), {self.cpus} CPUs ({how})"
+
+    def head_silence(self, seconds: float) -> str | None:
+        """Why the head's GCS does not answer a TCP connect (None: it does, or is unknown)."""
+        target = host_port(self.gcs)
+        return None if target is None else silence(*target, seconds)
 
 
 @contextmanager
@@ -97,7 +106,7 @@ def connect(address: str) -> Iterator[Cluster]:
             cpus = int(ray.cluster_resources().get("CPU", 0))
             if cpus < 1:
                 raise ConvertError(f"--ray {address}: the cluster has no CPUs to run tasks on")
-            yield Cluster(address, len(alive), cpus, started)
+            yield Cluster(address, len(alive), cpus, started, _gcs_address(ray))
         finally:
             ray.shutdown()
 
@@ -118,6 +127,14 @@ def _init(ray: ModuleType, address: str) -> bool:
             return True
     except Exception as e:  # ConnectionError, ValueError, RuntimeError, TimeoutError
         raise ConvertError(f"--ray {address}: cannot connect: {one_line(e)}") from None
+
+
+def _gcs_address(ray: ModuleType) -> str:
+    """host:port of the head's GCS ("" where Ray does not say, e.g. a ray:// client)."""
+    try:
+        return str(ray.get_runtime_context().gcs_address or "")
+    except Exception:  # noqa: BLE001 (then the head is not watched, nothing else changes)
+        return ""
 
 
 def one_line(e: BaseException) -> str:
@@ -158,6 +175,45 @@ def _refuse_silent_head(address: str) -> None:
         raise ConvertError(f"--ray {address}: cannot connect: nothing answers at {given} ({why}); "
                            "is the cluster's head running there (ray start --head) and is this "
                            "its address (host:port, port 6379 unless --port said otherwise)?")
+
+
+def reconnect_seconds() -> float:
+    try:
+        return float(os.environ.get(RECONNECT_ENV, RECONNECT_DEFAULT))
+    except ValueError:
+        return RECONNECT_DEFAULT
+
+
+class HeadWatch:
+    """Notices a head (its GCS) gone: Ray ends a driver that lost it after RECONNECT_ENV seconds
+    with a line of its own, so the driver gives up first, after a third of that, in one line."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.grace = reconnect_seconds() / 3
+        self.next = 0.0
+        self.lost_since: float | None = None
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now < self.next:
+            return
+        self.next = now + HEAD_CHECK_SECONDS
+        why = self.cluster.head_silence(HEAD_CHECK_SECONDS)
+        if why is None:
+            self.lost_since = None
+            return
+        if self.lost_since is None:
+            self.lost_since = now
+        if now - self.lost_since >= self.grace:
+            raise ConvertError(f"--ray {self.cluster.address}: the cluster's head stopped "
+                               f"answering ({self.cluster.gcs}: {why}, for "
+                               f"{now - self.lost_since:.0f} s); the work done so far is kept: "
+                               "rerun the same command once the cluster is back to continue")
+
+    @property
+    def lost(self) -> bool:
+        return self.lost_since is not None
 
 
 # -- what runs on the cluster ---------------------------------------------------------------
@@ -317,10 +373,12 @@ class Driver:
         self.remote = {f.__name__: ray.remote(**opts)(f)
                        for f in (trunk_task, codebook_task, experts_task)}
         self.inflight: dict[Any, _Pending] = {}
+        self.head = HeadWatch(cluster)
 
     def close(self) -> None:
         self.sources.close()
-        self._stop_inflight()
+        if not self.head.lost:  # without a head, cancelling waits for nothing that can come
+            self._stop_inflight()
         self.writer.close()
         os.close(self.fd)
 
@@ -341,6 +399,7 @@ class Driver:
         waiting = deque(tasks)          # in order: a task's source may not be ready yet
         queue: deque[tuple[Callable[[], Any], _Pending]] = deque()
         while waiting or queue or self.inflight:
+            self.head.check()
             while waiting and (src := self.sources.view(waiting[0])) is not None:
                 task = waiting.popleft()
                 p = _Pending(task, 0)
@@ -357,7 +416,7 @@ class Driver:
                     self.sources.wait(0.5)
                 continue
             ready, _ = self.ray.wait(list(self.inflight), num_returns=1,
-                                     timeout=0.5 if waiting else None)
+                                     timeout=0.5 if waiting else HEAD_CHECK_SECONDS)
             for ref in ready:
                 self._collect(ref, self.inflight.pop(ref))
 

@@ -316,7 +316,7 @@ def execute_on_ray(plan: HubRayPlan, on_bytes: Callable[[int], None],
             else:
                 report(msg)
 
-        from moepack.convert.cluster import connect, import_ray, run_on_ray
+        from moepack.convert.cluster import CONNECT_SECONDS, connect, import_ray, run_on_ray
 
         if not tasks:
             return
@@ -340,5 +340,7 @@ def execute_on_ray(plan: HubRayPlan, on_bytes: Callable[[int], None],
             try:
                 run_on_ray(cfg, tasks, done, cluster, on_message, sources)
             finally:  # after run_on_ray stopped its tasks: none can make a folder again
-                remove_header_folders(ray, source, list(plan.bulk))
+                # Without a head no task can be placed: the nodes keep their folders.
+                if cluster.head_silence(CONNECT_SECONDS) is None:
+                    remove_header_folders(ray, source, list(plan.bulk))
     return execute
