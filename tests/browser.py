@@ -12,9 +12,11 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
+import pytest
 from websockets.sync.client import connect
 
 NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -114,3 +116,14 @@ class Browser:
                     os.killpg(self.proc.pid, signal.SIGKILL)
                     self.proc.wait(timeout=10)
             shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def browser_or_skip() -> Iterator[Browser]:
+    """A headless Chromium for a module's tests (installed first if need be), closed after
+    them; the tests are skipped when none can be had."""
+    path, why = find_or_install()
+    if path is None:
+        pytest.skip(f"no browser: {why}")
+    b = Browser(path)
+    yield b
+    b.close()

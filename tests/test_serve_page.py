@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from browser import Browser, find_or_install
+from browser import browser_or_skip
 from serve_fixtures import demo_server
 
 # the timeout leaves room for installing chromium first
@@ -15,12 +15,7 @@ pytestmark = [pytest.mark.network, pytest.mark.timeout(900)]
 
 @pytest.fixture(scope="module")
 def browser():
-    path, why = find_or_install()
-    if path is None:
-        pytest.skip(f"no browser: {why}")
-    b = Browser(path)
-    yield b
-    b.close()
+    yield from browser_or_skip()
 
 
 def test_page_streams_answer_with_stats(browser):

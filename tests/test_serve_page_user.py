@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from browser import Browser, find_or_install
+from browser import Browser, browser_or_skip
 from moepack.serve.page_headers import page_headers
 from serve_fixtures import demo_server
 
@@ -90,12 +90,7 @@ class Scripted:
 
 @pytest.fixture(scope="module")
 def browser():
-    path, why = find_or_install()
-    if path is None:
-        pytest.skip(f"no browser: {why}")
-    b = Browser(path)
-    yield b
-    b.close()
+    yield from browser_or_skip()
 
 
 @pytest.fixture

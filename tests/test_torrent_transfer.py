@@ -25,22 +25,14 @@ from moepack.fetch.torrent import (
 from moepack.format.synthetic import mixtral_spec, write_synthetic
 from moepack.verify import verify
 from range_server import RangeServer, wait_for
-from torrent_loopback import LOCAL, fetched, loopback_opts
+from torrent_loopback import LOCAL, fetched, loopback_opts, small_torrent
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(90)]
 
 
-
-
 @pytest.fixture(scope="module")
 def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
-    """A ~0.5 MB container and its torrent (16 KiB pieces)."""
-    d = tmp_path_factory.mktemp("small")
-    path = d / "tiny.moepack"
-    cid = write_synthetic(path, mixtral_spec(layers=2, experts=8, hidden=128, inter=64))
-    write_torrent(create_torrent(path), d / "tiny.torrent")
-    return path, d / "tiny.torrent", cid
-
+    return small_torrent(tmp_path_factory.mktemp("small"))
 
 
 def test_seed_then_fetch_verifies_with_same_id(small, tmp_path: Path) -> None:
