@@ -322,6 +322,19 @@ def test_controls_have_names_and_the_conversation_is_a_live_log(browser, scripte
     assert node["attributes"][node["attributes"].index("id") + 1] == "log"
 
 
+def test_the_log_is_busy_while_a_reply_streams(browser, scripted):
+    """aria-busy while the reply streams, so that a screen reader reads it once when whole,
+    not piece by piece from the polite live log; cleared when it ends."""
+    scripted.replies = [(200, [delta("a"), delta("b"), delta("c"), sse(b"[DONE]")])]
+    scripted.gap = 0.5
+    open_page(browser, scripted.url, "scripted")
+    send(browser, "q")
+    browser.wait_for("(document.querySelector('.msg.assistant') || {}).textContent === 'a'")
+    assert browser.eval("document.getElementById('log').getAttribute('aria-busy')") == "true"
+    idle(browser)
+    assert browser.eval("document.getElementById('log').getAttribute('aria-busy')") is None
+
+
 def test_a_message_is_sent_as_typed_and_blank_ones_are_not_sent(browser, scripted):
     scripted.replies = [(200, [delta("ok"), sse(b"[DONE]")])]
     open_page(browser, scripted.url, "scripted")
