@@ -446,6 +446,17 @@ class Engine:
     def __del__(self) -> None:
         self.close()
 
+    # a copy would share the C handle, and closing both would free it twice
+    def __reduce_ex__(self, protocol: object) -> object:
+        raise TypeError("an Engine cannot be copied or pickled (it owns a C engine): open "
+                        "another Engine(path) instead")
+
+    def __copy__(self) -> Engine:
+        return self.__reduce_ex__(0)  # type: ignore[return-value]
+
+    def __deepcopy__(self, memo: dict) -> Engine:
+        return self.__reduce_ex__(0)  # type: ignore[return-value]
+
     def _handle(self) -> _P:
         if not self._h:
             raise EngineError("engine is closed")

@@ -1,0 +1,30 @@
+"""The Python Engine API misused as a library user would: copies, threads, a generate() whose
+sequence changed under it, truncate arguments. Each must give one clear Python exception, never
+a crash or a silently wrong result."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+from moepack.runtime.engine import Engine
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from moepack.format.synthetic import mixtral_spec, write_synthetic
+
+    path = tmp_path_factory.mktemp("api") / "s.moepack"
+    write_synthetic(path, mixtral_spec(layers=2, experts=4, hidden=64, inter=64, vocab=64))
+    return path
+
+
+def test_copy_and_pickle_are_refused(model):
+    """A copy shared the C handle: closing both freed it twice (a segfault)."""
+    with Engine(model, threads=1, ctx=16) as e:
+        for f in (copy.copy, copy.deepcopy, pickle.dumps):
+            with pytest.raises(TypeError, match="Engine cannot be copied or pickled"):
+                f(e)
+        assert e.feed([1, 2]).shape == (64,)
+
