@@ -487,9 +487,12 @@ class Engine:
     def truncate(self, n: int) -> None:
         """Keep the first n tokens in the KV cache (no-op when n >= position). Models with
         linear-attention layers can only go back to 0 (EngineError otherwise)."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"truncate needs an integer n, not {n!r}")
         if n < 0:
             raise EngineError("truncate needs n >= 0", MP_EINVAL)
-        rc = self._lib.mp_truncate(self._handle(), int(n))
+        # ctypes would wrap an n beyond a C int (2**40 -> 0): past the position is a no-op
+        rc = self._lib.mp_truncate(self._handle(), int(min(n, INT32_MAX)))
         if rc:
             _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"), self.path)
         del self._seq[n:]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import pickle
 
+import numpy as np
 import pytest
 from moepack.runtime.engine import Engine
 
@@ -27,4 +28,19 @@ def test_copy_and_pickle_are_refused(model):
             with pytest.raises(TypeError, match="Engine cannot be copied or pickled"):
                 f(e)
         assert e.feed([1, 2]).shape == (64,)
+
+
+def test_truncate_checks_its_argument(model):
+    """ctypes wrapped 2**40 to 0 (the KV cache emptied, `sequence` still said 3 tokens) and a
+    float reached C before the Python side refused it."""
+    with Engine(model, threads=1, ctx=16) as e:
+        e.feed([1, 2, 3])
+        e.truncate(2**40)  # beyond the position: a no-op, as documented
+        assert e.position == 3 and e.sequence == (1, 2, 3)
+        for bad in (1.5, "1", True, None):
+            with pytest.raises(TypeError, match="truncate needs an integer"):
+                e.truncate(bad)
+            assert e.position == 3 and e.sequence == (1, 2, 3)
+        e.truncate(np.int64(2))
+        assert e.position == 2 and e.sequence == (1, 2)
 
