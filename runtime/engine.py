@@ -419,6 +419,7 @@ class Engine:
         cfg.warm = 1 if warm else 0
         self._h = _P()
         self._seq: list[int] = []  # the tokens now in the sequence (snapshot / restore)
+        self._version = 0  # bumped by every change of the sequence (a generate() checks it)
         err = C.create_string_buffer(_ERRLEN)
         rc = self._lib.mp_open(os.fsencode(path), C.byref(cfg), C.byref(self._h), err, _ERRLEN)
         if rc:
@@ -483,6 +484,7 @@ class Engine:
     def reset(self) -> None:
         self._lib.mp_reset(self._handle())
         self._seq.clear()
+        self._version += 1
 
     def truncate(self, n: int) -> None:
         """Keep the first n tokens in the KV cache (no-op when n >= position). Models with
@@ -496,6 +498,7 @@ class Engine:
         if rc:
             _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"), self.path)
         del self._seq[n:]
+        self._version += 1
 
     @property
     def sequence(self) -> tuple[int, ...]:
@@ -530,6 +533,7 @@ class Engine:
         if rc:
             _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"), self.path)
         del self._seq[k:]
+        self._version += 1
 
     def plan(self, ctx: int | None = None) -> dict:
         return plan(self.path, ctx or self.ctx, self.kv, snapshots=self.snapshots,
@@ -553,6 +557,7 @@ class Engine:
         if rc:
             _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"), self.path)
         self._seq.extend(int(t) for t in arr)
+        self._version += 1
 
     def logits(self, tokens: Sequence[int], *, reset: bool = True) -> np.ndarray:
         """Teacher-forced logits for every position: float32 [len(tokens), vocab].
@@ -597,6 +602,7 @@ class Engine:
             self.reset()
         rng = C.c_uint64(self._lib.mp_rng_seed(int(seed) & (2**64 - 1)))
         logits = self.feed(prompt)
+        mine = self._version
         stop_set = set(stop or ())
         for i in range(n):
             tok = self.sample(adjust.apply(logits), temperature, top_k, top_p, rng)
@@ -604,7 +610,13 @@ class Engine:
             yield tok
             if tok in stop_set or i + 1 == n:
                 return
+            # going on from a sequence another call changed would silently give other tokens
+            if self._version != mine:
+                raise EngineError("generate: the sequence changed since this generate() last "
+                                  "fed it (a reset, feed, truncate, restore or another "
+                                  "generate on this engine); start a new generate()", MP_EINVAL)
             logits = self.feed([tok])
+            mine = self._version
 
     # -- statistics ---------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -9,7 +9,7 @@ import pickle
 
 import numpy as np
 import pytest
-from moepack.runtime.engine import Engine
+from moepack.runtime.engine import Engine, EngineError
 
 
 @pytest.fixture(scope="module")
@@ -43,4 +43,26 @@ def test_truncate_checks_its_argument(model):
             assert e.position == 3 and e.sequence == (1, 2, 3)
         e.truncate(np.int64(2))
         assert e.position == 2 and e.sequence == (1, 2)
+
+
+def test_generate_refuses_to_go_on_after_its_sequence_changed(model):
+    """A reset, or a second generate, under a half-consumed generate() made it go on from the
+    wrong sequence, silently giving other tokens."""
+    with Engine(model, threads=1, ctx=32) as e:
+        ref = list(e.generate([1, 2], 6))
+        g = e.generate([1, 2], 6)
+        assert [next(g), next(g)] == ref[:2]
+        e.reset()
+        with pytest.raises(EngineError, match="sequence changed"):
+            next(g)
+        g1, g2 = e.generate([1, 2], 6), e.generate([5, 6], 6)
+        next(g1)
+        next(g2)
+        with pytest.raises(EngineError, match="sequence changed"):
+            next(g1)
+        assert list(g2) == list(e.generate([5, 6], 6))[1:]  # the latest one goes on
+        g = e.generate([1, 2], 6)
+        next(g)
+        e.stats(), e.snapshot(), e.sequence  # reading the engine changes nothing
+        assert [ref[0], *g] == ref
 
