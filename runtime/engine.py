@@ -10,12 +10,14 @@
 from __future__ import annotations
 
 import ctypes as C
+import functools
 import math
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 from moepack.format.errors import FormatError
@@ -378,6 +380,19 @@ def plan_for_config(config: dict, settings: Settings | None = None, ctx: int | N
     return {**p, "container_bytes": layout.file_size}
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _locked(f: _F) -> _F:
+    """`f` run holding the engine's lock: the C engine is not thread-safe (two threads' calls
+    would interleave inside it), and close() must not free it under a running call."""
+    @functools.wraps(f)
+    def locked(self: Engine, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return f(self, *args, **kwargs)
+    return cast(_F, locked)
+
+
 class Engine:
     def __init__(self, path: str, budget: int | str | None = None, threads: int | None = None,
                  prefetch: bool = True, o_direct: bool | None = None,
@@ -386,6 +401,7 @@ class Engine:
                  kernels: str = "auto", scalar_kernels: bool = False,
                  chunk: int | None = None, kv: str | None = None, snapshots: int = 0,
                  linear_chunk: int = 0, warm: bool = True) -> None:
+        self._lock = threading.RLock()  # reentrant: logits() resets and feeds as one call
         self._lib = _library()
         cfg = _Config()
         self._lib.mp_config_default(C.byref(cfg))
@@ -433,6 +449,7 @@ class Engine:
         self.snapshots = int(snapshots)
 
     # -- lifetime ---------------------------------------------------------------------------
+    @_locked
     def close(self) -> None:
         if getattr(self, "_h", None):
             self._lib.mp_close(self._h)
@@ -445,7 +462,8 @@ class Engine:
         self.close()
 
     def __del__(self) -> None:
-        self.close()
+        if hasattr(self, "_lock"):  # an __init__ that failed first thing has nothing to close
+            self.close()
 
     # a copy would share the C handle, and closing both would free it twice
     def __reduce_ex__(self, protocol: object) -> object:
@@ -465,10 +483,12 @@ class Engine:
 
     # -- evaluation ---------------------------------------------------------------------------
     @property
+    @_locked
     def position(self) -> int:
         return self._lib.mp_position(self._handle())
 
     @property
+    @_locked
     def kernels(self) -> str:
         """Kernels this engine computes with: "avx512amx", "avx512vbmi", "avx2" or "scalar" (its
         own choice, made at open from `kernels` and the CPU; other engines in the process do not
@@ -476,16 +496,19 @@ class Engine:
         return self._lib.mp_kernels(self._handle()).decode()
 
     @property
+    @_locked
     def threads(self) -> int:
         """Compute threads: `threads` as given, else the usable cores (moepack.sysinfo's rule,
         applied in C)."""
         return self._lib.mp_threads(self._handle())
 
+    @_locked
     def reset(self) -> None:
         self._lib.mp_reset(self._handle())
         self._seq.clear()
         self._version += 1
 
+    @_locked
     def truncate(self, n: int) -> None:
         """Keep the first n tokens in the KV cache (no-op when n >= position). Models with
         linear-attention layers can only go back to 0 (EngineError otherwise)."""
@@ -501,16 +524,19 @@ class Engine:
         self._version += 1
 
     @property
+    @_locked
     def sequence(self) -> tuple[int, ...]:
         """The tokens now in the sequence."""
         return tuple(self._seq)
 
     @property
+    @_locked
     def state_bytes(self) -> int:
         """Bytes of the linear-attention state (0: the KV cache is all there is, truncate
         reaches any prefix)."""
         return int(self._lib.mp_state_bytes(self._handle()))
 
+    @_locked
     def snapshot(self) -> Snapshot:
         """The sequence so far and its linear-attention state, for `restore` (a recurrent state
         cannot be truncated back like the KV cache: chat keeps one per turn boundary)."""
@@ -521,6 +547,7 @@ class Engine:
             _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"), self.path)
         return Snapshot(tuple(self._seq), buf.raw[:n])
 
+    @_locked
     def restore(self, snap: Snapshot) -> None:
         """Go back to `snap`, taken earlier in this sequence: the tokens after it are dropped and
         the next feed goes on from its state.  EngineError if the sequence no longer starts with
@@ -539,6 +566,7 @@ class Engine:
         return plan(self.path, ctx or self.ctx, self.kv, snapshots=self.snapshots,
                     threads=self.threads, linear_chunk=self.linear_chunk)
 
+    @_locked
     def _eval(self, tokens: Sequence[int], out: np.ndarray | None, all_pos: bool) -> None:
         bad = EngineError(f"token ids must be in 0..{self.vocab_size - 1}", MP_EINVAL)
         try:  # no dtype: a float id must be refused, not truncated to an integer
@@ -559,6 +587,7 @@ class Engine:
         self._seq.extend(int(t) for t in arr)
         self._version += 1
 
+    @_locked
     def logits(self, tokens: Sequence[int], *, reset: bool = True) -> np.ndarray:
         """Teacher-forced logits for every position: float32 [len(tokens), vocab].
 
@@ -570,6 +599,7 @@ class Engine:
         self._eval(tokens, out, True)
         return out
 
+    @_locked
     def feed(self, tokens: Sequence[int]) -> np.ndarray:
         """Append tokens to the sequence (KV cache kept); returns the last position's logits.
 
@@ -598,11 +628,12 @@ class Engine:
         penalties and bias as OpenAI applies them (LogitAdjust)."""
         _sampler(temperature, top_k, top_p)  # refuse bad settings before the prompt's work
         adjust = LogitAdjust(self.vocab_size, logit_bias, presence_penalty, frequency_penalty)
-        if reset:
-            self.reset()
         rng = C.c_uint64(self._lib.mp_rng_seed(int(seed) & (2**64 - 1)))
-        logits = self.feed(prompt)
-        mine = self._version
+        with self._lock:  # not held across yield: other threads run between tokens
+            if reset:
+                self.reset()
+            logits = self.feed(prompt)
+            mine = self._version
         stop_set = set(stop or ())
         for i in range(n):
             tok = self.sample(adjust.apply(logits), temperature, top_k, top_p, rng)
@@ -610,15 +641,19 @@ class Engine:
             yield tok
             if tok in stop_set or i + 1 == n:
                 return
-            # going on from a sequence another call changed would silently give other tokens
-            if self._version != mine:
-                raise EngineError("generate: the sequence changed since this generate() last "
-                                  "fed it (a reset, feed, truncate, restore or another "
-                                  "generate on this engine); start a new generate()", MP_EINVAL)
-            logits = self.feed([tok])
-            mine = self._version
+            with self._lock:
+                # going on from a sequence another call changed would silently give other
+                # tokens
+                if self._version != mine:
+                    raise EngineError("generate: the sequence changed since this generate() "
+                                      "last fed it (a reset, feed, truncate, restore or another "
+                                      "generate on this engine); start a new generate()",
+                                      MP_EINVAL)
+                logits = self.feed([tok])
+                mine = self._version
 
     # -- statistics ---------------------------------------------------------------------------
+    @_locked
     def stats(self) -> dict:
         s = _Stats()
         self._lib.mp_get_stats(self._handle(), C.byref(s))
@@ -629,5 +664,6 @@ class Engine:
         d["kv"] = self.kv
         return with_rates(d)
 
+    @_locked
     def reset_stats(self) -> None:
         self._lib.mp_reset_stats(self._handle())
