@@ -389,6 +389,7 @@ def _locked(f: _F) -> _F:
     @functools.wraps(f)
     def locked(self: Engine, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
+            self._sync()
             return f(self, *args, **kwargs)
     return cast(_F, locked)
 
@@ -436,6 +437,7 @@ class Engine:
         self._h = _P()
         self._seq: list[int] = []  # the tokens now in the sequence (snapshot / restore)
         self._version = 0  # bumped by every change of the sequence (a generate() checks it)
+        self._pending: tuple[int, list[int]] | None = None  # a feed under way (_sync)
         err = C.create_string_buffer(_ERRLEN)
         rc = self._lib.mp_open(os.fsencode(path), C.byref(cfg), C.byref(self._h), err, _ERRLEN)
         if rc:
@@ -475,6 +477,16 @@ class Engine:
 
     def __deepcopy__(self, memo: dict) -> Engine:
         return self.__reduce_ex__(0)  # type: ignore[return-value]
+
+    def _sync(self) -> None:
+        """Book the tokens of a feed whose C call went through but whose bookkeeping an
+        exception cut off: a KeyboardInterrupt lands when the call returns, before
+        `sequence` is extended."""
+        p, self._pending = getattr(self, "_pending", None), None  # None: __init__ failed early
+        if p and self._h and len(self._seq) == p[0] and \
+                self._lib.mp_position(self._h) == p[0] + len(p[1]):
+            self._seq.extend(p[1])
+            self._version += 1
 
     def _handle(self) -> _P:
         if not self._h:
@@ -580,11 +592,15 @@ class Engine:
             raise bad
         arr = np.ascontiguousarray(toks.astype(np.int32))
         ptr = out.ctypes.data_as(C.POINTER(C.c_float)) if out is not None else None
-        rc = self._lib.mp_eval(self._handle(), arr.ctypes.data_as(C.POINTER(C.c_int32)),
-                               arr.size, ptr, 1 if all_pos else 0)
+        h = self._handle()
+        self._pending = (len(self._seq), arr.tolist())
+        rc = self._lib.mp_eval(h, arr.ctypes.data_as(C.POINTER(C.c_int32)), arr.size, ptr,
+                               1 if all_pos else 0)
         if rc:
+            self._pending = None
             _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"), self.path)
-        self._seq.extend(int(t) for t in arr)
+        self._seq.extend(self._pending[1])
+        self._pending = None
         self._version += 1
 
     @_locked

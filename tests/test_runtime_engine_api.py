@@ -115,3 +115,31 @@ def test_close_from_another_thread_waits_for_the_running_call(model):
     t.join()
     e.close()
     assert errors in ([], ["engine is closed"])
+
+
+class _InterruptedLib:
+    """The engine's library, with mp_eval's return cut off by a KeyboardInterrupt (Ctrl-C in a
+    long feed lands as the C call returns)."""
+
+    def __init__(self, lib: object) -> None:
+        self._real = lib
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def mp_eval(self, *args: object) -> int:
+        self._real.mp_eval(*args)
+        raise KeyboardInterrupt
+
+
+def test_sequence_counts_a_feed_interrupted_as_it_returned(model):
+    """Ctrl-C in a long feed left `sequence` empty while the engine held the tokens, so a
+    snapshot/restore (chat's prefix reuse) went by the wrong tokens."""
+    with Engine(model, threads=1, ctx=16) as e:
+        e.feed([1])
+        lib, e._lib = e._lib, _InterruptedLib(e._lib)
+        with pytest.raises(KeyboardInterrupt):
+            e.feed([2, 3, 4])
+        e._lib = lib
+        assert e.position == 4 and e.sequence == (1, 2, 3, 4)
+        assert e.snapshot().tokens == (1, 2, 3, 4)
