@@ -14,15 +14,17 @@ is run again by Ray (`MAX_RETRIES`); its units are deterministic, so the bytes a
 
 from __future__ import annotations
 
+import _thread
 import logging
 import os
 import socket
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, redirect_stdout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -50,7 +52,7 @@ CHUNK_EXPERTS = 16
 IN_FLIGHT_PER_CPU = 3           # tasks submitted ahead of results, per cluster CPU
 STOP_SECONDS = 10.0             # after a failure, wait at most this for cancelled tasks
 CONNECT_SECONDS = 10.0          # a TCP connect to the head, before ray.init retries for minutes
-HEAD_CHECK_SECONDS = 2.0        # while running: how often the driver checks the head answers
+HEAD_CHECK_SECONDS = 2.0        # while connected: how often the driver checks the head answers
 RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
 RECONNECT_DEFAULT = 60.0        # Ray's: a driver whose head is gone this long exits, no word
 
@@ -81,6 +83,7 @@ class Cluster:
     cpus: int
     started_here: bool      # `auto` found no cluster and started a local one
     gcs: str = ""           # the head's GCS host:port, as Ray resolved it
+    watch: HeadWatch | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         how = "local cluster started for this run" if self.started_here else self.address
@@ -101,13 +104,21 @@ def connect(address: str) -> Iterator[Cluster]:
     # summary: they go to stderr while connected.
     with redirect_stdout(sys.stderr):
         started = _init(ray, address)
+        # Watched from here on: the head may die while the driver hashes or plans, not only
+        # while tasks run, and Ray would then end the process with a line of its own.
+        watch = HeadWatch(address, _gcs_address(ray))
         try:
             alive = [n for n in ray.nodes() if n.get("Alive")]
             cpus = int(ray.cluster_resources().get("CPU", 0))
             if cpus < 1:
                 raise ConvertError(f"--ray {address}: the cluster has no CPUs to run tasks on")
-            yield Cluster(address, len(alive), cpus, started, _gcs_address(ray))
+            yield Cluster(address, len(alive), cpus, started, watch.gcs, watch)
+        except KeyboardInterrupt:
+            if watch.error is None:  # a real Ctrl-C
+                raise
+            raise watch.error from None
         finally:
+            watch.stop()
             ray.shutdown()
 
 
@@ -186,30 +197,54 @@ def reconnect_seconds() -> float:
 
 class HeadWatch:
     """Notices a head (its GCS) gone: Ray ends a driver that lost it after RECONNECT_ENV seconds
-    with a line of its own, so the driver gives up first, after a third of that, in one line."""
+    with a line of its own, so the driver gives up first, after a third of that, in one line.
+    A thread checks every HEAD_CHECK_SECONDS while connected and then interrupts the main
+    thread (as Ctrl-C would, which every phase already stops cleanly for; `connect` turns it
+    into `error`); a driver outside the main thread sees `error` at its next `check`."""
 
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
+    def __init__(self, address: str, gcs: str) -> None:
+        self.address, self.gcs = address, gcs
         self.grace = reconnect_seconds() / 3
-        self.next = 0.0
         self.lost_since: float | None = None
+        self.error: ConvertError | None = None
+        self._main = threading.current_thread() is threading.main_thread()
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()   # no interrupt once stop() returned
+        if host_port(gcs) is not None:  # else not watched (e.g. a ray:// client)
+            threading.Thread(target=self._watch, name="moepack-head-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        target = host_port(self.gcs)
+        assert target is not None
+        while not self._stopped.wait(HEAD_CHECK_SECONDS):
+            why = silence(*target, HEAD_CHECK_SECONDS)
+            now = time.monotonic()
+            if why is None:
+                self.lost_since = None
+                continue
+            if self.lost_since is None:
+                self.lost_since = now
+            if now - self.lost_since < self.grace:
+                continue
+            with self._lock:
+                if self._stopped.is_set():
+                    return
+                self.error = ConvertError(
+                    f"--ray {self.address}: the cluster's head stopped answering ({self.gcs}: "
+                    f"{why}, for {now - self.lost_since:.0f} s); the work done so far is kept: "
+                    "rerun the same command once the cluster is back to continue")
+                if self._main:
+                    _thread.interrupt_main()
+            return
 
     def check(self) -> None:
-        now = time.monotonic()
-        if now < self.next:
-            return
-        self.next = now + HEAD_CHECK_SECONDS
-        why = self.cluster.head_silence(HEAD_CHECK_SECONDS)
-        if why is None:
-            self.lost_since = None
-            return
-        if self.lost_since is None:
-            self.lost_since = now
-        if now - self.lost_since >= self.grace:
-            raise ConvertError(f"--ray {self.cluster.address}: the cluster's head stopped "
-                               f"answering ({self.cluster.gcs}: {why}, for "
-                               f"{now - self.lost_since:.0f} s); the work done so far is kept: "
-                               "rerun the same command once the cluster is back to continue")
+        """Raise the error where no interrupt carries it (a driver outside the main thread)."""
+        if self.error is not None and not self._main:
+            raise self.error
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped.set()
 
     @property
     def lost(self) -> bool:
@@ -373,11 +408,12 @@ class Driver:
         self.remote = {f.__name__: ray.remote(**opts)(f)
                        for f in (trunk_task, codebook_task, experts_task)}
         self.inflight: dict[Any, _Pending] = {}
-        self.head = HeadWatch(cluster)
+        self.head = cluster.watch
 
     def close(self) -> None:
         self.sources.close()
-        if not self.head.lost:  # without a head, cancelling waits for nothing that can come
+        # Without a head, cancelling waits for nothing that can come.
+        if not (self.head and self.head.lost):
             self._stop_inflight()
         self.writer.close()
         os.close(self.fd)
@@ -399,7 +435,8 @@ class Driver:
         waiting = deque(tasks)          # in order: a task's source may not be ready yet
         queue: deque[tuple[Callable[[], Any], _Pending]] = deque()
         while waiting or queue or self.inflight:
-            self.head.check()
+            if self.head:
+                self.head.check()
             while waiting and (src := self.sources.view(waiting[0])) is not None:
                 task = waiting.popleft()
                 p = _Pending(task, 0)
