@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,21 @@ def journaled_experts(journal: Path) -> int:
     return journal.read_text().count("expert:") if journal.exists() else 0
 
 
+def _kill_head_once(p: subprocess.Popen, cluster, ready: Callable[[], bool], late: str) -> None:
+    """Kills the head once `ready()`, then checks the driver's end: moepack's own last line,
+    no traceback, within the reconnect timeout (before Ray's own exit)."""
+    deadline = time.monotonic() + 120
+    while p.poll() is None and not ready():
+        assert time.monotonic() < deadline, late
+        time.sleep(0.1)
+    cluster.kill_node(0)
+    killed = time.monotonic()
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1 and "Traceback" not in err, err[-2000:]
+    assert "head stopped answering" in err.strip().splitlines()[-1], err[-2000:]
+    assert time.monotonic() - killed < RECONNECT
+
+
 @pytest.mark.slow
 def test_head_killed_mid_run_stops_in_one_line_then_resumes(tmp_path):
     source = make_checkpoint("deepseek_v3", tmp_path / "src", num_hidden_layers=5)
@@ -42,17 +58,8 @@ def test_head_killed_mid_run_stops_in_one_line_then_resumes(tmp_path):
                               "--ray", cluster.address, "--quiet", *CLI_FAST,
                               "--pause-per-unit", "1"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        deadline = time.monotonic() + 120
-        while p.poll() is None and journaled_experts(journal) < 2:
-            assert time.monotonic() < deadline, "no expert was journaled"
-            time.sleep(0.1)
-        cluster.kill_node(0)
-        killed = time.monotonic()
-        _, err = p.communicate(timeout=120)
-        took = time.monotonic() - killed
-    assert p.returncode == 1 and "Traceback" not in err
-    assert "head stopped answering" in err.strip().splitlines()[-1], err[-2000:]
-    assert took < RECONNECT             # before Ray's own exit
+        _kill_head_once(p, cluster, lambda: journaled_experts(journal) >= 2,
+                        "no expert was journaled")
     assert journaled_experts(journal) >= 2 and Path(f"{out}.partial").exists()
     r = subprocess.run([sys.executable, "-m", "moepack", "convert", str(source), str(out),
                         "--jobs", "2", "--json", *CLI_FAST],
@@ -93,15 +100,5 @@ def test_head_killed_before_run_stops_in_one_line(tmp_path):
                               "convert", str(source), str(out), "--ray", cluster.address,
                               "--quiet", *CLI_FAST],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        deadline = time.monotonic() + 120
-        while p.poll() is None and not hashing.exists():
-            assert time.monotonic() < deadline, "the hash pass did not start"
-            time.sleep(0.1)
-        cluster.kill_node(0)
-        killed = time.monotonic()
-        _, err = p.communicate(timeout=120)
-        took = time.monotonic() - killed
-    assert p.returncode == 1 and "Traceback" not in err, err[-2000:]
-    assert "head stopped answering" in err.strip().splitlines()[-1], err[-2000:]
-    assert took < RECONNECT             # before Ray's own exit
+        _kill_head_once(p, cluster, hashing.exists, "the hash pass did not start")
     assert not out.exists()
