@@ -247,10 +247,17 @@ def available_kernels() -> list[str]:
 
 def parse_bytes(v: int | str | None) -> int:
     """"8G", "512MiB", "1.5gb" or an int -> bytes (0 for None: the engine's default). ValueError
-    for what the engine's uint64 cannot hold (ctypes would silently wrap it)."""
+    for what the engine's uint64 cannot hold (ctypes would silently wrap it), TypeError for
+    another type."""
     if v is None:
         return 0
-    n = v if isinstance(v, int) else parse_size(str(v))
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)  # 8e9
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer, str)):
+        # 1.5 or True would have read as 1 byte
+        raise TypeError(f"a size is a whole number of bytes or a string such as '8G', "
+                        f"not {v!r}")
+    n = int(v) if not isinstance(v, str) else parse_size(v)
     if not 0 <= n <= UINT64_MAX:
         raise ValueError(f"a size must be 0 to {UINT64_MAX} bytes, not {n}")
     return n

@@ -143,3 +143,19 @@ def test_sequence_counts_a_feed_interrupted_as_it_returned(model):
         e._lib = lib
         assert e.position == 4 and e.sequence == (1, 2, 3, 4)
         assert e.snapshot().tokens == (1, 2, 3, 4)
+
+
+@pytest.mark.parametrize("budget", [1.5, True, float("nan"), [1]])
+def test_a_budget_that_is_no_size_is_refused(model, budget):
+    """A whole number of bytes or a size string; 1.5 and True read as 1 byte before (a budget
+    refusal that named an amount nobody asked for)."""
+    from moepack.runtime.engine import plan
+
+    with pytest.raises(TypeError, match="whole number of bytes or a string"):
+        Engine(model, budget=budget)
+    with pytest.raises(TypeError, match="whole number of bytes or a string"):
+        plan(model, budget=budget)
+    default = plan(model)["default_bytes"]
+    for fine in (np.int64(default), float(default), str(default)):
+        with Engine(model, budget=fine) as e:
+            assert e.stats()["budget_bytes"] == default
