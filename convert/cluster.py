@@ -82,8 +82,7 @@ class Cluster:
     nodes: int
     cpus: int
     started_here: bool      # `auto` found no cluster and started a local one
-    gcs: str = ""           # the head's GCS host:port, as Ray resolved it
-    watch: HeadWatch | None = field(default=None, compare=False)
+    watch: HeadWatch | None = field(default=None, compare=False)  # its GCS address too
 
     def describe(self) -> str:
         how = "local cluster started for this run" if self.started_here else self.address
@@ -91,7 +90,7 @@ class Cluster:
 
     def head_silence(self, seconds: float) -> str | None:
         """Why the head's GCS does not answer a TCP connect (None: it does, or is unknown)."""
-        target = host_port(self.gcs)
+        target = host_port(self.watch.gcs) if self.watch else None
         return None if target is None else silence(*target, seconds)
 
 
@@ -112,7 +111,7 @@ def connect(address: str) -> Iterator[Cluster]:
             cpus = int(ray.cluster_resources().get("CPU", 0))
             if cpus < 1:
                 raise ConvertError(f"--ray {address}: the cluster has no CPUs to run tasks on")
-            yield Cluster(address, len(alive), cpus, started, watch.gcs, watch)
+            yield Cluster(address, len(alive), cpus, started, watch)
         except KeyboardInterrupt:
             if watch.error is None:  # a real Ctrl-C
                 raise
