@@ -7,8 +7,10 @@ codes")."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
@@ -145,24 +147,58 @@ def engine_fail(e: EngineError, as_json: bool, where: str = "") -> NoReturn:
 class Interrupt:
     """Ctrl-C while generating: a flag the token loop reads, so that the reply stops between
     two tokens with the engine's sequence intact (a KeyboardInterrupt could land between an
-    engine call and its bookkeeping). The engine's call itself runs to its end either way:
-    Python handles a signal only once the C call returns."""
+    engine call and its bookkeeping), and the calls given to `also` (Engine.cancel), so that a
+    long prompt stops within a layer's work. Python runs its signal handlers only once a C call
+    returns: the signal's wakeup byte wakes a thread that makes those calls meanwhile."""
 
     def __init__(self) -> None:
         self.hit = False
         self._old = None
+        self._calls: list[Callable[[], object]] = []
+        self._wake: tuple[int, int] | None = None
+        self._old_fd = -1
+        self._watch: threading.Thread | None = None
+
+    def also(self, call: Callable[[], object]) -> None:
+        """Make `call` (from another thread) when Ctrl-C comes."""
+        self._calls.append(call)
 
     def _on(self, signum: int, frame: object) -> None:
         self.hit = True
 
+    def _watching(self, fd: int) -> None:
+        while True:
+            got = os.read(fd, 64)
+            if not got:  # __exit__ closed the writing end
+                return
+            if signal.SIGINT in got:
+                self.hit = True
+                for call in list(self._calls):
+                    call()
+
     def __enter__(self) -> Interrupt:
         if threading.current_thread() is threading.main_thread():  # signal.signal's rule
             self._old = signal.signal(signal.SIGINT, self._on)
+            r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            os.set_blocking(r, True)
+            self._wake = (r, w)
+            self._old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+            self._watch = threading.Thread(target=self._watching, args=(r,), daemon=True,
+                                           name="moepack-interrupt")
+            self._watch.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._old is not None:
+            signal.set_wakeup_fd(self._old_fd)
             signal.signal(signal.SIGINT, self._old)
+        if self._wake is not None:
+            r, w = self._wake
+            os.close(w)
+            if self._watch is not None:
+                self._watch.join()
+            os.close(r)
+            self._wake = None
 
 
 def stats_line(s: dict) -> str:

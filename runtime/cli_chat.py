@@ -59,7 +59,7 @@ def chat_cmd(
     stays) when that lets a reply have -n; a line too long for the context is refused and the
     chat goes on. Ctrl-C stops a reply; an empty line, EOF or Ctrl-C at the prompt ends the
     chat; a line that is not UTF-8 ends it with an error."""
-    from moepack.runtime.engine import EngineError
+    from moepack.runtime.engine import Cancelled, EngineError
     from moepack.runtime.prefix import PrefixReuse
     from moepack.runtime.tokenizer import StreamDecoder, generation_eos_ids, stop_ids
 
@@ -105,6 +105,7 @@ def chat_cmd(
             dec, reply = StreamDecoder(tok), []
             try:
                 with Interrupt() as stop_now:
+                    stop_now.also(eng.cancel)
                     for t in eng.generate(new, n, temperature=temp, top_k=top_k, top_p=top_p,
                                           seed=seed, reset=False, stop=stop,
                                           presence_penalty=presence_penalty,
@@ -117,9 +118,15 @@ def chat_cmd(
                             sys.stdout.flush()
                         if stop_now.hit:
                             break
+            except Cancelled:  # Ctrl-C stopped the prompt or a step: what came before stands
+                stop_now.hit = True
             except EngineError as e:
                 engine_fail(e, False)
             print()
+            if stop_now.hit and not reply:  # stopped in its prompt: the message was not sent
+                messages.pop()
+                err_console.print("[yellow]interrupted: the message was not sent[/yellow]")
+                continue
             if stop_now.hit:  # the reply so far stays in the conversation, as shown
                 err_console.print("[yellow]interrupted[/yellow]")
             # the last sampled token was not fed; the next turn re-renders and feeds the rest

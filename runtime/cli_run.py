@@ -78,14 +78,14 @@ def run_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object at the end.")] = False,
 ) -> None:
     """Generate text: streams tokens, then prints a stats line."""
-    from moepack.runtime.engine import MP_ECTX, EngineError
+    from moepack.runtime.engine import MP_ECTX, Cancelled, EngineError
     from moepack.runtime.tokenizer import StreamDecoder, generation_eos_ids, stop_ids
 
     if prompt and tokens is not None:
         usage("the prompt text and --tokens are two prompts: give one of them", cli)
     require_file(file, as_json)
-    # Ctrl-C from here on stops between two steps: opening or a prompt runs to its end (the C
-    # call cannot be interrupted), generation stops before the next token
+    # Ctrl-C from here on: opening runs to its end, the prompt stops within a layer's work
+    # (Engine.cancel), generation before the next token
     with Interrupt() as stop_now:
         ids, tok = prompt_ids(file, prompt, tokens, as_json)
         if not ids:
@@ -107,18 +107,22 @@ def run_cmd(
         stop = sorted(stop_ids(tok, eng.vocab_size, generation_eos_ids(str(file)))) if tok else []
         out: list[int] = []
         dec = StreamDecoder(tok) if tok else None
+        stop_now.also(eng.cancel)
         try:
             with eng:
                 tokens_made = () if stop_now.hit else eng.generate(
                     ids, n, temperature=temp, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
                     presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
-                for t in tokens_made:
-                    out.append(t)
-                    if not as_json:
-                        sys.stdout.write(terminal_text(dec.push(t)) if dec else f"{t} ")
-                        sys.stdout.flush()
-                    if stop_now.hit:
-                        break
+                try:
+                    for t in tokens_made:
+                        out.append(t)
+                        if not as_json:
+                            sys.stdout.write(terminal_text(dec.push(t)) if dec else f"{t} ")
+                            sys.stdout.flush()
+                        if stop_now.hit:
+                            break
+                except Cancelled:  # Ctrl-C stopped the prompt or a step: the tokens before stand
+                    stop_now.hit = True
                 s = eng.stats()
         except EngineError as e:
             if not as_json:

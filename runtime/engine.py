@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # the converter is imported only when a config is planned
     from moepack.convert.settings import Settings
 
 MP_OK, MP_EINVAL, MP_EFORMAT, MP_EIO, MP_ENOMEM, MP_EBUDGET = 0, -1, -2, -3, -4, -5
-MP_EUNSUPPORTED, MP_ECORRUPT, MP_ECTX, MP_ENONFINITE = -6, -7, -8, -9
+MP_EUNSUPPORTED, MP_ECORRUPT, MP_ECTX, MP_ENONFINITE, MP_ECANCELED = -6, -7, -8, -9, -10
 POLICIES = {"lru": 0, "lfu": 1}
 # mp_config.kernels (moepack.h MP_KERNELS_*); a path this CPU lacks fails at open
 KERNELS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512vbmi": 3, "avx512amx": 4}
@@ -98,6 +98,11 @@ class CorruptError(EngineError):
 class NonFiniteError(EngineError):
     """The model produced a NaN or Inf logit (a NaN/Inf weight, or overflow); the message names
     the position. The sequence is as it was before the call."""
+
+
+class Cancelled(EngineError):
+    """Engine.cancel() stopped the call (within a layer's work); the sequence is as it was
+    before the call."""
 
 
 class _Config(C.Structure):
@@ -170,6 +175,8 @@ def _library() -> C.CDLL:
     lib.mp_kv_type.restype = C.c_char_p
     lib.mp_reset.argtypes = [_P]
     lib.mp_reset.restype = None
+    lib.mp_set_cancel.argtypes = [_P, C.c_int]
+    lib.mp_set_cancel.restype = None
     lib.mp_truncate.argtypes = [_P, C.c_int]
     lib.mp_truncate.restype = C.c_int
     lib.mp_state_bytes.argtypes = [_P]
@@ -205,7 +212,7 @@ def _raise(code: int, msg: str, path: str | os.PathLike | None = None, *,
     read that finds it damaged or shortened since open, also gets its stable code, field and
     offset; `refusal` and `max_ctx` as EngineError's."""
     cls = {MP_EBUDGET: BudgetError, MP_ECORRUPT: CorruptError,
-           MP_ENONFINITE: NonFiniteError}.get(code, EngineError)
+           MP_ENONFINITE: NonFiniteError, MP_ECANCELED: Cancelled}.get(code, EngineError)
     where = None
     if path is not None and code == MP_EFORMAT:
         where = _lib.format_refusal(path, msg)
@@ -410,6 +417,8 @@ class Engine:
                  chunk: int | None = None, kv: str | None = None, snapshots: int = 0,
                  linear_chunk: int = 0, warm: bool = True) -> None:
         self._lock = threading.RLock()  # reentrant: logits() resets and feeds as one call
+        self._busy = False  # an mp_eval is running (cancel() stops only that one)
+        self._busy_lock = threading.Lock()  # not _lock, which the running call holds
         self._lib = _library()
         cfg = _Config()
         self._lib.mp_config_default(C.byref(cfg))
@@ -601,14 +610,32 @@ class Engine:
         ptr = out.ctypes.data_as(C.POINTER(C.c_float)) if out is not None else None
         h = self._handle()
         self._pending = (len(self._seq), arr.tolist())
-        rc = self._lib.mp_eval(h, arr.ctypes.data_as(C.POINTER(C.c_int32)), arr.size, ptr,
-                               1 if all_pos else 0)
+        with self._busy_lock:
+            self._busy = True
+        try:
+            rc = self._lib.mp_eval(h, arr.ctypes.data_as(C.POINTER(C.c_int32)), arr.size, ptr,
+                                   1 if all_pos else 0)
+        finally:
+            with self._busy_lock:  # a cancel that came too late must not stop the next call
+                self._busy = False
+                self._lib.mp_set_cancel(h, 0)
         if rc:
             self._pending = None
             _raise(rc, self._lib.mp_error(self._h).decode(errors="replace"), self.path)
         self._seq.extend(self._pending[1])
         self._pending = None
         self._version += 1
+
+    def cancel(self) -> bool:
+        """Stop the feed, logits or generate step another thread is running in this engine:
+        it raises Cancelled at its next layer (or group of expert reads), the sequence as before
+        it. True when a call was running; when none is, nothing happens (a later call runs).
+        Takes no lock the running call holds, so it returns at once."""
+        with self._busy_lock:
+            if not (self._busy and self._h):
+                return False
+            self._lib.mp_set_cancel(self._h, 1)
+            return True
 
     @_locked
     def logits(self, tokens: Sequence[int], *, reset: bool = True) -> np.ndarray:

@@ -176,7 +176,7 @@ class Server:
                 await asyncio.wait({taker, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if not taker.done():
                     taker.cancel()
-                    job.cancel.set()  # the engine stops before its next token
+                    job.cancel.set()  # the engine stops within a layer's work
                     raise ClientDisconnect
                 for ev in taker.result():
                     if isinstance(ev, BaseException):
@@ -208,7 +208,7 @@ class Server:
                 yield sse.data(_engine_error(end).body())
             yield sse.data("[DONE]")
         finally:
-            job.cancel.set()  # the client left (or we are done): stop within one token
+            job.cancel.set()  # the client left (or we are done): stop within a layer's work
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

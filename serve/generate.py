@@ -4,10 +4,19 @@
 from __future__ import annotations
 
 import ctypes as C
+import functools
+import threading
 import time
 
 import numpy as np
-from moepack.runtime.engine import MP_ECTX, Engine, EngineError, LogitAdjust, with_rates
+from moepack.runtime.engine import (
+    MP_ECTX,
+    Cancelled,
+    Engine,
+    EngineError,
+    LogitAdjust,
+    with_rates,
+)
 from moepack.runtime.prefix import PrefixReuse
 from moepack.runtime.tokenizer import StreamDecoder
 from moepack.serve.job import Done, Job, Piece, TokenLogprob
@@ -51,6 +60,8 @@ class Generator:
         self.engine, self.vocab = engine, vocab
         self.cached: list[int] = []
         self.prefix = PrefixReuse(engine)  # KV truncation, or a linear-attention snapshot
+        self._running: Job | None = None  # the job whose calls the engine runs (_cancel)
+        self._running_lock = threading.Lock()
 
     def _feed(self, ids: list[int]) -> np.ndarray:
         logits = self.engine.feed(ids)  # all or nothing: on error the cache is as it was
@@ -70,6 +81,23 @@ class Generator:
         return self.cached + rest if rest else job.prompt
 
     def run(self, job: Job) -> Done:
+        with self._running_lock:
+            self._running = job
+        job.cancel.hook = functools.partial(self._cancel, job)  # a long prompt stops too
+        try:
+            return self._run(job)
+        finally:
+            with self._running_lock:
+                self._running = None
+
+    def _cancel(self, job: Job) -> None:
+        """Stop the engine's call if it is `job`'s: a cancel that comes as the job ends must
+        not stop the next job's."""
+        with self._running_lock:
+            if self._running is job:
+                self.engine.cancel()
+
+    def _run(self, job: Job) -> Done:
         t0 = time.monotonic()
         eng, vocab = self.engine, self.vocab
         before = eng.stats()
@@ -81,7 +109,11 @@ class Generator:
         # the reply
         reuse = self.prefix.rewind(job.prompt)
         del self.cached[reuse:]
-        logits = self._feed(job.prompt[reuse:])
+        try:
+            logits = self._feed(job.prompt[reuse:])
+        except Cancelled:  # the engine's sequence is as before the prompt; so is `cached`
+            return Done("cancelled", len(job.prompt), reuse, 0, "",
+                        stats_delta(before, eng.stats()), time.monotonic() - t0, None)
         self.prefix.mark()  # the prompt is in, the reply not yet: a turn boundary
         # the engine's own sampler and RNG, so a seed gives what `moepack run --seed` gives
         rng = C.c_uint64(eng._lib.mp_rng_seed(int(job.seed) & (2**64 - 1)))
@@ -126,7 +158,11 @@ class Generator:
                 finish = "stop"
                 break
             if n < limit:
-                logits = self._feed([tid])
+                try:
+                    logits = self._feed([tid])
+                except Cancelled:
+                    finish = "cancelled"
+                    break
         if not stop.stopped:  # held-back text that never became a stop string
             tail = stop.flush()
             if tail:

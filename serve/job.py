@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from moepack.runtime.engine import LogitAdjust
@@ -16,6 +17,22 @@ class ServerStopping(Exception):
     def __init__(self) -> None:
         super().__init__("the server is shutting down; this request was stopped before it "
                          "finished")
+
+
+class CancelEvent(threading.Event):
+    """Set when the request's client leaves or the server stops. `hook` (the worker sets it to
+    Engine.cancel while the request runs) stops the engine call under way too: a long prompt
+    stops within a layer's work instead of running to its end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hook: Callable[[], object] | None = None
+
+    def set(self) -> None:
+        super().set()
+        hook = self.hook
+        if hook is not None:
+            hook()
 
 
 @dataclass
@@ -59,7 +76,7 @@ class Job:
     constraint: Constraint | None = None
     adjust: LogitAdjust | None = None  # logit_bias and penalties (None: none asked for)
     show_special: frozenset[int] = frozenset()  # special tokens kept in the text (tool syntax)
-    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel: CancelEvent = field(default_factory=CancelEvent)
     events: Channel = field(default_factory=Channel)
 
     def emit(self, ev: Piece | Done | BaseException) -> None:

@@ -46,8 +46,8 @@ class Worker:
 
     def stop(self) -> None:
         """Stop taking jobs: the running one and every waiting one get ServerStopping (their
-        requests answer with it at once) and are cancelled (the engine stops before its next
-        token). From any thread."""
+        requests answer with it at once) and are cancelled (the engine stops within a layer's
+        work). From any thread."""
         with self._lock:
             if self.stopped is not None:
                 return
@@ -69,8 +69,7 @@ class Worker:
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stop, then end the thread; True when it has ended within `timeout` seconds (only
-        then may the engine be closed: the thread may be inside it, in a long prompt that no
-        cancel interrupts)."""
+        then may the engine be closed: the thread may still be inside it)."""
         self.stop()
         self._q.put(None)
         self._thread.join(timeout=timeout)

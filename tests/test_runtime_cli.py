@@ -330,6 +330,31 @@ def test_chat_ctrl_c_stops_the_reply_and_the_chat_goes_on(mixtral, monkeypatch):
     assert len(calls) == 2 and "interrupted" in r.stderr, r.output
 
 
+def test_chat_ctrl_c_in_a_turns_prompt_drops_that_line_and_goes_on(mixtral, monkeypatch):
+    """The engine's cancel stops the turn's prompt (Cancelled, the sequence as before): the
+    line was not sent, so the next turn is rendered without it."""
+    import signal
+
+    from moepack.runtime.engine import Cancelled
+
+    rendered = _recording_encode_chat(monkeypatch)
+    real, fed = Engine.feed, []
+
+    def feed(self, tokens):
+        fed.append(len(tokens))
+        if len(fed) == 2:  # the second turn's prompt: Ctrl-C, and the engine stops it
+            signal.raise_signal(signal.SIGINT)
+            raise Cancelled("cancelled", -10)
+        return real(self, tokens)
+
+    monkeypatch.setattr(Engine, "feed", feed)
+    r = _run("chat", mixtral, "-n", 1, input="w5 w6\nw7 w8\nw9\n\n")
+    assert r.exit_code == 0, r.output
+    assert "the message was not sent" in r.stderr, r.output
+    w9 = next(m for m in rendered if m[-1]["content"] == "w9")
+    assert [m["content"] for m in w9 if m["role"] == "user"] == ["w5 w6", "w9"], w9
+
+
 def test_chat_ctrl_c_at_the_prompt_ends_it_with_130(mixtral, monkeypatch):
     def interrupted(prompt=""):
         raise KeyboardInterrupt

@@ -31,7 +31,8 @@ enum {
     MP_EUNSUPPORTED = -6, /* architecture/codec this engine does not run */
     MP_ECORRUPT = -7,     /* data does not match its hash (verify_reads) */
     MP_ECTX = -8,         /* context (KV cache) full */
-    MP_ENONFINITE = -9    /* the model produced NaN or Inf logits (a NaN/Inf weight, overflow) */
+    MP_ENONFINITE = -9,   /* the model produced NaN or Inf logits (a NaN/Inf weight, overflow) */
+    MP_ECANCELED = -10    /* mp_set_cancel stopped the call */
 };
 
 /* Expert cache replacement policy. */
@@ -217,6 +218,13 @@ MP_API int mp_state_restore(mp_engine *e, int pos, const void *buf, uint64_t len
  * (a decode step) with the decode products, within the bound docs/RUNTIME.md states. */
 MP_API int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits,
                    int all_positions);
+
+/* Stop mp_eval (and mp_generate) from another thread or a signal handler: while the flag is set,
+ * a running call stops at its next layer (or expert read group) and one that starts stops at
+ * once, both with MP_ECANCELED and, as every failed mp_eval, the sequence as before the call.
+ * The flag stays until the caller clears it (cancel 0); a call that ended before seeing it is
+ * not undone. Async-signal-safe: one atomic store. */
+MP_API void mp_set_cancel(mp_engine *e, int cancel);
 
 /* Pick a token from logits (vocab floats; not modified).  *rng holds the RNG state; seed it with
  * mp_rng_seed. */

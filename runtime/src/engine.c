@@ -35,6 +35,7 @@ struct mp_engine {
     uint64_t room;   /* the cache's bytes plus what cache_experts left unused: what a longer
                       * prompt's passes may borrow (mp_eval) */
     int longest_pass;
+    atomic_int cancel; /* mp_set_cancel */
     mpm_expert_io io;
     double prompt_s, decode_s, io_wait0;
     uint64_t prompt_tok, decode_tok;
@@ -449,6 +450,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     e->io = (mpm_expert_io){e, io_acquire, io_release, cfg.prefetch ? io_prefetch : NULL, e->cache_experts};
     mpm_set_io(e->model, &e->io);
     mpm_set_lookahead(e->model, cfg.prefetch);
+    mpm_set_cancel(e->model, &e->cancel);
     *out = e;
     return MP_OK;
 fail:
@@ -604,8 +606,13 @@ static int eval_passes(mp_engine *e, const int32_t *tokens, size_t n, size_t C, 
     return MP_OK;
 }
 
+void mp_set_cancel(mp_engine *e, int cancel) {
+    if (e) atomic_store(&e->cancel, cancel != 0);
+}
+
 int mp_eval(mp_engine *e, const int32_t *tokens, size_t n, float *logits, int all_positions) {
     if (!e) return MP_EINVAL;
+    if (atomic_load(&e->cancel)) return mp_seterr(e->err, sizeof e->err, MP_ECANCELED, "cancelled");
     if (!tokens && n) return mp_seterr(e->err, sizeof e->err, MP_EINVAL, "mp_eval: %zu tokens but no token array", n);
     if (n > (size_t)(e->plan.ctx - e->pos)) {
         snprintf(e->err, sizeof e->err, "context full: %d + %zu tokens > ctx %d", e->pos, n, e->plan.ctx);

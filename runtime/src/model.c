@@ -451,6 +451,13 @@ void mpm_free(mpm_model *m) {
 void mpm_set_io(mpm_model *m, const mpm_expert_io *io) { m->io = *io; }
 void mpm_set_pool(mpm_model *m, mpk_pool *pool) { m->pool = pool; }
 void mpm_set_lookahead(mpm_model *m, int on) { m->lookahead = on; }
+void mpm_set_cancel(mpm_model *m, const atomic_int *flag) { m->cancel = flag; }
+
+int mpm_cancelled(mpm_model *m) {
+    if (!m->cancel || !atomic_load_explicit(m->cancel, memory_order_relaxed)) return 0;
+    snprintf(m->err, sizeof m->err, "cancelled");
+    return MP_ECANCELED;
+}
 const char *mpm_error(const mpm_model *m) { return m->err; }
 int mpm_ctx(const mpm_model *m) { return m->ctx; }
 int mpm_chunk(const mpm_model *m) { return m->chunk; }
@@ -492,6 +499,8 @@ int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logi
     for (int l = 0; l < c->n_layers; l++) {
         mpm_layer *ly = &m->layers[l];
         const float *in = m->bx; /* with AttnRes, the mix of the bank and the stream */
+        int rc = mpm_cancelled(m);
+        if (rc) return rc;
         if (c->hc_mult) mpm_hc_pre(m, l, 0, n, m->bx); /* with hyper-connections, the collapse */
         if (c->res_block) {
             mpm_res_mix(m, ly->res_attn, n, m->bx, m->bout);
@@ -512,7 +521,7 @@ int mpm_forward(mpm_model *m, const int32_t *tokens, int n, int pos, float *logi
         }
         for (int t = 0; t < n; t++) mpk_rmsnorm(m->bxn + t * H, in + t * H, ly->ffn_norm, H, c->eps);
         if (ly->moe) {
-            int rc = mpm_moe(m, l, n, m->bxn, m->bout);
+            rc = mpm_moe(m, l, n, m->bxn, m->bout);
             if (rc) return rc;
         } else {
             mpm_ffn_dense(m, &ly->dense, n, m->bxn, m->bout);

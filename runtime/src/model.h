@@ -8,6 +8,7 @@
 #define MP_MODEL_H
 
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "json.h"
@@ -150,8 +151,10 @@ int mpm_load(const mpm_config *c, const mpk_impl *k, mpm_tensor_fn tensor, mpm_b
 void mpm_free(mpm_model *m);
 void mpm_set_io(mpm_model *m, const mpm_expert_io *io);
 void mpm_set_pool(mpm_model *m, mpk_pool *pool);
-/* Kernel table for this model's matrix products (mpk_select; default: the best the CPU has). */
 void mpm_set_lookahead(mpm_model *m, int on);
+/* A flag another thread may set while mpm_forward runs (NULL: none): the pass stops at its
+ * next layer or expert read group with MP_ECANCELED (mp_set_cancel). */
+void mpm_set_cancel(mpm_model *m, const atomic_int *flag);
 
 /* Bytes of KV/latent cache for ctx tokens (f32 or f16 entries: c->kv_f16; memory planning). */
 uint64_t mpm_kv_bytes(const mpm_config *c, int ctx);

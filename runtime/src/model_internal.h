@@ -71,6 +71,7 @@ struct mpm_model {
     int la_simd;          /* the delta rule's AVX2 build (same bits): not on the scalar table */
     mpm_expert_io io;
     int lookahead;
+    const atomic_int *cancel; /* mpm_set_cancel */
     char err[256];
     /* RoPE: inv_freq[rope_dim/2] and the cos/sin scale (YaRN attention factor) */
     double *inv_freq;
@@ -258,6 +259,8 @@ void mpm_mla_gate(mpm_model *m, const mpm_layer *ly, int T, const float *xn, flo
 
 /* model_moe.c */
 int mpm_moe(mpm_model *m, int layer, int T, const float *xn, float *out);
+/* MP_ECANCELED (and m->err says so) when the mpm_set_cancel flag is set, else 0 */
+int mpm_cancelled(mpm_model *m);
 int mpm_moe_alloc(mpm_model *m); /* decode tables, after the layers are loaded */
 int mpm_moe_chunk_alloc(mpm_model *m); /* the prefill buffers of m->chunk tokens */
 void mpm_moe_chunk_free(mpm_model *m);

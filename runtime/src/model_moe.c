@@ -420,8 +420,10 @@ int mpm_moe(mpm_model *m, int l, int T, const float *xn, float *out) {
         int ng = nu - g0 < A ? nu - g0 : A;
         const int *grp = m->uniq + g0;
         char msg[192] = "";
+        int rc = mpm_cancelled(m); /* a pass under a cap may read for seconds a layer */
+        if (rc) return rc;
         double t0 = mpm_now();
-        int rc = m->io.acquire(m->io.user, l, grp, ng, m->recs, msg, sizeof msg);
+        rc = m->io.acquire(m->io.user, l, grp, ng, m->recs, msg, sizeof msg);
         m->io_wait += mpm_now() - t0;
         if (rc) {
             snprintf(m->err, sizeof m->err, "%s", msg[0] ? msg : "expert records could not be read");
