@@ -19,6 +19,7 @@ from pathlib import Path
 
 from moepack.convert.errors import ConvertError
 
+from moepack.durable import naming
 from moepack.safefs import UnsafePathError, open_existing
 from moepack.untrusted_json import loads
 
@@ -72,9 +73,14 @@ class Journal:
     def create(cls, path: Path, header: dict) -> Journal:
         fd = cls._open_or_create(path)
         cls._lock(fd, path)  # before truncating: never clobber a running conversion's journal
-        os.ftruncate(fd, 0)
         j = cls(path, fd, {**header, "format": FORMAT}, {})
-        j._append([j.header])
+        try:
+            with naming(path):
+                os.ftruncate(fd, 0)
+            j._append([j.header])
+        except BaseException:  # e.g. no room for the header: truncated, so nothing to keep
+            j.remove()
+            raise
         return j
 
     @staticmethod
@@ -105,7 +111,12 @@ class Journal:
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             os.close(fd)
             raise ConvertError(f"{path}: not a moepack conversion journal")
-        os.ftruncate(fd, good_end)  # drop a torn tail before appending
+        try:
+            with naming(path):
+                os.ftruncate(fd, good_end)  # drop a torn tail before appending
+        except BaseException:
+            os.close(fd)
+            raise
         return cls(path, fd, header, done)
 
     @staticmethod
@@ -131,11 +142,12 @@ class Journal:
     def _append(self, records: Iterable[dict]) -> None:
         data = b"".join(json.dumps(r, sort_keys=True, separators=(",", ":")).encode() + b"\n"
                         for r in records)
-        os.lseek(self._fd, 0, os.SEEK_END)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view):]
-        os.fsync(self._fd)
+        with naming(self.path):  # a full disk, RLIMIT_FSIZE: the error line says which file
+            os.lseek(self._fd, 0, os.SEEK_END)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+            os.fsync(self._fd)
 
     def record(self, units: Iterable[tuple[str, str]]) -> None:
         """Journal finished units (their bytes must already be durable)."""

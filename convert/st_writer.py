@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from moepack.convert.quant.dense import encode_float
 
+from moepack.durable import naming
 from moepack.safefs import open_new
 
 # export dtype -> (safetensors dtype, bytes per element, encoder name)
@@ -35,8 +36,9 @@ def write_safetensors(path: Path, entries: Sequence[tuple[str, tuple[int, ...]]]
         pos += n
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # safetensors pads the header to 8 bytes with spaces
-    # a new inode, never through a link planted at `path` (moepack.safefs)
-    with os.fdopen(open_new(path, replace=True), "wb") as f:
+    # a new inode, never through a link planted at `path` (moepack.safefs); a full disk or
+    # RLIMIT_FSIZE names the file
+    with naming(path), os.fdopen(open_new(path, replace=True), "wb") as f:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         for name, shape in entries:

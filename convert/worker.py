@@ -29,6 +29,8 @@ from moepack.convert.source import Checkpoint, SourceRef
 from moepack.convert.tasks import Task, expert_unit, tensor_unit
 from moepack.format import ContainerWriter, Layout, TensorSpec
 
+from moepack.durable import naming
+
 FLUSH_BYTES = 64 << 20   # fsync + journal at least this often (bounded redo after a crash)
 FLUSH_SECONDS = 2.0
 
@@ -81,7 +83,8 @@ class Worker:
     def flush(self) -> None:
         if not self._pending:
             return
-        os.fsync(self._sync_fd)  # the data first; the coordinator journals it afterwards
+        with naming(self.writer.partial):
+            os.fsync(self._sync_fd)  # the data first; the coordinator journals it afterwards
         self.emit(("units", self._pending, self._pending_bytes, self._pending_experts))
         self._pending, self._pending_bytes, self._pending_experts = [], 0, 0
         self._last_flush = time.monotonic()

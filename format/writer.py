@@ -15,7 +15,7 @@ from moepack.format.layout import BankLayout, Extent, Layout
 from moepack.format.limits import HASH_SIZE, MAJOR, MINOR
 from moepack.format.mtp import MTP_TYPES
 
-from moepack.durable import fsync_path
+from moepack.durable import fsync_path, naming
 from moepack.safefs import open_existing, open_new
 
 _PARALLEL_HASH_MIN = 1 << 20  # blake3 threads only pay on large inputs
@@ -54,7 +54,8 @@ class ContainerWriter:
                     else open_existing(self.partial, os.O_RDWR))
         try:
             if create:
-                self._preallocate()
+                with naming(self.partial):  # a full disk, RLIMIT_FSIZE: say which file
+                    self._preallocate()
             else:
                 size = os.fstat(self._fd).st_size
                 if size != layout.file_size:
@@ -83,9 +84,10 @@ class ContainerWriter:
 
     def _pwrite(self, data: bytes | memoryview, offset: int) -> None:
         view = memoryview(data).cast("B")
-        while len(view):
-            n = os.pwrite(self._fd, view[:_CHUNK], offset)
-            view, offset = view[n:], offset + n
+        with naming(self.partial):
+            while len(view):
+                n = os.pwrite(self._fd, view[:_CHUNK], offset)
+                view, offset = view[n:], offset + n
 
     def _write_extent(self, ext: Extent, data: bytes | memoryview) -> bytes:
         if len(data) != ext.length:
@@ -187,13 +189,15 @@ class ContainerWriter:
                 "(a replaced manifest must serialise to the same length)", "invalid"
             )
         self._pwrite(index, self.layout.index_offset)
-        os.fsync(self._fd)  # everything else is durable before the header says "finished"
+        with naming(self.partial):
+            os.fsync(self._fd)  # everything else is durable before the header says "finished"
         root = blake3.blake3(index).digest()
         lay = self.layout
         header = Header(MAJOR, MINOR, lay.flags, lay.alignment, lay.file_size, lay.index_offset,
                         lay.index_length, root)
         self._pwrite(header.pack(), 0)
-        os.fsync(self._fd)
+        with naming(self.partial):
+            os.fsync(self._fd)
         self.close()
         self._refuse_existing()
         os.replace(self.partial, self.path)  # replaces a link at path itself, never its target

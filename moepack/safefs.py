@@ -14,6 +14,8 @@ import stat
 import unicodedata
 from pathlib import Path
 
+from moepack.durable import naming
+
 MAX_NAME_BYTES = 255   # NAME_MAX on Linux and macOS
 _CONTROL = ("Cc", "Cf", "Cs", "Zl", "Zp")   # control, format, surrogate, line/paragraph breaks
 
@@ -137,10 +139,21 @@ def _is_link(p: Path) -> bool:
 
 
 def write_file(path: str | os.PathLike, data: bytes, *, replace: bool = True) -> None:
-    """Write `data` to `path` through a new inode (never through a planted link)."""
+    """Write `data` to `path` through a new inode (never through a planted link). A write that
+    fails (a full disk, RLIMIT_FSIZE) removes the file it made, so no half-written file is left
+    under a name a later run may trust, and the OSError names `path`."""
     fd = open_new(path, os.O_WRONLY, replace=replace)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    made = os.fstat(fd)
+    try:
+        with naming(path), os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        try:  # only the inode made here, not whatever took the name meanwhile
+            if os.path.samestat(os.lstat(path), made):
+                os.unlink(path)
+        except OSError:
+            pass
+        raise
 
 
 def regular_file(path: str | os.PathLike, what: str = "file") -> Path:

@@ -31,3 +31,40 @@ def test_converter_and_downloader_share_it():
 
     assert pipeline.fsync_path is fsync_path and staging.fsync_path is fsync_path
     assert not hasattr(pipeline, "_fsync") and not hasattr(staging, "_fsync_dir")
+
+
+def test_naming_gives_a_descriptor_error_its_file(tmp_path):
+    """os.write and os.fsync on a descriptor name no file: a full disk would be the bare
+    `[Errno 28] No space left on device`; naming() says where, errno and class kept."""
+    import errno
+
+    from moepack.durable import naming
+
+    with pytest.raises(OSError) as got, naming(tmp_path / "f"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert got.value.errno == errno.ENOSPC and got.value.filename == str(tmp_path / "f")
+    assert str(got.value) == f"[Errno 28] No space left on device: '{tmp_path / 'f'}'"
+    with pytest.raises(PermissionError) as got, naming(tmp_path / "f"):
+        raise OSError(errno.EACCES, "Permission denied")   # the class follows the errno
+    with pytest.raises(FileNotFoundError) as got, naming(tmp_path / "f"):
+        open(tmp_path / "other")   # already named: left as it is
+    assert got.value.filename == str(tmp_path / "other")
+
+
+def test_write_file_on_a_full_disk_leaves_no_file(tmp_path):
+    """A .tmp that could not be written (the manifest's, the hub record's) is removed, not left
+    half-written beside the name it was to replace; the error names it. RLIMIT_FSIZE (this
+    process's soft limit, for the one call) stands in for the full disk."""
+    import resource
+
+    from moepack import safefs
+
+    target = tmp_path / "moepack-source.json.tmp"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16, hard))
+    try:
+        with pytest.raises(OSError, match="File too large: .*moepack-source.json.tmp"):
+            safefs.write_file(target, b"x" * 100_000)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert list(tmp_path.iterdir()) == []

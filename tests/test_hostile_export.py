@@ -188,6 +188,30 @@ def test_failed_export_leaves_nothing(site, monkeypatch) -> None:
     assert changes(before, snapshot(out.parent)) == set()
 
 
+def test_full_disk_names_the_file_and_keeps_the_earlier_export(site) -> None:
+    """RLIMIT_FSIZE stands in for a disk that fills while writing (EFBIG; Python ignores
+    SIGXFSZ): one line naming the file that could not be written, this run's OUTDIR.partial
+    removed, the export already at OUTDIR untouched."""
+    import resource
+    import subprocess
+    import sys
+
+    path, out = site
+    assert moepack("export", path, out)[0] == 0
+    before = snapshot(out.parent)
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    r = subprocess.run([sys.executable, "-m", "moepack", "export", "--force", str(path),
+                        str(out)], preexec_fn=small_files, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"error: [Errno 27] File too large: '{_sib(out, '.partial') / 'model.safetensors'}'"]
+    assert changes(before, snapshot(out.parent)) == set()
+
+
 @pytest.mark.parametrize(("key", "value", "needle"), [
     ("num_hidden_layers", 3, "which the container does not have"),
     ("hidden_size", 8, "the manifest's model needs [32, 8]"),
