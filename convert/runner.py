@@ -3,8 +3,10 @@ reports to the coordinator's callbacks, in arrival order."""
 
 from __future__ import annotations
 
+import errno
 import multiprocessing as mp
 import os
+import resource
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import wait
@@ -48,6 +50,28 @@ def _thread_env(threads: int) -> Iterator[None]:
                 os.environ[k] = v
 
 
+@contextmanager
+def _starting(jobs: int) -> Iterator[None]:
+    """Out of file descriptors (EMFILE: RLIMIT_NOFILE, ENFILE: the system's table) or processes
+    (EAGAIN: RLIMIT_NPROC) while starting the workers (pipes, the spawned interpreter): one line
+    naming the limit and what to do; the partial and the journal stay for the rerun."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            limit = "the system's open-file table is full" if e.errno == errno.ENFILE else \
+                f"ulimit -n is {soft}"
+            raise ConvertError(f"cannot start {jobs} worker processes: too many open files "
+                               f"({limit}); raise it or pass fewer --jobs, then rerun the same "
+                               "command to continue") from e
+        if e.errno == errno.EAGAIN:
+            raise ConvertError(f"cannot start {jobs} worker processes: {e.strerror} (the "
+                               "process limit, ulimit -u?); pass fewer --jobs, then rerun the "
+                               "same command to continue") from e
+        raise
+
+
 def run_tasks(cfg: WorkerConfig, tasks: list[Task], done: dict[str, str], jobs: int,
               on_message: OnMessage) -> None:
     if not tasks:
@@ -85,14 +109,16 @@ def _run_processes(cfg: WorkerConfig, tasks: list[Task], done: dict[str, str], j
     n = min(jobs, len(tasks))
     conns, procs = [], []
     try:
-        with _thread_env(cfg.threads):
+        with _thread_env(cfg.threads), _starting(n):
             for i in range(n):
                 ours, theirs = ctx.Pipe()
+                conns.append(ours)
                 p = ctx.Process(target=process_main, args=(cfg, done, theirs),
                                 name=f"moepack-convert-{i}", daemon=True)
-                p.start()
-                theirs.close()
-                conns.append(ours)
+                try:
+                    p.start()
+                finally:
+                    theirs.close()
                 procs.append(p)
         for c in conns:
             c.send(pending.pop())

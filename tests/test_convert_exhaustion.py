@@ -1,6 +1,7 @@
 """`moepack convert` when resources run out: a disk that fills midway (the journal or the
-partial cannot grow), RLIMIT_FSIZE (EFBIG). Each is one line naming the file, an existing OUT
-survives, and a rerun after the fault resumes to the same bytes as an uninterrupted run."""
+partial cannot grow), RLIMIT_FSIZE (EFBIG), too many open files at worker start. Each is one
+line naming the file (or the limit), an existing OUT survives, and a rerun after the fault
+resumes to the same bytes as an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -113,3 +114,32 @@ def test_file_size_limit_is_one_line_naming_the_partial(src, tmp_path) -> None:
         f"error: [Errno 27] File too large: '{_sib(out, '.partial')}'"], r.stderr
     assert list(tmp_path.iterdir()) == []
 
+
+def test_too_many_open_files_at_worker_start_is_one_line_and_resumes(src, reference, tmp_path,
+                                                                      monkeypatch) -> None:
+    """EMFILE while starting the --jobs 2 workers (the second one's pipe): one line naming the
+    limit and what to do, not the bare errno text; the rerun continues to the same bytes."""
+    import multiprocessing.connection as mpc
+
+    real = mpc.Pipe
+    calls = [0]
+
+    def pipe(duplex: bool = True):
+        calls[0] += 1
+        if calls[0] > 1:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real(duplex)
+
+    out = tmp_path / "m.moepack"
+    args = ("--expert-codec", "rvq3-baseline", "--iters", "3", "-q", "--jobs", "2")
+    with monkeypatch.context() as m:
+        m.setattr(mpc, "Pipe", pipe)
+        rc, output = cli("convert", *args, src, out)
+    assert rc == 1, output
+    line = error_line(output)
+    assert line.startswith("error: cannot start 2 worker processes: too many open files "
+                           "(ulimit -n is "), line
+    assert "pass fewer --jobs" in line
+    rc, output = cli("convert", *args, src, out)
+    assert rc == 0, output
+    assert out.read_bytes() == reference
