@@ -30,6 +30,7 @@ from moepack.safefs import (
     open_existing,
     plain_name,
     printable,
+    read_bounded,
     write_file,
 )
 from moepack.untrusted_json import loads
@@ -275,7 +276,7 @@ def _marker_files(folder: Path) -> set[str] | None:
     """The file names folder's export marker lists, or None without a readable marker."""
     try:  # never through a link, never blocking on a FIFO planted as the marker
         with os.fdopen(open_existing(folder / MARKER, os.O_RDONLY), "rb") as f:
-            doc = loads(f.read(MAX_MARKER_BYTES + 1), MARKER, max_bytes=MAX_MARKER_BYTES,
+            doc = loads(read_bounded(f, MAX_MARKER_BYTES), MARKER, max_bytes=MAX_MARKER_BYTES,
                         max_depth=4)
     except (OSError, ValueError, UnsafePathError):
         return None

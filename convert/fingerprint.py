@@ -22,7 +22,7 @@ import numpy as np
 from moepack.convert.errors import SourceError
 from moepack.convert.st_header import DTYPE_SIZES, read_header
 
-from moepack.safefs import open_existing
+from moepack.safefs import open_existing, read_bounded
 from moepack.untrusted_json import loads
 
 FETCH_MANIFEST = "moepack-source.json"
@@ -89,7 +89,7 @@ def _fetch_hashes(directory: Path) -> dict[str, tuple[int, str]]:
     try:  # untrusted: bounded JSON; a link, FIFO or device there is ignored, never waited on
         with os.fdopen(open_existing(path, os.O_RDONLY), "rb") as f:
             mtime = os.fstat(f.fileno()).st_mtime_ns
-            data = loads(f.read(MAX_MANIFEST_BYTES + 1), FETCH_MANIFEST,
+            data = loads(read_bounded(f, MAX_MANIFEST_BYTES), FETCH_MANIFEST,
                          max_bytes=MAX_MANIFEST_BYTES, max_depth=16)
         out = {}
         for f in data["files"]:

@@ -31,7 +31,7 @@ from moepack.convert.packed_int import (
 from moepack.convert.st_header import DTYPE_SIZES, TensorInfo, parse_json, read_header
 from moepack.format.model_desc import MAX_JSON_BYTES, MAX_TENSORS
 
-from moepack.safefs import file_kind, name_problem, one_line, printable
+from moepack.safefs import file_kind, name_problem, one_line, printable, read_bounded
 from moepack.untrusted_json import loads
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -82,7 +82,7 @@ def read_small(path: Path, limit: int, label: str | None = None) -> bytes:
             raise SourceError(f"{label}: {st.st_size:,} bytes, larger than the "
                               f"{limit:,} accepted")
         try:
-            return f.read(limit + 1)[:limit]
+            return read_bounded(f, limit)[:limit]
         except OSError as e:
             raise SourceError(f"{label}: cannot read: {e.strerror or e}") from e
 

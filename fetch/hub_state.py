@@ -18,7 +18,13 @@ from pathlib import Path
 from moepack.fetch.hub_listing import JSON_DEPTH, RemoteFile
 from moepack.fetch.staging import STAGING_DIR
 
-from moepack.safefs import UnsafePathError, ensure_dir, open_existing, write_file
+from moepack.safefs import (
+    UnsafePathError,
+    ensure_dir,
+    open_existing,
+    read_bounded,
+    write_file,
+)
 from moepack.untrusted_json import loads
 
 MAX_STATE_BYTES = 64 << 20   # ~100 bytes per file: far above any repository's
@@ -29,7 +35,7 @@ def _read_entries(path: Path) -> dict[str, list]:
     (it only saves rehashing)."""
     try:
         with os.fdopen(open_existing(path, os.O_RDONLY), "rb") as f:
-            data = f.read(MAX_STATE_BYTES + 1)
+            data = read_bounded(f, MAX_STATE_BYTES)
         doc = loads(data, str(path), max_bytes=MAX_STATE_BYTES, max_depth=JSON_DEPTH)
     except (OSError, UnsafePathError, ValueError):   # ValueError: bad JSON
         return {}

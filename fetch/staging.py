@@ -27,7 +27,14 @@ from pathlib import Path
 from moepack.fetch.errors import FetchError
 
 from moepack.durable import fsync_path
-from moepack.safefs import UnsafePathError, ensure_dir, open_existing, refuse_link, write_file
+from moepack.safefs import (
+    UnsafePathError,
+    ensure_dir,
+    open_existing,
+    read_bounded,
+    refuse_link,
+    write_file,
+)
 
 STAGING_DIR = ".moepack-partial"
 MAX_RESUME_BYTES = 64 << 20   # resume data of a 4 TiB torrent is a few MB
@@ -72,7 +79,7 @@ class Staging:
         """Saved resume data, or None (absent, a link, oversized: libtorrent rechecks)."""
         try:
             with os.fdopen(open_existing(self.resume_file, os.O_RDONLY), "rb") as f:
-                data = f.read(MAX_RESUME_BYTES + 1)
+                data = read_bounded(f, MAX_RESUME_BYTES)
         except (OSError, UnsafePathError):
             return None
         return data if len(data) <= MAX_RESUME_BYTES else None

@@ -17,7 +17,7 @@ import libtorrent as lt
 from moepack.fetch.errors import FetchError
 from moepack.fetch.torrent_create import COMMENT_PREFIX, ID_KEY
 
-from moepack.safefs import name_problem, printable
+from moepack.safefs import name_problem, printable, read_bounded
 
 MAX_TORRENT_BYTES = 64 << 20   # a 4 TiB container with 64 MiB pieces needs ~3.5 MB
 URL_TIMEOUT_S = 60.0
@@ -147,7 +147,7 @@ def _read(path: Path) -> bytes:
                 _not_a_torrent(path)
             if st.st_size > MAX_TORRENT_BYTES:
                 raise FetchError(f"{path}: {st.st_size} bytes is too large for a .torrent")
-            data = f.read(MAX_TORRENT_BYTES + 1)
+            data = read_bounded(f, MAX_TORRENT_BYTES)
     except FileNotFoundError as e:
         hint = (f"; for a hub repository write hf:{path}" if _HUB_REPO.fullmatch(str(path))
                 else "")
@@ -162,7 +162,7 @@ def _read(path: Path) -> bytes:
 def _download(url: str) -> bytes:
     try:
         with urllib.request.urlopen(url, timeout=URL_TIMEOUT_S) as r:
-            data = r.read(MAX_TORRENT_BYTES + 1)
+            data = read_bounded(r, MAX_TORRENT_BYTES)
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise FetchError(f"cannot download torrent {url}: {e}") from e
     if len(data) > MAX_TORRENT_BYTES:

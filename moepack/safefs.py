@@ -13,6 +13,7 @@ import os
 import stat
 import unicodedata
 from pathlib import Path
+from typing import BinaryIO
 
 from moepack.durable import naming
 
@@ -201,3 +202,17 @@ def file_kind(mode: int) -> str:
         if test(mode):
             return name
     return "not a file"
+
+
+def read_bounded(f: BinaryIO, limit: int, chunk: int = 1 << 20) -> bytes:
+    """At most `limit + 1` bytes of `f` (one more than allowed tells the caller a file is too
+    big), memory taken as bytes arrive: `f.read(limit + 1)` reserves all `limit + 1` bytes up
+    front, 1 GiB to read a 2 KB tokenizer.json against a 1 GiB limit (a MemoryError under
+    ulimit -v, a commit charge under strict overcommit)."""
+    out = bytearray()
+    while len(out) <= limit:
+        data = f.read(min(chunk, limit + 1 - len(out)))
+        if not data:
+            break
+        out += data
+    return bytes(out)

@@ -244,3 +244,29 @@ def test_bad_block_size(tmp_path):
     (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(SourceError, match="weight_block_size must be two positive integers"):
         Checkpoint(src)
+
+
+def test_small_files_are_read_without_reserving_their_limit(tmp_path):
+    """tokenizer.json may be up to 1 GiB (MAX_BLOB_RAW): a 2 KB one must not reserve 1 GiB to be
+    read (f.read(limit + 1) did: under ulimit -v 1.2 GB convert of the demo model failed with
+    'out of memory'); a file over the limit is still told by the one extra byte."""
+    import tracemalloc
+
+    from moepack.convert.source import read_small
+    from moepack.format.limits import MAX_BLOB_RAW
+
+    from moepack.safefs import read_bounded
+
+    small = tmp_path / "tokenizer.json"
+    small.write_bytes(b"{}" * 1000)
+    tracemalloc.start()
+    try:
+        assert read_small(small, MAX_BLOB_RAW) == b"{}" * 1000
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+    with open(small, "rb") as f:
+        assert read_bounded(f, 1999, chunk=7) == b"{}" * 1000   # limit + 1: too big
+    with open(small, "rb") as f:
+        assert read_bounded(f, 2000, chunk=7) == b"{}" * 1000

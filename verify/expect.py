@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from moepack.safefs import read_bounded
 from moepack.untrusted_json import loads
 
 MANIFEST_NAME = "moepack-source.json"
@@ -108,7 +109,7 @@ def load_expectations(path: str | Path) -> list[Expected]:
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_EXPECT_BYTES + 1)
+            data = read_bounded(f, MAX_EXPECT_BYTES)
     except OSError as e:
         raise ExpectError(f"cannot read {path}: {e.strerror or e}") from None
     # bounded: a downloaded folder's moepack-source.json is as untrusted as the hub
