@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,8 @@ SHARD_BYTES = 4 << 30
 MARKER = ".moepack-export.json"
 MARKER_FORMAT = "moepack-export/1"
 MAX_MARKER_BYTES = 16 << 20  # a marker lists a few thousand names at most
+SPACE_MARGIN = 1 << 20       # config.json, the marker, the index, filesystem metadata
+HEADER_BYTES = 256           # a safetensors header entry, at most about this per tensor
 
 
 def _entries(c: Container) -> list[tuple[str, tuple[int, ...], Callable[[], np.ndarray]]]:
@@ -150,6 +153,7 @@ def export(path: str | Path, outdir: str | Path, *, dtype: str = "f32", force: b
         entries = _entries(c)
         shards = _shards(entries, dtype, shard_bytes)
         files = _planned_files(c, len(shards))
+        _check_space(out, _export_bytes(c, entries, dtype), (tmp, old))
         for leftover in (tmp, old):  # ours (checked above): only export's own files
             _remove_own(leftover)
         _make_partial(tmp, files)
@@ -161,6 +165,34 @@ def export(path: str | Path, outdir: str | Path, *, dtype: str = "f32", force: b
     _replace_dir(tmp, out, old, force)
     return {"outdir": str(outdir), "files": sorted(set(weight_map.values())),
             "tensors": len(entries), "bytes": sum(tensor_nbytes(s, dtype) for _, s, _ in entries)}
+
+
+def _export_bytes(c: Container, entries: list, dtype: str) -> int:
+    """Bytes the export writes: weights, their headers, blobs as stored decompressed."""
+    weights = sum(tensor_nbytes(s, dtype) + HEADER_BYTES for _, s, _ in entries)
+    return weights + sum(int(c.blob_info(n)["raw_length"]) for n in c.blob_names())
+
+
+def _check_space(out: Path, size: int, leftovers: tuple[Path, ...]) -> None:
+    """Refuse before writing when the export cannot fit (the earlier export at OUTDIR stays
+    until the new one is complete, so it frees nothing; leftovers that --force removes do)."""
+    where = out.parent
+    while not where.is_dir() and where != where.parent:  # OUTDIR's parents are made as needed
+        where = where.parent
+    free = shutil.disk_usage(where).free + sum(_allocated(d) for d in leftovers)
+    need = size + SPACE_MARGIN
+    if free < need:
+        raise ConvertError(f"not enough free space for {out}: need {need:,} bytes, {free:,} "
+                           f"free on {where}; nothing was written")
+
+
+def _allocated(folder: Path) -> int:
+    """Bytes the regular files directly in `folder` (one export made) take on disk."""
+    if _lstat(folder) is None:
+        return 0
+    with os.scandir(folder) as it:
+        return sum(e.stat(follow_symlinks=False).st_blocks * 512 for e in it
+                   if e.is_file(follow_symlinks=False))
 
 
 def _write_files(c: Container, tmp: Path, entries: list, shards: list[list], dtype: str,

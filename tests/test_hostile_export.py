@@ -212,6 +212,21 @@ def test_full_disk_names_the_file_and_keeps_the_earlier_export(site) -> None:
     assert changes(before, snapshot(out.parent)) == set()
 
 
+def test_short_space_is_refused_before_writing(site, monkeypatch) -> None:
+    """Too little room for the export: refused up front (not ENOSPC after hours of writing),
+    one line with both numbers; the earlier export at OUTDIR frees nothing (it stays until the
+    new one is complete), so it counts for nothing and is kept."""
+    path, out = site
+    assert moepack("export", path, out)[0] == 0
+    before = snapshot(out.parent)
+    free = type("Usage", (), {"free": 20_000})()
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: free)
+    rc, output = cli("export", "--force", path, out)
+    assert_one_line_error(rc, output, 1, f"not enough free space for {out}: need ")
+    assert "20,000 free on" in output and "nothing was written" in output
+    assert changes(before, snapshot(out.parent)) == set()
+
+
 @pytest.mark.parametrize(("key", "value", "needle"), [
     ("num_hidden_layers", 3, "which the container does not have"),
     ("hidden_size", 8, "the manifest's model needs [32, 8]"),
