@@ -13,9 +13,41 @@ import pytest
 
 DRIVER = r"""
 #include "moepack.h"
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+typedef struct { mp_engine *e; long ns; } canceller;
+static void *cancel_after(void *arg) {
+    const canceller *c = arg;
+    struct timespec t = {0, c->ns};
+    nanosleep(&t, NULL);
+    mp_set_cancel(c->e, 1);
+    return NULL;
+}
+/* A cancel from another thread lands somewhere in the long prompt (a pass, a layer, an expert
+ * read group, or before the call): the call fails with MP_ECANCELED, the position stays, and
+ * the same call, once cleared, gives the bits of `ref`. 1: a cancel landed, 0: none, -1: bad. */
+static int cancelled_prompt(mp_engine *e, const int32_t *toks, int n, float *lg, const float *ref) {
+    const long delays[] = {4000000, 1000000, 250000, 0};
+    for (int i = 0; i < 4; i++) {
+        mp_reset(e);
+        canceller c = {e, delays[i]};
+        pthread_t th;
+        pthread_create(&th, NULL, cancel_after, &c);
+        int rc = mp_eval(e, toks, (size_t)n, lg, 0);
+        pthread_join(th, NULL);
+        mp_set_cancel(e, 0);
+        if (rc == MP_OK) continue; /* the prompt ended first */
+        mp_reset(e);
+        if (rc != MP_ECANCELED || mp_position(e) != 0 || mp_eval(e, toks, (size_t)n, lg, 0) ||
+            memcmp(lg, ref, sizeof(float) * (size_t)mp_vocab_size(e)))
+            return -1;
+        return 1;
+    }
+    return 0;
+}
 int main(int argc, char **argv) {
     int bad = 0;
     for (int a = 1; a < argc; a++) {
@@ -73,16 +105,20 @@ int main(int argc, char **argv) {
             }
             int n = p.ctx - 8 < 500 ? p.ctx - 8 : 500, V = mp_vocab_size(e);
             int32_t *toks = malloc(sizeof(int32_t) * (size_t)n);
-            float *lg = malloc(sizeof(float) * (size_t)V);
+            float *lg = malloc(sizeof(float) * (size_t)V), *ref = malloc(sizeof(float) * (size_t)V);
             for (int i = 0; i < n; i++) toks[i] = (i * 7 + 3) % V;
-            if (mp_eval(e, toks, (size_t)n, lg, 0) || mp_eval(e, toks, 1, lg, 0)) {
+            if (mp_eval(e, toks, (size_t)n, ref, 0) || mp_eval(e, toks, 1, lg, 0)) {
                 printf("eval: %s\n", mp_error(e));
                 bad = 1;
             }
             mp_stats st; mp_get_stats(e, &st);
-            if ((borrowed = st.longest_pass > st.chunk))
+            if ((borrowed = st.longest_pass > st.chunk)) {
                 printf("borrowed %s: %d -> %d\n", argv[a], st.chunk, st.longest_pass);
-            free(toks); free(lg);
+                int c = cancelled_prompt(e, toks, n, lg, ref);
+                if (c < 0) bad = 1;
+                printf("cancel %s: %s\n", argv[a], c > 0 ? "landed" : c ? "wrong" : "too late");
+            }
+            free(toks); free(lg); free(ref);
             mp_close(e);
         }
     }

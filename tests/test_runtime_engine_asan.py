@@ -3,8 +3,8 @@ UBSan, on a converted tiny model of every architecture the engine runs (tests/ti
 every model*.c file: DSA in its sparse regime, K3's AttnRes and latent MoE, glm5_next's
 hyper-connections and k-pools) plus two wide synthetic ones, with cache large / off / one record
 and scalar kernels, and a long prompt whose passes borrow the cache on each tiny model and a
-synthetic one. Marked slow (it compiles runtime/src with sanitizers); `make test-asan` (CI)
-runs it."""
+synthetic one, cancelled once from another thread. Marked slow (it compiles runtime/src with
+sanitizers); `make test-asan` (CI) runs it."""
 
 from __future__ import annotations
 
@@ -31,3 +31,6 @@ def test_engine_under_asan_and_ubsan(tmp_path):
     out = run_engine_under_sanitizers(tmp_path, files, timeout=600)
     for f in files[:len(ENGINE_ARCHS)] + [tmp_path / "borrow.moepack"]:
         assert f"borrowed {f}:" in out, (f, out)
+    # a cancel during the long prompt (moepack.h mp_set_cancel) leaves nothing behind
+    assert "cancel" in out and ": wrong" not in out, out
+    assert f"cancel {tmp_path / 'borrow.moepack'}: landed" in out, out
