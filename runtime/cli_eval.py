@@ -11,11 +11,13 @@ from moepack.runtime.cli import (
     BudgetOpt,
     CtxOpt,
     FileArg,
+    Interrupt,
     KernelsOpt,
     KvOpt,
     ThreadsOpt,
     counted,
     engine_fail,
+    err_console,
     ids_from,
     open_engine,
     require_file,
@@ -92,7 +94,7 @@ def eval_cmd(
     kernels: KernelsOpt = "auto",
 ) -> None:
     """Teacher-forced logits for every position, saved as a float32 .npy."""
-    from moepack.runtime.engine import EngineError
+    from moepack.runtime.engine import Cancelled, EngineError
 
     ids = ids_from(tokens)
     if not ids:
@@ -112,10 +114,16 @@ def eval_cmd(
     eng = open_engine(file, budget=budget, threads=threads, ctx=ctx or len(ids), kv=kv,
                 kernels=kernels)
     try:
-        with eng:
+        with eng, Interrupt() as stop_now:
+            stop_now.also(eng.cancel)  # Ctrl-C stops the pass within a layer's work
             out = eng.logits(ids)
+    except Cancelled:
+        stop_now.hit = True
     except EngineError as e:
         engine_fail(e, False)
+    if stop_now.hit:  # nothing written: the logits of a stopped pass are not all there
+        err_console.print("interrupted: no logits written")
+        raise typer.Exit(130)
     _save_npy(logits, out)
     print(f"wrote {one_line(str(logits))}: float32 {list(out.shape)}")
 

@@ -154,6 +154,23 @@ def test_eval_writes_logits(mixtral, tmp_path):
         assert np.array_equal(got, e.logits(toks))
 
 
+def test_eval_ctrl_c_stops_the_pass_and_writes_nothing(mixtral, tmp_path, monkeypatch):
+    """Ctrl-C reaches the engine's cancel (Cancelled): exit 130, no .npy of a stopped pass."""
+    import signal
+
+    from moepack.runtime.engine import Cancelled
+
+    def logits(self, tokens, **kw):
+        signal.raise_signal(signal.SIGINT)
+        raise Cancelled("cancelled", -10)
+
+    monkeypatch.setattr(Engine, "logits", logits)
+    out = tmp_path / "l.npy"
+    r = _run("eval", mixtral, "--tokens", "3,4,5", "--logits", out)
+    assert r.exit_code == 130 and "interrupted" in r.stderr, r.output
+    assert not out.exists()
+
+
 def test_chat_keeps_the_kv_cache_across_turns(mixtral, monkeypatch):
     fed: list[int] = []
     real_feed = Engine.feed
