@@ -187,15 +187,15 @@ def fetch_hub(plan: HubPlan, *, jobs: int = 4, policy: DownloadPolicy | None = N
         if sha is not None:
             count(f.size)
             return f.name, f.size, sha
-        if state.status in (COMPLETE, UNVERIFIED):
-            sha = existing_sha(f, path)
-            if sha is not None:
-                return f.name, f.size, sha
-        url = resolve_url(listing.repo, listing.revision, f.name)
-        try:
+        try:   # disk full, a planted link or file, unreadable copy on disk: one clear line
+            if state.status in (COMPLETE, UNVERIFIED):
+                sha = existing_sha(f, path)
+                if sha is not None:
+                    return f.name, f.size, sha
+            url = resolve_url(listing.repo, listing.revision, f.name)
             sha = download(f, url, dest, policy, count, say)
             record.checked(f, sha)
-        except (OSError, UnsafePathError) as e:   # disk full, a planted link: one clear line
+        except (OSError, UnsafePathError) as e:
             raise FetchError(f"{f.name}: {e}") from e
         return f.name, f.size, sha
 

@@ -236,6 +236,26 @@ def test_link_at_the_state_folder_is_refused(serve, tmp_path: Path) -> None:
     assert snapshot(tmp_path, dest) == before and not any(elsewhere.iterdir())
 
 
+def test_state_folder_unusable_with_the_files_already_there_is_one_line(serve,
+                                                                       tmp_path: Path) -> None:
+    """The files are on disk (hashed, not downloaded) and the state folder cannot be made (a
+    file stands at its name): one line naming it, exit 1, not an internal error; the files
+    stay as they were."""
+    dest = tmp_path / "dest"
+    serve(HubRepo(dict(FILES)))
+    assert _fetch(dest)[0] == 0
+    (dest / "moepack-source.json").unlink()
+    for p in (dest / ".moepack-partial").iterdir():
+        p.unlink()
+    (dest / ".moepack-partial").rmdir()
+    (dest / ".moepack-partial").write_bytes(b"not a folder")
+    before = snapshot(tmp_path)
+    rc, out = _fetch(dest)
+    assert rc == 1, out
+    assert ".moepack-partial exists and is not a folder" in error_line(out), out
+    assert snapshot(tmp_path) == before
+
+
 def test_links_at_final_names_and_temporaries_are_replaced_not_followed(
         serve, tmp_path: Path, victim: Path) -> None:
     """A link at NAME, at the state file's .tmp, at the manifest and at its .tmp: each entry is
