@@ -374,6 +374,12 @@ def _replace_dir(tmp: Path, out: Path, old: Path, force: bool) -> None:
     elif st is not None:
         os.rename(out, old)  # fails onto anything but a missing or empty folder
         parked = True
-    os.rename(tmp, out)
+    try:
+        os.rename(tmp, out)
+    except BaseException:  # e.g. no room for the new entry: the earlier export back in place,
+        if parked:         # never left at OUTDIR.old for a --force rerun to remove
+            os.rename(old, out)
+        _remove_own(tmp)
+        raise
     if parked:
         _remove_own(old)

@@ -227,6 +227,29 @@ def test_short_space_is_refused_before_writing(site, monkeypatch) -> None:
     assert changes(before, snapshot(out.parent)) == set()
 
 
+def test_failed_final_rename_puts_the_earlier_export_back(site, monkeypatch) -> None:
+    """The new export is complete but cannot take OUTDIR's name (ENOSPC for the directory
+    entry, say): the earlier export, parked at OUTDIR.old, is renamed back, not left where a
+    --force rerun removes it; this run's OUTDIR.partial goes."""
+    import errno
+    import os
+
+    path, out = site
+    assert moepack("export", path, out)[0] == 0
+    before = snapshot(out.parent)
+    real = os.rename
+
+    def rename(src, dst) -> None:
+        if Path(src) == _sib(out, ".partial"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(src), None, str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(export_mod.os, "rename", rename)
+    rc, output = cli("export", "--force", path, out)
+    assert_one_line_error(rc, output, 1, "No space left on device")
+    assert changes(before, snapshot(out.parent)) == set()
+
+
 @pytest.mark.parametrize(("key", "value", "needle"), [
     ("num_hidden_layers", 3, "which the container does not have"),
     ("hidden_size", 8, "the manifest's model needs [32, 8]"),
