@@ -91,6 +91,33 @@ def token_ids(value: str | None) -> str | None:
     return value
 
 
+def logit_bias(values: list[str] | None) -> list[str] | None:
+    """Typer callback for a repeatable `--logit-bias ID=BIAS` (OpenAI's logit_bias: an int32
+    token id, a finite bias from -100 to 100, each id once); `bias_map` reads the checked list."""
+    seen: set[int] = set()
+    for item in values or []:
+        tid, eq, bias = item.partition("=")
+        if not eq or not _TOKEN_ID.fullmatch(tid) or int(tid) > INT32_MAX:
+            raise typer.BadParameter(f"{printable(item, 40)} is not ID=BIAS (a token id from 0 "
+                                     f"to {INT32_MAX}, =, a number from -100 to 100)")
+        try:
+            b = float(bias)
+        except ValueError:
+            b = math.nan
+        if not (math.isfinite(b) and -100 <= b <= 100):
+            raise typer.BadParameter(f"{printable(item, 40)}: the bias must be a finite number "
+                                     "from -100 to 100")
+        if int(tid) in seen:
+            raise typer.BadParameter(f"token {int(tid)} is given twice")
+        seen.add(int(tid))
+    return values
+
+
+def bias_map(values: list[str] | None) -> dict[int, float]:
+    """{id: bias} of a list `logit_bias` checked."""
+    return {int(t): float(b) for t, _, b in (v.partition("=") for v in values or [])}
+
+
 def choice(*allowed: str) -> Callable[[str], str]:
     """Typer callback accepting only `allowed` (a str option without an Enum)."""
     def check(value: str) -> str:

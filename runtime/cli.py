@@ -26,6 +26,7 @@ from moepack.cliargs import (
     file_problem,
     finite_range,
     json_error,
+    logit_bias,
     nucleus,
     size_option,
 )
@@ -67,9 +68,19 @@ SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=UINT64_MAX, help="Sam
 PresenceOpt = Annotated[float, typer.Option(
     "--presence-penalty", callback=finite_range(-2.0, 2.0),
     help="Subtracted from the logit of each token the reply already holds.")]
+BiasOpt = Annotated[list[str] | None, typer.Option(
+    "--logit-bias", callback=logit_bias, metavar="ID=BIAS",
+    help="Added to token ID's logit before sampling (-100..100; repeat for more tokens).")]
 FrequencyOpt = Annotated[float, typer.Option(
     "--frequency-penalty", callback=finite_range(-2.0, 2.0),
     help="Times each token's count in the reply so far, subtracted from its logit.")]
+
+
+def bias_problem(bias: dict[int, float], vocab: int) -> str | None:
+    """Why `--logit-bias` does not fit this model's vocabulary (None: it does)."""
+    bad = sorted(t for t in bias if t >= vocab)
+    return (f"--logit-bias: token {bad[0]} is not in this model's vocabulary (0..{vocab - 1})"
+            if bad else None)
 
 
 def counted(n: int, word: str) -> str:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from moepack.runtime.cli import (
+    BiasOpt,
     BudgetOpt,
     CtxOpt,
     FileArg,
@@ -20,6 +21,7 @@ from moepack.runtime.cli import (
     ThreadsOpt,
     TopKOpt,
     TopPOpt,
+    bias_problem,
     counted,
     engine_fail,
     err_console,
@@ -28,7 +30,7 @@ from moepack.runtime.cli import (
     require_file,
 )
 
-from moepack.cliargs import INT32_MAX, fail, terminal_text, utf8_problem, utf8_text
+from moepack.cliargs import INT32_MAX, bias_map, fail, terminal_text, utf8_problem, utf8_text
 
 if TYPE_CHECKING:  # imported lazily at run time: `moepack --help` stays fast
     from moepack.runtime.tokenizer import Tokenizer
@@ -44,6 +46,7 @@ def chat_cmd(
     seed: SeedOpt = 0,
     presence_penalty: PresenceOpt = 0.0,
     frequency_penalty: FrequencyOpt = 0.0,
+    logit_bias: BiasOpt = None,
     system: Annotated[str | None, typer.Option(
         "--system", callback=utf8_text, help="System message (UTF-8).")] = None,
     budget: BudgetOpt = None,
@@ -69,6 +72,11 @@ def chat_cmd(
         fail("the container has no chat template")
     eng = open_engine(file, budget=budget, threads=threads, ctx=ctx, kv=kv, snapshots=1,
                 kernels=kernels)
+    bias = bias_map(logit_bias)
+    problem = bias_problem(bias, eng.vocab_size)
+    if problem:
+        eng.close()
+        fail(problem)
     first = [{"role": "system", "content": system}] if system else []  # kept on starting over
     messages = list(first)
     reuse = PrefixReuse(eng)  # KV truncation, or the linear-attention state of the last turn
@@ -109,7 +117,8 @@ def chat_cmd(
                     for t in eng.generate(new, n, temperature=temp, top_k=top_k, top_p=top_p,
                                           seed=seed, reset=False, stop=stop,
                                           presence_penalty=presence_penalty,
-                                          frequency_penalty=frequency_penalty):
+                                          frequency_penalty=frequency_penalty,
+                                          logit_bias=bias):
                         if not reply:  # the prompt is in, the reply not yet: a turn boundary
                             reuse.mark()
                         reply.append(t)

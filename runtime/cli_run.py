@@ -8,6 +8,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from moepack.runtime.cli import (
+    BiasOpt,
     BudgetOpt,
     CtxOpt,
     FileArg,
@@ -21,6 +22,7 @@ from moepack.runtime.cli import (
     ThreadsOpt,
     TopKOpt,
     TopPOpt,
+    bias_problem,
     counted,
     engine_fail,
     err_console,
@@ -31,7 +33,15 @@ from moepack.runtime.cli import (
     stats_line,
 )
 
-from moepack.cliargs import INT32_MAX, choice, terminal_text, token_ids, usage, utf8_text
+from moepack.cliargs import (
+    INT32_MAX,
+    bias_map,
+    choice,
+    terminal_text,
+    token_ids,
+    usage,
+    utf8_text,
+)
 
 
 def _interrupted(as_json: bool, result: dict) -> NoReturn:
@@ -57,6 +67,7 @@ def run_cmd(
     seed: SeedOpt = 0,
     presence_penalty: PresenceOpt = 0.0,
     frequency_penalty: FrequencyOpt = 0.0,
+    logit_bias: BiasOpt = None,
     budget: BudgetOpt = None,
     threads: ThreadsOpt = None,
     ctx: CtxOpt = None,
@@ -104,6 +115,11 @@ def run_cmd(
             engine_fail(EngineError(
                 f"context full: the prompt's {counted(len(ids), 'token')} and -n {n} need "
                 f"{need} positions, ctx is {eng.ctx}{limit}", MP_ECTX), as_json)
+        bias = bias_map(logit_bias)
+        problem = bias_problem(bias, eng.vocab_size)
+        if problem:
+            eng.close()
+            fail_as(problem, as_json)
         stop = sorted(stop_ids(tok, eng.vocab_size, generation_eos_ids(str(file)))) if tok else []
         out: list[int] = []
         dec = StreamDecoder(tok) if tok else None
@@ -112,7 +128,8 @@ def run_cmd(
             with eng:
                 tokens_made = () if stop_now.hit else eng.generate(
                     ids, n, temperature=temp, top_k=top_k, top_p=top_p, seed=seed, stop=stop,
-                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
+                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                    logit_bias=bias)
                 try:
                     for t in tokens_made:
                         out.append(t)

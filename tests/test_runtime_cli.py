@@ -396,6 +396,36 @@ def test_run_ctrl_c_finishes_the_line_and_says_so(mixtral, monkeypatch):
     assert out["prompt_tokens"] == [5, 9] and "decode_tok_s" in out["stats"], out
 
 
+def test_run_logit_bias_steers_sampling_and_bad_values_are_refused(mixtral):
+    r = _run("run", mixtral, "--tokens", "5,9", "-n", 4, "--json", "--logit-bias", "40=100",
+             "--logit-bias", "41=-100")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["tokens"] == [40, 40, 40, 40]
+    for bad, why in (("40", "not ID=BIAS"), ("40=101", "from -100 to 100"),
+                     ("40=nan", "finite"), ("x=1", "not ID=BIAS")):
+        r = _run("run", mixtral, "--tokens", "5,9", "--logit-bias", bad)
+        assert r.exit_code == 2 and why in r.output, (bad, r.output)
+    r = _run("run", mixtral, "--tokens", "5,9", "--logit-bias", "1=1", "--logit-bias", "1=2")
+    assert r.exit_code == 2 and "given twice" in r.output, r.output
+    r = _run("run", mixtral, "--tokens", "5,9", "--logit-bias", "9999=1", "--json")
+    assert r.exit_code == 1 and "vocabulary" in json.loads(r.stdout)["error"]["message"]
+
+
+def test_chat_takes_logit_bias(mixtral, monkeypatch):
+    calls: list[dict] = []
+    real = Engine.generate
+
+    def generate(self, prompt, n=32, **kw):
+        calls.append(kw.get("logit_bias"))
+        return real(self, prompt, n, **kw)
+
+    monkeypatch.setattr(Engine, "generate", generate)
+    r = _run("chat", mixtral, "-n", 2, "--logit-bias", "40=5", input="w5\n\n")
+    assert r.exit_code == 0 and calls == [{40: 5.0}], (calls, r.output)
+    r = _run("chat", mixtral, "--logit-bias", "9999=1", input="w5\n\n")
+    assert r.exit_code == 1 and "vocabulary" in r.output, r.output
+
+
 def test_run_refuses_prompt_text_and_tokens_together(mixtral):
     r = _run("run", mixtral, "w5", "--tokens", "1,2", "-n", 2)
     assert r.exit_code == 2, r.output
