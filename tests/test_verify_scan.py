@@ -146,3 +146,26 @@ def test_auto_reads_cached_files_from_the_page_cache(blob: Path) -> None:
         pytest.skip("this filesystem keeps the file cached (tmpfs?)")
     assert choose_direct("auto", blob, 0, size)
     assert choose_direct("direct", blob, 0, size) and not choose_direct("buffered", blob, 0, size)
+
+
+def test_file_shrinking_during_scan_names_one_end(container: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every item past the cut names where the file ended, not the start of the chunk that
+    happened to read nothing (which made each later item name another, wrong, end)."""
+    with Container.open(container) as c:
+        sections, end = c.sections, c.header.index_offset
+        cut = c.expert_range(1, 0)[0] + 100
+    real = os.preadv
+
+    def preadv(fd: int, bufs: list, off: int) -> int:
+        if off >= cut:
+            return 0
+        n = real(fd, bufs, off)
+        return min(n, cut - off)
+
+    monkeypatch.setattr(reads.os, "preadv", preadv)
+    items = build_items(sections, HEADER_SIZE, end)
+    res = scan(container, items, HEADER_SIZE, end, chunk=PAGE)
+    damage, _ = judge(items, res, tables_by_layer(sections))
+    assert len(damage) > 2
+    assert {d.detail for d in damage} == {f"file ended at offset {cut} during verification"}

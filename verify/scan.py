@@ -131,14 +131,17 @@ def scan(path: str | Path, items: list[Item], start: int, end: int, *, threads: 
     res = work.result
     total = end - start
     i = 0
+    ended: int | None = None  # where the file was first seen to end (it shrank while read)
     with RangeReader(path, start, end, mode=mode, chunk=chunk) as reader, \
             ThreadPoolExecutor(max(1, threads), thread_name_prefix="moepack-hash") as pool:
         for ch in reader.chunks():
             c0 = ch.offset
             c1 = min((c0 // chunk + 1) * chunk, end)
             avail = c0 + len(ch.data)
+            if avail < c1 and not ch.error and ended is None:
+                ended = avail  # later chunks read nothing: they start past the end, not at it
             why = f"read error at offset {c0}: {ch.error}" if ch.error else \
-                f"file ended at offset {avail} during verification"
+                f"file ended at offset {avail if ended is None else ended} during verification"
             # A file that shrank since it was opened breaks the header's file_size rule.
             why_code = None if ch.error else "file_size_mismatch"
             segs: list[_Segment] = []
