@@ -282,10 +282,8 @@ class _Download:
         h = self._add(recheck)
         try:
             at_start = self._until_done(h)
-        except BaseException:
-            self._close(h, failing=True)   # the first error is the one the user sees
-            raise
-        self._close(h)
+        finally:
+            self._close(h)
         return at_start
 
     def _until_done(self, h: lt.torrent_handle) -> int:
@@ -332,23 +330,22 @@ class _Download:
         for b in blobs:
             self.stage.write_resume(b)
 
-    def _close(self, h: lt.torrent_handle, *, failing: bool = False) -> None:
-        """Save resume data, then remove the torrent so its file is closed before verify.
-        While another error is on its way out (`failing`), a resume file that cannot be saved
-        (the same full disk) is skipped: a rerun rechecks the staged file instead."""
+    def _close(self, h: lt.torrent_handle) -> None:
+        """Save resume data, then remove the torrent so its file is closed before verify. The
+        transfer is over: complete (verified next, the resume data then dropped) or failing
+        with its own error, the one the user sees. So a resume file that cannot be saved (a
+        disk that filled after the last piece) is skipped, never an error of its own: a rerun
+        rechecks the staged file instead."""
         if not h.is_valid():
             return
-        problem: FetchError | None = None
         try:
             self._save_resume(h)
-        except FetchError as e:
-            problem = None if failing else e
+        except FetchError:
+            pass
         self.ses.remove_torrent(h)
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline and not drain(self.ses).removed:
             time.sleep(0.05)
-        if problem is not None:
-            raise problem
 
     def _save_resume(self, h: lt.torrent_handle) -> None:
         h.save_resume_data(lt.save_resume_flags_t.flush_disk_cache)

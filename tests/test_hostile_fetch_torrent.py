@@ -181,6 +181,28 @@ def test_disk_full_during_a_torrent_fetch_is_one_line(tmp_path: Path, tiny_fs: P
     assert not (dest / path.name).exists(), "an unverified file never gets the final name"
 
 
+def test_resume_data_that_cannot_be_saved_after_the_last_piece_is_no_error(
+        small, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills after the last piece arrived: the resume data (only a shortcut for a
+    rerun) cannot be saved, and the complete, verified container is still published, exit 0;
+    it used to fail with 'cannot save resume data' and leave the container unpublished."""
+    from moepack.fetch.errors import FetchError
+    from moepack.fetch.staging import Staging
+
+    path, torrent, _ = small
+
+    def full(self: Staging, data: bytes) -> None:
+        raise FetchError(f"cannot save resume data in {self.dir}: No space left on device")
+
+    monkeypatch.setattr(Staging, "write_resume", full)
+    dest = tmp_path / "dest"
+    with seed_in_background(torrent, path) as seeder:
+        rc, out = _fetch(torrent, dest, f"127.0.0.1:{seeder.port}")
+    assert rc == 0, out
+    assert (dest / path.name).read_bytes() == path.read_bytes()
+    assert not (dest / STAGING_DIR).exists()
+
+
 # -- paths -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", ["missing folder", "a folder"])
