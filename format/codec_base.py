@@ -24,7 +24,9 @@ def bad_codec(why: str) -> FormatError:
 
 
 def int_field(codec: dict, key: str) -> int:
-    v = codec.get(key)
+    if key not in codec:
+        raise bad_codec(f"codec {codec.get('name')!r}: missing key {key!r}")
+    v = codec[key]
     if type(v) is not int:  # bool is an int subclass: refuse it too
         raise bad_codec(f"codec {codec.get('name')!r}: {key!r} must be an integer, got {v!r}")
     return v

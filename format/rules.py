@@ -28,6 +28,15 @@ def check_int(value: Any, where: str, lo: int = 0, hi: int = MAX_U63) -> int:
     return value
 
 
+def required(obj: dict, key: str, where: str) -> Any:
+    """`obj[key]`, or the FormatError `WHERE: missing key 'KEY'` (code missing_key) when the key is
+    absent; `where` names the object. A key present with JSON null is returned (None): the type
+    check that follows refuses it as `wrong_type`, so absent and null stay distinct."""
+    if key not in obj:
+        raise reject("missing_key", where, f"missing key {key!r}")
+    return obj[key]
+
+
 def _check_type(value: Any, kind: type, what: str, where: str) -> Any:
     if not isinstance(value, kind):
         raise reject("wrong_type", where, f"expected {what}, got {type(value).__name__}")
@@ -86,7 +95,7 @@ def codec_nbytes(codec: Any, shape: tuple[int, ...], where: str) -> int:
 
     The codec checks validate every key's type explicitly: any other exception is a bug."""
     codec = check_obj(codec, f"{where}.codec")
-    name = check_str(codec.get("name"), f"{where}.codec.name")
+    name = check_str(required(codec, "name", f"{where}.codec"), f"{where}.codec.name")
     code = "bad_codec" if name in codecs.CODECS else "unknown_codec"
     try:
         codecs.validate_codec(codec, shape)
@@ -111,29 +120,28 @@ def validate_manifest(manifest: Any, where: str = "index.manifest") -> dict:
     """Check the manifest keys of FORMAT.md section 6 (unknown keys are allowed and ignored)."""
     m = check_obj(manifest, where)
     for key in ("model", "source", "converter", "codecs"):
-        if key not in m:
-            raise reject("missing_key", where, f"missing key {key!r}")
-        check_obj(m[key], f"{where}.{key}")
-    check_str(m["model"].get("arch"), f"{where}.model.arch")
+        check_obj(required(m, key, where), f"{where}.{key}")
+    check_str(required(m["model"], "arch", f"{where}.model"), f"{where}.model.arch")
+    sw = f"{where}.source"
     src = m["source"]
-    check_str(src.get("architecture"), f"{where}.source.architecture")
-    check_obj(src.get("config"), f"{where}.source.config")
-    files = check_list(src.get("files"), f"{where}.source.files")
+    check_str(required(src, "architecture", sw), f"{sw}.architecture")
+    check_obj(required(src, "config", sw), f"{sw}.config")
+    files = check_list(required(src, "files", sw), f"{sw}.files")
     names = []
     for i, f in enumerate(files):
-        fw = f"{where}.source.files[{i}]"
+        fw = f"{sw}.files[{i}]"
         check_obj(f, fw)
-        names.append(check_str(f.get("name"), f"{fw}.name"))
-        check_int(f.get("size"), f"{fw}.size")
-        check_hex_hash(f.get("sha256"), f"{fw}.sha256")
+        names.append(check_str(required(f, "name", fw), f"{fw}.name"))
+        check_int(required(f, "size", fw), f"{fw}.size")
+        check_hex_hash(required(f, "sha256", fw), f"{fw}.sha256")
     if names != sorted(names) or len(set(names)) != len(names):
-        raise reject("files_unsorted", f"{where}.source.files",
-                     "not sorted by name or names repeat")
+        raise reject("files_unsorted", f"{sw}.files", "not sorted by name or names repeat")
+    cw = f"{where}.converter"
     conv = m["converter"]
-    check_str(conv.get("name"), f"{where}.converter.name")
-    check_str(conv.get("version"), f"{where}.converter.version")
-    check_obj(conv.get("settings"), f"{where}.converter.settings")
+    check_str(required(conv, "name", cw), f"{cw}.name")
+    check_str(required(conv, "version", cw), f"{cw}.version")
+    check_obj(required(conv, "settings", cw), f"{cw}.settings")
     for cls, codec in m["codecs"].items():
-        cw = f"{where}.codecs.{cls}"
-        check_str(check_obj(codec, cw).get("name"), f"{cw}.name")
+        kw = f"{where}.codecs.{cls}"
+        check_str(required(check_obj(codec, kw), "name", kw), f"{kw}.name")
     return m

@@ -29,6 +29,7 @@ from moepack.format.rules import (
     check_shape,
     check_str,
     codec_nbytes,
+    required,
 )
 
 KNOWN_TYPES = ("tensor", "blob", "expert_hashes", "expert_bank")
@@ -53,10 +54,10 @@ def _check_common(i: int, s: Any, h: Header) -> tuple[str, int, int]:
     w = f"index.sections[{i}]"
     s = check_obj(s, w)
     w = _where(i, s)
-    kind = check_str(s.get("type"), f"{w}.type")
-    check_name(s.get("name"), f"{w}.name")
-    offset = check_int(s.get("offset"), f"{w}.offset")
-    length = check_int(s.get("length"), f"{w}.length", 1)
+    kind = check_str(required(s, "type", w), f"{w}.type")
+    check_name(required(s, "name", w), f"{w}.name")
+    offset = check_int(required(s, "offset", w), f"{w}.offset")
+    length = check_int(required(s, "length", w), f"{w}.length", 1)
     need = h.alignment if kind == "expert_bank" else SECTION_ALIGNMENT
     if offset % need:
         raise reject("misaligned", f"{w}.offset", f"{offset} is not a multiple of {need}")
@@ -70,7 +71,7 @@ def _check_common(i: int, s: Any, h: Header) -> tuple[str, int, int]:
         if "hash" in s:
             raise reject("bank_hash", f"{w}.hash", "expert banks carry no section hash")
     else:
-        check_hex_hash(s.get("hash"), f"{w}.hash")
+        check_hex_hash(required(s, "hash", w), f"{w}.hash")
     return kind, offset, length
 
 
@@ -101,11 +102,11 @@ def _check_layout_flag(w: str, codec: dict, h: Header) -> None:
 
 
 def _check_tensor(w: str, s: dict[str, Any], h: Header) -> None:
-    cls = check_str(s.get("class"), f"{w}.class")
+    cls = check_str(required(s, "class", w), f"{w}.class")
     if not cls:
         raise reject("empty_class", f"{w}.class", "empty")
-    shape = check_shape(s.get("shape"), f"{w}.shape")
-    n = codec_nbytes(s.get("codec"), shape, w)
+    shape = check_shape(required(s, "shape", w), f"{w}.shape")
+    n = codec_nbytes(required(s, "codec", w), shape, w)
     check_class_codec(cls, s["codec"], w)
     _check_layout_flag(w, s["codec"], h)
     if n != s["length"]:
@@ -115,28 +116,29 @@ def _check_tensor(w: str, s: dict[str, Any], h: Header) -> None:
 
 def _check_blob(w: str, s: dict[str, Any]) -> None:
     check_blob_name(s["name"], f"{w}.name")
-    comp = s.get("compression")
+    comp = required(s, "compression", w)
     if comp not in ("none", "zstd"):
         raise reject("blob_compression", f"{w}.compression", f"{comp!r} is not 'none' or 'zstd'")
-    raw = check_int(s.get("raw_length"), f"{w}.raw_length", 0, MAX_BLOB_RAW)
+    raw = check_int(required(s, "raw_length", w), f"{w}.raw_length", 0, MAX_BLOB_RAW)
     if comp == "none" and raw != s["length"]:
         raise reject("blob_raw_length", f"{w}.raw_length",
                      f"{raw} != length {s['length']} for compression 'none'")
 
 
 def _check_parts(w: str, s: dict[str, Any], h: Header) -> int:
-    parts = check_list(s.get("parts"), f"{w}.parts")
-    names = [check_obj(p, f"{w}.parts[{j}]").get("name") for j, p in enumerate(parts)]
+    parts = check_list(required(s, "parts", w), f"{w}.parts")
+    names = [required(check_obj(p, f"{w}.parts[{j}]"), "name", f"{w}.parts[{j}]")
+             for j, p in enumerate(parts)]
     if tuple(names) != BANK_PARTS:
         raise reject("part_names", f"{w}.parts", f"names must be {list(BANK_PARTS)} in order")
     pos = 0
     for j, p in enumerate(parts):
         pw = f"{w}.parts[{j}]"
-        shape = check_shape(p.get("shape"), f"{pw}.shape")
-        n = codec_nbytes(p.get("codec"), shape, pw)
+        shape = check_shape(required(p, "shape", pw), f"{pw}.shape")
+        n = codec_nbytes(required(p, "codec", pw), shape, pw)
         _check_layout_flag(pw, p["codec"], h)
-        off = check_int(p.get("offset"), f"{pw}.offset")
-        length = check_int(p.get("length"), f"{pw}.length", 1)
+        off = check_int(required(p, "offset", pw), f"{pw}.offset")
+        length = check_int(required(p, "length", pw), f"{pw}.length", 1)
         if off != align_up(pos, SECTION_ALIGNMENT):
             raise reject("part_offset", f"{pw}.offset",
                          f"{off} != {align_up(pos, SECTION_ALIGNMENT)}")
@@ -149,14 +151,14 @@ def _check_parts(w: str, s: dict[str, Any], h: Header) -> int:
 
 def _check_bank(w: str, s: dict[str, Any], h: Header) -> None:
     alignment = h.alignment
-    check_int(s.get("layer"), f"{w}.layer", 0, MAX_LAYER)
-    count = check_int(s.get("count"), f"{w}.count", 1, MAX_EXPERTS)
-    stride = check_int(s.get("stride"), f"{w}.stride", 1)
-    record_length = check_int(s.get("record_length"), f"{w}.record_length", 1)
+    check_int(required(s, "layer", w), f"{w}.layer", 0, MAX_LAYER)
+    count = check_int(required(s, "count", w), f"{w}.count", 1, MAX_EXPERTS)
+    stride = check_int(required(s, "stride", w), f"{w}.stride", 1)
+    record_length = check_int(required(s, "record_length", w), f"{w}.record_length", 1)
     if s["type"] == MTP_BANK:
         check_mtp_bank(w, s, alignment)
     else:
-        check_name(s.get("hashes"), f"{w}.hashes")
+        check_name(required(s, "hashes", w), f"{w}.hashes")
     if stride % alignment:
         raise reject("stride", f"{w}.stride",
                      f"{stride} is not a multiple of the alignment {alignment}")

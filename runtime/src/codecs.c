@@ -18,12 +18,16 @@ static int is_str(const mp_json *v, const char *lit) {
     return s && n == strlen(lit) && memcmp(s, lit, n) == 0;
 }
 
-/* codec_base.int_field: type(v) is int (bool excluded) */
+/* codec_base.int_field: present, and type(v) is int (bool excluded) */
 static int int_field(const mp_json *codec, const char *rn, const char *key, int64_t *x, char *msg,
                      size_t n) {
     rbuf b;
     const mp_json *v = mp_json_get(codec, key);
-    if (mp_json_type_of(v) != MP_JSON_INT || !v) {
+    if (!v) { /* absent; a JSON null is present and gets the type message below */
+        snprintf(msg, n, "codec %s: missing key '%s'", rn, key);
+        return -1;
+    }
+    if (mp_json_type_of(v) != MP_JSON_INT) {
         snprintf(msg, n, "codec %s: '%s' must be an integer, got %s", rn, key, R(v, b));
         return -1;
     }

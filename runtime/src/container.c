@@ -135,6 +135,16 @@ static int chk_list(E *e, const mp_json *v, const char *where) {
     return 0;
 }
 
+/* rules.required: obj's value for key, or NULL after the failure `WHERE: missing key 'KEY'`
+ * (missing_key; WHERE names the object) when the key is absent. A JSON null is a node, not
+ * NULL: the type check that follows refuses it as wrong_type, so absent and null stay distinct. */
+static const mp_json *req(E *e, const mp_json *obj, const char *key, const char *where) {
+    const mp_json *v = mp_json_get(obj, key);
+    rbuf b;
+    if (!v) FAIL("missing_key", "%s: missing key %s", where, RS(key, b));
+    return v;
+}
+
 static int chk_name(E *e, const mp_json *v, const char *where, const char **out) {
     const char *s = NULL; size_t n = 0;
     if (chk_str(e, v, where, &s, &n)) return MP_EFORMAT;
@@ -193,10 +203,11 @@ static int codec_check(E *e, const mp_json *codec, int ndim, const int64_t *shap
     wcat(pre, sizeof pre, where, ".codec");
     if (chk_obj(e, codec, pre)) return MP_EFORMAT;
     snprintf(w, sizeof w, "%s.codec.name", where);
-    if (chk_str(e, mp_json_get(codec, "name"), w, NULL, NULL)) return MP_EFORMAT;
+    const mp_json *name = req(e, codec, "name", pre);
+    if (!name || chk_str(e, name, w, NULL, NULL)) return MP_EFORMAT;
     const char *code = "unknown_codec";
     for (int k = 0; k < MP_CODEC_COUNT; k++)
-        if (is_str(mp_json_get(codec, "name"), mp_codecs[k].name)) code = "bad_codec";
+        if (is_str(name, mp_codecs[k].name)) code = "bad_codec";
     int rc = mp_codec_parse(codec, ndim, shape, ci, msg, sizeof msg);
     if (rc == MP_ENOMEM) return mp_seterr(e->err, e->errlen, MP_ENOMEM, "out of memory");
     if (rc) return FAIL(code, "%s: %s", pre, msg);
@@ -287,16 +298,16 @@ static int check_common(E *e, mp_container *c, size_t i, const mp_json *s, sec *
     const char *W = x->where;
     x->j = s;
     wcat(w, sizeof w, W, ".type");
-    const mp_json *t = mp_json_get(s, "type");
-    if (chk_str(e, t, w, NULL, NULL)) return MP_EFORMAT;
+    const mp_json *t = req(e, s, "type", W), *v;
+    if (!t || chk_str(e, t, w, NULL, NULL)) return MP_EFORMAT;
     x->kind = is_str(t, "tensor") ? K_TENSOR : is_str(t, "blob") ? K_BLOB : is_str(t, "expert_hashes") ? K_HASHES
               : is_str(t, "expert_bank") ? K_BANK : K_OTHER;
     wcat(w, sizeof w, W, ".name");
-    if (chk_name(e, mp_json_get(s, "name"), w, &x->name)) return MP_EFORMAT;
+    if (!(v = req(e, s, "name", W)) || chk_name(e, v, w, &x->name)) return MP_EFORMAT;
     wcat(w, sizeof w, W, ".offset");
-    if (chk_int(e, mp_json_get(s, "offset"), w, 0, MAX_U63, &x->off)) return MP_EFORMAT;
+    if (!(v = req(e, s, "offset", W)) || chk_int(e, v, w, 0, MAX_U63, &x->off)) return MP_EFORMAT;
     wcat(w, sizeof w, W, ".length");
-    if (chk_int(e, mp_json_get(s, "length"), w, 1, MAX_U63, &x->len)) return MP_EFORMAT;
+    if (!(v = req(e, s, "length", W)) || chk_int(e, v, w, 1, MAX_U63, &x->len)) return MP_EFORMAT;
     uint64_t need = x->kind == K_BANK ? c->alignment : SECTION_ALIGNMENT;
     if (x->off % need) return FAIL("misaligned", "%s.offset: %llu is not a multiple of %llu", W, U(x->off), U(need));
     if (x->off < c->alignment) return FAIL("header_region", "%s.offset: %llu lies in the header region (< %u)", W, U(x->off), c->alignment);
@@ -306,7 +317,7 @@ static int check_common(E *e, mp_container *c, size_t i, const mp_json *s, sec *
         if (mp_json_get(s, "hash")) return FAIL("bank_hash", "%s.hash: expert banks carry no section hash", W);
     } else {
         wcat(w, sizeof w, W, ".hash");
-        if (chk_hex(e, mp_json_get(s, "hash"), w, NULL)) return MP_EFORMAT;
+        if (!(v = req(e, s, "hash", W)) || chk_hex(e, v, w, NULL)) return MP_EFORMAT;
     }
     return 0;
 }
@@ -322,13 +333,15 @@ static int check_tensor(E *e, uint32_t flags, sec *x, mp_tensor_info *t) {
     char w[720];
     const char *W = x->where;
     size_t n;
+    const mp_json *v;
     wcat(w, sizeof w, W, ".class");
-    if (chk_str(e, mp_json_get(x->j, "class"), w, &t->cls, &n)) return MP_EFORMAT;
+    if (!(v = req(e, x->j, "class", W)) || chk_str(e, v, w, &t->cls, &n)) return MP_EFORMAT;
     if (n == 0) return FAIL("empty_class", "%s.class: empty", W);
     wcat(w, sizeof w, W, ".shape");
-    if (chk_shape(e, mp_json_get(x->j, "shape"), w, &t->ndim, t->shape)) return MP_EFORMAT;
+    if (!(v = req(e, x->j, "shape", W)) || chk_shape(e, v, w, &t->ndim, t->shape)) return MP_EFORMAT;
     uint64_t nb;
-    int r = codec_check(e, mp_json_get(x->j, "codec"), t->ndim, t->shape, W, &t->codec, &nb);
+    if (!(v = req(e, x->j, "codec", W))) return MP_EFORMAT;
+    int r = codec_check(e, v, t->ndim, t->shape, W, &t->codec, &nb);
     if (r) return r;
     /* length-checked compare: a class with an embedded NUL is not 'codebook' (as in Python) */
     if (n == 8 && !memcmp(t->cls, "codebook", 8) && t->codec.kind != MP_CODEC_F32 && t->codec.kind != MP_CODEC_F16)
@@ -361,12 +374,13 @@ static int check_blob(E *e, uint32_t i_unused, sec *x, mp_blob_info *bl) {
     const char *W = x->where;
     const char *why = file_name_problem(x->name, strlen(x->name));
     if (why) return FAIL("blob_name", "%s.name: %s; a blob name must be a plain file name", W, why);
-    const mp_json *comp = mp_json_get(x->j, "compression");
+    const mp_json *comp = req(e, x->j, "compression", W), *v;
+    if (!comp) return MP_EFORMAT;
     int none = is_str(comp, "none"), zstd = is_str(comp, "zstd");
     if (!none && !zstd) return FAIL("blob_compression", "%s.compression: %s is not 'none' or 'zstd'", W, R(comp, b));
     uint64_t raw;
     wcat(w, sizeof w, W, ".raw_length");
-    if (chk_int(e, mp_json_get(x->j, "raw_length"), w, 0, MAX_BLOB_RAW, &raw)) return MP_EFORMAT;
+    if (!(v = req(e, x->j, "raw_length", W)) || chk_int(e, v, w, 0, MAX_BLOB_RAW, &raw)) return MP_EFORMAT;
     if (none && raw != x->len)
         return FAIL("blob_raw_length", "%s.raw_length: %llu != length %llu for compression 'none'", W, U(raw), U(x->len));
     bl->name = x->name; bl->zstd = zstd; bl->offset = x->off; bl->length = x->len; bl->raw_length = raw;
@@ -379,13 +393,13 @@ static const char *const PARTS[3] = {"gate", "up", "down"};
 static int check_parts(E *e, uint32_t flags, sec *x, mp_bank_info *bk, uint64_t *end) {
     char w[720], pw[720];
     const char *W = x->where;
-    const mp_json *parts = mp_json_get(x->j, "parts");
+    const mp_json *parts = req(e, x->j, "parts", W), *v;
     wcat(w, sizeof w, W, ".parts");
-    if (chk_list(e, parts, w)) return MP_EFORMAT;
+    if (!parts || chk_list(e, parts, w)) return MP_EFORMAT;
     size_t np = mp_json_len(parts);
     for (size_t j = 0; j < np; j++) {
         snprintf(pw, sizeof pw, "%s.parts[%zu]", W, j);
-        if (chk_obj(e, mp_json_at(parts, j), pw)) return MP_EFORMAT;
+        if (chk_obj(e, mp_json_at(parts, j), pw) || !req(e, mp_json_at(parts, j), "name", pw)) return MP_EFORMAT;
     }
     int ok = np == 3;
     for (size_t j = 0; ok && j < 3; j++) ok = is_str(mp_json_get(mp_json_at(parts, j), "name"), PARTS[j]);
@@ -397,14 +411,15 @@ static int check_parts(E *e, uint32_t flags, sec *x, mp_bank_info *bk, uint64_t 
         pi->name = PARTS[j];
         snprintf(pw, sizeof pw, "%s.parts[%zu]", W, j);
         wcat(w, sizeof w, pw, ".shape");
-        if (chk_shape(e, mp_json_get(p, "shape"), w, &pi->ndim, pi->shape)) return MP_EFORMAT;
+        if (!(v = req(e, p, "shape", pw)) || chk_shape(e, v, w, &pi->ndim, pi->shape)) return MP_EFORMAT;
         uint64_t nb, off, len;
-        int r = codec_check(e, mp_json_get(p, "codec"), pi->ndim, pi->shape, pw, &pi->codec, &nb);
+        if (!(v = req(e, p, "codec", pw))) return MP_EFORMAT;
+        int r = codec_check(e, v, pi->ndim, pi->shape, pw, &pi->codec, &nb);
         if (r || (r = check_layout_flag(e, flags, &pi->codec, pw))) return r;
         wcat(w, sizeof w, pw, ".offset");
-        if (chk_int(e, mp_json_get(p, "offset"), w, 0, MAX_U63, &off)) return MP_EFORMAT;
+        if (!(v = req(e, p, "offset", pw)) || chk_int(e, v, w, 0, MAX_U63, &off)) return MP_EFORMAT;
         wcat(w, sizeof w, pw, ".length");
-        if (chk_int(e, mp_json_get(p, "length"), w, 1, MAX_U63, &len)) return MP_EFORMAT;
+        if (!(v = req(e, p, "length", pw)) || chk_int(e, v, w, 1, MAX_U63, &len)) return MP_EFORMAT;
         if (off != align_up(pos, SECTION_ALIGNMENT)) return FAIL("part_offset", "%s.offset: %llu != %llu", pw, U(off), U(align_up(pos, SECTION_ALIGNMENT)));
         if (len != nb) return FAIL("length_mismatch", "%s.length: %llu != %llu bytes for shape \xc3\x97 codec", pw, U(len), U(nb));
         pi->offset = off; pi->length = len;
@@ -419,16 +434,17 @@ static int check_bank(E *e, mp_container *c, sec *x, mp_bank_info *bk) {
     char w[720];
     const char *W = x->where;
     uint64_t layer = 0, count = 0, stride = 0, rl = 0, end = 0, prod = 0;
+    const mp_json *v;
     wcat(w, sizeof w, W, ".layer");
-    if (chk_int(e, mp_json_get(x->j, "layer"), w, 0, MAX_LAYER, &layer)) return MP_EFORMAT;
+    if (!(v = req(e, x->j, "layer", W)) || chk_int(e, v, w, 0, MAX_LAYER, &layer)) return MP_EFORMAT;
     wcat(w, sizeof w, W, ".count");
-    if (chk_int(e, mp_json_get(x->j, "count"), w, 1, MAX_EXPERTS, &count)) return MP_EFORMAT;
+    if (!(v = req(e, x->j, "count", W)) || chk_int(e, v, w, 1, MAX_EXPERTS, &count)) return MP_EFORMAT;
     wcat(w, sizeof w, W, ".stride");
-    if (chk_int(e, mp_json_get(x->j, "stride"), w, 1, MAX_U63, &stride)) return MP_EFORMAT;
+    if (!(v = req(e, x->j, "stride", W)) || chk_int(e, v, w, 1, MAX_U63, &stride)) return MP_EFORMAT;
     wcat(w, sizeof w, W, ".record_length");
-    if (chk_int(e, mp_json_get(x->j, "record_length"), w, 1, MAX_U63, &rl)) return MP_EFORMAT;
+    if (!(v = req(e, x->j, "record_length", W)) || chk_int(e, v, w, 1, MAX_U63, &rl)) return MP_EFORMAT;
     wcat(w, sizeof w, W, ".hashes");
-    if (chk_name(e, mp_json_get(x->j, "hashes"), w, &bk->hashes_name)) return MP_EFORMAT;
+    if (!(v = req(e, x->j, "hashes", W)) || chk_name(e, v, w, &bk->hashes_name)) return MP_EFORMAT;
     if (stride % c->alignment) return FAIL("stride", "%s.stride: %llu is not a multiple of the alignment %u", W, U(stride), c->alignment);
     if (__builtin_mul_overflow(count, stride, &prod) || prod != x->len)
         return FAIL("bank_length", "%s.length: %llu != count %llu \xc3\x97 stride %llu", W, U(x->len), U(count), U(stride));
@@ -564,21 +580,20 @@ out:
 static int validate_manifest(E *e, const mp_json *m) {
     static const char *const KEYS[4] = {"model", "source", "converter", "codecs"};
     char w[700];
-    rbuf b;
-    const char *W = "index.manifest";
+    const char *W = "index.manifest", *SW = "index.manifest.source", *CW = "index.manifest.converter";
+    const mp_json *v;
     if (chk_obj(e, m, W)) return MP_EFORMAT;
     for (int k = 0; k < 4; k++) {
-        const mp_json *v = mp_json_get(m, KEYS[k]);
-        if (!v) return FAIL("missing_key", "%s: missing key %s", W, RS(KEYS[k], b));
         snprintf(w, sizeof w, "%s.%s", W, KEYS[k]);
-        if (chk_obj(e, v, w)) return MP_EFORMAT;
+        if (!(v = req(e, m, KEYS[k], W)) || chk_obj(e, v, w)) return MP_EFORMAT;
     }
-    if (chk_str(e, mp_json_get(mp_json_get(m, "model"), "arch"), "index.manifest.model.arch", NULL, NULL)) return MP_EFORMAT;
+    if (!(v = req(e, mp_json_get(m, "model"), "arch", "index.manifest.model")) ||
+        chk_str(e, v, "index.manifest.model.arch", NULL, NULL)) return MP_EFORMAT;
     const mp_json *src = mp_json_get(m, "source");
-    if (chk_str(e, mp_json_get(src, "architecture"), "index.manifest.source.architecture", NULL, NULL)) return MP_EFORMAT;
-    if (chk_obj(e, mp_json_get(src, "config"), "index.manifest.source.config")) return MP_EFORMAT;
-    const mp_json *files = mp_json_get(src, "files");
-    if (chk_list(e, files, "index.manifest.source.files")) return MP_EFORMAT;
+    if (!(v = req(e, src, "architecture", SW)) || chk_str(e, v, "index.manifest.source.architecture", NULL, NULL)) return MP_EFORMAT;
+    if (!(v = req(e, src, "config", SW)) || chk_obj(e, v, "index.manifest.source.config")) return MP_EFORMAT;
+    const mp_json *files = req(e, src, "files", SW);
+    if (!files || chk_list(e, files, "index.manifest.source.files")) return MP_EFORMAT;
     int sorted = 1;
     const char *prev = NULL; size_t prevlen = 0;
     for (size_t i = 0; i < mp_json_len(files); i++) {
@@ -588,11 +603,11 @@ static int validate_manifest(E *e, const mp_json *m) {
         if (chk_obj(e, f, fw)) return MP_EFORMAT;
         const char *name = NULL; size_t nl = 0; uint64_t sz = 0;
         wcat(w, sizeof w, fw, ".name");
-        if (chk_str(e, mp_json_get(f, "name"), w, &name, &nl)) return MP_EFORMAT;
+        if (!(v = req(e, f, "name", fw)) || chk_str(e, v, w, &name, &nl)) return MP_EFORMAT;
         wcat(w, sizeof w, fw, ".size");
-        if (chk_int(e, mp_json_get(f, "size"), w, 0, MAX_U63, &sz)) return MP_EFORMAT;
-        snprintf(w, sizeof w, "%s.sha256", fw);
-        if (chk_hex(e, mp_json_get(f, "sha256"), w, NULL)) return MP_EFORMAT;
+        if (!(v = req(e, f, "size", fw)) || chk_int(e, v, w, 0, MAX_U63, &sz)) return MP_EFORMAT;
+        wcat(w, sizeof w, fw, ".sha256");
+        if (!(v = req(e, f, "sha256", fw)) || chk_hex(e, v, w, NULL)) return MP_EFORMAT;
         if (prev) { /* strictly increasing by code point (= UTF-8 byte order) */
             size_t mn = prevlen < nl ? prevlen : nl;
             int cmpv = mn ? memcmp(prev, name, mn) : 0;
@@ -602,16 +617,16 @@ static int validate_manifest(E *e, const mp_json *m) {
     }
     if (!sorted) return FAIL("files_unsorted", "index.manifest.source.files: not sorted by name or names repeat");
     const mp_json *conv = mp_json_get(m, "converter");
-    if (chk_str(e, mp_json_get(conv, "name"), "index.manifest.converter.name", NULL, NULL)) return MP_EFORMAT;
-    if (chk_str(e, mp_json_get(conv, "version"), "index.manifest.converter.version", NULL, NULL)) return MP_EFORMAT;
-    if (chk_obj(e, mp_json_get(conv, "settings"), "index.manifest.converter.settings")) return MP_EFORMAT;
+    if (!(v = req(e, conv, "name", CW)) || chk_str(e, v, "index.manifest.converter.name", NULL, NULL)) return MP_EFORMAT;
+    if (!(v = req(e, conv, "version", CW)) || chk_str(e, v, "index.manifest.converter.version", NULL, NULL)) return MP_EFORMAT;
+    if (!(v = req(e, conv, "settings", CW)) || chk_obj(e, v, "index.manifest.converter.settings")) return MP_EFORMAT;
     const mp_json *codecs = mp_json_get(m, "codecs");
     for (size_t i = 0; i < mp_json_len(codecs); i++) {
         char cw[700];
         snprintf(cw, sizeof cw, "index.manifest.codecs.%s", mp_json_key_at(codecs, i));
         if (chk_obj(e, mp_json_at(codecs, i), cw)) return MP_EFORMAT;
         wcat(w, sizeof w, cw, ".name");
-        if (chk_str(e, mp_json_get(mp_json_at(codecs, i), "name"), w, NULL, NULL)) return MP_EFORMAT;
+        if (!(v = req(e, mp_json_at(codecs, i), "name", cw)) || chk_str(e, v, w, NULL, NULL)) return MP_EFORMAT;
     }
     return 0;
 }
