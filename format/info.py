@@ -44,9 +44,7 @@ def container_info(c: Container) -> dict[str, Any]:
     size["other"] = c.file_size - sum(size.values())
     total = params["trunk"] + params["experts"]
     src = c.manifest["source"]
-    skipped = src.get("skipped")  # what the converter left out of the checkpoint (FORMAT.md §6)
-    if not (isinstance(skipped, list) and all(isinstance(x, str) for x in skipped)):
-        skipped = []
+    skipped = src.get("skipped", [])  # strings (checked at open): parts not converted (§6)
     return {
         "schema": INFO_SCHEMA,
         "format_version": f"{c.version[0]}.{c.version[1]}",

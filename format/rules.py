@@ -136,6 +136,9 @@ def validate_manifest(manifest: Any, where: str = "index.manifest") -> dict:
         check_hex_hash(required(f, "sha256", fw), f"{fw}.sha256")
     if names != sorted(names) or len(set(names)) != len(names):
         raise reject("files_unsorted", f"{sw}.files", "not sorted by name or names repeat")
+    if "skipped" in src:  # optional; when present, an array of strings (section 6)
+        for i, line in enumerate(check_list(src["skipped"], f"{sw}.skipped")):
+            check_str(line, f"{sw}.skipped[{i}]")
     cw = f"{where}.converter"
     conv = m["converter"]
     check_str(required(conv, "name", cw), f"{cw}.name")

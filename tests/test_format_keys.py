@@ -210,6 +210,24 @@ def test_type_is_checked_before_content(tmp_path: Path, case: str) -> None:
     assert (e.code, e.field, str(e)) == ("wrong_type", field, f"{field}: {why}")
 
 
+@pytest.mark.parametrize("value, field, why", [
+    ("x", "source.skipped", "expected an array, got str"),
+    (None, "source.skipped", "expected an array, got NoneType"),
+    (["ok", 3], "source.skipped[1]", "expected a string, got int"),
+])
+def test_skipped_is_an_array_of_strings(tmp_path: Path, value: Any, field: str,
+                                        why: str) -> None:
+    e = _agree(tmp_path, _edited(MIXTRAL, _set("manifest/source", "skipped", value)))
+    assert (e.code, e.field, str(e)) == \
+        ("wrong_type", f"{MANIFEST}.{field}", f"{MANIFEST}.{field}: {why}")
+
+
+@pytest.mark.parametrize("value", [[], ["vision tower: not converted"]])
+def test_valid_skipped_opens_in_both(tmp_path: Path, value: list[str]) -> None:
+    py, c = _both(tmp_path, _edited(MIXTRAL, _set("manifest/source", "skipped", value)))
+    assert py is None and (c.rc, c.message) == (0, "")
+
+
 def test_codec_key_absent_or_null(tmp_path: Path) -> None:
     """Inside a codec object both are the codec's own error (bad_codec), worded apart."""
     q = f"{S}layers.0.attn.q/codec"

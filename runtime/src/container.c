@@ -616,6 +616,14 @@ static int validate_manifest(E *e, const mp_json *m) {
         prev = name; prevlen = nl;
     }
     if (!sorted) return FAIL("files_unsorted", "index.manifest.source.files: not sorted by name or names repeat");
+    const mp_json *skipped = mp_json_get(src, "skipped"); /* optional; when present, an array of strings */
+    if (skipped) {
+        if (chk_list(e, skipped, "index.manifest.source.skipped")) return MP_EFORMAT;
+        for (size_t i = 0; i < mp_json_len(skipped); i++) {
+            snprintf(w, sizeof w, "index.manifest.source.skipped[%zu]", i);
+            if (chk_str(e, mp_json_at(skipped, i), w, NULL, NULL)) return MP_EFORMAT;
+        }
+    }
     const mp_json *conv = mp_json_get(m, "converter");
     if (!(v = req(e, conv, "name", CW)) || chk_str(e, v, "index.manifest.converter.name", NULL, NULL)) return MP_EFORMAT;
     if (!(v = req(e, conv, "version", CW)) || chk_str(e, v, "index.manifest.converter.version", NULL, NULL)) return MP_EFORMAT;
