@@ -12,6 +12,9 @@ from moepack.format.limits import MAX_JSON_DEPTH
 from moepack.untrusted_json import json_depth
 
 INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+# A number too large for binary64 (1e999): no float is written back as that text (FORMAT.md §3,
+# §11 step 20); runtime/src/json.c says the same.
+OVERFLOW = "a number overflows binary64"
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -88,8 +91,8 @@ def parse_canonical(data: bytes, field: str, offset: int | None = None) -> Any:
         again = json.dumps(
             obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
-    except ValueError as e:  # e.g. 1e400 parsed as infinity
-        raise reject("not_canonical", field, f"not canonical JSON: {e}", offset) from None
+    except ValueError:  # 1e400 parsed as infinity (NaN and Infinity were refused above)
+        raise reject("not_canonical", field, f"not canonical JSON: {OVERFLOW}", offset) from None
     if again != text:
         pairs = enumerate(zip(again, text, strict=False))
         at = next((i for i, (a, b) in pairs if a != b), min(len(again), len(text)))

@@ -228,6 +228,18 @@ def test_valid_skipped_opens_in_both(tmp_path: Path, value: list[str]) -> None:
     assert py is None and (c.rc, c.message) == (0, "")
 
 
+@pytest.mark.parametrize("number", ["1e999", "-1e400", "1.8e308"])
+def test_float_overflowing_binary64_is_not_canonical(tmp_path: Path, number: str) -> None:
+    """§3 forbids it; step 20 refuses it: no binary64 writes back as that text."""
+    data = _edited(MIXTRAL, _set("manifest/converter/settings", "zz", 0.5))
+    off = struct.unpack_from("<Q", data, 32)[0]
+    index = data[off:]
+    assert index.count(b'"zz":0.5') == 1
+    e = _agree(tmp_path, _reseal(data, index.replace(b'"zz":0.5', f'"zz":{number}'.encode())))
+    assert (e.code, e.field, e.offset) == ("not_canonical", "index", off)
+    assert str(e) == f"index at offset {off}: not canonical JSON: a number overflows binary64"
+
+
 def test_codec_key_absent_or_null(tmp_path: Path) -> None:
     """Inside a codec object both are the codec's own error (bad_codec), worded apart."""
     q = f"{S}layers.0.attn.q/codec"

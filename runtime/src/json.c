@@ -699,7 +699,7 @@ int mp_json_canonical(const mp_json_doc *d, const char *text, size_t len, size_t
     sbuf o = {0};
     if (ser(&o, &d->root)) {
         free(o.b);
-        if (err && errlen) snprintf(err, errlen, "Out of range float values are not JSON compliant");
+        if (err && errlen) snprintf(err, errlen, "a number overflows binary64"); /* canonical.OVERFLOW */
         return -1;
     }
     if (o.trunc) {
