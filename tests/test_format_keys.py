@@ -18,7 +18,7 @@ import blake3
 import pytest
 from moepack.format import Container, FormatError
 from moepack.runtime import _lib
-from spec_vectors import VECTORS
+from spec_vectors import INVALID, VECTORS
 
 MIXTRAL = VECTORS / "valid" / "mixtral2.moepack"
 BLOBS = VECTORS / "valid" / "blobs.moepack"
@@ -261,3 +261,21 @@ def test_mtp_sections_need_their_keys_too(tmp_path: Path) -> None:
     with Container.open(path) as c, pytest.raises(FormatError) as e:
         c.mtp_banks()
     assert e.value.code == "missing_key" and str(e.value).endswith("missing key 'count'")
+
+
+@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
+def test_field_and_offset_are_the_message_prefix(path: Path) -> None:
+    """FORMAT.md §11 'Field and offset': the message is `FIELD[ at offset N]: WHY`."""
+    with pytest.raises(FormatError) as e:
+        Container.open(path)
+    err = e.value
+    if err.field is None:
+        assert err.code in ("truncated", "unfinished") and str(err).startswith(
+            "truncated: " if err.code == "truncated" else "unfinished conversion: ")
+        return
+    at = f" at offset {err.offset}" if err.offset is not None else ""
+    assert str(err).startswith(f"{err.field}{at}: ")
+    if err.field.startswith("index.") or err.code in ("wrong_type", "missing_key"):
+        assert err.offset is None  # index structure: a path, no offset
+    elif err.field == "index":  # index text: the index's start in the file
+        assert err.offset == struct.unpack_from("<Q", path.read_bytes(), 32)[0]
