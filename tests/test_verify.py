@@ -126,6 +126,14 @@ def test_padding_range_is_the_nonzero_bytes(copy: Path) -> None:
     assert d.label == "padding"
 
 
+@pytest.mark.parametrize("region", ["gap", "gap_before_bank"])
+def test_nonzero_gap_is_invalid_in_the_spec_s_words(copy: Path, region: str) -> None:
+    """FORMAT.md §11 (checks made later): no open-time rule reads a gap, so `invalid`."""
+    flip(copy, offsets(copy)[region])
+    (d,) = verify(copy).damaged
+    assert d.code == "invalid" and d.detail.startswith("non-zero bytes in the gap ")
+
+
 def test_labels(copy: Path) -> None:
     o = offsets(copy)
     for region in ("expert", "trunk", "blob", "table"):
@@ -348,6 +356,8 @@ def test_nonzero_record_padding_under_a_matching_hash(copy: Path) -> None:
     _rewrite_header(copy, root_hash=blake3.blake3(index).digest())
     r = verify(copy)
     assert [(d.kind, d.offset, d.length) for d in r.damaged] == [("padding", rec + stride - 1, 1)]
+    assert r.damaged[0].code == "invalid"
+    assert r.damaged[0].detail == "non-zero record padding in layer 0 expert 1"
     assert "layer 0 expert 1" in r.damaged[0].detail
 
 
