@@ -194,12 +194,14 @@ def usage(message: str, ctx: typer.Context | None = None) -> NoReturn:
     raise _USAGE_ERROR(message, ctx)
 
 
-def json_error(message: str, **fields: object) -> NoReturn:
+def json_error(message: str, plan: dict | None = None, **fields: object) -> NoReturn:
     """Exit 1 with `{"error": {...}}` on stdout: the object `run --json` prints for a failure
-    (docs/RUNTIME.md), its keys always present, None where the failure has no such value."""
+    (docs/RUNTIME.md), its keys always present, None where the failure has no such value;
+    `plan --json` adds the plan it refused beside it."""
     error = {"message": message, "engine_code": None, "code": None, "field": None,
              "offset": None, "max_ctx": None, **fields}
-    print(json.dumps({"error": error}, indent=2))
+    print(json.dumps({"error": error, **({"plan": plan} if plan is not None else {})},
+                     indent=2, sort_keys=plan is not None))
     raise typer.Exit(1)
 
 

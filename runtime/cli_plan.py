@@ -20,7 +20,7 @@ from moepack.runtime.cli import (
     require_file,
 )
 
-from moepack.cliargs import fail, file_problem, one_line, size_option, usage
+from moepack.cliargs import fail, file_problem, json_error, one_line, size_option, usage
 from moepack.sizes import SIZE_HELP, format_size
 
 PlanFileArg = Annotated[Path | None, typer.Argument(
@@ -88,7 +88,7 @@ def plan_cmd(
 
     floor = trunk + KV cache + scratch + the expert records pinned at once (one group of top_k,
     twice: pinned beyond the cache and recycled buffers); the rest of the budget is cache."""
-    from moepack.runtime.engine import EngineError, parse_bytes, plan
+    from moepack.runtime.engine import MP_EBUDGET, REFUSALS, EngineError, parse_bytes, plan
 
     if (file is None) == (config is None):
         usage("plan needs a container FILE or --config config.json (one of them)", cli)
@@ -112,11 +112,22 @@ def plan_cmd(
     if b is not None:
         verdict = ("below_floor" if b < p["floor_bytes"]
                    else "above_usable_ram" if b > p["usable_ram_bytes"] else "ok")
+    refusal = None
+    if verdict == "below_floor":  # the engine's refusal, word for word (engine.c mp_open)
+        fits = (f"the longest context that fits is {counted(p['max_ctx'], 'token')} (--ctx)"
+                if p["max_ctx"] else "not even one token of context fits")
+        refusal = (f"{file}: budget {format_size(b, exact=True)} is below the floor: this "
+                   f"model needs at least {format_size(p['floor_bytes'], exact=True)} "
+                   f"({p['floor_bytes']} bytes) for ctx {p['ctx']}; {fits}")
     if as_json:
-        print(json.dumps({**p, "budget_bytes": b, "budget_verdict": verdict,
-                          "default_cache_experts": _cache_experts(p, p["default_cache_bytes"]),
-                          "budget_cache_experts": _cache_experts(p, p["budget_cache_bytes"])
-                          if b is not None else None}, indent=2, sort_keys=True))
+        out = {**p, "budget_bytes": b, "budget_verdict": verdict,
+               "default_cache_experts": _cache_experts(p, p["default_cache_bytes"]),
+               "budget_cache_experts": _cache_experts(p, p["budget_cache_bytes"])
+               if b is not None else None}
+        if refusal:  # run --json's error object (as the engine refuses), the plan beside it
+            json_error(refusal, engine_code=MP_EBUDGET, code=REFUSALS[MP_EBUDGET],
+                       max_ctx=p["max_ctx"], plan=out)
+        print(json.dumps(out, indent=2, sort_keys=True))
     else:
         rows = [("context", counted(p["ctx"], "token")),
                 ("trunk (resident)", format_size(p["trunk_bytes"])),
@@ -159,12 +170,8 @@ def plan_cmd(
                             f"({p['container_bytes']} bytes, as convert would write it)"))
         for k, v in rows:
             print(f"{k:>22}  {v}")
-    if verdict == "below_floor":  # the engine's refusal, word for word (engine.c mp_open)
-        fits = (f"the longest context that fits is {counted(p['max_ctx'], 'token')} (--ctx)"
-                if p["max_ctx"] else "not even one token of context fits")
-        fail(f"budget {format_size(b, exact=True)} is below the floor: this model needs at "
-             f"least {format_size(p['floor_bytes'], exact=True)} ({p['floor_bytes']} bytes) "
-             f"for ctx {p['ctx']}; {fits}")
+    if refusal:
+        fail(refusal)
     if verdict == "above_usable_ram":
         err_console.print(f"[yellow]warning:[/yellow] budget {format_size(b)} is above usable RAM "
                    f"{format_size(p['usable_ram_bytes'])}")

@@ -506,6 +506,16 @@ def test_plan_and_run_print_the_below_floor_sizes_alike(mixtral):
     assert format_size(floor, exact=True) in line and format_size(budget) in line, line
 
 
+def test_plan_json_below_the_floor_is_runs_error_object_with_the_plan(mixtral):
+    floor = plan(str(mixtral), 64)["floor_bytes"]
+    p = _run("plan", mixtral, "--ctx", 64, "--budget", floor - 1000, "--json")
+    r = _run("run", mixtral, "w5", "--ctx", 64, "--budget", floor - 1000, "--json")
+    got, want = json.loads(p.stdout), json.loads(r.stdout)
+    assert p.exit_code == r.exit_code == 1, (p.output, r.output)
+    assert got["error"] == want["error"] and got["error"]["code"] == "budget_too_small"
+    assert got["plan"]["budget_verdict"] == "below_floor" and got["plan"]["floor_bytes"] == floor
+
+
 def test_cache_reports_never_exceed_the_experts(mixtral):
     """A budget far beyond every expert: the cache holds all of them and the rest is room to
     spare (longer prompts borrow it), not a cache bigger than the model's experts."""
