@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from moepack.cliargs import MAX_THREADS, error_line, file_problem
+from moepack.cliargs import MAX_THREADS, choice, error_line, file_problem
 
 # Typer needs Optional[...] at runtime on Python 3.10 (X | None annotations are not parsed there).
 _FILE = typer.Argument(None, metavar="FILE", help="Container to verify (NAME.moepack).",
@@ -25,6 +25,7 @@ _JSON = typer.Option(False, "--json", help="Print the report as JSON on stdout."
 _THREADS = typer.Option(None, "--threads", min=1, max=MAX_THREADS,
                         help="Hashing threads (default: all cores).")
 _IO = typer.Option("auto", "--io", metavar="auto|direct|buffered",
+                   callback=choice("auto", "direct", "buffered"),
                    help="O_DIRECT or page-cache reads (auto: page cache if the file is "
                         "mostly cached, else O_DIRECT).")
 
@@ -72,8 +73,6 @@ def verify_command(
         raise _usage("--expect only goes with --source")
     if quick and source is not None:
         raise _usage("--quick applies to containers only")
-    if io not in ("auto", "direct", "buffered"):
-        raise _usage(f"--io must be auto, direct or buffered, not {io!r}")
     label = "verify source" if source is not None else "verify"
     bar = LazyProgress(Console(stderr=True), label) if not as_json and not quick else None
     with bar or nullcontext():
