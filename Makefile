@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
+TORCH_INDEX ?=
 C_SOURCES := $(wildcard runtime/src/*.c runtime/src/*.h runtime/include/*.h convert/native/*.[ch])
 
 .PHONY: all install test test-slow test-asan test-packaging lint demo bench bench-quant \
@@ -17,9 +18,11 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip setuptools wheel
 
-# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build. TORCH_INDEX: the
+# index to take it from (PyPI's Linux torch is the CUDA build; the CPU one is
+# https://download.pytorch.org/whl/cpu); empty: pip's configured indexes.
 $(VENV)/.deps: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install --quiet torch==$(TORCH_VERSION)
+	$(PIP) install --quiet torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install --quiet "setuptools>=77" wheel
 	$(PIP) install --quiet -e '.[test]' --no-build-isolation
 	touch $@
