@@ -56,6 +56,8 @@ class LineReporter(Reporter):
 
     def start(self, layers: tuple[int, int], experts: tuple[int, int],
               nbytes: tuple[int, int]) -> None:
+        if self.phase and self.phase != "converting":  # the hashing phase's end, as the bar's
+            self._tick(force=True)
         self.phase = "converting"
         for key, (done, total) in (("layers", layers), ("experts", experts), ("bytes", nbytes)):
             self.done[key], self.total[key] = done, total

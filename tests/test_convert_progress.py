@@ -77,6 +77,18 @@ def test_one_line_per_interval_and_a_final_line():
     assert out.getvalue().splitlines()[-1].startswith("[1m00s] finished: layers 3/3")
 
 
+def test_the_hashing_phase_ends_with_its_total():
+    """A hashing phase shorter than the interval printed only its first line ('0 B of N'), as
+    if nothing had been hashed."""
+    rep, clock, out = reporter(every=60.0, fmt="lines")
+    rep.hashing(2_000_000)
+    rep.hashed(2_000_000)
+    clock.now += 3
+    rep.start((0, 2), (0, 4), (0, 100))
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == ["[0s] sha256: 0 B of 2.000 MB", "[3s] sha256: 2.000 MB of 2.000 MB"], lines
+
+
 def test_transfers_show_downloaded_and_staged():
     rep, _, out = reporter()
     rep.start((0, 1), (0, 1), (0, 10))
