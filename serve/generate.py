@@ -112,7 +112,8 @@ class Generator:
         try:
             logits = self._feed(job.prompt[reuse:])
         except Cancelled:  # the engine's sequence is as before the prompt; so is `cached`
-            return Done("cancelled", len(job.prompt), reuse, 0, "",
+            # of the prompt only the reused tokens are in: the rest was never evaluated
+            return Done("cancelled", reuse, reuse, 0, "",
                         stats_delta(before, eng.stats()), time.monotonic() - t0, None)
         self.prefix.mark()  # the prompt is in, the reply not yet: a turn boundary
         # the engine's own sampler and RNG, so a seed gives what `moepack run --seed` gives

@@ -54,7 +54,7 @@ class Piece:
 @dataclass
 class Done:
     finish_reason: str  # stop | length | cancelled
-    prompt_tokens: int
+    prompt_tokens: int  # in the KV cache for this request (fewer when cancelled in its prompt)
     cached_tokens: int  # prompt tokens whose KV came from the previous request
     completion_tokens: int
     text: str  # everything let out

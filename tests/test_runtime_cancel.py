@@ -116,6 +116,7 @@ def test_a_serve_job_cancelled_in_its_prompt_ends_at_once_and_the_next_runs(demo
         done = gen.run(job)
         watch.join()
         assert (done.finish_reason, done.completion_tokens, done.text) == ("cancelled", 0, "")
+        assert done.prompt_tokens == 0  # none evaluated: /metrics counts none
         assert e.position == 0 and gen.cached == []
         want = Generator(ref, vocab).run(Job(prompt=ids[:20], max_tokens=5, temperature=0.0))
         got = gen.run(Job(prompt=ids[:20], max_tokens=5, temperature=0.0))
