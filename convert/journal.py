@@ -10,7 +10,6 @@ bytes, or what they were derived from, are to be redone); a later record of it w
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import stat
@@ -19,12 +18,13 @@ from pathlib import Path
 
 from moepack.convert.errors import ConvertError
 
-from moepack.durable import naming
+from moepack.durable import naming, try_flock
 from moepack.safefs import UnsafePathError, open_existing
 from moepack.untrusted_json import loads
 
 FORMAT = "moepack-convert-journal/1"
 MAX_RECORD_BYTES = 64 << 20   # one journal line (the header, with the source fingerprint)
+_OPEN_TRIES = 5
 
 
 def journal_path(out: Path) -> Path:
@@ -71,8 +71,15 @@ class Journal:
 
     @classmethod
     def create(cls, path: Path, header: dict) -> Journal:
-        fd = cls._open_or_create(path)
-        cls._lock(fd, path)  # before truncating: never clobber a running conversion's journal
+        for _ in range(_OPEN_TRIES):
+            fd = cls._open_or_create(path)
+            cls._lock(fd, path)  # before truncating: never clobber a running conversion's journal
+            if _still_named(fd, path):
+                break
+            os.close(fd)  # a run that just finished removed it: lock the one at the name now
+        else:
+            raise ConvertError(f"{path} keeps being replaced while opening it (another "
+                               "conversion of this output starting and stopping?); rerun")
         j = cls(path, fd, {**header, "format": FORMAT}, {})
         try:
             with naming(path):
@@ -105,6 +112,10 @@ class Journal:
     def resume(cls, path: Path) -> Journal:
         fd = open_existing(path, os.O_RDWR)
         cls._lock(fd, path)
+        if not _still_named(fd, path):  # removed or replaced before the lock was ours
+            os.close(fd)
+            raise ConvertError(f"{path} was removed or replaced by another conversion of this "
+                               "output while opening it; rerun the same command")
         with os.fdopen(os.dup(fd), "rb") as f:
             raw = f.read()
         good_end, header, done = _parse(raw, path)
@@ -133,11 +144,25 @@ class Journal:
 
     @staticmethod
     def _lock(fd: int, path: Path) -> None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        holder = try_flock(fd)
+        if holder is not None:
             os.close(fd)
-            raise ConvertError(f"{path}: another conversion of this output is running") from None
+            raise ConvertError(busy_message(path, holder))
+
+    @staticmethod
+    def refuse_if_running(path: Path) -> None:
+        """ConvertError naming the running conversion when one holds the journal at `path`;
+        nothing is changed (so a second run says that, not that the partial differs)."""
+        try:
+            fd = open_existing(path, os.O_RDONLY)
+        except (OSError, UnsafePathError):
+            return
+        try:
+            holder = try_flock(fd)
+        finally:
+            os.close(fd)
+        if holder is not None:
+            raise ConvertError(busy_message(path, holder))
 
     def _append(self, records: Iterable[dict]) -> None:
         data = b"".join(json.dumps(r, sort_keys=True, separators=(",", ":")).encode() + b"\n"
@@ -170,8 +195,25 @@ class Journal:
             self._fd = -1
 
     def remove(self) -> None:
+        """Unlink while still locked, then close: a run that opened the journal meanwhile
+        finds, once it has the lock, that it is no longer the one at the name (_still_named)."""
+        if self._fd >= 0 and _still_named(self._fd, self.path):
+            self.path.unlink(missing_ok=True)
         self.close()
-        self.path.unlink(missing_ok=True)
+
+
+def busy_message(path: Path, holder: str) -> str:
+    return (f"{path}: another conversion of this output is running ({holder} holds this "
+            "journal's lock); wait for it to finish, or stop it and rerun the same command to "
+            "continue its work")
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    """Whether `path` still names the file open at `fd` (not removed or replaced since)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.lstat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _parse(raw: bytes, path: Path) -> tuple[int, dict | None, dict[str, str]]:

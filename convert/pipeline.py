@@ -172,6 +172,8 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int |
     # fixed width, so the placeholder plan has the final size.
     plan, smap = checkpoint_plan(ck, settings)
     _refuse_odd_entries(partial, jpath)
+    if not dry_run:  # before comparing its settings or source with ours
+        Journal.refuse_if_running(jpath)
     if not plan_only:
         _check_packed_shapes(ck, smap, known_files or {})
     # --restart simply starts fresh: Journal.create locks before truncating anything.
@@ -234,6 +236,7 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int |
             cid = _run(ck, out, plan, make_tasks(plan, smap), journal, settings, run,
                        1 if ray else threads_per_worker(jobs), force, lengths, rep, stats,
                        _SourceWatch(ck.dir, watched), pause_per_unit)
+            journal.remove()  # still locked: a run starting now never takes a removed journal
         except SourceChanged:
             # Units read before and after the change are mixed in the partial, and the journal
             # cannot tell which: nothing of it may be resumed.
@@ -243,7 +246,6 @@ def convert(src: str | Path, out: str | Path, settings: Settings, *, jobs: int |
         finally:
             journal.close()
             rep.stop()
-        journal.remove()
         return _summary(plan, out, cid, t0, resumed, summary_plan,
                         stats.get("peak_rss_worker", 0), stats.get("ray_nodes", 0))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,3 +33,37 @@ def naming(path: str | Path) -> Iterator[None]:
         if e.filename is not None or e.errno is None:
             raise
         raise OSError(e.errno, e.strerror, os.fspath(path)) from e
+
+
+def flock_holder(fd: int) -> int | None:
+    """The id of a process holding a `flock` on the file open at `fd` (from Linux's
+    /proc/locks), for a refusal to name; None when it cannot be told (another system, a lock
+    taken through another mount namespace)."""
+    st = os.fstat(fd)
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if "->" in fields:  # a waiter, not a holder
+            continue
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == want:
+            try:
+                return int(fields[4])
+            except ValueError:
+                return None
+    return None
+
+
+def try_flock(fd: int) -> str | None:
+    """Take an exclusive, non-blocking `flock` on `fd`: None when taken, else words naming who
+    holds it ("process 1234" where /proc/locks says, else "another process")."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = flock_holder(fd)
+        return f"process {pid}" if pid is not None else "another process"
+    return None
