@@ -24,6 +24,7 @@ from moepack.convert.st_writer import DTYPES, TORCH_NAMES, tensor_nbytes, write_
 from moepack.format import Container, FormatError
 from moepack.format.mtp import mtp_layer_of
 
+from moepack.durable import try_flock
 from moepack.safefs import (
     UnsafePathError,
     child,
@@ -146,23 +147,31 @@ def export(path: str | Path, outdir: str | Path, *, dtype: str = "f32", force: b
         raise ConvertError(f"{outdir}: cannot export to the root folder")
     tmp, old = _sibling(out, ".partial"), _sibling(out, ".old")
     _check_parents(out)
-    _check_outdir(out, force)
-    for leftover in (tmp, old):
-        _check_leftover(leftover, force)
-    with _open(path) as c:
-        entries = _entries(c)
-        shards = _shards(entries, dtype, shard_bytes)
-        files = _planned_files(c, len(shards))
-        _check_space(out, _export_bytes(c, entries, dtype), (tmp, old))
-        for leftover in (tmp, old):  # ours (checked above): only export's own files
-            _remove_own(leftover)
-        _make_partial(tmp, files)
-        try:
-            weight_map = _write_files(c, tmp, entries, shards, dtype, on_tensor)
-        except BaseException:
-            _remove_own(tmp)  # this run's own folder: a failed export leaves nothing behind
-            raise
-    _replace_dir(tmp, out, old, force)
+    lock = _lock_partial(tmp, out)  # first: a running export is said as such, never removed
+    try:
+        _check_outdir(out, force)
+        for leftover in (tmp, old):
+            _check_leftover(leftover, force)
+        with _open(path) as c:
+            entries = _entries(c)
+            shards = _shards(entries, dtype, shard_bytes)
+            files = _planned_files(c, len(shards))
+            _check_space(out, _export_bytes(c, entries, dtype), (tmp, old))
+            for leftover in (tmp, old):  # ours (checked above): only export's own files
+                _remove_own(leftover)
+            if lock is not None:  # the leftover it locked is gone
+                os.close(lock)
+                lock = None
+            lock = _make_partial(tmp, files, out)
+            try:
+                weight_map = _write_files(c, tmp, entries, shards, dtype, on_tensor)
+            except BaseException:
+                _remove_own(tmp)  # this run's own folder: a failed export leaves nothing behind
+                raise
+        _replace_dir(tmp, out, old, force)
+    finally:
+        if lock is not None:
+            os.close(lock)
     return {"outdir": str(outdir), "files": sorted(set(weight_map.values())),
             "tensors": len(entries), "bytes": sum(tensor_nbytes(s, dtype) for _, s, _ in entries)}
 
@@ -352,15 +361,49 @@ def _remove_own(folder: Path) -> None:
     os.rmdir(folder)
 
 
-def _make_partial(tmp: Path, files: list[str]) -> None:
-    """Create OUTDIR.partial exclusively (never an existing folder or link) and mark it first."""
+def _busy(out: Path, tmp: Path, holder: str) -> str:
+    return (f"{out}: another moepack export into this folder is running ({holder} holds "
+            f"{tmp.name}); wait for it to finish, or stop it and rerun with --force")
+
+
+def _lock_partial(tmp: Path, out: Path) -> int | None:
+    """A descriptor holding an exclusive flock on an existing OUTDIR.partial (None when there
+    is no real folder there: _check_leftover says what it is). The export building it holds
+    that lock from creation to rename, so a second export is refused here, before it could
+    take that folder for an earlier run's leftover and remove it under the first one."""
+    try:
+        fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    holder = try_flock(fd)
+    if holder is not None:
+        os.close(fd)
+        raise ConvertError(_busy(out, tmp, holder))
+    return fd
+
+
+def _make_partial(tmp: Path, files: list[str], out: Path) -> int:
+    """Create OUTDIR.partial exclusively (never an existing folder or link), lock it, mark it;
+    returns the descriptor that holds the lock (see _lock_partial)."""
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(tmp, 0o755)
     except FileExistsError:
-        raise ConvertError(f"{tmp} appeared while exporting (another export running?)") from None
-    marker = {"format": MARKER_FORMAT, "files": sorted(set(files) - {MARKER})}
-    write_file(tmp / MARKER, json.dumps(marker, indent=2).encode() + b"\n", replace=False)
+        raise ConvertError(f"{tmp} appeared while exporting (another export running?); rerun "
+                           "once it is done") from None
+    fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    holder = try_flock(fd)
+    if holder is not None:  # another export looked at it in the instant before our lock
+        os.close(fd)
+        os.rmdir(tmp)  # still empty: nothing of anyone's is lost
+        raise ConvertError(_busy(out, tmp, holder))
+    try:
+        marker = {"format": MARKER_FORMAT, "files": sorted(set(files) - {MARKER})}
+        write_file(tmp / MARKER, json.dumps(marker, indent=2).encode() + b"\n", replace=False)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _replace_dir(tmp: Path, out: Path, old: Path, force: bool) -> None:

@@ -114,3 +114,48 @@ def test_journal_removed_by_a_finishing_run_is_never_the_one_locked(tmp_path, mo
             Journal.resume(path)
     finally:
         starting.close()
+
+
+_SLOW_EXPORT = """
+import sys, time
+from moepack.convert.export import export
+export(sys.argv[1], sys.argv[2], force=True, on_tensor=lambda n: time.sleep(0.1))
+"""
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_export_into_a_folder_another_export_is_building(reference, tmp_path):
+    """Before: the second export called the running one's OUTDIR.partial 'left by an earlier
+    export; pass --force to remove it', and with --force removed it under the first, which
+    died with a traceback (FileNotFoundError) or published a folder of both."""
+    from moepack.convert.export import export
+
+    container = tmp_path / "m.moepack"
+    container.write_bytes(reference)
+    clean = tmp_path / "clean"
+    export(container, clean)
+    out, tmp = tmp_path / "hf", tmp_path / "hf.partial"
+    export(container, out)  # an earlier export, replaced by the slow one
+    first = subprocess.Popen([sys.executable, "-c", _SLOW_EXPORT, str(container), str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: (tmp / ".moepack-export.json").exists(), first, "OUTDIR.partial")
+        for extra in ((), ("--force",)):
+            second = subprocess.run([sys.executable, "-m", "moepack", "export", str(container),
+                                     str(out), *extra], capture_output=True, text=True,
+                                    timeout=120)
+            lines = second.stderr.strip().splitlines()
+            assert second.returncode == 1 and len(lines) == 1, (extra, second.stderr)
+            assert re.search(rf"another moepack export into this folder is running \(process "
+                             rf"{first.pid} holds hf.partial\)", lines[0]), lines[0]
+            assert first.poll() is None, "the first export ended before the check was over"
+        assert first.wait(timeout=120) == 0, first.communicate()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert _tree(out) == _tree(clean)
+    assert not tmp.exists() and not (tmp_path / "hf.old").exists()
