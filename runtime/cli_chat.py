@@ -169,7 +169,7 @@ def _read_line() -> str | None:
     "Exit codes"). Bytes that are not UTF-8 end the chat with one error line: under a UTF-8
     locale stdin raises, under the C locale they arrive as surrogates."""
     try:
-        line = input("> ")
+        line = input(_prompt())
     except EOFError:
         return None
     except KeyboardInterrupt:
@@ -182,6 +182,19 @@ def _read_line() -> str | None:
     if problem:
         fail(f"input {problem}; moepack reads text as UTF-8 only")
     return line
+
+
+def _prompt() -> str:
+    """`> ` for a person at a terminal; nothing when stdin is a file or a pipe, so that stdout
+    holds the replies only. With stdout redirected the prompt goes to stderr (input() would
+    write it into the output)."""
+    if not sys.stdin.isatty():
+        return ""
+    if sys.stdout.isatty():
+        return "> "
+    sys.stderr.write("> ")
+    sys.stderr.flush()
+    return ""
 
 
 def _encode_chat(tok: Tokenizer, messages: list[dict]) -> list[int]:

@@ -182,12 +182,23 @@ def test_chat_keeps_the_kv_cache_across_turns(mixtral, monkeypatch):
     monkeypatch.setattr(Engine, "feed", feed)
     r = _run("chat", mixtral, "-n", 4, input="w5 w6\nw7 w8\n\n")
     assert r.exit_code == 0, r.output
-    assert r.output.count("> ") >= 3
+    assert len(r.stdout.splitlines()) == 2  # a line per reply
     prompts = [n for n in fed if n > 1]
     assert prompts[0] == 2  # turn 1: "w5 w6"
     # turn 2 evaluates only what is not cached: the last sampled token (never fed) + "w7 w8",
     # not the whole re-rendered conversation (>= 2 + 1 + 2 tokens)
     assert len(prompts) == 2 and prompts[1] <= 3
+
+
+def test_chat_without_a_terminal_writes_only_the_replies(mixtral):
+    """stdin a file, a pipe or /dev/null: no "> " prompts in stdout (nor a last one left
+    without its newline), so that a program reading stdout gets the replies alone."""
+    r = _run("chat", mixtral, "-n", 3, input="w5 w6\nw7")  # the last line without its newline
+    assert r.exit_code == 0, r.output
+    assert ">" not in r.stdout and len(r.stdout.splitlines()) == 2, r.stdout
+    assert r.stdout.endswith("\n")
+    r = _run("chat", mixtral, input="")
+    assert r.exit_code == 0 and r.stdout == "", r.output
 
 
 def _recording_encode_chat(monkeypatch) -> list[list[dict]]:
