@@ -10,15 +10,18 @@ the exception so Python prints the full traceback.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import threading
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperGroup
 
-from moepack.cliargs import error_line
+from moepack.cliargs import STOP_SIGNALS, error_line, interrupted_code, note_stop
 
 EXIT_BUG = 3
+EXIT_INTERRUPTED = 130  # what a command's Ctrl-C path exits with; `_App` makes it 128 + signal
 # typer vendors click (0.29+) or uses click itself: find its exception classes from a public one
 _CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 _debug = {"on": False}  # set by the --debug option before any command runs
@@ -53,6 +56,13 @@ class _Group(TyperGroup):
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
 
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:  # a stop the command has no path of its own for (info, verify)
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+
 
 def _unexpected(e: Exception) -> int:
     """One line for an exception no command handled; the exit code for it."""
@@ -67,13 +77,37 @@ def _unexpected(e: Exception) -> int:
     return EXIT_BUG
 
 
+def _stop(signum: int, frame: object) -> None:
+    """SIGTERM or SIGHUP: the command stops as on Ctrl-C (its KeyboardInterrupt path: a journal
+    saved, a partial file removed, workers ended). A second one ends the process at once."""
+    note_stop(signum)
+    signal.signal(signum, signal.SIG_DFL)
+    raise KeyboardInterrupt
+
+
+def _stop_like_ctrl_c() -> None:
+    """Route SIGTERM and SIGHUP through `_stop`, where their action is the default one (a SIGHUP
+    that nohup ignores stays ignored). Commands with their own handlers (serve, seed) override
+    it; runtime/cli.py's Interrupt catches all three while generating."""
+    if threading.current_thread() is not threading.main_thread():  # signal.signal's rule
+        return
+    for sig in STOP_SIGNALS:
+        if sig != signal.SIGINT and signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _stop)
+
+
 class _App(typer.Typer):
     """The process entry point: unexpected exceptions become one line (see `_unexpected`).
     typer's CliRunner calls the click command directly, so tests still see the exception."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _stop_like_ctrl_c()
         try:
             return super().__call__(*args, **kwargs)
+        except SystemExit as e:
+            if e.code == EXIT_INTERRUPTED:  # 143 after SIGTERM, 129 after SIGHUP
+                sys.exit(interrupted_code())
+            raise
         except Exception as e:  # noqa: BLE001 (the last resort: every exception, one line)
             if _debug["on"]:
                 raise

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import signal
 import stat
 import unicodedata
 from collections.abc import Callable
@@ -26,6 +27,11 @@ from moepack.sizes import parse_size
 INT32_MAX = 2**31 - 1        # the C engine's int (ctx, top_k, token ids, n)
 UINT64_MAX = 2**64 - 1       # the C engine's uint64_t (seed, budget bytes)
 MAX_THREADS = 256            # the engine's compute pool caps threads here (kernels_pool.c)
+
+# The signals that stop a command the way Ctrl-C does (docs/RUNTIME.md, "Exit codes"): the same
+# clean stop, then exit 128 + the signal's number (130 SIGINT, 143 SIGTERM, 129 SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_stopped_by: dict[str, int] = {}
 
 _TOKEN_ID = re.compile(r"\s*[0-9]{1,10}\s*")   # more digits cannot be an int32 token id
 # click's UsageError (typer vendors click or uses it), found from a public subclass
@@ -212,3 +218,14 @@ def terminal_text(text: str) -> str:
     return "".join(ch.encode("unicode_escape").decode("ascii")
                    if unicodedata.category(ch) == "Cc" and ch not in "\n\t" else ch
                    for ch in text)
+
+
+def note_stop(signum: int) -> None:
+    """Remember the signal that stopped the command (the first one), for `interrupted_code`."""
+    _stopped_by.setdefault("signal", int(signum))
+
+
+def interrupted_code() -> int:
+    """The exit code of an interrupted command: 128 + the stopping signal's number (130 for
+    Ctrl-C, 143 for SIGTERM, 129 for SIGHUP), as a shell reports a process that signal ended."""
+    return 128 + _stopped_by.get("signal", int(signal.SIGINT))

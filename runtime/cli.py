@@ -12,7 +12,7 @@ import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -20,6 +20,7 @@ from rich.console import Console
 from moepack.cliargs import (
     INT32_MAX,
     MAX_THREADS,
+    STOP_SIGNALS,
     UINT64_MAX,
     choice,
     fail,
@@ -27,6 +28,7 @@ from moepack.cliargs import (
     finite_range,
     json_error,
     logit_bias,
+    note_stop,
     nucleus,
     size_option,
 )
@@ -156,15 +158,16 @@ def engine_fail(e: EngineError, as_json: bool, where: str = "") -> NoReturn:
 
 
 class Interrupt:
-    """Ctrl-C while generating: a flag the token loop reads, so that the reply stops between
-    two tokens with the engine's sequence intact (a KeyboardInterrupt could land between an
-    engine call and its bookkeeping), and the calls given to `also` (Engine.cancel), so that a
-    long prompt stops within a layer's work. Python runs its signal handlers only once a C call
-    returns: the signal's wakeup byte wakes a thread that makes those calls meanwhile."""
+    """Ctrl-C (SIGTERM and SIGHUP alike) while generating: a flag the token loop reads, so that
+    the reply stops between two tokens with the engine's sequence intact (a KeyboardInterrupt
+    could land between an engine call and its bookkeeping), and the calls given to `also`
+    (Engine.cancel), so that a long prompt stops within a layer's work. Python runs its signal
+    handlers only once a C call returns: the signal's wakeup byte wakes a thread that makes
+    those calls meanwhile."""
 
     def __init__(self) -> None:
         self.hit = False
-        self._old = None
+        self._old: dict[int, Any] = {}  # signal -> the handler it had
         self._calls: list[Callable[[], object]] = []
         self._wake: tuple[int, int] | None = None
         self._old_fd = -1
@@ -175,6 +178,7 @@ class Interrupt:
         self._calls.append(call)
 
     def _on(self, signum: int, frame: object) -> None:
+        note_stop(signum)
         self.hit = True
 
     def _watching(self, fd: int) -> None:
@@ -182,14 +186,16 @@ class Interrupt:
             got = os.read(fd, 64)
             if not got:  # __exit__ closed the writing end
                 return
-            if signal.SIGINT in got:
+            if any(sig in got for sig in self._old):
                 self.hit = True
                 for call in list(self._calls):
                     call()
 
     def __enter__(self) -> Interrupt:
         if threading.current_thread() is threading.main_thread():  # signal.signal's rule
-            self._old = signal.signal(signal.SIGINT, self._on)
+            # SIGTERM and SIGHUP stop it as Ctrl-C does; a signal ignored (nohup) stays so
+            self._old = {sig: signal.signal(sig, self._on) for sig in STOP_SIGNALS
+                         if signal.getsignal(sig) != signal.SIG_IGN}
             r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             os.set_blocking(r, True)
             self._wake = (r, w)
@@ -200,10 +206,10 @@ class Interrupt:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._old is not None:
-            signal.set_wakeup_fd(self._old_fd)
-            signal.signal(signal.SIGINT, self._old)
         if self._wake is not None:
+            signal.set_wakeup_fd(self._old_fd)
+            for sig, handler in self._old.items():
+                signal.signal(sig, handler)
             r, w = self._wake
             os.close(w)
             if self._watch is not None:

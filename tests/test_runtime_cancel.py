@@ -5,6 +5,8 @@ thread (the demo's full context: about 6 s), so that the cancel always finds the
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import sys
 import threading
@@ -156,3 +158,28 @@ def test_the_c_flag_stops_a_call_that_starts_under_it_until_cleared(demo):
         e._lib.mp_set_cancel(e._h, 0)
         assert e._lib.mp_eval(e._h, arr, 2, None, 0) == 0
         assert e.position == 5
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_run_in_its_prompt_as_ctrl_c_does(demo, sig):
+    """`moepack run` killed by a service manager or a closed terminal during a long prompt: the
+    Interrupt cancels the engine call (not a death by the signal, not a wait for the prompt's
+    end), says so in one line, and exits 128 + the signal."""
+    e = Engine(demo, threads=1)
+    ids = ",".join(str(t) for t in np.random.default_rng(0).integers(0, e.vocab_size, e.ctx - 8))
+    e.close()
+    p = subprocess.Popen([sys.executable, "-m", "moepack", "run", str(demo), "--tokens", ids,
+                          "-n", "4", "--kernels", "scalar", "--threads", "1", "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.5)  # opened, in the prompt (about 10 s on one scalar thread)
+        t0 = time.monotonic()
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        p.kill()
+    assert p.returncode == 128 + sig, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert json.loads(out)["interrupted"] is True
+    assert took < 5, took
