@@ -200,19 +200,25 @@ def fetch_hub(plan: HubPlan, *, jobs: int = 4, policy: DownloadPolicy | None = N
         return f.name, f.size, sha
 
     with dest_lock(dest):
-        outcomes = _run_workers(list(plan.files), one, jobs, stop)
-    errors = [e for e in outcomes if isinstance(e, BaseException) and not isinstance(e, _Cancelled)]
-    if errors:
-        first = errors[0]
-        if isinstance(first, FetchError):
-            more = f" (and {len(errors) - 1} more failed files)" if len(errors) > 1 else ""
-            raise FetchError(f"{first}{more}") from first
-        raise first
-    done = [o for o in outcomes if not isinstance(o, BaseException)]
-    try:
-        manifest = write_manifest(dest, listing.repo, listing.revision, done)
-    except (OSError, UnsafePathError) as e:
-        raise FetchError(f"cannot write the manifest in {dest}: {e}") from e
+        # Looked at again under the lock: a fetch that finished between the plan and now has
+        # verified files the plan saw missing or partial (they are not downloaded again), and
+        # its record of them is kept, not overwritten by the one read before.
+        record = VerifiedRecord(dest)
+        states = [_state(s.file, dest, record) for s in plan.files]
+        outcomes = _run_workers(states, one, jobs, stop)
+        errors = [e for e in outcomes
+                  if isinstance(e, BaseException) and not isinstance(e, _Cancelled)]
+        if errors:
+            first = errors[0]
+            if isinstance(first, FetchError):
+                more = f" (and {len(errors) - 1} more failed files)" if len(errors) > 1 else ""
+                raise FetchError(f"{first}{more}") from first
+            raise first
+        done = [o for o in outcomes if not isinstance(o, BaseException)]
+        try:  # still locked: a later fetch into DEST never sees its files under our manifest
+            manifest = write_manifest(dest, listing.repo, listing.revision, done)
+        except (OSError, UnsafePathError) as e:
+            raise FetchError(f"cannot write the manifest in {dest}: {e}") from e
     return HubResult(manifest, plan.to_fetch, len(done))
 
 

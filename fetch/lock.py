@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from moepack.fetch.errors import FetchError
+
+from moepack.durable import try_flock
 
 
 @contextmanager
@@ -21,11 +22,10 @@ def dest_lock(dest: Path) -> Iterator[None]:
     except OSError as e:
         raise FetchError(f"cannot use {dest} as destination: {e.strerror or e}") from e
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FetchError(f"{dest}: another moepack fetch is writing here; wait for it or "
-                             "choose another --dest") from None
+        holder = try_flock(fd)
+        if holder is not None:
+            raise FetchError(f"{dest}: another moepack fetch is writing here ({holder} holds "
+                             "its lock); wait for it to finish or choose another --dest")
         yield
     finally:
         os.close(fd)

@@ -434,3 +434,53 @@ def test_a_plain_file_verified_at_another_revision_is_not_complete(
             fetch_hub(plan, policy=FAST)
     assert [s.status for s in plan.files] == [UNVERIFIED]
     assert (tmp_path / "config.json").read_bytes() == newer["config.json"]
+
+
+def test_two_fetch_processes_into_one_dest(hub: HubServer, tmp_path: Path) -> None:
+    """Real processes: the second is refused in one line naming the first, which completes."""
+    import re
+    import subprocess
+    import sys
+
+    big = "model-00001-of-00002.safetensors"
+    hub.inject(REPO, big, Fault("slow", delay=4.0))   # keeps the first fetch running
+    env = {**os.environ, "HF_ENDPOINT": hub.base}
+    cmd = [sys.executable, "-m", "moepack", "fetch", f"hf:{REPO}", "--dest", str(tmp_path)]
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not any(p == hub.fault_path(REPO, big) for _, p, _ in hub.requests):
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
+        assert first.poll() is None, "the first fetch ended before the second was checked"
+        err = second.stderr.strip().splitlines()
+        assert second.returncode == 1 and len(err) == 1, second.stderr
+        assert re.search(rf"another moepack fetch is writing here \(process {first.pid} holds",
+                         err[0]), err[0]
+        assert first.wait(timeout=30) == 0, first.communicate()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    for name, data in _files().items():
+        assert (tmp_path / name).read_bytes() == data
+
+
+def test_fetch_planned_before_another_finished_downloads_nothing_again(
+        hub: HubServer, tmp_path: Path) -> None:
+    """A fetch whose plan was made while another fetch into DEST was still running, and which
+    gets the lock once that one is done: before, it downloaded every file again (the plan said
+    missing) and rewrote the verified record from its stale copy."""
+    late = plan_hub(f"hf:{REPO}", tmp_path, [])
+    fetch_hub(plan_hub(f"hf:{REPO}", tmp_path, []), policy=FAST)   # the other one, finished
+    record = (tmp_path / ".moepack-partial" / "hub-verified.json").read_bytes()
+    seen = len(hub.requests)
+    result = fetch_hub(late, policy=FAST)
+    content = [r for r in hub.requests[seen:]
+               if r[0] == "GET" and ("/cdn/" in r[1] or "/resolve/" in r[1])]
+    assert content == [], content
+    assert result.files == len(_files())
+    assert (tmp_path / ".moepack-partial" / "hub-verified.json").read_bytes() == record
