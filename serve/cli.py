@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from moepack.runtime.cli import BudgetOpt, CtxOpt, FileArg, KernelsOpt, KvOpt, ThreadsOpt
 
-from moepack.cliargs import fail, file_problem, utf8_text
+from moepack.cliargs import fail, file_problem, note_stop, utf8_text
 
 
 def serve_cmd(
@@ -82,7 +82,8 @@ def serve_cmd(
     # the worker thread owns the engine; uvicorn's loop only routes requests
     run = server.Uvicorn(app, srv.stop_requests)
     run.run(sockets=socks)
-    if run.stop_signal == signal.SIGINT:
+    if run.stop_signal in (signal.SIGINT, signal.SIGHUP):  # 130, 129 (moepack.cli)
+        note_stop(run.stop_signal)
         raise typer.Exit(EXIT_INTERRUPTED)
 
 

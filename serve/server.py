@@ -143,7 +143,7 @@ def _error_response(status: int, message: str, code: str) -> bytes:
 
 
 class Uvicorn(uvicorn.Server):
-    """The first SIGINT or SIGTERM calls `on_stop` (which answers the requests in flight at
+    """The first SIGINT, SIGTERM or SIGHUP calls `on_stop` (which answers the requests in flight at
     once), then uvicorn stops as usual; a second Ctrl-C skips its wait for them. The signal
     is kept in `stop_signal`, not re-raised once stopped as uvicorn's own capture_signals
     does (SIGTERM would then end the process by the signal), so that the command exits with
@@ -157,8 +157,10 @@ class Uvicorn(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
+        # SIGHUP (the terminal closed) stops it as Ctrl-C does, unless ignored (nohup)
         old = {sig: signal.signal(sig, self.handle_exit)
-               for sig in (signal.SIGINT, signal.SIGTERM)}
+               for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+               if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN}
         try:
             yield
         finally:

@@ -475,3 +475,15 @@ def test_sigterm_mid_stream_ends_it_with_an_error_then_done_exit_0():
         conn.close()
     finally:
         s.stop()
+
+
+def test_sighup_stops_the_server_as_ctrl_c_does_exit_129():
+    """The terminal that started it closed: a graceful stop with 128 + SIGHUP, not a
+    KeyboardInterrupt traceback out of uvicorn's loop (nor a death by the signal)."""
+    s = ServerProcess(demo_container())
+    try:
+        s.proc.send_signal(signal.SIGHUP)
+        assert s.proc.wait(timeout=30) == 128 + signal.SIGHUP, s.log.read_text()
+        assert "Traceback" not in s.log.read_text()
+    finally:
+        s.stop()
