@@ -40,16 +40,19 @@ def _output_problem(path: Path) -> str | None:
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
-    """Write `array` as .npy at exactly `path`, through a new file: a symbolic link planted there
-    is replaced, never followed (safefs.open_new). Written with os.write, not np.save: np.save
-    through a file object drops the tail of a short write (disk full) without an error."""
+    """Write `array` as .npy at exactly `path`: into a new file beside it, then renamed over it,
+    so a failed or interrupted write (a full disk, Ctrl-C) leaves the earlier file at `path` as it
+    was; a symbolic link planted at either name is replaced, never followed (safefs.open_new).
+    Written with os.write, not np.save: np.save through a file object drops the tail of a short
+    write (disk full) without an error."""
     import numpy as np
 
     from moepack.safefs import UnsafePathError, open_new
 
     data = np.ascontiguousarray(array)  # the header below then says C order
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        fd = open_new(path, os.O_WRONLY, replace=True)
+        fd = open_new(tmp, os.O_WRONLY, replace=True)
     except (UnsafePathError, OSError) as e:
         fail(f"cannot write {path}: {getattr(e, 'strerror', None) or e}")
     try:
@@ -58,9 +61,13 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
             _write_all(fd, memoryview(data).cast("B"))
         finally:
             os.close(fd)
-    except OSError as e:  # leave no truncated .npy behind
-        path.unlink(missing_ok=True)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
         fail(f"cannot write {path}: {e.strerror or e}")
+    except BaseException:  # Ctrl-C mid-write: no half-written file left beside
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _npy_header(array: np.ndarray) -> bytes:

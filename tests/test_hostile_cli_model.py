@@ -223,7 +223,8 @@ def test_names_from_the_file_cannot_drive_the_terminal(model, tmp_path, monkeypa
 
 def test_logits_on_a_full_disk_leave_no_partial_file(model, tmp_path):
     """RLIMIT_FSIZE stands in for a full disk (EFBIG; Python ignores SIGXFSZ): one line, exit 1,
-    and no truncated .npy left where a reader would take it for the result."""
+    no truncated .npy left where a reader would take it for the result, and the earlier file at
+    that path as it was (it was removed before the write)."""
     import resource
 
     def small_files() -> None:
@@ -238,6 +239,11 @@ def test_logits_on_a_full_disk_leave_no_partial_file(model, tmp_path):
     assert _last_line(r.stdout.decode()) == (
         f"error: cannot write {tmp_path}/l.npy: File too large")
     assert list(tmp_path.iterdir()) == []
+    (tmp_path / "l.npy").write_bytes(b"earlier")
+    r = subprocess.run(cmd, cwd=tmp_path, preexec_fn=small_files, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=120)
+    assert r.returncode == 1 and list(tmp_path.iterdir()) == [tmp_path / "l.npy"]
+    assert (tmp_path / "l.npy").read_bytes() == b"earlier"
 
 
 def test_deeply_nested_tokenizer_files_are_one_error():
