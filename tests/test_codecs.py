@@ -135,7 +135,7 @@ def test_zero_rows_stay_zero() -> None:
         ({"name": "q6", "group_size": 8}, (2, 2), r"codec 'q6': group_size 8 not in \[16, 32"),
         ({"name": "q6", "group_size": 48}, (2, 2), "group_size 48 not in"),
         ({"name": "q6", "group_size": "32"}, (2, 2), "'group_size' must be an integer"),
-        ({"name": "q6"}, (2, 2), "'group_size' must be an integer"),
+        ({"name": "q6"}, (2, 2), "codec 'q6': missing key 'group_size'"),
         ({"name": "q6", "group_size": 32, "zero_point": False}, (2, 2),
          r"codec 'q6': unknown keys \['zero_point'\]"),
         ({"name": "q6", "group_size": 32}, (64,), "2-D"),
