@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 import libtorrent as lt
-from moepack.fetch.container import check_container
+from moepack.fetch.container import check_container, peek_container_id
 from moepack.fetch.errors import FetchError
 from moepack.fetch.lt_session import listen_port, make_session
 from moepack.fetch.torrent_source import TorrentMeta, describe, load_params
@@ -55,6 +56,8 @@ class Seeder:
         meta = describe(params.ti, str(torrent_path))
         check_seedable(meta, data_path, full=full_verify)
         self.meta = meta
+        self.data_path = data_path
+        self._seen = _identity(data_path)  # the file checked above, by device and inode
         self.session = make_session(listen, discovery=discovery, exact_port=True)
         if data_path.name != meta.name:
             params.renamed_files = {meta.file_index: data_path.name}
@@ -71,9 +74,24 @@ class Seeder:
 
     def status(self) -> SeedStatus:
         st = self.handle.status()
-        err = str(st.errc.message()) if st.errc.value() else None
+        err = str(st.errc.message()) if st.errc.value() else self._replaced()
         return SeedStatus(st.num_peers, float(st.upload_payload_rate), st.total_payload_upload,
                           st.num_pieces, self.meta.num_pieces, err)
+
+    def _replaced(self) -> str | None:
+        """Why the file at the seeded path is no longer the container checked at start (a
+        `convert --force` or a fetch renamed another file onto it), or None. libtorrent opens
+        files by path, so it would serve the new file's bytes under this torrent's hashes."""
+        now = _identity(self.data_path)
+        if now == self._seen:
+            return None
+        if now is not None and peek_container_id(self.data_path) == self.meta.container_id:
+            self._seen = now  # the same container written again: same bytes, go on
+            return None
+        what = "removed" if now is None else "replaced by another file"
+        return (f"{self.data_path} was {what} while seeding, so it is no longer the container "
+                f"this torrent describes ({self.meta.container_id}); stopped. Seed the new file "
+                "with its own torrent (moepack torrent create)")
 
     def close(self) -> None:
         if self.handle.is_valid():
@@ -92,3 +110,11 @@ def seed_in_background(torrent_path: Path | str, data_path: Path | str, *,
                        listen: str = "127.0.0.1:0", upload_limit: int = 0) -> Seeder:
     """Start seeding on libtorrent's own threads; use as `with seed_in_background(...) as s:`."""
     return Seeder(torrent_path, data_path, listen=listen, upload_limit=upload_limit)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino

@@ -159,3 +159,36 @@ def test_export_into_a_folder_another_export_is_building(reference, tmp_path):
             first.wait()
     assert _tree(out) == _tree(clean)
     assert not tmp.exists() and not (tmp_path / "hf.old").exists()
+
+
+def test_seed_stops_when_its_file_is_replaced(tmp_path):
+    """convert --force (or a fetch) renames a new file onto the one being seeded. Before: seed
+    went on without a word, libtorrent serving the new file's bytes under the old torrent
+    (pieces failing their check, fetchers stalling). Now it stops, exit 1, one line; the same
+    container written again is seeded on."""
+    import shutil
+
+    from moepack.format.synthetic import mixtral_spec, write_synthetic
+    from torrent_loopback import small_torrent
+
+    path, torrent, _ = small_torrent(tmp_path)
+    seed = _moepack("seed", str(torrent), "--path", str(path), "--listen", "127.0.0.1:0")
+    try:
+        time.sleep(3.0)  # started and seeding
+        assert seed.poll() is None, seed.communicate()
+        same = tmp_path / "same.tmp"
+        shutil.copyfile(path, same)
+        os.replace(same, path)  # the same container again: seeding goes on
+        time.sleep(2.5)
+        assert seed.poll() is None, seed.communicate()
+        other = tmp_path / "other.tmp"
+        write_synthetic(other, mixtral_spec(layers=3, experts=8, hidden=128, inter=64))
+        os.replace(other, path)
+        out, err = seed.communicate(timeout=30)
+    finally:
+        if seed.poll() is None:
+            seed.kill()
+            seed.wait()
+    lines = err.strip().splitlines()
+    assert seed.returncode == 1 and len(lines) == 1, (out, err)
+    assert "was replaced by another file while seeding" in lines[0], lines[0]
