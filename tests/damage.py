@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,3 +36,14 @@ def edit_manifest(path: Path, edit: Callable[[dict[str, Any]], None]) -> None:
     new = dataclasses.replace(h, file_size=h.index_offset + len(index), index_length=len(index),
                               root_hash=blake3.blake3(index).digest())
     path.write_bytes(new.pack() + data[HEADER_SIZE:h.index_offset] + index)
+
+
+def reseal(data: bytes, index: bytes) -> bytes:
+    """`data` (a container's bytes) with its index replaced and every header field that depends
+    on it recomputed: file size, index length, root hash, header hash."""
+    off = struct.unpack_from("<Q", data, 32)[0]
+    out = bytearray(data[:off] + index)
+    struct.pack_into("<QQQ", out, 24, len(out), off, len(index))
+    out[48:80] = blake3.blake3(index).digest()
+    out[96:128] = blake3.blake3(bytes(out[:96])).digest()
+    return bytes(out)

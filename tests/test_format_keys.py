@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import blake3
 import pytest
+from damage import reseal
 from moepack.format import Container, FormatError
 from moepack.runtime import _lib
 from spec_vectors import INVALID, VECTORS
@@ -32,16 +32,6 @@ TOKENIZER = "index.sections[10] ('tokenizer.json')"  # a blob of blobs.moepack
 Doc = dict[str, Any]
 
 
-def _reseal(data: bytes, index: bytes) -> bytes:
-    """`data` with its index replaced and every header field that depends on it recomputed."""
-    off = struct.unpack_from("<Q", data, 32)[0]
-    out = bytearray(data[:off] + index)
-    struct.pack_into("<QQQ", out, 24, len(out), off, len(index))
-    out[48:80] = blake3.blake3(index).digest()
-    out[96:128] = blake3.blake3(bytes(out[:96])).digest()
-    return bytes(out)
-
-
 def _canonical(doc: Doc) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False).encode()
@@ -52,7 +42,7 @@ def _edited(vector: Path, edit: Callable[[Doc], None]) -> bytes:
     off = struct.unpack_from("<Q", data, 32)[0]
     doc = json.loads(data[off:])
     edit(doc)
-    return _reseal(data, _canonical(doc))
+    return reseal(data, _canonical(doc))
 
 
 def _section(doc: Doc, name: str) -> Doc:
@@ -235,7 +225,7 @@ def test_float_overflowing_binary64_is_not_canonical(tmp_path: Path, number: str
     off = struct.unpack_from("<Q", data, 32)[0]
     index = data[off:]
     assert index.count(b'"zz":0.5') == 1
-    e = _agree(tmp_path, _reseal(data, index.replace(b'"zz":0.5', f'"zz":{number}'.encode())))
+    e = _agree(tmp_path, reseal(data, index.replace(b'"zz":0.5', f'"zz":{number}'.encode())))
     assert (e.code, e.field, e.offset) == ("not_canonical", "index", off)
     assert str(e) == f"index at offset {off}: not canonical JSON: a number overflows binary64"
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import blake3
 import pytest
+from damage import reseal
 from moepack.format import Container, FormatError
 from moepack.format.errors import CODES
 from moepack.runtime import _lib
@@ -90,16 +91,6 @@ def test_missing_file_is_io_error(lib, tmp_path):
     assert rc == -3 and "nope.moepack" in msg  # MP_EIO
 
 
-def _reseal(data: bytes, index: bytes) -> bytes:
-    """Replace the index and recompute every header field that depends on it."""
-    off = struct.unpack_from("<Q", data, 32)[0]
-    out = bytearray(data[:off] + index)
-    struct.pack_into("<QQQ", out, 24, len(out), off, len(index))
-    out[48:80] = blake3.blake3(index).digest()
-    out[96:128] = blake3.blake3(bytes(out[:96])).digest()
-    return bytes(out)
-
-
 def _mutations(data: bytes, rng: random.Random):
     off, n = struct.unpack_from("<QQ", data, 32)
     index = data[off : off + n]
@@ -115,7 +106,7 @@ def _mutations(data: bytes, rng: random.Random):
         for _ in range(rng.randrange(1, 4)):
             i = rng.randrange(len(b))
             b[i] = rng.choice(b'{}[]",:0-19eE.\\ ntfu\xc3\xff')
-        yield _reseal(data, bytes(b))
+        yield reseal(data, bytes(b))
     for _ in range(80):  # structural edits of one section, re-encoded canonically and resealed
         d = json.loads(index)
         s = rng.choice(d["sections"])
@@ -125,12 +116,12 @@ def _mutations(data: bytes, rng: random.Random):
         if rng.random() < 0.3:
             s.pop(rng.choice(sorted(s)), None)
         new = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        yield _reseal(data, new.encode())
+        yield reseal(data, new.encode())
     m = doc["manifest"]
     for key in ("model", "source", "converter", "codecs"):
         d = json.loads(index)
         d["manifest"].pop(key)
-        yield _reseal(data, json.dumps(d, sort_keys=True, separators=(",", ":")).encode())
+        yield reseal(data, json.dumps(d, sort_keys=True, separators=(",", ":")).encode())
     assert m
 
 
@@ -160,7 +151,7 @@ def test_json_syntax_errors_agree_up_to_the_stable_substring(lib, tmp_path, bad,
     """The C reader's JSON detail is fixed (CPython 3.11's words, runtime/tests_c/test_json.c);
     whatever this Python's `json` says, both readers refuse at the same place with `bad JSON`."""
     target = tmp_path / "m.moepack"
-    target.write_bytes(_reseal(VALID[0].read_bytes(), bad))
+    target.write_bytes(reseal(VALID[0].read_bytes(), bad))
     c = _lib.check_container(target)
     py = py_error(target)
     assert c.rc == -2 and f"bad JSON: {detail}: line 1 column" in c.message, c
