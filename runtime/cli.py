@@ -134,15 +134,26 @@ def _check_budget(file: Path, budget: str | None, ctx: int | None, kv: str | Non
 def open_engine(file: Path, *, budget, threads, ctx, kv=None, prefetch=True, o_direct=None,
           cache_policy="lfu", verify_reads=False, as_json=False, snapshots=0, warm=True,
           kernels="auto"):
-    from moepack.runtime.engine import Engine, EngineError
+    from moepack.runtime.engine import Cancelled, Engine, EngineError, OpenCancel
 
     _warn_threads(threads)
     try:
         _check_budget(file, budget, ctx, kv)
-        return Engine(str(file), budget=budget, threads=threads, ctx=ctx, kv=kv,
-                      prefetch=prefetch, o_direct=o_direct, cache_policy=cache_policy,
-                      verify_reads=verify_reads, snapshots=snapshots, warm=warm,
-                      kernels=kernels)
+        # Ctrl-C stops a long trunk read (KeyboardInterrupt), not only after it
+        with Interrupt() as stop:
+            cancel = OpenCancel()
+            stop.also(cancel.set)
+            try:
+                eng = Engine(str(file), budget=budget, threads=threads, ctx=ctx, kv=kv,
+                             prefetch=prefetch, o_direct=o_direct, cache_policy=cache_policy,
+                             verify_reads=verify_reads, snapshots=snapshots, warm=warm,
+                             kernels=kernels, cancel=cancel)
+            except Cancelled:
+                raise KeyboardInterrupt from None
+        if stop.hit:  # it came as the last tensor was read
+            eng.close()
+            raise KeyboardInterrupt
+        return eng
     except EngineError as e:
         engine_fail(e, as_json, f"{file}: ")
     except (ValueError, OSError) as e:

@@ -101,9 +101,14 @@ def run_cmd(
         ids, tok = prompt_ids(file, prompt, tokens, as_json)
         if not ids:
             fail_as("empty prompt", as_json)
-        eng = open_engine(file, budget=budget, threads=threads, ctx=ctx, kv=kv, prefetch=prefetch,
-                    o_direct=o_direct, cache_policy=cache_policy, verify_reads=verify_reads,
-                    as_json=as_json, warm=warm, kernels=kernels)
+        try:
+            eng = open_engine(file, budget=budget, threads=threads, ctx=ctx, kv=kv,
+                              prefetch=prefetch, o_direct=o_direct, cache_policy=cache_policy,
+                              verify_reads=verify_reads, as_json=as_json, warm=warm,
+                              kernels=kernels)
+        except KeyboardInterrupt:  # while the engine opened: no tokens, no stats
+            _interrupted(as_json, {"prompt_tokens": ids, "tokens": [],
+                                   "text": "" if tok else None, "stats": None})
         # the last sampled token is never fed: prompt + n - 1 positions (refused before any
         # work, so that --json never loses tokens to a context that fills midway)
         need = len(ids) + max(n - 1, 0)

@@ -105,13 +105,25 @@ class Cancelled(EngineError):
     before the call."""
 
 
+class OpenCancel:
+    """Stops an `Engine(...)` still reading its trunk (tens of seconds for the biggest): give it as
+    `Engine(cancel=)`, then `set()` it from another thread (the CLI's Ctrl-C); the constructor
+    raises Cancelled. The flag is read only while the engine opens (calls: Engine.cancel)."""
+
+    def __init__(self) -> None:
+        self.flag = C.c_int(0)
+
+    def set(self) -> None:
+        self.flag.value = 1
+
+
 class _Config(C.Structure):
     _fields_ = [("budget_bytes", C.c_uint64), ("threads", C.c_int), ("ctx", C.c_int),
                 ("prefetch", C.c_int), ("o_direct", C.c_int), ("cache_policy", C.c_int),
                 ("verify_reads", C.c_int), ("io_threads", C.c_int), ("cache_experts", C.c_int),
                 ("kernels", C.c_int), ("chunk", C.c_int), ("kv", C.c_int),
                 ("ram_bytes", C.c_uint64), ("snapshots", C.c_int),
-                ("linear_chunk", C.c_int), ("warm", C.c_int)]
+                ("linear_chunk", C.c_int), ("warm", C.c_int), ("cancel", C.POINTER(C.c_int))]
 
 
 class _Plan(C.Structure):
@@ -415,7 +427,8 @@ class Engine:
                  cache_experts: int | None = None, io_threads: int | None = None,
                  kernels: str = "auto", scalar_kernels: bool = False,
                  chunk: int | None = None, kv: str | None = None, snapshots: int = 0,
-                 linear_chunk: int = 0, warm: bool = True) -> None:
+                 linear_chunk: int = 0, warm: bool = True,
+                 cancel: OpenCancel | None = None) -> None:
         self._lock = threading.RLock()  # reentrant: logits() resets and feeds as one call
         self._busy = False  # an mp_eval is running (cancel() stops only that one)
         self._busy_lock = threading.Lock()  # not _lock, which the running call holds
@@ -450,6 +463,8 @@ class Engine:
         self.linear_chunk = int(linear_chunk)
         # with the cache holding every expert: read them all in the background from open
         cfg.warm = 1 if warm else 0
+        if cancel is not None:
+            cfg.cancel = C.pointer(cancel.flag)
         self._h = _P()
         self._seq: list[int] = []  # the tokens now in the sequence (snapshot / restore)
         self._version = 0  # bumped by every change of the sequence (a generate() checks it)

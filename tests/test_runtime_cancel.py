@@ -183,3 +183,16 @@ def test_sigterm_and_sighup_stop_run_in_its_prompt_as_ctrl_c_does(demo, sig):
     assert "interrupted" in err and "Traceback" not in err
     assert json.loads(out)["interrupted"] is True
     assert took < 5, took
+
+
+def test_an_open_cancel_stops_the_trunk_read(demo):
+    """Engine(cancel=OpenCancel): a set flag stops the load before its next trunk tensor (a big
+    model's trunk takes minutes to read); unset, the engine opens and runs as without it."""
+    from moepack.runtime.engine import OpenCancel
+
+    cancel = OpenCancel()
+    with Engine(demo, threads=1, cancel=cancel) as e:
+        assert e.feed([1, 2]).shape == (e.vocab_size,)
+    cancel.set()
+    with pytest.raises(Cancelled, match="trunk"):
+        Engine(demo, threads=1, cancel=cancel)

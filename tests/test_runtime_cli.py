@@ -437,6 +437,23 @@ def test_chat_takes_logit_bias(mixtral, monkeypatch):
     assert r.exit_code == 1 and "vocabulary" in r.output, r.output
 
 
+def test_run_ctrl_c_while_the_engine_opens(mixtral, monkeypatch):
+    """A Ctrl-C that stops the trunk read (Cancelled out of Engine(...)) is run's interrupted
+    result with no tokens and no stats, exit 130."""
+    from moepack.runtime.engine import Cancelled
+
+    def cancelled(self, *a, **kw):
+        raise Cancelled("cancelled while reading the trunk", -10)
+
+    monkeypatch.setattr(Engine, "__init__", cancelled)
+    monkeypatch.setattr(Engine, "__del__", lambda self: None)
+    r = _run("run", mixtral, "--tokens", "5,9", "-n", 4, "--json")
+    out = json.loads(r.stdout)
+    assert r.exit_code == 130 and out["interrupted"] is True, r.output
+    assert out["tokens"] == [] and out["stats"] is None
+    assert r.stderr.strip().splitlines() == ["interrupted after 0 tokens"], r.stderr
+
+
 def test_run_refuses_prompt_text_and_tokens_together(mixtral):
     r = _run("run", mixtral, "w5", "--tokens", "1,2", "-n", 2)
     assert r.exit_code == 2, r.output

@@ -69,6 +69,9 @@ typedef struct mp_config {
     int warm;              /* 1 = when the expert cache holds every record, read them all in the
                               background from open (file order, never evicting, half the
                               reader threads at most); 0 = read records when used */
+    const int *cancel;     /* NULL, or a flag another thread (or a signal handler) may set while
+                              mp_open runs: loading stops before its next trunk tensor with
+                              MP_ECANCELED (read only during mp_open; calls: mp_set_cancel) */
 } mp_config;
 #define MP_MAX_LINEAR_CHUNK 64
 #define MP_MAX_SNAPSHOTS 64

@@ -302,7 +302,7 @@ static void io_prefetch(void *user, int layer, const int *experts, int n) {
     mpe_prefetch(((mp_engine *)user)->ex, layer, experts, n);
 }
 
-static int load_trunk(mp_engine *e, char *err, size_t errlen) {
+static int load_trunk(mp_engine *e, const int *cancel, char *err, size_t errlen) {
     e->arena_len = trunk_bytes(e->c);
     e->arena = malloc(e->arena_len ? (size_t)e->arena_len : 1);
     e->arena_off = calloc(mpc_tensor_count(e->c) + 1, sizeof *e->arena_off);
@@ -310,6 +310,8 @@ static int load_trunk(mp_engine *e, char *err, size_t errlen) {
     uint64_t off = 0;
     for (size_t i = 0; i < mpc_tensor_count(e->c); i++) {
         const mp_tensor_info *t = mpc_tensor_at(e->c, i);
+        if (cancel && __atomic_load_n(cancel, __ATOMIC_RELAXED))
+            return mp_seterr(err, errlen, MP_ECANCELED, "cancelled while reading the trunk");
         int rc = mpc_read_tensor(e->c, t, e->arena + off, t->length, e->verify_reads, err, errlen);
         if (rc) return rc;
         e->arena_off[i] = off; /* file order, each at a 64-aligned offset */
@@ -420,7 +422,7 @@ int mp_open(const char *path, const mp_config *cfg_in, mp_engine **out, char *er
     e->cache_bytes = cache;
     e->cache_experts = cache_records(p, cache);
 
-    if ((rc = load_trunk(e, err, errlen))) goto fail;
+    if ((rc = load_trunk(e, cfg.cancel, err, errlen))) goto fail;
     mp_expert_options eo;
     mpe_options_default(&eo);
     eo.budget_bytes = cache;
