@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from fastapi import FastAPI, Request
-from moepack.runtime.engine import MP_ECTX, Engine, EngineError
+from moepack.runtime.engine import MP_ECTX, Engine, EngineError, OpenCancel
 from moepack.runtime.tokenizer import Tokenizer, generation_eos_ids
 from moepack.serve import sse
 from moepack.serve.errors import ApiError, from_validation
@@ -53,6 +53,7 @@ class ServeConfig:
     max_queue: int = 16
     max_body: int = 4 << 20
     body_timeout: float = 60.0  # seconds for a whole body: 4 MiB at 70 KB/s
+    open_cancel: OpenCancel | None = None  # stops the engine's trunk read (a signal at start)
 
 
 class _CountRequests:
@@ -88,7 +89,8 @@ class Server:
         self.tok = Tokenizer.from_container(cfg.path)
         # PrefixReuse keeps one linear-attention state snapshot: counted in the floor
         self.engine = Engine(cfg.path, budget=cfg.budget, threads=cfg.threads, ctx=cfg.ctx,
-                             kv=cfg.kv, snapshots=1, kernels=cfg.kernels)
+                             kv=cfg.kv, snapshots=1, kernels=cfg.kernels,
+                             cancel=cfg.open_cancel)
         self.vocab = Vocab(self.tok, self.engine.vocab_size, generation_eos_ids(cfg.path))
         self.prep = Preparer(self.tok, self.vocab, self.engine.ctx)
         # one thread: the engine runs one request at a time anyway, and a second big prompt

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import signal
-import threading
-from types import FrameType
 from typing import Annotated
 
 import typer
-from moepack.runtime.cli import BudgetOpt, CtxOpt, FileArg, KernelsOpt, KvOpt, ThreadsOpt
+from moepack.runtime.cli import (
+    BudgetOpt,
+    CtxOpt,
+    FileArg,
+    Interrupt,
+    KernelsOpt,
+    KvOpt,
+    ThreadsOpt,
+)
 
-from moepack.cliargs import fail, file_problem, note_stop, utf8_text
+from moepack.cliargs import fail, file_problem, interrupted_code, note_stop, utf8_text
 
 
 def serve_cmd(
@@ -39,7 +45,7 @@ def serve_cmd(
     page at /. One sequence at a time; requests queue. Ctrl-C (exit 130) and SIGTERM (exit 0)
     stop it within seconds, and the requests in flight are told so."""
     from moepack.format.errors import FormatError
-    from moepack.runtime.engine import EngineError
+    from moepack.runtime.engine import Cancelled, EngineError, OpenCancel
     from moepack.runtime.tokenizer import TokenizerError
     from moepack.serve import server
     from moepack.serve.app import ServeConfig, create_app
@@ -58,26 +64,31 @@ def serve_cmd(
         socks = server.listen(host, port)
     except (OSError, ValueError) as e:  # ValueError: a name IDNA cannot encode
         fail(f"cannot listen on {where}: {getattr(e, 'strerror', None) or e}")
-    main = threading.current_thread() is threading.main_thread()  # signals are the main's
-    old_term = signal.signal(signal.SIGTERM, _stop_loading) if main else None
+    # a signal while the model loads stops the engine's trunk read (minutes for a big model)
+    # and ends as a stop with nothing in flight: SIGTERM 0, Ctrl-C 130, SIGHUP 129
+    cfg.open_cancel = OpenCancel()
     loaded = False
     try:
-        app, srv = create_app(cfg)
-        loaded = True
+        with Interrupt() as stop:
+            stop.also(cfg.open_cancel.set)
+            app, srv = create_app(cfg)
+        loaded = not stop.hit
+        if stop.hit:  # it came as the last tensor was read
+            srv.close()
+    except Cancelled:
+        pass
     except FormatError as e:  # the tokenizer's reader refused the container
         fail(f"{file}: {EngineError.from_format(e).with_code()}")
     except EngineError as e:
         fail(f"{file}: {e.with_code()}")
     except (TokenizerError, ValueError, OSError) as e:
         fail(f"{file}: {e}")
-    except KeyboardInterrupt:
-        raise typer.Exit(EXIT_INTERRUPTED) from None
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, old_term)
         if not loaded:
             for sock in socks:
                 sock.close()
+    if not loaded:
+        raise typer.Exit(0 if interrupted_code() == 128 + signal.SIGTERM else EXIT_INTERRUPTED)
     print(f"moepack serve: {cfg.model_id} on http://{where}/", flush=True)
     # the worker thread owns the engine; uvicorn's loop only routes requests
     run = server.Uvicorn(app, srv.stop_requests)
@@ -88,13 +99,6 @@ def serve_cmd(
 
 
 EXIT_INTERRUPTED = 130  # docs/RUNTIME.md, "Exit codes"
-
-
-def _stop_loading(sig: int, frame: FrameType | None) -> None:
-    """SIGTERM while the model loads: nothing is in flight, so it ends as a graceful stop.
-    SystemExit, not typer.Exit: the loaders' `except Exception` must not take it for their
-    own error."""
-    raise SystemExit(0)
 
 
 def register(app: typer.Typer) -> None:

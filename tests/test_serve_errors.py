@@ -487,3 +487,27 @@ def test_sighup_stops_the_server_as_ctrl_c_does_exit_129():
         assert "Traceback" not in s.log.read_text()
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("stopped_by, code", [(None, 130), (signal.SIGTERM, 0)])
+def test_a_signal_while_the_model_loads_stops_its_trunk_read(monkeypatch, stopped_by, code):
+    """The engine's open is cancelled (Cancelled out of Engine(...)): nothing was in flight, so
+    the server ends as a stop, SIGTERM 0 and Ctrl-C 130, with no error line."""
+    from moepack import cliargs
+    from moepack.cli import app
+    from moepack.runtime.engine import Cancelled, Engine
+    from typer.testing import CliRunner
+
+    def cancelled(self, *a, **kw):
+        raise Cancelled("cancelled while reading the trunk", -10)
+
+    monkeypatch.setattr(cliargs, "_stopped_by", {} if stopped_by is None
+                        else {"signal": int(stopped_by)})
+    monkeypatch.setattr(Engine, "__init__", cancelled)
+    monkeypatch.setattr(Engine, "__del__", lambda self: None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = CliRunner().invoke(app, ["serve", str(demo_container()), "--port", str(port)])
+    assert r.exit_code == code, r.output
+    assert "error" not in r.output
