@@ -610,7 +610,8 @@ class Engine:
                     threads=self.threads, linear_chunk=self.linear_chunk)
 
     @_locked
-    def _eval(self, tokens: Sequence[int], out: np.ndarray | None, all_pos: bool) -> None:
+    def _eval(self, tokens: Sequence[int], out: np.ndarray | None, all_pos: bool,
+              cancelled: Callable[[], bool] | None = None) -> None:
         bad = EngineError(f"token ids must be in 0..{self.vocab_size - 1}", MP_EINVAL)
         try:  # no dtype: a float id must be refused, not truncated to an integer
             toks = np.asarray(tokens) if len(tokens) else np.zeros(0, np.int64)
@@ -627,6 +628,8 @@ class Engine:
         self._pending = (len(self._seq), arr.tolist())
         with self._busy_lock:
             self._busy = True
+            if cancelled is not None and cancelled():  # it came before the call: not lost
+                self._lib.mp_set_cancel(h, 1)
         try:
             rc = self._lib.mp_eval(h, arr.ctypes.data_as(C.POINTER(C.c_int32)), arr.size, ptr,
                                    1 if all_pos else 0)
@@ -665,16 +668,19 @@ class Engine:
         return out
 
     @_locked
-    def feed(self, tokens: Sequence[int]) -> np.ndarray:
+    def feed(self, tokens: Sequence[int], *,
+             cancelled: Callable[[], bool] | None = None) -> np.ndarray:
         """Append tokens to the sequence (KV cache kept); returns the last position's logits.
 
         Several tokens take the prefill products, one token the decode products (moepack.h
         mp_eval, docs/RUNTIME.md "Compute"). All or nothing: on failure (EngineError) the
-        sequence is as it was before the call."""
+        sequence is as it was before the call. `cancelled` (a threading.Event's `is_set`) is asked
+        as the call starts, so that a cancel made just before it (whose Engine.cancel() found no
+        call running) still stops it."""
         if len(tokens) == 0:  # there would be no last position: the logits would be all zero
             raise EngineError("feed needs at least one token", MP_EINVAL)
         out = np.zeros(self.vocab_size, dtype=np.float32)
-        self._eval(tokens, out, False)
+        self._eval(tokens, out, False, cancelled)
         return out
 
     def sample(self, logits: np.ndarray, temperature: float = 0.0, top_k: int = 0,

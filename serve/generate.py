@@ -63,8 +63,10 @@ class Generator:
         self._running: Job | None = None  # the job whose calls the engine runs (_cancel)
         self._running_lock = threading.Lock()
 
-    def _feed(self, ids: list[int]) -> np.ndarray:
-        logits = self.engine.feed(ids)  # all or nothing: on error the cache is as it was
+    def _feed(self, ids: list[int], job: Job) -> np.ndarray:
+        # all or nothing: on error (a cancel included) the cache is as it was; a cancel set
+        # before the call starts is seen as it starts
+        logits = self.engine.feed(ids, cancelled=job.cancel.is_set)
         self.cached.extend(ids)
         return logits
 
@@ -110,7 +112,7 @@ class Generator:
         reuse = self.prefix.rewind(job.prompt)
         del self.cached[reuse:]
         try:
-            logits = self._feed(job.prompt[reuse:])
+            logits = self._feed(job.prompt[reuse:], job)
         except Cancelled:  # the engine's sequence is as before the prompt; so is `cached`
             # of the prompt only the reused tokens are in: the rest was never evaluated
             return Done("cancelled", reuse, reuse, 0, "",
@@ -160,7 +162,7 @@ class Generator:
                 break
             if n < limit:
                 try:
-                    logits = self._feed([tid])
+                    logits = self._feed([tid], job)
                 except Cancelled:
                     finish = "cancelled"
                     break

@@ -196,3 +196,26 @@ def test_an_open_cancel_stops_the_trunk_read(demo):
     cancel.set()
     with pytest.raises(Cancelled, match="trunk"):
         Engine(demo, threads=1, cancel=cancel)
+
+
+def test_a_serve_job_cancelled_just_before_its_prompt_is_not_fed(demo, monkeypatch):
+    """A client that leaves after the worker took the job but before the prompt's engine call
+    starts: Engine.cancel() finds no call running then, so the call itself asks the job's
+    event as it starts (Engine.feed(cancelled=)); the prompt is never evaluated."""
+    from moepack.runtime.tokenizer import Tokenizer
+    from moepack.serve.generate import Generator
+    from moepack.serve.job import Job
+    from moepack.serve.vocab import Vocab
+
+    real = Generator._continue
+
+    def leaving(self, job):
+        job.cancel.set()  # the client leaves while the prompt is prepared
+        return real(self, job)
+
+    monkeypatch.setattr(Generator, "_continue", leaving)
+    with Engine(demo, threads=1) as e:
+        gen = Generator(e, Vocab(Tokenizer.from_container(str(demo)), e.vocab_size))
+        done = gen.run(Job(prompt=_ids(e, 200), max_tokens=4, temperature=0.0))
+        assert (done.finish_reason, done.completion_tokens) == ("cancelled", 0)
+        assert e.position == 0 and e.stats()["prompt_tokens"] == 0
