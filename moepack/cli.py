@@ -81,7 +81,9 @@ def _stop(signum: int, frame: object) -> None:
     """SIGTERM or SIGHUP: the command stops as on Ctrl-C (its KeyboardInterrupt path: a journal
     saved, a partial file removed, workers ended). A second one ends the process at once."""
     note_stop(signum)
-    signal.signal(signum, signal.SIG_DFL)
+    for sig in STOP_SIGNALS:  # not a second KeyboardInterrupt in the middle of the clean-up
+        if sig != signal.SIGINT and signal.getsignal(sig) == _stop:
+            signal.signal(sig, signal.SIG_DFL)
     raise KeyboardInterrupt
 
 

@@ -221,8 +221,9 @@ def terminal_text(text: str) -> str:
 
 
 def note_stop(signum: int) -> None:
-    """Remember the signal that stopped the command (the first one), for `interrupted_code`."""
-    _stopped_by.setdefault("signal", int(signum))
+    """Remember the signal that stops the command, for `interrupted_code`: the latest one (a
+    Ctrl-C that stopped one chat reply must not name the SIGHUP that later ends the chat)."""
+    _stopped_by["signal"] = int(signum)
 
 
 def interrupted_code() -> int:

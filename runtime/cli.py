@@ -178,10 +178,12 @@ class Interrupt:
 
     def __init__(self) -> None:
         self.hit = False
+        self.signal: int | None = None  # the first stop signal handled here
+        self._handled = 0  # stop signals Python has handled here (the watcher's are not counted)
         self._old: dict[int, Any] = {}  # signal -> the handler it had
         self._calls: list[Callable[[], object]] = []
         self._wake: tuple[int, int] | None = None
-        self._old_fd = -1
+        self._old_fd: int | None = None  # the wakeup fd before ours (None: not replaced)
         self._watch: threading.Thread | None = None
 
     def also(self, call: Callable[[], object]) -> None:
@@ -189,8 +191,20 @@ class Interrupt:
         self._calls.append(call)
 
     def _on(self, signum: int, frame: object) -> None:
+        self._handled += 1
+        if self._handled > 1 and signum != signal.SIGINT:  # a second SIGTERM/SIGHUP: now
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         note_stop(signum)
+        if self.signal is None:
+            self.signal = signum
         self.hit = True
+
+    @property
+    def ends(self) -> bool:
+        """A SIGTERM or SIGHUP came (the command should end, not just stop its reply)."""
+        return self.signal is not None and self.signal != signal.SIGINT
 
     def _watching(self, fd: int) -> None:
         while True:
@@ -203,28 +217,38 @@ class Interrupt:
                     call()
 
     def __enter__(self) -> Interrupt:
-        if threading.current_thread() is threading.main_thread():  # signal.signal's rule
-            # SIGTERM and SIGHUP stop it as Ctrl-C does; a signal ignored (nohup) stays so
-            self._old = {sig: signal.signal(sig, self._on) for sig in STOP_SIGNALS
-                         if signal.getsignal(sig) != signal.SIG_IGN}
-            r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-            os.set_blocking(r, True)
-            self._wake = (r, w)
-            self._old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        if threading.current_thread() is not threading.main_thread():  # signal.signal's rule
+            return self
+        r, w = os.pipe()  # first: out of descriptors, nothing has changed yet
+        os.set_blocking(w, False)
+        self._wake = (r, w)
+        try:
             self._watch = threading.Thread(target=self._watching, args=(r,), daemon=True,
                                            name="moepack-interrupt")
             self._watch.start()
+            self._old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+            # SIGTERM and SIGHUP stop it as Ctrl-C does; a signal ignored (nohup) stays so
+            for sig in STOP_SIGNALS:
+                if signal.getsignal(sig) != signal.SIG_IGN:
+                    self._old[sig] = signal.signal(sig, self._on)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._wake is not None:
-            signal.set_wakeup_fd(self._old_fd)
             for sig, handler in self._old.items():
                 signal.signal(sig, handler)
+            self._old = {}
+            if self._old_fd is not None:
+                signal.set_wakeup_fd(self._old_fd)
+                self._old_fd = None
             r, w = self._wake
             os.close(w)
-            if self._watch is not None:
+            if self._watch is not None and self._watch.ident is not None:  # started
                 self._watch.join()
+            self._watch = None
             os.close(r)
             self._wake = None
 

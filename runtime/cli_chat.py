@@ -132,6 +132,9 @@ def chat_cmd(
             except EngineError as e:
                 engine_fail(e, False)
             print()
+            if stop_now.ends:  # SIGTERM or SIGHUP end the chat; Ctrl-C stops only the reply
+                err_console.print("[yellow]interrupted[/yellow]")
+                raise typer.Exit(130)  # moepack.cli makes it 128 + the signal
             if stop_now.hit and not reply:  # stopped in its prompt: the message was not sent
                 messages.pop()
                 err_console.print("[yellow]interrupted: the message was not sent[/yellow]")

@@ -50,7 +50,7 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
     from moepack.safefs import UnsafePathError, open_new
 
     data = np.ascontiguousarray(array)  # the header below then says C order
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".moepack-eval-{os.getpid()}.tmp")  # fits whatever NAME_MAX `path` met
     try:
         fd = open_new(tmp, os.O_WRONLY, replace=True)
     except (UnsafePathError, OSError) as e:

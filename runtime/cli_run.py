@@ -101,6 +101,9 @@ def run_cmd(
         ids, tok = prompt_ids(file, prompt, tokens, as_json)
         if not ids:
             fail_as("empty prompt", as_json)
+        if stop_now.hit:  # while the prompt was read: do not start the trunk read
+            _interrupted(as_json, {"prompt_tokens": ids, "tokens": [],
+                                   "text": "" if tok else None, "stats": None})
         try:
             eng = open_engine(file, budget=budget, threads=threads, ctx=ctx, kv=kv,
                               prefetch=prefetch, o_direct=o_direct, cache_policy=cache_policy,

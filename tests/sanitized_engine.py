@@ -26,22 +26,27 @@ static void *cancel_after(void *arg) {
     mp_set_cancel(c->e, 1);
     return NULL;
 }
-/* A cancel from another thread lands somewhere in the long prompt (a pass, a layer, an expert
- * read group, or before the call): the call fails with MP_ECANCELED, the position stays, and
- * the same call, once cleared, gives the bits of `ref`. 1: a cancel landed, 0: none, -1: bad. */
+/* After a prefix of P tokens, a cancel from another thread lands somewhere in the rest of the
+ * long prompt (a pass, a layer, an expert read group, or before the call): the call fails with
+ * MP_ECANCELED, the position (and a linear-attention state) stays at P, and the same call, once
+ * cleared, gives the bits of `ref`, the whole prompt's in one call (P is a multiple of the
+ * linear-attention sub-chunk, where a split keeps the bits). 1: a cancel landed, 0: none, -1:
+ * wrong. */
 static int cancelled_prompt(mp_engine *e, const int32_t *toks, int n, float *lg, const float *ref) {
     const long delays[] = {4000000, 1000000, 250000, 0};
+    const int P = 16;
     for (int i = 0; i < 4; i++) {
         mp_reset(e);
+        if (mp_eval(e, toks, P, NULL, 0)) return -1;
         canceller c = {e, delays[i]};
         pthread_t th;
         pthread_create(&th, NULL, cancel_after, &c);
-        int rc = mp_eval(e, toks, (size_t)n, lg, 0);
+        int rc = mp_eval(e, toks + P, (size_t)(n - P), lg, 0);
         pthread_join(th, NULL);
         mp_set_cancel(e, 0);
         if (rc == MP_OK) continue; /* the prompt ended first */
-        mp_reset(e);
-        if (rc != MP_ECANCELED || mp_position(e) != 0 || mp_eval(e, toks, (size_t)n, lg, 0) ||
+        if (rc != MP_ECANCELED || mp_position(e) != P ||
+            mp_eval(e, toks + P, (size_t)(n - P), lg, 0) ||
             memcmp(lg, ref, sizeof(float) * (size_t)mp_vocab_size(e)))
             return -1;
         return 1;

@@ -454,6 +454,51 @@ def test_run_ctrl_c_while_the_engine_opens(mixtral, monkeypatch):
     assert r.stderr.strip().splitlines() == ["interrupted after 0 tokens"], r.stderr
 
 
+def test_chat_sigterm_in_a_reply_ends_the_chat(mixtral, monkeypatch):
+    """Ctrl-C stops one reply and the chat goes on; SIGTERM (SIGHUP alike) ends the chat: the
+    process was asked to stop, not the reply (exit 130 here, 143 through moepack.cli)."""
+    import signal
+
+    calls: list[int] = []
+    real = Engine.generate
+
+    def generate(self, prompt, n=32, **kw):
+        calls.append(n)
+        for i, t in enumerate(real(self, prompt, n, **kw)):
+            if i == 1:
+                signal.raise_signal(signal.SIGTERM)
+            yield t
+
+    monkeypatch.setattr(Engine, "generate", generate)
+    r = _run("chat", mixtral, "-n", 8, input="w5 w6\nw7 w8\n\n")
+    assert r.exit_code == 130 and len(calls) == 1 and "interrupted" in r.stderr, r.output
+
+
+def test_run_ctrl_c_while_the_prompt_is_read_never_opens_the_engine(mixtral, monkeypatch):
+    import signal
+
+    from moepack.runtime import cli_run
+
+    real, opened = cli_run.prompt_ids, []
+
+    def prompt_ids(*a, **kw):
+        signal.raise_signal(signal.SIGINT)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(cli_run, "prompt_ids", prompt_ids)
+    monkeypatch.setattr(cli_run, "open_engine", lambda *a, **kw: opened.append(1))
+    r = _run("run", mixtral, "--tokens", "5,9", "--json")
+    assert r.exit_code == 130 and opened == [], r.output
+    assert json.loads(r.stdout)["interrupted"] is True
+
+
+def test_eval_writes_a_file_whose_name_is_as_long_as_allowed(mixtral, tmp_path):
+    out = tmp_path / ("l" * 251 + ".npy")  # 255 bytes: NAME_MAX
+    r = _run("eval", mixtral, "--tokens", "3,4", "--logits", out)
+    assert r.exit_code == 0, r.output
+    assert np.load(out).shape == (2, 67) and [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
 def test_run_refuses_prompt_text_and_tokens_together(mixtral):
     r = _run("run", mixtral, "w5", "--tokens", "1,2", "-n", 2)
     assert r.exit_code == 2, r.output

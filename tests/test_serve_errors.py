@@ -493,10 +493,11 @@ def test_sighup_stops_the_server_as_ctrl_c_does_exit_129():
 def test_a_signal_while_the_model_loads_stops_its_trunk_read(monkeypatch, stopped_by, code):
     """The engine's open is cancelled (Cancelled out of Engine(...)): nothing was in flight, so
     the server ends as a stop, SIGTERM 0 and Ctrl-C 130, with no error line."""
-    from moepack import cliargs
-    from moepack.cli import app
     from moepack.runtime.engine import Cancelled, Engine
     from typer.testing import CliRunner
+
+    from moepack import cliargs
+    from moepack.cli import app
 
     def cancelled(self, *a, **kw):
         raise Cancelled("cancelled while reading the trunk", -10)
