@@ -165,16 +165,19 @@ class TokenTrie:
                 if s2 is not None:
                     out.extend(kid.ids)
                     todo.append((kid, s2))
-        return np.asarray(sorted(out), dtype=np.int64)
+        return np.asarray(sorted(out), dtype=np.int32)  # token ids are int32 (moepack.h)
 
 
 class JsonMasker:
-    """Allowed-token masks of the JSON recognizer, cached per state (LRU)."""
+    """Allowed-token masks of the JSON recognizer, cached per state (LRU), at most `cache_size`
+    masks and `cache_bytes` bytes: a mask inside a string holds nearly the whole vocabulary, so
+    a count alone would let a 152k-token vocabulary's cache grow to hundreds of MB."""
 
-    def __init__(self, trie: TokenTrie, cache_size: int = 512) -> None:
+    def __init__(self, trie: TokenTrie, cache_size: int = 512,
+                 cache_bytes: int = 64 << 20) -> None:
         self.trie = trie
         self._cache: OrderedDict[State, np.ndarray] = OrderedDict()
-        self._size = cache_size
+        self._size, self._max_bytes, self.nbytes = cache_size, cache_bytes, 0
 
     def allowed(self, st: State) -> np.ndarray:
         hit = self._cache.get(st)
@@ -183,6 +186,8 @@ class JsonMasker:
             return hit
         ids = self.trie.allowed(step, st)
         self._cache[st] = ids
-        if len(self._cache) > self._size:
-            self._cache.popitem(last=False)
+        self.nbytes += ids.nbytes
+        while len(self._cache) > 1 and (len(self._cache) > self._size
+                                        or self.nbytes > self._max_bytes):
+            self.nbytes -= self._cache.popitem(last=False)[1].nbytes
         return ids

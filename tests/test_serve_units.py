@@ -57,6 +57,22 @@ def test_recognizer_rejects():
         assert s is None or not grammar.done(s), bad
 
 
+def test_the_mask_cache_is_bounded_in_bytes_too():
+    """A mask inside a string holds nearly the whole vocabulary: 512 of them for a 152k-token
+    vocabulary were ~600 MB at int64. The cache keeps at most cache_bytes (one mask at least)."""
+    texts = ["a", "b", '"', "{", "}", ":", ",", " ", "1", "x"] * 50
+    masker = JsonMasker(TokenTrie(texts), cache_bytes=3000)
+    states, st = [], grammar.START
+    for ch in '{"abc": "xyz", "k": 11':
+        st = grammar.step(st, ch)
+        assert st is not None
+        states.append(st)
+    for s in states:
+        ids = masker.allowed(s)
+        assert ids.dtype == np.int32
+    assert 0 < masker.nbytes <= 3000
+
+
 def test_token_mask_keeps_output_valid():
     texts = ['{', '}', '"', 'a', '":', ' 1', '1,', 'true', '{"', '"}', ',"', None, '[', ']',
              'x"', ': "']
