@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from moepack.runtime.cli import (
@@ -25,9 +26,6 @@ from moepack.runtime.cli import (
 
 from moepack.cliargs import fail, one_line, token_ids
 
-if TYPE_CHECKING:  # imported lazily at run time: `moepack --help` stays fast
-    import numpy as np
-
 
 def _output_problem(path: Path) -> str | None:
     """Why `path` cannot be created, or None; checked before the work, not after it."""
@@ -39,45 +37,71 @@ def _output_problem(path: Path) -> str | None:
     return None
 
 
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    """Write `array` as .npy at exactly `path`: into a new file beside it, then renamed over it,
-    so a failed or interrupted write (a full disk, Ctrl-C) leaves the earlier file at `path` as it
-    was; a symbolic link planted at either name is replaced, never followed (safefs.open_new).
-    Written with os.write, not np.save: np.save through a file object drops the tail of a short
-    write (disk full) without an error."""
-    import numpy as np
+class _NpyOut:
+    """The float32 [n, vocab] .npy at `path`, made beside it (`.moepack-eval-PID.tmp`) with its
+    whole size reserved first, so that a full disk fails before the work and never as a SIGBUS
+    while the engine writes the logits through the mapping (`array`); the logits of a long
+    sequence on a big vocabulary (8k tokens x 163k: 5.3 GB) then live in the page cache, not in
+    memory beside the engine's budget. `commit` renames it over `path` (an earlier file stays
+    until then), `discard` removes it. A symbolic link planted at either name is replaced, never
+    followed (safefs.open_new)."""
 
-    from moepack.safefs import UnsafePathError, open_new
+    def __init__(self, path: Path, shape: tuple[int, int]) -> None:
+        import numpy as np
 
-    data = np.ascontiguousarray(array)  # the header below then says C order
-    tmp = path.with_name(f".moepack-eval-{os.getpid()}.tmp")  # fits whatever NAME_MAX `path` met
-    try:
-        fd = open_new(tmp, os.O_WRONLY, replace=True)
-    except (UnsafePathError, OSError) as e:
-        fail(f"cannot write {path}: {getattr(e, 'strerror', None) or e}")
-    try:
+        from moepack.safefs import open_new
+
+        self.path = path
+        self.tmp = path.with_name(f".moepack-eval-{os.getpid()}.tmp")  # fits any NAME_MAX path met
+        header = _npy_header(shape)
+        size = len(header) + 4 * shape[0] * shape[1]
+        fd = open_new(self.tmp, os.O_RDWR, replace=True)
         try:
-            _write_all(fd, _npy_header(data))
-            _write_all(fd, memoryview(data).cast("B"))
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+            try:
+                _write_all(fd, header)
+                _reserve(fd, size)
+            finally:
+                os.close(fd)
+            self.array = np.memmap(self.tmp, np.float32, "r+", offset=len(header), shape=shape)
+        except BaseException:
+            self.tmp.unlink(missing_ok=True)
+            raise
+
+    def commit(self) -> None:
+        self.array.flush()
+        del self.array  # unmapped before the rename
+        os.replace(self.tmp, self.path)
+
+    def discard(self) -> None:
+        self.__dict__.pop("array", None)
+        self.tmp.unlink(missing_ok=True)
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Allocate `size` bytes of the file's blocks (ENOSPC or EFBIG now), by posix_fallocate or,
+    where the filesystem lacks it, by writing zeros past what is there."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return
     except OSError as e:
-        tmp.unlink(missing_ok=True)
-        fail(f"cannot write {path}: {e.strerror or e}")
-    except BaseException:  # Ctrl-C mid-write: no half-written file left beside
-        tmp.unlink(missing_ok=True)
-        raise
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    at = os.lseek(fd, 0, os.SEEK_END)
+    zeros = bytes(1 << 20)
+    while at < size:
+        at += os.pwrite(fd, zeros[: min(len(zeros), size - at)], at)
 
 
-def _npy_header(array: np.ndarray) -> bytes:
-    """The .npy (format 1.0) header np.save would write for `array`."""
+def _npy_header(shape: tuple[int, int]) -> bytes:
+    """The .npy (format 1.0) header np.save would write for a C-order float32 array of `shape`."""
     import io
 
     import numpy as np
 
     buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(array))
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+              "fortran_order": False, "shape": tuple(shape)})
     return buf.getvalue()
 
 
@@ -86,6 +110,20 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def _vocab_size(file: Path) -> int:
+    """The container's vocabulary (its index only: the engine is not opened yet)."""
+    from moepack.format import Container, FormatError
+    from moepack.runtime.engine import EngineError
+
+    try:
+        with Container.open(file) as c:
+            return int(c.manifest["model"]["vocab_size"])
+    except FormatError as e:
+        engine_fail(EngineError.from_format(e), False, f"{file}: ")
+    except (KeyError, TypeError, ValueError, OSError) as e:
+        fail(f"{file}: {e}")
 
 
 def eval_cmd(
@@ -118,21 +156,33 @@ def eval_cmd(
         if len(ids) > longest:
             fail(f"context full: the {counted(len(ids), 'token')} are more than this model's "
                  f"longest context, {counted(longest, 'token')} (max_position_embeddings)")
-    eng = open_engine(file, budget=budget, threads=threads, ctx=ctx or len(ids), kv=kv,
-                kernels=kernels)
+    from moepack.safefs import UnsafePathError
+
+    shape = (len(ids), _vocab_size(file))
+    try:  # before the work: a disk too small for the logits is refused now
+        target = _NpyOut(logits, shape)
+    except (UnsafePathError, OSError) as e:
+        fail(f"cannot write {logits}: {getattr(e, 'strerror', None) or e}")
     try:
-        with eng, Interrupt() as stop_now:
-            stop_now.also(eng.cancel)  # Ctrl-C stops the pass within a layer's work
-            out = eng.logits(ids)
-    except Cancelled:
-        stop_now.hit = True
-    except EngineError as e:
-        engine_fail(e, False)
-    if stop_now.hit:  # nothing written: the logits of a stopped pass are not all there
-        err_console.print("interrupted: no logits written")
-        raise typer.Exit(130)
-    _save_npy(logits, out)
-    print(f"wrote {one_line(str(logits))}: float32 {list(out.shape)}")
+        eng = open_engine(file, budget=budget, threads=threads, ctx=ctx or len(ids), kv=kv,
+                          kernels=kernels)
+        try:
+            with eng, Interrupt() as stop_now:
+                stop_now.also(eng.cancel)  # Ctrl-C stops the pass within a layer's work
+                eng.logits(ids, out=target.array)
+        except Cancelled:
+            stop_now.hit = True
+        except EngineError as e:
+            engine_fail(e, False)
+        if stop_now.hit:  # nothing written: the logits of a stopped pass are not all there
+            err_console.print("interrupted: no logits written")
+            raise typer.Exit(130)
+        target.commit()
+    except OSError as e:
+        fail(f"cannot write {logits}: {e.strerror or e}")
+    finally:
+        target.discard()  # a no-op once committed
+    print(f"wrote {one_line(str(logits))}: float32 {list(shape)}")
 
 
 def _model_max_pos(file: Path, kv: str | None) -> int:

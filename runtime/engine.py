@@ -656,14 +656,23 @@ class Engine:
             return True
 
     @_locked
-    def logits(self, tokens: Sequence[int], *, reset: bool = True) -> np.ndarray:
-        """Teacher-forced logits for every position: float32 [len(tokens), vocab].
+    def logits(self, tokens: Sequence[int], *, reset: bool = True,
+               out: np.ndarray | None = None) -> np.ndarray:
+        """Teacher-forced logits for every position: float32 [len(tokens), vocab], into `out`
+        when given (a writeable C-contiguous float32 array of that shape, e.g. a np.memmap of
+        the output file: a long sequence's logits need not fit in memory).
 
         On failure (EngineError) nothing is appended: with reset=False the sequence is as before
         the call; with reset=True it is empty."""
+        shape = (len(tokens), self.vocab_size)
+        if out is None:
+            out = np.zeros(shape, dtype=np.float32)
+        elif not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.shape == shape
+                  and out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError(f"logits: out must be a writeable C-contiguous float32 array of "
+                             f"shape {list(shape)}")
         if reset:
             self.reset()
-        out = np.zeros((len(tokens), self.vocab_size), dtype=np.float32)
         self._eval(tokens, out, True)
         return out
 

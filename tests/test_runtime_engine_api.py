@@ -159,3 +159,17 @@ def test_a_budget_that_is_no_size_is_refused(model, budget):
     for fine in (np.int64(default), float(default), str(default)):
         with Engine(model, budget=fine) as e:
             assert e.stats()["budget_bytes"] == default
+
+
+def test_logits_into_a_given_array(model, tmp_path):
+    """logits(out=): the same bits written into the caller's array (eval passes a memmap of its
+    output file); an array of another type, shape or layout is refused before any work."""
+    with Engine(model, threads=1, ctx=16) as e:
+        want = e.logits([1, 2, 3])
+        mm = np.lib.format.open_memmap(tmp_path / "l.npy", "w+", np.float32, (3, 64))
+        assert e.logits([1, 2, 3], out=mm) is mm and np.array_equal(mm, want)
+        for bad in (np.zeros((3, 64), np.float64), np.zeros((2, 64), np.float32),
+                    np.zeros((64, 3), np.float32).T, [[0.0] * 64] * 3):
+            with pytest.raises(ValueError, match="out must be"):
+                e.logits([1, 2, 3], out=bad)
+        assert e.sequence == (1, 2, 3)  # the refused calls did not reset it
