@@ -3,7 +3,6 @@ several processes, then finalize (hash tables, index, header last, fsync, atomic
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,7 +14,7 @@ from moepack.format.layout import BankLayout, Extent, Layout
 from moepack.format.limits import HASH_SIZE, MAJOR, MINOR
 from moepack.format.mtp import MTP_TYPES
 
-from moepack.durable import fsync_path, naming
+from moepack.durable import fsync_path, naming, reserve
 from moepack.safefs import open_existing, open_new
 
 _PARALLEL_HASH_MIN = 1 << 20  # blake3 threads only pay on large inputs
@@ -73,14 +72,7 @@ class ContainerWriter:
             raise FileExistsError(f"{self.path} exists; pass overwrite=True to replace it")
 
     def _preallocate(self) -> None:
-        size = self.layout.file_size
-        os.ftruncate(self._fd, size)  # zero-filled, even where fallocate is unsupported
-        if hasattr(os, "posix_fallocate"):
-            try:
-                os.posix_fallocate(self._fd, 0, size)  # fail now, not hours later, if disk is full
-            except OSError as e:
-                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                    raise
+        reserve(self._fd, self.layout.file_size)  # zero-filled; a full disk fails now
 
     def _pwrite(self, data: bytes | memoryview, offset: int) -> None:
         view = memoryview(data).cast("B")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -33,6 +34,28 @@ def naming(path: str | Path) -> Iterator[None]:
         if e.filename is not None or e.errno is None:
             raise
         raise OSError(e.errno, e.strerror, os.fspath(path)) from e
+
+
+def reserve(fd: int, size: int, *, blocks: bool = False) -> None:
+    """Make the file `size` bytes long, its blocks allocated where the filesystem can
+    (posix_fallocate: a full disk or RLIMIT_FSIZE fails now, not hours into the work). Where it
+    cannot, `blocks=True` writes the zeros instead (a file written through a mapping must own its
+    blocks: a hole filled through one on a full disk is a SIGBUS, not an error); otherwise the
+    file is extended with holes."""
+    start = os.fstat(fd).st_size
+    try:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)
+            return
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    if not blocks:
+        os.ftruncate(fd, size)
+        return
+    zeros = bytes(1 << 20)
+    while start < size:
+        start += os.pwrite(fd, zeros[: min(len(zeros), size - start)], start)
 
 
 def flock_holder(fd: int) -> int | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 from typing import Annotated
@@ -49,6 +48,7 @@ class _NpyOut:
     def __init__(self, path: Path, shape: tuple[int, int]) -> None:
         import numpy as np
 
+        from moepack.durable import reserve
         from moepack.safefs import open_new
 
         self.path = path
@@ -59,7 +59,7 @@ class _NpyOut:
         try:
             try:
                 _write_all(fd, header)
-                _reserve(fd, size)
+                reserve(fd, size, blocks=True)
             finally:
                 os.close(fd)
             self.array = np.memmap(self.tmp, np.float32, "r+", offset=len(header), shape=shape)
@@ -75,21 +75,6 @@ class _NpyOut:
     def discard(self) -> None:
         self.__dict__.pop("array", None)
         self.tmp.unlink(missing_ok=True)
-
-
-def _reserve(fd: int, size: int) -> None:
-    """Allocate `size` bytes of the file's blocks (ENOSPC or EFBIG now), by posix_fallocate or,
-    where the filesystem lacks it, by writing zeros past what is there."""
-    try:
-        os.posix_fallocate(fd, 0, size)
-        return
-    except OSError as e:
-        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise
-    at = os.lseek(fd, 0, os.SEEK_END)
-    zeros = bytes(1 << 20)
-    while at < size:
-        at += os.pwrite(fd, zeros[: min(len(zeros), size - at)], at)
 
 
 def _npy_header(shape: tuple[int, int]) -> bytes:

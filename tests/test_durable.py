@@ -68,3 +68,27 @@ def test_write_file_on_a_full_disk_leaves_no_file(tmp_path):
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("blocks", [False, True])
+def test_reserve_where_fallocate_is_unsupported(tmp_path, monkeypatch, blocks):
+    """The file gets its size and keeps its head; with blocks=True the rest is written as zeros
+    (no holes a mapping could fault on), else it is extended with holes."""
+    import errno
+
+    from moepack.durable import reserve
+
+    def unsupported(fd, offset, length):
+        raise OSError(errno.EOPNOTSUPP, "not supported")
+
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    p = tmp_path / "f"
+    p.write_bytes(b"head")
+    fd = os.open(p, os.O_RDWR)
+    try:
+        reserve(fd, 3 << 20, blocks=blocks)
+    finally:
+        os.close(fd)
+    assert p.stat().st_size == 3 << 20 and p.read_bytes()[:4] == b"head"
+    allocated = p.stat().st_blocks * 512
+    assert (allocated >= 3 << 20) if blocks else (allocated < 1 << 20)
