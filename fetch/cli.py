@@ -10,11 +10,9 @@ from typing import Annotated
 import typer
 from moepack.fetch.errors import FetchError
 
-from moepack.cliargs import fail, one_line
+from moepack.cliargs import EXIT_INTERRUPTED, fail, one_line
 from moepack.safefs import file_kind
 from moepack.sizes import SIZE_HELP, parse_size
-
-EXIT_INTERRUPTED = 130   # README, "Exit codes"
 
 
 def _endpoint(value: str | None) -> str | None:

@@ -18,10 +18,15 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from moepack.cliargs import STOP_SIGNALS, error_line, interrupted_code, note_stop
+from moepack.cliargs import (
+    EXIT_INTERRUPTED,
+    STOP_SIGNALS,
+    error_line,
+    interrupted_code,
+    note_stop,
+)
 
 EXIT_BUG = 3
-EXIT_INTERRUPTED = 130  # what a command's Ctrl-C path exits with; `_App` makes it 128 + signal
 # typer vendors click (0.29+) or uses click itself: find its exception classes from a public one
 _CLICK_ERROR = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 _debug = {"on": False}  # set by the --debug option before any command runs

@@ -31,6 +31,7 @@ MAX_THREADS = 256            # the engine's compute pool caps threads here (kern
 # The signals that stop a command the way Ctrl-C does (docs/RUNTIME.md, "Exit codes"): the same
 # clean stop, then exit 128 + the signal's number (130 SIGINT, 143 SIGTERM, 129 SIGHUP)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+EXIT_INTERRUPTED = 130  # a command's stop; moepack.cli makes it 128 + the signal that came
 _stopped_by: dict[str, int] = {}
 
 _TOKEN_ID = re.compile(r"\s*[0-9]{1,10}\s*")   # more digits cannot be an int32 token id

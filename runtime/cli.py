@@ -22,6 +22,7 @@ from moepack.cliargs import (
     MAX_THREADS,
     STOP_SIGNALS,
     UINT64_MAX,
+    bias_map,
     choice,
     fail,
     file_problem,
@@ -78,11 +79,16 @@ FrequencyOpt = Annotated[float, typer.Option(
     help="Times each token's count in the reply so far, subtracted from its logit.")]
 
 
-def bias_problem(bias: dict[int, float], vocab: int) -> str | None:
-    """Why `--logit-bias` does not fit this model's vocabulary (None: it does)."""
-    bad = sorted(t for t in bias if t >= vocab)
-    return (f"--logit-bias: token {bad[0]} is not in this model's vocabulary (0..{vocab - 1})"
-            if bad else None)
+def checked_bias(values: list[str] | None, eng, as_json: bool = False) -> dict[int, float]:
+    """`--logit-bias` (checked by its callback) as {id: bias}; an id beyond this model's
+    vocabulary closes the engine and exits 1 in one line."""
+    bias = bias_map(values)
+    bad = sorted(t for t in bias if t >= eng.vocab_size)
+    if bad:
+        eng.close()
+        fail_as(f"--logit-bias: token {bad[0]} is not in this model's vocabulary "
+                f"(0..{eng.vocab_size - 1})", as_json)
+    return bias
 
 
 def counted(n: int, word: str) -> str:

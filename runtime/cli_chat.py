@@ -21,7 +21,7 @@ from moepack.runtime.cli import (
     ThreadsOpt,
     TopKOpt,
     TopPOpt,
-    bias_problem,
+    checked_bias,
     counted,
     engine_fail,
     err_console,
@@ -30,7 +30,14 @@ from moepack.runtime.cli import (
     require_file,
 )
 
-from moepack.cliargs import INT32_MAX, bias_map, fail, terminal_text, utf8_problem, utf8_text
+from moepack.cliargs import (
+    EXIT_INTERRUPTED,
+    INT32_MAX,
+    fail,
+    terminal_text,
+    utf8_problem,
+    utf8_text,
+)
 
 if TYPE_CHECKING:  # imported lazily at run time: `moepack --help` stays fast
     from moepack.runtime.tokenizer import Tokenizer
@@ -72,11 +79,7 @@ def chat_cmd(
         fail("the container has no chat template")
     eng = open_engine(file, budget=budget, threads=threads, ctx=ctx, kv=kv, snapshots=1,
                 kernels=kernels)
-    bias = bias_map(logit_bias)
-    problem = bias_problem(bias, eng.vocab_size)
-    if problem:
-        eng.close()
-        fail(problem)
+    bias = checked_bias(logit_bias, eng)
     first = [{"role": "system", "content": system}] if system else []  # kept on starting over
     messages = list(first)
     reuse = PrefixReuse(eng)  # KV truncation, or the linear-attention state of the last turn
@@ -134,7 +137,7 @@ def chat_cmd(
             print()
             if stop_now.ends:  # SIGTERM or SIGHUP end the chat; Ctrl-C stops only the reply
                 err_console.print("[yellow]interrupted[/yellow]")
-                raise typer.Exit(130)  # moepack.cli makes it 128 + the signal
+                raise typer.Exit(EXIT_INTERRUPTED)
             if stop_now.hit and not reply:  # stopped in its prompt: the message was not sent
                 messages.pop()
                 err_console.print("[yellow]interrupted: the message was not sent[/yellow]")
@@ -177,7 +180,7 @@ def _read_line() -> str | None:
         return None
     except KeyboardInterrupt:
         print()  # the shell's prompt starts on a line of its own
-        raise typer.Exit(130) from None
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except UnicodeDecodeError as e:
         fail(f"input is not valid UTF-8 (byte 0x{e.object[e.start]:02x}); "
               "moepack reads text as UTF-8 only")

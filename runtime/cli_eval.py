@@ -23,7 +23,7 @@ from moepack.runtime.cli import (
     require_file,
 )
 
-from moepack.cliargs import fail, one_line, token_ids
+from moepack.cliargs import EXIT_INTERRUPTED, fail, one_line, token_ids
 
 
 def _output_problem(path: Path) -> str | None:
@@ -161,7 +161,7 @@ def eval_cmd(
             engine_fail(e, False)
         if stop_now.hit:  # nothing written: the logits of a stopped pass are not all there
             err_console.print("interrupted: no logits written")
-            raise typer.Exit(130)
+            raise typer.Exit(EXIT_INTERRUPTED)
         target.commit()
     except OSError as e:
         fail(f"cannot write {logits}: {e.strerror or e}")

@@ -22,7 +22,7 @@ from moepack.runtime.cli import (
     ThreadsOpt,
     TopKOpt,
     TopPOpt,
-    bias_problem,
+    checked_bias,
     counted,
     engine_fail,
     err_console,
@@ -34,8 +34,8 @@ from moepack.runtime.cli import (
 )
 
 from moepack.cliargs import (
+    EXIT_INTERRUPTED,
     INT32_MAX,
-    bias_map,
     choice,
     terminal_text,
     token_ids,
@@ -52,7 +52,7 @@ def _interrupted(as_json: bool, result: dict) -> NoReturn:
     else:
         print()
     err_console.print(f"interrupted after {counted(len(result['tokens']), 'token')}")
-    raise typer.Exit(130)
+    raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def run_cmd(
@@ -95,21 +95,20 @@ def run_cmd(
     if prompt and tokens is not None:
         usage("the prompt text and --tokens are two prompts: give one of them", cli)
     require_file(file, as_json)
-    # Ctrl-C from here on: opening runs to its end, the prompt stops within a layer's work
-    # (Engine.cancel), generation before the next token
+    # Ctrl-C from here on: opening stops at its next trunk tensor, the prompt within a layer's
+    # work (Engine.cancel), generation before the next token
     with Interrupt() as stop_now:
         ids, tok = prompt_ids(file, prompt, tokens, as_json)
         if not ids:
             fail_as("empty prompt", as_json)
-        if stop_now.hit:  # while the prompt was read: do not start the trunk read
-            _interrupted(as_json, {"prompt_tokens": ids, "tokens": [],
-                                   "text": "" if tok else None, "stats": None})
         try:
+            if stop_now.hit:  # while the prompt was read: no trunk read at all
+                raise KeyboardInterrupt
             eng = open_engine(file, budget=budget, threads=threads, ctx=ctx, kv=kv,
                               prefetch=prefetch, o_direct=o_direct, cache_policy=cache_policy,
                               verify_reads=verify_reads, as_json=as_json, warm=warm,
                               kernels=kernels)
-        except KeyboardInterrupt:  # while the engine opened: no tokens, no stats
+        except KeyboardInterrupt:  # before the engine was open: no tokens, no stats
             _interrupted(as_json, {"prompt_tokens": ids, "tokens": [],
                                    "text": "" if tok else None, "stats": None})
         # the last sampled token is never fed: prompt + n - 1 positions (refused before any
@@ -123,11 +122,7 @@ def run_cmd(
             engine_fail(EngineError(
                 f"context full: the prompt's {counted(len(ids), 'token')} and -n {n} need "
                 f"{need} positions, ctx is {eng.ctx}{limit}", MP_ECTX), as_json)
-        bias = bias_map(logit_bias)
-        problem = bias_problem(bias, eng.vocab_size)
-        if problem:
-            eng.close()
-            fail_as(problem, as_json)
+        bias = checked_bias(logit_bias, eng, as_json)
         stop = sorted(stop_ids(tok, eng.vocab_size, generation_eos_ids(str(file)))) if tok else []
         out: list[int] = []
         dec = StreamDecoder(tok) if tok else None

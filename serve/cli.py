@@ -16,7 +16,14 @@ from moepack.runtime.cli import (
     ThreadsOpt,
 )
 
-from moepack.cliargs import fail, file_problem, interrupted_code, note_stop, utf8_text
+from moepack.cliargs import (
+    EXIT_INTERRUPTED,
+    fail,
+    file_problem,
+    interrupted_code,
+    note_stop,
+    utf8_text,
+)
 
 
 def serve_cmd(
@@ -97,8 +104,6 @@ def serve_cmd(
         note_stop(run.stop_signal)
         raise typer.Exit(EXIT_INTERRUPTED)
 
-
-EXIT_INTERRUPTED = 130  # docs/RUNTIME.md, "Exit codes"
 
 
 def register(app: typer.Typer) -> None:
